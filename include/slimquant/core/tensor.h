@@ -1,0 +1,141 @@
+#pragma once
+// Tensor: dtype + shape + contiguous row-major storage, shared between copies (cheap to pass
+// around; clone() for a deep copy). Storage is 64-byte aligned for vector kernels.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "slimquant/core/error.h"
+
+namespace slimquant {
+
+// One source of truth for the dtypes we handle; values match ONNX TensorProto.DataType.
+#define SQ_DTYPES(X)              \
+  X(kFloat32, float, 1, "float32") \
+  X(kUInt8, uint8_t, 2, "uint8")   \
+  X(kInt8, int8_t, 3, "int8")      \
+  X(kUInt16, uint16_t, 4, "uint16")\
+  X(kInt16, int16_t, 5, "int16")   \
+  X(kInt32, int32_t, 6, "int32")   \
+  X(kInt64, int64_t, 7, "int64")   \
+  X(kBool, bool, 9, "bool")        \
+  X(kFloat64, double, 11, "float64") \
+  X(kUInt32, uint32_t, 12, "uint32") \
+  X(kUInt64, uint64_t, 13, "uint64")
+
+enum class DType : int {
+  kUndefined = 0,
+#define SQ_DTYPE_ENUM(name, ctype, onnx_id, str) name = onnx_id,
+  SQ_DTYPES(SQ_DTYPE_ENUM)
+#undef SQ_DTYPE_ENUM
+};
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+// Maps an ONNX TensorProto data type id; throws kUnsupported naming the type for ones we lack.
+DType dtype_from_onnx(int onnx_type);
+bool dtype_is_float(DType t);
+
+template <typename T> struct DTypeOf;
+#define SQ_DTYPE_OF(name, ctype, onnx_id, str) \
+  template <> struct DTypeOf<ctype> { static constexpr DType value = DType::name; };
+SQ_DTYPES(SQ_DTYPE_OF)
+#undef SQ_DTYPE_OF
+template <typename T> inline constexpr DType dtype_of = DTypeOf<T>::value;
+
+using Shape = std::vector<int64_t>;
+int64_t shape_numel(const Shape& s);
+std::string shape_str(const Shape& s);
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Allocates zero-initialised storage.
+  Tensor(DType dtype, Shape shape);
+  // Wraps existing storage (at least numel * dtype_size bytes) without copying.
+  Tensor(DType dtype, Shape shape, std::shared_ptr<std::byte[]> storage, size_t capacity_bytes);
+
+  template <typename T>
+  static Tensor from_vector(Shape shape, const std::vector<T>& values) {
+    Tensor t(dtype_of<T>, std::move(shape));
+    SQ_CHECK(static_cast<size_t>(t.numel()) == values.size(), ErrorKind::kInvalidArgument,
+             "Tensor::from_vector: " + std::to_string(values.size()) + " values for shape " +
+                 shape_str(t.shape()));
+    std::copy(values.begin(), values.end(), t.data<T>());
+    return t;
+  }
+  template <typename T>
+  static Tensor scalar(T v) { return from_vector<T>({}, {v}); }
+
+  bool defined() const { return dtype_ != DType::kUndefined; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int64_t dim(size_t i) const { return shape_.at(i); }
+  size_t rank() const { return shape_.size(); }
+  int64_t numel() const { return shape_numel(shape_); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  size_t capacity_bytes() const { return capacity_; }
+
+  void* raw() { return storage_.get(); }
+  const void* raw() const { return storage_.get(); }
+  template <typename T> T* data() {
+    check_type(dtype_of<T>);
+    return reinterpret_cast<T*>(storage_.get());
+  }
+  template <typename T> const T* data() const {
+    check_type(dtype_of<T>);
+    return reinterpret_cast<const T*>(storage_.get());
+  }
+  template <typename T> std::span<T> values() { return {data<T>(), static_cast<size_t>(numel())}; }
+  template <typename T> std::span<const T> values() const {
+    return {data<T>(), static_cast<size_t>(numel())};
+  }
+  // Values converted to int64 / float (any integer or float dtype); for small shape tensors.
+  std::vector<int64_t> to_int64_vector() const;
+  std::vector<float> to_float_vector() const;
+
+  // Same storage, new shape with the same element count.
+  Tensor reshaped(Shape shape) const;
+  Tensor clone() const;
+  // Element-wise conversion.
+  Tensor cast(DType to) const;
+  const std::shared_ptr<std::byte[]>& storage() const { return storage_; }
+
+ private:
+  void check_type(DType expected) const;
+
+  DType dtype_ = DType::kUndefined;
+  Shape shape_;
+  std::shared_ptr<std::byte[]> storage_;
+  size_t capacity_ = 0;
+};
+
+// 64-byte aligned, zeroed allocation.
+std::shared_ptr<std::byte[]> allocate_storage(size_t bytes);
+
+// Calls f(T{}) with T the C++ type of dtype; throws kUnsupported for others.
+template <typename F>
+decltype(auto) dispatch_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+#define SQ_DTYPE_CASE(name, ctype, onnx_id, str) \
+  case DType::name: return f(ctype{});
+    SQ_DTYPES(SQ_DTYPE_CASE)
+#undef SQ_DTYPE_CASE
+    default: break;
+  }
+  fail(ErrorKind::kUnsupported, std::string("unsupported dtype ") + dtype_name(dtype));
+}
+
+}  // namespace slimquant
+
+namespace slimquant {
+// Numpy-style multidirectional broadcast; throws kInvalidArgument if incompatible.
+Shape broadcast_shapes(const Shape& a, const Shape& b);
+// Row-major strides in elements.
+std::vector<int64_t> contiguous_strides(const Shape& s);
+// Maps a possibly negative axis into [0, rank); throws kInvalidArgument naming `what` otherwise.
+int64_t normalize_axis(int64_t axis, int64_t rank, const std::string& what);
+}  // namespace slimquant

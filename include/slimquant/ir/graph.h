@@ -1,0 +1,98 @@
+#pragma once
+// Graph IR: ONNX-shaped (values are referred to by name), so that passes and the QDQ editing done
+// by quantization and analysis read like the ONNX they produce. Nodes are kept in topological order.
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "slimquant/core/tensor.h"
+
+namespace slimquant::ir {
+
+using AttributeValue = std::variant<int64_t, float, std::string, Tensor, std::vector<int64_t>,
+                                    std::vector<float>, std::vector<std::string>>;
+
+// A dimension is either known (>= 0) or symbolic (param name, may be empty).
+struct Dim {
+  int64_t value = -1;
+  std::string param;
+  bool known() const { return value >= 0; }
+};
+
+struct ValueInfo {
+  std::string name;
+  DType dtype = DType::kUndefined;
+  std::optional<std::vector<Dim>> dims;  // nullopt: rank unknown
+  bool fully_known() const;
+  Shape shape() const;  // requires fully_known()
+};
+
+// What an execution-only fusion pass attached to a node (never exported to ONNX).
+struct FusedActivation {
+  std::string op;  // "", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSwish", ...
+  float alpha = 0.f, beta = 0.f;
+};
+
+struct Node {
+  std::string name;
+  std::string op_type;
+  std::string domain;               // "" = default ONNX domain
+  std::vector<std::string> inputs;  // "" = optional input left out
+  std::vector<std::string> outputs;
+  std::map<std::string, AttributeValue> attrs;
+  FusedActivation fused;
+
+  bool has_attr(const std::string& k) const { return attrs.count(k) != 0; }
+  int64_t attr_int(const std::string& k, int64_t def) const;
+  float attr_float(const std::string& k, float def) const;
+  std::string attr_string(const std::string& k, const std::string& def) const;
+  std::vector<int64_t> attr_ints(const std::string& k, std::vector<int64_t> def = {}) const;
+  std::vector<float> attr_floats(const std::string& k, std::vector<float> def = {}) const;
+  const Tensor* attr_tensor(const std::string& k) const;
+  // Input i if present (non-empty name), else empty string.
+  const std::string& input(size_t i) const;
+  // "Conv 'layer1.conv'" for error messages.
+  std::string describe() const;
+};
+
+struct Graph {
+  std::string name;
+  std::vector<Node> nodes;
+  std::map<std::string, Tensor> initializers;
+  std::vector<ValueInfo> inputs;   // graph inputs that are not initializers
+  std::vector<ValueInfo> outputs;
+  std::map<std::string, ValueInfo> value_info;  // inferred/declared types of intermediates
+  // Model-level metadata preserved on export.
+  int64_t opset = 13;
+  std::map<std::string, int64_t> extra_opsets;  // other domains
+  int64_t ir_version = 8;
+  std::string producer_name, producer_version, doc_string;
+  std::map<std::string, std::string> metadata;
+
+  bool is_initializer(const std::string& v) const { return initializers.count(v) != 0; }
+  const Tensor* initializer(const std::string& v) const;
+  // Index of the node producing value v, or -1 (graph input / initializer / unknown).
+  int producer(const std::string& v) const;
+  // Indices of nodes reading value v.
+  std::vector<int> consumers(const std::string& v) const;
+  bool is_graph_output(const std::string& v) const;
+  const ValueInfo* find_value_info(const std::string& v) const;  // inputs, outputs, value_info
+  // Throws kInvalidModel if a node reads a value nothing defines, or the order is not topological.
+  void validate() const;
+  // Reorders nodes topologically (stable); throws on cycles.
+  void topological_sort();
+  // Removes initializers no node or output reads.
+  void remove_unused_initializers();
+  // Removes nodes whose outputs are not needed for the graph outputs.
+  void remove_dead_nodes();
+  // A value name not used yet in the graph, derived from base.
+  std::string unique_value_name(const std::string& base) const;
+  // Parameter count and bytes of float/int initializers.
+  int64_t parameter_count() const;
+  size_t parameter_bytes() const;
+};
+
+}  // namespace slimquant::ir

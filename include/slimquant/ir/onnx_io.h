@@ -1,0 +1,29 @@
+#pragma once
+#include <string>
+
+#include "slimquant/ir/graph.h"
+
+namespace slimquant::ir {
+
+// Loads an ONNX model file (external data resolved relative to the file). Throws kIo for a
+// missing file and kInvalidModel, naming the file, for anything that does not parse as ONNX.
+Graph load_onnx(const std::string& path);
+// Parses serialized ModelProto bytes; base_dir resolves external data.
+Graph parse_onnx(const std::string& bytes, const std::string& base_dir, const std::string& what);
+
+// Writes the graph as an ONNX model; runs onnx::checker first (kInternal on failure). Writes to a
+// temporary file and renames it, so a failed write never leaves a half-written model behind.
+void save_onnx(const Graph& graph, const std::string& path);
+std::string serialize_onnx(const Graph& graph);
+// onnx::checker on the serialized model; throws kInvalidModel with the checker's message.
+void check_onnx(const Graph& graph);
+
+// Runs ONNX's shape inference and stores what it finds in graph.value_info.
+void infer_shapes_onnx(Graph& graph);
+
+}  // namespace slimquant::ir
+
+namespace slimquant::ir {
+// Reads a serialized TensorProto (.pb), as in ONNX's backend test data. Returns its name too.
+Tensor read_tensor_pb(const std::string& path, std::string* name = nullptr);
+}  // namespace slimquant::ir

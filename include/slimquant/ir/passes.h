@@ -1,0 +1,32 @@
+#pragma once
+// Graph passes: free functions that rewrite a Graph in place and keep graph input/output names.
+// Passes that must evaluate ops (constant folding) live in runtime/optimize.h.
+#include <map>
+#include <set>
+#include <string>
+
+#include "slimquant/ir/graph.h"
+
+namespace slimquant::ir {
+
+// Constant nodes become initializers (value, value_float(s), value_int(s) attributes).
+int constants_to_initializers(Graph& g);
+
+// Removes Identity and inference-mode Dropout nodes, rewiring their readers. Returns nodes removed.
+int remove_identity_ops(Graph& g);
+
+// Folds BatchNormalization into a preceding Conv whose output only the BN reads and whose weight,
+// bias and the BN parameters are constants. Returns BN nodes removed.
+int fold_batchnorm_into_conv(Graph& g);
+
+// Execution-only: attaches an activation that is the sole reader of a Conv/ConvTranspose/Gemm
+// output to that node (`Node::fused`) and removes it. Values in `keep` (e.g. values a caller wants
+// to observe) are never fused away. Returns activations fused.
+int fuse_activations(Graph& g, const std::set<std::string>& keep = {});
+
+// Sets the shapes of the given graph inputs (others keep their declared shapes), forgets inferred
+// intermediate shapes and re-infers all shapes with ONNX shape inference. Throws kInvalidArgument
+// for unknown input names or a rank/dimension that contradicts the model's declaration.
+void bind_input_shapes(Graph& g, const std::map<std::string, Shape>& shapes);
+
+}  // namespace slimquant::ir

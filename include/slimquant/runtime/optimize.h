@@ -1,0 +1,24 @@
+#pragma once
+#include <set>
+#include <string>
+
+#include "slimquant/ir/graph.h"
+
+namespace slimquant::runtime {
+
+struct FoldOptions {
+  // Keep DequantizeLinear of constant weights: the QDQ structure is what INT8 lowering matches.
+  bool keep_dequantize_linear = true;
+  // Do not fold constants larger than this (e.g. a huge ConstantOfShape) into the model.
+  size_t max_folded_bytes = size_t{64} << 20;
+};
+
+// Evaluates nodes whose inputs are all constants (and Shape/Size of values with known shapes)
+// with the runtime's own kernels, replacing them by initializers. Returns nodes folded.
+int fold_constants(ir::Graph& g, const FoldOptions& options = {});
+
+// The construction-time pipeline: Constant nodes -> initializers, Identity/Dropout removal,
+// constant folding, BatchNorm folding, dead node removal.
+void optimize_graph(ir::Graph& g, const FoldOptions& options = {});
+
+}  // namespace slimquant::runtime

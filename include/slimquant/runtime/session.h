@@ -1,0 +1,68 @@
+#pragma once
+// Session: a graph prepared for execution. Each distinct set of input shapes gets its own compiled
+// plan (shapes bound, Shape chains folded, activations fused, kernels created with their weights
+// prepacked), cached inside the Session, so a new batch size needs no new Session.
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "slimquant/ir/graph.h"
+
+namespace slimquant::runtime {
+
+struct SessionOptions {
+  // Fold constants, BatchNorm into Conv, drop Identity/Dropout at construction.
+  bool optimize = true;
+  // Fuse activations into Conv/Gemm in compiled plans. Fused-away intermediates are not seen by
+  // hooks; turn off when every intermediate value must be observable (calibration).
+  bool fuse_activations = true;
+  int num_threads = 0;  // 0 = leave OpenMP's default
+  size_t max_cached_plans = 8;
+};
+
+// Called for every value a run produces or receives (graph inputs, intermediates, outputs). The
+// tensor is only valid during the call: clone() it to keep it.
+using ValueHook = std::function<void(const std::string& name, const Tensor& value)>;
+
+struct RunOptions {
+  // Values to return; empty = the graph outputs. Any intermediate value name may be requested.
+  std::vector<std::string> outputs;
+  ValueHook on_value;
+};
+
+class Plan;
+
+class Session {
+ public:
+  explicit Session(ir::Graph graph, SessionOptions options = {});
+  ~Session();
+  Session(Session&&) noexcept;
+  Session& operator=(Session&&) noexcept;
+
+  // feeds: graph inputs by name. Feeds may also name intermediate values: then only the part of the
+  // graph downstream of them that the requested outputs need is executed (prefix reuse for
+  // analysis); every other value that part reads must be fed too.
+  std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& feeds, const RunOptions& options = {});
+  // Convenience for single-input, single-output models.
+  Tensor run_single(const Tensor& input);
+
+  const ir::Graph& graph() const { return graph_; }  // after construction-time optimisation
+  const std::vector<ir::ValueInfo>& inputs() const { return graph_.inputs; }
+  const std::vector<ir::ValueInfo>& outputs() const { return graph_.outputs; }
+  const SessionOptions& options() const { return options_; }
+  size_t cached_plan_count() const { return plans_.size(); }
+
+ private:
+  ir::Graph graph_;
+  SessionOptions options_;
+  struct PlanEntry;
+  std::vector<std::unique_ptr<PlanEntry>> plans_;  // most recently used last
+};
+
+// Throws kUnsupported naming the first node (op and name) that has no kernel.
+void check_supported(const ir::Graph& graph);
+
+}  // namespace slimquant::runtime

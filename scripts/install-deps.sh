@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs every dependency slimquant needs from Debian packages, plus onnxruntime-node (npm,
+# --ignore-scripts) for the peer benchmarks. Idempotent; safe to rerun.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEBIAN_PACKAGES=(
+  build-essential cmake pkg-config
+  libonnx-dev libprotobuf-dev protobuf-compiler
+  libdnnl-dev ocl-icd-opencl-dev opencl-c-headers  # Debian's oneDNN cmake config requires OpenCL
+  libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
+  libcairo2-dev poppler-utils
+  libopencv-dev zlib1g-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libonnx-testdata dataset-fashion-mnist
+  python3-torch python3-onnx python3-numpy libopenblas0-pthread
+)
+# Node.js runs ONNX Runtime for peer comparisons; keep an existing install (e.g. nodesource).
+command -v node >/dev/null 2>&1 || DEBIAN_PACKAGES+=(nodejs npm)
+
+missing=()
+for p in "${DEBIAN_PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# ONNX Runtime is only a peer for benchmarks and the QDQ interoperability test.
+if command -v npm >/dev/null 2>&1 && [ ! -d bench/node_modules/onnxruntime-node ]; then
+  (cd bench && npm install --ignore-scripts --no-audit --no-fund --loglevel=error) || \
+    echo "warning: onnxruntime-node could not be installed; peer comparisons will be skipped" >&2
+fi

@@ -1,0 +1,48 @@
+#include <algorithm>
+
+#include "runtime/kernels/register_all.h"
+#include "slimquant/runtime/kernel.h"
+
+namespace slimquant::runtime {
+
+const Tensor& KernelContext::input(size_t i) const {
+  if (!has_input(i))
+    fail(ErrorKind::kInvalidModel, node_.describe() + ": required input " + std::to_string(i) + " is missing");
+  return *inputs_[i];
+}
+
+Tensor& KernelContext::allocate_output(size_t i, DType dtype, const Shape& shape) {
+  outputs_.at(i) = allocator_(dtype, shape);
+  return outputs_[i];
+}
+
+const KernelRegistry& KernelRegistry::instance() {
+  static const KernelRegistry registry = [] {
+    KernelRegistry r;
+    register_elementwise_kernels(r);
+    register_dnnl_kernels(r);
+    register_shape_kernels(r);
+    return r;
+  }();
+  return registry;
+}
+
+void KernelRegistry::add(const std::string& op_type, KernelFactory factory, const std::string& domain) {
+  factories_[{domain, op_type}] = std::move(factory);
+}
+
+const KernelFactory* KernelRegistry::find(const std::string& op_type, const std::string& domain) const {
+  std::string d = domain == "ai.onnx" ? "" : domain;
+  auto it = factories_.find({d, op_type});
+  return it == factories_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> KernelRegistry::op_types() const {
+  std::vector<std::string> out;
+  for (const auto& [key, f] : factories_)
+    if (key.first.empty()) out.push_back(key.second);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace slimquant::runtime

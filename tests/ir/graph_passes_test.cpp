@@ -1,0 +1,104 @@
+#include <gtest/gtest.h>
+
+#include "slimquant/ir/graph.h"
+#include "slimquant/ir/onnx_io.h"
+#include "slimquant/ir/passes.h"
+
+using namespace slimquant;
+
+namespace {
+ir::Node make_node(std::string op, std::vector<std::string> in, std::vector<std::string> out, std::string name = "") {
+  ir::Node n;
+  n.op_type = std::move(op);
+  n.inputs = std::move(in);
+  n.outputs = std::move(out);
+  n.name = name.empty() ? n.outputs[0] + "_node" : name;
+  return n;
+}
+}  // namespace
+
+TEST(Graph, TopologicalSortOrdersProducersFirst) {
+  ir::Graph g;
+  g.inputs.push_back({"x", DType::kFloat32, {}});
+  g.outputs.push_back({"z", DType::kFloat32, {}});
+  g.nodes.push_back(make_node("Relu", {"y"}, {"z"}));
+  g.nodes.push_back(make_node("Relu", {"x"}, {"y"}));
+  g.topological_sort();
+  EXPECT_EQ(g.nodes[0].outputs[0], "y");
+  EXPECT_EQ(g.nodes[1].outputs[0], "z");
+  EXPECT_NO_THROW(g.validate());
+}
+
+TEST(Graph, ValidateNamesUndefinedValue) {
+  ir::Graph g;
+  g.inputs.push_back({"x", DType::kFloat32, {}});
+  g.outputs.push_back({"z", DType::kFloat32, {}});
+  g.nodes.push_back(make_node("Add", {"x", "ghost"}, {"z"}, "adder"));
+  try {
+    g.validate();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'ghost'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("adder"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Passes, RemoveIdentityKeepsOutputName) {
+  ir::Graph g;
+  g.inputs.push_back({"x", DType::kFloat32, {}});
+  g.outputs.push_back({"out", DType::kFloat32, {}});
+  g.nodes.push_back(make_node("Relu", {"x"}, {"r"}));
+  g.nodes.push_back(make_node("Identity", {"r"}, {"i"}));
+  g.nodes.push_back(make_node("Dropout", {"i"}, {"out"}));
+  EXPECT_EQ(ir::remove_identity_ops(g), 2);
+  ASSERT_EQ(g.nodes.size(), 1u);
+  EXPECT_EQ(g.nodes[0].op_type, "Relu");
+  EXPECT_EQ(g.nodes[0].outputs[0], "out");
+}
+
+TEST(Passes, FoldBatchNormIntoConvMatchesClosedForm) {
+  ir::Graph g;
+  g.inputs.push_back({"x", DType::kFloat32, {}});
+  g.outputs.push_back({"y", DType::kFloat32, {}});
+  g.initializers["w"] = Tensor::from_vector<float>({2, 1, 1, 1}, {2.f, 3.f});
+  g.initializers["b"] = Tensor::from_vector<float>({2}, {1.f, -1.f});
+  g.initializers["gamma"] = Tensor::from_vector<float>({2}, {1.f, 2.f});
+  g.initializers["beta"] = Tensor::from_vector<float>({2}, {0.5f, 0.f});
+  g.initializers["mean"] = Tensor::from_vector<float>({2}, {1.f, 2.f});
+  g.initializers["var"] = Tensor::from_vector<float>({2}, {4.f, 1.f});
+  g.nodes.push_back(make_node("Conv", {"x", "w", "b"}, {"c"}));
+  auto bn = make_node("BatchNormalization", {"c", "gamma", "beta", "mean", "var"}, {"y"});
+  bn.attrs["epsilon"] = 0.f;
+  g.nodes.push_back(bn);
+  EXPECT_EQ(ir::fold_batchnorm_into_conv(g), 1);
+  ASSERT_EQ(g.nodes.size(), 1u);
+  const auto& conv = g.nodes[0];
+  EXPECT_EQ(conv.outputs[0], "y");
+  auto w = g.initializer(conv.inputs[1])->to_float_vector();
+  auto b = g.initializer(conv.inputs[2])->to_float_vector();
+  // channel 0: k = 1/2 -> w 1, b (1-1)/2+0.5; channel 1: k = 2 -> w 6, b (-1-2)*2+0
+  EXPECT_FLOAT_EQ(w[0], 1.f);
+  EXPECT_FLOAT_EQ(w[1], 6.f);
+  EXPECT_FLOAT_EQ(b[0], 0.5f);
+  EXPECT_FLOAT_EQ(b[1], -6.f);
+  EXPECT_FALSE(g.is_initializer("gamma"));
+}
+
+TEST(OnnxIo, TruncatedFileIsInvalidModel) {
+  try {
+    ir::parse_onnx(std::string("\x08\x07\x12\x05hello\x3a\xff\xff", 12), ".", "'bad.onnx'");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidModel);
+    EXPECT_NE(std::string(e.what()).find("bad.onnx"), std::string::npos);
+  }
+}
+
+TEST(OnnxIo, MissingFileIsIoError) {
+  try {
+    ir::load_onnx("/nonexistent/model.onnx");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo);
+  }
+}
