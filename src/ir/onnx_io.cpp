@@ -327,3 +327,20 @@ Tensor read_tensor_pb(const std::string& path, std::string* name) {
   return tensor_from_proto(p, fs::path(path).parent_path().string());
 }
 }  // namespace slimquant::ir
+
+namespace slimquant::ir {
+Graph load_model(const std::string& model_dir, const std::string& model_filename, const std::string& params_filename) {
+  fs::path dir(model_dir);
+  if (!fs::is_directory(dir)) return load_onnx(model_dir);
+  if (!params_filename.empty() && !fs::exists(dir / params_filename))
+    fail(ErrorKind::kIo, "params file '" + (dir / params_filename).string() + "' does not exist");
+  if (!model_filename.empty()) return load_onnx((dir / model_filename).string());
+  std::vector<fs::path> candidates;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".onnx") candidates.push_back(e.path());
+  if (candidates.size() != 1)
+    fail(ErrorKind::kInvalidArgument, "model directory '" + model_dir + "' holds " + std::to_string(candidates.size()) +
+                                          " .onnx files; name one with model_filename");
+  return load_onnx(candidates[0].string());
+}
+}  // namespace slimquant::ir

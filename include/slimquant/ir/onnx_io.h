@@ -27,3 +27,12 @@ namespace slimquant::ir {
 // Reads a serialized TensorProto (.pb), as in ONNX's backend test data. Returns its name too.
 Tensor read_tensor_pb(const std::string& path, std::string* name = nullptr);
 }  // namespace slimquant::ir
+
+namespace slimquant::ir {
+// The source documents' model_dir/model_filename/params_filename convention: `model_dir` is an
+// .onnx file, or a directory holding `model_filename` (default: its only .onnx file).
+// `params_filename` names the external-data file, which ONNX already records per tensor; it is
+// checked for existence when given.
+Graph load_model(const std::string& model_dir, const std::string& model_filename = "",
+                 const std::string& params_filename = "");
+}  // namespace slimquant::ir

@@ -1,0 +1,29 @@
+#pragma once
+// Progress for long jobs: "label 1200/10000 (85.3/s, 1m43s left)" redrawn on a terminal at most a
+// few times a second; silent when stderr is not a terminal (CI logs), unless forced.
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+namespace slimquant {
+
+class Progress {
+ public:
+  Progress(std::string label, size_t total, std::string unit = "samples");
+  ~Progress();
+  void advance(size_t n = 1);
+  void set_note(std::string note) { note_ = std::move(note); }  // e.g. "loss 0.31"
+  void finish();
+  double elapsed_seconds() const;
+  // Global switch (e.g. --quiet); default: enabled iff stderr is a terminal.
+  static void set_enabled(bool enabled);
+
+ private:
+  void draw(bool final);
+  std::string label_, unit_, note_;
+  size_t total_, done_ = 0;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+  bool finished_ = false;
+};
+
+}  // namespace slimquant

@@ -1,0 +1,138 @@
+#include "slimquant/analysis/metric.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace slimquant::analysis {
+
+namespace {
+
+// Rows of a [n, ...] float output as n vectors of length numel/n.
+int64_t row_length(const Tensor& t) { return t.rank() == 0 || t.dim(0) == 0 ? 0 : t.numel() / t.dim(0); }
+
+Tensor as_float(const Tensor& t) { return t.dtype() == DType::kFloat32 ? t : t.cast(DType::kFloat32); }
+
+class TopK : public Metric {
+ public:
+  explicit TopK(int k) : k_(k) {}
+  std::string name() const override { return "top" + std::to_string(k_); }
+  bool needs_labels() const override { return true; }
+  void update(const Tensor& outputs, const std::vector<int64_t>& labels, const Tensor&) override {
+    Tensor out = as_float(outputs);
+    const int64_t n = out.rank() ? out.dim(0) : 0, c = row_length(out);
+    SQ_CHECK(static_cast<int64_t>(labels.size()) == n, ErrorKind::kInvalidData,
+             name() + ": " + std::to_string(n) + " outputs but " + std::to_string(labels.size()) + " labels");
+    const float* p = out.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = p + i * c;
+      const int64_t y = labels[i];
+      SQ_CHECK(y >= 0 && y < c, ErrorKind::kInvalidData,
+               "label " + std::to_string(y) + " is out of range for a model with " + std::to_string(c) + " outputs");
+      // Rank of the true class: how many classes score strictly higher.
+      int64_t higher = 0;
+      for (int64_t j = 0; j < c; ++j) higher += row[j] > row[y];
+      correct_ += higher < k_;
+    }
+    seen_ += static_cast<size_t>(n);
+  }
+  double value() const override { return seen_ ? static_cast<double>(correct_) / seen_ : 0.0; }
+  size_t samples() const override { return seen_; }
+  void reset() override { correct_ = seen_ = 0; }
+  std::unique_ptr<Metric> clone_empty() const override { return std::make_unique<TopK>(k_); }
+
+ private:
+  int k_;
+  size_t correct_ = 0, seen_ = 0;
+};
+
+class Cosine : public Metric {
+ public:
+  std::string name() const override { return "cosine"; }
+  bool needs_reference() const override { return true; }
+  bool higher_is_better() const override { return false; }
+  void update(const Tensor& outputs, const std::vector<int64_t>&, const Tensor& reference) override {
+    Tensor a = as_float(outputs), b = as_float(reference);
+    SQ_CHECK(a.shape() == b.shape(), ErrorKind::kInvalidArgument, "cosine: output and reference shapes differ");
+    const int64_t n = a.rank() ? a.dim(0) : 0, c = row_length(a);
+    for (int64_t i = 0; i < n; ++i) {
+      double dot = 0, na = 0, nb = 0;
+      for (int64_t j = 0; j < c; ++j) {
+        double x = a.data<float>()[i * c + j], y = b.data<float>()[i * c + j];
+        dot += x * y, na += x * x, nb += y * y;
+      }
+      sum_ += (na == 0 || nb == 0) ? (na == nb ? 0.0 : 1.0) : 1.0 - dot / std::sqrt(na * nb);
+    }
+    seen_ += static_cast<size_t>(n);
+  }
+  double value() const override { return seen_ ? sum_ / seen_ : 0.0; }
+  size_t samples() const override { return seen_; }
+  void reset() override { sum_ = 0, seen_ = 0; }
+  std::unique_ptr<Metric> clone_empty() const override { return std::make_unique<Cosine>(); }
+
+ private:
+  double sum_ = 0;
+  size_t seen_ = 0;
+};
+
+class Sqnr : public Metric {
+ public:
+  std::string name() const override { return "sqnr"; }
+  bool needs_reference() const override { return true; }
+  void update(const Tensor& outputs, const std::vector<int64_t>&, const Tensor& reference) override {
+    Tensor a = as_float(outputs), b = as_float(reference);
+    SQ_CHECK(a.shape() == b.shape(), ErrorKind::kInvalidArgument, "sqnr: output and reference shapes differ");
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      double x = a.data<float>()[i], y = b.data<float>()[i];
+      signal_ += y * y;
+      noise_ += (x - y) * (x - y);
+    }
+    seen_ += a.rank() ? static_cast<size_t>(a.dim(0)) : 0;
+  }
+  // Identical outputs have infinite SQNR; report a large finite number so JSON stays valid.
+  double value() const override { return noise_ == 0 ? 200.0 : 10.0 * std::log10(signal_ / noise_); }
+  size_t samples() const override { return seen_; }
+  void reset() override { signal_ = noise_ = 0, seen_ = 0; }
+  std::unique_ptr<Metric> clone_empty() const override { return std::make_unique<Sqnr>(); }
+
+ private:
+  double signal_ = 0, noise_ = 0;
+  size_t seen_ = 0;
+};
+
+class Top1Agreement : public Metric {
+ public:
+  std::string name() const override { return "top1_agreement"; }
+  bool needs_reference() const override { return true; }
+  void update(const Tensor& outputs, const std::vector<int64_t>&, const Tensor& reference) override {
+    Tensor a = as_float(outputs), b = as_float(reference);
+    SQ_CHECK(a.shape() == b.shape(), ErrorKind::kInvalidArgument, "top1_agreement: output and reference shapes differ");
+    const int64_t n = a.rank() ? a.dim(0) : 0, c = row_length(a);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* x = a.data<float>() + i * c;
+      const float* y = b.data<float>() + i * c;
+      agree_ += std::max_element(x, x + c) - x == std::max_element(y, y + c) - y;
+    }
+    seen_ += static_cast<size_t>(n);
+  }
+  double value() const override { return seen_ ? static_cast<double>(agree_) / seen_ : 0.0; }
+  size_t samples() const override { return seen_; }
+  void reset() override { agree_ = seen_ = 0; }
+  std::unique_ptr<Metric> clone_empty() const override { return std::make_unique<Top1Agreement>(); }
+
+ private:
+  size_t agree_ = 0, seen_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Metric> make_metric(const std::string& name) {
+  if (name == "top1") return std::make_unique<TopK>(1);
+  if (name == "top5") return std::make_unique<TopK>(5);
+  if (name == "cosine") return std::make_unique<Cosine>();
+  if (name == "sqnr") return std::make_unique<Sqnr>();
+  if (name == "top1_agreement") return std::make_unique<Top1Agreement>();
+  fail(ErrorKind::kInvalidArgument,
+       "unknown metric '" + name + "' (known: top1, top5, cosine, sqnr, top1_agreement)");
+}
+
+}  // namespace slimquant::analysis

@@ -1,0 +1,249 @@
+// info, run, eval, bench: the engine's subcommands.
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <random>
+
+#include "cli/common.h"
+#include "slimquant/analysis/evaluate.h"
+#include "slimquant/core/npy.h"
+#include "slimquant/runtime/session.h"
+
+namespace slimquant::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string dims_str(const ir::ValueInfo& v) {
+  if (!v.dims) return "?";
+  std::string s = "[";
+  for (size_t i = 0; i < v.dims->size(); ++i) {
+    const auto& d = (*v.dims)[i];
+    s += (i ? "x" : "") + (d.known() ? std::to_string(d.value) : (d.param.empty() ? "?" : d.param));
+  }
+  return s + "]";
+}
+
+nlohmann::json value_json(const ir::ValueInfo& v) {
+  nlohmann::json dims = nlohmann::json::array();
+  if (v.dims)
+    for (const auto& d : *v.dims) dims.push_back(d.known() ? nlohmann::json(d.value) : nlohmann::json(d.param));
+  return {{"name", v.name}, {"dtype", dtype_name(v.dtype)}, {"shape", dims}};
+}
+
+Shape parse_shape(const std::string& text, const std::string& what) {
+  Shape s;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t x = text.find('x', pos);
+    std::string part = text.substr(pos, x == std::string::npos ? std::string::npos : x - pos);
+    try {
+      size_t used = 0;
+      long long v = std::stoll(part, &used);
+      if (used != part.size() || v <= 0) throw std::invalid_argument(part);
+      s.push_back(v);
+    } catch (const std::exception&) {
+      fail(ErrorKind::kInvalidArgument, what + ": '" + text + "' is not a shape like 1x3x224x224");
+    }
+    if (x == std::string::npos) break;
+    pos = x + 1;
+  }
+  return s;
+}
+
+runtime::SessionOptions session_options(int threads) {
+  runtime::SessionOptions o;
+  o.num_threads = threads;
+  return o;
+}
+
+}  // namespace
+
+Action register_info(CLI::App& app) {
+  auto* cmd = app.add_subcommand("info", "inputs, outputs, op counts and parameter size of a model");
+  auto model = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  cmd->add_option("MODEL", *model, "ONNX model file (or directory)")->required();
+  cmd->add_flag("--json", *json, "print a JSON object as the last line");
+  return [=] {
+    ir::Graph g = load_model_arg(*model);
+    std::map<std::string, int> ops;
+    for (const auto& n : g.nodes) ops[n.domain.empty() ? n.op_type : n.domain + "::" + n.op_type]++;
+    std::vector<std::pair<std::string, int>> sorted(ops.begin(), ops.end());
+    std::stable_sort(sorted.begin(), sorted.end(), [](auto& a, auto& b) { return a.second > b.second; });
+    std::cout << "model: " << *model << "\n";
+    std::cout << "producer: " << g.producer_name << " " << g.producer_version << ", opset " << g.opset
+              << ", ir_version " << g.ir_version << "\n";
+    std::cout << "inputs:\n";
+    for (const auto& i : g.inputs) std::cout << "  " << i.name << "  " << dtype_name(i.dtype) << " " << dims_str(i) << "\n";
+    std::cout << "outputs:\n";
+    for (const auto& o : g.outputs) std::cout << "  " << o.name << "  " << dtype_name(o.dtype) << " " << dims_str(o) << "\n";
+    std::cout << "nodes: " << g.nodes.size() << "\n";
+    for (const auto& [op, count] : sorted) std::cout << "  " << op << ": " << count << "\n";
+    const double mib = static_cast<double>(g.parameter_bytes()) / (1024.0 * 1024.0);
+    std::cout << "parameters: " << g.parameter_count() << " (" << g.initializers.size() << " initializers, "
+              << std::fixed << std::setprecision(2) << mib << " MiB)\n";
+    if (*json) {
+      nlohmann::json j;
+      j["inputs"] = nlohmann::json::array();
+      for (const auto& i : g.inputs) j["inputs"].push_back(value_json(i));
+      j["outputs"] = nlohmann::json::array();
+      for (const auto& o : g.outputs) j["outputs"].push_back(value_json(o));
+      j["op_counts"] = ops;
+      j["nodes"] = g.nodes.size();
+      j["opset"] = g.opset;
+      j["parameters"] = g.parameter_count();
+      j["parameter_bytes"] = g.parameter_bytes();
+      print_json(j);
+    }
+    return 0;
+  };
+}
+
+Action register_run(CLI::App& app) {
+  auto* cmd = app.add_subcommand("run", "run a model on .npy inputs and write its outputs as .npy");
+  struct Args {
+    std::string model, output_dir;
+    std::vector<std::string> inputs;
+    int threads = 0;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("MODEL", a->model, "ONNX model file")->required();
+  cmd->add_option("--input", a->inputs, "NAME=FILE.npy (repeat for several inputs)")->required();
+  cmd->add_option("--output-dir", a->output_dir, "directory for <output name>.npy files")->required();
+  cmd->add_option("--threads", a->threads, "threads (0 = all cores)");
+  return [=] {
+    runtime::Session session(load_model_arg(a->model), session_options(a->threads));
+    std::map<std::string, Tensor> feeds;
+    for (const auto& spec : a->inputs) {
+      auto eq = spec.find('=');
+      std::string name, file;
+      if (eq == std::string::npos) {
+        SQ_CHECK(session.inputs().size() == 1, ErrorKind::kInvalidArgument,
+                 "--input '" + spec + "' must be NAME=FILE.npy for a model with several inputs");
+        name = session.inputs()[0].name;
+        file = spec;
+      } else {
+        name = spec.substr(0, eq);
+        file = spec.substr(eq + 1);
+      }
+      feeds[name] = read_npy(file);
+    }
+    std::error_code ec;
+    fs::create_directories(a->output_dir, ec);
+    if (ec || !fs::is_directory(a->output_dir))
+      fail(ErrorKind::kIo, "cannot create output directory '" + a->output_dir + "'");
+    auto outputs = session.run(feeds);
+    for (const auto& [name, t] : outputs) {
+      std::string file = name;
+      std::replace(file.begin(), file.end(), '/', '_');
+      const std::string path = (fs::path(a->output_dir) / (file + ".npy")).string();
+      write_npy(path, t);
+      std::cout << name << " " << dtype_name(t.dtype()) << shape_str(t.shape()) << " -> " << path << "\n";
+    }
+    return 0;
+  };
+}
+
+Action register_eval(CLI::App& app) {
+  auto* cmd = app.add_subcommand("eval", "evaluate a model on a data set");
+  struct Args {
+    std::string model, data, metric = "top1";
+    DataFlags flags;
+    bool json = false;
+    size_t batch_size = 64;
+    int threads = 0;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("MODEL", a->model, "ONNX model file")->required();
+  add_data_flags(cmd, a->flags, a->data);
+  cmd->add_option("--metric", a->metric, "top1 or top5 (needs labels)")->capture_default_str();
+  cmd->add_option("--batch-size", a->batch_size, "samples per batch")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "threads (0 = all cores)");
+  cmd->add_flag("--json", a->json, "print a JSON object as the last line");
+  return [=] {
+    DataFlags flags = a->flags;
+    if (!a->data.empty()) flags.dataset = a->data;
+    auto dataset = data::open_dataset(flags.options("fashion-mnist:test"));
+    runtime::Session session(load_model_arg(a->model), session_options(a->threads));
+    auto metric = analysis::make_metric(a->metric);
+    SQ_CHECK(!metric->needs_reference(), ErrorKind::kInvalidArgument,
+             "eval: metric '" + a->metric + "' compares two models; use top1 or top5 here");
+    analysis::EvalOptions options;
+    options.batch_size = a->batch_size;
+    auto r = analysis::evaluate(session, *dataset, *metric, options);
+    std::cout << metric->name() << ": " << std::fixed << std::setprecision(4) << r.value << " (" << r.samples
+              << " samples, " << std::setprecision(2) << r.seconds << " s)" << std::endl;
+    if (a->json) print_json({{metric->name(), r.value}, {"samples", r.samples}, {"seconds", r.seconds}});
+    return 0;
+  };
+}
+
+Action register_bench(CLI::App& app) {
+  auto* cmd = app.add_subcommand("bench", "measure a model's latency on random inputs");
+  struct Args {
+    std::string model;
+    std::vector<std::string> shapes;
+    int runs = 30, warmup = 5, threads = 1;
+    bool json = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("MODEL", a->model, "ONNX model file")->required();
+  cmd->add_option("--shape", a->shapes, "input shape, e.g. 1x1x28x28, or NAME=1x1x28x28 per input");
+  cmd->add_option("--runs", a->runs, "timed runs")->capture_default_str();
+  cmd->add_option("--warmup", a->warmup, "untimed runs first")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "threads (0 = all cores)")->capture_default_str();
+  cmd->add_flag("--json", a->json, "print a JSON object as the last line");
+  return [=] {
+    SQ_CHECK(a->runs > 0, ErrorKind::kInvalidArgument, "--runs must be positive");
+    runtime::Session session(load_model_arg(a->model), session_options(a->threads));
+    std::map<std::string, Shape> shapes;
+    for (const auto& spec : a->shapes) {
+      auto eq = spec.find('=');
+      if (eq == std::string::npos) {
+        SQ_CHECK(session.inputs().size() == 1, ErrorKind::kInvalidArgument,
+                 "--shape must be NAME=SHAPE for a model with several inputs");
+        shapes[session.inputs()[0].name] = parse_shape(spec, "--shape");
+      } else {
+        shapes[spec.substr(0, eq)] = parse_shape(spec.substr(eq + 1), "--shape");
+      }
+    }
+    std::mt19937 rng(42);
+    std::uniform_real_distribution<float> uniform(0.f, 1.f);
+    std::map<std::string, Tensor> feeds;
+    for (const auto& in : session.inputs()) {
+      Shape s;
+      if (shapes.count(in.name)) {
+        s = shapes[in.name];
+      } else {
+        SQ_CHECK(in.fully_known(), ErrorKind::kInvalidArgument,
+                 "input '" + in.name + "' has dynamic dimensions: give --shape");
+        s = in.shape();
+      }
+      DType dt = in.dtype == DType::kUndefined ? DType::kFloat32 : in.dtype;
+      Tensor t(dt, s);
+      if (dt == DType::kFloat32)
+        for (float& v : t.values<float>()) v = uniform(rng);
+      feeds[in.name] = t;
+    }
+    for (const auto& [name, s] : shapes)
+      SQ_CHECK(feeds.count(name), ErrorKind::kInvalidArgument, "--shape names unknown input '" + name + "'");
+    for (int i = 0; i < a->warmup; ++i) session.run(feeds);
+    std::vector<double> ms;
+    for (int i = 0; i < a->runs; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      session.run(feeds);
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    const double median = ms.size() % 2 ? ms[ms.size() / 2] : (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]) / 2;
+    std::cout << "median " << std::fixed << std::setprecision(3) << median << " ms, min " << ms.front()
+              << " ms over " << a->runs << " runs (" << a->threads << " thread(s))" << std::endl;
+    if (a->json) print_json({{"median_ms", median}, {"min_ms", ms.front()}, {"runs", a->runs}});
+    return 0;
+  };
+}
+
+}  // namespace slimquant::cli

@@ -1,0 +1,42 @@
+#pragma once
+// Pieces every subcommand shares: the data flags, model loading, JSON output, exit codes.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <string>
+
+#include "slimquant/data/dataset.h"
+#include "slimquant/ir/graph.h"
+
+namespace slimquant::cli {
+
+// Raw text of the data flags; turned into data::DataOptions after parsing.
+struct DataFlags {
+  std::string dataset;  // empty: the command's default
+  std::string mean, stddev, resize, channel_order = "rgb";
+  size_t limit = 0;
+  int channels = 0;
+  data::DataOptions options(const std::string& default_spec) const;
+};
+
+// --dataset, --mean, --std, --resize, --channel-order, --limit, --channels; also accepts the data
+// set as a positional DATA argument (same syntax as --dataset).
+void add_data_flags(CLI::App* app, DataFlags& flags, std::string& positional);
+
+ir::Graph load_model_arg(const std::string& path);
+
+// The last line a command prints with --json.
+void print_json(const nlohmann::json& j);
+
+// Process exit codes by error kind (documented in README).
+int exit_code_for(ErrorKind kind);
+
+// Subcommand registration; each returns the action to run after parsing.
+using Action = std::function<int()>;
+Action register_info(CLI::App& app);
+Action register_run(CLI::App& app);
+Action register_eval(CLI::App& app);
+Action register_bench(CLI::App& app);
+
+}  // namespace slimquant::cli

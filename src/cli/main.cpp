@@ -1,0 +1,42 @@
+// slimquant: the command-line tool. Each subcommand lives in its own file; errors become a message
+// on stderr ("error: ...") and a non-zero exit code chosen by error kind.
+#include <iostream>
+
+#include "cli/common.h"
+#include "slimquant/core/progress.h"
+
+int main(int argc, char** argv) {
+  using namespace slimquant;
+  CLI::App app{"slimquant: INT8 quantization, analysis and inference for ONNX models"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "slimquant 0.1.0");
+  bool quiet = false;
+  app.add_flag("--quiet", quiet, "no progress output");
+  std::vector<std::pair<CLI::App*, cli::Action>> commands;
+  auto add = [&](cli::Action (*reg)(CLI::App&)) {
+    size_t before = app.get_subcommands({}).size();
+    cli::Action a = reg(app);
+    commands.push_back({app.get_subcommands({}).at(before), std::move(a)});
+  };
+  add(cli::register_info);
+  add(cli::register_run);
+  add(cli::register_eval);
+  add(cli::register_bench);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (quiet) Progress::set_enabled(false);
+  try {
+    for (auto& [sub, action] : commands)
+      if (sub->parsed()) return action();
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return cli::exit_code_for(e.kind());
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}
