@@ -1,0 +1,434 @@
+// Binary and n-ary elementwise ops with numpy broadcasting: arithmetic (Add Sub Mul Div Pow Mod
+// PRelu BitShift), variadic (Max Min Sum Mean), comparison (Equal Less Greater LessOrEqual
+// GreaterOrEqual), logic (And Or Xor) and Where.
+#include <cmath>
+#include <cstring>
+#include <memory>
+
+#include "runtime/kernels/elementwise_common.h"
+#include "runtime/kernels/elementwise_math.h"
+#include "runtime/kernels/elementwise_register.h"
+
+namespace slimquant::runtime::ew {
+namespace {
+
+// One broadcast row: a tight loop per inner-stride pattern (each stride is 0 or 1).
+template <typename A, typename B, typename O, typename Op>
+inline void binary_row(const A* a, int64_t sa, const B* b, int64_t sb, O* o, int64_t n, const Op& op) {
+  if (sa != 0 && sb != 0) {
+    for (int64_t i = 0; i < n; ++i) o[i] = op(a[i], b[i]);
+  } else if (sa != 0) {
+    const B bv = *b;
+    for (int64_t i = 0; i < n; ++i) o[i] = op(a[i], bv);
+  } else if (sb != 0) {
+    const A av = *a;
+    for (int64_t i = 0; i < n; ++i) o[i] = op(av, b[i]);
+  } else {
+    const O v = op(*a, *b);
+    for (int64_t i = 0; i < n; ++i) o[i] = v;
+  }
+}
+
+// out = op(a, b) with a and b broadcast to out's shape; `act` (float outputs only) is applied to
+// each row while it is still in cache. `out` may alias `a` when a has out's shape.
+template <typename A, typename B, typename O, typename Op>
+void broadcast_binary(const Tensor& a, const Tensor& b, Tensor& out, const Op& op, const Activation& act,
+                      const std::string& who) {
+  const BroadcastPlan p = make_broadcast_plan(out.shape(), {&a.shape(), &b.shape()}, who);
+  const A* pa = a.data<A>();
+  const B* pb = b.data<B>();
+  O* po = out.data<O>();
+  const int64_t sa = p.inner_stride(0), sb = p.inner_stride(1);
+  for_each_row(p, [&](const int64_t* off, int64_t o, int64_t n) {
+    binary_row(pa + off[0], sa, pb + off[1], sb, po + o, n, op);
+    if constexpr (std::is_same_v<O, float>) {
+      if (act) apply_activation(act, po + o, n);
+    }
+  });
+}
+
+[[noreturn]] void fail_dtype(const ir::Node& node, DType t) {
+  fail(ErrorKind::kUnsupported,
+       node.describe() + ": input dtype " + std::string(dtype_name(t)) + " is not supported by " + node.op_type);
+}
+
+void check_same_dtype(const ir::Node& node, const Tensor& a, const Tensor& b, size_t ib) {
+  if (a.dtype() != b.dtype())
+    fail(ErrorKind::kInvalidArgument, node.describe() + ": input " + std::to_string(ib) + " has dtype " +
+                                          dtype_name(b.dtype()) + " but input 0 has " + dtype_name(a.dtype()) +
+                                          " (they must match)");
+}
+
+// ---- op functors: Accepts<T> says which input dtypes the op takes, Out<T> its output dtype ----
+
+template <template <typename> class Pred, typename Fn>
+struct SameTypeOp {
+  template <typename T> static constexpr bool kAccepts = Pred<T>::value;
+  template <typename T> using Out = T;
+  Fn fn;
+  template <typename T> T operator()(T a, T b) const { return fn(a, b); }
+};
+
+template <typename T> struct NumericP : std::bool_constant<kIsNumeric<T>> {};
+template <typename T> struct AnyP : std::true_type {};
+template <typename T> struct BoolP : std::bool_constant<kIsBool<T>> {};
+template <typename T> struct UnsignedP : std::bool_constant<kIsInt<T> && std::is_unsigned_v<T>> {};
+template <typename T> struct SignedNumericP : std::bool_constant<kIsFloat<T> || std::is_signed_v<T>> {};
+
+struct AddFn { template <typename T> T operator()(T a, T b) const { return wrap_add(a, b); } };
+struct SubFn { template <typename T> T operator()(T a, T b) const { return wrap_sub(a, b); } };
+struct MulFn { template <typename T> T operator()(T a, T b) const { return wrap_mul(a, b); } };
+struct DivFn { template <typename T> T operator()(T a, T b) const { return div_t(a, b); } };
+struct MaxFn { template <typename T> T operator()(T a, T b) const { return max_t(a, b); } };
+struct MinFn { template <typename T> T operator()(T a, T b) const { return min_t(a, b); } };
+struct AndFn { bool operator()(bool a, bool b) const { return a && b; } };
+struct OrFn { bool operator()(bool a, bool b) const { return a || b; } };
+struct XorFn { bool operator()(bool a, bool b) const { return a != b; } };
+
+struct PReluFn {
+  template <typename T> T operator()(T x, T slope) const { return x < T(0) ? wrap_mul(x, slope) : x; }
+};
+
+// Mod: fmod = 0 takes the sign of the divisor (Python %), fmod = 1 of the dividend (C fmod).
+// Division by zero gives 0 for integers instead of trapping.
+struct ModFn {
+  bool fmod = false;
+  template <typename T> T operator()(T a, T b) const {
+    if constexpr (kIsFloat<T>) {
+      return std::fmod(a, b);
+    } else {
+      if (b == 0) return T(0);
+      if constexpr (std::is_signed_v<T>) {
+        if (b == T(-1)) return T(0);
+        T r = static_cast<T>(a % b);
+        if (!fmod && r != 0 && ((r < 0) != (b < 0))) r = static_cast<T>(r + b);
+        return r;
+      } else {
+        return static_cast<T>(a % b);
+      }
+    }
+  }
+};
+
+// Shifts by the type's width or more give 0 (undefined in C++).
+struct BitShiftFn {
+  bool left = true;
+  template <typename T> T operator()(T a, T b) const {
+    if (b >= T(sizeof(T) * 8)) return T(0);
+    return left ? static_cast<T>(a << b) : static_cast<T>(a >> b);
+  }
+};
+
+template <template <typename> class Pred, typename Fn>
+struct CompareOp {
+  template <typename T> static constexpr bool kAccepts = Pred<T>::value;
+  template <typename T> using Out = bool;
+  Fn fn;
+  template <typename T> bool operator()(T a, T b) const { return fn(a, b); }
+};
+struct EqFn { template <typename T> bool operator()(T a, T b) const { return a == b; } };
+struct LtFn { template <typename T> bool operator()(T a, T b) const { return a < b; } };
+struct GtFn { template <typename T> bool operator()(T a, T b) const { return a > b; } };
+struct LeFn { template <typename T> bool operator()(T a, T b) const { return a <= b; } };
+struct GeFn { template <typename T> bool operator()(T a, T b) const { return a >= b; } };
+
+// ---- kernels ----
+
+enum class Broadcast { kMulti, kToFirst };  // numpy multidirectional, or onto input 0's shape (PRelu)
+
+template <typename Op>
+class BinaryKernel final : public Kernel {
+ public:
+  BinaryKernel(const KernelInit& init, Op op, bool fusable, Broadcast mode = Broadcast::kMulti)
+      : node_(init.node), op_(op), mode_(mode) {
+    if (fusable) act_ = resolve_fused_activation(node_);
+    else reject_fused_activation(node_);
+  }
+
+  void run(KernelContext& ctx) override {
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    check_same_dtype(node_, a, b, 1);
+    const std::string who = node_.describe();
+    const Shape out_shape = mode_ == Broadcast::kToFirst ? a.shape() : broadcast_all({&a.shape(), &b.shape()}, who);
+    dispatch_dtype(a.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (Op::template kAccepts<T>) {
+        using O = typename Op::template Out<T>;
+        if (act_ && !std::is_same_v<O, float>)
+          fail(ErrorKind::kUnsupported, who + ": fused activation needs float32 data");
+        Tensor& out = ctx.allocate_output(0, dtype_of<O>, out_shape);
+        broadcast_binary<T, T, O>(a, b, out, op_, act_, who);
+      } else {
+        fail_dtype(node_, a.dtype());
+      }
+    });
+  }
+
+ private:
+  const ir::Node& node_;
+  Op op_;
+  Broadcast mode_;
+  Activation act_;
+};
+
+// Max, Min, Sum, Mean over 1..N inputs: folds pairwise into the output (which has the broadcast
+// shape of all inputs, so each later step reads the output in place).
+template <typename Fn>
+class VariadicKernel final : public Kernel {
+ public:
+  VariadicKernel(const KernelInit& init, bool mean) : node_(init.node), mean_(mean) {
+    act_ = resolve_fused_activation(node_);
+  }
+
+  void run(KernelContext& ctx) override {
+    const std::string who = node_.describe();
+    const size_t n = ctx.num_inputs();
+    std::vector<const Tensor*> ins;
+    std::vector<const Shape*> shapes;
+    for (size_t i = 0; i < n; ++i) {
+      ins.push_back(&ctx.input(i));
+      shapes.push_back(&ins.back()->shape());
+      check_same_dtype(node_, *ins[0], *ins[i], i);
+    }
+    SQ_CHECK(!ins.empty(), ErrorKind::kInvalidModel, who + ": needs at least one input");
+    const Shape out_shape = broadcast_all(shapes, who);
+    if (n == 1 && !act_) {  // identity: share the input's storage
+      ctx.set_output(0, *ins[0]);
+      return;
+    }
+    dispatch_dtype(ins[0]->dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (kIsNumeric<T>) {
+        if (act_ && !std::is_same_v<T, float>)
+          fail(ErrorKind::kUnsupported, who + ": fused activation needs float32 data");
+        Tensor& out = ctx.allocate_output(0, dtype_of<T>, out_shape);
+        const SameTypeOp<NumericP, Fn> op{};
+        const Activation none;
+        const bool last_applies_act = !mean_;
+        if (n == 1) {
+          std::memcpy(out.raw(), ins[0]->raw(), out.nbytes());
+        } else {
+          for (size_t i = 1; i < n; ++i) {
+            const Tensor& lhs = i == 1 ? *ins[0] : out;
+            const Activation& act = (i + 1 == n && last_applies_act) ? act_ : none;
+            broadcast_binary<T, T, T>(lhs, *ins[i], out, op, act, who);
+          }
+        }
+        if (mean_) {
+          T* o = out.data<T>();
+          const T count = static_cast<T>(n);
+          parallel_range(out.numel(), [&](int64_t b, int64_t e) {
+            for (int64_t j = b; j < e; ++j) o[j] = div_t(o[j], count);
+          });
+        }
+        if constexpr (std::is_same_v<T, float>) {
+          if (act_ && (mean_ || n == 1)) apply_activation(act_, out.data<float>(), out.numel());
+        }
+      } else {
+        fail_dtype(node_, ins[0]->dtype());
+      }
+    });
+  }
+
+ private:
+  const ir::Node& node_;
+  bool mean_;
+  Activation act_;
+};
+
+// Pow: base and exponent may have different dtypes; the output has the base's.
+template <typename T, typename U>
+inline T pow_value(T x, U y) {
+  if constexpr (kIsFloat<T>) {
+    return std::pow(x, static_cast<T>(y));
+  } else if constexpr (kIsFloat<U>) {
+    return static_cast<T>(std::pow(static_cast<double>(x), static_cast<double>(y)));
+  } else {
+    // Integer power by squaring (exact, wrapping); negative exponents truncate like 1 / x^-y.
+    if constexpr (std::is_signed_v<U>) {
+      if (y < 0) {
+        if (x == T(1)) return T(1);
+        if constexpr (std::is_signed_v<T>) {
+          if (x == T(-1)) return (y % 2 == 0) ? T(1) : T(-1);
+        }
+        return T(0);
+      }
+    }
+    T result = T(1), base = x;
+    for (auto e = static_cast<std::make_unsigned_t<U>>(y); e != 0; e >>= 1) {
+      if (e & 1) result = wrap_mul(result, base);
+      base = wrap_mul(base, base);
+    }
+    return result;
+  }
+}
+
+class PowKernel final : public Kernel {
+ public:
+  explicit PowKernel(const KernelInit& init) : node_(init.node) { reject_fused_activation(node_); }
+
+  void run(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Tensor& y = ctx.input(1);
+    const std::string who = node_.describe();
+    const Shape out_shape = broadcast_all({&x.shape(), &y.shape()}, who);
+    // Float32 with a scalar exponent: the common x^2 (LayerNorm variance), x^0.5, x^3 become
+    // multiplies instead of powf calls.
+    if (x.dtype() == DType::kFloat32 && y.numel() == 1 && out_shape == x.shape() &&
+        (y.dtype() == DType::kFloat32 || y.dtype() == DType::kFloat64 || y.dtype() == DType::kInt64 ||
+         y.dtype() == DType::kInt32)) {
+      const double e = y.to_float_vector()[0];
+      if (e == 2.0 || e == 3.0 || e == 1.0 || e == 0.5) {
+        Tensor& out = ctx.allocate_output(0, DType::kFloat32, out_shape);
+        const float* px = x.data<float>();
+        float* po = out.data<float>();
+        parallel_range(x.numel(), [&](int64_t b, int64_t end) {
+          if (e == 2.0) for (int64_t i = b; i < end; ++i) po[i] = px[i] * px[i];
+          else if (e == 3.0) for (int64_t i = b; i < end; ++i) po[i] = px[i] * px[i] * px[i];
+          else if (e == 1.0) for (int64_t i = b; i < end; ++i) po[i] = px[i];
+          else for (int64_t i = b; i < end; ++i) po[i] = std::sqrt(px[i]);
+        });
+        return;
+      }
+    }
+    dispatch_dtype(x.dtype(), [&](auto xt) {
+      using T = decltype(xt);
+      if constexpr (kIsFloat<T> || std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>) {
+        dispatch_dtype(y.dtype(), [&](auto yt) {
+          using U = decltype(yt);
+          if constexpr (kIsNumeric<U>) {
+            Tensor& out = ctx.allocate_output(0, dtype_of<T>, out_shape);
+            broadcast_binary<T, U, T>(x, y, out, [](T a, U b) { return pow_value(a, b); }, Activation{}, who);
+          } else {
+            fail(ErrorKind::kUnsupported, who + ": exponent dtype " + dtype_name(y.dtype()) + " is not supported");
+          }
+        });
+      } else {
+        fail_dtype(node_, x.dtype());
+      }
+    });
+  }
+
+ private:
+  const ir::Node& node_;
+};
+
+class WhereKernel final : public Kernel {
+ public:
+  explicit WhereKernel(const KernelInit& init) : node_(init.node) { reject_fused_activation(node_); }
+
+  void run(KernelContext& ctx) override {
+    const Tensor& c = ctx.input(0);
+    const Tensor& x = ctx.input(1);
+    const Tensor& y = ctx.input(2);
+    const std::string who = node_.describe();
+    SQ_CHECK(c.dtype() == DType::kBool, ErrorKind::kInvalidArgument,
+             who + ": condition must be bool, got " + dtype_name(c.dtype()));
+    check_same_dtype(node_, x, y, 2);
+    const Shape out_shape = broadcast_all({&c.shape(), &x.shape(), &y.shape()}, who);
+    const BroadcastPlan p = make_broadcast_plan(out_shape, {&c.shape(), &x.shape(), &y.shape()}, who);
+    dispatch_dtype(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      Tensor& out = ctx.allocate_output(0, dtype_of<T>, out_shape);
+      const bool* pc = c.data<bool>();
+      const T* px = x.data<T>();
+      const T* py = y.data<T>();
+      T* po = out.data<T>();
+      const int64_t sc = p.inner_stride(0), sx = p.inner_stride(1), sy = p.inner_stride(2);
+      for_each_row(p, [&](const int64_t* off, int64_t o, int64_t n) {
+        const bool* cc = pc + off[0];
+        const T* xx = px + off[1];
+        const T* yy = py + off[2];
+        T* oo = po + o;
+        if (sc && sx && sy) {
+          for (int64_t i = 0; i < n; ++i) oo[i] = cc[i] ? xx[i] : yy[i];
+        } else {
+          for (int64_t i = 0; i < n; ++i) oo[i] = cc[i * sc] ? xx[i * sx] : yy[i * sy];
+        }
+      });
+    });
+  }
+
+ private:
+  const ir::Node& node_;
+};
+
+struct ModOp {
+  template <typename T> static constexpr bool kAccepts = kIsNumeric<T>;
+  template <typename T> using Out = T;
+  ModFn fn;
+  template <typename T> T operator()(T a, T b) const { return fn(a, b); }
+};
+
+// Floats only have the C semantics: the spec requires fmod = 1 for them.
+class ModKernel final : public Kernel {
+ public:
+  ModKernel(const KernelInit& init, bool fmod)
+      : node_(init.node), fmod_(fmod), inner_(init, ModOp{ModFn{fmod}}, false) {}
+  void run(KernelContext& ctx) override {
+    if (!fmod_ && dtype_is_float(ctx.input(0).dtype()))
+      fail(ErrorKind::kInvalidModel, node_.describe() + ": fmod must be 1 for floating-point inputs");
+    inner_.run(ctx);
+  }
+
+ private:
+  const ir::Node& node_;
+  bool fmod_;
+  BinaryKernel<ModOp> inner_;
+};
+
+template <typename Op>
+KernelFactory binary(Op op, bool fusable = false, Broadcast mode = Broadcast::kMulti) {
+  return [op, fusable, mode](const KernelInit& init) -> std::unique_ptr<Kernel> {
+    return std::make_unique<BinaryKernel<Op>>(init, op, fusable, mode);
+  };
+}
+
+template <typename Fn>
+KernelFactory variadic(bool mean) {
+  return [mean](const KernelInit& init) -> std::unique_ptr<Kernel> {
+    return std::make_unique<VariadicKernel<Fn>>(init, mean);
+  };
+}
+
+}  // namespace
+
+void register_binary_kernels(KernelRegistry& r) {
+  r.add("Add", binary(SameTypeOp<NumericP, AddFn>{}, true));
+  r.add("Sub", binary(SameTypeOp<NumericP, SubFn>{}, true));
+  r.add("Mul", binary(SameTypeOp<NumericP, MulFn>{}, true));
+  r.add("Div", binary(SameTypeOp<NumericP, DivFn>{}, true));
+  r.add("PRelu", binary(SameTypeOp<SignedNumericP, PReluFn>{}, false, Broadcast::kToFirst));
+  r.add("Mod", [](const KernelInit& init) -> std::unique_ptr<Kernel> {
+    const int64_t fmod = init.node.attr_int("fmod", 0);
+    SQ_CHECK(fmod == 0 || fmod == 1, ErrorKind::kInvalidModel,
+             init.node.describe() + ": fmod must be 0 or 1, got " + std::to_string(fmod));
+    return std::make_unique<ModKernel>(init, fmod == 1);
+  });
+  r.add("BitShift", [](const KernelInit& init) -> std::unique_ptr<Kernel> {
+    const std::string dir = init.node.attr_string("direction", "");
+    SQ_CHECK(dir == "LEFT" || dir == "RIGHT", ErrorKind::kInvalidModel,
+             init.node.describe() + ": direction must be LEFT or RIGHT, got '" + dir + "'");
+    using Op = SameTypeOp<UnsignedP, BitShiftFn>;
+    return std::make_unique<BinaryKernel<Op>>(init, Op{BitShiftFn{dir == "LEFT"}}, false);
+  });
+  r.add("Pow", [](const KernelInit& init) -> std::unique_ptr<Kernel> { return std::make_unique<PowKernel>(init); });
+
+  r.add("Max", variadic<MaxFn>(false));
+  r.add("Min", variadic<MinFn>(false));
+  r.add("Sum", variadic<AddFn>(false));
+  r.add("Mean", variadic<AddFn>(true));
+
+  r.add("Equal", binary(CompareOp<AnyP, EqFn>{}));
+  r.add("Less", binary(CompareOp<NumericP, LtFn>{}));
+  r.add("Greater", binary(CompareOp<NumericP, GtFn>{}));
+  r.add("LessOrEqual", binary(CompareOp<NumericP, LeFn>{}));
+  r.add("GreaterOrEqual", binary(CompareOp<NumericP, GeFn>{}));
+  r.add("And", binary(SameTypeOp<BoolP, AndFn>{}));
+  r.add("Or", binary(SameTypeOp<BoolP, OrFn>{}));
+  r.add("Xor", binary(SameTypeOp<BoolP, XorFn>{}));
+  r.add("Where", [](const KernelInit& init) -> std::unique_ptr<Kernel> { return std::make_unique<WhereKernel>(init); });
+}
+
+}  // namespace slimquant::runtime::ew

@@ -1,0 +1,33 @@
+#pragma once
+// QuantizeLinear / DequantizeLinear arithmetic, callable outside the kernels (observers, QAT
+// fake quantization, lowering tests) so every part of slimquant rounds the same way.
+//
+//   quantize:     q = saturate(round_half_even(x / scale) + zero_point)      (x / scale in float)
+//   dequantize:   y = float(q - zero_point) * scale
+//   fake quant:   y = dequantize(quantize(x)), bit-identical to running the two ops
+//
+// Division (not multiplication by 1/scale) and ties-to-even match the ONNX reference and ONNX
+// Runtime's MLAS kernels bit for bit. NaN inputs quantize to the lowest code, as in MLAS.
+// Scale and zero point: one element (per tensor) or a 1-D tensor of x.dim(axis) elements
+// (per axis); zero point dtype = quantized dtype (uint8, int8, uint16, int16; int32 for
+// dequantize, where it must be 0).
+#include <cstdint>
+#include <string>
+
+#include "slimquant/core/tensor.h"
+
+namespace slimquant::runtime {
+
+// Writes y (allocated by the caller with x's shape and the quantized dtype: zero_point's dtype,
+// or uint8 without one). x: float32 or int32. `who` names the node in error messages.
+void quantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_point, int64_t axis, Tensor& y,
+                     const std::string& who = "QuantizeLinear");
+// Writes y (float32, x's shape). x: uint8, int8, uint16, int16 or int32.
+void dequantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_point, int64_t axis, Tensor& y,
+                       const std::string& who = "DequantizeLinear");
+// y (float32) = dequantize(quantize(x)) in one pass, with the integer range [qmin, qmax] of
+// `qtype` (zero_point's dtype when given).
+void fake_quantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_point, int64_t axis,
+                          DType qtype, Tensor& y, const std::string& who = "FakeQuantize");
+
+}  // namespace slimquant::runtime

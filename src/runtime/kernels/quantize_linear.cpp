@@ -1,0 +1,292 @@
+// QuantizeLinear / DequantizeLinear (opsets 10 and 13: per tensor, and per axis from 13) and the
+// fused fake-quantization used by simulation. Arithmetic (see elementwise_qdq.h):
+//   q = saturate(round_half_even(x / s) + z)        y = float(q - z) * s
+// Saturation is done before rounding, on v = x / s against [qmin - z, qmax - z]: rounding is
+// monotone and the bounds are integers, so this equals saturate-after-round, keeps v small enough
+// for the exact add-magic rounding, and needs no int overflow care. Every loop vectorises.
+#include "runtime/kernels/elementwise_qdq.h"
+
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "runtime/kernels/elementwise_common.h"
+#include "runtime/kernels/elementwise_register.h"
+
+namespace slimquant::runtime {
+namespace {
+
+// x = outer x channels x inner; scale/zero point per channel (channels = 1 per tensor).
+struct QuantParams {
+  int64_t outer = 1, channels = 1, inner = 1;
+  std::vector<float> scale;
+  std::vector<int32_t> zero_point;
+};
+
+QuantParams quant_params(const Tensor& x, const Tensor& scale, const Tensor* zp, int64_t axis,
+                         const std::string& who) {
+  SQ_CHECK(scale.dtype() == DType::kFloat32, ErrorKind::kInvalidArgument,
+           who + ": scale must be float32, got " + dtype_name(scale.dtype()));
+  QuantParams p;
+  if (zp) {
+    SQ_CHECK(zp->numel() == scale.numel(), ErrorKind::kInvalidArgument,
+             who + ": zero point shape " + shape_str(zp->shape()) + " does not match scale shape " +
+                 shape_str(scale.shape()));
+  }
+  if (scale.numel() == 1) {
+    p.inner = x.numel();
+  } else {
+    SQ_CHECK(scale.rank() == 1, ErrorKind::kInvalidArgument,
+             who + ": scale must be a scalar or 1-D, got shape " + shape_str(scale.shape()));
+    const int64_t ax = normalize_axis(axis, static_cast<int64_t>(x.rank()), who);
+    SQ_CHECK(scale.dim(0) == x.dim(ax), ErrorKind::kInvalidArgument,
+             who + ": " + std::to_string(scale.dim(0)) + " scales for axis " + std::to_string(ax) + " of size " +
+                 std::to_string(x.dim(ax)) + " (input shape " + shape_str(x.shape()) + ")");
+    p.channels = x.dim(ax);
+    for (int64_t d = 0; d < ax; ++d) p.outer *= x.dim(d);
+    for (int64_t d = ax + 1; d < static_cast<int64_t>(x.rank()); ++d) p.inner *= x.dim(d);
+  }
+  const float* s = scale.data<float>();
+  p.scale.assign(s, s + p.channels);
+  p.zero_point.assign(static_cast<size_t>(p.channels), 0);
+  if (zp) {
+    const std::vector<int64_t> z = zp->to_int64_vector();
+    for (int64_t c = 0; c < p.channels; ++c) p.zero_point[c] = static_cast<int32_t>(z[c]);
+  }
+  return p;
+}
+
+// Runs fn(channel, first_element, count) over the (outer, channel) blocks, in parallel when large.
+// With inner == 1 (axis is the last dim) a "block" is a whole row of channels: fn(-1, start, n).
+template <typename Fn>
+void for_each_block(const QuantParams& p, Fn&& fn) {
+  if (p.inner == 1 && p.channels > 1) {
+    ew::parallel_range(p.outer, [&](int64_t o0, int64_t o1) {
+      for (int64_t o = o0; o < o1; ++o) fn(int64_t{-1}, o * p.channels, p.channels);
+    });
+    return;
+  }
+  if (p.channels == 1) {  // per tensor: one flat range
+    ew::parallel_range(p.outer * p.inner, [&](int64_t b, int64_t e) { fn(int64_t{0}, b, e - b); });
+    return;
+  }
+  const int64_t blocks = p.outer * p.channels;
+  ew::parallel_range(blocks, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) fn(b % p.channels, b * p.inner, p.inner);
+  });
+}
+
+constexpr float kRoundMagic = 12582912.f;  // 1.5 * 2^23: (v + m) - m rounds |v| < 2^22 half to even
+
+// v = x / s clamped to [lo, hi] and rounded; NaN becomes lo (the comparison order makes it so).
+inline float quantize_value(float x, float s, float lo, float hi) {
+  float v = x / s;
+  v = v > lo ? v : lo;
+  v = v < hi ? v : hi;
+  return (v + kRoundMagic) - kRoundMagic;
+}
+
+template <typename Q>
+constexpr int32_t qmin_of() { return static_cast<int32_t>(std::numeric_limits<Q>::min()); }
+template <typename Q>
+constexpr int32_t qmax_of() { return static_cast<int32_t>(std::numeric_limits<Q>::max()); }
+
+template <typename X, typename Q>
+void quantize_typed(const X* x, Q* y, const QuantParams& p) {
+  constexpr int32_t kMin = qmin_of<Q>(), kMax = qmax_of<Q>();
+  const size_t nc = static_cast<size_t>(p.channels);
+  std::vector<float> lo(nc), hi(nc);
+  for (size_t c = 0; c < nc; ++c) {
+    lo[c] = static_cast<float>(kMin - p.zero_point[c]);
+    hi[c] = static_cast<float>(kMax - p.zero_point[c]);
+  }
+  for_each_block(p, [&](int64_t c, int64_t start, int64_t n) {
+    const X* xs = x + start;
+    Q* ys = y + start;
+    if (c < 0) {
+      const float* s = p.scale.data();
+      const int32_t* z = p.zero_point.data();
+      for (int64_t i = 0; i < n; ++i)
+        ys[i] = static_cast<Q>(static_cast<int32_t>(quantize_value(static_cast<float>(xs[i]), s[i], lo[i], hi[i])) + z[i]);
+      return;
+    }
+    const float s = p.scale[c], l = lo[c], h = hi[c];
+    const int32_t z = p.zero_point[c];
+    for (int64_t i = 0; i < n; ++i)
+      ys[i] = static_cast<Q>(static_cast<int32_t>(quantize_value(static_cast<float>(xs[i]), s, l, h)) + z);
+  });
+}
+
+template <typename Q>
+void dequantize_typed(const Q* x, float* y, const QuantParams& p) {
+  for_each_block(p, [&](int64_t c, int64_t start, int64_t n) {
+    const Q* xs = x + start;
+    float* ys = y + start;
+    if (c < 0) {
+      const float* s = p.scale.data();
+      const int32_t* z = p.zero_point.data();
+      for (int64_t i = 0; i < n; ++i) ys[i] = static_cast<float>(static_cast<int32_t>(xs[i]) - z[i]) * s[i];
+      return;
+    }
+    const float s = p.scale[c];
+    const int32_t z = p.zero_point[c];
+    for (int64_t i = 0; i < n; ++i) ys[i] = static_cast<float>(static_cast<int32_t>(xs[i]) - z) * s;
+  });
+}
+
+void fake_quantize_typed(const float* x, float* y, const QuantParams& p, int32_t kMin, int32_t kMax) {
+  const size_t nc = static_cast<size_t>(p.channels);
+  std::vector<float> lo(nc), hi(nc);
+  for (size_t c = 0; c < nc; ++c) {
+    lo[c] = static_cast<float>(kMin - p.zero_point[c]);
+    hi[c] = static_cast<float>(kMax - p.zero_point[c]);
+  }
+  for_each_block(p, [&](int64_t c, int64_t start, int64_t n) {
+    const float* xs = x + start;
+    float* ys = y + start;
+    if (c < 0) {
+      const float* s = p.scale.data();
+      for (int64_t i = 0; i < n; ++i) ys[i] = quantize_value(xs[i], s[i], lo[i], hi[i]) * s[i];
+      return;
+    }
+    const float s = p.scale[c], l = lo[c], h = hi[c];
+    for (int64_t i = 0; i < n; ++i) ys[i] = quantize_value(xs[i], s, l, h) * s;
+  });
+}
+
+template <typename Q> inline constexpr bool kIsQuantType =
+    std::is_same_v<Q, uint8_t> || std::is_same_v<Q, int8_t> || std::is_same_v<Q, uint16_t> || std::is_same_v<Q, int16_t>;
+
+}  // namespace
+
+void quantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_point, int64_t axis, Tensor& y,
+                     const std::string& who) {
+  const QuantParams p = quant_params(x, scale, zero_point, axis, who);
+  const DType qtype = zero_point ? zero_point->dtype() : DType::kUInt8;
+  SQ_CHECK(y.dtype() == qtype && y.shape() == x.shape(), ErrorKind::kInternal,
+           who + ": output must be " + dtype_name(qtype) + " " + shape_str(x.shape()));
+  dispatch_dtype(qtype, [&](auto qtag) {
+    using Q = decltype(qtag);
+    if constexpr (kIsQuantType<Q>) {
+      if (x.dtype() == DType::kFloat32) quantize_typed(x.data<float>(), y.data<Q>(), p);
+      else if (x.dtype() == DType::kInt32) quantize_typed(x.data<int32_t>(), y.data<Q>(), p);
+      else fail(ErrorKind::kUnsupported, who + ": input dtype " + dtype_name(x.dtype()) + " is not supported (float32, int32)");
+    } else {
+      fail(ErrorKind::kUnsupported, who + ": quantized dtype " + dtype_name(qtype) +
+                                        " is not supported (uint8, int8, uint16, int16)");
+    }
+  });
+}
+
+void dequantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_point, int64_t axis, Tensor& y,
+                       const std::string& who) {
+  if (zero_point)
+    SQ_CHECK(zero_point->dtype() == x.dtype(), ErrorKind::kInvalidArgument,
+             who + ": zero point dtype " + dtype_name(zero_point->dtype()) + " differs from input dtype " +
+                 dtype_name(x.dtype()));
+  const QuantParams p = quant_params(x, scale, zero_point, axis, who);
+  SQ_CHECK(y.dtype() == DType::kFloat32 && y.shape() == x.shape(), ErrorKind::kInternal,
+           who + ": output must be float32 " + shape_str(x.shape()));
+  dispatch_dtype(x.dtype(), [&](auto qtag) {
+    using Q = decltype(qtag);
+    if constexpr (kIsQuantType<Q>) {
+      dequantize_typed(x.data<Q>(), y.data<float>(), p);
+    } else if constexpr (std::is_same_v<Q, int32_t>) {
+      for (int32_t z : p.zero_point)
+        SQ_CHECK(z == 0, ErrorKind::kInvalidArgument, who + ": int32 input needs a zero point of 0, got " + std::to_string(z));
+      dequantize_typed(x.data<int32_t>(), y.data<float>(), p);
+    } else {
+      fail(ErrorKind::kUnsupported, who + ": input dtype " + dtype_name(x.dtype()) +
+                                        " is not supported (uint8, int8, uint16, int16, int32)");
+    }
+  });
+}
+
+void fake_quantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_point, int64_t axis, DType qtype,
+                          Tensor& y, const std::string& who) {
+  SQ_CHECK(x.dtype() == DType::kFloat32, ErrorKind::kUnsupported,
+           who + ": input dtype " + dtype_name(x.dtype()) + " is not supported (float32)");
+  SQ_CHECK(y.dtype() == DType::kFloat32 && y.shape() == x.shape(), ErrorKind::kInternal,
+           who + ": output must be float32 " + shape_str(x.shape()));
+  const QuantParams p = quant_params(x, scale, zero_point, axis, who);
+  dispatch_dtype(qtype, [&](auto qtag) {
+    using Q = decltype(qtag);
+    if constexpr (kIsQuantType<Q>) {
+      fake_quantize_typed(x.data<float>(), y.data<float>(), p, qmin_of<Q>(), qmax_of<Q>());
+    } else {
+      fail(ErrorKind::kUnsupported, who + ": quantized dtype " + dtype_name(qtype) + " is not supported");
+    }
+  });
+}
+
+namespace ew {
+namespace {
+
+// Shared by both ops: the axis attribute (opset 13+) and per-axis parameters only from 13.
+struct QdqAttrs {
+  int64_t axis = 1;
+  bool per_axis_allowed = true;
+};
+
+QdqAttrs qdq_attrs(const KernelInit& init) {
+  reject_fused_activation(init.node);
+  QdqAttrs a;
+  a.per_axis_allowed = init.opset >= 13;
+  a.axis = init.node.attr_int("axis", 1);
+  if (init.node.attr_int("block_size", 0) != 0)
+    fail(ErrorKind::kUnsupported, init.node.describe() + ": blocked quantization (block_size) is not supported");
+  return a;
+}
+
+void check_per_axis(const ir::Node& node, const QdqAttrs& a, const Tensor& scale) {
+  if (!a.per_axis_allowed && scale.numel() != 1)
+    fail(ErrorKind::kInvalidModel, node.describe() + ": per-axis scales (shape " + shape_str(scale.shape()) +
+                                       ") need opset 13 or later");
+}
+
+class QuantizeLinearKernel final : public Kernel {
+ public:
+  explicit QuantizeLinearKernel(const KernelInit& init) : node_(init.node), attrs_(qdq_attrs(init)) {}
+  void run(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Tensor& scale = ctx.input(1);
+    const Tensor* zp = ctx.optional_input(2);
+    check_per_axis(node_, attrs_, scale);
+    Tensor& y = ctx.allocate_output(0, zp ? zp->dtype() : DType::kUInt8, x.shape());
+    quantize_linear(x, scale, zp, attrs_.axis, y, node_.describe());
+  }
+
+ private:
+  const ir::Node& node_;
+  QdqAttrs attrs_;
+};
+
+class DequantizeLinearKernel final : public Kernel {
+ public:
+  explicit DequantizeLinearKernel(const KernelInit& init) : node_(init.node), attrs_(qdq_attrs(init)) {}
+  void run(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const Tensor& scale = ctx.input(1);
+    check_per_axis(node_, attrs_, scale);
+    Tensor& y = ctx.allocate_output(0, DType::kFloat32, x.shape());
+    dequantize_linear(x, scale, ctx.optional_input(2), attrs_.axis, y, node_.describe());
+  }
+
+ private:
+  const ir::Node& node_;
+  QdqAttrs attrs_;
+};
+
+}  // namespace
+
+void register_quantize_kernels(KernelRegistry& r) {
+  r.add("QuantizeLinear", [](const KernelInit& init) -> std::unique_ptr<Kernel> {
+    return std::make_unique<QuantizeLinearKernel>(init);
+  });
+  r.add("DequantizeLinear", [](const KernelInit& init) -> std::unique_ptr<Kernel> {
+    return std::make_unique<DequantizeLinearKernel>(init);
+  });
+}
+
+}  // namespace ew
+}  // namespace slimquant::runtime
