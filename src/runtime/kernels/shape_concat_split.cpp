@@ -1,0 +1,139 @@
+// Concat and Split along one axis. Both see their tensors as [outer, axis * inner] rows, so every
+// move is one memcpy of a contiguous block per (outer index, piece), never per element.
+#include <algorithm>
+
+#include "runtime/kernels/shape_common.h"
+
+namespace slimquant::runtime::shape {
+
+namespace {
+
+class ConcatKernel : public Kernel {
+ public:
+  explicit ConcatKernel(const KernelInit& init) {
+    // Concat-1 had axis default 1; from opset 4 it is required.
+    if (!init.node.has_attr("axis") && init.opset >= 4)
+      fail(ErrorKind::kInvalidModel, init.node.describe() + ": attribute 'axis' is required");
+    axis_ = init.node.attr_int("axis", 1);
+  }
+
+  void run(KernelContext& ctx) override {
+    const ir::Node& node = ctx.node();
+    std::vector<const Tensor*> ins;
+    for (size_t i = 0; i < ctx.num_inputs(); ++i)
+      if (ctx.has_input(i)) ins.push_back(&ctx.input(i));
+    if (ins.empty()) fail(ErrorKind::kInvalidModel, node.describe() + ": no inputs");
+    const Tensor& first = *ins[0];
+    const int64_t r = static_cast<int64_t>(first.rank());
+    const size_t axis = static_cast<size_t>(normalize_axis(axis_, r, node.describe()));
+    Shape out_shape = first.shape();
+    out_shape[axis] = 0;
+    for (const Tensor* t : ins) {
+      bool ok = t->dtype() == first.dtype() && t->rank() == first.rank();
+      for (size_t d = 0; ok && d < first.rank(); ++d) ok = d == axis || t->dim(d) == first.dim(d);
+      if (!ok)
+        fail(ErrorKind::kInvalidArgument, node.describe() + ": cannot concatenate " + dtype_name(t->dtype()) +
+                                              shape_str(t->shape()) + " with " + dtype_name(first.dtype()) +
+                                              shape_str(first.shape()) + " along axis " + std::to_string(axis));
+      out_shape[axis] += t->dim(axis);
+    }
+    Tensor& y = ctx.allocate_output(0, first.dtype(), out_shape);
+    int64_t outer = 1, inner = 1;
+    for (size_t d = 0; d < first.rank(); ++d) {
+      if (d < axis) outer *= first.dim(d);
+      if (d > axis) inner *= first.dim(d);
+    }
+    const size_t es = dtype_size(first.dtype());
+    const size_t row = static_cast<size_t>(out_shape[axis] * inner) * es;
+    auto* dst = static_cast<std::byte*>(y.raw());
+    size_t offset = 0;
+    // Input-major order: each input is read once, front to back.
+    for (const Tensor* t : ins) {
+      const size_t block = static_cast<size_t>(t->dim(axis) * inner) * es;
+      if (block == 0) continue;
+      const auto* src = static_cast<const std::byte*>(t->raw());
+      for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(dst + static_cast<size_t>(o) * row + offset, src + static_cast<size_t>(o) * block, block);
+      offset += block;
+    }
+  }
+
+ private:
+  int64_t axis_;
+};
+
+class SplitKernel : public Kernel {
+ public:
+  explicit SplitKernel(const KernelInit& init) : axis_(init.node.attr_int("axis", 0)) {
+    // split: attribute in opsets 2..12 (Split-1 also took it as an optional 2nd input); input from 13.
+    if (init.opset < 13 && init.node.has_attr("split")) split_ = IntListArg::from_attr(init.node, "split");
+    else split_ = IntListArg::from_input(init, 1, "split");
+    num_outputs_ = init.node.attr_int("num_outputs", 0);  // opset 18
+  }
+
+  void run(KernelContext& ctx) override {
+    const ir::Node& node = ctx.node();
+    const Tensor& x = ctx.input(0);
+    const int64_t r = static_cast<int64_t>(x.rank());
+    const size_t axis = static_cast<size_t>(normalize_axis(axis_, r, node.describe()));
+    const int64_t dim = x.dim(axis);
+    const size_t n_out = ctx.num_outputs();
+    std::vector<int64_t> split = split_.get(ctx);
+    if (split.empty()) {
+      if (num_outputs_ > 0) {
+        // num_outputs (opset 18): ceil-sized pieces, the last one possibly smaller.
+        const int64_t piece = (dim + num_outputs_ - 1) / num_outputs_;
+        for (int64_t i = 0; i < num_outputs_; ++i) split.push_back(std::clamp<int64_t>(dim - i * piece, 0, piece));
+      } else {
+        if (n_out == 0 || dim % static_cast<int64_t>(n_out) != 0)
+          fail(ErrorKind::kInvalidArgument, node.describe() + ": axis " + std::to_string(axis) + " of " +
+                                                shape_str(x.shape()) + " does not split into " +
+                                                std::to_string(n_out) + " equal parts");
+        split.assign(n_out, dim / static_cast<int64_t>(n_out));
+      }
+    }
+    int64_t total = 0;
+    for (int64_t s : split) {
+      if (s < 0) fail(ErrorKind::kInvalidModel, node.describe() + ": negative split size " + std::to_string(s));
+      total += s;
+    }
+    if (split.size() != n_out || total != dim)
+      fail(ErrorKind::kInvalidArgument, node.describe() + ": split sizes (" + std::to_string(split.size()) +
+                                            " pieces, sum " + std::to_string(total) + ") do not match " +
+                                            std::to_string(n_out) + " outputs over axis " + std::to_string(axis) +
+                                            " of " + shape_str(x.shape()));
+    int64_t outer = 1, inner = 1;
+    for (size_t d = 0; d < x.rank(); ++d) {
+      if (d < axis) outer *= x.dim(d);
+      if (d > axis) inner *= x.dim(d);
+    }
+    const size_t es = dtype_size(x.dtype());
+    const size_t row = static_cast<size_t>(dim * inner) * es;
+    const auto* src = static_cast<const std::byte*>(x.raw());
+    size_t offset = 0;
+    for (size_t i = 0; i < n_out; ++i) {
+      const size_t block = static_cast<size_t>(split[i] * inner) * es;
+      if (output_requested(ctx, i)) {
+        Shape s = x.shape();
+        s[axis] = split[i];
+        auto* dst = static_cast<std::byte*>(ctx.allocate_output(i, x.dtype(), s).raw());
+        if (block)
+          for (int64_t o = 0; o < outer; ++o)
+            std::memcpy(dst + static_cast<size_t>(o) * block, src + static_cast<size_t>(o) * row + offset, block);
+      }
+      offset += block;
+    }
+  }
+
+ private:
+  int64_t axis_;
+  IntListArg split_;
+  int64_t num_outputs_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_concat(const KernelInit& init) { return std::make_unique<ConcatKernel>(init); }
+std::unique_ptr<Kernel> make_split(const KernelInit& init) { return std::make_unique<SplitKernel>(init); }
+
+}  // namespace slimquant::runtime::shape
