@@ -1,0 +1,203 @@
+// ConvTranspose (ONNX opsets 1, 11): 1-D/2-D/3-D transposed convolution with groups, strides,
+// dilations, pads, output_padding, output_shape and auto_pad, on oneDNN's deconvolution_forward.
+// A fused activation (node.fused) runs as an eltwise post-op.
+//
+// Output size per spatial dim (ONNX): out = stride*(in-1) + output_padding + (k-1)*dilation + 1
+// - pad_begin - pad_end. oneDNN has no output_padding: it computes out = stride*(in-1) + (k-1)*d+1
+// - pl - pr, so output_padding moves into pr (possibly negative, which oneDNN accepts: the extra
+// end positions receive only the bias).
+#include "runtime/kernels/dnnl_common.h"
+#include "runtime/kernels/dnnl_kernels.h"
+
+namespace slimquant::runtime::dnnl_kernels {
+
+namespace {
+
+enum ConvTransposeInput : size_t { kX = 0, kW = 1, kB = 2 };
+
+struct ConvTransposeAttrs {
+  WindowAttrs window;
+  int64_t group = 1;
+  std::vector<int64_t> output_padding;
+  std::vector<int64_t> output_shape;
+};
+
+class ConvTransposeKernel final : public Kernel {
+ public:
+  explicit ConvTransposeKernel(const KernelInit& init) : node_(init.node) {
+    attrs_.window = WindowAttrs::parse(node_);
+    attrs_.group = node_.attr_int("group", 1);
+    attrs_.output_padding = node_.attr_ints("output_padding");
+    attrs_.output_shape = node_.attr_ints("output_shape");
+    if (attrs_.group < 1)
+      fail(ErrorKind::kInvalidModel, node_.describe() + ": group must be >= 1, got " + std::to_string(attrs_.group));
+    check_fused_activation(node_);
+    if (const Tensor* w = init.constant_input(kW)) {
+      require_float32(node_, *w, "weights W");
+      if (w->rank() < 3 || w->dim(0) % attrs_.group != 0)
+        fail(ErrorKind::kInvalidModel, node_.describe() + ": weights W of shape " + shape_str(w->shape()) +
+                                           " must be [C, M/group, k...] with C divisible by group " +
+                                           std::to_string(attrs_.group));
+      const_weights_shape_ = w->shape();
+      packed_weights_.set_source(*w, onnx_weights_desc(w->shape()));
+    }
+    if (init.node.inputs.size() > kB && !init.node.inputs[kB].empty())
+      if (const Tensor* b = init.constant_input(kB)) const_bias_ = *b;
+  }
+
+  void run(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(kX);
+    require_float32(node_, x, "input X");
+    const Tensor* w = packed_weights_.has_source() ? nullptr : &ctx.input(kW);
+    if (w) require_float32(node_, *w, "weights W");
+    const Tensor* b = const_bias_.defined() ? &const_bias_ : ctx.optional_input(kB);
+    if (b) require_float32(node_, *b, "bias B");
+    const Shape& ws = w ? w->shape() : const_weights_shape_;
+
+    ConvLikePlan& p = plans_.get({x.shape(), ws, b ? b->shape() : Shape{-1}},
+                                 [&] { return make_plan(x.shape(), ws, b ? &b->shape() : nullptr); });
+    Tensor& y = ctx.allocate_output(0, DType::kFloat32, p.out_shape);
+    if (y.numel() == 0) return;
+    run_conv_like(p, x, w, packed_weights_, b, y);
+  }
+
+ private:
+  // oneDNN's deconvolution weights are [G, OC/G, IC/G, k...] (or [OC, IC, k...]); ONNX stores
+  // [IC, OC/G, k...] with IC = G * IC/G. Described with strides over the ONNX bytes, so one reorder
+  // both transposes and blocks them.
+  memory::desc onnx_weights_desc(const Shape& w) const {
+    const int64_t g = attrs_.group, ic_g = w[0] / g, oc_g = w[1];
+    int64_t k = 1;
+    for (size_t i = 2; i < w.size(); ++i) k *= w[i];
+    Dims kernel(w.begin() + 2, w.end());
+    Dims kernel_strides(kernel.size());
+    int64_t stride = 1;
+    for (size_t i = kernel.size(); i-- > 0;) {
+      kernel_strides[i] = stride;
+      stride *= kernel[i];
+    }
+    Dims dims, strides;
+    if (g > 1) {
+      dims = {g, oc_g, ic_g};
+      strides = {ic_g * oc_g * k, k, oc_g * k};
+    } else {
+      dims = {oc_g, ic_g};
+      strides = {k, oc_g * k};
+    }
+    dims.insert(dims.end(), kernel.begin(), kernel.end());
+    strides.insert(strides.end(), kernel_strides.begin(), kernel_strides.end());
+    return memory::desc(dims, dt::f32, strides);
+  }
+
+  ConvLikePlan make_plan(const Shape& xs, const Shape& ws, const Shape* bs) const {
+    const std::string what = node_.describe();
+    const int64_t group = attrs_.group;
+    if (xs.size() < 3 || xs.size() > 5)
+      fail(ErrorKind::kUnsupported, what + ": input X of shape " + shape_str(xs) +
+                                        " (only 1-D, 2-D and 3-D transposed convolutions: rank 3 to 5)");
+    if (ws.size() != xs.size())
+      fail(ErrorKind::kInvalidArgument, what + ": weights W of shape " + shape_str(ws) +
+                                            " must have the rank of X " + shape_str(xs));
+    const int64_t c = xs[1];
+    if (ws[0] != c)
+      fail(ErrorKind::kInvalidArgument, what + ": weights W " + shape_str(ws) + " expect " + std::to_string(ws[0]) +
+                                            " input channels, X " + shape_str(xs) + " has " + std::to_string(c));
+    if (c % group != 0)
+      fail(ErrorKind::kInvalidArgument, what + ": group " + std::to_string(group) + " does not divide " +
+                                            std::to_string(c) + " input channels");
+    const int64_t m = ws[1] * group;
+    if (bs && (bs->size() != 1 || (*bs)[0] != m))
+      fail(ErrorKind::kInvalidArgument, what + ": bias B of shape " + shape_str(*bs) + " must be [" +
+                                            std::to_string(m) + "]");
+    const size_t sp = xs.size() - 2;
+    WindowAttrs a = attrs_.window;
+    const Shape kernel(ws.begin() + 2, ws.end());
+    if (!a.kernel.empty() && a.kernel != kernel)
+      fail(ErrorKind::kInvalidArgument, what + ": kernel_shape disagrees with weights W " + shape_str(ws));
+    a.kernel = kernel;
+    a = a.resolved(node_, sp);
+    std::vector<int64_t> out_pad = attrs_.output_padding;
+    if (out_pad.empty()) out_pad.assign(sp, 0);
+    if (out_pad.size() != sp)
+      fail(ErrorKind::kInvalidModel, what + ": output_padding has " + std::to_string(out_pad.size()) +
+                                         " values, expected " + std::to_string(sp));
+    // output_shape may list the spatial dims only or the whole shape (N, C, spatial...).
+    std::vector<int64_t> out_shape_attr = attrs_.output_shape;
+    if (out_shape_attr.size() == sp + 2) out_shape_attr.erase(out_shape_attr.begin(), out_shape_attr.begin() + 2);
+    if (!out_shape_attr.empty() && out_shape_attr.size() != sp)
+      fail(ErrorKind::kInvalidModel, what + ": output_shape has " + std::to_string(attrs_.output_shape.size()) +
+                                         " values, expected " + std::to_string(sp));
+
+    Dims out(sp), pl(sp), pr(sp), strides(sp), dil(sp);
+    for (size_t i = 0; i < sp; ++i) {
+      const int64_t in = xs[2 + i], s = a.strides[i], ext = (a.kernel[i] - 1) * a.dilations[i] + 1;
+      strides[i] = s;
+      dil[i] = a.dilations[i] - 1;
+      const int64_t natural = s * (in - 1) + out_pad[i] + ext;  // output size before pads
+      int64_t pb = 0, pe = 0;
+      auto split = [&](int64_t total, bool upper) {
+        if (total < 0) {  // a requested size beyond the natural one grows the end (bias only there)
+          pb = 0;
+          pe = total;
+          return;
+        }
+        pb = upper ? total / 2 : total - total / 2;
+        pe = total - pb;
+      };
+      if (!out_shape_attr.empty()) {
+        split(natural - out_shape_attr[i], a.auto_pad == AutoPad::kSameUpper);
+      } else if (a.auto_pad == AutoPad::kSameUpper || a.auto_pad == AutoPad::kSameLower) {
+        split(natural - in * s, a.auto_pad == AutoPad::kSameUpper);
+      } else if (a.auto_pad == AutoPad::kNotSet) {
+        pb = a.pads[i];
+        pe = a.pads[i + sp];
+      }
+      out[i] = natural - pb - pe;
+      if (out[i] <= 0)
+        fail(ErrorKind::kInvalidArgument, what + ": pads leave no output along spatial dim " + std::to_string(i));
+      pl[i] = pb;
+      pr[i] = pe - out_pad[i];
+    }
+
+    ConvLikePlan p;
+    p.out_shape = {xs[0], m};
+    p.out_shape.insert(p.out_shape.end(), out.begin(), out.end());
+    p.src_user = plain_desc(xs);
+    p.dst_user = plain_desc(p.out_shape);
+    p.weights_user = onnx_weights_desc(ws);
+    if (bs) p.bias_user = plain_desc(*bs);
+
+    dnnl::primitive_attr attr = base_attr();
+    dnnl::post_ops ops;
+    append_fused_activation(ops, node_);
+    attr.set_post_ops(ops);
+    auto any = memory::format_tag::any;
+    memory::desc src_md(to_dnnl_dims(xs), dt::f32, any), dst_md(to_dnnl_dims(p.out_shape), dt::f32, any);
+    memory::desc wei_md(p.weights_user.dims(), dt::f32, any);
+    using df = dnnl::deconvolution_forward;
+    auto pd = make_pd(node_, "this transposed convolution", [&] {
+      const auto pk = dnnl::prop_kind::forward_inference;
+      const auto alg = dnnl::algorithm::deconvolution_direct;
+      df::desc d = bs ? df::desc(pk, alg, src_md, wei_md, p.bias_user, dst_md, strides, dil, pl, pr)
+                      : df::desc(pk, alg, src_md, wei_md, dst_md, strides, dil, pl, pr);
+      return df::primitive_desc(d, attr, dnnl_engine());
+    });
+    p.finish<df::primitive_desc, df>(pd, !packed_weights_.has_source());
+    return p;
+  }
+
+  const ir::Node node_;
+  ConvTransposeAttrs attrs_;
+  Shape const_weights_shape_;
+  PackedWeights packed_weights_;
+  Tensor const_bias_;
+  ShapeCache<ConvLikePlan> plans_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_conv_transpose(const KernelInit& init) {
+  return std::make_unique<ConvTransposeKernel>(init);
+}
+
+}  // namespace slimquant::runtime::dnnl_kernels

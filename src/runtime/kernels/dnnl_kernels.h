@@ -1,0 +1,28 @@
+#pragma once
+// Factories of the oneDNN FP32 kernels (one file each: dnnl_conv.cpp, dnnl_matmul.cpp, ...);
+// dnnl_register.cpp registers them.
+#include <memory>
+
+#include "slimquant/runtime/kernel.h"
+
+namespace slimquant::runtime::dnnl_kernels {
+
+std::unique_ptr<Kernel> make_conv(const KernelInit& init);
+std::unique_ptr<Kernel> make_conv_transpose(const KernelInit& init);
+std::unique_ptr<Kernel> make_gemm(const KernelInit& init);
+std::unique_ptr<Kernel> make_matmul(const KernelInit& init);
+std::unique_ptr<Kernel> make_max_pool(const KernelInit& init);
+std::unique_ptr<Kernel> make_average_pool(const KernelInit& init);
+std::unique_ptr<Kernel> make_global_average_pool(const KernelInit& init);
+std::unique_ptr<Kernel> make_global_max_pool(const KernelInit& init);
+std::unique_ptr<Kernel> make_batch_normalization(const KernelInit& init);
+std::unique_ptr<Kernel> make_softmax(const KernelInit& init);
+std::unique_ptr<Kernel> make_log_softmax(const KernelInit& init);
+std::unique_ptr<Kernel> make_layer_normalization(const KernelInit& init);
+
+// How Conv hands activations to oneDNN. kAuto picks per primitive (see dnnl_conv.cpp); the others
+// exist so tests and benchmarks can compare the two layouts on the same shapes.
+enum class ConvLayout { kAuto, kPlain, kBlocked };
+void set_conv_layout_override(ConvLayout layout);  // process-wide; kAuto restores the default
+
+}  // namespace slimquant::runtime::dnnl_kernels

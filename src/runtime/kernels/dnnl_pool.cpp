@@ -1,0 +1,268 @@
+// Pooling: MaxPool and AveragePool on oneDNN's pooling_v2_forward (1-D/2-D/3-D, strides, pads,
+// auto_pad, ceil_mode, dilations for MaxPool), GlobalAveragePool and GlobalMaxPool as plain loops
+// (a reduction over each contiguous H*W row needs no primitive).
+//
+// MaxPool's optional Indices output (flat indices into X, row-major or, with storage_order=1,
+// column-major over the spatial dims) comes from a plain loop, as oneDNN's workspace is not in
+// that form.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "runtime/kernels/dnnl_common.h"
+#include "runtime/kernels/dnnl_kernels.h"
+
+namespace slimquant::runtime::dnnl_kernels {
+
+namespace {
+
+struct PoolPlan {
+  dnnl::pooling_v2_forward prim;
+  memory::desc src, dst, scratchpad;
+  Shape out_shape;
+  WindowGeometry geometry;
+  bool rescale_overhang = false;  // AveragePool count_include_pad with a ceil_mode overhang
+};
+
+enum class PoolKind { kMax, kAverage };
+
+struct PoolAttrs {
+  WindowAttrs window;
+  bool ceil_mode = false;
+  bool count_include_pad = false;  // AveragePool
+  bool column_major_indices = false;  // MaxPool storage_order = 1
+};
+
+// Up to 3 spatial dims seen as (D, H, W) with leading 1s, so one loop nest serves 1-D/2-D/3-D.
+struct Spatial3 {
+  int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, s[3] = {1, 1, 1}, d[3] = {1, 1, 1},
+          pb[3] = {0, 0, 0}, pe_explicit[3] = {0, 0, 0};
+  Spatial3(const Shape& in_shape, const Shape& out_shape, const WindowGeometry& g) {
+    const size_t sp = in_shape.size() - 2, off = 3 - sp;
+    for (size_t i = 0; i < sp; ++i) {
+      in[off + i] = in_shape[2 + i];
+      out[off + i] = out_shape[2 + i];
+      k[off + i] = g.kernel[i];
+      s[off + i] = g.strides[i];
+      d[off + i] = g.dilations[i] + 1;
+      pb[off + i] = g.pad_begin[i];
+      pe_explicit[off + i] = g.explicit_pad_end[i];
+    }
+  }
+};
+
+template <typename T>
+void max_pool_with_indices(const T* x, T* y, int64_t* indices, int64_t planes, const Spatial3& g,
+                           bool column_major) {
+  const int64_t in_plane = g.in[0] * g.in[1] * g.in[2], out_plane = g.out[0] * g.out[1] * g.out[2];
+  for (int64_t p = 0; p < planes; ++p) {
+    const T* xp = x + p * in_plane;
+    int64_t o = p * out_plane;
+    for (int64_t od = 0; od < g.out[0]; ++od)
+      for (int64_t oh = 0; oh < g.out[1]; ++oh)
+        for (int64_t ow = 0; ow < g.out[2]; ++ow, ++o) {
+          T best = std::numeric_limits<T>::lowest();
+          int64_t bd = -1, bh = -1, bw = -1;
+          for (int64_t kd = 0; kd < g.k[0]; ++kd) {
+            const int64_t id = od * g.s[0] - g.pb[0] + kd * g.d[0];
+            if (id < 0 || id >= g.in[0]) continue;
+            for (int64_t kh = 0; kh < g.k[1]; ++kh) {
+              const int64_t ih = oh * g.s[1] - g.pb[1] + kh * g.d[1];
+              if (ih < 0 || ih >= g.in[1]) continue;
+              const T* row = xp + (id * g.in[1] + ih) * g.in[2];
+              for (int64_t kw = 0; kw < g.k[2]; ++kw) {
+                const int64_t iw = ow * g.s[2] - g.pb[2] + kw * g.d[2];
+                if (iw < 0 || iw >= g.in[2]) continue;
+                if (bd < 0 || row[iw] > best) {
+                  best = row[iw];
+                  bd = id, bh = ih, bw = iw;
+                }
+              }
+            }
+          }
+          y[o] = best;
+          const int64_t local = column_major ? bd + g.in[0] * (bh + g.in[1] * bw) : (bd * g.in[1] + bh) * g.in[2] + bw;
+          indices[o] = p * in_plane + local;
+        }
+  }
+}
+
+// oneDNN's avg_include_padding divides by the full window; ONNX (as ONNX Runtime) counts the
+// explicit pads but not the extra end positions ceil_mode adds. Fix the affected outputs.
+void rescale_overhang(float* y, int64_t planes, const Spatial3& g) {
+  std::vector<float> f[3];
+  for (int i = 0; i < 3; ++i) {
+    f[i].assign(g.out[i], 1.f);
+    for (int64_t o = 0; o < g.out[i]; ++o) {
+      const int64_t start = o * g.s[i] - g.pb[i];
+      const int64_t count = std::min(start + g.k[i], g.in[i] + g.pe_explicit[i]) - start;
+      if (count < g.k[i]) f[i][o] = static_cast<float>(g.k[i]) / static_cast<float>(count);
+    }
+  }
+  const int64_t out_plane = g.out[0] * g.out[1] * g.out[2];
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t od = 0; od < g.out[0]; ++od)
+      for (int64_t oh = 0; oh < g.out[1]; ++oh) {
+        const float fdh = f[0][od] * f[1][oh];
+        float* row = y + p * out_plane + (od * g.out[1] + oh) * g.out[2];
+        for (int64_t ow = 0; ow < g.out[2]; ++ow) row[ow] *= fdh * f[2][ow];
+      }
+}
+
+class PoolKernel final : public Kernel {
+ public:
+  PoolKernel(const KernelInit& init, PoolKind kind) : node_(init.node), kind_(kind) {
+    reject_fused_activation(node_);
+    attrs_.window = WindowAttrs::parse(node_);
+    if (attrs_.window.kernel.empty())
+      fail(ErrorKind::kInvalidModel, node_.describe() + ": attribute 'kernel_shape' is required");
+    attrs_.ceil_mode = node_.attr_int("ceil_mode", 0) != 0;
+    attrs_.count_include_pad = node_.attr_int("count_include_pad", 0) != 0;
+    attrs_.column_major_indices = node_.attr_int("storage_order", 0) != 0;
+    if (kind_ == PoolKind::kAverage && !node_.attr_ints("dilations").empty()) {
+      for (int64_t d : node_.attr_ints("dilations"))
+        if (d != 1) fail(ErrorKind::kUnsupported, node_.describe() + ": AveragePool with dilations != 1");
+    }
+  }
+
+  void run(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    const DType t = x.dtype();
+    const bool int8 = t == DType::kUInt8 || t == DType::kInt8;
+    if (t != DType::kFloat32 && !(int8 && kind_ == PoolKind::kMax))
+      fail(ErrorKind::kUnsupported, node_.describe() + ": input X has dtype " + dtype_name(t) +
+                                        (kind_ == PoolKind::kMax ? "; only float32, uint8 and int8 are supported"
+                                                                 : "; only float32 is supported"));
+    const bool want_indices = kind_ == PoolKind::kMax && output_requested(ctx, 1);
+    PoolPlan& p = plans_.get({x.shape(), Shape{static_cast<int64_t>(t)}},
+                             [&] { return make_plan(x.shape(), t, !want_indices); });
+    Tensor& y = ctx.allocate_output(0, t, p.out_shape);
+    if (y.numel() == 0) return;
+    const Spatial3 g(x.shape(), p.out_shape, p.geometry);
+    const int64_t planes = x.dim(0) * x.dim(1);
+    if (want_indices) {
+      Tensor& idx = ctx.allocate_output(1, DType::kInt64, p.out_shape);
+      dispatch_dtype(t, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, uint8_t> || std::is_same_v<T, int8_t>)
+          max_pool_with_indices<T>(x.data<T>(), y.data<T>(), idx.data<int64_t>(), planes, g,
+                                   attrs_.column_major_indices);
+      });
+      return;
+    }
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, wrap(p.src, x.raw())}, {DNNL_ARG_DST, wrap(p.dst, y.raw())}};
+    add_scratchpad(args, p.scratchpad);
+    execute(p.prim, args);
+    if (p.rescale_overhang) rescale_overhang(y.data<float>(), planes, g);
+  }
+
+ private:
+  PoolPlan make_plan(const Shape& xs, DType t, bool build_primitive) const {
+    const std::string what = node_.describe();
+    if (xs.size() < 3 || xs.size() > 5)
+      fail(ErrorKind::kUnsupported, what + ": input X of shape " + shape_str(xs) +
+                                        " (only 1-D, 2-D and 3-D pooling: rank 3 to 5)");
+    const size_t sp = xs.size() - 2;
+    const WindowAttrs a = attrs_.window.resolved(node_, sp);
+    PoolPlan p;
+    p.geometry = forward_geometry(node_, a, Shape(xs.begin() + 2, xs.end()), attrs_.ceil_mode);
+    const WindowGeometry& g = p.geometry;
+    p.out_shape = {xs[0], xs[1]};
+    p.out_shape.insert(p.out_shape.end(), g.out.begin(), g.out.end());
+    if (!build_primitive) return p;
+    const dt type = to_dnnl_type(t);
+    p.src = plain_desc(xs, type);
+    p.dst = plain_desc(p.out_shape, type);
+    dnnl::algorithm alg = dnnl::algorithm::pooling_max;
+    if (kind_ == PoolKind::kAverage) {
+      alg = attrs_.count_include_pad ? dnnl::algorithm::pooling_avg_include_padding
+                                     : dnnl::algorithm::pooling_avg_exclude_padding;
+      p.rescale_overhang = attrs_.count_include_pad && g.pad_end != g.explicit_pad_end;
+    }
+    auto pd = make_pd(node_, "this pooling", [&] {
+      dnnl::pooling_v2_forward::desc d(dnnl::prop_kind::forward_inference, alg, p.src, p.dst, g.strides, g.kernel,
+                                       g.dilations, g.pad_begin, g.pad_end);
+      return dnnl::pooling_v2_forward::primitive_desc(d, base_attr(), dnnl_engine());
+    });
+    p.prim = dnnl::pooling_v2_forward(pd);
+    p.scratchpad = pd.scratchpad_desc();
+    return p;
+  }
+
+  const ir::Node node_;
+  const PoolKind kind_;
+  PoolAttrs attrs_;
+  ShapeCache<PoolPlan> plans_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Global pools: Y[n, c, 1, ...] = reduce over X[n, c, ...].
+
+float row_sum(const float* x, int64_t len) {
+  // Eight independent partial sums let the compiler vectorise without -ffast-math.
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += x[i + j];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < len; ++i) s += x[i];
+  return s;
+}
+
+float row_max(const float* x, int64_t len) {
+  float acc[8];
+  std::fill(acc, acc + 8, -std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] = std::max(acc[j], x[i + j]);
+  float m = *std::max_element(acc, acc + 8);
+  for (; i < len; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+std::unique_ptr<Kernel> make_global_pool(const KernelInit& init, PoolKind kind) {
+  reject_fused_activation(init.node);
+  return std::make_unique<FunctionKernel>([node = init.node, kind](KernelContext& ctx) {
+    const Tensor& x = ctx.input(0);
+    require_float32(node, x, "input X");
+    if (x.rank() < 2)
+      fail(ErrorKind::kInvalidArgument, node.describe() + ": input X of shape " + shape_str(x.shape()) +
+                                            " must be [N, C, ...]");
+    Shape ys(x.rank(), 1);
+    ys[0] = x.dim(0);
+    ys[1] = x.dim(1);
+    Tensor& y = ctx.allocate_output(0, DType::kFloat32, ys);
+    const int64_t planes = x.dim(0) * x.dim(1);
+    if (planes == 0) return;
+    const int64_t len = x.numel() / planes;
+    if (len == 0)
+      fail(ErrorKind::kInvalidArgument, node.describe() + ": input X of shape " + shape_str(x.shape()) +
+                                            " has an empty spatial extent");
+    const float* src = x.data<float>();
+    float* dst = y.data<float>();
+    if (kind == PoolKind::kAverage) {
+      const float inv = 1.f / static_cast<float>(len);
+      for (int64_t p = 0; p < planes; ++p) dst[p] = row_sum(src + p * len, len) * inv;
+    } else {
+      for (int64_t p = 0; p < planes; ++p) dst[p] = row_max(src + p * len, len);
+    }
+  });
+}
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_max_pool(const KernelInit& init) {
+  return std::make_unique<PoolKernel>(init, PoolKind::kMax);
+}
+std::unique_ptr<Kernel> make_average_pool(const KernelInit& init) {
+  return std::make_unique<PoolKernel>(init, PoolKind::kAverage);
+}
+std::unique_ptr<Kernel> make_global_average_pool(const KernelInit& init) {
+  return make_global_pool(init, PoolKind::kAverage);
+}
+std::unique_ptr<Kernel> make_global_max_pool(const KernelInit& init) {
+  return make_global_pool(init, PoolKind::kMax);
+}
+
+}  // namespace slimquant::runtime::dnnl_kernels

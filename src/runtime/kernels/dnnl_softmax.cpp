@@ -1,0 +1,79 @@
+// Softmax and LogSoftmax on oneDNN's softmax_v2_forward (softmax_accurate / softmax_log, both
+// subtract the row maximum first, so large inputs do not overflow).
+//
+// Opsets 1-12: the input is coerced to 2-D [prod(dims < axis), prod(dims >= axis)] and normalised
+// along the second dim (axis default 1). Opset 13+: normalised along `axis` alone (default -1).
+// Either way X is viewed as [outer, n, inner] (same bytes), which also keeps the rank within
+// oneDNN's limit.
+#include "runtime/kernels/dnnl_common.h"
+#include "runtime/kernels/dnnl_kernels.h"
+
+namespace slimquant::runtime::dnnl_kernels {
+
+namespace {
+
+struct SoftmaxPlan {
+  dnnl::softmax_v2_forward prim;
+  memory::desc data, scratchpad;
+};
+
+class SoftmaxKernel final : public Kernel {
+ public:
+  SoftmaxKernel(const KernelInit& init, bool log)
+      : node_(init.node), log_(log), coerce_2d_(init.opset < 13),
+        axis_(node_.attr_int("axis", init.opset < 13 ? 1 : -1)) {
+    reject_fused_activation(node_);
+  }
+
+  void run(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    require_float32(node_, x, "input");
+    SoftmaxPlan& p = plans_.get({x.shape()}, [&] { return make_plan(x.shape()); });
+    Tensor& y = ctx.allocate_output(0, DType::kFloat32, x.shape());
+    if (y.numel() == 0) return;
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, wrap(p.data, x.raw())}, {DNNL_ARG_DST, wrap(p.data, y.raw())}};
+    add_scratchpad(args, p.scratchpad);
+    execute(p.prim, args);
+  }
+
+ private:
+  SoftmaxPlan make_plan(const Shape& xs) const {
+    const int64_t rank = static_cast<int64_t>(xs.size());
+    // A scalar is a one-element row.
+    const int64_t axis = rank == 0 ? 0 : normalize_axis(axis_, rank, node_.describe() + " axis");
+    int64_t outer = 1, n = 1, inner = 1;
+    for (int64_t i = 0; i < rank; ++i) {
+      if (i < axis) outer *= xs[i];
+      else if (i == axis || coerce_2d_) n *= xs[i];
+      else inner *= xs[i];
+    }
+    SoftmaxPlan p;
+    // inner == 1 is the common case (last axis); a 2-D view lets oneDNN use its vectorised kernel.
+    p.data = inner == 1 ? memory::desc({outer, n}, dt::f32, memory::format_tag::ab)
+                        : memory::desc({outer, n, inner}, dt::f32, memory::format_tag::abc);
+    const auto alg = log_ ? dnnl::algorithm::softmax_log : dnnl::algorithm::softmax_accurate;
+    using sm = dnnl::softmax_v2_forward;
+    auto pd = make_pd(node_, "this softmax", [&] {
+      return sm::primitive_desc(sm::desc(dnnl::prop_kind::forward_inference, alg, p.data, p.data, 1), base_attr(),
+                                dnnl_engine());
+    });
+    p.prim = sm(pd);
+    p.scratchpad = pd.scratchpad_desc();
+    return p;
+  }
+
+  const ir::Node node_;
+  const bool log_;
+  const bool coerce_2d_;
+  const int64_t axis_;
+  ShapeCache<SoftmaxPlan> plans_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_softmax(const KernelInit& init) { return std::make_unique<SoftmaxKernel>(init, false); }
+std::unique_ptr<Kernel> make_log_softmax(const KernelInit& init) {
+  return std::make_unique<SoftmaxKernel>(init, true);
+}
+
+}  // namespace slimquant::runtime::dnnl_kernels
