@@ -1,0 +1,134 @@
+// The command line as users meet it: good paths produce the documented JSON, bad inputs produce
+// a specific message and a non-zero exit code.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "slimquant/core/npy.h"
+#include "slimquant/ir/onnx_io.h"
+#include "test_util.h"
+
+using namespace slimquant;
+using test::run_cli;
+
+namespace {
+
+nlohmann::json last_json_line(const std::string& output) {
+  auto end = output.find_last_not_of('\n');
+  auto start = output.rfind('\n', end);
+  return nlohmann::json::parse(output.substr(start == std::string::npos ? 0 : start + 1, end - start));
+}
+
+const std::string kModel = test::fixture_model("resnet_small");
+
+TEST(Cli, InfoListsInputsOutputsAndOps) {
+  auto r = run_cli("info " + kModel + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = last_json_line(r.output);
+  EXPECT_EQ(j["inputs"][0]["name"], "input");
+  EXPECT_EQ(j["outputs"][0]["name"], "logits");
+  EXPECT_GT(j["op_counts"]["Conv"].get<int>(), 0);
+  EXPECT_GT(j["parameters"].get<int64_t>(), 100000);
+}
+
+TEST(Cli, RunWritesOutputNpy) {
+  test::TempDir tmp("cli_run");
+  auto r = run_cli("run " + kModel + " --input input=" + test::source_path("tests/fixtures/models/resnet_small.input.npy") +
+                   " --output-dir " + tmp.path("out"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  Tensor out = read_npy(tmp.path("out/logits.npy"));
+  EXPECT_EQ(out.shape(), (Shape{8, 10}));
+}
+
+TEST(Cli, EvalJsonLastLine) {
+  auto r = run_cli("eval " + kModel + " --dataset fashion-mnist:test --limit 200 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = last_json_line(r.output);
+  EXPECT_EQ(j["samples"], 200);
+  EXPECT_GT(j["top1"].get<double>(), 0.8);
+}
+
+TEST(Cli, BenchJsonLastLine) {
+  auto r = run_cli("bench " + kModel + " --shape 1x1x28x28 --runs 5 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = last_json_line(r.output);
+  EXPECT_EQ(j["runs"], 5);
+  EXPECT_GT(j["median_ms"].get<double>(), 0);
+  EXPECT_LE(j["min_ms"].get<double>(), j["median_ms"].get<double>());
+}
+
+TEST(CliBadInput, TruncatedModel) {
+  test::TempDir tmp("trunc");
+  std::ifstream in(kModel, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  std::ofstream(tmp.path("t.onnx"), std::ios::binary).write(bytes.data(), 5000);
+  auto r = run_cli("info " + tmp.path("t.onnx"));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("not a valid ONNX model"), std::string::npos) << r.output;
+}
+
+TEST(CliBadInput, NotAnOnnxFile) {
+  test::TempDir tmp("text");
+  std::ofstream(tmp.path("x.onnx")) << "this is plain text, not a model\n";
+  auto r = run_cli("eval " + tmp.path("x.onnx") + " --dataset fashion-mnist:test --limit 10");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("x.onnx"), std::string::npos) << r.output;
+}
+
+TEST(CliBadInput, MissingModelFile) {
+  auto r = run_cli("info /nonexistent/model.onnx");
+  EXPECT_EQ(r.exit_code, 7) << r.output;
+}
+
+TEST(CliBadInput, UnsupportedOpIsNamedWithItsNode) {
+  test::TempDir tmp("unsup");
+  ir::Graph g = ir::load_onnx(kModel);
+  g.nodes.back().op_type = "NotARealOp";
+  g.nodes.back().name = "the_last_node";
+  std::ofstream(tmp.path("u.onnx"), std::ios::binary) << ir::serialize_onnx(g);
+  auto r = run_cli("bench " + tmp.path("u.onnx") + " --shape 1x1x28x28 --runs 1");
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_NE(r.output.find("NotARealOp"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the_last_node"), std::string::npos) << r.output;
+}
+
+TEST(CliBadInput, WrongInputName) {
+  test::TempDir tmp("name");
+  auto r = run_cli("run " + kModel + " --input pixels=" +
+                   test::source_path("tests/fixtures/models/resnet_small.input.npy") + " --output-dir " + tmp.path());
+  EXPECT_EQ(r.exit_code, 5) << r.output;
+  EXPECT_NE(r.output.find("'pixels'"), std::string::npos) << r.output;
+}
+
+TEST(CliBadInput, WrongInputShape) {
+  test::TempDir tmp("shape");
+  write_npy(tmp.path("x.npy"), Tensor(DType::kFloat32, {1, 3, 32, 32}));
+  auto r = run_cli("run " + kModel + " --input input=" + tmp.path("x.npy") + " --output-dir " + tmp.path("o"));
+  EXPECT_EQ(r.exit_code, 5) << r.output;
+  EXPECT_NE(r.output.find("[1x3x32x32]"), std::string::npos) << r.output;
+}
+
+TEST(CliBadInput, NpyOfWrongDtype) {
+  test::TempDir tmp("dtype");
+  write_npy(tmp.path("x.npy"), Tensor(DType::kInt32, {1, 1, 28, 28}));
+  auto r = run_cli("run " + kModel + " --input input=" + tmp.path("x.npy") + " --output-dir " + tmp.path("o"));
+  EXPECT_EQ(r.exit_code, 5) << r.output;
+  EXPECT_NE(r.output.find("int32"), std::string::npos) << r.output;
+}
+
+TEST(CliBadInput, MissingDatasetDirectory) {
+  auto r = run_cli("eval " + kModel + " --dataset fashion-mnist:test", "SLIMQUANT_FASHION_MNIST_DIR=/nonexistent/fmnist");
+  EXPECT_EQ(r.exit_code, 7) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent/fmnist"), std::string::npos) << r.output;
+  auto r2 = run_cli("eval " + kModel + " --dataset npy:/nonexistent/npydir");
+  EXPECT_EQ(r2.exit_code, 7) << r2.output;
+}
+
+TEST(CliBadInput, UnwritableOutputDirectory) {
+  auto r = run_cli("run " + kModel + " --input input=" + test::source_path("tests/fixtures/models/resnet_small.input.npy") +
+                   " --output-dir /proc/forbidden");
+  EXPECT_EQ(r.exit_code, 7) << r.output;
+}
+
+}  // namespace

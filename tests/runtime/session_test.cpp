@@ -1,0 +1,131 @@
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "slimquant/core/npy.h"
+#include "slimquant/ir/onnx_io.h"
+#include "slimquant/ir/passes.h"
+#include "slimquant/runtime/session.h"
+#include "test_util.h"
+
+using namespace slimquant;
+
+namespace {
+
+Tensor fixture_input() { return read_npy(test::source_path("tests/fixtures/models/resnet_small.input.npy")); }
+
+float max_abs_diff(const Tensor& a, const Tensor& b) {
+  float d = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) d = std::max(d, std::abs(a.data<float>()[i] - b.data<float>()[i]));
+  return d;
+}
+
+TEST(Session, HooksSeeEveryIntermediateWhenFusionIsOff) {
+  runtime::SessionOptions options;
+  options.fuse_activations = false;
+  runtime::Session session(ir::load_onnx(test::fixture_model("resnet_small")), options);
+  std::set<std::string> seen;
+  runtime::RunOptions run;
+  run.on_value = [&](const std::string& name, const Tensor& t) {
+    EXPECT_TRUE(t.defined());
+    seen.insert(name);
+  };
+  session.run({{"input", fixture_input()}}, run);
+  EXPECT_TRUE(seen.count("input"));
+  EXPECT_TRUE(seen.count("logits"));
+  // Every float value of the (construction-optimised) graph is observed; int64 shape arithmetic
+  // folds to constants once the input shape is bound and is not reported.
+  ir::Graph typed = session.graph();
+  ir::bind_input_shapes(typed, {{"input", fixture_input().shape()}});
+  int float_values = 0;
+  for (const auto& n : typed.nodes)
+    for (const auto& o : n.outputs) {
+      const ir::ValueInfo* vi = typed.find_value_info(o);
+      ASSERT_NE(vi, nullptr) << o;
+      if (vi->dtype != DType::kFloat32) continue;
+      ++float_values;
+      EXPECT_TRUE(seen.count(o)) << o;
+    }
+  EXPECT_GT(float_values, 30);
+}
+
+TEST(Session, DownstreamRunFromFedIntermediateMatchesFullRun) {
+  runtime::SessionOptions options;
+  options.fuse_activations = false;
+  runtime::Session session(ir::load_onnx(test::fixture_model("resnet_small")), options);
+  const auto& nodes = session.graph().nodes;
+  // Cut after the first residual Add: everything downstream only needs that value.
+  std::string cut;
+  for (const auto& n : nodes)
+    if (n.op_type == "Add") {
+      cut = n.outputs[0];
+      break;
+    }
+  ASSERT_FALSE(cut.empty());
+  runtime::RunOptions want;
+  want.outputs = {cut, "logits"};
+  auto full = session.run({{"input", fixture_input()}}, want);
+  size_t nodes_run = 0;
+  runtime::RunOptions count;
+  count.on_value = [&](const std::string&, const Tensor&) { ++nodes_run; };
+  auto partial = session.run({{cut, full.at(cut)}}, count);
+  EXPECT_EQ(max_abs_diff(partial.at("logits"), full.at("logits")), 0.f);
+  EXPECT_LT(nodes_run, nodes.size());
+}
+
+TEST(Session, RepeatedRunsReuseBuffersAndStayCorrect) {
+  runtime::Session session(ir::load_onnx(test::fixture_model("resnet_small")));
+  Tensor first = session.run_single(fixture_input()).clone();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(max_abs_diff(session.run_single(fixture_input()), first), 0.f);
+  EXPECT_EQ(session.cached_plan_count(), 1u);
+}
+
+TEST(Session, WrongInputNameIsRejectedWithTheExpectedNames) {
+  runtime::Session session(ir::load_onnx(test::fixture_model("resnet_small")));
+  try {
+    session.run({{"image", fixture_input()}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("'image'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'input'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Session, WrongInputShapeIsRejected) {
+  runtime::Session session(ir::load_onnx(test::fixture_model("resnet_small")));
+  try {
+    session.run({{"input", Tensor(DType::kFloat32, {2, 3, 28, 28})}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("[2x3x28x28]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Session, WrongInputDtypeIsRejected) {
+  runtime::Session session(ir::load_onnx(test::fixture_model("resnet_small")));
+  EXPECT_THROW(session.run({{"input", Tensor(DType::kInt32, {1, 1, 28, 28})}}), Error);
+}
+
+TEST(Session, UnsupportedOpNamesOpAndNode) {
+  ir::Graph g;
+  g.inputs.push_back({"x", DType::kFloat32, {}});
+  g.outputs.push_back({"y", DType::kFloat32, {}});
+  ir::Node n;
+  n.op_type = "FancyOp";
+  n.name = "my_fancy_node";
+  n.inputs = {"x"};
+  n.outputs = {"y"};
+  g.nodes.push_back(n);
+  try {
+    runtime::Session s(g);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("FancyOp"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("my_fancy_node"), std::string::npos);
+  }
+}
+
+}  // namespace

@@ -1,0 +1,60 @@
+#pragma once
+// Shared helpers for tests: fixture paths, temp dirs, running the CLI.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+namespace slimquant::test {
+
+inline std::string source_path(const std::string& rel) { return std::string(SLIMQUANT_SOURCE_DIR) + "/" + rel; }
+inline std::string fixture_model(const std::string& name) {
+  return source_path("tests/fixtures/models/" + name + ".onnx");
+}
+inline std::string cli_path() { return std::string(SLIMQUANT_BINARY_DIR) + "/slimquant"; }
+
+// A fresh directory under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag) {
+    path_ = std::filesystem::temp_directory_path() /
+            ("slimquant_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string path(const std::string& rel = "") const { return rel.empty() ? path_.string() : (path_ / rel).string(); }
+
+ private:
+  static int& counter() {
+    static int c = 0;
+    return c;
+  }
+  std::filesystem::path path_;
+};
+
+struct CommandResult {
+  int exit_code;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `slimquant ARGS` and captures its output and exit code.
+inline CommandResult run_cli(const std::string& args, const std::string& env = "") {
+  std::string cmd = (env.empty() ? "" : env + " ") + cli_path() + " --quiet " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  CommandResult r{-1, ""};
+  if (!pipe) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
+  int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+}  // namespace slimquant::test
