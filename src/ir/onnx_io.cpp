@@ -241,9 +241,21 @@ Graph parse_onnx(const std::string& bytes, const std::string& base_dir, const st
   const auto& gp = m.graph();
   g.name = gp.name();
   for (const auto& t : gp.initializer()) g.initializers[t.name()] = tensor_from_proto(t, base_dir);
-  for (const auto& v : gp.input())
-    if (!g.initializers.count(v.name())) g.inputs.push_back(value_info_from_proto(v));
-  for (const auto& v : gp.output()) g.outputs.push_back(value_info_from_proto(v));
+  // Sequence, map and optional values need a different runtime model; say so up front.
+  auto require_tensor = [&](const onnx::ValueInfoProto& v, const char* role) {
+    if (v.has_type() && !v.type().has_tensor_type())
+      fail(ErrorKind::kUnsupported, std::string("graph ") + role + " '" + v.name() +
+                                        "' is a sequence, map or optional value; only tensors are supported");
+  };
+  for (const auto& v : gp.input()) {
+    if (g.initializers.count(v.name())) continue;
+    require_tensor(v, "input");
+    g.inputs.push_back(value_info_from_proto(v));
+  }
+  for (const auto& v : gp.output()) {
+    require_tensor(v, "output");
+    g.outputs.push_back(value_info_from_proto(v));
+  }
   for (const auto& v : gp.value_info()) g.value_info[v.name()] = value_info_from_proto(v);
   for (const auto& n : gp.node()) g.nodes.push_back(node_from_proto(n, base_dir));
   // Exporters usually emit topological order, but the spec does not promise it to readers.
