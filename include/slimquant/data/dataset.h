@@ -1,0 +1,87 @@
+#pragma once
+// Data sets for calibration, evaluation and QAT: a uniform view (`Dataset`) over Fashion-MNIST IDX
+// files, image lists and .npy directories, with the usual image preprocessing applied per sample
+// (scale to [0,1], resize, channel order, HWC->CHW, per-channel mean/std). Samples are produced
+// on demand, so image folders never sit decoded in memory.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "slimquant/core/tensor.h"
+
+namespace slimquant::data {
+
+// Channel order the model expects. Decoded images are reordered to it; .npy data is taken as
+// already being in the model's order.
+enum class ChannelOrder { kRgb, kBgr };
+
+struct ImageSize {
+  int64_t height = 0;
+  int64_t width = 0;
+  bool operator==(const ImageSize&) const = default;
+};
+
+// Mirrors the CLI's data flags.
+struct DataOptions {
+  // "fashion-mnist" (= test split), "fashion-mnist:train", "fashion-mnist:test",
+  // "images:LIST_FILE", "npy:DIR".
+  std::string spec = "fashion-mnist";
+  // 1 or C values each, applied as (x - mean[c]) / stddev[c] after pixels are scaled to [0,1].
+  // Empty: mean 0 / stddev 1.
+  std::vector<float> mean = {};
+  std::vector<float> stddev = {};
+  // Output spatial size (bilinear when enlarging, area averaging when shrinking).
+  std::optional<ImageSize> resize = std::nullopt;
+  ChannelOrder channel_order = ChannelOrder::kRgb;
+  // Channels of decoded images: 0 = as stored (1 for grayscale files, 3 for colour), 1 or 3 =
+  // convert (gray->3 replicates, colour->1 takes luminance). For npy data, must match if set.
+  int channels = 0;
+  // Use only the first `limit` samples; 0 = all.
+  size_t limit = 0;
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  // The spec it was opened from, for messages ("npy:calib", "fashion-mnist:test").
+  virtual const std::string& name() const = 0;
+  virtual size_t size() const = 0;
+  // Shape of one preprocessed sample, e.g. {1, 28, 28} or {3, 224, 224}.
+  virtual const Shape& sample_shape() const = 0;
+  // Writes sample `index` (shape_numel(sample_shape()) float32 values) to dst. Thread-safe.
+  // Throws kInvalidArgument for an index out of range and kInvalidData for unreadable samples and
+  // samples holding NaN/Inf (naming the file and the sample).
+  virtual void load(size_t index, float* dst) const = 0;
+  virtual bool has_labels() const = 0;
+  // Throws kInvalidArgument when the data set has no labels or index is out of range.
+  virtual int64_t label(size_t index) const = 0;
+
+  int64_t sample_numel() const { return shape_numel(sample_shape()); }
+  // One sample as a float32 tensor of sample_shape().
+  Tensor sample(size_t index) const;
+};
+
+// Opens the data set `options.spec` describes. Throws kInvalidArgument for a malformed spec or
+// options that do not fit the data (mean/stddev length, channels), kIo for missing files and
+// directories, kInvalidData for corrupt or empty data.
+std::unique_ptr<Dataset> open_dataset(const DataOptions& options);
+
+// Where Debian's dataset-fashion-mnist puts the files; $SLIMQUANT_FASHION_MNIST_DIR overrides it.
+std::string fashion_mnist_dir();
+
+// ---- parsing helpers for the CLI and config files; errors are kInvalidArgument naming `what`
+// (the flag, e.g. "--mean") and the offending text.
+
+// "0.485,0.456,0.406" -> {0.485, 0.456, 0.406}; spaces around items are allowed.
+std::vector<float> parse_float_list(std::string_view text, std::string_view what);
+// "224x224" (height x width) or "224" (square).
+ImageSize parse_image_size(std::string_view text, std::string_view what);
+// "rgb" or "bgr" (case-insensitive).
+ChannelOrder parse_channel_order(std::string_view text, std::string_view what);
+const char* channel_order_name(ChannelOrder order);
+
+}  // namespace slimquant::data

@@ -1,0 +1,83 @@
+#include "slimquant/data/batch.h"
+
+#include <exception>
+#include <mutex>
+
+namespace slimquant::data {
+
+BatchLoader::BatchLoader(const Dataset& dataset, size_t batch_size)
+    : dataset_(dataset), batch_size_(batch_size) {
+  SQ_CHECK(batch_size >= 1, ErrorKind::kInvalidArgument, "batch size must be at least 1");
+}
+
+size_t BatchLoader::num_batches() const {
+  return (dataset_.size() + batch_size_ - 1) / batch_size_;
+}
+
+Batch BatchLoader::batch(size_t i) const {
+  SQ_CHECK(i < num_batches(), ErrorKind::kInvalidArgument,
+           "batch " + std::to_string(i) + " out of range for data set '" + dataset_.name() + "' (" +
+               std::to_string(num_batches()) + " batches of " + std::to_string(batch_size_) + ")");
+  const size_t first = i * batch_size_;
+  return load_range(first, std::min(batch_size_, dataset_.size() - first));
+}
+
+Batch BatchLoader::load_range(size_t first, size_t count) const {
+  SQ_CHECK(count >= 1 && first + count <= dataset_.size(), ErrorKind::kInvalidArgument,
+           "samples [" + std::to_string(first) + ", " + std::to_string(first + count) +
+               ") out of range for data set '" + dataset_.name() + "' (" +
+               std::to_string(dataset_.size()) + " samples)");
+  Shape shape = dataset_.sample_shape();
+  shape.insert(shape.begin(), static_cast<int64_t>(count));
+  Batch b;
+  b.inputs = Tensor(DType::kFloat32, std::move(shape));
+  b.first_index = first;
+  float* out = b.inputs.data<float>();
+  const size_t per = static_cast<size_t>(dataset_.sample_numel());
+
+  // Decoding dominates for image files, so samples load in parallel. Exceptions must not cross
+  // the OpenMP region: keep the one for the lowest sample index, which makes the error reported
+  // the same as a sequential load would give.
+  std::exception_ptr error;
+  size_t error_index = count;
+  std::mutex mu;
+  const long n = static_cast<long>(count);
+#pragma omp parallel for schedule(dynamic, 1) if (count > 1)
+  for (long k = 0; k < n; ++k) {
+    try {
+      dataset_.load(first + static_cast<size_t>(k), out + static_cast<size_t>(k) * per);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (static_cast<size_t>(k) < error_index) {
+        error_index = static_cast<size_t>(k);
+        error = std::current_exception();
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
+
+  if (dataset_.has_labels()) {
+    b.labels.resize(count);
+    for (size_t k = 0; k < count; ++k) b.labels[k] = dataset_.label(first + k);
+  }
+  return b;
+}
+
+bool BatchLoader::next(Batch& out) {
+  if (next_ >= num_batches()) return false;
+  out = batch(next_++);
+  return true;
+}
+
+BatchLoader::iterator::iterator(const BatchLoader* loader, size_t index)
+    : loader_(loader), index_(index) {
+  if (loader_ && index_ < loader_->num_batches()) current_ = loader_->batch(index_);
+}
+
+BatchLoader::iterator& BatchLoader::iterator::operator++() {
+  ++index_;
+  current_ = loader_ && index_ < loader_->num_batches() ? loader_->batch(index_) : Batch{};
+  return *this;
+}
+
+}  // namespace slimquant::data
