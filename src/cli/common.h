@@ -38,5 +38,6 @@ Action register_info(CLI::App& app);
 Action register_run(CLI::App& app);
 Action register_eval(CLI::App& app);
 Action register_bench(CLI::App& app);
+Action register_quantize(CLI::App& app);
 
 }  // namespace slimquant::cli

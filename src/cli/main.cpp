@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   add(cli::register_run);
   add(cli::register_eval);
   add(cli::register_bench);
+  add(cli::register_quantize);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -356,3 +356,23 @@ Graph load_model(const std::string& model_dir, const std::string& model_filename
   return load_onnx(candidates[0].string());
 }
 }  // namespace slimquant::ir
+
+#include <onnx/version_converter/convert.h>
+
+namespace slimquant::ir {
+void convert_opset(Graph& graph, int64_t target_opset) {
+  if (graph.opset == target_opset) return;
+  onnx::ModelProto converted;
+  try {
+    converted = onnx::version_conversion::ConvertVersion(to_model_proto(graph), static_cast<int>(target_opset));
+  } catch (const std::exception& e) {
+    fail(ErrorKind::kUnsupported, "cannot convert the model from opset " + std::to_string(graph.opset) + " to " +
+                                      std::to_string(target_opset) + ": " + e.what());
+  }
+  std::string bytes;
+  converted.SerializeToString(&bytes);
+  Graph g = parse_onnx(bytes, ".", "converted model");
+  g.metadata = graph.metadata;
+  graph = std::move(g);
+}
+}  // namespace slimquant::ir

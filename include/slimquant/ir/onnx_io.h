@@ -36,3 +36,9 @@ namespace slimquant::ir {
 Graph load_model(const std::string& model_dir, const std::string& model_filename = "",
                  const std::string& params_filename = "");
 }  // namespace slimquant::ir
+
+namespace slimquant::ir {
+// Converts the graph to another default-domain opset with ONNX's version converter (e.g. to 13,
+// which per-channel QuantizeLinear/DequantizeLinear need). No-op when already there.
+void convert_opset(Graph& graph, int64_t target_opset);
+}  // namespace slimquant::ir

@@ -1,0 +1,68 @@
+#pragma once
+// Post-training quantization: quantize() decides what is observed, sample() feeds calibration
+// batches through the float model (Session hooks), convert() freezes the observers' scales into a
+// standard ONNX QDQ graph. Scales are kept after convert(), so convert() can be called again for
+// any subset of layers (the PTQ analysis quantizes one layer at a time without re-calibrating).
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "slimquant/ir/graph.h"
+#include "slimquant/quant/quant_config.h"
+#include "slimquant/runtime/session.h"
+
+namespace slimquant::quant {
+
+// One quantizable node with its weight and input activations.
+struct Layer {
+  std::string name;     // node name (unique; unnamed nodes get their first output's name)
+  std::string op_type;
+  std::vector<std::string> activations;  // input tensors quantized per tensor
+  std::string weight;                    // constant weight quantized per channel ("" = none)
+  int64_t weight_axis = 0;
+  std::string weight_observer;           // weight_quantize_type chosen for this layer
+};
+
+class PTQ {
+ public:
+  explicit PTQ(QuantConfig config);
+  ~PTQ();
+
+  // Prepares the float model (BatchNorm folded, constants folded, opset >= 13 for per-channel
+  // Q/DQ) and attaches observers to every tensor a quantized layer reads.
+  void quantize(const ir::Graph& float_graph);
+  // One calibration batch (graph inputs by name).
+  void sample(const std::map<std::string, Tensor>& feeds);
+  void sample(const Tensor& batch);  // single-input models
+  size_t samples_seen() const { return batches_; }
+  // The QDQ graph: every layer quantized, or only `only_layers` (names from layers()).
+  ir::Graph convert(const std::optional<std::set<std::string>>& only_layers = std::nullopt) const;
+
+  const std::vector<Layer>& layers() const { return layers_; }
+  const ir::Graph& float_graph() const { return float_graph_; }
+  const QuantConfig& config() const { return config_; }
+  // Activation tensors observed, their observers and the parameters convert() uses.
+  std::vector<std::string> observed_tensors() const;
+  const Observer& activation_observer(const std::string& tensor) const;
+  QuantParams activation_params(const std::string& tensor) const;
+  // Per-channel parameters and observer of a layer's weight (layer must have one).
+  QuantParams weight_params(const Layer& layer) const;
+  std::unique_ptr<Observer> weight_observer(const Layer& layer) const;
+
+ private:
+  QuantConfig config_;
+  ir::Graph float_graph_;
+  std::vector<Layer> layers_;
+  std::map<std::string, std::unique_ptr<Observer>> observers_;  // by activation tensor
+  std::unique_ptr<runtime::Session> session_;
+  size_t batches_ = 0;
+};
+
+// Quantizes float weights per channel to symmetric s8 in [-127, 127] (saturating, round half to
+// even), given per-channel scales along `axis`.
+Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales, int64_t axis);
+
+}  // namespace slimquant::quant

@@ -1,0 +1,69 @@
+#pragma once
+// QuantConfig: which nodes are quantized and with which observers. Rules, highest priority first:
+// per layer (exact node name), per name (glob on node names, e.g. "/layer1/*"), per op type, then
+// the global default. Skips (op type, node name/glob, tensors) override all rules.
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "slimquant/ir/graph.h"
+#include "slimquant/quant/observer.h"
+#include "slimquant/quant/op_spec.h"
+
+namespace slimquant::quant {
+
+struct QuantRule {
+  std::string activation = "KL";                   // activation observer (`algo`)
+  std::string weight = "channel_wise_abs_max";     // weight observer (`weight_quantize_type`)
+  bool quantize = true;                            // false: leave the matching nodes in float
+};
+
+class QuantConfig {
+ public:
+  explicit QuantConfig(QuantRule global = {}) : global_(std::move(global)) {}
+
+  QuantConfig& add_type_config(const std::vector<std::string>& op_types, QuantRule rule);
+  QuantConfig& add_name_config(const std::vector<std::string>& name_patterns, QuantRule rule);
+  QuantConfig& add_layer_config(const std::vector<std::string>& layer_names, QuantRule rule);
+  // Registers how a (custom) op type is quantized, making it quantizable.
+  QuantConfig& add_qat_layer_mapping(const std::string& op_type, OpQuantSpec spec);
+
+  // Op types quantized (source names like conv2d/mul are accepted and mapped to ONNX types).
+  std::vector<std::string> quantizable_op_type = {"Conv", "MatMul", "Gemm"};
+  // Also quantize every other op with a spec (pooling, Add, Concat, Softmax, Reshape, ...).
+  bool is_full_quantize = false;
+  // Nodes reading or writing any of these tensors stay in float.
+  std::vector<std::string> skip_tensor_list;
+  // Op types, node names, or globs on node names (`skip_quant`) that stay in float.
+  std::vector<std::string> skip_quant;
+  // Activations: asymmetric u8 instead of symmetric s8 / u8-with-zero-point-0.
+  bool asymmetric_activations = false;
+  ObserverOptions observer_options;
+
+  QuantRule& global() { return global_; }
+  const QuantRule& global() const { return global_; }
+  // The spec when this node is quantized under this config, nullptr otherwise (not a quantizable
+  // type, skipped, or its rule says quantize=false).
+  const OpQuantSpec* spec_for(const ir::Node& node) const;
+  const QuantRule& rule_for(const ir::Node& node) const;
+  bool is_skipped(const ir::Node& node) const;
+  // A stable text of everything that affects the result (for checkpoints and caches).
+  std::string fingerprint() const;
+
+ private:
+  QuantRule global_;
+  std::vector<std::pair<std::vector<std::string>, QuantRule>> type_rules_, name_rules_, layer_rules_;
+  std::map<std::string, OpQuantSpec> custom_specs_;
+};
+
+// Reads the source documents' keys from YAML into `base`: algo, hist_percent, bins,
+// weight_quantize_type, quantizable_op_type, is_full_quantize, skip_tensor_list, skip_quant,
+// activation_quantize_type (symmetric|asymmetric), type_config / name_config / layer_config
+// (maps of key -> {algo, weight_quantize_type, quantize}). Unknown keys are an error naming the key
+// (typos must not silently change nothing); keys for the calibration flow (batch_size, batch_nums,
+// is_use_cache_file, cache_dir, model_dir, ...) are returned in `extra`.
+QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig base = QuantConfig(),
+                                   std::map<std::string, std::string>* extra = nullptr);
+
+}  // namespace slimquant::quant

@@ -1,0 +1,134 @@
+// quantize: post-training quantization from the command line.
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "cli/common.h"
+#include "slimquant/analysis/evaluate.h"
+#include "slimquant/core/progress.h"
+#include "slimquant/data/batch.h"
+#include "slimquant/ir/onnx_io.h"
+#include "slimquant/quant/ptq.h"
+
+namespace slimquant::cli {
+
+namespace {
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+}  // namespace
+
+Action register_quantize(CLI::App& app) {
+  auto* cmd = app.add_subcommand("quantize", "post-training quantization to a QDQ ONNX model");
+  struct Args {
+    std::string model, data, output, algo, weight_type, op_types, skip_tensors, config_path, metric = "top1";
+    std::vector<std::string> skip_nodes;
+    DataFlags flags;
+    size_t batch_size = 32, batch_nums = 10;
+    bool full = false, json = false, no_eval = false;
+    float hist_percent = 0;
+    int threads = 0;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("MODEL", a->model, "FP32 ONNX model")->required();
+  add_data_flags(cmd, a->flags, a->data);
+  cmd->add_option("-o,--output", a->output, "where to write the QDQ model")->required();
+  cmd->add_option("--algo", a->algo, "activation observer: KL, hist, abs_max (direct), min_max, avg, mse, emd");
+  cmd->add_option("--hist-percent", a->hist_percent, "percentile for algo hist (default 0.99999)");
+  cmd->add_option("--batch-size", a->batch_size, "calibration batch size")->capture_default_str();
+  cmd->add_option("--batch-nums", a->batch_nums, "calibration batches (0 = the whole data set)")->capture_default_str();
+  cmd->add_option("--weight-quantize-type", a->weight_type, "abs_max, channel_wise_abs_max, mse_channel_wise");
+  cmd->add_option("--quantizable-op-type", a->op_types, "op types to quantize, e.g. Conv,MatMul,Gemm");
+  cmd->add_flag("--is-full-quantize", a->full, "also quantize pooling, Add, Concat, Softmax, Reshape, ...");
+  cmd->add_option("--skip-tensor-list", a->skip_tensors, "tensors whose readers/writers stay float (a,b,...)");
+  cmd->add_option("--skip-nodes", a->skip_nodes, "op types, node names or globs that stay float (repeatable)");
+  cmd->add_option("--config", a->config_path, "YAML file with the same settings (seed parameter names)");
+  cmd->add_option("--metric", a->metric, "metric printed for FP32 and INT8 (top1/top5 need labels)");
+  cmd->add_flag("--no-eval", a->no_eval, "skip the FP32/INT8 evaluation");
+  cmd->add_option("--threads", a->threads, "threads (0 = all cores)");
+  cmd->add_flag("--json", a->json, "print a JSON object as the last line");
+  return [=] {
+    quant::QuantConfig config;
+    std::map<std::string, std::string> extra;
+    if (!a->config_path.empty()) config = quant::load_quant_config_yaml(a->config_path, config, &extra);
+    size_t batch_size = a->batch_size, batch_nums = a->batch_nums;
+    if (extra.count("batch_size")) batch_size = std::stoul(extra["batch_size"]);
+    if (extra.count("batch_nums")) batch_nums = std::stoul(extra["batch_nums"]);
+    // Flags given explicitly override the config file.
+    if (!a->algo.empty()) config.global().activation = a->algo;
+    if (!a->weight_type.empty()) config.global().weight = a->weight_type;
+    if (a->hist_percent > 0) config.observer_options.hist_percent = a->hist_percent;
+    if (!a->op_types.empty()) config.quantizable_op_type = split_list(a->op_types);
+    if (a->full) config.is_full_quantize = true;
+    for (const auto& t : split_list(a->skip_tensors)) config.skip_tensor_list.push_back(t);
+    for (const auto& p : a->skip_nodes) config.skip_quant.push_back(p);
+    quant::make_activation_observer(config.global().activation);  // early, clear error for a bad name
+    quant::make_weight_observer(config.global().weight);
+    SQ_CHECK(batch_size > 0, ErrorKind::kInvalidArgument, "--batch-size must be at least 1");
+
+    // Fail on an unwritable output before spending time on calibration.
+    {
+      std::filesystem::path out(a->output);
+      auto dir = out.has_parent_path() ? out.parent_path() : std::filesystem::path(".");
+      SQ_CHECK(std::filesystem::is_directory(dir), ErrorKind::kIo,
+               "cannot write '" + a->output + "': directory '" + dir.string() + "' does not exist");
+    }
+    DataFlags flags = a->flags;
+    if (!a->data.empty()) flags.dataset = a->data;
+    auto dataset = data::open_dataset(flags.options("fashion-mnist:train"));
+    ir::Graph model = load_model_arg(a->model);
+
+    quant::PTQ ptq(config);
+    ptq.quantize(model);
+    data::BatchLoader loader(*dataset, batch_size);
+    const size_t batches = batch_nums == 0 ? loader.num_batches() : std::min(batch_nums, loader.num_batches());
+    SQ_CHECK(batches > 0, ErrorKind::kInvalidData, "calibration data set '" + dataset->name() + "' is empty");
+    Progress progress("calibrate", batches, "batches");
+    for (size_t i = 0; i < batches; ++i) {
+      ptq.sample(loader.batch(i).inputs);
+      progress.advance();
+    }
+    progress.finish();
+    const double calib_seconds = progress.elapsed_seconds();
+    ir::Graph qdq = ptq.convert();
+    ir::save_onnx(qdq, a->output);
+    std::cout << "quantized " << ptq.layers().size() << " layers (" << config.global().activation << ", "
+              << config.global().weight << ") from " << batches << " batches of " << batch_size << " in "
+              << std::fixed << std::setprecision(2) << calib_seconds << " s -> " << a->output << std::endl;
+
+    nlohmann::json j{{"layers", ptq.layers().size()}, {"calib_seconds", calib_seconds}, {"output", a->output}};
+    if (!a->no_eval) {
+      auto metric = analysis::make_metric(a->metric);
+      if (metric->needs_labels() && !dataset->has_labels()) {
+        std::cout << "data has no labels: skipping the " << a->metric << " comparison" << std::endl;
+      } else {
+        runtime::SessionOptions so;
+        so.num_threads = a->threads;
+        runtime::Session fp32(model, so);
+        runtime::Session int8(qdq, so);
+        analysis::EvalOptions eo;
+        eo.reference = &fp32;
+        eo.progress_label = "eval fp32";
+        auto m_fp32 = metric->clone_empty();
+        auto m_int8 = metric->clone_empty();
+        double v_fp32 = metric->needs_reference() ? 0.0 : analysis::evaluate(fp32, *dataset, *m_fp32, eo).value;
+        eo.progress_label = "eval int8";
+        double v_int8 = analysis::evaluate(int8, *dataset, *m_int8, eo).value;
+        std::cout << "fp32 " << metric->name() << ": " << std::setprecision(4) << v_fp32 << "\nint8 " << metric->name()
+                  << ": " << v_int8 << " (" << dataset->size() << " samples)" << std::endl;
+        j["fp32_" + metric->name()] = v_fp32;
+        j["int8_" + metric->name()] = v_int8;
+        j["samples"] = dataset->size();
+      }
+    }
+    if (a->json) print_json(j);
+    return 0;
+  };
+}
+
+}  // namespace slimquant::cli

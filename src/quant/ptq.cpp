@@ -1,0 +1,275 @@
+#include "slimquant/quant/ptq.h"
+
+#include <cmath>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "slimquant/ir/onnx_io.h"
+#include "slimquant/runtime/optimize.h"
+
+namespace slimquant::quant {
+
+namespace {
+
+// Ops whose output is a re-arrangement or selection of their input's values: their output must use
+// the input's scale so integer tensors can pass through them unchanged.
+const std::unordered_set<std::string> kPassThroughOps = {
+    "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "MaxPool", "GlobalMaxPool", "Slice",
+    "Gather", "Split", "DepthToSpace", "SpaceToDepth", "Resize", "Identity", "Pad"};
+
+std::string layer_name(const ir::Node& n) { return n.name.empty() ? n.outputs.at(0) : n.name; }
+
+Tensor scalar_tensor(QuantDType dtype, int32_t zp) {
+  if (dtype == QuantDType::kU8) return Tensor::scalar<uint8_t>(static_cast<uint8_t>(zp));
+  return Tensor::scalar<int8_t>(static_cast<int8_t>(zp));
+}
+
+}  // namespace
+
+Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales, int64_t axis) {
+  SQ_CHECK(weight.dtype() == DType::kFloat32, ErrorKind::kInvalidArgument, "weights to quantize must be float32");
+  Tensor q(DType::kInt8, weight.shape());
+  const auto& shape = weight.shape();
+  const int64_t channels = weight.rank() ? shape[axis] : 1;
+  SQ_CHECK(static_cast<int64_t>(scales.size()) == channels || scales.size() == 1, ErrorKind::kInternal,
+           "weight scales do not match the channel count");
+  int64_t inner = 1;
+  for (size_t d = static_cast<size_t>(axis) + 1; d < shape.size(); ++d) inner *= shape[d];
+  const float* w = weight.data<float>();
+  int8_t* out = q.data<int8_t>();
+  for (int64_t i = 0; i < weight.numel(); ++i) {
+    const int64_t c = scales.size() == 1 ? 0 : (i / inner) % channels;
+    const float v = std::nearbyint(w[i] / scales[c]);  // FE_TONEAREST: half to even
+    out[i] = static_cast<int8_t>(std::clamp(v, -127.f, 127.f));
+  }
+  return q;
+}
+
+PTQ::PTQ(QuantConfig config) : config_(std::move(config)) {}
+PTQ::~PTQ() = default;
+
+void PTQ::quantize(const ir::Graph& float_graph) {
+  float_graph_ = float_graph;
+  runtime::optimize_graph(float_graph_);
+  // Per-channel QuantizeLinear/DequantizeLinear exist from opset 13.
+  if (float_graph_.opset < 13) {
+    ir::convert_opset(float_graph_, 13);
+    runtime::optimize_graph(float_graph_);
+  }
+  layers_.clear();
+  observers_.clear();
+  batches_ = 0;
+  std::unordered_set<std::string> names;
+  for (auto& node : float_graph_.nodes) {
+    if (node.name.empty() || names.count(node.name)) node.name = float_graph_.unique_value_name(layer_name(node));
+    names.insert(node.name);
+  }
+  for (const auto& node : float_graph_.nodes) {
+    const OpQuantSpec* spec = config_.spec_for(node);
+    if (!spec) continue;
+    Layer layer;
+    layer.name = node.name;
+    layer.op_type = node.op_type;
+    const QuantRule& rule = config_.rule_for(node);
+    std::vector<int> act_inputs = spec->activation_inputs;
+    if (act_inputs.size() == 1 && act_inputs[0] < 0) {
+      act_inputs.clear();
+      for (size_t i = 0; i < node.inputs.size(); ++i) act_inputs.push_back(static_cast<int>(i));
+    }
+    if (spec->weight_input >= 0) {
+      const std::string& w = node.input(static_cast<size_t>(spec->weight_input));
+      const Tensor* t = float_graph_.initializer(w);
+      if (t && t->dtype() == DType::kFloat32 && t->rank() >= 1) {
+        layer.weight = w;
+        layer.weight_axis = spec->weight_axis ? spec->weight_axis(node, *t) : 0;
+        layer.weight_observer = rule.weight;
+        std::erase(act_inputs, spec->weight_input);
+      } else if (node.op_type != "MatMul") {
+        continue;  // Conv/Gemm with a runtime weight: no per-channel weight to quantize
+      }
+    }
+    for (int i : act_inputs) {
+      const std::string& in = node.input(static_cast<size_t>(i));
+      if (in.empty() || float_graph_.is_initializer(in)) continue;  // biases, shapes, constants
+      layer.activations.push_back(in);
+      if (!observers_.count(in)) {
+        observers_[in] = make_activation_observer(rule.activation, config_.observer_options);
+      }
+    }
+    if (layer.activations.empty() && layer.weight.empty()) continue;
+    layers_.push_back(std::move(layer));
+  }
+  runtime::SessionOptions options;
+  options.fuse_activations = false;  // every quantized tensor must be observable
+  session_ = std::make_unique<runtime::Session>(float_graph_, options);
+}
+
+void PTQ::sample(const std::map<std::string, Tensor>& feeds) {
+  SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::sample called before quantize()");
+  runtime::RunOptions run;
+  std::vector<std::string> wanted;
+  for (const auto& [name, obs] : observers_) wanted.push_back(name);
+  run.outputs = wanted;
+  run.on_value = [&](const std::string& name, const Tensor& value) {
+    auto it = observers_.find(name);
+    if (it == observers_.end()) return;
+    if (value.dtype() != DType::kFloat32) return;
+    try {
+      it->second->observe(value);
+    } catch (const Error& e) {
+      throw Error(e.kind(), "calibration of tensor '" + name + "': " + e.what());
+    }
+  };
+  if (wanted.empty()) return;
+  session_->run(feeds, run);
+  ++batches_;
+}
+
+void PTQ::sample(const Tensor& batch) {
+  SQ_CHECK(float_graph_.inputs.size() == 1, ErrorKind::kInvalidArgument, "PTQ::sample(Tensor) needs a single-input model");
+  sample({{float_graph_.inputs[0].name, batch}});
+}
+
+std::vector<std::string> PTQ::observed_tensors() const {
+  std::vector<std::string> out;
+  for (const auto& [name, obs] : observers_) out.push_back(name);
+  return out;
+}
+
+const Observer& PTQ::activation_observer(const std::string& tensor) const {
+  auto it = observers_.find(tensor);
+  SQ_CHECK(it != observers_.end(), ErrorKind::kInvalidArgument, "tensor '" + tensor + "' is not observed");
+  return *it->second;
+}
+
+QuantParams PTQ::activation_params(const std::string& tensor) const {
+  const Observer& obs = activation_observer(tensor);
+  SQ_CHECK(obs.observed_count() > 0, ErrorKind::kInvalidData,
+           "tensor '" + tensor + "' was never observed: calibrate with sample() before convert()");
+  QuantScheme scheme = config_.asymmetric_activations ? QuantScheme::kAsymmetric : obs.default_scheme();
+  return obs.params(scheme);
+}
+
+std::unique_ptr<Observer> PTQ::weight_observer(const Layer& layer) const {
+  ObserverOptions options = config_.observer_options;
+  options.channel_axis = layer.weight_axis;
+  auto obs = make_weight_observer(layer.weight_observer, options);
+  obs->observe(*float_graph_.initializer(layer.weight));
+  return obs;
+}
+
+QuantParams PTQ::weight_params(const Layer& layer) const {
+  SQ_CHECK(!layer.weight.empty(), ErrorKind::kInvalidArgument, "layer '" + layer.name + "' has no weight");
+  return weight_observer(layer)->params(QuantScheme::kSymmetric);
+}
+
+ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) const {
+  SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::convert called before quantize()");
+  SQ_CHECK(batches_ > 0 || observers_.empty(), ErrorKind::kInvalidData,
+           "no calibration data was fed: the calibration data set is empty");
+  ir::Graph g = float_graph_;
+  std::vector<const Layer*> chosen;
+  for (const auto& l : layers_)
+    if (!only_layers || only_layers->count(l.name)) chosen.push_back(&l);
+
+  // Activation parameters, made consistent where integer tensors must share a scale.
+  std::map<std::string, QuantParams> act;
+  for (const Layer* l : chosen)
+    for (const auto& t : l->activations)
+      if (!act.count(t)) act[t] = activation_params(t);
+  for (const auto& node : g.nodes) {
+    if (node.op_type == "Concat") {
+      // All inputs and the output of a quantized Concat share the widest range.
+      std::vector<std::string> members;
+      for (const auto& in : node.inputs)
+        if (act.count(in)) members.push_back(in);
+      if (act.count(node.outputs[0])) members.push_back(node.outputs[0]);
+      if (members.size() < 2) continue;
+      float lo = 0, hi = 0;
+      for (const auto& m : members) {
+        ClipRange r = activation_observer(m).range();
+        lo = std::min(lo, r.lo), hi = std::max(hi, r.hi);
+      }
+      QuantScheme scheme = config_.asymmetric_activations ? QuantScheme::kAsymmetric
+                           : lo < 0                        ? QuantScheme::kSymmetric
+                                                           : QuantScheme::kUnsignedZeroPoint0;
+      for (const auto& m : members) act[m] = params_from_range({lo, hi}, scheme);
+    } else if (kPassThroughOps.count(node.op_type) && !node.inputs.empty() && act.count(node.inputs[0])) {
+      for (const auto& o : node.outputs)
+        if (act.count(o)) act[o] = act[node.inputs[0]];
+    }
+  }
+
+  // Activation Q/DQ pairs, one per tensor, read by the chosen layers only.
+  std::map<std::string, std::string> dequantized;  // tensor -> its DQ output
+  std::vector<ir::Node> qdq_nodes;
+  for (const auto& [tensor, p] : act) {
+    const std::string base = tensor;
+    const std::string scale = g.unique_value_name(base + "_scale");
+    g.initializers[scale] = Tensor::scalar<float>(p.scale.at(0));
+    const std::string zp = g.unique_value_name(base + "_zero_point");
+    g.initializers[zp] = scalar_tensor(p.dtype, p.zero_point.at(0));
+    const std::string q_out = g.unique_value_name(base + "_quantized");
+    const std::string dq_out = g.unique_value_name(base + "_dequantized");
+    ir::Node q;
+    q.op_type = "QuantizeLinear";
+    q.name = base + "_QuantizeLinear";
+    q.inputs = {tensor, scale, zp};
+    q.outputs = {q_out};
+    ir::Node dq;
+    dq.op_type = "DequantizeLinear";
+    dq.name = base + "_DequantizeLinear";
+    dq.inputs = {q_out, scale, zp};
+    dq.outputs = {dq_out};
+    qdq_nodes.push_back(std::move(q));
+    qdq_nodes.push_back(std::move(dq));
+    // Reserve the names before the next unique_value_name call sees the graph.
+    g.value_info[q_out] = {q_out, p.dtype == QuantDType::kU8 ? DType::kUInt8 : DType::kInt8, std::nullopt};
+    g.value_info[dq_out] = {dq_out, DType::kFloat32, std::nullopt};
+    dequantized[tensor] = dq_out;
+  }
+  std::map<std::string, const Layer*> by_name;
+  for (const Layer* l : chosen) by_name[l->name] = l;
+  std::vector<ir::Node> weight_nodes;
+  for (auto& node : g.nodes) {
+    auto it = by_name.find(node.name);
+    if (it == by_name.end()) continue;
+    const Layer& layer = *it->second;
+    for (auto& in : node.inputs)
+      if (std::find(layer.activations.begin(), layer.activations.end(), in) != layer.activations.end())
+        in = dequantized.at(in);
+    if (layer.weight.empty()) continue;
+    QuantParams wp = weight_params(layer);
+    const Tensor& w = *float_graph_.initializer(layer.weight);
+    const std::string base = layer.weight;
+    const std::string wq = g.unique_value_name(base + "_quantized");
+    g.initializers[wq] = quantize_weight_s8(w, wp.scale, layer.weight_axis);
+    const std::string scale = g.unique_value_name(base + "_scale");
+    const std::string zp = g.unique_value_name(base + "_zero_point");
+    const int64_t channels = static_cast<int64_t>(wp.scale.size());
+    g.initializers[scale] = Tensor::from_vector<float>({channels}, wp.scale);
+    g.initializers[zp] = Tensor(DType::kInt8, {channels});
+    const std::string dq_out = g.unique_value_name(base + "_dequantized");
+    g.value_info[dq_out] = {dq_out, DType::kFloat32, std::nullopt};
+    ir::Node dq;
+    dq.op_type = "DequantizeLinear";
+    dq.name = base + "_DequantizeLinear";
+    dq.inputs = {wq, scale, zp};
+    dq.outputs = {dq_out};
+    if (channels > 1 || w.rank() > 1) dq.attrs["axis"] = layer.weight_axis;
+    weight_nodes.push_back(std::move(dq));
+    for (auto& in : node.inputs)
+      if (in == layer.weight) in = dq_out;
+  }
+  for (auto& n : weight_nodes) g.nodes.push_back(std::move(n));
+  for (auto& n : qdq_nodes) g.nodes.push_back(std::move(n));
+  // Drop the placeholder value_info entries (types only; shapes get re-inferred on export).
+  g.topological_sort();
+  g.remove_unused_initializers();
+  g.validate();
+  g.producer_name = "slimquant";
+  g.producer_version = "0.1.0";
+  return g;
+}
+
+}  // namespace slimquant::quant

@@ -1,0 +1,193 @@
+#include "slimquant/quant/quant_config.h"
+
+#include <fnmatch.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+namespace slimquant::quant {
+
+namespace {
+bool matches(const std::string& pattern, const std::string& text) {
+  return pattern == text || fnmatch(pattern.c_str(), text.c_str(), 0) == 0;
+}
+bool contains(const std::vector<std::string>& v, const std::string& x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+}  // namespace
+
+QuantConfig& QuantConfig::add_type_config(const std::vector<std::string>& op_types, QuantRule rule) {
+  std::vector<std::string> mapped;
+  for (const auto& t : op_types)
+    for (const auto& o : onnx_op_types_for(t)) mapped.push_back(o);
+  type_rules_.push_back({mapped, std::move(rule)});
+  return *this;
+}
+QuantConfig& QuantConfig::add_name_config(const std::vector<std::string>& patterns, QuantRule rule) {
+  name_rules_.push_back({patterns, std::move(rule)});
+  return *this;
+}
+QuantConfig& QuantConfig::add_layer_config(const std::vector<std::string>& layers, QuantRule rule) {
+  layer_rules_.push_back({layers, std::move(rule)});
+  return *this;
+}
+QuantConfig& QuantConfig::add_qat_layer_mapping(const std::string& op_type, OpQuantSpec spec) {
+  custom_specs_[op_type] = std::move(spec);
+  if (!contains(quantizable_op_type, op_type)) quantizable_op_type.push_back(op_type);
+  return *this;
+}
+
+const QuantRule& QuantConfig::rule_for(const ir::Node& node) const {
+  // Later rules of the same level override earlier ones, as repeated add_*_config calls expect.
+  for (auto it = layer_rules_.rbegin(); it != layer_rules_.rend(); ++it)
+    if (contains(it->first, node.name)) return it->second;
+  for (auto it = name_rules_.rbegin(); it != name_rules_.rend(); ++it)
+    for (const auto& p : it->first)
+      if (matches(p, node.name)) return it->second;
+  for (auto it = type_rules_.rbegin(); it != type_rules_.rend(); ++it)
+    if (contains(it->first, node.op_type)) return it->second;
+  return global_;
+}
+
+bool QuantConfig::is_skipped(const ir::Node& node) const {
+  for (const auto& p : skip_quant)
+    if (p == node.op_type || matches(p, node.name)) return true;
+  for (const auto& t : skip_tensor_list)
+    if (contains(node.inputs, t) || contains(node.outputs, t)) return true;
+  return false;
+}
+
+const OpQuantSpec* QuantConfig::spec_for(const ir::Node& node) const {
+  if (!node.domain.empty() && !custom_specs_.count(node.op_type)) return nullptr;
+  const OpQuantSpec* spec = nullptr;
+  if (auto it = custom_specs_.find(node.op_type); it != custom_specs_.end()) spec = &it->second;
+  else if (auto b = builtin_op_specs().find(node.op_type); b != builtin_op_specs().end()) spec = &b->second;
+  if (!spec) return nullptr;
+  bool listed = false;
+  for (const auto& t : quantizable_op_type)
+    for (const auto& o : onnx_op_types_for(t)) listed |= o == node.op_type;
+  if (!listed && !is_full_quantize) return nullptr;
+  if (is_skipped(node) || !rule_for(node).quantize) return nullptr;
+  return spec;
+}
+
+std::string QuantConfig::fingerprint() const {
+  std::ostringstream os;
+  auto rule = [&](const QuantRule& r) { os << r.activation << '/' << r.weight << '/' << r.quantize << ';'; };
+  rule(global_);
+  for (const auto* rules : {&type_rules_, &name_rules_, &layer_rules_}) {
+    os << '|';
+    for (const auto& [keys, r] : *rules) {
+      for (const auto& k : keys) os << k << ',';
+      rule(r);
+    }
+  }
+  os << "|ops:";
+  for (const auto& t : quantizable_op_type) os << t << ',';
+  os << "|full:" << is_full_quantize << "|skipt:";
+  for (const auto& t : skip_tensor_list) os << t << ',';
+  os << "|skipq:";
+  for (const auto& t : skip_quant) os << t << ',';
+  os << "|asym:" << asymmetric_activations << "|hist:" << observer_options.hist_percent << ',' << observer_options.bins;
+  for (const auto& [op, spec] : custom_specs_) os << "|custom:" << op;
+  return os.str();
+}
+
+namespace {
+
+std::vector<std::string> string_list(const YAML::Node& n, const std::string& key) {
+  if (n.IsScalar()) {
+    // "Conv,MatMul" or a single name
+    std::vector<std::string> out;
+    std::stringstream ss(n.as<std::string>());
+    std::string item;
+    while (std::getline(ss, item, ','))
+      if (!item.empty()) out.push_back(item);
+    return out;
+  }
+  if (!n.IsSequence()) fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be a list of names");
+  return n.as<std::vector<std::string>>();
+}
+
+QuantRule rule_from_yaml(const YAML::Node& n, const QuantRule& base, const std::string& where) {
+  QuantRule r = base;
+  for (const auto& kv : n) {
+    const auto key = kv.first.as<std::string>();
+    if (key == "algo" || key == "activation") r.activation = kv.second.as<std::string>();
+    else if (key == "weight_quantize_type" || key == "weight") r.weight = kv.second.as<std::string>();
+    else if (key == "quantize") r.quantize = kv.second.as<bool>();
+    else fail(ErrorKind::kInvalidArgument, "unknown key '" + key + "' in " + where +
+                                               " (known: algo, weight_quantize_type, quantize)");
+  }
+  make_activation_observer(r.activation);  // validate names early, with the observers' own message
+  make_weight_observer(r.weight);
+  return r;
+}
+
+}  // namespace
+
+QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std::map<std::string, std::string>* extra) {
+  if (!std::filesystem::exists(path)) fail(ErrorKind::kIo, "config file '" + path + "' does not exist");
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    fail(ErrorKind::kInvalidArgument, "config file '" + path + "' is not valid YAML: " + e.what());
+  }
+  if (root.IsNull()) return cfg;
+  if (!root.IsMap()) fail(ErrorKind::kInvalidArgument, "config file '" + path + "' must be a mapping of keys");
+  // Some configs nest everything under ptq_config (as the analysis configs of the sources do).
+  if (root["ptq_config"] && root["ptq_config"].IsMap()) {
+    YAML::Node merged = YAML::Clone(root["ptq_config"]);
+    for (const auto& kv : root)
+      if (kv.first.as<std::string>() != "ptq_config") merged[kv.first.as<std::string>()] = kv.second;
+    root = merged;
+  }
+  static const std::set<std::string> kFlowKeys = {
+      "batch_size", "batch_nums", "is_use_cache_file", "cache_dir", "model_dir", "model_filename",
+      "params_filename", "save_dir", "checkpoint_name", "num_histogram_plots", "onnx_format", "optimize_model",
+      "round_type", "bias_correction", "save_model_filename", "save_params_filename", "quant_model_dir",
+      "float_model_dir", "qat_metric", "resume", "data", "dataset", "metric", "target_metric", "epochs", "lr",
+      "optimizer", "weight_quanter", "act_quanter", "distill", "mean", "std", "resize", "channel_order", "limit"};
+  try {
+    for (const auto& kv : root) {
+      const auto key = kv.first.as<std::string>();
+      const YAML::Node& v = kv.second;
+      if (key == "algo") cfg.global().activation = v.as<std::string>();
+      else if (key == "weight_quantize_type") cfg.global().weight = v.as<std::string>();
+      else if (key == "hist_percent") cfg.observer_options.hist_percent = v.as<float>();
+      else if (key == "bins") cfg.observer_options.bins = v.as<int>();
+      else if (key == "quantizable_op_type") cfg.quantizable_op_type = string_list(v, key);
+      else if (key == "is_full_quantize") cfg.is_full_quantize = v.as<bool>();
+      else if (key == "skip_tensor_list") cfg.skip_tensor_list = string_list(v, key);
+      else if (key == "skip_quant") cfg.skip_quant = string_list(v, key);
+      else if (key == "activation_quantize_type") {
+        const auto t = v.as<std::string>();
+        if (t != "symmetric" && t != "asymmetric")
+          fail(ErrorKind::kInvalidArgument, "activation_quantize_type must be symmetric or asymmetric, got '" + t + "'");
+        cfg.asymmetric_activations = t == "asymmetric";
+      } else if (key == "type_config" || key == "name_config" || key == "layer_config") {
+        if (!v.IsMap()) fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must map names to rules");
+        for (const auto& entry : v) {
+          const auto name = entry.first.as<std::string>();
+          QuantRule r = rule_from_yaml(entry.second, cfg.global(), key + "." + name);
+          if (key == "type_config") cfg.add_type_config({name}, r);
+          else if (key == "name_config") cfg.add_name_config({name}, r);
+          else cfg.add_layer_config({name}, r);
+        }
+      } else if (kFlowKeys.count(key)) {
+        if (extra) (*extra)[key] = v.IsScalar() ? v.as<std::string>() : YAML::Dump(v);
+      } else {
+        fail(ErrorKind::kInvalidArgument, "unknown key '" + key + "' in config file '" + path + "'");
+      }
+    }
+  } catch (const YAML::Exception& e) {
+    fail(ErrorKind::kInvalidArgument, "config file '" + path + "': " + e.what());
+  }
+  make_activation_observer(cfg.global().activation);
+  make_weight_observer(cfg.global().weight);
+  return cfg;
+}
+
+}  // namespace slimquant::quant
