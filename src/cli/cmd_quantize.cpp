@@ -26,7 +26,7 @@ std::vector<std::string> split_list(const std::string& text) {
 Action register_quantize(CLI::App& app) {
   auto* cmd = app.add_subcommand("quantize", "post-training quantization to a QDQ ONNX model");
   struct Args {
-    std::string model, data, output, algo, weight_type, op_types, skip_tensors, config_path, metric = "top1";
+    std::string model, data, eval_data, output, algo, weight_type, op_types, skip_tensors, config_path, metric = "top1";
     std::vector<std::string> skip_nodes;
     DataFlags flags;
     size_t batch_size = 32, batch_nums = 10;
@@ -49,6 +49,7 @@ Action register_quantize(CLI::App& app) {
   cmd->add_option("--skip-nodes", a->skip_nodes, "op types, node names or globs that stay float (repeatable)");
   cmd->add_option("--config", a->config_path, "YAML file with the same settings (seed parameter names)");
   cmd->add_option("--metric", a->metric, "metric printed for FP32 and INT8 (top1/top5 need labels)");
+  cmd->add_option("--eval-dataset", a->eval_data, "data set for the FP32/INT8 comparison (default: DATA)");
   cmd->add_flag("--no-eval", a->no_eval, "skip the FP32/INT8 evaluation");
   cmd->add_option("--threads", a->threads, "threads (0 = all cores)");
   cmd->add_flag("--json", a->json, "print a JSON object as the last line");
@@ -103,8 +104,15 @@ Action register_quantize(CLI::App& app) {
 
     nlohmann::json j{{"layers", ptq.layers().size()}, {"calib_seconds", calib_seconds}, {"output", a->output}};
     if (!a->no_eval) {
+      std::unique_ptr<data::Dataset> eval_owned;
+      if (!a->eval_data.empty()) {
+        DataFlags eval_flags = flags;
+        eval_flags.dataset = a->eval_data;
+        eval_owned = data::open_dataset(eval_flags.options(a->eval_data));
+      }
+      const data::Dataset& eval_set = eval_owned ? *eval_owned : *dataset;
       auto metric = analysis::make_metric(a->metric);
-      if (metric->needs_labels() && !dataset->has_labels()) {
+      if (metric->needs_labels() && !eval_set.has_labels()) {
         std::cout << "data has no labels: skipping the " << a->metric << " comparison" << std::endl;
       } else {
         runtime::SessionOptions so;
@@ -116,14 +124,14 @@ Action register_quantize(CLI::App& app) {
         eo.progress_label = "eval fp32";
         auto m_fp32 = metric->clone_empty();
         auto m_int8 = metric->clone_empty();
-        double v_fp32 = metric->needs_reference() ? 0.0 : analysis::evaluate(fp32, *dataset, *m_fp32, eo).value;
+        double v_fp32 = metric->needs_reference() ? 0.0 : analysis::evaluate(fp32, eval_set, *m_fp32, eo).value;
         eo.progress_label = "eval int8";
-        double v_int8 = analysis::evaluate(int8, *dataset, *m_int8, eo).value;
+        double v_int8 = analysis::evaluate(int8, eval_set, *m_int8, eo).value;
         std::cout << "fp32 " << metric->name() << ": " << std::setprecision(4) << v_fp32 << "\nint8 " << metric->name()
-                  << ": " << v_int8 << " (" << dataset->size() << " samples)" << std::endl;
+                  << ": "  << v_int8 << " (" << eval_set.size() << " samples)" << std::endl;
         j["fp32_" + metric->name()] = v_fp32;
         j["int8_" + metric->name()] = v_int8;
-        j["samples"] = dataset->size();
+        j["samples"] = eval_set.size();
       }
     }
     if (a->json) print_json(j);
