@@ -3,6 +3,9 @@
 //
 // These ops never look at values, only at bytes: they are written once per element *size*
 // (1, 2, 4, 8, 16 bytes, or any size through memcpy), never per dtype.
+#include <omp.h>
+
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -36,6 +39,28 @@ template <size_t N>
 inline void copy_elem(std::byte* dst, const std::byte* src, [[maybe_unused]] size_t runtime_size) {
   if constexpr (N == 0) std::memcpy(dst, src, runtime_size);
   else std::memcpy(dst, src, N);
+}
+
+// Bytes moved per thread below which work stays on the calling thread (waking a team costs more
+// than copying a few hundred KB).
+constexpr int64_t kParallelBytes = 256 << 10;
+
+// Calls fn(begin, end) over disjoint chunks of [0, n); in parallel when `bytes` (the memory the
+// whole range moves) is large. Stays serial inside an enclosing parallel region.
+template <typename Fn>
+void parallel_chunks(int64_t n, int64_t bytes, Fn&& fn) {
+  int64_t nt = std::min<int64_t>(omp_get_max_threads(), n);
+  nt = std::min<int64_t>(nt, bytes / kParallelBytes);
+  if (nt <= 1 || omp_in_parallel()) {
+    if (n > 0) fn(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel num_threads(static_cast<int>(nt))
+  {
+    const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int64_t b = n * t / T, e = n * (t + 1) / T;
+    if (b < e) fn(b, e);
+  }
 }
 
 // Writes `count` copies of the elem_size-byte pattern at `value` to dst.

@@ -1,6 +1,10 @@
 // Byte movers and argument readers shared by the shape kernels (see shape_common.h).
 #include <algorithm>
 
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 #include "runtime/kernels/shape_common.h"
 
 namespace slimquant::runtime::shape {
@@ -14,20 +18,24 @@ struct ViewDim {
   int64_t dst;
 };
 
-// Calls fn(src_offset, dst_offset) for every multi-index over `dims` (row-major order), keeping
-// the offsets up to date incrementally instead of recomputing them from the index.
+// Calls fn(src_offset, dst_offset) for the flat indices [begin, end) of `dims` (row-major), keeping
+// the offsets up to date incrementally; only the first index is decomposed by division.
 template <typename Fn>
-void for_each_index(const std::vector<ViewDim>& dims, Fn&& fn) {
+void for_index_range(const std::vector<ViewDim>& dims, int64_t begin, int64_t end, Fn&& fn) {
   const size_t k = dims.size();
   if (k == 0) {
-    fn(int64_t{0}, int64_t{0});
+    if (begin < end) fn(int64_t{0}, int64_t{0});
     return;
   }
-  int64_t total = 1;
-  for (const ViewDim& d : dims) total *= d.n;
   std::vector<int64_t> idx(k, 0);
-  int64_t so = 0, dof = 0;
-  for (int64_t it = 0; it < total; ++it) {
+  int64_t so = 0, dof = 0, rem = begin;
+  for (size_t d = k; d-- > 0;) {
+    idx[d] = rem % dims[d].n;
+    rem /= dims[d].n;
+    so += idx[d] * dims[d].src;
+    dof += idx[d] * dims[d].dst;
+  }
+  for (int64_t it = begin; it < end; ++it) {
     fn(so, dof);
     for (size_t d = k; d-- > 0;) {
       so += dims[d].src;
@@ -40,40 +48,106 @@ void for_each_index(const std::vector<ViewDim>& dims, Fn&& fn) {
   }
 }
 
-// Tile edge for the 2-D transposing copy: 32x32 elements of up to 16 bytes stay within L1.
-constexpr int64_t kTile = 32;
+int64_t count_of(const std::vector<ViewDim>& dims) {
+  int64_t n = 1;
+  for (const ViewDim& d : dims) n *= d.n;
+  return n;
+}
 
 template <size_t N>
 void copy_rows(std::byte* dst, const std::byte* src, const std::vector<ViewDim>& outer, const ViewDim& inner,
                size_t block) {
-  const int64_t n = inner.n, s = inner.src;
-  for_each_index(outer, [&](int64_t so, int64_t dof) {
-    const std::byte* sp = src + so;
-    std::byte* dp = dst + dof;
-    for (int64_t i = 0; i < n; ++i) copy_elem<N>(dp + i * static_cast<int64_t>(block), sp + i * s, block);
+  const int64_t n = inner.n, s = inner.src, bs = static_cast<int64_t>(block);
+  const int64_t rows = count_of(outer);
+  parallel_chunks(rows, rows * n * bs, [&](int64_t b, int64_t e) {
+    for_index_range(outer, b, e, [&](int64_t so, int64_t dof) {
+      // Local copies: byte stores may alias any object whose address escaped (the captures).
+      const int64_t cnt = n, sstep = s, dstep = bs;
+      const size_t size = block;
+      const std::byte* sp = src + so;
+      std::byte* dp = dst + dof;
+      for (int64_t i = 0; i < cnt; ++i) copy_elem<N>(dp + i * dstep, sp + i * sstep, size);
+    });
   });
 }
 
-// Copies a 2-D block where dim `a` is contiguous in src and dim `b` is contiguous in dst,
-// tile by tile so both the strided reads and the strided writes hit cache.
+// A transposing 2-D block: source element (r, c) at src + r * src_ld + c * N goes to
+// dst + c * dst_ld + r * N (r < rows, c < cols). Rows/cols are ranges of one tile.
+template <size_t N>
+void transpose_tile(std::byte* dst, int64_t dst_ld, const std::byte* src, int64_t src_ld, int64_t r0, int64_t r1,
+                    int64_t c0, int64_t c1, size_t block) {
+  const int64_t bs = static_cast<int64_t>(block);
+  int64_t r = r0;
+#if defined(__SSE2__)
+  // 4x4 (float-sized) and 2x2 (double-sized) register transposes: 16-byte loads and stores.
+  if constexpr (N == 4) {
+    for (; r + 4 <= r1; r += 4) {
+      int64_t c = c0;
+      for (; c + 4 <= c1; c += 4) {
+        const std::byte* s = src + r * src_ld + c * 4;
+        __m128 x0 = _mm_loadu_ps(reinterpret_cast<const float*>(s));
+        __m128 x1 = _mm_loadu_ps(reinterpret_cast<const float*>(s + src_ld));
+        __m128 x2 = _mm_loadu_ps(reinterpret_cast<const float*>(s + 2 * src_ld));
+        __m128 x3 = _mm_loadu_ps(reinterpret_cast<const float*>(s + 3 * src_ld));
+        _MM_TRANSPOSE4_PS(x0, x1, x2, x3);
+        std::byte* d = dst + c * dst_ld + r * 4;
+        _mm_storeu_ps(reinterpret_cast<float*>(d), x0);
+        _mm_storeu_ps(reinterpret_cast<float*>(d + dst_ld), x1);
+        _mm_storeu_ps(reinterpret_cast<float*>(d + 2 * dst_ld), x2);
+        _mm_storeu_ps(reinterpret_cast<float*>(d + 3 * dst_ld), x3);
+      }
+      for (; c < c1; ++c)
+        for (int64_t k = 0; k < 4; ++k) copy_elem<4>(dst + c * dst_ld + (r + k) * 4, src + (r + k) * src_ld + c * 4, 4);
+    }
+  } else if constexpr (N == 8) {
+    for (; r + 2 <= r1; r += 2) {
+      int64_t c = c0;
+      for (; c + 2 <= c1; c += 2) {
+        const std::byte* s = src + r * src_ld + c * 8;
+        const __m128d x0 = _mm_loadu_pd(reinterpret_cast<const double*>(s));
+        const __m128d x1 = _mm_loadu_pd(reinterpret_cast<const double*>(s + src_ld));
+        std::byte* d = dst + c * dst_ld + r * 8;
+        _mm_storeu_pd(reinterpret_cast<double*>(d), _mm_unpacklo_pd(x0, x1));
+        _mm_storeu_pd(reinterpret_cast<double*>(d + dst_ld), _mm_unpackhi_pd(x0, x1));
+      }
+      for (; c < c1; ++c)
+        for (int64_t k = 0; k < 2; ++k) copy_elem<8>(dst + c * dst_ld + (r + k) * 8, src + (r + k) * src_ld + c * 8, 8);
+    }
+  }
+#endif
+  // Remaining rows (all of them for other element sizes): contiguous reads, writes within the tile.
+  for (; r < r1; ++r) {
+    const std::byte* s = src + r * src_ld;
+    std::byte* d = dst + r * bs;
+    for (int64_t c = c0; c < c1; ++c) copy_elem<N>(d + c * dst_ld, s + c * bs, block);
+  }
+}
+
+// Tile extents (source rows x source columns): 16 x 64 keeps a tile's source and destination
+// lines in L1 and gives 64-byte destination runs for 4-byte elements.
+constexpr int64_t kTileRows = 16, kTileCols = 64;
+
+// The view's innermost (destination-contiguous) dim `b` is strided in src while dim `a` is
+// contiguous in src: per outer index, a transpose of the (b x a) source matrix, tile by tile.
 template <size_t N>
 void copy_tiled(std::byte* dst, const std::byte* src, const std::vector<ViewDim>& outer, const ViewDim& a,
                 const ViewDim& b, size_t block) {
-  const int64_t bs = static_cast<int64_t>(block);
-  for_each_index(outer, [&](int64_t so, int64_t dof) {
-    const std::byte* sp = src + so;
-    std::byte* dp = dst + dof;
-    for (int64_t a0 = 0; a0 < a.n; a0 += kTile) {
-      const int64_t a1 = std::min(a.n, a0 + kTile);
-      for (int64_t b0 = 0; b0 < b.n; b0 += kTile) {
-        const int64_t b1 = std::min(b.n, b0 + kTile);
-        for (int64_t i = a0; i < a1; ++i) {
-          const std::byte* s = sp + i * bs;
-          std::byte* d = dp + i * a.dst;
-          for (int64_t j = b0; j < b1; ++j) copy_elem<N>(d + j * bs, s + j * b.src, block);
-        }
+  const int64_t row_tiles = (b.n + kTileRows - 1) / kTileRows, col_tiles = (a.n + kTileCols - 1) / kTileCols;
+  const int64_t tiles = row_tiles * col_tiles;
+  const int64_t units = count_of(outer) * tiles;
+  parallel_chunks(units, units * kTileRows * kTileCols * static_cast<int64_t>(block), [&](int64_t u0, int64_t u1) {
+    // Walk the outer indices covered by this chunk; each contributes a range of its tiles.
+    const int64_t o0 = u0 / tiles, o1 = (u1 + tiles - 1) / tiles;
+    int64_t o = o0;
+    for_index_range(outer, o0, o1, [&](int64_t so, int64_t dof) {
+      const int64_t t0 = std::max(u0 - o * tiles, int64_t{0}), t1 = std::min(u1 - o * tiles, tiles);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t r0 = (t / col_tiles) * kTileRows, c0 = (t % col_tiles) * kTileCols;
+        transpose_tile<N>(dst + dof, a.dst, src + so, b.src, r0, std::min(r0 + kTileRows, b.n), c0,
+                          std::min(c0 + kTileCols, a.n), block);
       }
-    }
+      ++o;
+    });
   });
 }
 
@@ -128,11 +202,12 @@ void strided_copy(void* dst_v, const void* src_v, const Shape& shape, const std:
 
   const ViewDim inner = dims.back();
   // Transposing views: some outer dim is the one contiguous in src; copy (that dim x innermost)
-  // in tiles. Small extents gain nothing from tiling.
+  // in tiles, reading runs of it instead of single strided elements (this also covers a short
+  // strided innermost dim, as NCHW->NHWC with 3 channels).
   std::optional<size_t> contiguous;
   for (size_t d = 0; d + 1 < dims.size(); ++d)
     if (dims[d].src == static_cast<int64_t>(block) && dims[d].n >= 8) contiguous = d;
-  if (contiguous && inner.n >= 8) {
+  if (contiguous) {
     const ViewDim a = dims[*contiguous];
     std::vector<ViewDim> outer;
     for (size_t d = 0; d + 1 < dims.size(); ++d)

@@ -145,16 +145,15 @@ class PadKernel : public Kernel {
     const std::vector<int64_t>& map = j.maps[d];
     const int64_t n = static_cast<int64_t>(map.size());
     if (d + 1 == r) {
+      // Locals only in the element loops: byte stores may alias anything whose address escaped.
       const std::byte* row = src + src_off * es;
-      auto put = [&](int64_t o) {
-        const int64_t m = map[static_cast<size_t>(o)];
-        copy_elem<N>(dst + o * es, m < 0 ? j.value : row + m * es, j.es);
-      };
-      for (int64_t o = 0; o < j.run_lo; ++o) put(o);
-      if (j.run_hi > j.run_lo)
-        std::memcpy(dst + j.run_lo * es, row + map[static_cast<size_t>(j.run_lo)] * es,
-                    static_cast<size_t>(j.run_hi - j.run_lo) * j.es);
-      for (int64_t o = j.run_hi; o < n; ++o) put(o);
+      const std::byte* value = j.value;
+      const int64_t* m = map.data();
+      const int64_t lo = j.run_lo, hi = j.run_hi;
+      const size_t size = j.es;
+      for (int64_t o = 0; o < lo; ++o) copy_elem<N>(dst + o * es, m[o] < 0 ? value : row + m[o] * es, size);
+      if (hi > lo) std::memcpy(dst + lo * es, row + m[lo] * es, static_cast<size_t>(hi - lo) * size);
+      for (int64_t o = hi; o < n; ++o) copy_elem<N>(dst + o * es, m[o] < 0 ? value : row + m[o] * es, size);
       return;
     }
     const int64_t block = j.out_strides[d];

@@ -150,72 +150,112 @@ AxisPlan plan_axis(const ResizeAttrs& a, int64_t in, int64_t out, float scale, f
 }
 
 // One separable pass of linear/cubic interpolation along an axis: [outer, in, inner] -> [outer, out, inner].
-template <typename C>
+// TAPS is 2 (linear) or 4 (cubic), fixed so the tap loops unroll and the row loops vectorize.
+template <int TAPS, typename C>
 void interp_pass(const C* src, C* dst, int64_t outer, int64_t inner, const AxisPlan& p, C extrap) {
-  const int taps = p.taps;
-  for (int64_t o = 0; o < outer; ++o) {
+  const bool any_extrap = std::find(p.extrap.begin(), p.extrap.end(), 1) != p.extrap.end();
+  if (inner == 1 && !any_extrap) {
+    // Innermost axis: a weighted gather per output element; weights converted once per pass.
+    const std::vector<C> wc(p.w.begin(), p.w.end());
+    const int64_t* ix = p.idx.data();
+    parallel_chunks(outer, outer * p.out * TAPS * static_cast<int64_t>(sizeof(C)), [&](int64_t o0, int64_t o1) {
+      for (int64_t o = o0; o < o1; ++o) {
+        const C* s = src + o * p.in;
+        C* d = dst + o * p.out;
+        for (int64_t j = 0; j < p.out; ++j) {
+          const C* w = &wc[static_cast<size_t>(j * TAPS)];
+          const int64_t* k = ix + j * TAPS;
+          C acc = w[0] * s[k[0]];
+          for (int t = 1; t < TAPS; ++t) acc += w[t] * s[k[t]];
+          d[j] = acc;
+        }
+      }
+    });
+    return;
+  }
+  const int64_t bytes = outer * p.out * inner * TAPS * static_cast<int64_t>(sizeof(C));
+  parallel_chunks(outer, bytes, [&](int64_t o0, int64_t o1) {
+  for (int64_t o = o0; o < o1; ++o) {
     const C* s = src + o * p.in * inner;
     C* d = dst + o * p.out * inner;
     for (int64_t j = 0; j < p.out; ++j) {
       C* dr = d + j * inner;
-      if (p.extrap[static_cast<size_t>(j)]) {
+      if (any_extrap && p.extrap[static_cast<size_t>(j)]) {
         std::fill(dr, dr + inner, extrap);
         continue;
       }
-      const int64_t* ix = &p.idx[static_cast<size_t>(j * taps)];
-      const float* w = &p.w[static_cast<size_t>(j * taps)];
-      if (inner == 1) {
-        C acc = 0;
-        for (int t = 0; t < taps; ++t) acc += static_cast<C>(w[t]) * s[ix[t]];
-        *dr = acc;
-        continue;
+      const int64_t* ix = &p.idx[static_cast<size_t>(j * TAPS)];
+      const float* wf = &p.w[static_cast<size_t>(j * TAPS)];
+      C w[TAPS];
+      const C* rows[TAPS];
+      for (int t = 0; t < TAPS; ++t) {
+        w[t] = static_cast<C>(wf[t]);
+        rows[t] = s + ix[t] * inner;
       }
-      // Whole rows at a time: the inner loops are contiguous and vectorize.
-      const C w0 = static_cast<C>(w[0]);
-      const C* r0 = s + ix[0] * inner;
-      for (int64_t i = 0; i < inner; ++i) dr[i] = w0 * r0[i];
-      for (int t = 1; t < taps; ++t) {
-        const C wt = static_cast<C>(w[t]);
-        const C* rt = s + ix[t] * inner;
-        for (int64_t i = 0; i < inner; ++i) dr[i] += wt * rt[i];
+      // Whole rows at a time: contiguous inner loops (a single element on the innermost axis).
+      for (int64_t i = 0; i < inner; ++i) {
+        C acc = w[0] * rows[0][i];
+        for (int t = 1; t < TAPS; ++t) acc += w[t] * rows[t][i];
+        dr[i] = acc;
       }
     }
   }
+  });
 }
 
-// Nearest: a gather through the per-axis index maps. Consecutive output indices that map to the
-// same input index (upsampling) copy the sub-block already written instead of recomputing it.
-struct NearestJob {
-  const std::byte* src;
-  const std::byte* extrap;  // extrapolation value in the data type
-  size_t es;
-  std::vector<const AxisPlan*> plans;
-  std::vector<int64_t> in_strides, out_strides;
-};
-
+// Nearest: a gather through the per-axis index maps, one output row (last axis) at a time. A row
+// whose source row equals the previous row's (upsampling along an outer axis) is a memcpy of the
+// row just written.
 template <size_t N>
-void nearest_level(const NearestJob& j, size_t d, int64_t src_off, std::byte* dst) {
-  const AxisPlan& p = *j.plans[d];
-  const int64_t es = static_cast<int64_t>(j.es);
-  if (d + 1 == j.plans.size()) {
-    const std::byte* row = j.src + src_off * es;
-    for (int64_t o = 0; o < p.out; ++o)
-      copy_elem<N>(dst + o * es, p.extrap[static_cast<size_t>(o)] ? j.extrap : row + p.idx[static_cast<size_t>(o)] * es,
-                   j.es);
-    return;
-  }
-  const int64_t block = j.out_strides[d];
-  for (int64_t o = 0; o < p.out; ++o) {
-    std::byte* sub = dst + o * block * es;
-    const size_t so = static_cast<size_t>(o);
-    if (p.extrap[so]) {
-      fill_elems(sub, j.extrap, j.es, block);
-    } else if (o > 0 && !p.extrap[so - 1] && p.idx[so] == p.idx[so - 1]) {
-      std::memcpy(sub, sub - block * es, static_cast<size_t>(block * es));
-    } else {
-      nearest_level<N>(j, d + 1, src_off + p.idx[so] * j.in_strides[d], sub);
+void nearest_rows(const std::byte* src, std::byte* dst, const std::vector<AxisPlan>& plans,
+                  const std::vector<int64_t>& in_strides, const std::byte* extrap, size_t es) {
+  const size_t r = plans.size();
+  const AxisPlan& last = plans[r - 1];
+  const int64_t row_len = last.out, e = static_cast<int64_t>(es);
+  const int64_t row_bytes = row_len * e;
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < r; ++d) rows *= plans[d].out;
+  const bool last_extrap = std::find(last.extrap.begin(), last.extrap.end(), 1) != last.extrap.end();
+  parallel_chunks(rows, rows * row_bytes, [&](int64_t r0, int64_t r1) {
+    std::vector<int64_t> idx(r, 0);
+    int64_t rem = r0;
+    for (size_t d = r - 1; d-- > 0;) {
+      idx[d] = rem % plans[d].out;
+      rem /= plans[d].out;
     }
-  }
+    int64_t prev = -2;  // source offset of the previous row, -1: extrapolated row
+    for (int64_t row = r0; row < r1; ++row) {
+      int64_t off = 0;
+      for (size_t d = 0; d + 1 < r && off >= 0; ++d) {
+        const size_t i = static_cast<size_t>(idx[d]);
+        off = plans[d].extrap[i] ? -1 : off + plans[d].idx[i] * in_strides[d];
+      }
+      std::byte* out = dst + row * row_bytes;
+      if (off == prev && row > r0) {
+        std::memcpy(out, out - row_bytes, static_cast<size_t>(row_bytes));
+      } else if (off < 0) {
+        fill_elems(out, extrap, es, row_len);
+      } else {
+        // Locals, not captures: byte stores may alias anything whose address escaped, which would
+        // force reloads of captured values on every element.
+        const std::byte* in = src + off * e;
+        const int64_t* m = last.idx.data();
+        const int64_t n = row_len, step = e;
+        const size_t size = es;
+        if (!last_extrap) {
+          for (int64_t o = 0; o < n; ++o) copy_elem<N>(out + o * step, in + m[o] * step, size);
+        } else {
+          const uint8_t* ex = last.extrap.data();
+          for (int64_t o = 0; o < n; ++o) copy_elem<N>(out + o * step, ex[o] ? extrap : in + m[o] * step, size);
+        }
+      }
+      prev = off;
+      for (size_t d = r - 1; d-- > 0;) {
+        if (++idx[d] < plans[d].out) break;
+        idx[d] = 0;
+      }
+    }
+  });
 }
 
 template <typename T>
@@ -345,11 +385,10 @@ class ResizeKernel : public Kernel {
       const T v = static_cast<T>(a_.extrapolation);
       std::memcpy(extrap.data(), &v, es);
     });
-    NearestJob job{static_cast<const std::byte*>(x.raw()), extrap.data(), es, {}, contiguous_strides(x.shape()),
-                   contiguous_strides(y.shape())};
-    for (const AxisPlan& p : plans) job.plans.push_back(&p);
+    const std::vector<int64_t> in_strides = contiguous_strides(x.shape());
     dispatch_elem_size(es, [&](auto sz) {
-      nearest_level<decltype(sz)::value>(job, 0, 0, static_cast<std::byte*>(y.raw()));
+      nearest_rows<decltype(sz)::value>(static_cast<const std::byte*>(x.raw()), static_cast<std::byte*>(y.raw()),
+                                        plans, in_strides, extrap.data(), es);
     });
   }
 
@@ -408,7 +447,8 @@ class ResizeKernel : public Kernel {
         buf.resize(static_cast<size_t>(shape_numel(cur_shape)));
         dst = buf.data();
       }
-      interp_pass<C>(cur, dst, outer, inner, plans[d], extrap);
+      if (plans[d].taps == 2) interp_pass<2, C>(cur, dst, outer, inner, plans[d], extrap);
+      else interp_pass<4, C>(cur, dst, outer, inner, plans[d], extrap);
       cur = dst;
     }
     if constexpr (!std::is_same_v<T, C>) {

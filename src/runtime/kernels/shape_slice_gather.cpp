@@ -133,12 +133,17 @@ class GatherKernel : public Kernel {
     // One block (everything right of the axis) per index: a single load for scalars, memcpy for rows.
     dispatch_elem_size(block, [&](auto sz) {
       constexpr size_t N = decltype(sz)::value;
-      const int64_t bs = static_cast<int64_t>(block);
-      for (int64_t o = 0; o < outer; ++o) {
-        const std::byte* s = src + o * dim * bs;
-        std::byte* d = dst + o * n * bs;
-        for (int64_t k = 0; k < n; ++k) copy_elem<N>(d + k * bs, s + idx[static_cast<size_t>(k)] * bs, block);
-      }
+      // Work unit u = (outer index u / n, index u % n); chunks run in parallel when large.
+      parallel_chunks(outer * n, outer * n * static_cast<int64_t>(block) * 2, [&](int64_t u0, int64_t u1) {
+        // Locals, not captures: byte stores may alias anything whose address escaped.
+        const int64_t bs = static_cast<int64_t>(block), cnt = n, axis_dim = dim;
+        const size_t size = block;
+        const int64_t* ip = idx.data();
+        for (int64_t u = u0; u < u1; ++u) {
+          const int64_t o = u / cnt, k = u % cnt;
+          copy_elem<N>(dst + u * bs, src + (o * axis_dim + ip[k]) * bs, size);
+        }
+      });
     });
   }
 
@@ -182,14 +187,18 @@ class GatherElementsKernel : public Kernel {
     const int64_t last_stride = axis == r - 1 ? 0 : xs[r - 1];
     dispatch_elem_size(es, [&](auto sz) {
       constexpr size_t N = decltype(sz)::value;
-      const int64_t e = static_cast<int64_t>(es);
+      // Locals, not captures: byte stores may alias anything whose address escaped.
+      const int64_t e = static_cast<int64_t>(es), n_last = last, step = last_stride, ax = ax_stride;
+      const size_t size = es;
       const int64_t* ip = idx.data();
+      const std::byte* in = src;
+      std::byte* out = dst;
       for (int64_t row = 0; row < rows; ++row) {
         int64_t base = 0;
         for (size_t d = 0; d + 1 < r; ++d)
           if (d != axis) base += pos[d] * xs[d];
-        for (int64_t j = 0; j < last; ++j, ++ip)
-          copy_elem<N>(dst + (row * last + j) * e, src + (base + j * last_stride + *ip * ax_stride) * e, es);
+        for (int64_t j = 0; j < n_last; ++j, ++ip)
+          copy_elem<N>(out + (row * n_last + j) * e, in + (base + j * step + *ip * ax) * e, size);
         for (size_t d = r - 1; d-- > 0;) {
           if (++pos[d] < idx_t.dim(d)) break;
           pos[d] = 0;
