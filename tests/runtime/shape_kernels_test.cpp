@@ -97,6 +97,14 @@ TEST(ShapeKernels, ViewOpsDoNotCopy) {
   EXPECT_EQ(run_op(make_node("Unsqueeze", 2, 1), 13, {x, ints({-1})})[0].raw(), x.raw());
   EXPECT_EQ(run_op(make_node("Identity", 1, 1), 16, {x})[0].raw(), x.raw());
   EXPECT_EQ(run_op(make_node("Dropout", 1, 1), 13, {x})[0].raw(), x.raw());
+  // Data-movement ops whose result is the whole input unchanged return it as a view too.
+  ir::Node cat = make_node("Concat", 1, 1);
+  cat.attrs["axis"] = int64_t{1};
+  EXPECT_EQ(run_op(cat, 13, {x})[0].raw(), x.raw());
+  EXPECT_EQ(run_op(make_node("Slice", 3, 1), 13, {x, ints({0}), ints({INT64_MAX})})[0].raw(), x.raw());
+  EXPECT_EQ(run_op(make_node("Expand", 2, 1), 13, {x, ints({1, 1})})[0].raw(), x.raw());
+  EXPECT_EQ(run_op(make_node("Tile", 2, 1), 13, {x, ints({1, 1, 1, 1})})[0].raw(), x.raw());
+  EXPECT_EQ(run_op(make_node("Pad", 2, 1), 13, {x, ints({0, 0, 0, 0, 0, 0, 0, 0})})[0].raw(), x.raw());
 }
 
 TEST(ShapeKernels, ReshapeRules) {
@@ -234,6 +242,7 @@ TEST(ShapeKernels, SqueezeUnsqueezeAttributeFormsBeforeOpset13) {
   sq.attrs["axes"] = std::vector<int64_t>{-2};
   EXPECT_EQ(run_op(sq, 11, {x})[0].shape(), (Shape{1, 3, 5}));
   EXPECT_EQ(run_op(make_node("Squeeze", 1, 1), 13, {x})[0].shape(), (Shape{3, 5}));  // no axes: all 1s
+  EXPECT_EQ(run_op(make_node("Squeeze", 2, 1), 13, {x, ints({})})[0].shape(), (Shape{3, 5}));  // empty axes too
   ir::Node un = make_node("Unsqueeze", 1, 1);
   un.attrs["axes"] = std::vector<int64_t>{0, 5};
   EXPECT_EQ(run_op(un, 11, {x})[0].shape(), (Shape{1, 1, 3, 1, 5, 1}));

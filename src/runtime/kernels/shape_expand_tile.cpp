@@ -23,6 +23,10 @@ class ExpandKernel : public Kernel {
       fail(ErrorKind::kInvalidArgument, node.describe() + ": " + e.what());
     }
     checked_numel(out_shape, node, "output shape");
+    if (out_shape == x.shape()) {  // nothing to broadcast: a view
+      ctx.set_output(0, x);
+      return;
+    }
     // Input dims align to the right; broadcast dims read with stride 0.
     const size_t r = out_shape.size(), off = r - x.rank();
     const std::vector<int64_t> xs = contiguous_strides(x.shape());
@@ -73,6 +77,10 @@ class TileKernel : public Kernel {
       view[2 * d + 1] = x.dim(d);
       strides[2 * d] = 0;
       strides[2 * d + 1] = xs[d];
+    }
+    if (out_shape == x.shape()) {  // all repeats 1: a view
+      ctx.set_output(0, x);
+      return;
     }
     Tensor& y = ctx.allocate_output(0, x.dtype(), out_shape);
     strided_copy(y.raw(), x.raw(), view, strides, dtype_size(x.dtype()));

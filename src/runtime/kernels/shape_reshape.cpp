@@ -118,11 +118,12 @@ class SqueezeKernel : public Kernel {
     const Tensor& x = ctx.input(0);
     const int64_t r = static_cast<int64_t>(x.rank());
     Shape out;
-    if (!axes_.present(ctx)) {  // no axes: drop every size-1 dim
+    const std::vector<int64_t> given = axes_.get(ctx);
+    if (given.empty()) {  // no (or empty) axes: drop every size-1 dim, as ONNX Runtime does
       for (int64_t d : x.shape())
         if (d != 1) out.push_back(d);
     } else {
-      const std::vector<int64_t> axes = normalize_axes(axes_.get(ctx), r, ctx.node());
+      const std::vector<int64_t> axes = normalize_axes(given, r, ctx.node());
       size_t k = 0;
       for (int64_t d = 0; d < r; ++d) {
         if (k < axes.size() && axes[k] == d) {

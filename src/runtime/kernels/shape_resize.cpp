@@ -359,19 +359,21 @@ class ResizeKernel : public Kernel {
         out_shape[d] = static_cast<int64_t>(std::floor(static_cast<float>(x.dim(d)) * (hi - lo) * scales[d]));
       }
     }
-    Tensor& y = ctx.allocate_output(0, x.dtype(), out_shape);
-    if (y.numel() == 0) return;
-    if (r == 0) {
-      std::memcpy(y.raw(), x.raw(), dtype_size(x.dtype()));
-      return;
-    }
     std::vector<AxisPlan> plans(r);
+    bool identity = true;
     for (size_t d = 0; d < r; ++d) {
       const float lo = roi.empty() ? 0.f : roi[d], hi = roi.empty() ? 1.f : roi[d + r];
       const float len_resized = sizes.empty() ? axis_scale[d] * static_cast<float>(x.dim(d))
                                               : static_cast<float>(out_shape[d]);
       plans[d] = plan_axis(a_, x.dim(d), out_shape[d], axis_scale[d], len_resized, lo, hi);
+      identity = identity && plans[d].identity;
     }
+    if (identity) {  // every output coordinate lands on its own input element: a view
+      ctx.set_output(0, x);
+      return;
+    }
+    Tensor& y = ctx.allocate_output(0, x.dtype(), out_shape);
+    if (y.numel() == 0) return;
     if (a_.mode == Mode::kNearest) run_nearest(x, y, plans);
     else run_interpolated(node, x, y, plans);
   }
