@@ -196,6 +196,45 @@ TEST(ShapeKernels, TransposeFastPathsNchwNhwcAndMatrix) {
   EXPECT_EQ(y.data<int16_t>()[1], 12);  // y[0][0][1] = x[1][0][0]
 }
 
+// Copies of several MB take the multi-threaded paths (tiles, rows and blocks split over a team).
+TEST(ShapeKernels, LargeCopiesSplitAcrossThreadsMatchReference) {
+  const Shape shape{2, 48, 96, 97};
+  const Tensor x = iota_tensor<float>(shape);
+  for (const std::vector<int64_t>& perm : {std::vector<int64_t>{0, 2, 3, 1}, std::vector<int64_t>{0, 1, 3, 2},
+                                           std::vector<int64_t>{2, 0, 1, 3}}) {
+    ir::Node n = make_node("Transpose", 1, 1);
+    n.attrs["perm"] = perm;
+    const Tensor y = run_op(n, 13, {x})[0];
+    Tensor want(DType::kFloat32, y.shape());
+    reference_transpose(static_cast<const std::byte*>(x.raw()), static_cast<std::byte*>(want.raw()), shape, perm, 4);
+    ASSERT_EQ(std::memcmp(y.raw(), want.raw(), y.nbytes()), 0) << "perm " << shape_str(perm);
+  }
+  // Split into 3 along C (few big blocks per row), concatenate back.
+  ir::Node sp = make_node("Split", 2, 3);
+  sp.attrs["axis"] = int64_t{1};
+  const auto parts = run_op(sp, 13, {x, ints({16, 31, 1})});
+  ir::Node cat = make_node("Concat", 3, 1);
+  cat.attrs["axis"] = int64_t{1};
+  const Tensor back = run_op(cat, 13, {parts[0], parts[1], parts[2]})[0];
+  ASSERT_EQ(std::memcmp(back.raw(), x.raw(), x.nbytes()), 0);
+  // Split along the outermost axis: one block per output, split into pieces across threads.
+  ir::Node sp0 = make_node("Split", 1, 2);
+  const auto halves = run_op(sp0, 13, {x});
+  ASSERT_EQ(std::memcmp(halves[1].raw(), x.data<float>() + x.numel() / 2, halves[1].nbytes()), 0);
+  // Strided slice rows.
+  const Tensor y = run_op(make_node("Slice", 5, 1), 13,
+                          {x, ints({1, -1}), ints({INT64_MAX, INT64_MIN}), ints({2, 3}), ints({3, -2})})[0];
+  ASSERT_EQ(y.shape(), (Shape{2, 48, 32, 49}));
+  const float* yp = y.data<float>();
+  bool ok = true;
+  for (int64_t n = 0; n < 2; ++n)
+    for (int64_t c = 0; c < 48; ++c)
+      for (int64_t h = 0; h < 32; ++h)
+        for (int64_t w = 0; w < 49; ++w)
+          ok = ok && *yp++ == static_cast<float>(((n * 48 + c) * 96 + 1 + 3 * h) * 97 + 96 - 2 * w);
+  EXPECT_TRUE(ok);
+}
+
 // ---- Slice -------------------------------------------------------------------------------------
 
 TEST(ShapeKernels, SliceNegativeStepsOnInt8) {

@@ -66,6 +66,11 @@ void parallel_chunks(int64_t n, int64_t bytes, Fn&& fn) {
 // Writes `count` copies of the elem_size-byte pattern at `value` to dst.
 void fill_elems(void* dst, const void* value, size_t elem_size, int64_t count);
 
+// Copies `count` blocks of `block` bytes, block i from src + i * src_stride to dst + i * dst_stride
+// (byte strides): the row copies of Concat/Split. Large copies are split across threads, by blocks
+// or, when blocks are few and big, by pieces of blocks.
+void copy_blocks(void* dst, int64_t dst_stride, const void* src, int64_t src_stride, int64_t count, size_t block);
+
 // dst (contiguous, row-major with `shape`) = the strided view of src where the element at
 // multi-index i is src + sum_d i[d] * src_strides[d] elements (strides may be 0 or negative).
 // Size-1 dims are dropped and dims that are contiguous in src are merged first, so a view that is

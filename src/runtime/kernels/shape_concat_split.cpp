@@ -55,9 +55,7 @@ class ConcatKernel : public Kernel {
     for (const Tensor* t : ins) {
       const size_t block = static_cast<size_t>(t->dim(axis) * inner) * es;
       if (block == 0) continue;
-      const auto* src = static_cast<const std::byte*>(t->raw());
-      for (int64_t o = 0; o < outer; ++o)
-        std::memcpy(dst + static_cast<size_t>(o) * row + offset, src + static_cast<size_t>(o) * block, block);
+      copy_blocks(dst + offset, static_cast<int64_t>(row), t->raw(), static_cast<int64_t>(block), outer, block);
       offset += block;
     }
   }
@@ -120,10 +118,8 @@ class SplitKernel : public Kernel {
       if (output_requested(ctx, i)) {
         Shape s = x.shape();
         s[axis] = split[i];
-        auto* dst = static_cast<std::byte*>(ctx.allocate_output(i, x.dtype(), s).raw());
-        if (block)
-          for (int64_t o = 0; o < outer; ++o)
-            std::memcpy(dst + static_cast<size_t>(o) * block, src + static_cast<size_t>(o) * row + offset, block);
+        Tensor& y = ctx.allocate_output(i, x.dtype(), s);
+        copy_blocks(y.raw(), static_cast<int64_t>(block), src + offset, static_cast<int64_t>(row), outer, block);
       }
       offset += block;
     }

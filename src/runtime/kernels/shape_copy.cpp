@@ -168,6 +168,24 @@ void fill_elems(void* dst, const void* value, size_t elem_size, int64_t count) {
   });
 }
 
+void copy_blocks(void* dst_v, int64_t dst_stride, const void* src_v, int64_t src_stride, int64_t count,
+                 size_t block) {
+  if (count <= 0 || block == 0) return;
+  auto* dst = static_cast<std::byte*>(dst_v);
+  const auto* src = static_cast<const std::byte*>(src_v);
+  // Pieces of at most 64 KB so that a single big block still spreads over the team.
+  const int64_t pieces = std::max<int64_t>(1, static_cast<int64_t>(block >> 16));
+  const int64_t units = count * pieces;
+  parallel_chunks(units, count * static_cast<int64_t>(block), [&](int64_t u0, int64_t u1) {
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t i = u / pieces, k = u % pieces;
+      const size_t b = block * static_cast<size_t>(k) / static_cast<size_t>(pieces);
+      const size_t e = block * static_cast<size_t>(k + 1) / static_cast<size_t>(pieces);
+      std::memcpy(dst + i * dst_stride + static_cast<int64_t>(b), src + i * src_stride + static_cast<int64_t>(b), e - b);
+    }
+  });
+}
+
 void strided_copy(void* dst_v, const void* src_v, const Shape& shape, const std::vector<int64_t>& src_strides,
                   size_t elem_size) {
   auto* dst = static_cast<std::byte*>(dst_v);
