@@ -190,8 +190,14 @@ struct ConvCase {
 const ConvCase kConvCases[] = {
     {"plain3x3", {2, 8, 9, 9}, {16, 8, 3, 3}, {.pad_t = 1, .pad_l = 1, .pad_b = 1, .pad_r = 1}},
     {"pointwise", {2, 16, 12, 12}, {24, 16, 1, 1}, {}},
-    {"depthwise", {1, 12, 10, 10}, {12, 1, 3, 3}, {.group = 12, .stride_h = 2, .stride_w = 2, .pad_t = 1, .pad_l = 1, .pad_b = 1, .pad_r = 1}},
-    {"groups_dilation_asym", {1, 6, 11, 13}, {9, 2, 3, 2}, {.group = 3, .stride_h = 2, .dil_h = 2, .dil_w = 3, .pad_t = 2, .pad_l = 0, .pad_b = 1, .pad_r = 3}},
+    {"depthwise",
+     {1, 12, 10, 10},
+     {12, 1, 3, 3},
+     {.group = 12, .stride_h = 2, .stride_w = 2, .pad_t = 1, .pad_l = 1, .pad_b = 1, .pad_r = 1}},
+    {"groups_dilation_asym",
+     {1, 6, 11, 13},
+     {9, 2, 3, 2},
+     {.group = 3, .stride_h = 2, .dil_h = 2, .dil_w = 3, .pad_t = 2, .pad_l = 0, .pad_b = 1, .pad_r = 3}},
 };
 
 TEST(DnnlConv, MatchesReferenceInBothLayoutsAndBothWeightPaths) {
@@ -238,17 +244,23 @@ std::vector<ir::FusedActivation> all_fused_activations() {
 }
 
 TEST(DnnlConv, FusedActivationsMatchUnfusedPlusActivation) {
-  const ConvCase& c = kConvCases[0];
-  const Tensor x = random_tensor(c.x, 8), w = random_tensor(c.w, 9), b = random_tensor({c.w[0]}, 10);
-  const Tensor plain = Harness(conv_node(c.p), make_conv, {{1, w}, {2, b}}).run({x, w, b})[0];
-  for (const ir::FusedActivation& f : all_fused_activations()) {
-    SCOPED_TRACE(f.op);
-    ir::Node n = conv_node(c.p);
-    n.fused = f;
-    Tensor want = plain.clone();
-    for (float& v : want.values<float>()) v = reference_activation(f, v);
-    expect_close(Harness(n, make_conv, {{1, w}, {2, b}}).run({x, w, b})[0], want);
-    expect_close(Harness(n, make_conv).run({x, w, b})[0], want);
+  // Blocked layout: the activation is a post-op; plain layout: a separate in-place eltwise pass.
+  for (const ConvCase& c : {kConvCases[0], kConvCases[1]}) {
+    const Tensor x = random_tensor(c.x, 8, -2, 2), w = random_tensor(c.w, 9), b = random_tensor({c.w[0]}, 10);
+    const Tensor unfused = Harness(conv_node(c.p), make_conv, {{1, w}, {2, b}}).run({x, w, b})[0];
+    for (ConvLayout layout : {ConvLayout::kAuto, ConvLayout::kPlain, ConvLayout::kBlocked}) {
+      set_conv_layout_override(layout);
+      for (const ir::FusedActivation& f : all_fused_activations()) {
+        SCOPED_TRACE(std::string(c.name) + " " + f.op + " layout " + std::to_string(static_cast<int>(layout)));
+        ir::Node n = conv_node(c.p);
+        n.fused = f;
+        Tensor want = unfused.clone();
+        for (float& v : want.values<float>()) v = reference_activation(f, v);
+        expect_close(Harness(n, make_conv, {{1, w}, {2, b}}).run({x, w, b})[0], want);
+        expect_close(Harness(n, make_conv).run({x, w, b})[0], want);
+      }
+    }
+    set_conv_layout_override(ConvLayout::kAuto);
   }
 }
 

@@ -109,7 +109,8 @@ WindowGeometry forward_geometry(const ir::Node& node, const WindowAttrs& a, cons
 
 namespace {
 bool known_activation(const std::string& op) {
-  static const char* kOps[] = {"Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Elu", "Gelu"};
+  static const char* kOps[] = {"Relu", "Clip",        "LeakyRelu", "Sigmoid", "Tanh",
+                               "HardSigmoid", "HardSwish", "Elu",       "Gelu"};
   return std::any_of(std::begin(kOps), std::end(kOps), [&](const char* k) { return op == k; });
 }
 }  // namespace
@@ -122,23 +123,45 @@ void check_fused_activation(const ir::Node& node) {
                                       "Tanh, HardSigmoid, HardSwish, Elu, Gelu)");
 }
 
-void append_fused_activation(dnnl::post_ops& ops, const ir::Node& node) {
+namespace {
+struct EltwiseStep {
+  dnnl::algorithm alg;
+  float alpha, beta;
+};
+
+std::vector<EltwiseStep> activation_steps(const ir::Node& node) {
   using alg = dnnl::algorithm;
   const ir::FusedActivation& f = node.fused;
-  if (f.op.empty()) return;
+  if (f.op.empty()) return {};
   check_fused_activation(node);
-  if (f.op == "Relu") ops.append_eltwise(1.f, alg::eltwise_relu, 0.f, 0.f);
-  else if (f.op == "LeakyRelu") ops.append_eltwise(1.f, alg::eltwise_relu, f.alpha, 0.f);
-  else if (f.op == "Clip") ops.append_eltwise(1.f, alg::eltwise_clip, f.alpha, f.beta);
-  else if (f.op == "Sigmoid") ops.append_eltwise(1.f, alg::eltwise_logistic, 0.f, 0.f);
-  else if (f.op == "Tanh") ops.append_eltwise(1.f, alg::eltwise_tanh, 0.f, 0.f);
-  else if (f.op == "HardSigmoid") {
-    // max(0, min(1, alpha*x + beta)): oneDNN 2.6 has no hardsigmoid, so linear then clip.
-    ops.append_eltwise(1.f, alg::eltwise_linear, f.alpha, f.beta);
-    ops.append_eltwise(1.f, alg::eltwise_clip, 0.f, 1.f);
-  } else if (f.op == "HardSwish") ops.append_eltwise(1.f, alg::eltwise_hardswish, 0.f, 0.f);
-  else if (f.op == "Elu") ops.append_eltwise(1.f, alg::eltwise_elu, f.alpha, 0.f);
-  else if (f.op == "Gelu") ops.append_eltwise(1.f, alg::eltwise_gelu_erf, 0.f, 0.f);
+  if (f.op == "Relu") return {{alg::eltwise_relu, 0.f, 0.f}};
+  if (f.op == "LeakyRelu") return {{alg::eltwise_relu, f.alpha, 0.f}};
+  if (f.op == "Clip") return {{alg::eltwise_clip, f.alpha, f.beta}};
+  if (f.op == "Sigmoid") return {{alg::eltwise_logistic, 0.f, 0.f}};
+  if (f.op == "Tanh") return {{alg::eltwise_tanh, 0.f, 0.f}};
+  // max(0, min(1, alpha*x + beta)): oneDNN 2.6 has no hardsigmoid, so linear then clip.
+  if (f.op == "HardSigmoid") return {{alg::eltwise_linear, f.alpha, f.beta}, {alg::eltwise_clip, 0.f, 1.f}};
+  if (f.op == "HardSwish") return {{alg::eltwise_hardswish, 0.f, 0.f}};
+  if (f.op == "Elu") return {{alg::eltwise_elu, f.alpha, 0.f}};
+  return {{alg::eltwise_gelu_erf, 0.f, 0.f}};  // Gelu (check_fused_activation rejected the rest)
+}
+}  // namespace
+
+void append_fused_activation(dnnl::post_ops& ops, const ir::Node& node) {
+  for (const EltwiseStep& e : activation_steps(node)) ops.append_eltwise(1.f, e.alg, e.alpha, e.beta);
+}
+
+std::vector<dnnl::eltwise_forward> make_activation_primitives(const ir::Node& node, const memory::desc& desc) {
+  // One primitive per step: an eltwise primitive with eltwise post-ops falls back to oneDNN's
+  // reference implementation (measured 100x slower than two JIT passes).
+  std::vector<dnnl::eltwise_forward> out;
+  using ef = dnnl::eltwise_forward;
+  for (const EltwiseStep& e : activation_steps(node))
+    out.emplace_back(make_pd(node, "the fused activation", [&] {
+      return ef::primitive_desc(ef::desc(dnnl::prop_kind::forward_inference, e.alg, desc, e.alpha, e.beta),
+                                base_attr(), dnnl_engine());
+    }));
+  return out;
 }
 
 void reject_fused_activation(const ir::Node& node) {
@@ -150,6 +173,19 @@ void reject_fused_activation(const ir::Node& node) {
 memory::desc plain_desc(const Shape& shape, dt type) {
   if (shape.empty()) return memory::desc({1}, type, memory::format_tag::a);
   return memory::desc(to_dnnl_dims(shape), type, plain_tag(shape.size()));
+}
+
+memory::format_tag blocked_channel_tag(size_t rank) {
+  using tag = memory::format_tag;
+  const int isa = static_cast<int>(dnnl::get_effective_cpu_isa());
+  const int avx512 = static_cast<int>(dnnl::cpu_isa::avx512_core);
+  const bool wide = (isa & avx512) == avx512;  // ISA values are cumulative bit sets
+  switch (rank) {
+    case 3: return wide ? tag::nCw16c : tag::nCw8c;
+    case 4: return wide ? tag::nChw16c : tag::nChw8c;
+    case 5: return wide ? tag::nCdhw16c : tag::nCdhw8c;
+    default: fail(ErrorKind::kInternal, "no channel-blocked layout for rank " + std::to_string(rank));
+  }
 }
 
 memory wrap(const memory::desc& desc, const void* data) {
@@ -165,11 +201,6 @@ dnnl::primitive_attr base_attr() {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   return attr;
-}
-
-void add_scratchpad(std::unordered_map<int, memory>& args, const memory::desc& scratchpad_desc) {
-  if (scratchpad_desc.get_size() > 0)
-    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl_scratch_memory(DnnlScratch::kScratchpad, scratchpad_desc));
 }
 
 void require_float32(const ir::Node& node, const Tensor& t, const char* what) {
@@ -203,48 +234,39 @@ const memory& PackedWeights::get(const memory::desc& want) {
   return packed_.back().second;
 }
 
-memory reorder_into_scratch(const memory& src, const memory::desc& dst_desc, DnnlScratch slot) {
-  if (src.get_desc() == dst_desc) return src;
-  memory in = src;  // a handle copy: reorder::execute takes non-const references
-  memory dst = dnnl_scratch_memory(slot, dst_desc);
-  dnnl::reorder(in, dst).execute(dnnl_stream(), in, dst);
-  dnnl_stream().wait();
-  return dst;
-}
-
 std::optional<dnnl::reorder> make_reorder(const memory::desc& from, const memory::desc& to) {
   if (from == to) return std::nullopt;
   return dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), from, dnnl_engine(), to));
 }
 
-void run_conv_like(const ConvLikePlan& p, const Tensor& x, const Tensor* runtime_w, PackedWeights& packed,
-                   const Tensor* bias, Tensor& y) {
-  dnnl::stream& s = dnnl_stream();
-  memory src = wrap(p.src_user, x.raw());
-  if (p.src_reorder) {
-    memory blocked = dnnl_scratch_memory(DnnlScratch::kSrc, p.src_desc);
-    p.src_reorder->execute(s, src, blocked);
-    src = blocked;
-  }
-  memory weights;
-  if (runtime_w) {
-    weights = wrap(p.weights_user, runtime_w->raw());
-    if (p.weights_reorder) {
-      memory reordered = dnnl_scratch_memory(DnnlScratch::kWeights, p.weights_desc);
-      p.weights_reorder->execute(s, weights, reordered);
-      weights = reordered;
-    }
-  } else {
-    weights = packed.get(p.weights_desc);
-  }
-  memory dst_user = wrap(p.dst_user, y.raw());
-  memory dst = p.dst_reorder ? dnnl_scratch_memory(DnnlScratch::kDst, p.dst_desc) : dst_user;
+memory unbound_memory(const memory::desc& desc) { return memory(desc, dnnl_engine(), DNNL_MEMORY_NONE); }
 
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}};
-  if (bias) args.emplace(DNNL_ARG_BIAS, wrap(p.bias_user, bias->raw()));
-  add_scratchpad(args, p.scratchpad_desc);
-  p.prim.execute(s, args);
-  if (p.dst_reorder) p.dst_reorder->execute(s, dst, dst_user);
+void bind_scratchpad(memory& scratchpad) {
+  const size_t size = scratchpad.get_desc().get_size();
+  if (size > 0) scratchpad.set_data_handle(dnnl_scratch(DnnlScratch::kScratchpad, size));
+}
+
+void run_conv_like(ConvLikePlan& p, const Tensor& x, const Tensor* runtime_w, const Tensor* bias, Tensor& y) {
+  dnnl::stream& s = dnnl_stream();
+  p.src_user_mem.set_data_handle(const_cast<void*>(x.raw()));
+  if (p.src_reorder) {
+    p.src_mem.set_data_handle(dnnl_scratch(DnnlScratch::kSrc, p.src_desc.get_size()));
+    p.src_reorder->execute(s, p.src_reorder_args);
+  }
+  if (runtime_w) {
+    p.weights_user_mem.set_data_handle(const_cast<void*>(runtime_w->raw()));
+    if (p.weights_reorder) {
+      p.weights_mem.set_data_handle(dnnl_scratch(DnnlScratch::kWeights, p.weights_desc.get_size()));
+      p.weights_reorder->execute(s, p.weights_reorder_args);
+    }
+  }
+  if (bias) p.bias_mem.set_data_handle(const_cast<void*>(bias->raw()));
+  p.dst_user_mem.set_data_handle(y.raw());
+  if (p.dst_reorder) p.dst_mem.set_data_handle(dnnl_scratch(DnnlScratch::kDst, p.dst_desc.get_size()));
+  bind_scratchpad(p.scratchpad_mem);
+  p.prim.execute(s, p.args);
+  if (p.dst_reorder) p.dst_reorder->execute(s, p.dst_reorder_args);
+  for (const dnnl::eltwise_forward& a : p.activations) a.execute(s, p.activation_args);
   s.wait();
 }
 

@@ -2,6 +2,7 @@
 // Pieces shared by the oneDNN FP32 kernels: window geometry (Conv, ConvTranspose, pools), fused
 // activations as eltwise post-ops, a small per-shape primitive cache, weights prepacked per
 // layout, and thin execution helpers. Kernel inputs and outputs are always plain row-major tensors.
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,7 +23,7 @@ using dt = memory::data_type;
 enum class AutoPad { kNotSet, kSameUpper, kSameLower, kValid };
 
 // Spatial attributes of windowed ops, parsed once at kernel creation. Vectors stay empty when the
-// attribute is absent; resolve() fills defaults once the number of spatial dims is known.
+// attribute is absent; resolved() fills defaults once the number of spatial dims is known.
 struct WindowAttrs {
   std::vector<int64_t> kernel;     // kernel_shape
   std::vector<int64_t> strides;    // default 1
@@ -52,6 +53,10 @@ WindowGeometry forward_geometry(const ir::Node& node, const WindowAttrs& a, cons
 // Throws kUnsupported naming the node for an activation oneDNN post-ops cannot express.
 void check_fused_activation(const ir::Node& node);
 void append_fused_activation(dnnl::post_ops& ops, const ir::Node& node);
+// The fused activation as standalone eltwise primitives to run in place over `desc` (empty when the
+// node has none), for primitives whose own post-ops are slow (oneDNN 2.6's GEMM-based convolution
+// applies them with a scalar reference loop, 10-30x slower than its JIT eltwise).
+std::vector<dnnl::eltwise_forward> make_activation_primitives(const ir::Node& node, const memory::desc& desc);
 // For kernels without post-op support: throws kUnsupported if the node carries an activation.
 void reject_fused_activation(const ir::Node& node);
 
@@ -69,6 +74,9 @@ auto make_pd(const ir::Node& node, const std::string& what, F&& f) -> decltype(f
 
 // A plain row-major f32 (or `type`) descriptor; rank 0 becomes {1}.
 memory::desc plain_desc(const Shape& shape, dt type = dt::f32);
+// Channel-blocked activation layout oneDNN's JIT kernels use on this CPU (nChw16c with AVX-512,
+// nChw8c otherwise) for a tensor of `rank` 3 to 5.
+memory::format_tag blocked_channel_tag(size_t rank);
 // A oneDNN memory over existing data (oneDNN takes a non-const pointer even for inputs).
 memory wrap(const memory::desc& desc, const void* data);
 // Executes on the shared stream and waits.
@@ -76,8 +84,6 @@ void execute(const dnnl::primitive& p, const std::unordered_map<int, memory>& ar
 // The attribute every kernel uses: user-managed scratchpad (a shared per-thread buffer, see
 // DnnlScratch::kScratchpad) so primitives do not each hold their own.
 dnnl::primitive_attr base_attr();
-// Adds DNNL_ARG_SCRATCHPAD for pd to args.
-void add_scratchpad(std::unordered_map<int, memory>& args, const memory::desc& scratchpad_desc);
 
 // Input checks with messages naming the node and the input.
 void require_float32(const ir::Node& node, const Tensor& t, const char* what);
@@ -85,28 +91,48 @@ void require_float32(const ir::Node& node, const Tensor& t, const char* what);
 bool output_requested(const KernelContext& ctx, size_t i);
 
 // Primitives and their descriptors cached by the input shapes they were built for: shapes
-// change rarely (batch size), so a linear scan over a handful of entries is the cheapest lookup.
+// change rarely (batch size), so a linear scan over a handful of entries is the cheapest lookup,
+// and a hit allocates nothing. A null shape stands for an absent optional input; `tag` carries
+// anything else the plan depends on (a dtype, a flag).
 template <class V>
 class ShapeCache {
  public:
   template <class Make>
-  V& get(const std::vector<Shape>& key, Make&& make) {
-    if (last_ < entries_.size() && entries_[last_].first == key) return *entries_[last_].second;
+  V& get(std::initializer_list<const Shape*> shapes, Make&& make, int64_t tag = 0) {
+    if (last_ < entries_.size() && matches(entries_[last_], shapes, tag)) return *entries_[last_].value;
     for (size_t i = 0; i < entries_.size(); ++i)
-      if (entries_[i].first == key) {
+      if (matches(entries_[i], shapes, tag)) {
         last_ = i;
-        return *entries_[i].second;
+        return *entries_[i].value;
       }
     if (entries_.size() >= kMaxEntries) entries_.erase(entries_.begin());
-    entries_.emplace_back(key, std::make_unique<V>(make()));
+    Entry e;
+    for (const Shape* s : shapes) e.shapes.push_back(s ? std::optional<Shape>(*s) : std::nullopt);
+    e.tag = tag;
+    e.value = std::make_unique<V>(make());
+    entries_.push_back(std::move(e));
     last_ = entries_.size() - 1;
-    return *entries_.back().second;
+    return *entries_.back().value;
   }
   size_t size() const { return entries_.size(); }
 
  private:
+  struct Entry {
+    std::vector<std::optional<Shape>> shapes;
+    int64_t tag = 0;
+    std::unique_ptr<V> value;
+  };
+  static bool matches(const Entry& e, std::initializer_list<const Shape*> shapes, int64_t tag) {
+    if (e.tag != tag || e.shapes.size() != shapes.size()) return false;
+    size_t i = 0;
+    for (const Shape* s : shapes) {
+      const std::optional<Shape>& have = e.shapes[i++];
+      if (have.has_value() != (s != nullptr) || (s && *have != *s)) return false;
+    }
+    return true;
+  }
   static constexpr size_t kMaxEntries = 8;
-  std::vector<std::pair<std::vector<Shape>, std::unique_ptr<V>>> entries_;
+  std::vector<Entry> entries_;
   size_t last_ = 0;
 };
 
@@ -126,38 +152,66 @@ class PackedWeights {
   std::vector<std::pair<memory::desc, memory>> packed_;
 };
 
-// Reorders `src` into `dst_desc` using the scratch slot when layouts differ; returns src itself
-// when they already match.
-memory reorder_into_scratch(const memory& src, const memory::desc& dst_desc, DnnlScratch slot);
-
 // A reorder primitive from one layout to another, or nullopt when they are the same.
 std::optional<dnnl::reorder> make_reorder(const memory::desc& from, const memory::desc& to);
 
+// A oneDNN memory made once for a plan (no data yet); run() points it at each call's data with
+// set_data_handle, which is much cheaper than creating memory objects per call.
+memory unbound_memory(const memory::desc& desc);
+// Points a plan's scratchpad memory at the shared scratchpad buffer (no-op when it needs none).
+void bind_scratchpad(memory& scratchpad);
+
 // A convolution-like primitive (Conv, ConvTranspose) plus the reorders between the plain tensors
-// the kernel exchanges and the layouts the primitive picked.
+// the kernel exchanges and the layouts the primitive picked, with its argument memories bound once.
 struct ConvLikePlan {
   dnnl::primitive prim;
-  memory::desc src_desc, weights_desc, dst_desc, scratchpad_desc;  // chosen by the primitive
-  memory::desc src_user, weights_user, dst_user, bias_user;        // as the tensors are stored
+  memory::desc src_desc, weights_desc, dst_desc;             // chosen by the primitive
+  memory::desc src_user, weights_user, dst_user, bias_user;  // as the tensors are stored
   std::optional<dnnl::reorder> src_reorder, weights_reorder, dst_reorder;
   Shape out_shape;
+  // src/weights/dst are the user memories themselves when no reorder is needed.
+  memory src_user_mem, src_mem, weights_user_mem, weights_mem, bias_mem, dst_mem, dst_user_mem, scratchpad_mem;
+  std::unordered_map<int, memory> args, src_reorder_args, weights_reorder_args, dst_reorder_args;
+  // The fused activation run in place on the output when it is not a post-op of prim.
+  std::vector<dnnl::eltwise_forward> activations;
+  std::unordered_map<int, memory> activation_args;
 
-  // Takes the primitive and its layouts from pd; weights reorder only when W is a runtime input.
+  // Takes the primitive and its layouts from pd and binds the argument memories. packed: the
+  // constant weights (packed now, once per layout), or nullptr when W is a runtime input.
   template <class PrimitiveDesc, class Primitive>
-  void finish(const PrimitiveDesc& pd, bool runtime_weights) {
+  void finish(const PrimitiveDesc& pd, PackedWeights* packed, bool with_bias) {
     prim = Primitive(pd);
     src_desc = pd.src_desc();
     weights_desc = pd.weights_desc();
     dst_desc = pd.dst_desc();
-    scratchpad_desc = pd.scratchpad_desc();
     src_reorder = make_reorder(src_user, src_desc);
     dst_reorder = make_reorder(dst_desc, dst_user);
-    if (runtime_weights) weights_reorder = make_reorder(weights_user, weights_desc);
+    src_user_mem = unbound_memory(src_user);
+    src_mem = src_reorder ? unbound_memory(src_desc) : src_user_mem;
+    dst_user_mem = unbound_memory(dst_user);
+    dst_mem = dst_reorder ? unbound_memory(dst_desc) : dst_user_mem;
+    if (packed) {
+      weights_mem = packed->get(weights_desc);
+    } else {
+      weights_reorder = make_reorder(weights_user, weights_desc);
+      weights_user_mem = unbound_memory(weights_user);
+      weights_mem = weights_reorder ? unbound_memory(weights_desc) : weights_user_mem;
+    }
+    scratchpad_mem = unbound_memory(pd.scratchpad_desc());
+    args = {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, weights_mem}, {DNNL_ARG_DST, dst_mem},
+            {DNNL_ARG_SCRATCHPAD, scratchpad_mem}};
+    if (with_bias) {
+      bias_mem = unbound_memory(bias_user);
+      args.emplace(DNNL_ARG_BIAS, bias_mem);
+    }
+    src_reorder_args = {{DNNL_ARG_FROM, src_user_mem}, {DNNL_ARG_TO, src_mem}};
+    weights_reorder_args = {{DNNL_ARG_FROM, weights_user_mem}, {DNNL_ARG_TO, weights_mem}};
+    dst_reorder_args = {{DNNL_ARG_FROM, dst_mem}, {DNNL_ARG_TO, dst_user_mem}};
+    activation_args = {{DNNL_ARG_SRC, dst_user_mem}, {DNNL_ARG_DST, dst_user_mem}};
   }
 };
 // Runs the plan: x (plain) -> y (plain, already allocated with out_shape). runtime_w is the
-// weights input when they are not constant (nullptr: take them from packed); bias may be null.
-void run_conv_like(const ConvLikePlan& p, const Tensor& x, const Tensor* runtime_w, PackedWeights& packed,
-                   const Tensor* bias, Tensor& y);
+// weights input when they are not constant (nullptr: packed at plan creation); bias may be null.
+void run_conv_like(ConvLikePlan& p, const Tensor& x, const Tensor* runtime_w, const Tensor* bias, Tensor& y);
 
 }  // namespace slimquant::runtime::dnnl_kernels

@@ -27,7 +27,7 @@ struct ConvAttrs {
 // plain NCHW. With plain NCHW oneDNN falls back to im2col + GEMM, which beats the blocked path for
 // 1x1 convolutions (a plain GEMM, no im2col, no reorders) but is far worse for spatial kernels and
 // depthwise convolutions.
-bool prefer_blocked(const Shape& w, const Shape& y, int64_t group) {
+bool prefer_blocked(const Shape& w, const Shape& y, int64_t group, const std::vector<int64_t>& strides) {
   switch (g_layout_override.load()) {
     case ConvLayout::kPlain: return false;
     case ConvLayout::kBlocked: return true;
@@ -35,12 +35,15 @@ bool prefer_blocked(const Shape& w, const Shape& y, int64_t group) {
   }
   bool pointwise = true;
   for (size_t i = 2; i < w.size(); ++i) pointwise = pointwise && w[i] == 1;
+  bool strided = false;
+  for (int64_t s : strides) strided = strided || s > 1;
   int64_t out_pixels = 1;
   for (size_t i = 2; i < y.size(); ++i) out_pixels *= y[i];
   // Measured (1 thread, AVX2, batch 1 and 32): plain wins for ungrouped 1x1 convolutions once the
-  // GEMM has enough columns; on 7x7 maps and for every spatial kernel the blocked layout wins.
+  // GEMM has enough columns, and for strided 1x1 ones (the blocked path reorders the whole input
+  // for a quarter of the outputs); for 1x1 on small maps and every spatial kernel blocked wins.
   constexpr int64_t kPlainPointwiseMinPixels = 128;
-  return !(pointwise && group == 1 && out_pixels >= kPlainPointwiseMinPixels);
+  return !(pointwise && group == 1 && (strided || out_pixels >= kPlainPointwiseMinPixels));
 }
 
 class ConvKernel final : public Kernel {
@@ -69,12 +72,12 @@ class ConvKernel final : public Kernel {
     if (b) require_float32(node_, *b, "bias B");
     const Shape& ws = w ? w->shape() : const_weights_shape_;
 
-    ConvLikePlan& p = plans_.get({x.shape(), ws, b ? b->shape() : Shape{-1}},
+    ConvLikePlan& p = plans_.get({&x.shape(), &ws, b ? &b->shape() : nullptr},
                                  [&] { return make_plan(x.shape(), ws, b ? &b->shape() : nullptr); });
     Tensor& y = ctx.allocate_output(0, DType::kFloat32, p.out_shape);
     if (y.numel() == 0) return;
 
-    run_conv_like(p, x, w, packed_weights_, b, y);
+    run_conv_like(p, x, w, b, y);
   }
 
  private:
@@ -93,7 +96,7 @@ class ConvKernel final : public Kernel {
     return memory::desc(dims, dt::f32, tag);
   }
 
-  ConvLikePlan make_plan(const Shape& xs, const Shape& ws, const Shape* bs) const {
+  ConvLikePlan make_plan(const Shape& xs, const Shape& ws, const Shape* bs) {
     const std::string what = node_.describe();
     const int64_t group = attrs_.group;
     if (xs.size() < 3 || xs.size() > 5)
@@ -133,12 +136,17 @@ class ConvKernel final : public Kernel {
     p.weights_user = weights_desc(ws, memory::format_tag::undef);
     if (bs) p.bias_user = plain_desc(*bs);
 
+    const bool blocked = prefer_blocked(ws, p.out_shape, group, a.strides);
     dnnl::primitive_attr attr = base_attr();
-    dnnl::post_ops ops;
-    append_fused_activation(ops, node_);
-    attr.set_post_ops(ops);
-
-    const bool blocked = prefer_blocked(ws, p.out_shape, group);
+    if (blocked) {
+      dnnl::post_ops ops;
+      append_fused_activation(ops, node_);
+      attr.set_post_ops(ops);
+    } else {
+      // The plain layout runs GEMM-based convolution, whose post-ops are scalar: a separate JIT
+      // eltwise pass over the output is several times faster.
+      p.activations = make_activation_primitives(node_, p.dst_user);
+    }
     auto any = memory::format_tag::any;
     memory::desc src_md = blocked ? memory::desc(to_dnnl_dims(xs), dt::f32, any) : p.src_user;
     memory::desc dst_md = blocked ? memory::desc(to_dnnl_dims(p.out_shape), dt::f32, any) : p.dst_user;
@@ -152,7 +160,7 @@ class ConvKernel final : public Kernel {
                       : cf::desc(pk, alg, src_md, wei_md, dst_md, g.strides, g.dilations, g.pad_begin, g.pad_end);
       return cf::primitive_desc(d, attr, dnnl_engine());
     });
-    p.finish<cf::primitive_desc, cf>(pd, !packed_weights_.has_source());
+    p.finish<cf::primitive_desc, cf>(pd, packed_weights_.has_source() ? &packed_weights_ : nullptr, bs != nullptr);
     return p;
   }
 

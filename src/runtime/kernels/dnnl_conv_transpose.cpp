@@ -54,11 +54,11 @@ class ConvTransposeKernel final : public Kernel {
     if (b) require_float32(node_, *b, "bias B");
     const Shape& ws = w ? w->shape() : const_weights_shape_;
 
-    ConvLikePlan& p = plans_.get({x.shape(), ws, b ? b->shape() : Shape{-1}},
+    ConvLikePlan& p = plans_.get({&x.shape(), &ws, b ? &b->shape() : nullptr},
                                  [&] { return make_plan(x.shape(), ws, b ? &b->shape() : nullptr); });
     Tensor& y = ctx.allocate_output(0, DType::kFloat32, p.out_shape);
     if (y.numel() == 0) return;
-    run_conv_like(p, x, w, packed_weights_, b, y);
+    run_conv_like(p, x, w, b, y);
   }
 
  private:
@@ -89,7 +89,7 @@ class ConvTransposeKernel final : public Kernel {
     return memory::desc(dims, dt::f32, strides);
   }
 
-  ConvLikePlan make_plan(const Shape& xs, const Shape& ws, const Shape* bs) const {
+  ConvLikePlan make_plan(const Shape& xs, const Shape& ws, const Shape* bs) {
     const std::string what = node_.describe();
     const int64_t group = attrs_.group;
     if (xs.size() < 3 || xs.size() > 5)
@@ -182,7 +182,7 @@ class ConvTransposeKernel final : public Kernel {
                       : df::desc(pk, alg, src_md, wei_md, dst_md, strides, dil, pl, pr);
       return df::primitive_desc(d, attr, dnnl_engine());
     });
-    p.finish<df::primitive_desc, df>(pd, !packed_weights_.has_source());
+    p.finish<df::primitive_desc, df>(pd, packed_weights_.has_source() ? &packed_weights_ : nullptr, bs != nullptr);
     return p;
   }
 

@@ -20,7 +20,10 @@ enum LayerNormOutput : size_t { kY = 0, kMean = 1, kInvStdDev = 2 };
 
 struct LayerNormPlan {
   dnnl::layer_normalization_forward prim;
-  memory::desc data, stat, channel, scratchpad;
+  memory::desc channel;
+  // Bound once, pointed at each call's data.
+  memory src, dst, scale, shift, mean, variance, scratchpad;
+  std::unordered_map<int, memory> args;
   int64_t outer = 1, inner = 1;
   Shape stat_shape;
   bool with_stats = false;
@@ -74,29 +77,30 @@ class LayerNormKernel final : public Kernel {
     require_float32(node_, scale, "Scale");
     if (bias) require_float32(node_, *bias, "B");
     const bool want_stats = output_requested(ctx, kMean) || output_requested(ctx, kInvStdDev);
-    LayerNormPlan& p = plans_.get({x.shape(), scale.shape(), bias ? bias->shape() : Shape{-1}, Shape{want_stats}},
-                                  [&] { return make_plan(x.shape(), bias != nullptr, want_stats); });
+    LayerNormPlan& p = plans_.get({&x.shape(), &scale.shape(), bias ? &bias->shape() : nullptr},
+                                  [&] { return make_plan(x.shape(), bias != nullptr, want_stats); }, want_stats);
     Tensor& y = ctx.allocate_output(kY, DType::kFloat32, x.shape());
     if (y.numel() == 0) return;
 
     const Shape normalized(x.shape().begin() + axis_index(x), x.shape().end());
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, wrap(p.data, x.raw())}, {DNNL_ARG_DST, wrap(p.data, y.raw())}};
-    args.emplace(DNNL_ARG_SCALE, channel_memory(p, kScale, scale, normalized, DnnlScratch::kWeights));
-    if (bias) args.emplace(DNNL_ARG_SHIFT, channel_memory(p, kBias, *bias, normalized, DnnlScratch::kAux));
-    float* mean = nullptr;
+    p.src.set_data_handle(const_cast<void*>(x.raw()));
+    p.dst.set_data_handle(y.raw());
+    p.scale.set_data_handle(channel_data(p, kScale, scale, normalized, DnnlScratch::kWeights));
+    if (bias) p.shift.set_data_handle(channel_data(p, kBias, *bias, normalized, DnnlScratch::kAux));
     float* var = nullptr;
     if (p.with_stats) {
-      mean = output_requested(ctx, kMean) ? ctx.allocate_output(kMean, DType::kFloat32, p.stat_shape).data<float>()
-                                          : static_cast<float*>(dnnl_scratch(DnnlScratch::kSrc, p.outer * sizeof(float)));
+      float* mean = output_requested(ctx, kMean)
+                        ? ctx.allocate_output(kMean, DType::kFloat32, p.stat_shape).data<float>()
+                        : static_cast<float*>(dnnl_scratch(DnnlScratch::kSrc, p.outer * sizeof(float)));
       // The variance lands in the InvStdDev output (or scratch) and is inverted in place below.
       var = output_requested(ctx, kInvStdDev)
                 ? ctx.allocate_output(kInvStdDev, DType::kFloat32, p.stat_shape).data<float>()
                 : static_cast<float*>(dnnl_scratch(DnnlScratch::kDst, p.outer * sizeof(float)));
-      args.emplace(DNNL_ARG_MEAN, wrap(p.stat, mean));
-      args.emplace(DNNL_ARG_VARIANCE, wrap(p.stat, var));
+      p.mean.set_data_handle(mean);
+      p.variance.set_data_handle(var);
     }
-    add_scratchpad(args, p.scratchpad);
-    execute(p.prim, args);
+    bind_scratchpad(p.scratchpad);
+    execute(p.prim, p.args);
     if (p.with_stats)
       for (int64_t i = 0; i < p.outer; ++i) var[i] = 1.f / std::sqrt(var[i] + epsilon_);
   }
@@ -106,20 +110,20 @@ class LayerNormKernel final : public Kernel {
 
   // Scale or B as a dense [inner] vector: the tensor itself when it already has that many
   // elements, otherwise broadcast (cached for a constant, into scratch for a runtime input).
-  memory channel_memory(const LayerNormPlan& p, size_t input, const Tensor& t, const Shape& normalized,
-                        DnnlScratch slot) {
-    if (t.numel() == p.inner) return wrap(p.channel, t.raw());
+  void* channel_data(const LayerNormPlan& p, size_t input, const Tensor& t, const Shape& normalized,
+                     DnnlScratch slot) {
+    if (t.numel() == p.inner) return const_cast<void*>(t.raw());
     Tensor& cached = expanded_[input];
     if (constant_[input].defined()) {
       if (!cached.defined() || cached.numel() != p.inner) {
         cached = Tensor(DType::kFloat32, {p.inner});
         broadcast_into(t, normalized, cached.data<float>(), node_, input == kScale ? "Scale" : "B");
       }
-      return wrap(p.channel, cached.raw());
+      return cached.raw();
     }
     auto* buf = static_cast<float*>(dnnl_scratch(slot, p.inner * sizeof(float)));
     broadcast_into(t, normalized, buf, node_, input == kScale ? "Scale" : "B");
-    return wrap(p.channel, buf);
+    return buf;
   }
 
   LayerNormPlan make_plan(const Shape& xs, bool with_bias, bool with_stats) const {
@@ -132,18 +136,33 @@ class LayerNormKernel final : public Kernel {
     p.stat_shape = Shape(xs.begin(), xs.begin() + axis);
     p.stat_shape.resize(xs.size(), 1);
     p.with_stats = with_stats;
-    p.data = memory::desc({p.outer, p.inner}, dt::f32, memory::format_tag::ab);
-    p.stat = memory::desc({p.outer}, dt::f32, memory::format_tag::a);
+    const memory::desc data({p.outer, p.inner}, dt::f32, memory::format_tag::ab);
+    const memory::desc stat({p.outer}, dt::f32, memory::format_tag::a);
     p.channel = memory::desc({p.inner}, dt::f32, memory::format_tag::a);
     auto flags = dnnl::normalization_flags::use_scale;
     if (with_bias) flags = flags | dnnl::normalization_flags::use_shift;
     const auto pk = with_stats ? dnnl::prop_kind::forward_training : dnnl::prop_kind::forward_inference;
     using ln = dnnl::layer_normalization_forward;
     auto pd = make_pd(node_, "this layer normalization", [&] {
-      return ln::primitive_desc(ln::desc(pk, p.data, p.stat, epsilon_, flags), base_attr(), dnnl_engine());
+      return ln::primitive_desc(ln::desc(pk, data, stat, epsilon_, flags), base_attr(), dnnl_engine());
     });
     p.prim = ln(pd);
-    p.scratchpad = pd.scratchpad_desc();
+    p.src = unbound_memory(data);
+    p.dst = unbound_memory(data);
+    p.scale = unbound_memory(p.channel);
+    p.scratchpad = unbound_memory(pd.scratchpad_desc());
+    p.args = {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_DST, p.dst}, {DNNL_ARG_SCALE, p.scale},
+              {DNNL_ARG_SCRATCHPAD, p.scratchpad}};
+    if (with_bias) {
+      p.shift = unbound_memory(p.channel);
+      p.args.emplace(DNNL_ARG_SHIFT, p.shift);
+    }
+    if (with_stats) {
+      p.mean = unbound_memory(stat);
+      p.variance = unbound_memory(stat);
+      p.args.emplace(DNNL_ARG_MEAN, p.mean);
+      p.args.emplace(DNNL_ARG_VARIANCE, p.variance);
+    }
     return p;
   }
 

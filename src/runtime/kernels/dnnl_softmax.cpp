@@ -14,7 +14,8 @@ namespace {
 
 struct SoftmaxPlan {
   dnnl::softmax_v2_forward prim;
-  memory::desc data, scratchpad;
+  memory src, dst, scratchpad;  // bound once, pointed at each call's data
+  std::unordered_map<int, memory> args;
 };
 
 class SoftmaxKernel final : public Kernel {
@@ -28,12 +29,13 @@ class SoftmaxKernel final : public Kernel {
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
     require_float32(node_, x, "input");
-    SoftmaxPlan& p = plans_.get({x.shape()}, [&] { return make_plan(x.shape()); });
+    SoftmaxPlan& p = plans_.get({&x.shape()}, [&] { return make_plan(x.shape()); });
     Tensor& y = ctx.allocate_output(0, DType::kFloat32, x.shape());
     if (y.numel() == 0) return;
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, wrap(p.data, x.raw())}, {DNNL_ARG_DST, wrap(p.data, y.raw())}};
-    add_scratchpad(args, p.scratchpad);
-    execute(p.prim, args);
+    p.src.set_data_handle(const_cast<void*>(x.raw()));
+    p.dst.set_data_handle(y.raw());
+    bind_scratchpad(p.scratchpad);
+    execute(p.prim, p.args);
   }
 
  private:
@@ -49,16 +51,19 @@ class SoftmaxKernel final : public Kernel {
     }
     SoftmaxPlan p;
     // inner == 1 is the common case (last axis); a 2-D view lets oneDNN use its vectorised kernel.
-    p.data = inner == 1 ? memory::desc({outer, n}, dt::f32, memory::format_tag::ab)
-                        : memory::desc({outer, n, inner}, dt::f32, memory::format_tag::abc);
+    const memory::desc data = inner == 1 ? memory::desc({outer, n}, dt::f32, memory::format_tag::ab)
+                                         : memory::desc({outer, n, inner}, dt::f32, memory::format_tag::abc);
     const auto alg = log_ ? dnnl::algorithm::softmax_log : dnnl::algorithm::softmax_accurate;
     using sm = dnnl::softmax_v2_forward;
     auto pd = make_pd(node_, "this softmax", [&] {
-      return sm::primitive_desc(sm::desc(dnnl::prop_kind::forward_inference, alg, p.data, p.data, 1), base_attr(),
+      return sm::primitive_desc(sm::desc(dnnl::prop_kind::forward_inference, alg, data, data, 1), base_attr(),
                                 dnnl_engine());
     });
     p.prim = sm(pd);
-    p.scratchpad = pd.scratchpad_desc();
+    p.src = unbound_memory(data);
+    p.dst = unbound_memory(data);
+    p.scratchpad = unbound_memory(pd.scratchpad_desc());
+    p.args = {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_DST, p.dst}, {DNNL_ARG_SCRATCHPAD, p.scratchpad}};
     return p;
   }
 
