@@ -1,0 +1,131 @@
+// Power-of-two range histogram: merges across batches without depending on the batching.
+#include <algorithm>
+#include <cmath>
+
+#include "quant/observers/observer_internal.h"
+
+namespace slimquant::quant::detail {
+
+namespace {
+// Values below 2^-100 in magnitude are zero for any practical quantization; the floor keeps
+// bins / R representable as a float.
+constexpr int kMinExponent = -100;
+constexpr int64_t kChunk = 1024;
+constexpr int32_t kZeroSlotMask = 3;  // kZeroSlots - 1
+
+struct BinParams {
+  float scale;        // bins per unit of |x|: an integer times a power of two
+  int32_t last;       // largest trunc(|x| * scale)
+  int32_t half;       // index of the bin starting at 0 (signed kind), 0 (abs kind)
+  int32_t zero_slot;  // first of the zero slots
+};
+
+// trunc(|x| * scale) halves exactly when R doubles (scale is a power of two times an integer), so
+// these indices agree with merged bins. Written as plain selects so they vectorise.
+void abs_bin_indices(const float* x, int64_t m, const BinParams& p, int32_t* idx) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float v = x[i];
+    const int32_t t = std::min(static_cast<int32_t>(std::fabs(v) * p.scale), p.last);
+    // A mask rather than ?: here: GCC 12 does not if-convert the select in this loop.
+    const int32_t zero = -static_cast<int32_t>(v == 0.0f);
+    idx[i] = (t & ~zero) | ((p.zero_slot + static_cast<int32_t>(i & kZeroSlotMask)) & zero);
+  }
+}
+
+void signed_bin_indices(const float* x, int64_t m, const BinParams& p, int32_t* idx) {
+  for (int64_t i = 0; i < m; ++i) {
+    const float v = x[i];
+    const int32_t t = std::min(static_cast<int32_t>(std::fabs(v) * p.scale), p.last);
+    // floor(x / w) for x < 0 is -1 - trunc(|x| / w) (bins are closed on the side of zero).
+    const int32_t j = v < 0.0f ? p.half - 1 - t : p.half + t;
+    idx[i] = v == 0.0f ? p.zero_slot + static_cast<int32_t>(i & kZeroSlotMask) : j;
+  }
+}
+}  // namespace
+
+Pow2Histogram::Pow2Histogram(Kind kind, int64_t bins) : kind_(kind), bins_(bins) {
+  SQ_CHECK(bins >= 2 && bins % 2 == 0, ErrorKind::kInternal,
+           "Pow2Histogram: bins must be even, got " + std::to_string(bins));
+  SQ_CHECK(bins <= (int64_t{1} << 30), ErrorKind::kInternal,
+           "Pow2Histogram: too many bins (" + std::to_string(bins) + ")");
+  counts_.assign(static_cast<size_t>(bins + kZeroSlots), 0);
+}
+
+int64_t Pow2Histogram::zeros() const {
+  int64_t z = zeros_;
+  for (int64_t s = 0; s < kZeroSlots; ++s) z += counts_[bins_ + s];
+  return z;
+}
+
+double Pow2Histogram::range() const { return std::ldexp(1.0, exponent_); }
+
+double Pow2Histogram::bin_width() const {
+  return (kind_ == Kind::kAbs ? range() : 2.0 * range()) / static_cast<double>(bins_);
+}
+
+double Pow2Histogram::bin_lo(int64_t j) const {
+  return (kind_ == Kind::kAbs ? 0.0 : -range()) + static_cast<double>(j) * bin_width();
+}
+
+void Pow2Histogram::ensure_range(float abs_max) {
+  if (abs_max == 0.0f) return;
+  int e = 0;
+  std::frexp(abs_max, &e);  // abs_max = m * 2^e, m in [0.5, 1): 2^e > abs_max
+  e = std::max(e, kMinExponent);
+  if (!has_range_) {
+    has_range_ = true;
+    exponent_ = e;
+  } else if (e > exponent_) {
+    merge(e - exponent_);
+  }
+}
+
+void Pow2Histogram::merge(int steps) {
+  // After log2(bins) + 1 doublings every bin has collapsed into the one(s) next to zero; further
+  // doublings leave the counts unchanged, so the shift is capped (and stays well defined).
+  const int shift = std::min(steps, 62);
+  std::vector<int64_t> merged(counts_.size(), 0);
+  std::copy(counts_.begin() + bins_, counts_.end(), merged.begin() + bins_);
+  if (kind_ == Kind::kAbs) {
+    for (int64_t j = 0; j < bins_; ++j) merged[j >> shift] += counts_[j];
+  } else {
+    // Offsets o = j - bins/2 are floor(x / w); doubling w maps o to floor(o / 2^shift), which is
+    // an arithmetic right shift.
+    const int64_t half = bins_ / 2;
+    for (int64_t j = 0; j < bins_; ++j) merged[half + ((j - half) >> shift)] += counts_[j];
+  }
+  counts_.swap(merged);
+  exponent_ += steps;
+}
+
+void Pow2Histogram::add(const float* x, int64_t n, float abs_max) {
+  ensure_range(abs_max);
+  if (!has_range_) {  // all values are exactly zero
+    zeros_ += n;
+    return;
+  }
+  // Two passes per chunk: bin indices computed branch-free and vectorised, then the increments.
+  // Exact zeros go to kZeroSlots extra slots in rotation: post-ReLU tensors are about half zeros
+  // in no predictable order (a branch would mispredict), and a single slot would chain every
+  // increment on one memory location.
+  int64_t* counts = counts_.data();
+  const BinParams p = kind_ == Kind::kAbs
+                          ? BinParams{std::ldexp(static_cast<float>(bins_), -exponent_),
+                                      static_cast<int32_t>(bins_ - 1), 0,
+                                      static_cast<int32_t>(bins_)}
+                          : BinParams{std::ldexp(static_cast<float>(bins_ / 2), -exponent_),
+                                      static_cast<int32_t>(bins_ / 2 - 1),
+                                      static_cast<int32_t>(bins_ / 2), static_cast<int32_t>(bins_)};
+  int32_t idx[kChunk];
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t m = std::min(kChunk, n - c0);
+    if (kind_ == Kind::kAbs) {
+      abs_bin_indices(x + c0, m, p, idx);
+    } else {
+      signed_bin_indices(x + c0, m, p, idx);
+    }
+    for (int64_t i = 0; i < m; ++i) ++counts[idx[i]];
+  }
+}
+
+}  // namespace slimquant::quant::detail

@@ -1,0 +1,261 @@
+// Observer base class, the scheme arithmetic, and the factories.
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "quant/observers/observer_internal.h"
+
+namespace slimquant::quant {
+
+const char* scheme_name(QuantScheme s) {
+  switch (s) {
+    case QuantScheme::kSymmetric: return "symmetric";
+    case QuantScheme::kUnsignedZeroPoint0: return "unsigned_zp0";
+    case QuantScheme::kAsymmetric: return "asymmetric";
+  }
+  return "?";
+}
+
+namespace detail {
+
+ScanResult scan_min_max(const float* p, int64_t n) {
+  // `v - v` is 0 for finite values and NaN for NaN/Inf, so one sum detects both. The simd
+  // reductions let the compiler keep vector accumulators in registers (min/max reassociate
+  // exactly; the order of the check sum does not matter).
+  float mn = std::numeric_limits<float>::infinity();
+  float mx = -std::numeric_limits<float>::infinity();
+  float check = 0.0f;
+#pragma omp simd reduction(min : mn) reduction(max : mx) reduction(+ : check)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = p[i];
+    mn = v < mn ? v : mn;
+    mx = v > mx ? v : mx;
+    check += v - v;
+  }
+  return ScanResult{mn, mx, !std::isnan(check)};
+}
+
+AffineGrid affine_grid(double lo, double hi, QuantScheme scheme) {
+  lo = std::min(lo, 0.0);
+  hi = std::max(hi, 0.0);
+  AffineGrid g{};
+  switch (scheme) {
+    case QuantScheme::kSymmetric: {
+      g.dtype = QuantDType::kS8;
+      g.scale = static_cast<float>(std::max(-lo, hi) / 127.0);
+      g.zero_point = 0;
+      break;
+    }
+    case QuantScheme::kUnsignedZeroPoint0: {
+      g.dtype = QuantDType::kU8;
+      g.scale = static_cast<float>(hi / 255.0);
+      g.zero_point = 0;
+      break;
+    }
+    case QuantScheme::kAsymmetric: {
+      g.dtype = QuantDType::kU8;
+      g.scale = std::max(static_cast<float>((hi - lo) / 255.0), kMinScale);
+      const double zp = std::nearbyint(-lo / static_cast<double>(g.scale));
+      g.zero_point = static_cast<int32_t>(std::clamp(zp, 0.0, 255.0));
+      break;
+    }
+  }
+  g.scale = std::max(g.scale, kMinScale);
+  const int32_t qmin = g.dtype == QuantDType::kS8 ? -128 : 0;
+  const int32_t qmax = g.dtype == QuantDType::kS8 ? 127 : 255;
+  g.kmin = qmin - g.zero_point;
+  g.kmax = qmax - g.zero_point;
+  return g;
+}
+
+}  // namespace detail
+
+QuantParams params_from_range(ClipRange range, QuantScheme scheme) {
+  SQ_CHECK(std::isfinite(range.lo) && std::isfinite(range.hi) && range.lo <= range.hi,
+           ErrorKind::kInvalidArgument,
+           "params_from_range: invalid range [" + std::to_string(range.lo) + ", " +
+               std::to_string(range.hi) + "]");
+  SQ_CHECK(scheme != QuantScheme::kUnsignedZeroPoint0 || range.lo >= 0.0f,
+           ErrorKind::kInvalidArgument,
+           "params_from_range: scheme unsigned_zp0 cannot represent negative values (range starts "
+           "at " + std::to_string(range.lo) + ")");
+  const detail::AffineGrid g = detail::affine_grid(range.lo, range.hi, scheme);
+  return QuantParams{g.dtype, {g.scale}, {g.zero_point}, -1};
+}
+
+std::vector<double> search_fractions(int steps, double min_fraction) {
+  SQ_CHECK(steps >= 1 && min_fraction > 0.0 && min_fraction <= 1.0, ErrorKind::kInvalidArgument,
+           "search_fractions: need steps >= 1 and 0 < min_fraction <= 1 (got " +
+               std::to_string(steps) + ", " + std::to_string(min_fraction) + ")");
+  std::vector<double> f(static_cast<size_t>(steps));
+  for (int k = 0; k < steps; ++k) {
+    // f_k = min_fraction^((steps-1-k)/(steps-1)); the last one is exactly 1.
+    f[k] = steps == 1 ? 1.0
+                      : std::pow(min_fraction, static_cast<double>(steps - 1 - k) / (steps - 1));
+  }
+  f.back() = 1.0;
+  return f;
+}
+
+// ---- Observer ------------------------------------------------------------------------------
+
+void Observer::observe(const Tensor& x) {
+  if (x.dtype() != DType::kFloat32) {
+    fail_here(ErrorKind::kInvalidArgument, std::string("expects float32 tensors, got ") +
+                                               dtype_name(x.dtype()) + " " + shape_str(x.shape()));
+  }
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const float* p = x.data<float>();
+  const detail::ScanResult s = detail::scan_min_max(p, n);
+  if (!s.finite) fail_here(ErrorKind::kInvalidData, "tensor contains NaN/Inf");
+  // The algorithm first: if it rejects the tensor (e.g. a bad channel axis), the running
+  // statistics stay as they were.
+  on_observe(x, p, n, BatchStats{s.min, s.max, std::max(-s.min, s.max)});
+  if (!accumulate_ || count_ == 0) {
+    min_ = s.min;
+    max_ = s.max;
+    count_ = 0;
+    batches_ = 0;
+  } else {
+    min_ = std::min(min_, s.min);
+    max_ = std::max(max_, s.max);
+  }
+  count_ += n;
+  batches_ += 1;
+}
+
+ClipRange Observer::range() const {
+  check_usable(default_scheme());
+  return clip_range(default_scheme());
+}
+
+QuantParams Observer::params(QuantScheme scheme) const {
+  check_usable(scheme);
+  return params_from_range(clip_range(scheme), scheme);
+}
+
+ClipRange Observer::clip_to_observed(double threshold) const {
+  const double lo = std::min(static_cast<double>(min_), 0.0);
+  const double hi = std::max(static_cast<double>(max_), 0.0);
+  return ClipRange{static_cast<float>(std::max(-threshold, lo)),
+                   static_cast<float>(std::min(threshold, hi))};
+}
+
+void Observer::check_usable(QuantScheme scheme) const {
+  if (count_ == 0) fail_here(ErrorKind::kInvalidData, "no data observed yet");
+  if (scheme == QuantScheme::kUnsignedZeroPoint0 && seen_negative()) {
+    fail_here(ErrorKind::kInvalidArgument,
+              "scheme unsigned_zp0 needs a tensor that is never negative, but values down to " +
+                  std::to_string(min_) + " were observed");
+  }
+}
+
+void Observer::fail_here(ErrorKind kind, const std::string& rule) const {
+  fail(kind, "observer " + name() + ": " + rule);
+}
+
+// ---- factories -----------------------------------------------------------------------------
+
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+void validate(const ObserverOptions& o, const std::string& algo) {
+  auto bad = [&](const std::string& rule) {
+    fail(ErrorKind::kInvalidArgument, "observer " + algo + ": " + rule);
+  };
+  if (algo == "hist" && !(o.hist_percent > 0.0f && o.hist_percent <= 1.0f)) {
+    bad("hist_percent must be in (0, 1] (got " + std::to_string(o.hist_percent) + ")");
+  }
+  if (algo == "hist" && (o.bins < 16 || o.bins > (1 << 22))) {
+    bad("bins must be in [16, 4194304] (got " + std::to_string(o.bins) + ")");
+  }
+  if (algo == "KL" && (o.bins < 256 || o.bins > (1 << 16))) {
+    // 256: one bin per u8 level at least.
+    bad("bins must be in [256, 65536] (got " + std::to_string(o.bins) + ")");
+  }
+  if ((algo == "mse" || algo == "emd") &&
+      (o.fine_bins < 64 || o.fine_bins > (1 << 24) || o.fine_bins % 2 != 0)) {
+    bad("fine_bins must be even and in [64, 16777216] (got " + std::to_string(o.fine_bins) + ")");
+  }
+  auto check_grid = [&](int steps, float min_fraction, const char* steps_name,
+                        const char* frac_name) {
+    if (steps < 1 || steps > 100000) {
+      bad(std::string(steps_name) + " must be in [1, 100000] (got " + std::to_string(steps) + ")");
+    }
+    if (!(min_fraction > 0.0f && min_fraction <= 1.0f)) {
+      bad(std::string(frac_name) + " must be in (0, 1] (got " + std::to_string(min_fraction) +
+          ")");
+    }
+  };
+  if (algo == "mse" || algo == "emd") {
+    check_grid(o.search_steps, o.search_min_fraction, "search_steps", "search_min_fraction");
+  }
+  if (algo == "mse_channel_wise") {
+    check_grid(o.weight_search_steps, o.weight_search_min_fraction, "weight_search_steps",
+               "weight_search_min_fraction");
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> activation_algos() {
+  return {"abs_max", "direct", "min_max", "avg", "hist", "KL", "mse", "emd"};
+}
+
+std::vector<std::string> weight_algos() {
+  return {"abs_max", "channel_wise_abs_max", "mse_channel_wise"};
+}
+
+std::unique_ptr<Observer> make_activation_observer(const std::string& algo,
+                                                   const ObserverOptions& options) {
+  const std::string a = lower(algo);
+  if (a == "abs_max" || a == "direct") return detail::make_abs_max_observer();
+  if (a == "min_max") return detail::make_min_max_observer();
+  if (a == "avg") return detail::make_avg_observer();
+  if (a == "hist") {
+    validate(options, "hist");
+    return detail::make_hist_observer(options);
+  }
+  if (a == "kl") {
+    validate(options, "KL");
+    return detail::make_kl_observer(options);
+  }
+  if (a == "mse") {
+    validate(options, "mse");
+    return detail::make_mse_observer(options);
+  }
+  if (a == "emd") {
+    validate(options, "emd");
+    return detail::make_emd_observer(options);
+  }
+  fail(ErrorKind::kInvalidArgument,
+       "unknown activation algo '" + algo + "' (known: " + join(activation_algos()) + ")");
+}
+
+std::unique_ptr<Observer> make_weight_observer(const std::string& type,
+                                               const ObserverOptions& options) {
+  const std::string t = lower(type);
+  if (t == "abs_max") return detail::make_weight_abs_max_observer();
+  if (t == "channel_wise_abs_max") return detail::make_channel_wise_abs_max_observer(options);
+  if (t == "mse_channel_wise") {
+    validate(options, "mse_channel_wise");
+    return detail::make_mse_channel_wise_observer(options);
+  }
+  fail(ErrorKind::kInvalidArgument,
+       "unknown weight observer '" + type + "' (known: " + join(weight_algos()) + ")");
+}
+
+}  // namespace slimquant::quant

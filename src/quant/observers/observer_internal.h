@@ -1,0 +1,79 @@
+#pragma once
+// Pieces shared by the observer implementations: the batch scan, the power-of-two histogram, the
+// integer grid of a quantization scheme, and the per-algorithm factories.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "slimquant/quant/observer.h"
+
+namespace slimquant::quant::detail {
+
+// Min and max of n floats, and whether all of them are finite.
+struct ScanResult {
+  float min, max;
+  bool finite;
+};
+ScanResult scan_min_max(const float* p, int64_t n);
+
+// The integer grid a scheme quantizes onto: x_hat = k * scale for k in [kmin, kmax], where
+// k = clamp(round(x / scale), kmin, kmax) (kmin = qmin - zero_point, kmax = qmax - zero_point),
+// exactly what QuantizeLinear followed by DequantizeLinear computes.
+struct AffineGrid {
+  float scale;
+  int32_t zero_point;
+  QuantDType dtype;
+  int32_t kmin, kmax;
+};
+// No checks: callers make sure kUnsignedZeroPoint0 only sees lo >= 0.
+AffineGrid affine_grid(double lo, double hi, QuantScheme scheme);
+
+// Histogram whose range is a power of two R strictly above every |x| added: kAbs bins |x| over
+// [0, R), kSigned bins x over [-R, R) (bins even). Exact zeros are counted apart (zeros()), never
+// in a bin. When a batch exceeds R, R doubles (possibly several times) and bin groups merge:
+// because bin indices are computed as trunc(|x| * bins / R) and a multiplication by a power of two
+// is exact in floating point, the merged counts equal those of binning everything at the final R.
+// The histogram therefore depends only on the multiset of observed values, not on the batching.
+class Pow2Histogram {
+ public:
+  enum class Kind { kAbs, kSigned };
+  Pow2Histogram(Kind kind, int64_t bins);
+
+  // abs_max: the batch's max |x| (finite).
+  void add(const float* x, int64_t n, float abs_max);
+
+  bool has_range() const { return has_range_; }  // false until a non-zero value was seen
+  double range() const;                            // R
+  double bin_width() const;
+  double bin_lo(int64_t j) const;  // left edge of bin j
+  int64_t bins() const { return bins_; }
+  std::span<const int64_t> counts() const { return {counts_.data(), static_cast<size_t>(bins_)}; }
+  int64_t zeros() const;
+
+ private:
+  void ensure_range(float abs_max);
+  void merge(int steps);  // R *= 2^steps
+
+  Kind kind_;
+  int64_t bins_;
+  static constexpr int64_t kZeroSlots = 4;  // see add()
+  std::vector<int64_t> counts_;  // bins_ + kZeroSlots: the last entries count exact zeros
+  int64_t zeros_ = 0;            // zeros seen before any range existed
+  bool has_range_ = false;
+  int exponent_ = 0;  // R = 2^exponent_
+};
+
+std::unique_ptr<Observer> make_abs_max_observer();
+std::unique_ptr<Observer> make_min_max_observer();
+std::unique_ptr<Observer> make_avg_observer();
+std::unique_ptr<Observer> make_hist_observer(const ObserverOptions& o);
+std::unique_ptr<Observer> make_kl_observer(const ObserverOptions& o);
+std::unique_ptr<Observer> make_mse_observer(const ObserverOptions& o);
+std::unique_ptr<Observer> make_emd_observer(const ObserverOptions& o);
+
+std::unique_ptr<Observer> make_weight_abs_max_observer();
+std::unique_ptr<Observer> make_channel_wise_abs_max_observer(const ObserverOptions& o);
+std::unique_ptr<Observer> make_mse_channel_wise_observer(const ObserverOptions& o);
+
+}  // namespace slimquant::quant::detail
