@@ -190,6 +190,17 @@ TEST(Elementwise, VectorisedTranscendentalsAreAccurate) {
     EXPECT_NEAR(s.data<float>()[i], ws, 3e-7 * ws + 1e-38) << v;
     EXPECT_NEAR(t.data<float>()[i], wt, 4e-7 * std::abs(wt) + 1e-38) << v;
   }
+  // erf: a polynomial below 1, exp(-x^2) times a fitted rational tail above.
+  std::vector<float> es;
+  for (int i = -8000; i <= 8000; ++i) es.push_back(static_cast<float>(i) * 0.001f);  // [-8, 8]
+  for (float v : {1e-30f, -1e-7f, 0.9999999f, 1.f, 1.0000001f}) es.push_back(v);
+  const Tensor ex = Tensor::from_vector<float>({static_cast<int64_t>(es.size())}, es);
+  const Tensor erf = run1(make_node("Erf", 1), {ex});
+  for (size_t i = 0; i < es.size(); ++i) {
+    const double want = std::erf(static_cast<double>(es[i]));
+    EXPECT_NEAR(erf.data<float>()[i], want, 2e-7 * std::abs(want) + 1e-45) << es[i];
+  }
+
   const Tensor special = Tensor::from_vector<float>({3}, {NAN, INFINITY, -INFINITY});
   const auto ev = run1(make_node("Exp", 1), {special}).to_float_vector();
   EXPECT_TRUE(std::isnan(ev[0]));
@@ -199,6 +210,10 @@ TEST(Elementwise, VectorisedTranscendentalsAreAccurate) {
   EXPECT_TRUE(std::isnan(tv[0]));
   EXPECT_EQ(tv[1], 1.f);
   EXPECT_EQ(tv[2], -1.f);
+  const auto erfv = run1(make_node("Erf", 1), {special}).to_float_vector();
+  EXPECT_TRUE(std::isnan(erfv[0]));
+  EXPECT_EQ(erfv[1], 1.f);
+  EXPECT_EQ(erfv[2], -1.f);
 }
 
 TEST(Elementwise, RoundingIsExact) {

@@ -37,6 +37,19 @@ TEST(Gelu, ExactModeMatchesErfForm) {
   expect_close(run1(n, {x}, 20), x, [](double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); });
 }
 
+TEST(Gelu, NegativeTailKeepsRelativeAccuracy) {
+  // 1 + erf(x / sqrt 2) is tiny there; computing it as erfc keeps the digits.
+  std::vector<float> xs;
+  for (int i = 0; i <= 100; ++i) xs.push_back(-3.f - 0.07f * static_cast<float>(i));  // [-10, -3]
+  const Tensor x = Tensor::from_vector<float>({static_cast<int64_t>(xs.size())}, xs);
+  const Tensor y = run1(make_node("Gelu", 1), {x}, 20);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double v = xs[i], want = 0.5 * v * std::erfc(-v / std::sqrt(2.0));
+    // exp(-x^2 / 2) inherits the float rounding of x^2 / 2: relative error grows like x^2 * eps.
+    EXPECT_NEAR(y.data<float>()[i], want, (2e-6 + 1.2e-7 * v * v) * std::abs(want)) << v;
+  }
+}
+
 TEST(Gelu, TanhModeMatchesTanhForm) {
   const Tensor x = grid();
   ir::Node n = make_node("Gelu", 1);

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "runtime/kernels/elementwise_common.h"
+#include "runtime/kernels/elementwise_math.h"
 #include "runtime/kernels/elementwise_register.h"
 
 namespace slimquant::runtime::ew {
@@ -14,13 +15,13 @@ namespace {
 void cast_into(const Tensor& x, Tensor& out) {
   dispatch_dtype(x.dtype(), [&](auto src_tag) {
     using S = decltype(src_tag);
-    const S* src = x.data<S>();
+    const Storage<S>* src = storage_ptr<S>(x.raw());
     dispatch_dtype(out.dtype(), [&](auto dst_tag) {
       using D = decltype(dst_tag);
-      D* dst = out.data<D>();
+      Storage<D>* dst = storage_ptr<D>(out.raw());
       parallel_range(x.numel(), [&](int64_t b, int64_t e) {
         if constexpr (std::is_same_v<D, bool>) {
-          for (int64_t i = b; i < e; ++i) dst[i] = src[i] != S(0);
+          for (int64_t i = b; i < e; ++i) dst[i] = src[i] != Storage<S>(0);
         } else {
           for (int64_t i = b; i < e; ++i) dst[i] = static_cast<D>(src[i]);
         }

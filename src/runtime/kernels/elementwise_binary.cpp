@@ -35,9 +35,11 @@ template <typename A, typename B, typename O, typename Op>
 void broadcast_binary(const Tensor& a, const Tensor& b, Tensor& out, const Op& op, const Activation& act,
                       const std::string& who) {
   const BroadcastPlan p = make_broadcast_plan(out.shape(), {&a.shape(), &b.shape()}, who);
-  const A* pa = a.data<A>();
-  const B* pb = b.data<B>();
-  O* po = out.data<O>();
+  SQ_CHECK(a.dtype() == dtype_of<A> && b.dtype() == dtype_of<B> && out.dtype() == dtype_of<O>, ErrorKind::kInternal,
+           who + ": dtype mismatch in broadcast_binary");
+  const Storage<A>* pa = storage_ptr<A>(a.raw());
+  const Storage<B>* pb = storage_ptr<B>(b.raw());
+  Storage<O>* po = storage_ptr<O>(out.raw());
   const int64_t sa = p.inner_stride(0), sb = p.inner_stride(1);
   for_each_row(p, [&](const int64_t* off, int64_t o, int64_t n) {
     binary_row(pa + off[0], sa, pb + off[1], sb, po + o, n, op);
@@ -81,12 +83,13 @@ struct MulFn { template <typename T> T operator()(T a, T b) const { return wrap_
 struct DivFn { template <typename T> T operator()(T a, T b) const { return div_t(a, b); } };
 struct MaxFn { template <typename T> T operator()(T a, T b) const { return max_t(a, b); } };
 struct MinFn { template <typename T> T operator()(T a, T b) const { return min_t(a, b); } };
-struct AndFn { bool operator()(bool a, bool b) const { return a && b; } };
-struct OrFn { bool operator()(bool a, bool b) const { return a || b; } };
-struct XorFn { bool operator()(bool a, bool b) const { return a != b; } };
+// Bools arrive as bytes holding 0 or 1 (see Storage<T>).
+struct AndFn { template <typename T> T operator()(T a, T b) const { return a & b; } };
+struct OrFn { template <typename T> T operator()(T a, T b) const { return a | b; } };
+struct XorFn { template <typename T> T operator()(T a, T b) const { return a ^ b; } };
 
 struct PReluFn {
-  template <typename T> T operator()(T x, T slope) const { return x < T(0) ? wrap_mul(x, slope) : x; }
+  template <typename T> T operator()(T x, T slope) const { return select(x < T(0), wrap_mul(x, slope), x); }
 };
 
 // Mod: fmod = 0 takes the sign of the divisor (Python %), fmod = 1 of the dividend (C fmod).
@@ -331,20 +334,20 @@ class WhereKernel final : public Kernel {
     dispatch_dtype(x.dtype(), [&](auto tag) {
       using T = decltype(tag);
       Tensor& out = ctx.allocate_output(0, dtype_of<T>, out_shape);
-      const bool* pc = c.data<bool>();
-      const T* px = x.data<T>();
-      const T* py = y.data<T>();
-      T* po = out.data<T>();
+      const uint8_t* pc = storage_ptr<bool>(c.raw());
+      const Storage<T>* px = storage_ptr<T>(x.raw());
+      const Storage<T>* py = storage_ptr<T>(y.raw());
+      Storage<T>* po = storage_ptr<T>(out.raw());
       const int64_t sc = p.inner_stride(0), sx = p.inner_stride(1), sy = p.inner_stride(2);
       for_each_row(p, [&](const int64_t* off, int64_t o, int64_t n) {
-        const bool* cc = pc + off[0];
-        const T* xx = px + off[1];
-        const T* yy = py + off[2];
-        T* oo = po + o;
+        const uint8_t* cc = pc + off[0];
+        const Storage<T>* xx = px + off[1];
+        const Storage<T>* yy = py + off[2];
+        Storage<T>* oo = po + o;
         if (sc && sx && sy) {
-          for (int64_t i = 0; i < n; ++i) oo[i] = cc[i] ? xx[i] : yy[i];
+          for (int64_t i = 0; i < n; ++i) oo[i] = select(cc[i] != 0, xx[i], yy[i]);
         } else {
-          for (int64_t i = 0; i < n; ++i) oo[i] = cc[i * sc] ? xx[i * sx] : yy[i * sy];
+          for (int64_t i = 0; i < n; ++i) oo[i] = select(cc[i * sc] != 0, xx[i * sx], yy[i * sy]);
         }
       });
     });

@@ -117,16 +117,13 @@ void apply_activation(const Activation& act, float* x, int64_t n) {
   switch (act.kind) {
     case Activation::Kind::kNone: return;
     case Activation::Kind::kRelu:
-      for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0.f ? x[i] : 0.f;
+      for (int64_t i = 0; i < n; ++i) x[i] = select(x[i] > 0.f, x[i], 0.f);
       return;
     case Activation::Kind::kLeakyRelu:
-      for (int64_t i = 0; i < n; ++i) x[i] = x[i] < 0.f ? x[i] * a : x[i];
+      for (int64_t i = 0; i < n; ++i) x[i] = select(x[i] < 0.f, x[i] * a, x[i]);
       return;
     case Activation::Kind::kClip:
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = x[i] < a ? a : x[i];
-        x[i] = v > b ? b : v;
-      }
+      for (int64_t i = 0; i < n; ++i) x[i] = clamp_t(x[i], a, b);
       return;
     case Activation::Kind::kSigmoid:
       for (int64_t i = 0; i < n; ++i) x[i] = sigmoid_t(x[i]);
@@ -135,19 +132,13 @@ void apply_activation(const Activation& act, float* x, int64_t n) {
       for (int64_t i = 0; i < n; ++i) x[i] = tanh_f32(x[i]);
       return;
     case Activation::Kind::kHardSigmoid:
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = a * x[i] + b;
-        x[i] = v < 0.f ? 0.f : (v > 1.f ? 1.f : v);
-      }
+      for (int64_t i = 0; i < n; ++i) x[i] = clamp_t(a * x[i] + b, 0.f, 1.f);
       return;
     case Activation::Kind::kHardSwish:
-      for (int64_t i = 0; i < n; ++i) {
-        const float v = x[i] * (1.f / 6.f) + 0.5f;
-        x[i] *= v < 0.f ? 0.f : (v > 1.f ? 1.f : v);
-      }
+      for (int64_t i = 0; i < n; ++i) x[i] *= clamp_t(x[i] * (1.f / 6.f) + 0.5f, 0.f, 1.f);
       return;
     case Activation::Kind::kElu:
-      for (int64_t i = 0; i < n; ++i) x[i] = x[i] < 0.f ? a * (exp_f32(x[i]) - 1.f) : x[i];
+      for (int64_t i = 0; i < n; ++i) x[i] = select(x[i] < 0.f, a * (exp_f32(x[i]) - 1.f), x[i]);
       return;
   }
 }

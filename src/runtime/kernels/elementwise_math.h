@@ -3,6 +3,10 @@
 // (branch-free selects, no libm calls for the hot float32 functions): exp, sigmoid, tanh and
 // rounding are inline polynomials / bit tricks. Accuracy: exp_f32 within 2 ulp over the normal
 // range; tanh_f32 within a few ulp; rounding helpers are exact.
+//
+// Why select(): with GCC's default -ftrapping-math a `c ? f(x) : x` whose arm holds a float
+// operation (or a nested ?:) is kept as a branch, since the operation "might trap", and a loop
+// with a branch does not vectorise. select() computes both values and picks one with bit masks.
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -16,11 +20,33 @@ template <typename T> inline constexpr bool kIsBool = std::is_same_v<T, bool>;
 template <typename T> inline constexpr bool kIsInt = std::is_integral_v<T> && !kIsBool<T>;
 template <typename T> inline constexpr bool kIsNumeric = !kIsBool<T>;
 
+// Loops read and write bool tensors as bytes (0 or 1): GCC does not vectorise loads of `bool`.
+template <typename T> using Storage = std::conditional_t<kIsBool<T>, uint8_t, T>;
+template <typename T> inline const Storage<T>* storage_ptr(const void* p) { return static_cast<const Storage<T>*>(p); }
+template <typename T> inline Storage<T>* storage_ptr(void* p) { return static_cast<Storage<T>*>(p); }
+
+// Branch-free c ? a : b for any arithmetic T (both a and b are already evaluated).
+template <typename T> inline T select(bool c, T a, T b) {
+  if constexpr (kIsBool<T>) {
+    return (c & a) | (!c & b);
+  } else {
+    using U = std::conditional_t<sizeof(T) == 1, uint8_t,
+              std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
+    const U m = static_cast<U>(U(0) - static_cast<U>(c));
+    return std::bit_cast<T>(static_cast<U>((std::bit_cast<U>(a) & m) | (std::bit_cast<U>(b) & static_cast<U>(~m))));
+  }
+}
+// Clamp to [lo, hi]; NaN passes through; lo > hi gives hi (the ONNX Clip rule).
+template <typename T> inline T clamp_t(T x, T lo, T hi) {
+  const T v = select(x < lo, lo, x);
+  return select(v > hi, hi, v);
+}
+
 // exp(x) = 2^n * exp(r), n = round(x / ln2), |r| <= ln2 / 2, exp(r) by a degree-6 polynomial
 // (Cephes expf coefficients). Overflow gives +inf, underflow below the normal range gives 0.
 inline float exp_f32(float x) {
   constexpr float kHi = 88.72283935546875f, kLo = -87.33654022216797f;
-  const float xc = x < kLo ? kLo : (x > kHi ? kHi : x);
+  const float xc = clamp_t(x, kLo, kHi);
   float n = xc * 1.44269504088896341f;
   n = (n + 12582912.f) - 12582912.f;  // round to nearest integer (|n| <= 128)
   float r = xc - n * 0.693359375f;    // ln2 split in two parts for an exact reduction
@@ -33,13 +59,13 @@ inline float exp_f32(float x) {
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
   // 2^n for n in [-126, 128]: 2^128 is not representable, so fold one factor 2 into p.
-  const float big = n > 127.5f ? 1.f : 0.f;
+  const float big = select(n > 127.5f, 1.f, 0.f);
   p = p + p * big;
   const int32_t e = (static_cast<int32_t>(n - big) + 127) << 23;
   float y = p * std::bit_cast<float>(e);
-  y = x > kHi ? std::numeric_limits<float>::infinity() : y;
-  y = x < kLo ? 0.f : y;
-  return x != x ? x : y;
+  y = select(x > kHi, std::numeric_limits<float>::infinity(), y);
+  y = select(x < kLo, 0.f, y);
+  return select(x != x, x, y);
 }
 
 template <typename T> inline T exp_t(T x) {
@@ -60,12 +86,62 @@ inline float tanh_f32(float x) {
   p = p * z - 3.33332819422e-1f;
   const float small = p * z * x + x;
   const float large = std::copysign(1.f - 2.f / (exp_f32(2.f * ax) + 1.f), x);
-  return ax < 0.625f ? small : large;
+  return select(ax < 0.625f, small, large);
 }
 
 template <typename T> inline T tanh_t(T x) {
   if constexpr (std::is_same_v<T, float>) return tanh_f32(x);
   else return std::tanh(x);
+}
+
+// erf / erfc for float in two pieces, both fitted here (Chebyshev least squares, then power basis):
+//   |x| < 1:  erf(x)  = x * A(x^2)                      (A: degree 6, rel. error 1.4e-9)
+//   |x| >= 1: erfc(x) = exp(-x^2) * B(1/|x| - 0.5)      (B: degree 10, fits erfc(x) e^(x^2) on
+//                                                        [1, 9.5], rel. error 6e-7 evaluated in float;
+//                                                        beyond 9.5 exp(-x^2) underflows to 0 anyway)
+// Gelu uses erfc directly for negative inputs, keeping relative accuracy where 1 + erf(x) cancels.
+inline float erf_small_f32(float ax) {  // erf(ax) for 0 <= ax < 1
+  const float t = ax * ax;
+  float p = 7.8825004462e-05f;
+  p = p * t - 8.0188590140e-04f;
+  p = p * t + 5.1893128125e-03f;
+  p = p * t - 2.6854329538e-02f;
+  p = p * t + 1.1283597492e-01f;
+  p = p * t - 3.7612626908e-01f;
+  p = p * t + 1.1283791659e+00f;
+  return ax * p;
+}
+inline float erfc_large_f32(float ax) {  // erfc(ax) for ax >= 1
+  const float w = 1.f / clamp_t(ax, 1.f, 9.5f) - 0.5f;
+  float p = -5.110111342e-02f;
+  p = p * w + 8.818377592e-02f;
+  p = p * w - 5.218650333e-02f;
+  p = p * w - 1.184320631e-02f;
+  p = p * w + 6.373718434e-02f;
+  p = p * w - 8.752292402e-02f;
+  p = p * w + 6.454117442e-02f;
+  p = p * w + 2.284895296e-02f;
+  p = p * w - 1.855268714e-01f;
+  p = p * w + 4.271858409e-01f;
+  p = p * w + 2.553956741e-01f;
+  return exp_f32(-ax * ax) * p;
+}
+inline float erf_f32(float x) {
+  const float ax = std::fabs(x);
+  return std::copysign(select(ax < 1.f, erf_small_f32(ax), 1.f - erfc_large_f32(ax)), x);
+}
+// 1 + erf(x), accurate also where it is tiny (x << 0).
+inline float one_plus_erf_f32(float x) {
+  const float ax = std::fabs(x);
+  const float small = erf_small_f32(ax);
+  const float erfc = select(ax < 1.f, 1.f - small, erfc_large_f32(ax));  // erfc(|x|)
+  const float r = select(x < 0.f, erfc, 2.f - erfc);
+  return select(ax < 1.f, 1.f + std::copysign(small, x), r);
+}
+
+template <typename T> inline T erf_t(T x) {
+  if constexpr (std::is_same_v<T, float>) return erf_f32(x);
+  else return std::erf(x);
 }
 
 // Round half to even for |x| < 2^23 (2^52 for double) by the add-magic trick (exact in the
@@ -74,15 +150,15 @@ template <typename T> inline T round_even_t(T x) {
   constexpr T kMagic = std::is_same_v<T, float> ? T(8388608.0) : T(4503599627370496.0);
   const T ax = std::fabs(x);
   const T r = std::copysign((ax + kMagic) - kMagic, x);
-  return ax < kMagic ? r : x;
+  return select(ax < kMagic, r, x);
 }
 template <typename T> inline T floor_t(T x) {
   const T t = round_even_t(x);
-  return std::copysign(t > x ? t - T(1) : t, x);
+  return std::copysign(select(t > x, t - T(1), t), x);
 }
 template <typename T> inline T ceil_t(T x) {
   const T t = round_even_t(x);
-  return std::copysign(t < x ? t + T(1) : t, x);
+  return std::copysign(select(t < x, t + T(1), t), x);
 }
 
 // Integer arithmetic that wraps (two's complement) instead of overflowing into undefined behaviour.
@@ -116,12 +192,12 @@ template <typename T> inline T wrap_neg(T a) { return wrap_sub(T(0), a); }
 
 // NaN-propagating max/min (numpy maximum/minimum semantics).
 template <typename T> inline T max_t(T a, T b) {
-  if constexpr (kIsFloat<T>) return (a != a || a > b) ? a : b;
-  else return a > b ? a : b;
+  if constexpr (kIsFloat<T>) return select((a > b) | (a != a), a, b);
+  else return select(a > b, a, b);
 }
 template <typename T> inline T min_t(T a, T b) {
-  if constexpr (kIsFloat<T>) return (a != a || a < b) ? a : b;
-  else return a < b ? a : b;
+  if constexpr (kIsFloat<T>) return select((a < b) | (a != a), a, b);
+  else return select(a < b, a, b);
 }
 
 // Integer division truncating toward zero; x/0 gives 0 and MIN/-1 wraps (both trap on x86).

@@ -30,8 +30,8 @@ class UnaryKernel final : public Kernel {
       if constexpr (Pred<T>::value) {
         using O = std::conditional_t<BoolOut, bool, T>;
         Tensor& out = ctx.allocate_output(0, dtype_of<O>, x.shape());
-        const T* px = x.data<T>();
-        O* po = out.data<O>();
+        const Storage<T>* px = storage_ptr<T>(x.raw());
+        Storage<O>* po = storage_ptr<O>(out.raw());
         const Fn fn = fn_;
         parallel_range(x.numel(), [&](int64_t b, int64_t e) {
           for (int64_t i = b; i < e; ++i) po[i] = fn(px[i]);
@@ -71,21 +71,21 @@ KernelFactory unary_attr(MakeFn make) {
     template <typename T> T operator()(T x) const { return expr; } \
   };
 SQ_UNARY_FN(NegFn, wrap_neg(x))
-SQ_UNARY_FN(ReluFn, (x > T(0) ? x : T(0)))
+SQ_UNARY_FN(ReluFn, select(x > T(0), x, T(0)))
 SQ_UNARY_FN(SqrtFn, std::sqrt(x))
 SQ_UNARY_FN(ExpFn, exp_t(x))
 SQ_UNARY_FN(LogFn, std::log(x))
 SQ_UNARY_FN(ReciprocalFn, T(1) / x)
 SQ_UNARY_FN(SigmoidFn, sigmoid_t(x))
 SQ_UNARY_FN(TanhFn, tanh_t(x))
-SQ_UNARY_FN(ErfFn, std::erf(x))
+SQ_UNARY_FN(ErfFn, erf_t(x))
 SQ_UNARY_FN(FloorFn, floor_t(x))
 SQ_UNARY_FN(CeilFn, ceil_t(x))
 SQ_UNARY_FN(RoundFn, round_even_t(x))
 SQ_UNARY_FN(SoftsignFn, x / (T(1) + std::abs(x)))
 // log(1 + e^x) without overflow: max(x, 0) + log1p(e^-|x|).
-SQ_UNARY_FN(SoftplusFn, (x > T(0) ? x : T(0)) + std::log1p(exp_t(-std::abs(x))))
-SQ_UNARY_FN(HardSwishFn, x * std::min(std::max(x * T(1.0 / 6.0) + T(0.5), T(0)), T(1)))
+SQ_UNARY_FN(SoftplusFn, select(x > T(0), x, T(0)) + std::log1p(exp_t(-std::abs(x))))
+SQ_UNARY_FN(HardSwishFn, x * clamp_t(x * T(1.0 / 6.0) + T(0.5), T(0), T(1)))
 SQ_UNARY_FN(SinFn, std::sin(x))
 SQ_UNARY_FN(CosFn, std::cos(x))
 SQ_UNARY_FN(TanFn, std::tan(x))
@@ -102,27 +102,27 @@ SQ_UNARY_FN(AtanhFn, std::atanh(x))
 struct AbsFn {
   template <typename T> T operator()(T x) const {
     if constexpr (kIsFloat<T>) return std::abs(x);
-    else if constexpr (std::is_signed_v<T>) return x < T(0) ? wrap_neg(x) : x;
+    else if constexpr (std::is_signed_v<T>) return select(x < T(0), wrap_neg(x), x);
     else return x;
   }
 };
 struct SignFn {
   template <typename T> T operator()(T x) const {
-    if constexpr (std::is_signed_v<T>) return x > T(0) ? T(1) : (x < T(0) ? T(-1) : x);  // NaN, -0 kept
-    else return x > T(0) ? T(1) : T(0);
+    if constexpr (std::is_signed_v<T>) return select(x > T(0), T(1), select(x < T(0), T(-1), x));  // NaN, -0 kept
+    else return select(x > T(0), T(1), T(0));
   }
 };
 
 // Mish(x) = x * tanh(softplus(x)).
 struct MishFn {
   template <typename T> T operator()(T x) const {
-    const T sp = (x > T(0) ? x : T(0)) + std::log1p(exp_t(-std::abs(x)));
+    const T sp = select(x > T(0), x, T(0)) + std::log1p(exp_t(-std::abs(x)));
     return x * tanh_t(sp);
   }
 };
 
-struct NotFn {
-  bool operator()(bool x) const { return !x; }
+struct NotFn {  // on the byte (0 or 1) holding a bool
+  uint8_t operator()(uint8_t x) const { return x ^ 1u; }
 };
 struct IsNaNFn {
   template <typename T> bool operator()(T x) const { return x != x; }
@@ -137,34 +137,34 @@ struct IsInfFn {
 
 struct LeakyReluFn {
   float alpha;
-  template <typename T> T operator()(T x) const { return x < T(0) ? x * T(alpha) : x; }
+  template <typename T> T operator()(T x) const { return select(x < T(0), x * T(alpha), x); }
 };
 struct ThresholdedReluFn {
   float alpha;
-  template <typename T> T operator()(T x) const { return x > T(alpha) ? x : T(0); }
+  template <typename T> T operator()(T x) const { return select(x > T(alpha), x, T(0)); }
 };
 struct EluFn {
   float alpha;
-  template <typename T> T operator()(T x) const { return x < T(0) ? T(alpha) * (exp_t(x) - T(1)) : x; }
+  template <typename T> T operator()(T x) const { return select(x < T(0), T(alpha) * (exp_t(x) - T(1)), x); }
 };
 struct SeluFn {
   float alpha, gamma;
   template <typename T> T operator()(T x) const {
-    return T(gamma) * (x > T(0) ? x : T(alpha) * (exp_t(x) - T(1)));
+    return T(gamma) * select(x > T(0), x, T(alpha) * (exp_t(x) - T(1)));
   }
 };
 struct CeluFn {
   float alpha;
   template <typename T> T operator()(T x) const {
     const T neg = T(alpha) * (exp_t(x / T(alpha)) - T(1));
-    return (x > T(0) ? x : T(0)) + (neg < T(0) ? neg : T(0));
+    return select(x > T(0), x, T(0)) + select(neg < T(0), neg, T(0));
   }
 };
 struct HardSigmoidFn {
   float alpha, beta;
   template <typename T> T operator()(T x) const {
     const T v = T(alpha) * x + T(beta);
-    return v < T(0) ? T(0) : (v > T(1) ? T(1) : v);
+    return clamp_t(v, T(0), T(1));
   }
 };
 struct ShrinkFn {
@@ -180,7 +180,10 @@ struct ShrinkFn {
 // Gelu (opset 20): 0.5 x (1 + erf(x / sqrt 2)), or with approximate = "tanh"
 // 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
 struct GeluErfFn {
-  template <typename T> T operator()(T x) const { return T(0.5) * x * (T(1) + std::erf(x * T(0.7071067811865476))); }
+  template <typename T> T operator()(T x) const {
+    if constexpr (std::is_same_v<T, float>) return 0.5f * x * one_plus_erf_f32(x * 0.70710678118654752f);
+    else return T(0.5) * x * std::erfc(-x * T(0.7071067811865476));
+  }
 };
 struct GeluTanhFn {
   template <typename T> T operator()(T x) const {
@@ -223,8 +226,7 @@ class ClipKernel final : public Kernel {
         T* po = out.data<T>();
         parallel_range(x.numel(), [&](int64_t b, int64_t e) {
           for (int64_t i = b; i < e; ++i) {
-            const T v = px[i] < lo ? lo : px[i];
-            po[i] = v > hi ? hi : v;  // min > max clips everything to max, as the spec says
+            po[i] = clamp_t(px[i], lo, hi);  // min > max clips everything to max, as the spec says
           }
         });
       } else {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "runtime/kernels/elementwise_common.h"
+#include "runtime/kernels/elementwise_math.h"
 #include "runtime/kernels/elementwise_register.h"
 
 namespace slimquant::runtime {
@@ -81,8 +82,8 @@ constexpr float kRoundMagic = 12582912.f;  // 1.5 * 2^23: (v + m) - m rounds |v|
 // v = x / s clamped to [lo, hi] and rounded; NaN becomes lo (the comparison order makes it so).
 inline float quantize_value(float x, float s, float lo, float hi) {
   float v = x / s;
-  v = v > lo ? v : lo;
-  v = v < hi ? v : hi;
+  v = ew::select(v > lo, v, lo);
+  v = ew::select(v < hi, v, hi);
   return (v + kRoundMagic) - kRoundMagic;
 }
 

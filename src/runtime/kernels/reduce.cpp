@@ -38,7 +38,7 @@ struct Fold {
   static T map(T x, T shift) {
     if constexpr (R == Reduce::kL1) {
       if constexpr (kIsFloat<T>) return std::abs(x);
-      else if constexpr (std::is_signed_v<T>) return x < T(0) ? wrap_neg(x) : x;
+      else if constexpr (std::is_signed_v<T>) return select(x < T(0), wrap_neg(x), x);
       else return x;
     } else if constexpr (R == Reduce::kL2 || R == Reduce::kSumSquare) {
       return wrap_mul(x, x);
@@ -228,6 +228,46 @@ class ReduceKernel final : public Kernel {
   ReduceAttrs attrs_;
 };
 
+// Index of the first (kLast: last) maximum (kMax) or minimum along the middle dim of
+// x = [outer, len, inner]. With inner > 1 the scan runs over whole rows of `inner` candidates.
+template <typename T, bool kMax, bool kLast>
+void arg_extreme(const T* px, int64_t* po, int64_t outer, int64_t len, int64_t inner) {
+  auto better = [](T v, T best) {
+    if constexpr (kMax) return kLast ? v >= best : v > best;
+    else return kLast ? v <= best : v < best;
+  };
+  parallel_range(outer, [&](int64_t o0, int64_t o1) {
+    std::vector<T> best(static_cast<size_t>(inner));
+    for (int64_t o = o0; o < o1; ++o) {
+      const T* base = px + o * len * inner;
+      int64_t* idx = po + o * inner;
+      if (inner == 1) {
+        T b = base[0];
+        int64_t bi = 0;
+        for (int64_t r = 1; r < len; ++r) {
+          const bool take = better(base[r], b);
+          b = select(take, base[r], b);
+          bi = select(take, r, bi);
+        }
+        idx[0] = bi;
+        continue;
+      }
+      for (int64_t j = 0; j < inner; ++j) {
+        best[j] = base[j];
+        idx[j] = 0;
+      }
+      for (int64_t r = 1; r < len; ++r) {
+        const T* row = base + r * inner;
+        for (int64_t j = 0; j < inner; ++j) {
+          const bool take = better(row[j], best[j]);
+          best[j] = select(take, row[j], best[j]);
+          idx[j] = select(take, r, idx[j]);
+        }
+      }
+    }
+  });
+}
+
 // ArgMax / ArgMin along one axis: int64 indices, first (or with select_last_index, last) extreme.
 template <bool kMax>
 class ArgKernel final : public Kernel {
@@ -259,43 +299,8 @@ class ArgKernel final : public Kernel {
       using T = decltype(tag);
       if constexpr (kIsNumeric<T>) {
         Tensor& out = ctx.allocate_output(0, DType::kInt64, out_shape);
-        const T* px = x.data<T>();
-        int64_t* po = out.data<int64_t>();
-        const bool last = last_;
-        auto better = [last](T v, T best) {
-          if constexpr (kMax) return last ? v >= best : v > best;
-          else return last ? v <= best : v < best;
-        };
-        parallel_range(outer, [&](int64_t o0, int64_t o1) {
-          std::vector<T> best(static_cast<size_t>(inner));
-          for (int64_t o = o0; o < o1; ++o) {
-            const T* base = px + o * len * inner;
-            int64_t* idx = po + o * inner;
-            if (inner == 1) {
-              T b = base[0];
-              int64_t bi = 0;
-              for (int64_t r = 1; r < len; ++r)
-                if (better(base[r], b)) {
-                  b = base[r];
-                  bi = r;
-                }
-              idx[0] = bi;
-              continue;
-            }
-            for (int64_t j = 0; j < inner; ++j) {
-              best[j] = base[j];
-              idx[j] = 0;
-            }
-            for (int64_t r = 1; r < len; ++r) {
-              const T* row = base + r * inner;
-              for (int64_t j = 0; j < inner; ++j) {
-                const bool take = better(row[j], best[j]);
-                best[j] = take ? row[j] : best[j];
-                idx[j] = take ? r : idx[j];
-              }
-            }
-          }
-        });
+        if (last_) arg_extreme<T, kMax, true>(x.data<T>(), out.data<int64_t>(), outer, len, inner);
+        else arg_extreme<T, kMax, false>(x.data<T>(), out.data<int64_t>(), outer, len, inner);
       } else {
         fail(ErrorKind::kUnsupported, who + ": input dtype " + dtype_name(x.dtype()) + " is not supported");
       }
