@@ -1,0 +1,156 @@
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "slimquant/data/batch.h"
+#include "slimquant/ir/onnx_io.h"
+#include "slimquant/quant/ptq.h"
+#include "slimquant/quant/quant_config.h"
+#include "test_util.h"
+
+using namespace slimquant;
+
+namespace {
+
+ir::Node node(std::string op, std::string name) {
+  ir::Node n;
+  n.op_type = std::move(op);
+  n.name = std::move(name);
+  n.inputs = {"x", "w"};
+  n.outputs = {n.name + "_out"};
+  return n;
+}
+
+TEST(QuantConfig, RulePriorityLayerOverNameOverTypeOverGlobal) {
+  quant::QuantConfig cfg(quant::QuantRule{"KL", "channel_wise_abs_max", true});
+  cfg.add_type_config({"conv2d"}, {"hist", "abs_max", true});      // source name maps to Conv
+  cfg.add_name_config({"/layer1/*"}, {"mse", "abs_max", true});
+  cfg.add_layer_config({"/layer1/conv2"}, {"emd", "mse_channel_wise", true});
+  EXPECT_EQ(cfg.rule_for(node("Gemm", "/fc/Gemm")).activation, "KL");
+  EXPECT_EQ(cfg.rule_for(node("Conv", "/stem/conv")).activation, "hist");
+  EXPECT_EQ(cfg.rule_for(node("Conv", "/layer1/conv1")).activation, "mse");
+  EXPECT_EQ(cfg.rule_for(node("Conv", "/layer1/conv2")).activation, "emd");
+  EXPECT_EQ(cfg.rule_for(node("Conv", "/layer1/conv2")).weight, "mse_channel_wise");
+}
+
+TEST(QuantConfig, SkipsAndQuantizableTypes) {
+  quant::QuantConfig cfg;
+  cfg.skip_quant = {"/head/*", "Gemm"};
+  cfg.skip_tensor_list = {"special"};
+  EXPECT_NE(cfg.spec_for(node("Conv", "/body/conv")), nullptr);
+  EXPECT_EQ(cfg.spec_for(node("Conv", "/head/conv")), nullptr);
+  EXPECT_EQ(cfg.spec_for(node("Gemm", "/fc")), nullptr);
+  auto reads_special = node("Conv", "/body/conv2");
+  reads_special.inputs[0] = "special";
+  EXPECT_EQ(cfg.spec_for(reads_special), nullptr);
+  // Add is only quantized with is_full_quantize.
+  EXPECT_EQ(cfg.spec_for(node("Add", "/add")), nullptr);
+  cfg.is_full_quantize = true;
+  EXPECT_NE(cfg.spec_for(node("Add", "/add")), nullptr);
+}
+
+TEST(QuantConfig, YamlUsesSourceParameterNamesAndRejectsTypos) {
+  test::TempDir tmp("yaml");
+  std::ofstream(tmp.path("ptq.yaml")) << "algo: hist\nhist_percent: 0.999\nweight_quantize_type: abs_max\n"
+                                         "quantizable_op_type: [conv2d, mul]\nis_full_quantize: true\n"
+                                         "skip_tensor_list: [a, b]\nbatch_size: 16\n"
+                                         "type_config:\n  Gemm: {algo: mse}\n";
+  std::map<std::string, std::string> extra;
+  auto cfg = quant::load_quant_config_yaml(tmp.path("ptq.yaml"), quant::QuantConfig(), &extra);
+  EXPECT_EQ(cfg.global().activation, "hist");
+  EXPECT_FLOAT_EQ(cfg.observer_options.hist_percent, 0.999f);
+  EXPECT_EQ(cfg.global().weight, "abs_max");
+  EXPECT_TRUE(cfg.is_full_quantize);
+  EXPECT_EQ(cfg.skip_tensor_list, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(extra.at("batch_size"), "16");
+  EXPECT_EQ(cfg.rule_for(node("Gemm", "fc")).activation, "mse");
+  EXPECT_NE(cfg.spec_for(node("MatMul", "mm")), nullptr);  // `mul` maps to MatMul and Gemm
+
+  std::ofstream(tmp.path("typo.yaml")) << "algoo: KL\n";
+  try {
+    quant::load_quant_config_yaml(tmp.path("typo.yaml"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'algoo'"), std::string::npos) << e.what();
+  }
+  std::ofstream(tmp.path("badalgo.yaml")) << "algo: fancy\n";
+  EXPECT_THROW(quant::load_quant_config_yaml(tmp.path("badalgo.yaml")), Error);
+}
+
+TEST(Ptq, WeightQuantizationIsPerChannelRoundHalfEvenSaturating) {
+  Tensor w = Tensor::from_vector<float>({2, 3}, {0.5f, 1.5f, -2.5f, 10.f, -300.f, 4.f});
+  Tensor q = quant::quantize_weight_s8(w, {1.f, 2.f}, 0);
+  auto v = q.to_int64_vector();
+  EXPECT_EQ(v, (std::vector<int64_t>{0, 2, -2, 5, -127, 2}));
+}
+
+class PtqOnResnet : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ptq_ = new quant::PTQ(quant::QuantConfig{});
+    ptq_->quantize(ir::load_onnx(test::fixture_model("resnet_small")));
+    data::DataOptions o;
+    o.spec = "fashion-mnist:train";
+    o.limit = 128;
+    auto ds = data::open_dataset(o);
+    for (const auto& b : data::BatchLoader(*ds, 32)) ptq_->sample(b.inputs);
+  }
+  static void TearDownTestSuite() { delete ptq_; }
+  static quant::PTQ* ptq_;
+};
+quant::PTQ* PtqOnResnet::ptq_ = nullptr;
+
+TEST_F(PtqOnResnet, EveryConvAndGemmIsALayerWithOneQdqPerTensor) {
+  int convs = 0;
+  for (const auto& n : ptq_->float_graph().nodes) convs += n.op_type == "Conv" || n.op_type == "Gemm";
+  EXPECT_EQ(static_cast<int>(ptq_->layers().size()), convs);
+  ir::Graph qdq = ptq_->convert();
+  int q = 0, dq = 0;
+  for (const auto& n : qdq.nodes) {
+    q += n.op_type == "QuantizeLinear";
+    dq += n.op_type == "DequantizeLinear";
+  }
+  // One Q/DQ pair per distinct activation tensor, one DQ per weight.
+  EXPECT_EQ(q, static_cast<int>(ptq_->observed_tensors().size()));
+  EXPECT_EQ(dq, q + convs);
+  EXPECT_NO_THROW(ir::check_onnx(qdq));
+  // Weights are int8 initializers; no float copy of a quantized weight remains.
+  for (const auto& l : ptq_->layers()) EXPECT_FALSE(qdq.is_initializer(l.weight)) << l.weight;
+}
+
+TEST_F(PtqOnResnet, ReluOutputsUseUnsignedZeroPointZero) {
+  int unsigned_tensors = 0;
+  for (const auto& t : ptq_->observed_tensors()) {
+    auto p = ptq_->activation_params(t);
+    ASSERT_EQ(p.scale.size(), 1u);
+    EXPECT_GT(p.scale[0], 0.f);
+    if (p.dtype == quant::QuantDType::kU8) {
+      ++unsigned_tensors;
+      EXPECT_EQ(p.zero_point[0], 0);
+      EXPECT_GE(ptq_->activation_observer(t).observed_min(), 0.f);
+    }
+  }
+  EXPECT_GT(unsigned_tensors, 10);  // post-ReLU activations
+}
+
+TEST_F(PtqOnResnet, ConvertSubsetQuantizesOnlyThoseLayers) {
+  const auto& first = ptq_->layers().front();
+  ir::Graph one = ptq_->convert(std::set<std::string>{first.name});
+  int weight_dq = 0;
+  for (const auto& n : one.nodes)
+    if (n.op_type == "DequantizeLinear" && n.has_attr("axis")) ++weight_dq;
+  EXPECT_EQ(weight_dq, 1);
+}
+
+TEST(Ptq, EmptyCalibrationIsAClearError) {
+  quant::PTQ ptq(quant::QuantConfig{});
+  ptq.quantize(ir::load_onnx(test::fixture_model("resnet_small")));
+  try {
+    ptq.convert();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidData);
+  }
+}
+
+}  // namespace
