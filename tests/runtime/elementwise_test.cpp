@@ -216,6 +216,18 @@ TEST(Elementwise, VectorisedTranscendentalsAreAccurate) {
   EXPECT_EQ(erfv[2], -1.f);
 }
 
+TEST(Elementwise, MishMatchesClosedForm) {  // opset 18, no node test data in ONNX 1.12
+  std::vector<float> xs;
+  for (int i = -400; i <= 400; ++i) xs.push_back(static_cast<float>(i) * 0.05f);  // [-20, 20]
+  for (float v : {-100.f, 100.f, 1e-6f}) xs.push_back(v);
+  const Tensor x = Tensor::from_vector<float>({static_cast<int64_t>(xs.size())}, xs);
+  const Tensor y = run1(make_node("Mish", 1), {x}, 18);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double v = xs[i], want = v * std::tanh(std::log1p(std::exp(v)));
+    EXPECT_NEAR(y.data<float>()[i], want, 1e-6 * std::abs(want) + 1e-12) << v;
+  }
+}
+
 TEST(Elementwise, RoundingIsExact) {
   const std::vector<float> xs{-2.5f, -1.5f, -0.5f, -0.f, 0.5f, 1.5f, 2.5f, 0.49999997f, -3.7f, 3.2f,
                               8388607.5f, 16777216.f, -1e30f, 1e30f, INFINITY, -INFINITY};
