@@ -246,6 +246,14 @@ Graph parse_onnx(const std::string& bytes, const std::string& base_dir, const st
     if (v.has_type() && !v.type().has_tensor_type())
       fail(ErrorKind::kUnsupported, std::string("graph ") + role + " '" + v.name() +
                                         "' is a sequence, map or optional value; only tensors are supported");
+    // float16/bfloat16/string interfaces: say so instead of misreading the data.
+    if (v.has_type() && v.type().tensor_type().elem_type() != 0) {
+      try {
+        dtype_from_onnx(v.type().tensor_type().elem_type());
+      } catch (const Error& e) {
+        fail(ErrorKind::kUnsupported, std::string("graph ") + role + " '" + v.name() + "': " + e.what());
+      }
+    }
   };
   for (const auto& v : gp.input()) {
     if (g.initializers.count(v.name())) continue;
