@@ -9,6 +9,7 @@
 #include "cli/common.h"
 #include "slimquant/analysis/evaluate.h"
 #include "slimquant/core/npy.h"
+#include "slimquant/quant/lowering.h"
 #include "slimquant/runtime/session.h"
 
 namespace slimquant::cli {
@@ -59,6 +60,13 @@ runtime::SessionOptions session_options(int threads) {
   return o;
 }
 
+// QDQ models run as integer execution (INT8 lowering) unless --simulate asks for the float simulation.
+runtime::Session make_session(ir::Graph g, int threads, bool simulate) {
+  if (!simulate && quant::has_qdq_nodes(g)) return quant::make_int8_session(g, session_options(threads));
+  return runtime::Session(std::move(g), session_options(threads));
+}
+constexpr const char* kSimulateHelp = "run a QDQ model as float simulation instead of integer execution";
+
 }  // namespace
 
 Action register_info(CLI::App& app) {
@@ -108,14 +116,16 @@ Action register_run(CLI::App& app) {
     std::string model, output_dir;
     std::vector<std::string> inputs;
     int threads = 0;
+    bool simulate = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("MODEL", a->model, "ONNX model file")->required();
   cmd->add_option("--input", a->inputs, "NAME=FILE.npy (repeat for several inputs)")->required();
   cmd->add_option("--output-dir", a->output_dir, "directory for <output name>.npy files")->required();
   cmd->add_option("--threads", a->threads, "threads (0 = all cores)");
+  cmd->add_flag("--simulate", a->simulate, kSimulateHelp);
   return [=] {
-    runtime::Session session(load_model_arg(a->model), session_options(a->threads));
+    runtime::Session session = make_session(load_model_arg(a->model), a->threads, a->simulate);
     std::map<std::string, Tensor> feeds;
     for (const auto& spec : a->inputs) {
       auto eq = spec.find('=');
@@ -155,6 +165,7 @@ Action register_eval(CLI::App& app) {
     bool json = false;
     size_t batch_size = 64;
     int threads = 0;
+    bool simulate = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("MODEL", a->model, "ONNX model file")->required();
@@ -163,11 +174,12 @@ Action register_eval(CLI::App& app) {
   cmd->add_option("--batch-size", a->batch_size, "samples per batch")->capture_default_str();
   cmd->add_option("--threads", a->threads, "threads (0 = all cores)");
   cmd->add_flag("--json", a->json, "print a JSON object as the last line");
+  cmd->add_flag("--simulate", a->simulate, kSimulateHelp);
   return [=] {
     DataFlags flags = a->flags;
     if (!a->data.empty()) flags.dataset = a->data;
     auto dataset = data::open_dataset(flags.options("fashion-mnist:test"));
-    runtime::Session session(load_model_arg(a->model), session_options(a->threads));
+    runtime::Session session = make_session(load_model_arg(a->model), a->threads, a->simulate);
     auto metric = analysis::make_metric(a->metric);
     SQ_CHECK(!metric->needs_reference(), ErrorKind::kInvalidArgument,
              "eval: metric '" + a->metric + "' compares two models; use top1 or top5 here");
@@ -187,7 +199,7 @@ Action register_bench(CLI::App& app) {
     std::string model;
     std::vector<std::string> shapes;
     int runs = 30, warmup = 5, threads = 1;
-    bool json = false;
+    bool json = false, simulate = false;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("MODEL", a->model, "ONNX model file")->required();
@@ -196,9 +208,10 @@ Action register_bench(CLI::App& app) {
   cmd->add_option("--warmup", a->warmup, "untimed runs first")->capture_default_str();
   cmd->add_option("--threads", a->threads, "threads (0 = all cores)")->capture_default_str();
   cmd->add_flag("--json", a->json, "print a JSON object as the last line");
+  cmd->add_flag("--simulate", a->simulate, kSimulateHelp);
   return [=] {
     SQ_CHECK(a->runs > 0, ErrorKind::kInvalidArgument, "--runs must be positive");
-    runtime::Session session(load_model_arg(a->model), session_options(a->threads));
+    runtime::Session session = make_session(load_model_arg(a->model), a->threads, a->simulate);
     std::map<std::string, Shape> shapes;
     for (const auto& spec : a->shapes) {
       auto eq = spec.find('=');

@@ -22,6 +22,7 @@ const KernelRegistry& KernelRegistry::instance() {
     register_elementwise_kernels(r);
     register_dnnl_kernels(r);
     register_shape_kernels(r);
+    register_int8_kernels(r);
     return r;
   }();
   return registry;

@@ -1,0 +1,92 @@
+#pragma once
+// INT8 lowering: the integer execution of a QDQ graph (the float simulation is the same graph run
+// as is). Lowering is selection + action, like ONNX Runtime's QDQ transformers: a selector
+// recognises a node group
+//     DQ(x_q) , DQ(w_q) [, bias] -> Conv | Gemm | MatMul [-> Add(constant bias)] [-> Relu | Clip] [-> Q]
+// and validates it once into a QdqGroup; an action replaces the group by one fused node of domain
+// "com.slimquant" (QConv, QGemm, QMatMul) that reads x_q and w_q directly and writes y_q (or float32
+// when the group has no trailing Q). Quantized tensors therefore flow from one fused node to the
+// next with no float round trip; QuantizeLinear stays only where float values feed quantized ops,
+// DequantizeLinear only where quantized values feed float ops. Anything not matched keeps running
+// as float simulation, so every QDQ model runs. docs/int8_execution.md has the arithmetic.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "slimquant/ir/graph.h"
+#include "slimquant/runtime/session.h"
+
+namespace slimquant::quant {
+
+// Quantization parameters of one value, as a QuantizeLinear / DequantizeLinear states them.
+struct QuantParam {
+  std::vector<float> scale;         // one value = per tensor
+  std::vector<int32_t> zero_point;  // as many as scale
+  int64_t axis = 1;                 // normalised per-channel axis (meaningful when scale.size() > 1)
+  DType dtype = DType::kUndefined;  // uint8 / int8 (int32 for a quantized bias)
+  bool per_tensor() const { return scale.size() == 1; }
+};
+
+enum class LoweredOp { kConv, kGemm, kMatMul };
+const char* lowered_op_type(LoweredOp op);  // "QConv", "QGemm", "QMatMul"
+
+// One group the selector recognised, already validated. Node indices refer to the graph given to
+// the selector (they stay valid until that graph's node list changes).
+struct QdqGroup {
+  LoweredOp op = LoweredOp::kConv;
+  std::vector<int> dq_inputs;  // DequantizeLinear nodes the target reads: x's, w's (and a quantized bias's)
+  int target = -1;             // the Conv / Gemm / MatMul
+  int bias_add = -1;           // MatMul -> Add(constant [N]) taken in as the bias, or -1
+  int activation = -1;         // Relu / Clip taken in, or -1
+  int q_output = -1;           // the QuantizeLinear ending the group, or -1 (float32 output)
+  std::string x_q, w_q;        // the integer values the fused node reads
+  std::string output;          // the value it writes: Q's output, or the last float value of the group
+  QuantParam x, w, y;          // y is empty (no scale) for a float32 output
+  bool quantized_bias = false; // the bias is DequantizeLinear(int32 constant): the action makes it float
+};
+
+// Why a candidate (a Conv/Gemm/MatMul reading a DequantizeLinear) was left in simulation.
+struct LoweringSkip {
+  std::string node;    // node name
+  std::string reason;  // "cannot lower Conv 'x': weight zero point must be 0 for s8 weights (got 3)"
+};
+
+struct LoweringOptions {
+  bool conv = true, gemm = true, matmul = true;  // which op families to lower
+  bool fuse_activation = true;       // take a Relu / Clip that alone reads the output into the group
+  bool fuse_output_quantize = true;  // end the group in its QuantizeLinear (integer output)
+  bool fuse_matmul_bias = true;      // take MatMul -> Add(constant [N]) as the bias
+  // How fused nodes accumulate (written on each node, see runtime/kernels/int8_common.h): "auto"
+  // (exact int8 dot products where the CPU has them, the exact float path otherwise), "int8", "f32".
+  std::string compute = "auto";
+};
+
+// Selector: the groups lower_to_int8 replaces, in node order. Scales, zero points, weights and
+// biases must be initializers (run runtime::optimize_graph first; lower_to_int8 does). When
+// `skipped` is given it receives one entry per candidate that was not lowered, with the reason.
+std::vector<QdqGroup> select_qdq_groups(const ir::Graph& g, const LoweringOptions& options = {},
+                                        std::vector<LoweringSkip>* skipped = nullptr);
+
+// Action: the fused node replacing `group` (adds a float bias initializer to g when the group's
+// bias is quantized).
+ir::Node make_fused_node(ir::Graph& g, const QdqGroup& group, const LoweringOptions& options = {});
+
+struct LoweringReport {
+  int conv = 0, gemm = 0, matmul = 0;  // groups lowered per family
+  int quantize_kept = 0, dequantize_kept = 0;  // Q / DQ nodes left (float <-> integer boundaries)
+  std::vector<LoweringSkip> skipped;
+  int lowered() const { return conv + gemm + matmul; }
+};
+
+// The integer form of a QDQ graph (constants folded, groups replaced, Q/DQ nodes nobody reads any
+// more removed). A graph with no QDQ group comes back optimised but otherwise unchanged.
+ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options = {}, LoweringReport* report = nullptr);
+
+// True when the graph has QuantizeLinear or DequantizeLinear nodes.
+bool has_qdq_nodes(const ir::Graph& g);
+
+// lower_to_int8 + Session.
+runtime::Session make_int8_session(const ir::Graph& qdq, runtime::SessionOptions options = {},
+                                   const LoweringOptions& lowering = {});
+
+}  // namespace slimquant::quant

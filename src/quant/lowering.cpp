@@ -1,0 +1,405 @@
+// INT8 lowering: selectors recognise QDQ groups, the action writes one fused com.slimquant node
+// per group (the contract with the kernels is runtime/kernels/int8_common.h).
+#include "slimquant/quant/lowering.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "runtime/kernels/int8_common.h"
+#include "slimquant/runtime/optimize.h"
+
+namespace slimquant::quant {
+
+namespace {
+
+namespace i8 = runtime::int8;
+
+bool is_op(const ir::Node& n, const char* op) { return n.domain.empty() && n.op_type == op; }
+
+// Producers and readers of every value, built once per selection.
+class GraphIndex {
+ public:
+  explicit GraphIndex(const ir::Graph& g) : g_(g) {
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      const ir::Node& n = g.nodes[i];
+      for (const auto& o : n.outputs)
+        if (!o.empty()) producer_[o] = static_cast<int>(i);
+      for (const auto& in : n.inputs)
+        if (!in.empty()) consumers_[in].push_back(static_cast<int>(i));
+    }
+    for (const auto& o : g.outputs) outputs_.insert(o.name);
+  }
+
+  const ir::Graph& graph() const { return g_; }
+  int producer(const std::string& v) const {
+    auto it = producer_.find(v);
+    return it == producer_.end() ? -1 : it->second;
+  }
+  // The node that alone reads v (once), when v is not a graph output either; -1 otherwise.
+  int sole_consumer(const std::string& v) const {
+    if (outputs_.count(v)) return -1;
+    auto it = consumers_.find(v);
+    if (it == consumers_.end() || it->second.size() != 1) return -1;
+    const ir::Node& n = g_.nodes[it->second[0]];
+    if (std::count(n.inputs.begin(), n.inputs.end(), v) != 1) return -1;
+    return it->second[0];
+  }
+  // The value's element type as far as the graph states it.
+  DType dtype(const std::string& v) const {
+    if (const Tensor* t = g_.initializer(v)) return t->dtype();
+    if (const ir::ValueInfo* vi = g_.find_value_info(v); vi && vi->dtype != DType::kUndefined) return vi->dtype;
+    const int p = producer(v);
+    if (p >= 0 && is_op(g_.nodes[p], "QuantizeLinear")) {
+      const std::string& zp = g_.nodes[p].input(2);
+      if (zp.empty()) return DType::kUInt8;  // QuantizeLinear's default output type
+      if (const Tensor* t = g_.initializer(zp)) return t->dtype();
+    }
+    return DType::kUndefined;
+  }
+  int64_t rank(const std::string& v) const {
+    if (const Tensor* t = g_.initializer(v)) return static_cast<int64_t>(t->rank());
+    if (const ir::ValueInfo* vi = g_.find_value_info(v); vi && vi->dims) return static_cast<int64_t>(vi->dims->size());
+    return -1;
+  }
+
+ private:
+  const ir::Graph& g_;
+  std::unordered_map<std::string, int> producer_;
+  std::unordered_map<std::string, std::vector<int>> consumers_;
+  std::unordered_set<std::string> outputs_;
+};
+
+// Errors are values inside the selector: each check returns a reason, or nothing when it passes.
+using Why = std::optional<std::string>;
+
+// Scale / zero point / axis of a QuantizeLinear or DequantizeLinear node.
+Why read_qparams(const GraphIndex& ix, const ir::Node& n, QuantParam& p) {
+  const ir::Graph& g = ix.graph();
+  const std::string who = n.op_type + " '" + n.name + "'";
+  const Tensor* scale = g.initializer(n.input(1));
+  if (!scale || scale->dtype() != DType::kFloat32) return "the scale of " + who + " is not a float32 constant";
+  if (scale->rank() > 1) return "the scale of " + who + " has shape " + shape_str(scale->shape());
+  p.scale = scale->to_float_vector();
+  for (float s : p.scale)
+    if (!(s > 0.f) || !std::isfinite(s)) return who + " has a scale that is not positive and finite";
+  p.zero_point.assign(p.scale.size(), 0);
+  if (const std::string& zp_name = n.input(2); !zp_name.empty()) {
+    const Tensor* zp = g.initializer(zp_name);
+    if (!zp) return "the zero point of " + who + " is not a constant";
+    if (zp->numel() != static_cast<int64_t>(p.scale.size())) return "the zero point of " + who + " does not match its scale";
+    const auto v = zp->to_int64_vector();
+    for (size_t i = 0; i < v.size(); ++i) p.zero_point[i] = static_cast<int32_t>(v[i]);
+    p.dtype = zp->dtype();
+  } else if (n.op_type == "QuantizeLinear") {
+    p.dtype = DType::kUInt8;
+  } else {
+    p.dtype = ix.dtype(n.inputs.at(0));
+    if (p.dtype == DType::kUndefined) return "the integer type of " + who + "'s input is unknown";
+  }
+  p.axis = n.attr_int("axis", 1);
+  if (!p.per_tensor()) {
+    const int64_t r = ix.rank(n.inputs.at(0));
+    if (r < 0) return "the rank of " + who + "'s input is unknown";
+    if (p.axis < -r || p.axis >= r) return who + " has axis " + std::to_string(p.axis) + " for rank " + std::to_string(r);
+    if (p.axis < 0) p.axis += r;
+  }
+  return std::nullopt;
+}
+
+bool is_8bit(DType t) { return t == DType::kUInt8 || t == DType::kInt8; }
+
+// The activation a Relu / Clip node applies, when its bounds are constants.
+Why read_activation(const ir::Graph& g, const ir::Node& n, i8::QLinearAttrs& q) {
+  if (is_op(n, "Relu")) {
+    q.activation = i8::Activation::kRelu;
+    return std::nullopt;
+  }
+  if (!is_op(n, "Clip")) return "not an activation";
+  q.activation = i8::Activation::kClip;
+  if (g.opset < 11) {
+    q.activation_min = n.attr_float("min", -INFINITY);
+    q.activation_max = n.attr_float("max", INFINITY);
+    return std::nullopt;
+  }
+  for (size_t i : {size_t{1}, size_t{2}}) {
+    const std::string& b = n.input(i);
+    if (b.empty()) continue;
+    const Tensor* t = g.initializer(b);
+    if (!t || t->numel() != 1) return "Clip bounds are not constants";
+    (i == 1 ? q.activation_min : q.activation_max) = t->to_float_vector()[0];
+  }
+  return std::nullopt;
+}
+
+// The output-channel axis of the weight, or -1 when the layout is not one the kernels take.
+int64_t weight_channel_axis(const ir::Node& target, LoweredOp op, const Tensor& w) {
+  switch (op) {
+    case LoweredOp::kConv: return w.rank() >= 3 && w.rank() <= 5 ? 0 : -1;
+    case LoweredOp::kGemm: return w.rank() == 2 ? (target.attr_int("transB", 0) ? 0 : 1) : -1;
+    case LoweredOp::kMatMul: return w.rank() == 2 ? 1 : -1;
+  }
+  return -1;
+}
+
+// Checks a candidate and fills the group; returns the reason when it cannot be lowered.
+Why select_group(const GraphIndex& ix, int t, LoweredOp op, const LoweringOptions& options, QdqGroup& grp) {
+  const ir::Graph& g = ix.graph();
+  const ir::Node& n = g.nodes[t];
+  grp.op = op;
+  grp.target = t;
+  if (n.outputs.size() != 1) return std::string("it has more than one output");
+  const int px = ix.producer(n.input(0)), pw = ix.producer(n.input(1));
+  const bool x_dq = px >= 0 && is_op(g.nodes[px], "DequantizeLinear");
+  const bool w_dq = pw >= 0 && is_op(g.nodes[pw], "DequantizeLinear");
+  if (!x_dq) return std::string("input 0 is not dequantized (a float activation stays in simulation)");
+  if (!w_dq) return std::string("input 1 is not dequantized");
+
+  // x: a per-tensor u8/s8 activation.
+  const ir::Node& dqx = g.nodes[px];
+  grp.x_q = dqx.inputs.at(0);
+  if (g.is_initializer(grp.x_q)) return std::string("input 0 is a constant, not an activation");
+  if (Why why = read_qparams(ix, dqx, grp.x)) return why;
+  if (!grp.x.per_tensor()) return std::string("the activation is quantized per channel; integer kernels need per tensor");
+  if (!is_8bit(grp.x.dtype)) return std::string("the activation is ") + dtype_name(grp.x.dtype) + ", not uint8/int8";
+  const int32_t x_lo = grp.x.dtype == DType::kUInt8 ? 0 : -128, x_hi = grp.x.dtype == DType::kUInt8 ? 255 : 127;
+  if (grp.x.zero_point[0] < x_lo || grp.x.zero_point[0] > x_hi) return std::string("the activation zero point is out of range");
+
+  // w: a constant s8 weight with zero point 0, per tensor or per output channel.
+  const ir::Node& dqw = g.nodes[pw];
+  grp.w_q = dqw.inputs.at(0);
+  const Tensor* w = g.initializer(grp.w_q);
+  if (!w)
+    return std::string(op == LoweredOp::kMatMul ? "input 1 is an activation (activation x activation MatMul stays "
+                                                  "in simulation)"
+                                                : "the weight is not a constant");
+  if (w->dtype() != DType::kInt8)
+    return std::string("the weight is ") + dtype_name(w->dtype()) + "; integer kernels need int8 weights";
+  if (Why why = read_qparams(ix, dqw, grp.w)) return why;
+  for (int32_t z : grp.w.zero_point)
+    if (z != 0) return "weight zero point must be 0 for s8 weights (got " + std::to_string(z) + ")";
+  const int64_t axis = weight_channel_axis(n, op, *w);
+  if (axis < 0) return "the weight of shape " + shape_str(w->shape()) + " is not one the integer kernel takes";
+  if (!grp.w.per_tensor()) {
+    if (grp.w.axis != axis)
+      return "the weight is quantized along axis " + std::to_string(grp.w.axis) + "; integer kernels need the "
+             "output-channel axis " + std::to_string(axis);
+    if (static_cast<int64_t>(grp.w.scale.size()) != w->dim(static_cast<size_t>(axis)))
+      return std::string("the weight has a scale count that does not match its channels");
+  }
+  const int64_t channels = w->dim(static_cast<size_t>(axis));
+  grp.dq_inputs = {px, pw};
+
+  // Bias: Conv's B / Gemm's C, float32 or DequantizeLinear(int32) constants of one value per channel.
+  if (op == LoweredOp::kGemm) {
+    const float alpha = n.attr_float("alpha", 1.f);
+    if (!(alpha != 0.f) || !std::isfinite(alpha)) return std::string("alpha must be finite and non-zero");
+  }
+  if (op != LoweredOp::kMatMul && !n.input(2).empty()) {
+    const std::string& b = n.input(2);
+    const Tensor* bt = g.initializer(b);
+    const int pb = ix.producer(b);
+    if (!bt && pb >= 0 && is_op(g.nodes[pb], "DequantizeLinear")) {
+      bt = g.initializer(g.nodes[pb].inputs.at(0));
+      if (!bt || bt->dtype() != DType::kInt32) return std::string("the dequantized bias is not an int32 constant");
+      QuantParam bp;
+      if (Why why = read_qparams(ix, g.nodes[pb], bp)) return why;
+      grp.quantized_bias = true;
+      grp.dq_inputs.push_back(pb);
+    } else if (!bt || bt->dtype() != DType::kFloat32) {
+      return std::string("the bias is not a float32 constant");
+    }
+    const bool shape_ok = bt->numel() == channels && (bt->rank() == 1 || (bt->rank() == 2 && bt->dim(0) == 1));
+    if (!shape_ok) return "the bias of shape " + shape_str(bt->shape()) + " is not one value per output channel";
+  }
+
+  // The chain after the target: [Add(bias)] [Relu|Clip] [QuantizeLinear].
+  std::string cur = n.outputs[0];
+  if (op == LoweredOp::kMatMul && options.fuse_matmul_bias) {
+    const int c = ix.sole_consumer(cur);
+    if (c >= 0 && is_op(g.nodes[c], "Add") && g.nodes[c].inputs.size() == 2) {
+      const ir::Node& add = g.nodes[c];
+      const std::string& other = add.inputs[0] == cur ? add.inputs[1] : add.inputs[0];
+      const Tensor* bt = g.initializer(other);
+      if (bt && bt->dtype() == DType::kFloat32 && bt->rank() == 1 && bt->numel() == channels) {
+        grp.bias_add = c;
+        cur = add.outputs.at(0);
+      }
+    }
+  }
+  if (options.fuse_activation) {
+    const int c = ix.sole_consumer(cur);
+    i8::QLinearAttrs probe;
+    if (c >= 0 && g.nodes[c].outputs.size() == 1 && !read_activation(g, g.nodes[c], probe)) {
+      grp.activation = c;
+      cur = g.nodes[c].outputs[0];
+    }
+  }
+  if (options.fuse_output_quantize) {
+    const int c = ix.sole_consumer(cur);
+    if (c >= 0 && is_op(g.nodes[c], "QuantizeLinear") && g.nodes[c].inputs[0] == cur) {
+      QuantParam y;
+      const bool ok = !read_qparams(ix, g.nodes[c], y) && y.per_tensor() && is_8bit(y.dtype);
+      if (ok) {
+        grp.y = y;
+        grp.q_output = c;
+        cur = g.nodes[c].outputs.at(0);
+      }
+    }
+  }
+  grp.output = cur;
+  return std::nullopt;
+}
+
+std::optional<LoweredOp> lowered_family(const ir::Node& n, const LoweringOptions& o) {
+  if (!n.domain.empty()) return std::nullopt;
+  if (n.op_type == "Conv" && o.conv) return LoweredOp::kConv;
+  if (n.op_type == "Gemm" && o.gemm) return LoweredOp::kGemm;
+  if (n.op_type == "MatMul" && o.matmul) return LoweredOp::kMatMul;
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* lowered_op_type(LoweredOp op) {
+  switch (op) {
+    case LoweredOp::kConv: return i8::kQConv;
+    case LoweredOp::kGemm: return i8::kQGemm;
+    case LoweredOp::kMatMul: return i8::kQMatMul;
+  }
+  return "";
+}
+
+std::vector<QdqGroup> select_qdq_groups(const ir::Graph& g, const LoweringOptions& options,
+                                        std::vector<LoweringSkip>* skipped) {
+  const GraphIndex ix(g);
+  std::vector<QdqGroup> groups;
+  for (size_t t = 0; t < g.nodes.size(); ++t) {
+    const ir::Node& n = g.nodes[t];
+    const auto op = lowered_family(n, options);
+    if (!op) continue;
+    // Candidates are the nodes that read at least one DequantizeLinear: the rest is plain float.
+    bool reads_dq = false;
+    for (const auto& in : n.inputs) {
+      const int p = in.empty() ? -1 : ix.producer(in);
+      reads_dq = reads_dq || (p >= 0 && is_op(g.nodes[p], "DequantizeLinear"));
+    }
+    if (!reads_dq) continue;
+    QdqGroup grp;
+    if (Why why = select_group(ix, static_cast<int>(t), *op, options, grp)) {
+      if (skipped) skipped->push_back({n.name, "cannot lower " + n.describe() + ": " + *why});
+      continue;
+    }
+    groups.push_back(std::move(grp));
+  }
+  return groups;
+}
+
+ir::Node make_fused_node(ir::Graph& g, const QdqGroup& grp, const LoweringOptions& options) {
+  const ir::Node& t = g.nodes.at(grp.target);
+  ir::Node f;
+  f.name = t.name;  // the layer keeps its name: errors and analysis still point at it
+  f.domain = i8::kDomain;
+  f.op_type = lowered_op_type(grp.op);
+  f.attrs = t.attrs;  // Conv's window attributes / Gemm's transA, transB, alpha, beta
+  f.inputs = {grp.x_q, grp.w_q};
+  std::string bias;
+  if (grp.op == LoweredOp::kMatMul) {
+    if (grp.bias_add >= 0) {
+      const ir::Node& add = g.nodes[grp.bias_add];
+      bias = add.inputs[0] == t.outputs[0] ? add.inputs[1] : add.inputs[0];
+    }
+  } else {
+    bias = t.input(2);
+    if (grp.quantized_bias) {
+      // b = (b_q - z) * s, folded once into a float32 initializer.
+      const ir::Node& dq = g.nodes.at(g.producer(bias));
+      const Tensor& bq = *g.initializer(dq.inputs.at(0));
+      const auto scale = g.initializer(dq.input(1))->to_float_vector();
+      std::vector<int64_t> zp(scale.size(), 0);
+      if (!dq.input(2).empty()) zp = g.initializer(dq.input(2))->to_int64_vector();
+      Tensor b(DType::kFloat32, bq.shape());
+      for (int64_t i = 0; i < bq.numel(); ++i) {
+        const size_t c = scale.size() == 1 ? 0 : static_cast<size_t>(i);
+        b.data<float>()[i] = static_cast<float>(bq.data<int32_t>()[i] - zp[c]) * scale[c];
+      }
+      bias = g.unique_value_name(bias + "_float");
+      g.initializers[bias] = b;
+    }
+  }
+  if (!bias.empty()) f.inputs.push_back(bias);
+  f.outputs = {grp.output};
+
+  i8::QLinearAttrs q;
+  q.x_scale = grp.x.scale[0];
+  q.x_zero_point = grp.x.zero_point[0];
+  q.w_scale = grp.w.scale;
+  if (grp.q_output >= 0) {
+    q.y_type = grp.y.dtype;
+    q.y_scale = grp.y.scale[0];
+    q.y_zero_point = grp.y.zero_point[0];
+  }
+  if (grp.activation >= 0) read_activation(g, g.nodes[grp.activation], q);
+  ir::Node probe;
+  probe.attrs[i8::attr::kCompute] = options.compute;
+  probe.name = t.name;
+  probe.op_type = f.op_type;
+  q.compute = i8::parse_compute(probe);  // validates the option's spelling
+  q.write(f);
+  return f;
+}
+
+ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, LoweringReport* report) {
+  ir::Graph g = qdq;
+  runtime::optimize_graph(g);
+  LoweringReport local;
+  LoweringReport& r = report ? *report : local;
+  r = LoweringReport{};
+  const std::vector<QdqGroup> groups = select_qdq_groups(g, options, &r.skipped);
+
+  std::vector<bool> drop(g.nodes.size(), false);
+  std::map<int, ir::Node> fused;
+  for (const QdqGroup& grp : groups) {
+    fused.emplace(grp.target, make_fused_node(g, grp, options));
+    for (int i : {grp.bias_add, grp.activation, grp.q_output})
+      if (i >= 0) drop[i] = true;
+    (grp.op == LoweredOp::kConv ? r.conv : grp.op == LoweredOp::kGemm ? r.gemm : r.matmul)++;
+  }
+  std::vector<ir::Node> nodes;
+  nodes.reserve(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    auto it = fused.find(static_cast<int>(i));
+    if (it != fused.end()) nodes.push_back(std::move(it->second));
+    else if (!drop[i]) nodes.push_back(std::move(g.nodes[i]));
+  }
+  g.nodes = std::move(nodes);
+  // DequantizeLinear nodes whose readers were all lowered (and Q nodes feeding only those) go.
+  g.remove_dead_nodes();
+  g.remove_unused_initializers();
+  std::unordered_set<std::string> live;
+  for (const auto& n : g.nodes) live.insert(n.outputs.begin(), n.outputs.end());
+  std::erase_if(g.value_info, [&](const auto& kv) { return !live.count(kv.first); });
+  if (!groups.empty()) g.extra_opsets[i8::kDomain] = 1;
+  g.validate();
+  for (const auto& n : g.nodes) {
+    if (is_op(n, "QuantizeLinear")) ++r.quantize_kept;
+    if (is_op(n, "DequantizeLinear")) ++r.dequantize_kept;
+  }
+  return g;
+}
+
+bool has_qdq_nodes(const ir::Graph& g) {
+  return std::any_of(g.nodes.begin(), g.nodes.end(), [](const ir::Node& n) {
+    return is_op(n, "QuantizeLinear") || is_op(n, "DequantizeLinear");
+  });
+}
+
+runtime::Session make_int8_session(const ir::Graph& qdq, runtime::SessionOptions options,
+                                   const LoweringOptions& lowering) {
+  return runtime::Session(lower_to_int8(qdq, lowering), options);
+}
+
+}  // namespace slimquant::quant

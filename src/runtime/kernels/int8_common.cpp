@@ -1,0 +1,263 @@
+#include "runtime/kernels/int8_common.h"
+
+#include <cfloat>
+#include <cstdlib>
+
+namespace slimquant::runtime::int8 {
+
+using dnnl::memory;
+
+Compute parse_compute(const ir::Node& node) {
+  const std::string c = node.attr_string(attr::kCompute, "auto");
+  if (c == "auto" || c.empty()) return Compute::kAuto;
+  if (c == "int8") return Compute::kInt8;
+  if (c == "f32") return Compute::kF32;
+  fail(ErrorKind::kInvalidModel,
+       node.describe() + ": attribute '" + attr::kCompute + "' must be auto, int8 or f32, got '" + c + "'");
+}
+
+const char* compute_name(Compute c) {
+  switch (c) {
+    case Compute::kAuto: return "auto";
+    case Compute::kInt8: return "int8";
+    case Compute::kF32: return "f32";
+  }
+  return "?";
+}
+
+bool cpu_has_exact_int8_dot() {
+  static const bool has = [] {
+    // cpu_isa values are cumulative bit sets: an ISA includes every bit of the ones it extends.
+    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto avx512_vnni = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_vnni);
+    const auto avx2_vnni = static_cast<unsigned>(dnnl::cpu_isa::avx2_vnni);
+    return (isa & avx512_vnni) == avx512_vnni || (isa & avx2_vnni) == avx2_vnni;
+  }();
+  return has;
+}
+
+Compute resolve_compute(Compute requested) {
+  if (requested != Compute::kAuto) return requested;
+  // For benchmarks on CPUs without VNNI: SLIMQUANT_INT8_COMPUTE=int8 forces the (inexact there)
+  // int8 primitives, =f32 the exact float path.
+  if (const char* env = std::getenv("SLIMQUANT_INT8_COMPUTE")) {
+    const std::string v = env;
+    if (v == "int8") return Compute::kInt8;
+    if (v == "f32") return Compute::kF32;
+  }
+  return cpu_has_exact_int8_dot() ? Compute::kInt8 : Compute::kF32;
+}
+
+QLinearAttrs QLinearAttrs::parse(const ir::Node& node) {
+  QLinearAttrs q;
+  auto require = [&](const char* name) {
+    if (!node.has_attr(name))
+      fail(ErrorKind::kInvalidModel, node.describe() + ": missing quantization attribute '" + name + "'");
+  };
+  require(attr::kXScale);
+  require(attr::kWScale);
+  q.x_scale = node.attr_float(attr::kXScale, 1.f);
+  q.x_zero_point = static_cast<int32_t>(node.attr_int(attr::kXZeroPoint, 0));
+  q.w_scale = node.attr_floats(attr::kWScale);
+  const int64_t y_type = node.attr_int(attr::kYType, static_cast<int64_t>(DType::kFloat32));
+  if (y_type != static_cast<int64_t>(DType::kFloat32) && y_type != static_cast<int64_t>(DType::kUInt8) &&
+      y_type != static_cast<int64_t>(DType::kInt8))
+    fail(ErrorKind::kInvalidModel, node.describe() + ": y_type must be 1 (float32), 2 (uint8) or 3 (int8), got " +
+                                       std::to_string(y_type));
+  q.y_type = static_cast<DType>(y_type);
+  if (q.quantized_output()) {
+    require(attr::kYScale);
+    q.y_scale = node.attr_float(attr::kYScale, 1.f);
+    q.y_zero_point = static_cast<int32_t>(node.attr_int(attr::kYZeroPoint, 0));
+  }
+  const std::string act = node.attr_string(attr::kActivation, "");
+  if (act.empty()) q.activation = Activation::kNone;
+  else if (act == "Relu") q.activation = Activation::kRelu;
+  else if (act == "Clip") q.activation = Activation::kClip;
+  else fail(ErrorKind::kInvalidModel, node.describe() + ": activation must be Relu or Clip, got '" + act + "'");
+  q.activation_min = node.attr_float(attr::kActivationMin, -INFINITY);
+  q.activation_max = node.attr_float(attr::kActivationMax, INFINITY);
+  q.compute = parse_compute(node);
+
+  auto positive = [&](float s, const char* what) {
+    if (!(s > 0.f) || !std::isfinite(s))
+      fail(ErrorKind::kInvalidModel, node.describe() + ": " + what + " must be positive and finite, got " +
+                                         std::to_string(s));
+  };
+  positive(q.x_scale, "x_scale");
+  if (q.quantized_output()) positive(q.y_scale, "y_scale");
+  if (q.w_scale.empty()) fail(ErrorKind::kInvalidModel, node.describe() + ": w_scale is empty");
+  for (float s : q.w_scale) positive(s, "w_scale");
+  const int32_t lo = q.y_type == DType::kUInt8 ? 0 : -128, hi = q.y_type == DType::kUInt8 ? 255 : 127;
+  if (q.quantized_output() && (q.y_zero_point < lo || q.y_zero_point > hi))
+    fail(ErrorKind::kInvalidModel, node.describe() + ": y_zero_point " + std::to_string(q.y_zero_point) +
+                                       " is outside the range of " + dtype_name(q.y_type));
+  return q;
+}
+
+void QLinearAttrs::write(ir::Node& node) const {
+  node.attrs[attr::kXScale] = x_scale;
+  node.attrs[attr::kXZeroPoint] = static_cast<int64_t>(x_zero_point);
+  node.attrs[attr::kWScale] = w_scale;
+  node.attrs[attr::kYType] = static_cast<int64_t>(y_type);
+  if (quantized_output()) {
+    node.attrs[attr::kYScale] = y_scale;
+    node.attrs[attr::kYZeroPoint] = static_cast<int64_t>(y_zero_point);
+  }
+  if (activation != Activation::kNone) {
+    node.attrs[attr::kActivation] = std::string(activation == Activation::kRelu ? "Relu" : "Clip");
+    if (activation == Activation::kClip) {
+      node.attrs[attr::kActivationMin] = activation_min;
+      node.attrs[attr::kActivationMax] = activation_max;
+    }
+  }
+  if (compute != Compute::kAuto) node.attrs[attr::kCompute] = std::string(compute_name(compute));
+}
+
+Requant make_requant(const ir::Node& node, const QLinearAttrs& q, int64_t channels, const Tensor* bias, float alpha,
+                     float beta) {
+  const int64_t ws = static_cast<int64_t>(q.w_scale.size());
+  if (ws != 1 && ws != channels)
+    fail(ErrorKind::kInvalidModel, node.describe() + ": " + std::to_string(ws) + " weight scales for " +
+                                       std::to_string(channels) + " output channels");
+  if (!(alpha != 0.f) || !std::isfinite(alpha))
+    fail(ErrorKind::kUnsupported, node.describe() + ": alpha must be finite and non-zero for integer execution");
+  Requant r;
+  r.per_channel = ws > 1;
+  r.multiplier.resize(static_cast<size_t>(channels));
+  const float y_scale = q.quantized_output() ? q.y_scale : 1.f;
+  for (int64_t c = 0; c < channels; ++c) {
+    const float acc_scale = alpha * q.x_scale * q.w_scale[ws == 1 ? 0 : c];  // value of one accumulator unit
+    r.multiplier[c] = acc_scale / y_scale;
+    if (bias) r.bias.push_back(beta * bias->data<float>()[c] / acc_scale);
+  }
+  return r;
+}
+
+dnnl::post_ops make_post_ops(const QLinearAttrs& q) {
+  using alg = dnnl::algorithm;
+  dnnl::post_ops ops;
+  const float inv = q.quantized_output() ? 1.f / q.y_scale : 1.f;
+  if (q.activation == Activation::kRelu) {
+    ops.append_eltwise(1.f, alg::eltwise_relu, 0.f, 0.f);
+  } else if (q.activation == Activation::kClip) {
+    // Bounds live in the output's units (v = y / s_y); infinite bounds become the float range.
+    const float lo = std::isfinite(q.activation_min) ? q.activation_min * inv : -FLT_MAX;
+    const float hi = std::isfinite(q.activation_max) ? q.activation_max * inv : FLT_MAX;
+    ops.append_eltwise(1.f, alg::eltwise_clip, lo, hi);
+  }
+  if (q.quantized_output() && q.y_zero_point != 0)
+    ops.append_eltwise(1.f, alg::eltwise_linear, 1.f, static_cast<float>(q.y_zero_point));
+  return ops;
+}
+
+dnnl::primitive_attr make_attr(const QLinearAttrs& q, const Requant& r, int channel_mask) {
+  dnnl::primitive_attr a;
+  a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (r.per_channel) a.set_output_scales(channel_mask, r.multiplier);
+  else a.set_output_scales(0, {r.multiplier.at(0)});
+  a.set_post_ops(make_post_ops(q));
+  return a;
+}
+
+dt dnnl_type(DType t) {
+  switch (t) {
+    case DType::kFloat32: return dt::f32;
+    case DType::kUInt8: return dt::u8;
+    case DType::kInt8: return dt::s8;
+    case DType::kInt32: return dt::s32;
+    default: fail(ErrorKind::kUnsupported, std::string("no oneDNN data type for ") + dtype_name(t));
+  }
+}
+
+memory::desc plain_md(const Shape& shape, dt type) {
+  if (shape.empty()) return memory::desc({1}, type, memory::format_tag::a);
+  return memory::desc(to_dnnl_dims(shape), type, plain_tag(shape.size()));
+}
+
+memory unbound(const memory::desc& desc) { return memory(desc, dnnl_engine(), DNNL_MEMORY_NONE); }
+
+const memory& PackedConstant::get(const memory::desc& want) {
+  for (const auto& [d, m] : packed_)
+    if (d == want) return m;
+  memory user(user_.dims() == want.dims() ? user_ : user_.reshape(want.dims()), dnnl_engine(),
+              const_cast<void*>(source_.raw()));
+  memory packed(want, dnnl_engine());
+  dnnl::reorder(user, packed).execute(dnnl_stream(), user, packed);
+  dnnl_stream().wait();
+  packed_.emplace_back(want, std::move(packed));
+  return packed_.back().second;
+}
+
+void PrimitivePlan::bind_common(const memory::desc& scratchpad, const memory& weights, const memory& bias,
+                                int32_t src_zero_point, ZeroPointAt zero_point_at) {
+  dnnl::primitive_attr reorder_attr;
+  const bool zp_in_reorder = src_zero_point != 0 && zero_point_at == ZeroPointAt::kSrcReorder;
+  if (zp_in_reorder) reorder_attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+  if (src_user != src_desc || zp_in_reorder)
+    src_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), src_user, dnnl_engine(), src_desc, reorder_attr));
+  if (dst_desc != dst_user)
+    dst_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), dst_desc, dnnl_engine(), dst_user));
+  src_user_mem = unbound(src_user);
+  src_mem = src_reorder ? unbound(src_desc) : src_user_mem;
+  dst_user_mem = unbound(dst_user);
+  dst_mem = dst_reorder ? unbound(dst_desc) : dst_user_mem;
+  scratchpad_mem = unbound(scratchpad);
+  args = {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst_mem},
+          {DNNL_ARG_SCRATCHPAD, scratchpad_mem}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, bias);
+  src_reorder_args = {{DNNL_ARG_FROM, src_user_mem}, {DNNL_ARG_TO, src_mem}};
+  dst_reorder_args = {{DNNL_ARG_FROM, dst_mem}, {DNNL_ARG_TO, dst_user_mem}};
+  if (src_zero_point != 0 && zero_point_at != ZeroPointAt::kNone) {
+    zero_point_value = std::make_shared<int32_t>(src_zero_point);
+    zero_point_mem = memory({{1}, dt::s32, memory::format_tag::a}, dnnl_engine(), zero_point_value.get());
+    (zp_in_reorder ? src_reorder_args : args).emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zero_point_mem);
+  }
+}
+
+void PrimitivePlan::run(const void* x, void* y) {
+  dnnl::stream& s = dnnl_stream();
+  src_user_mem.set_data_handle(const_cast<void*>(x));
+  if (src_reorder) {
+    src_mem.set_data_handle(dnnl_scratch(DnnlScratch::kSrc, src_desc.get_size()));
+    src_reorder->execute(s, src_reorder_args);
+  }
+  dst_user_mem.set_data_handle(y);
+  if (dst_reorder) dst_mem.set_data_handle(dnnl_scratch(DnnlScratch::kDst, dst_desc.get_size()));
+  if (const size_t size = scratchpad_mem.get_desc().get_size(); size > 0)
+    scratchpad_mem.set_data_handle(dnnl_scratch(DnnlScratch::kScratchpad, size));
+  prim.execute(s, args);
+  if (dst_reorder) dst_reorder->execute(s, dst_reorder_args);
+  s.wait();
+}
+
+void require_quantized_input(const ir::Node& node, const Tensor& x) {
+  if (x.dtype() != DType::kUInt8 && x.dtype() != DType::kInt8)
+    fail(ErrorKind::kInvalidArgument, node.describe() + ": input x_q must be uint8 or int8, got " +
+                                          dtype_name(x.dtype()));
+}
+
+const Tensor& require_constant_weight(const KernelInit& init, size_t index) {
+  const Tensor* w = init.node.input(index).empty() ? nullptr : init.constant_input(index);
+  if (!w)
+    fail(ErrorKind::kUnsupported, init.node.describe() + ": the int8 weight (input " + std::to_string(index) +
+                                      ") must be a constant");
+  if (w->dtype() != DType::kInt8)
+    fail(ErrorKind::kInvalidModel, init.node.describe() + ": the weight must be int8, got " + dtype_name(w->dtype()));
+  return *w;
+}
+
+const Tensor* constant_bias(const KernelInit& init, size_t index, int64_t channels, const char* what) {
+  if (init.node.input(index).empty()) return nullptr;
+  const Tensor* b = init.constant_input(index);
+  if (!b) fail(ErrorKind::kUnsupported, init.node.describe() + ": " + what + " must be a constant");
+  if (b->dtype() != DType::kFloat32)
+    fail(ErrorKind::kInvalidModel, init.node.describe() + ": " + what + " must be float32, got " + dtype_name(b->dtype()));
+  const bool ok = b->numel() == channels && (b->rank() == 1 || (b->rank() == 2 && b->dim(0) == 1));
+  if (!ok)
+    fail(ErrorKind::kInvalidModel, init.node.describe() + ": " + what + " of shape " + shape_str(b->shape()) +
+                                       " must hold one value per output channel (" + std::to_string(channels) + ")");
+  return b;
+}
+
+}  // namespace slimquant::runtime::int8

@@ -1,0 +1,215 @@
+#pragma once
+// The contract between INT8 lowering (src/quant/lowering.cpp writes these nodes) and the INT8
+// kernels (int8_conv.cpp, int8_matmul.cpp read them), plus the oneDNN pieces those kernels share.
+//
+// Fused ops live in domain "com.slimquant". Each replaces a QDQ group
+//     DQ(x_q) , DQ(w_q) [, bias] -> Conv | Gemm | MatMul [-> Add(bias)] [-> Relu | Clip] [-> Q]
+// and reads the integer tensors directly:
+//     QConv   (x_q, w_q [, B])   Conv attributes + quantization attributes below
+//     QGemm   (x_q, w_q [, C])   Gemm attributes (transA, transB, alpha, beta) + quantization
+//     QMatMul (x_q, w_q [, B])   B: the per-column bias of a fused MatMul -> Add
+// with x_q u8/s8 (per tensor), w_q a constant s8 tensor (per tensor or per output channel, zero
+// point 0) and float32 biases. The output is y_q (u8/s8, when the group ended in a
+// QuantizeLinear) or float32.
+//
+// Arithmetic, for output channel c (exact s32 accumulation, one rounding at the end):
+//     acc[c] = sum_k (x_q[k] - z_x) * w_q[c, k]                           (s32)
+//     v      = M[c] * (acc[c] + B'[c])        M[c] = alpha * s_x * s_w[c] / s_y   (s_y = 1 for f32 y)
+//                                             B'[c] = beta * b[c] / (alpha * s_x * s_w[c])
+//     v      = act(v)                         Relu, or Clip with its bounds divided by s_y
+//     y_q    = saturate(round_half_even(v) + z_y)       or  y = v  for a float32 output
+// which is the QDQ float simulation's  Q(act(conv(DQ(x), DQ(w)) + b))  reassociated; the two differ
+// only by float32 rounding of the scale products (ties of round_half_even can land differently).
+#include <cstdint>
+#include <cmath>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/dnnl_context.h"
+#include "slimquant/ir/graph.h"
+#include "slimquant/runtime/kernel.h"
+
+namespace slimquant::runtime::int8 {
+
+inline constexpr const char* kDomain = "com.slimquant";
+inline constexpr const char* kQConv = "QConv";
+inline constexpr const char* kQGemm = "QGemm";
+inline constexpr const char* kQMatMul = "QMatMul";
+
+// Attribute names of the quantization parameters (one place, read and written through QLinearAttrs).
+namespace attr {
+inline constexpr const char* kXScale = "x_scale";            // float
+inline constexpr const char* kXZeroPoint = "x_zero_point";   // int
+inline constexpr const char* kWScale = "w_scale";            // floats: 1 (per tensor) or one per output channel
+inline constexpr const char* kYScale = "y_scale";            // float (absent for a float32 output)
+inline constexpr const char* kYZeroPoint = "y_zero_point";   // int
+inline constexpr const char* kYType = "y_type";              // int: ONNX TensorProto type of y (1 f32, 2 u8, 3 s8)
+inline constexpr const char* kActivation = "activation";     // string: "", "Relu", "Clip"
+inline constexpr const char* kActivationMin = "activation_min";  // float: Clip's min (-inf when absent)
+inline constexpr const char* kActivationMax = "activation_max";  // float: Clip's max (+inf when absent)
+inline constexpr const char* kCompute = "int8_compute";      // string: "auto" (default), "int8", "f32"
+}  // namespace attr
+
+enum class Activation { kNone, kRelu, kClip };
+
+// How the products are accumulated. kInt8: oneDNN u8/s8 x s8 -> s32 primitives (VNNI dot products).
+// kF32: the same integers converted to float32 and accumulated by oneDNN's f32 primitives (exact
+// while |acc| < 2^24). kAuto picks kInt8 only on CPUs whose int8 dot product is exact: without
+// VNNI, oneDNN multiplies u8 x s8 pairs with vpmaddubsw, whose 16-bit sums saturate (2*255*127 >
+// 32767), and it halves s8 x s8 weights to stay clear of it; both would break parity with the
+// simulation, so there kAuto uses kF32.
+enum class Compute { kAuto, kInt8, kF32 };
+Compute parse_compute(const ir::Node& node);
+const char* compute_name(Compute c);
+// True when the CPU has exact int8 dot products (AVX-512 VNNI, AVX-VNNI or AMX).
+bool cpu_has_exact_int8_dot();
+Compute resolve_compute(Compute requested);
+
+// The quantization attributes of a fused node, parsed once (and written once by lowering).
+struct QLinearAttrs {
+  float x_scale = 1.f;
+  int32_t x_zero_point = 0;
+  std::vector<float> w_scale;  // size 1 or the output channel count
+  DType y_type = DType::kFloat32;
+  float y_scale = 1.f;
+  int32_t y_zero_point = 0;
+  Activation activation = Activation::kNone;
+  float activation_min = -INFINITY, activation_max = INFINITY;
+  Compute compute = Compute::kAuto;
+
+  bool quantized_output() const { return y_type != DType::kFloat32; }
+  // Throws kInvalidModel naming the node for missing or inconsistent attributes.
+  static QLinearAttrs parse(const ir::Node& node);
+  void write(ir::Node& node) const;
+};
+
+// What one output channel needs after the s32 accumulation (see the arithmetic above).
+struct Requant {
+  std::vector<float> multiplier;  // M[c], one per channel (expanded from a per-tensor weight scale)
+  std::vector<float> bias;        // B'[c] (empty when there is no bias)
+  bool per_channel = false;       // multipliers differ between channels
+};
+// channels: output channel count; bias: float32 [channels] or nullptr; alpha/beta: Gemm's.
+Requant make_requant(const ir::Node& node, const QLinearAttrs& q, int64_t channels, const Tensor* bias,
+                     float alpha = 1.f, float beta = 1.f);
+
+// Post-ops for act(v) and + z_y, appended in that order (oneDNN applies them after the output scale).
+dnnl::post_ops make_post_ops(const QLinearAttrs& q);
+// Primitive attributes: user scratchpad, output scales (mask selects the channel dim of dst, 0 = per
+// tensor), src zero point as a runtime argument when z_x != 0, post-ops.
+dnnl::primitive_attr make_attr(const QLinearAttrs& q, const Requant& r, int channel_mask);
+
+using dt = dnnl::memory::data_type;
+dt dnnl_type(DType t);
+
+// Runs f() (which builds a oneDNN primitive descriptor) and turns oneDNN's errors into kUnsupported
+// naming the node.
+template <class F>
+auto make_pd(const ir::Node& node, const std::string& what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const dnnl::error& e) {
+    fail(ErrorKind::kUnsupported, node.describe() + ": oneDNN has no implementation for " + what + " (" + e.what() + ")");
+  }
+}
+
+// A constant tensor reordered once into each layout a primitive asks for (format_tag::any may pick
+// different layouts for different batch sizes).
+class PackedConstant {
+ public:
+  PackedConstant() = default;
+  PackedConstant(Tensor source, const dnnl::memory::desc& user) : source_(std::move(source)), user_(user) {}
+  bool defined() const { return source_.defined(); }
+  const Tensor& source() const { return source_; }
+  const dnnl::memory& get(const dnnl::memory::desc& want);
+
+ private:
+  Tensor source_;
+  dnnl::memory::desc user_;
+  std::vector<std::pair<dnnl::memory::desc, dnnl::memory>> packed_;
+};
+
+// One primitive with the reorders between the plain tensors the kernel exchanges and the layouts
+// (and, for Compute::kF32, the data types) the primitive picked. Argument memories are created once
+// and re-pointed per call. The src zero point goes either to the primitive (int8 primitives
+// subtract it, padding included) or to the src reorder (kF32: x_f = x_q - z_x, so padding is 0).
+struct PrimitivePlan {
+  dnnl::primitive prim;
+  dnnl::memory::desc src_desc, dst_desc;  // as the primitive wants them
+  dnnl::memory::desc src_user, dst_user;  // as the tensors are stored (plain)
+  std::optional<dnnl::reorder> src_reorder, dst_reorder;
+  dnnl::memory src_user_mem, src_mem, dst_mem, dst_user_mem, scratchpad_mem, zero_point_mem;
+  std::unordered_map<int, dnnl::memory> args, src_reorder_args, dst_reorder_args;
+  Shape out_shape;
+  std::shared_ptr<int32_t> zero_point_value;  // storage behind zero_point_mem (stable address)
+
+  enum class ZeroPointAt { kNone, kPrimitive, kSrcReorder };
+  // Binds everything from pd. weights: the packed constant for pd.weights_desc(); bias: empty or
+  // the bias memory.
+  template <class PrimitiveDesc, class Primitive>
+  void finish(const PrimitiveDesc& pd, const dnnl::memory& weights, const dnnl::memory& bias, int32_t src_zero_point,
+              ZeroPointAt zero_point_at);
+  // x (plain, src_user) -> y (plain, dst_user, allocated with out_shape).
+  void run(const void* x, void* y);
+
+ private:
+  void bind_common(const dnnl::memory::desc& scratchpad, const dnnl::memory& weights, const dnnl::memory& bias,
+                   int32_t src_zero_point, ZeroPointAt zero_point_at);
+};
+
+dnnl::memory::desc plain_md(const Shape& shape, dt type);
+dnnl::memory unbound(const dnnl::memory::desc& desc);
+
+template <class PrimitiveDesc, class Primitive>
+void PrimitivePlan::finish(const PrimitiveDesc& pd, const dnnl::memory& weights, const dnnl::memory& bias,
+                           int32_t src_zero_point, ZeroPointAt zero_point_at) {
+  prim = Primitive(pd);
+  src_desc = pd.src_desc();
+  dst_desc = pd.dst_desc();
+  bind_common(pd.scratchpad_desc(), weights, bias, src_zero_point, zero_point_at);
+}
+
+// Primitive plans cached by the input shape and dtype they were built for (shapes change rarely:
+// the batch size), so a linear scan over a handful of entries is the cheapest lookup.
+template <class V>
+class PlanCache {
+ public:
+  template <class Make>
+  V& get(const Shape& shape, DType dtype, Make&& make) {
+    for (auto& e : entries_)
+      if (e.dtype == dtype && e.shape == shape) return *e.value;
+    if (entries_.size() >= kMaxEntries) entries_.erase(entries_.begin());
+    entries_.push_back({shape, dtype, std::make_unique<V>(make())});
+    return *entries_.back().value;
+  }
+
+ private:
+  struct Entry {
+    Shape shape;
+    DType dtype;
+    std::unique_ptr<V> value;
+  };
+  static constexpr size_t kMaxEntries = 8;
+  std::vector<Entry> entries_;
+};
+
+// Input checks with messages naming the node.
+void require_quantized_input(const ir::Node& node, const Tensor& x);
+const Tensor& require_constant_weight(const KernelInit& init, size_t index);
+// A float32 bias of `channels` values (shape [channels] or [1, channels]); nullptr when absent.
+const Tensor* constant_bias(const KernelInit& init, size_t index, int64_t channels, const char* what);
+
+// ONNX schemas of QConv / QGemm / QMatMul (type and shape inference through lowered graphs);
+// idempotent, called by register_int8_kernels().
+void register_int8_onnx_schemas();
+
+// Factories (one file each), registered by register_int8_kernels().
+std::unique_ptr<Kernel> make_qconv(const KernelInit& init);
+std::unique_ptr<Kernel> make_qgemm(const KernelInit& init);
+std::unique_ptr<Kernel> make_qmatmul(const KernelInit& init);
+
+}  // namespace slimquant::runtime::int8

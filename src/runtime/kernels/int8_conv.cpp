@@ -1,0 +1,178 @@
+// QConv (com.slimquant): Conv on u8/s8 activations (per tensor) and s8 weights (per output
+// channel, zero point 0), float32 bias, fused Relu/Clip, requantized u8/s8 or float32 output.
+//
+//   acc[n,m,p] = sum_{c,k} (x_q[n,c,p+k] - z_x) * w_q[m,c,k]               s32; padding is real 0
+//   v          = act(M[m] * (acc + B'[m]))   M[m] = s_x*s_w[m]/s_y,  B'[m] = b[m]/(s_x*s_w[m])
+//   y_q        = saturate(round_half_even(v) + z_y)        (y = v for a float32 output)
+//
+// Compute::kInt8: oneDNN's int8 convolution (u8/s8 src, s8 weights reordered once with their
+// s8-src compensation, f32 bias, per-channel output scales, src zero point as a runtime argument so
+// padded taps count as x_q == z_x, activation and + z_y as eltwise post-ops; rounding is oneDNN's
+// float->int conversion under the default MXCSR mode: half to even, saturating).
+// Compute::kF32: x_q - z_x converted to float32 by the src reorder, weights prepacked as
+// w_q * M[m] (f32 convolutions take no per-channel output scale), bias M[m] * B'[m], the same
+// post-ops, and the f32 -> u8/s8 dst reorder rounding half to even and saturating.
+// If oneDNN has no implementation for a shape, the plain-loop reference (int8_reference.cpp) runs.
+#include "runtime/kernels/dnnl_common.h"
+#include "runtime/kernels/int8_common.h"
+#include "runtime/kernels/int8_reference.h"
+
+namespace slimquant::runtime::int8 {
+
+namespace {
+
+using dnnl::memory;
+using Dims = memory::dims;
+using dnnl_kernels::WindowAttrs;
+
+enum ConvInput : size_t { kX = 0, kW = 1, kB = 2 };
+
+struct ConvPlan {
+  PrimitivePlan prim;
+  ConvProblem problem;
+  bool reference = false;  // oneDNN had no implementation: run reference_qconv
+};
+
+class QConvKernel final : public Kernel {
+ public:
+  explicit QConvKernel(const KernelInit& init) : node_(init.node) {
+    q_ = QLinearAttrs::parse(node_);
+    compute_ = resolve_compute(q_.compute);
+    window_ = WindowAttrs::parse(node_);
+    group_ = node_.attr_int("group", 1);
+    if (group_ < 1)
+      fail(ErrorKind::kInvalidModel, node_.describe() + ": group must be >= 1, got " + std::to_string(group_));
+    w_ = require_constant_weight(init, kW);
+    if (w_.rank() < 3 || w_.rank() > 5)
+      fail(ErrorKind::kUnsupported, node_.describe() + ": weights of shape " + shape_str(w_.shape()) +
+                                        " (only 1-D, 2-D and 3-D convolutions)");
+    const int64_t m = w_.dim(0);
+    if (m % group_ != 0)
+      fail(ErrorKind::kInvalidModel, node_.describe() + ": group " + std::to_string(group_) + " does not divide " +
+                                         std::to_string(m) + " output channels");
+    const Tensor* b = constant_bias(init, kB, m, "bias B");
+    requant_ = make_requant(node_, q_, m, b);
+    if (compute_ == Compute::kInt8) {
+      weights_ = PackedConstant(w_, weights_md(dt::s8, memory::format_tag::undef));
+      if (b) bias_ = Tensor::from_vector<float>({m}, requant_.bias);
+    } else {
+      // Fold the per-channel multiplier into float weights and bias (see the header comment).
+      Tensor wf(DType::kFloat32, w_.shape());
+      const int64_t per = w_.numel() / m;
+      const int8_t* src = w_.data<int8_t>();
+      float* dst = wf.data<float>();
+      for (int64_t c = 0; c < m; ++c)
+        for (int64_t i = 0; i < per; ++i) dst[c * per + i] = static_cast<float>(src[c * per + i]) * requant_.multiplier[c];
+      weights_ = PackedConstant(wf, weights_md(dt::f32, memory::format_tag::undef));
+      if (b) {
+        bias_ = Tensor(DType::kFloat32, {m});
+        for (int64_t c = 0; c < m; ++c) bias_.data<float>()[c] = requant_.bias[c] * requant_.multiplier[c];
+      }
+    }
+    if (bias_.defined())
+      bias_mem_ = memory({{m}, dt::f32, memory::format_tag::a}, dnnl_engine(), bias_.raw());
+  }
+
+  void run(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(kX);
+    require_quantized_input(node_, x);
+    ConvPlan& p = plans_.get(x.shape(), x.dtype(), [&] { return make_plan(x.shape(), x.dtype()); });
+    Tensor& y = ctx.allocate_output(0, q_.y_type, p.prim.out_shape);
+    if (y.numel() == 0) return;
+    if (p.reference) reference_qconv(q_, requant_, p.problem, x, w_, y);
+    else p.prim.run(x.raw(), y.raw());
+  }
+
+ private:
+  // oneDNN's view of the weights: [G, M/G, C/G, k...] when grouped (same bytes as ONNX's layout).
+  memory::desc weights_md(dt type, memory::format_tag tag) const {
+    const Shape& w = w_.shape();
+    Dims dims;
+    if (group_ > 1) {
+      dims.push_back(group_);
+      dims.push_back(w[0] / group_);
+    } else {
+      dims.push_back(w[0]);
+    }
+    dims.insert(dims.end(), w.begin() + 1, w.end());
+    if (tag == memory::format_tag::undef) tag = plain_tag(dims.size());
+    return memory::desc(dims, type, tag);
+  }
+
+  ConvPlan make_plan(const Shape& xs, DType x_type) {
+    const std::string what = node_.describe();
+    const Shape& ws = w_.shape();
+    if (xs.size() != ws.size())
+      fail(ErrorKind::kInvalidArgument, what + ": input x_q of shape " + shape_str(xs) + " must have the rank of the "
+                                               "weights " + shape_str(ws));
+    const int64_t c = xs[1], m = ws[0];
+    if (c % group_ != 0 || ws[1] * group_ != c)
+      fail(ErrorKind::kInvalidArgument, what + ": weights " + shape_str(ws) + " with group " + std::to_string(group_) +
+                                            " expect " + std::to_string(ws[1] * group_) + " input channels, x_q " +
+                                            shape_str(xs) + " has " + std::to_string(c));
+    const size_t sp = xs.size() - 2;
+    WindowAttrs a = window_;
+    const Shape kernel(ws.begin() + 2, ws.end());
+    if (!a.kernel.empty() && a.kernel != kernel)
+      fail(ErrorKind::kInvalidModel, what + ": kernel_shape disagrees with the weights " + shape_str(ws));
+    a.kernel = kernel;
+    a = a.resolved(node_, sp);
+    const auto g = dnnl_kernels::forward_geometry(node_, a, Shape(xs.begin() + 2, xs.end()), false);
+
+    ConvPlan p;
+    p.prim.out_shape = {xs[0], m};
+    p.prim.out_shape.insert(p.prim.out_shape.end(), g.out.begin(), g.out.end());
+    p.problem = {xs[0], c, m, group_, Shape(xs.begin() + 2, xs.end()), Shape(g.out.begin(), g.out.end()), kernel,
+                 a.strides, a.dilations, Shape(g.pad_begin.begin(), g.pad_begin.end())};
+    p.prim.src_user = plain_md(xs, dnnl_type(x_type));
+    p.prim.dst_user = plain_md(p.prim.out_shape, dnnl_type(q_.y_type));
+
+    const bool int8 = compute_ == Compute::kInt8;
+    const auto any = memory::format_tag::any;
+    const memory::desc src_md(to_dnnl_dims(xs), int8 ? dnnl_type(x_type) : dt::f32, any);
+    const memory::desc dst_md(to_dnnl_dims(p.prim.out_shape), int8 ? dnnl_type(q_.y_type) : dt::f32, any);
+    const memory::desc wei_md = weights_md(int8 ? dt::s8 : dt::f32, any);
+    dnnl::primitive_attr attr;
+    if (int8) {
+      attr = make_attr(q_, requant_, 1 << 1);
+      if (q_.x_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+    } else {
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      attr.set_post_ops(make_post_ops(q_));
+    }
+    using cf = dnnl::convolution_forward;
+    try {
+      const auto pk = dnnl::prop_kind::forward_inference;
+      const auto alg = dnnl::algorithm::convolution_direct;
+      const cf::desc d = bias_.defined()
+                             ? cf::desc(pk, alg, src_md, wei_md, bias_mem_.get_desc(), dst_md, g.strides, g.dilations,
+                                        g.pad_begin, g.pad_end)
+                             : cf::desc(pk, alg, src_md, wei_md, dst_md, g.strides, g.dilations, g.pad_begin, g.pad_end);
+      const cf::primitive_desc pd(d, attr, dnnl_engine());
+      p.prim.finish<cf::primitive_desc, cf>(pd, weights_.get(pd.weights_desc()), bias_mem_, q_.x_zero_point,
+                                            int8 ? PrimitivePlan::ZeroPointAt::kPrimitive
+                                                 : PrimitivePlan::ZeroPointAt::kSrcReorder);
+    } catch (const dnnl::error&) {
+      p.reference = true;  // e.g. an int8 configuration oneDNN does not implement on this CPU
+    }
+    return p;
+  }
+
+  const ir::Node node_;
+  QLinearAttrs q_;
+  Compute compute_ = Compute::kInt8;
+  WindowAttrs window_;
+  int64_t group_ = 1;
+  Tensor w_;        // s8, ONNX layout (the reference reads it)
+  Requant requant_;
+  PackedConstant weights_;
+  Tensor bias_;     // what the primitive adds (B' for kInt8, M*B' for kF32)
+  memory bias_mem_;
+  PlanCache<ConvPlan> plans_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_qconv(const KernelInit& init) { return std::make_unique<QConvKernel>(init); }
+
+}  // namespace slimquant::runtime::int8

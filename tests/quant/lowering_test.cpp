@@ -1,0 +1,402 @@
+// INT8 lowering: structure and numbers together. Small QDQ graphs built here are run as float
+// simulation and after lowering; each test asserts the node counts the pass must produce and
+// compares the outputs, and the fused kernels are checked against the plain-loop integer reference
+// (runtime/kernels/int8_reference.h) on the very integers they received.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "runtime/kernels/int8_common.h"
+#include "runtime/kernels/int8_reference.h"
+#include "slimquant/data/batch.h"
+#include "slimquant/ir/onnx_io.h"
+#include "slimquant/quant/lowering.h"
+#include "slimquant/quant/ptq.h"
+#include "quant/int8_test_util.h"
+#include "test_util.h"
+
+using namespace slimquant;
+namespace i8 = runtime::int8;
+
+namespace {
+
+int count_op(const ir::Graph& g, const std::string& op) {
+  return static_cast<int>(std::count_if(g.nodes.begin(), g.nodes.end(), [&](const ir::Node& n) { return n.op_type == op; }));
+}
+
+// Builds small QDQ graphs the way PTQ exports them: Q/DQ pairs on activations, DQ on int8 weights.
+class QdqBuilder {
+ public:
+  explicit QdqBuilder(uint32_t seed = 7) : rng_(seed) { g_.opset = 13; }
+
+  std::string input(const std::string& name, const Shape& shape) {
+    ir::ValueInfo vi{name, DType::kFloat32, std::vector<ir::Dim>{}};
+    for (int64_t d : shape) vi.dims->push_back(ir::Dim{d, ""});
+    g_.inputs.push_back(vi);
+    return name;
+  }
+  std::string constant(const std::string& base, Tensor t) {
+    const std::string name = g_.unique_value_name(base);
+    g_.initializers[name] = std::move(t);
+    return name;
+  }
+  std::string node(const std::string& op, std::vector<std::string> inputs, std::map<std::string, ir::AttributeValue> attrs = {}) {
+    ir::Node n;
+    n.op_type = op;
+    n.name = op + "_" + std::to_string(g_.nodes.size());
+    n.inputs = std::move(inputs);
+    n.outputs = {g_.unique_value_name(n.name + "_out")};
+    n.attrs = std::move(attrs);
+    g_.value_info[n.outputs[0]] = {n.outputs[0], DType::kUndefined, std::nullopt};  // reserves the name
+    g_.nodes.push_back(n);
+    return n.outputs[0];
+  }
+  Tensor zero_point(DType t, int32_t z) {
+    return t == DType::kUInt8 ? Tensor::scalar<uint8_t>(static_cast<uint8_t>(z)) : Tensor::scalar<int8_t>(static_cast<int8_t>(z));
+  }
+  // x -> Q -> DQ with per-tensor parameters; returns the DQ output.
+  std::string qdq(const std::string& x, float scale, int32_t zp, DType t) {
+    const std::string s = constant("s", Tensor::scalar<float>(scale)), z = constant("z", zero_point(t, zp));
+    const std::string q = node("QuantizeLinear", {x, s, z});
+    return node("DequantizeLinear", {q, s, z});
+  }
+  // A random int8 weight with per-channel scales along `axis`, zero points `zp`; returns the DQ output.
+  std::string weight(const Shape& shape, int64_t axis, int32_t zp = 0) {
+    Tensor w(DType::kInt8, shape);
+    std::uniform_int_distribution<int> dist(-127, 127);
+    for (auto& v : w.values<int8_t>()) v = static_cast<int8_t>(dist(rng_));
+    const int64_t channels = shape[static_cast<size_t>(axis)];
+    std::vector<float> scales(static_cast<size_t>(channels));
+    std::uniform_real_distribution<float> sd(0.002f, 0.01f);
+    for (auto& s : scales) s = sd(rng_);
+    const std::string wq = constant("w", w), s = constant("ws", Tensor::from_vector<float>({channels}, scales));
+    const std::string z = constant("wz", Tensor::from_vector<int8_t>({channels}, std::vector<int8_t>(channels, static_cast<int8_t>(zp))));
+    return node("DequantizeLinear", {wq, s, z}, {{"axis", axis}});
+  }
+  std::string bias(int64_t n) {
+    Tensor b(DType::kFloat32, {n});
+    std::uniform_real_distribution<float> d(-0.5f, 0.5f);
+    for (auto& v : b.values<float>()) v = d(rng_);
+    return constant("b", b);
+  }
+  Tensor random_input(const Shape& shape, float lo, float hi) {
+    Tensor t(DType::kFloat32, shape);
+    std::uniform_real_distribution<float> d(lo, hi);
+    for (auto& v : t.values<float>()) v = d(rng_);
+    return t;
+  }
+  ir::Graph finish(const std::string& output) {
+    g_.outputs.push_back({output, DType::kFloat32, std::nullopt});
+    g_.value_info.clear();
+    g_.validate();
+    return g_;
+  }
+
+ private:
+  ir::Graph g_;
+  std::mt19937 rng_;
+};
+
+// ---- One table of fused-kernel cases: each builds a group, lowers it, and checks structure,
+// parity with the simulation, and kernel == integer reference.
+
+struct KernelCase {
+  const char* name;
+  const char* op;            // Conv, Gemm, MatMul
+  DType x_type;              // activation type
+  int32_t x_zp;
+  const char* activation;    // "", "Relu", "Clip"
+  DType y_type;              // kFloat32: the group has no trailing Q
+  int32_t y_zp;
+  int64_t group, stride, pad, kernel;  // Conv
+  int64_t trans_b;                      // Gemm
+  const char* compute;       // "int8" or "f32"
+};
+
+std::string case_name(const ::testing::TestParamInfo<KernelCase>& info) {
+  return std::string(info.param.name) + "_" + info.param.compute;
+}
+
+class FusedKernel : public ::testing::TestWithParam<KernelCase> {};
+
+TEST_P(FusedKernel, LowersAndMatchesSimulationAndReference) {
+  const KernelCase& c = GetParam();
+  const bool int8 = std::string(c.compute) == "int8";
+  if (int8 && c.x_type == DType::kInt8 && !i8::cpu_has_exact_int8_dot())
+    GTEST_SKIP() << "s8 x s8 int8 primitives are inexact without VNNI (oneDNN halves the weights); "
+                    "Compute::kAuto uses the f32 path on this CPU";
+  QdqBuilder b;
+  const std::string op = c.op;
+  // Unsigned activations stay below 128 so the int8 path is exact on CPUs without VNNI too
+  // (vpmaddubsw sums two u8*s8 products in 16 bits: 2*127*127 fits, 2*255*127 does not).
+  const float x_scale = c.x_type == DType::kUInt8 ? 1.f / 127.f : 1.f / 100.f;
+  const float x_lo = c.x_type == DType::kUInt8 ? -static_cast<float>(c.x_zp) * x_scale : -1.f;
+  const float x_hi = c.x_type == DType::kUInt8 ? (127.f - c.x_zp) * x_scale : 1.f;
+  Shape x_shape, w_shape;
+  int64_t w_axis = 0, channels = 0;
+  std::map<std::string, ir::AttributeValue> attrs;
+  if (op == "Conv") {
+    const int64_t cin = c.group > 1 ? c.group : 8, cout = c.group > 1 ? c.group : 12;
+    x_shape = {2, cin, 9, 9};
+    w_shape = {cout, cin / c.group, c.kernel, c.kernel};
+    channels = cout;
+    attrs = {{"group", c.group}, {"strides", std::vector<int64_t>{c.stride, c.stride}},
+             {"pads", std::vector<int64_t>{c.pad, c.pad, c.pad, c.pad}}};
+  } else if (op == "Gemm") {
+    x_shape = {5, 40};
+    w_shape = c.trans_b ? Shape{24, 40} : Shape{40, 24};
+    w_axis = c.trans_b ? 0 : 1;
+    channels = 24;
+    attrs = {{"transB", c.trans_b}, {"alpha", 0.75f}, {"beta", 1.5f}};
+  } else {
+    x_shape = {2, 7, 40};
+    w_shape = {40, 24};
+    w_axis = 1;
+    channels = 24;
+  }
+  const std::string x = b.input("x", x_shape);
+  const std::string xdq = b.qdq(x, x_scale, c.x_zp, c.x_type);
+  const std::string w = b.weight(w_shape, w_axis);
+  std::string y = op == "MatMul" ? b.node("MatMul", {xdq, w}) : b.node(op, {xdq, w, b.bias(channels)}, attrs);
+  if (op == "MatMul") y = b.node("Add", {b.bias(channels), y});  // PyTorch's order: bias first
+  const std::string act = c.activation;
+  if (act == "Relu") y = b.node("Relu", {y});
+  if (act == "Clip")
+    y = b.node("Clip", {y, b.constant("lo", Tensor::scalar<float>(-0.3f)), b.constant("hi", Tensor::scalar<float>(0.6f))});
+  const bool quantized_out = c.y_type != DType::kFloat32;
+  const float y_scale = 0.02f;
+  if (quantized_out) y = b.qdq(y, y_scale, c.y_zp, c.y_type);
+  ir::Graph g = b.finish(y);
+
+  quant::LoweringOptions lo;
+  lo.compute = c.compute;
+  quant::LoweringReport report;
+  ir::Graph lowered = quant::lower_to_int8(g, lo, &report);
+  // Structure: one fused node; Q stays for the float input, a DQ only for the float graph output.
+  ASSERT_EQ(report.lowered(), 1) << (report.skipped.empty() ? "" : report.skipped[0].reason);
+  EXPECT_EQ(count_op(lowered, std::string("Q") + op), 1);
+  EXPECT_EQ(count_op(lowered, op), 0);
+  EXPECT_EQ(count_op(lowered, "QuantizeLinear"), 1);
+  EXPECT_EQ(count_op(lowered, "DequantizeLinear"), quantized_out ? 1 : 0);
+  EXPECT_EQ(count_op(lowered, "Relu") + count_op(lowered, "Clip") + count_op(lowered, "Add"), 0);
+  EXPECT_EQ(lowered.nodes.size(), quantized_out ? 3u : 2u);
+
+  // Numbers: simulation vs integer execution.
+  const Tensor input = b.random_input(x_shape, x_lo, x_hi);
+  runtime::Session sim(g);
+  runtime::Session integer(lowered);
+  const Tensor ys = sim.run_single(input), yi = integer.run_single(input);
+  ASSERT_EQ(ys.shape(), yi.shape());
+  double max_diff = 0;
+  int64_t differing = 0;
+  for (int64_t i = 0; i < ys.numel(); ++i) {
+    const double d = std::fabs(static_cast<double>(ys.data<float>()[i]) - yi.data<float>()[i]);
+    max_diff = std::max(max_diff, d);
+    differing += d > 1e-6;
+  }
+  if (quantized_out) {
+    // Same integers up to a rare one-step flip where float rounding of the scale products differs.
+    EXPECT_LE(max_diff, y_scale * 1.001) << c.name;
+    EXPECT_LE(differing, std::max<int64_t>(1, ys.numel() / 100)) << c.name;
+  } else {
+    double max_abs = 0;
+    for (float v : ys.values<float>()) max_abs = std::max(max_abs, static_cast<double>(std::fabs(v)));
+    EXPECT_LE(max_diff, 1e-4 * std::max(1.0, max_abs)) << c.name;
+  }
+
+  // Kernel vs reference on the same integers: read x_q and the fused output from the session.
+  const ir::Node& fused = *std::find_if(lowered.nodes.begin(), lowered.nodes.end(),
+                                        [](const ir::Node& n) { return n.domain == i8::kDomain; });
+  runtime::RunOptions wanted;
+  wanted.outputs = {fused.inputs[0], fused.outputs[0]};
+  auto values = integer.run({{"x", input}}, wanted);
+  const Tensor& xq = values.at(fused.inputs[0]);
+  const Tensor& yq = values.at(fused.outputs[0]);
+  const i8::QLinearAttrs q = i8::QLinearAttrs::parse(fused);
+  const Tensor& wq = *lowered.initializer(fused.inputs[1]);
+  const Tensor* bias = lowered.initializer(fused.inputs.at(2));
+  Tensor ref(q.y_type, yq.shape());
+  if (op == "Conv") {
+    const i8::Requant r = i8::make_requant(fused, q, channels, bias);
+    i8::ConvProblem p{x_shape[0], x_shape[1], channels, c.group, {9, 9}, {yq.dim(2), yq.dim(3)}, {c.kernel, c.kernel},
+                      {c.stride, c.stride}, {1, 1}, {c.pad, c.pad}};
+    i8::reference_qconv(q, r, p, xq, wq, ref);
+  } else {
+    const float alpha = op == "Gemm" ? 0.75f : 1.f, beta = op == "Gemm" ? 1.5f : 1.f;
+    const i8::Requant r = i8::make_requant(fused, q, channels, bias, alpha, beta);
+    i8::reference_qmatmul(q, r, xq, xq.numel() / x_shape.back(), x_shape.back(), false, wq, channels, c.trans_b != 0,
+                          ref);
+  }
+  // The int8 path computes exactly the reference's float expression; the f32 path folds the
+  // multiplier into the weights (conv) so rounding may differ by one step, rarely.
+  int64_t mismatches = 0;
+  double worst = 0;
+  const std::vector<float> a = yq.to_float_vector(), e = ref.to_float_vector();
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - e[i]);
+    worst = std::max(worst, d);
+    mismatches += d > (quantized_out ? 0.0 : 1e-4 * std::max(1.0, std::fabs(static_cast<double>(e[i]))));
+  }
+  if (quantized_out) {
+    EXPECT_LE(worst, 1.0) << c.name;
+    EXPECT_LE(mismatches, int8 ? 0 : std::max<int64_t>(1, static_cast<int64_t>(a.size()) / 100)) << c.name;
+  } else {
+    EXPECT_EQ(mismatches, 0) << c.name << " worst " << worst;
+  }
+}
+
+constexpr DType kU8 = DType::kUInt8, kS8 = DType::kInt8, kF32 = DType::kFloat32;
+// name, op, x type, x zp, activation, y type, y zp, group, stride, pad, kernel, transB, compute
+#define SQ_KERNEL_CASES(compute)                                                                       \
+  KernelCase{"conv3x3_u8_relu_u8", "Conv", kU8, 0, "Relu", kU8, 0, 1, 1, 1, 3, 0, compute},             \
+      KernelCase{"conv3x3_u8zp_clip_s8", "Conv", kU8, 9, "Clip", kS8, 3, 1, 1, 1, 3, 0, compute},       \
+      KernelCase{"conv3x3_s8_f32", "Conv", kS8, 0, "", kF32, 0, 1, 2, 1, 3, 0, compute},                \
+      KernelCase{"conv1x1_u8_u8zp", "Conv", kU8, 0, "", kU8, 17, 1, 1, 0, 1, 0, compute},               \
+      KernelCase{"dwconv3x3_s8_relu_u8", "Conv", kS8, 0, "Relu", kU8, 0, 16, 2, 1, 3, 0, compute},      \
+      KernelCase{"gemm_u8_transb_f32", "Gemm", kU8, 0, "", kF32, 0, 1, 1, 0, 1, 1, compute},            \
+      KernelCase{"gemm_s8_relu_u8", "Gemm", kS8, 0, "Relu", kU8, 0, 1, 1, 0, 1, 0, compute},            \
+      KernelCase{"matmul3d_s8_bias_f32", "MatMul", kS8, 0, "", kF32, 0, 1, 1, 0, 1, 0, compute},        \
+      KernelCase{"matmul3d_u8zp_bias_clip_s8", "MatMul", kU8, 5, "Clip", kS8, -4, 1, 1, 0, 1, 0, compute}
+
+INSTANTIATE_TEST_SUITE_P(Int8, FusedKernel, ::testing::Values(SQ_KERNEL_CASES("int8")), case_name);
+INSTANTIATE_TEST_SUITE_P(F32, FusedKernel, ::testing::Values(SQ_KERNEL_CASES("f32")), case_name);
+
+// ---- Selector rules: what is left in simulation, and why.
+
+TEST(Lowering, CandidatesThatBreakARuleStayInSimulationWithTheReason) {
+  QdqBuilder b;
+  const std::string x = b.input("x", {3, 16});
+  const std::string xdq = b.qdq(x, 0.01f, 0, kS8);
+  // Weight zero point 3: not an s8 symmetric weight.
+  const std::string y1 = b.node("Gemm", {xdq, b.weight({16, 8}, 1, 3)});
+  // Activation x activation MatMul.
+  const std::string y1dq = b.qdq(y1, 0.05f, 0, kS8);
+  const std::string y2 = b.node("MatMul", {y1dq, b.qdq(b.node("Transpose", {y1}), 0.05f, 0, kS8)});
+  ir::Graph g = b.finish(y2);
+  quant::LoweringReport report;
+  ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
+  EXPECT_EQ(report.lowered(), 0);
+  ASSERT_EQ(report.skipped.size(), 2u);
+  EXPECT_NE(report.skipped[0].reason.find("weight zero point must be 0 for s8 weights (got 3)"), std::string::npos)
+      << report.skipped[0].reason;
+  EXPECT_NE(report.skipped[1].reason.find("activation x activation"), std::string::npos) << report.skipped[1].reason;
+  EXPECT_EQ(count_op(lowered, "Gemm"), 1);
+  EXPECT_EQ(count_op(lowered, "MatMul"), 1);
+  // Still runs, as simulation.
+  const Tensor in = b.random_input({3, 16}, -1.f, 1.f);
+  runtime::Session a(g), c(lowered);
+  const Tensor ya = a.run_single(in), yc = c.run_single(in);
+  for (int64_t i = 0; i < ya.numel(); ++i) EXPECT_EQ(ya.data<float>()[i], yc.data<float>()[i]);
+}
+
+TEST(Lowering, GraphWithoutQdqIsLeftAlone) {
+  ir::Graph g = ir::load_onnx(test::fixture_model("resnet_small"));
+  EXPECT_FALSE(quant::has_qdq_nodes(g));
+  quant::LoweringReport report;
+  ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
+  EXPECT_EQ(report.lowered(), 0);
+  EXPECT_TRUE(report.skipped.empty());
+  EXPECT_EQ(count_op(lowered, "Conv"), 16);
+  EXPECT_FALSE(lowered.extra_opsets.count(i8::kDomain));
+}
+
+TEST(Lowering, WrongComputeOptionIsAnErrorNamingTheAttribute) {
+  QdqBuilder b;
+  const std::string x = b.input("x", {2, 8});
+  ir::Graph g = b.finish(b.node("Gemm", {b.qdq(x, 0.01f, 0, kS8), b.weight({8, 4}, 1)}));
+  quant::LoweringOptions lo;
+  lo.compute = "fast";
+  try {
+    quant::lower_to_int8(g, lo);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("int8_compute"), std::string::npos) << e.what();
+  }
+}
+
+// ---- A real PTQ model: every Conv and the Gemm become fused nodes, integers flow between them.
+
+class LoweringOnResnet : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    quant::PTQ ptq(quant::QuantConfig{});
+    ptq.quantize(ir::load_onnx(test::fixture_model("resnet_small")));
+    data::DataOptions o;
+    o.spec = "fashion-mnist:train";
+    o.limit = 64;
+    auto ds = data::open_dataset(o);
+    for (const auto& b : data::BatchLoader(*ds, 32)) ptq.sample(b.inputs);
+    qdq_ = new ir::Graph(ptq.convert());
+  }
+  static void TearDownTestSuite() { delete qdq_; }
+  static ir::Graph* qdq_;
+};
+ir::Graph* LoweringOnResnet::qdq_ = nullptr;
+
+TEST_F(LoweringOnResnet, EveryConvAndGemmIsFusedAndIntegersFlowBetweenThem) {
+  quant::LoweringReport report;
+  ir::Graph lowered = quant::lower_to_int8(*qdq_, {}, &report);
+  EXPECT_EQ(report.conv, 16);
+  EXPECT_EQ(report.gemm, 1);
+  EXPECT_TRUE(report.skipped.empty()) << report.skipped.front().reason;
+  EXPECT_EQ(count_op(lowered, "Conv"), 0);
+  EXPECT_EQ(count_op(lowered, "Gemm"), 0);
+  EXPECT_EQ(count_op(lowered, "QConv"), 16);
+  EXPECT_EQ(count_op(lowered, "QGemm"), 1);
+  // The stem and each block's first conv end in ReLU -> Q read only by other convs: u8 outputs.
+  // The second convs and the shortcuts feed the residual Add (float), and so output float32.
+  int u8_out = 0, f32_out = 0;
+  for (const auto& n : lowered.nodes)
+    if (n.op_type == "QConv") (n.attr_int("y_type", 1) == static_cast<int64_t>(DType::kUInt8) ? u8_out : f32_out)++;
+  EXPECT_EQ(u8_out, 7);
+  EXPECT_EQ(f32_out, 9);
+  std::map<std::string, const ir::Node*> producer;
+  for (const auto& n : lowered.nodes) producer[n.outputs[0]] = &n;
+  for (const auto& n : lowered.nodes) {
+    if (n.op_type == "DequantizeLinear") {
+      // Weights are gone from DQ; a DQ left is the boundary into a float op.
+      EXPECT_FALSE(lowered.is_initializer(n.inputs[0])) << n.name;
+      for (const auto& m : lowered.nodes) {
+        if (std::find(m.inputs.begin(), m.inputs.end(), n.outputs[0]) != m.inputs.end()) {
+          EXPECT_NE(m.domain, i8::kDomain) << m.name << " reads a dequantized value instead of the integers";
+        }
+      }
+    }
+    if (n.op_type == "QuantizeLinear") {
+      // A Q left quantizes a float value (graph input or a float op's output), never a fused one's.
+      auto it = producer.find(n.inputs[0]);
+      if (it != producer.end()) {
+        EXPECT_NE(it->second->domain, i8::kDomain) << n.name;
+      }
+    }
+  }
+  // One Q per float -> integer boundary: the input, the outputs of the 5 residual blocks that feed
+  // convolutions (the last one feeds the pooling) and the pooled features read by the Gemm; one DQ
+  // per integer -> float boundary: none (all integer values are read by fused nodes only).
+  EXPECT_EQ(report.quantize_kept, 7);
+  EXPECT_EQ(report.dequantize_kept, 0);
+
+  // Numbers: the same decisions and logits within the parity bound on a few test images.
+  data::DataOptions o;
+  o.spec = "fashion-mnist:test";
+  o.limit = 128;
+  auto ds = data::open_dataset(o);
+  const data::Batch batch = data::BatchLoader(*ds, 128).batch(0);
+  runtime::Session sim(*qdq_);
+  runtime::Session integer = quant::make_int8_session(*qdq_);
+  const Tensor ys = sim.run_single(batch.inputs), yi = integer.run_single(batch.inputs);
+  EXPECT_EQ(test::last_layer(lowered).op_type, "QGemm");
+  const std::vector<float> steps = test::logit_steps(lowered);  // bound explained in int8_parity_test.cpp
+  int agree = 0;
+  for (int64_t i = 0; i < ys.dim(0); ++i) {
+    const float* s = ys.data<float>() + i * 10;
+    const float* q = yi.data<float>() + i * 10;
+    agree += (std::max_element(s, s + 10) - s) == (std::max_element(q, q + 10) - q);
+    for (int c = 0; c < 10; ++c) EXPECT_LE(std::fabs(s[c] - q[c]), 2 * steps[c]) << i << "," << c;
+  }
+  EXPECT_GE(agree, 127);
+}
+
+}  // namespace
