@@ -122,3 +122,14 @@ TEST(Passes, RealExportFoldsBatchNormAndShapeChains) {
 }
 
 }  // namespace
+
+namespace {
+TEST(Import, ExternalDataGivesTheSameOutputs) {
+  Tensor input = read_npy(test::source_path("tests/fixtures/models/resnet_small.input.npy"));
+  ir::Graph external = ir::load_onnx(test::source_path("tests/fixtures/models/external/resnet_small_ext.onnx"));
+  Tensor a = runtime::Session(external).run_single(input);
+  Tensor b = runtime::Session(ir::load_onnx(test::fixture_model("resnet_small"))).run_single(input);
+  ASSERT_EQ(a.nbytes(), b.nbytes());
+  EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
+}
+}  // namespace
