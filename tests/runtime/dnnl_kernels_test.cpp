@@ -248,7 +248,7 @@ TEST(DnnlConv, FusedActivationsMatchUnfusedPlusActivation) {
   for (const ConvCase& c : {kConvCases[0], kConvCases[1]}) {
     const Tensor x = random_tensor(c.x, 8, -2, 2), w = random_tensor(c.w, 9), b = random_tensor({c.w[0]}, 10);
     const Tensor unfused = Harness(conv_node(c.p), make_conv, {{1, w}, {2, b}}).run({x, w, b})[0];
-    for (ConvLayout layout : {ConvLayout::kAuto, ConvLayout::kPlain, ConvLayout::kBlocked}) {
+    for (ConvLayout layout : {ConvLayout::kPlain, ConvLayout::kBlocked}) {
       set_conv_layout_override(layout);
       for (const ir::FusedActivation& f : all_fused_activations()) {
         SCOPED_TRACE(std::string(c.name) + " " + f.op + " layout " + std::to_string(static_cast<int>(layout)));

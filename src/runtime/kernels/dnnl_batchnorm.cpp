@@ -72,12 +72,14 @@ class BatchNormKernel final : public Kernel {
     const int64_t len = x.numel() / planes;
     const float* src = x.data<float>();
     float* dst = y.data<float>();
-    for (int64_t p = 0; p < planes; ++p) {
-      const float a = a_[p % c], b = b_[p % c];
-      const float* in = src + p * len;
-      float* out = dst + p * len;
-      for (int64_t i = 0; i < len; ++i) out[i] = in[i] * a + b;
-    }
+    parallel_rows(planes, len, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p) {
+        const float a = a_[p % c], b = b_[p % c];
+        const float* in = src + p * len;
+        float* out = dst + p * len;
+        for (int64_t i = 0; i < len; ++i) out[i] = in[i] * a + b;
+      }
+    });
   }
 
  private:

@@ -266,7 +266,7 @@ void run_conv_like(ConvLikePlan& p, const Tensor& x, const Tensor* runtime_w, co
   bind_scratchpad(p.scratchpad_mem);
   p.prim.execute(s, p.args);
   if (p.dst_reorder) p.dst_reorder->execute(s, p.dst_reorder_args);
-  for (const dnnl::eltwise_forward& a : p.activations) a.execute(s, p.activation_args);
+  for (const dnnl::eltwise_forward& act : p.activations) act.execute(s, p.activation_args);
   s.wait();
 }
 

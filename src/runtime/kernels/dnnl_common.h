@@ -2,6 +2,9 @@
 // Pieces shared by the oneDNN FP32 kernels: window geometry (Conv, ConvTranspose, pools), fused
 // activations as eltwise post-ops, a small per-shape primitive cache, weights prepacked per
 // layout, and thin execution helpers. Kernel inputs and outputs are always plain row-major tensors.
+#include <omp.h>
+
+#include <algorithm>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -84,6 +87,23 @@ void execute(const dnnl::primitive& p, const std::unordered_map<int, memory>& ar
 // The attribute every kernel uses: user-managed scratchpad (a shared per-thread buffer, see
 // DnnlScratch::kScratchpad) so primitives do not each hold their own.
 dnnl::primitive_attr base_attr();
+
+// Calls f(begin, end) over row ranges of [0, rows), split across OpenMP threads when the rows hold
+// enough elements to pay for the fork (plain loops: BatchNormalization, global pools).
+template <class F>
+void parallel_rows(int64_t rows, int64_t row_len, F&& f) {
+  constexpr int64_t kGrain = 1 << 15;  // elements per thread below which threading costs more than it gains
+  const int64_t threads = std::min<int64_t>(omp_get_max_threads(), rows * row_len / kGrain);
+  if (threads <= 1) {
+    f(int64_t{0}, rows);
+    return;
+  }
+#pragma omp parallel num_threads(static_cast<int>(threads))
+  {
+    const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+    f(rows * t / n, rows * (t + 1) / n);
+  }
+}
 
 // Input checks with messages naming the node and the input.
 void require_float32(const ir::Node& node, const Tensor& t, const char* what);

@@ -57,7 +57,7 @@ struct MatmulPlan {
     bind_scratchpad(scratchpad_mem);
     dnnl::stream& s = dnnl_stream();
     prim.execute(s, args);
-    for (const dnnl::eltwise_forward& a : activations) a.execute(s, activation_args);
+    for (const dnnl::eltwise_forward& act : activations) act.execute(s, activation_args);
     s.wait();
   }
 };

@@ -273,12 +273,13 @@ std::unique_ptr<Kernel> make_global_pool(const KernelInit& init, PoolKind kind) 
                                             " has an empty spatial extent");
     const float* src = x.data<float>();
     float* dst = y.data<float>();
-    if (kind == PoolKind::kAverage) {
-      const float inv = 1.f / static_cast<float>(len);
-      for (int64_t p = 0; p < planes; ++p) dst[p] = row_sum(src + p * len, len) * inv;
-    } else {
-      for (int64_t p = 0; p < planes; ++p) dst[p] = row_max(src + p * len, len);
-    }
+    const float inv = 1.f / static_cast<float>(len);
+    parallel_rows(planes, len, [&](int64_t begin, int64_t end) {
+      if (kind == PoolKind::kAverage)
+        for (int64_t p = begin; p < end; ++p) dst[p] = row_sum(src + p * len, len) * inv;
+      else
+        for (int64_t p = begin; p < end; ++p) dst[p] = row_max(src + p * len, len);
+    });
   });
 }
 
