@@ -113,6 +113,7 @@ struct KernelCase {
   int64_t group, stride, pad, kernel;  // Conv
   int64_t trans_b;                      // Gemm
   const char* compute;       // "int8" or "f32"
+  int64_t size = 9;          // Conv: input height and width
 };
 
 std::string case_name(const ::testing::TestParamInfo<KernelCase>& info) {
@@ -139,7 +140,7 @@ TEST_P(FusedKernel, LowersAndMatchesSimulationAndReference) {
   std::map<std::string, ir::AttributeValue> attrs;
   if (op == "Conv") {
     const int64_t cin = c.group > 1 ? c.group : 8, cout = c.group > 1 ? c.group : 12;
-    x_shape = {2, cin, 9, 9};
+    x_shape = {2, cin, c.size, c.size};
     w_shape = {cout, cin / c.group, c.kernel, c.kernel};
     channels = cout;
     attrs = {{"group", c.group}, {"strides", std::vector<int64_t>{c.stride, c.stride}},
@@ -220,7 +221,7 @@ TEST_P(FusedKernel, LowersAndMatchesSimulationAndReference) {
   Tensor ref(q.y_type, yq.shape());
   if (op == "Conv") {
     const i8::Requant r = i8::make_requant(fused, q, channels, bias);
-    i8::ConvProblem p{x_shape[0], x_shape[1], channels, c.group, {9, 9}, {yq.dim(2), yq.dim(3)}, {c.kernel, c.kernel},
+    i8::ConvProblem p{x_shape[0], x_shape[1], channels, c.group, {c.size, c.size}, {yq.dim(2), yq.dim(3)}, {c.kernel, c.kernel},
                       {c.stride, c.stride}, {1, 1}, {c.pad, c.pad}};
     i8::reference_qconv(q, r, p, xq, wq, ref);
   } else {
@@ -254,6 +255,8 @@ constexpr DType kU8 = DType::kUInt8, kS8 = DType::kInt8, kF32 = DType::kFloat32;
       KernelCase{"conv3x3_u8zp_clip_s8", "Conv", kU8, 9, "Clip", kS8, 3, 1, 1, 1, 3, 0, compute},       \
       KernelCase{"conv3x3_s8_f32", "Conv", kS8, 0, "", kF32, 0, 1, 2, 1, 3, 0, compute},                \
       KernelCase{"conv1x1_u8_u8zp", "Conv", kU8, 0, "", kU8, 17, 1, 1, 0, 1, 0, compute},               \
+      KernelCase{"conv1x1_large_u8_clip_u8", "Conv", kU8, 0, "Clip", kU8, 0, 1, 1, 0, 1, 0, compute, 14}, \
+      KernelCase{"conv1x1_large_s8_relu_f32", "Conv", kS8, 0, "Relu", kF32, 0, 1, 1, 0, 1, 0, compute, 14}, \
       KernelCase{"dwconv3x3_s8_relu_u8", "Conv", kS8, 0, "Relu", kU8, 0, 16, 2, 1, 3, 0, compute},      \
       KernelCase{"gemm_u8_transb_f32", "Gemm", kU8, 0, "", kF32, 0, 1, 1, 0, 1, 1, compute},            \
       KernelCase{"gemm_s8_relu_u8", "Gemm", kS8, 0, "Relu", kU8, 0, 1, 1, 0, 1, 0, compute},            \

@@ -196,12 +196,17 @@ void PrimitivePlan::bind_common(const memory::desc& scratchpad, const memory& we
   if (zp_in_reorder) reorder_attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
   if (src_user != src_desc || zp_in_reorder)
     src_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), src_user, dnnl_engine(), src_desc, reorder_attr));
-  if (dst_desc != dst_user)
+  const memory::desc plain_f32(dst_user.dims(), dt::f32, plain_tag(dst_user.dims().size()));
+  const bool quantized_user = dst_user.data_type() == dt::u8 || dst_user.data_type() == dt::s8;
+  if (quantized_user && dst_desc == plain_f32) {
+    requant_to = dst_user.data_type() == dt::u8 ? DType::kUInt8 : DType::kInt8;
+  } else if (dst_desc != dst_user) {
     dst_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), dst_desc, dnnl_engine(), dst_user));
+  }
   src_user_mem = unbound(src_user);
   src_mem = src_reorder ? unbound(src_desc) : src_user_mem;
   dst_user_mem = unbound(dst_user);
-  dst_mem = dst_reorder ? unbound(dst_desc) : dst_user_mem;
+  dst_mem = dst_reorder || requant_to != DType::kUndefined ? unbound(dst_desc) : dst_user_mem;
   scratchpad_mem = unbound(scratchpad);
   args = {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst_mem},
           {DNNL_ARG_SCRATCHPAD, scratchpad_mem}};
@@ -223,12 +228,36 @@ void PrimitivePlan::run(const void* x, void* y) {
     src_reorder->execute(s, src_reorder_args);
   }
   dst_user_mem.set_data_handle(y);
-  if (dst_reorder) dst_mem.set_data_handle(dnnl_scratch(DnnlScratch::kDst, dst_desc.get_size()));
+  const bool separate_dst = dst_reorder || requant_to != DType::kUndefined;
+  if (separate_dst) dst_mem.set_data_handle(dnnl_scratch(DnnlScratch::kDst, dst_desc.get_size()));
   if (const size_t size = scratchpad_mem.get_desc().get_size(); size > 0)
     scratchpad_mem.set_data_handle(dnnl_scratch(DnnlScratch::kScratchpad, size));
   prim.execute(s, args);
   if (dst_reorder) dst_reorder->execute(s, dst_reorder_args);
   s.wait();
+  if (requant_to != DType::kUndefined)
+    requantize_f32(static_cast<const float*>(dst_mem.get_data_handle()), y, requant_to,
+                   static_cast<int64_t>(dst_desc.get_size() / sizeof(float)));
+}
+
+namespace {
+// Saturation before rounding (rounding is monotone and the bounds are integers, so this equals
+// saturate-after-round), then round half to even with the add-magic trick. Vectorises.
+template <typename T>
+void requantize_typed(const float* __restrict v, T* __restrict y, int64_t n, float lo, float hi) {
+  constexpr float kRoundMagic = 12582912.f;  // 1.5 * 2^23: (c + m) - m rounds |c| < 2^22 half to even
+#pragma omp parallel for if (n > (int64_t{1} << 16)) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float c = v[i] > lo ? v[i] : lo;  // also maps NaN to lo
+    c = c < hi ? c : hi;
+    y[i] = static_cast<T>(static_cast<int32_t>((c + kRoundMagic) - kRoundMagic));
+  }
+}
+}  // namespace
+
+void requantize_f32(const float* v, void* y, DType y_type, int64_t n) {
+  if (y_type == DType::kUInt8) requantize_typed(v, static_cast<uint8_t*>(y), n, 0.f, 255.f);
+  else requantize_typed(v, static_cast<int8_t*>(y), n, -128.f, 127.f);
 }
 
 void require_quantized_input(const ir::Node& node, const Tensor& x) {

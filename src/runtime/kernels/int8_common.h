@@ -146,6 +146,9 @@ struct PrimitivePlan {
   std::unordered_map<int, dnnl::memory> args, src_reorder_args, dst_reorder_args;
   Shape out_shape;
   std::shared_ptr<int32_t> zero_point_value;  // storage behind zero_point_mem (stable address)
+  // Plain f32 dst -> plain u8/s8 y (Compute::kF32 matmul) is converted by requantize_f32: oneDNN
+  // 2.6 has only a slow generic reorder (rnn_data_reorder, ~15x slower) for that pair.
+  DType requant_to = DType::kUndefined;  // set by finish()
 
   enum class ZeroPointAt { kNone, kPrimitive, kSrcReorder };
   // Binds everything from pd. weights: the packed constant for pd.weights_desc(); bias: empty or
@@ -163,6 +166,8 @@ struct PrimitivePlan {
 
 dnnl::memory::desc plain_md(const Shape& shape, dt type);
 dnnl::memory unbound(const dnnl::memory::desc& desc);
+// y = saturate(round_half_even(v)) for n values into u8 or s8 (v already holds + z_y).
+void requantize_f32(const float* v, void* y, DType y_type, int64_t n);
 
 template <class PrimitiveDesc, class Primitive>
 void PrimitivePlan::finish(const PrimitiveDesc& pd, const dnnl::memory& weights, const dnnl::memory& bias,
