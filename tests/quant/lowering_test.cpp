@@ -403,3 +403,35 @@ TEST_F(LoweringOnResnet, EveryConvAndGemmIsFusedAndIntegersFlowBetweenThem) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST_F(LoweringOnResnet, LoweredGraphExportsAsCheckedOnnxAndRunsAgain) {
+  ir::Graph lowered = quant::lower_to_int8(*qdq_);
+  // The com.slimquant schemas are registered with ONNX: the checker and shape inference know them.
+  EXPECT_NO_THROW(ir::check_onnx(lowered));
+  test::TempDir tmp("lowered");
+  ir::save_onnx(lowered, tmp.path("r8.onnx"));
+  ir::Graph back = ir::load_onnx(tmp.path("r8.onnx"));
+  EXPECT_EQ(count_op(back, "QConv"), 16);
+  Tensor input(DType::kFloat32, {4, 1, 28, 28});
+  for (int64_t i = 0; i < input.numel(); ++i) input.data<float>()[i] = static_cast<float>(i % 255) / 255.f;
+  runtime::Session a(lowered), b(back);
+  const Tensor ya = a.run_single(input), yb = b.run_single(input);
+  for (int64_t i = 0; i < ya.numel(); ++i) EXPECT_EQ(ya.data<float>()[i], yb.data<float>()[i]);
+}
+
+TEST_F(LoweringOnResnet, CliEvaluatesQdqModelsAsIntegerExecutionUnlessSimulateIsGiven) {
+  test::TempDir tmp("cli_int8");
+  ir::save_onnx(*qdq_, tmp.path("q.onnx"));
+  const std::string args = "eval " + tmp.path("q.onnx") + " --dataset fashion-mnist:test --limit 200 --json";
+  const auto integer = test::run_cli(args), simulated = test::run_cli(args + " --simulate");
+  ASSERT_EQ(integer.exit_code, 0) << integer.output;
+  ASSERT_EQ(simulated.exit_code, 0) << simulated.output;
+  auto top1 = [](const std::string& out) { return std::stod(out.substr(out.rfind("\"top1\":") + 7)); };
+  EXPECT_NEAR(top1(integer.output), top1(simulated.output), 1.0 / 200 + 1e-9);
+  const auto bench = test::run_cli("bench " + tmp.path("q.onnx") + " --shape 2x1x28x28 --runs 2 --warmup 1");
+  EXPECT_EQ(bench.exit_code, 0) << bench.output;
+}
+
+}  // namespace
