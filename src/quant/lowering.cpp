@@ -145,6 +145,20 @@ int64_t weight_channel_axis(const ir::Node& target, LoweredOp op, const Tensor& 
   return -1;
 }
 
+// Takes the QuantizeLinear that alone reads the group's output into the group (integer output).
+Why end_in_quantize(const GraphIndex& ix, const LoweringOptions& options, QdqGroup& grp) {
+  if (!options.fuse_output_quantize) return std::nullopt;
+  const ir::Graph& g = ix.graph();
+  const int c = ix.sole_consumer(grp.output);
+  if (c < 0 || !is_op(g.nodes[c], "QuantizeLinear") || g.nodes[c].inputs[0] != grp.output) return std::nullopt;
+  QuantParam y;
+  if (read_qparams(ix, g.nodes[c], y) || !y.per_tensor() || !is_8bit(y.dtype)) return std::nullopt;
+  grp.y = y;
+  grp.q_output = c;
+  grp.output = g.nodes[c].outputs.at(0);
+  return std::nullopt;
+}
+
 // Checks a candidate and fills the group; returns the reason when it cannot be lowered.
 Why select_group(const GraphIndex& ix, int t, LoweredOp op, const LoweringOptions& options, QdqGroup& grp) {
   const ir::Graph& g = ix.graph();
@@ -172,10 +186,30 @@ Why select_group(const GraphIndex& ix, int t, LoweredOp op, const LoweringOption
   const ir::Node& dqw = g.nodes[pw];
   grp.w_q = dqw.inputs.at(0);
   const Tensor* w = g.initializer(grp.w_q);
-  if (!w)
-    return std::string(op == LoweredOp::kMatMul ? "input 1 is an activation (activation x activation MatMul stays "
-                                                  "in simulation)"
-                                                : "the weight is not a constant");
+  if (!w && op == LoweredOp::kMatMul) {
+    // Activation x activation: oneDNN's int8 matmul takes the second operand as s8 "weights".
+    if (!options.activation_matmul)
+      return std::string("input 1 is an activation (activation x activation MatMul lowering is disabled)");
+    if (Why why = read_qparams(ix, dqw, grp.w)) return why;
+    if (!grp.w.per_tensor()) return std::string("input 1 is an activation quantized per channel");
+    if (grp.w.dtype != DType::kInt8 || grp.w.zero_point[0] != 0)
+      return std::string("input 1 is an activation that is not int8 with zero point 0 (activation x activation "
+                         "MatMul needs an s8 symmetric second operand)");
+    grp.runtime_weight = true;
+    grp.dq_inputs = {px, pw};
+    std::string cur = n.outputs[0];
+    if (options.fuse_activation) {
+      const int c = ix.sole_consumer(cur);
+      i8::QLinearAttrs probe;
+      if (c >= 0 && g.nodes[c].outputs.size() == 1 && !read_activation(g, g.nodes[c], probe)) {
+        grp.activation = c;
+        cur = g.nodes[c].outputs[0];
+      }
+    }
+    grp.output = cur;
+    return end_in_quantize(ix, options, grp);
+  }
+  if (!w) return std::string("the weight is not a constant");
   if (w->dtype() != DType::kInt8)
     return std::string("the weight is ") + dtype_name(w->dtype()) + "; integer kernels need int8 weights";
   if (Why why = read_qparams(ix, dqw, grp.w)) return why;
@@ -238,20 +272,8 @@ Why select_group(const GraphIndex& ix, int t, LoweredOp op, const LoweringOption
       cur = g.nodes[c].outputs[0];
     }
   }
-  if (options.fuse_output_quantize) {
-    const int c = ix.sole_consumer(cur);
-    if (c >= 0 && is_op(g.nodes[c], "QuantizeLinear") && g.nodes[c].inputs[0] == cur) {
-      QuantParam y;
-      const bool ok = !read_qparams(ix, g.nodes[c], y) && y.per_tensor() && is_8bit(y.dtype);
-      if (ok) {
-        grp.y = y;
-        grp.q_output = c;
-        cur = g.nodes[c].outputs.at(0);
-      }
-    }
-  }
   grp.output = cur;
-  return std::nullopt;
+  return end_in_quantize(ix, options, grp);
 }
 
 std::optional<LoweredOp> lowered_family(const ir::Node& n, const LoweringOptions& o) {

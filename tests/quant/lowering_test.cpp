@@ -274,9 +274,9 @@ TEST(Lowering, CandidatesThatBreakARuleStayInSimulationWithTheReason) {
   const std::string xdq = b.qdq(x, 0.01f, 0, kS8);
   // Weight zero point 3: not an s8 symmetric weight.
   const std::string y1 = b.node("Gemm", {xdq, b.weight({16, 8}, 1, 3)});
-  // Activation x activation MatMul.
+  // Activation x activation MatMul whose second operand is u8: oneDNN needs s8 there.
   const std::string y1dq = b.qdq(y1, 0.05f, 0, kS8);
-  const std::string y2 = b.node("MatMul", {y1dq, b.qdq(b.node("Transpose", {y1}), 0.05f, 0, kS8)});
+  const std::string y2 = b.node("MatMul", {y1dq, b.qdq(b.node("Transpose", {y1}), 0.05f, 0, kU8)});
   ir::Graph g = b.finish(y2);
   quant::LoweringReport report;
   ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
@@ -284,7 +284,7 @@ TEST(Lowering, CandidatesThatBreakARuleStayInSimulationWithTheReason) {
   ASSERT_EQ(report.skipped.size(), 2u);
   EXPECT_NE(report.skipped[0].reason.find("weight zero point must be 0 for s8 weights (got 3)"), std::string::npos)
       << report.skipped[0].reason;
-  EXPECT_NE(report.skipped[1].reason.find("activation x activation"), std::string::npos) << report.skipped[1].reason;
+  EXPECT_NE(report.skipped[1].reason.find("not int8 with zero point 0"), std::string::npos) << report.skipped[1].reason;
   EXPECT_EQ(count_op(lowered, "Gemm"), 1);
   EXPECT_EQ(count_op(lowered, "MatMul"), 1);
   // Still runs, as simulation.
@@ -292,7 +292,63 @@ TEST(Lowering, CandidatesThatBreakARuleStayInSimulationWithTheReason) {
   runtime::Session a(g), c(lowered);
   const Tensor ya = a.run_single(in), yc = c.run_single(in);
   for (int64_t i = 0; i < ya.numel(); ++i) EXPECT_EQ(ya.data<float>()[i], yc.data<float>()[i]);
+  // Turning activation x activation lowering off names the option.
+  quant::LoweringOptions off;
+  off.activation_matmul = false;
+  QdqBuilder b2;
+  const std::string p = b2.input("p", {2, 4}), q = b2.input("q", {4, 3});
+  ir::Graph g2 = b2.finish(b2.node("MatMul", {b2.qdq(p, 0.01f, 0, kS8), b2.qdq(q, 0.01f, 0, kS8)}));
+  quant::lower_to_int8(g2, off, &report);
+  ASSERT_EQ(report.skipped.size(), 1u);
+  EXPECT_NE(report.skipped[0].reason.find("lowering is disabled"), std::string::npos) << report.skipped[0].reason;
 }
+
+// Attention-style MatMul of two activations: batched, with a broadcast batch dim, u8 x s8 -> u8.
+class ActivationMatMul : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ActivationMatMul, LowersWithARunTimeWeightAndMatchesSimulationAndReference) {
+  const std::string compute = GetParam();
+  QdqBuilder b;
+  const std::string a = b.input("a", {2, 3, 5, 8}), w = b.input("w", {1, 3, 8, 6});
+  const std::string adq = b.qdq(a, 1.f / 127.f, 4, kU8);  // u8 values stay below 128: exact without VNNI
+  const std::string wdq = b.qdq(w, 1.f / 100.f, 0, kS8);
+  const std::string y = b.qdq(b.node("MatMul", {adq, wdq}), 0.02f, -3, kS8);
+  ir::Graph g = b.finish(y);
+  quant::LoweringOptions lo;
+  lo.compute = compute;
+  quant::LoweringReport report;
+  ir::Graph lowered = quant::lower_to_int8(g, lo, &report);
+  ASSERT_EQ(report.matmul, 1) << (report.skipped.empty() ? "" : report.skipped[0].reason);
+  EXPECT_EQ(count_op(lowered, "QMatMul"), 1);
+  EXPECT_EQ(count_op(lowered, "QuantizeLinear"), 2);    // both inputs are float graph inputs
+  EXPECT_EQ(count_op(lowered, "DequantizeLinear"), 1);  // the float graph output
+
+  const std::map<std::string, Tensor> feeds = {{"a", b.random_input({2, 3, 5, 8}, -4.f / 127, 123.f / 127)},
+                                               {"w", b.random_input({1, 3, 8, 6}, -1.f, 1.f)}};
+  runtime::Session sim(g), integer(lowered);
+  const Tensor ys = sim.run(feeds).at(y), yi = integer.run(feeds).at(y);
+  ASSERT_EQ(yi.shape(), (Shape{2, 3, 5, 6}));
+  for (int64_t i = 0; i < ys.numel(); ++i) EXPECT_NEAR(ys.data<float>()[i], yi.data<float>()[i], 0.02f * 1.001f);
+
+  const ir::Node& fused = *std::find_if(lowered.nodes.begin(), lowered.nodes.end(),
+                                        [](const ir::Node& n) { return n.domain == i8::kDomain; });
+  runtime::RunOptions wanted;
+  wanted.outputs = {fused.inputs[0], fused.inputs[1], fused.outputs[0]};
+  auto v = integer.run(feeds, wanted);
+  const i8::QLinearAttrs q = i8::QLinearAttrs::parse(fused);
+  Tensor ref(q.y_type, v.at(fused.outputs[0]).shape());
+  i8::reference_qmatmul_batched(q, i8::make_requant(fused, q, 1, nullptr), v.at(fused.inputs[0]), v.at(fused.inputs[1]),
+                                ref);
+  const auto got = v.at(fused.outputs[0]).to_int64_vector(), want = ref.to_int64_vector();
+  int64_t mismatches = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_LE(std::abs(got[i] - want[i]), 1);
+    mismatches += got[i] != want[i];
+  }
+  EXPECT_LE(mismatches, compute == "int8" ? 0 : 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Compute, ActivationMatMul, ::testing::Values("int8", "f32"));
 
 TEST(Lowering, GraphWithoutQdqIsLeftAlone) {
   ir::Graph g = ir::load_onnx(test::fixture_model("resnet_small"));

@@ -3,6 +3,7 @@
 // as is). Lowering is selection + action, like ONNX Runtime's QDQ transformers: a selector
 // recognises a node group
 //     DQ(x_q) , DQ(w_q) [, bias] -> Conv | Gemm | MatMul [-> Add(constant bias)] [-> Relu | Clip] [-> Q]
+// (w_q a constant int8 weight, or for MatMul also a run-time s8 activation)
 // and validates it once into a QdqGroup; an action replaces the group by one fused node of domain
 // "com.slimquant" (QConv, QGemm, QMatMul) that reads x_q and w_q directly and writes y_q (or float32
 // when the group has no trailing Q). Quantized tensors therefore flow from one fused node to the
@@ -43,6 +44,7 @@ struct QdqGroup {
   std::string output;          // the value it writes: Q's output, or the last float value of the group
   QuantParam x, w, y;          // y is empty (no scale) for a float32 output
   bool quantized_bias = false; // the bias is DequantizeLinear(int32 constant): the action makes it float
+  bool runtime_weight = false; // MatMul of two activations: w_q is a run-time s8 tensor (per tensor)
 };
 
 // Why a candidate (a Conv/Gemm/MatMul reading a DequantizeLinear) was left in simulation.
@@ -56,6 +58,7 @@ struct LoweringOptions {
   bool fuse_activation = true;       // take a Relu / Clip that alone reads the output into the group
   bool fuse_output_quantize = true;  // end the group in its QuantizeLinear (integer output)
   bool fuse_matmul_bias = true;      // take MatMul -> Add(constant [N]) as the bias
+  bool activation_matmul = true;     // lower MatMul of two activations (attention) when B is s8, zero point 0
   // How fused nodes accumulate (written on each node, see runtime/kernels/int8_common.h): "auto"
   // (exact int8 dot products where the CPU has them, the exact float path otherwise), "int8", "f32".
   std::string compute = "auto";

@@ -220,12 +220,31 @@ void PrimitivePlan::bind_common(const memory::desc& scratchpad, const memory& we
   }
 }
 
-void PrimitivePlan::run(const void* x, void* y) {
+void PrimitivePlan::bind_runtime_weights(const memory::desc& user, const memory::desc& wanted) {
+  weights_user_mem = unbound(user);
+  if (user != wanted) {
+    weights_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), user, dnnl_engine(), wanted));
+    weights_mem = unbound(wanted);
+  } else {
+    weights_mem = weights_user_mem;
+  }
+  args[DNNL_ARG_WEIGHTS] = weights_mem;
+  weights_reorder_args = {{DNNL_ARG_FROM, weights_user_mem}, {DNNL_ARG_TO, weights_mem}};
+}
+
+void PrimitivePlan::run(const void* x, void* y, const void* w) {
   dnnl::stream& s = dnnl_stream();
   src_user_mem.set_data_handle(const_cast<void*>(x));
   if (src_reorder) {
     src_mem.set_data_handle(dnnl_scratch(DnnlScratch::kSrc, src_desc.get_size()));
     src_reorder->execute(s, src_reorder_args);
+  }
+  if (w) {
+    weights_user_mem.set_data_handle(const_cast<void*>(w));
+    if (weights_reorder) {
+      weights_mem.set_data_handle(dnnl_scratch(DnnlScratch::kWeights, weights_mem.get_desc().get_size()));
+      weights_reorder->execute(s, weights_reorder_args);
+    }
   }
   dst_user_mem.set_data_handle(y);
   const bool separate_dst = dst_reorder || requant_to != DType::kUndefined;

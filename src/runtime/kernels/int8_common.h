@@ -143,7 +143,9 @@ struct PrimitivePlan {
   dnnl::memory::desc src_user, dst_user;  // as the tensors are stored (plain)
   std::optional<dnnl::reorder> src_reorder, dst_reorder;
   dnnl::memory src_user_mem, src_mem, dst_mem, dst_user_mem, scratchpad_mem, zero_point_mem;
-  std::unordered_map<int, dnnl::memory> args, src_reorder_args, dst_reorder_args;
+  std::unordered_map<int, dnnl::memory> args, src_reorder_args, dst_reorder_args, weights_reorder_args;
+  std::optional<dnnl::reorder> weights_reorder;  // run-time weights only
+  dnnl::memory weights_user_mem, weights_mem;
   Shape out_shape;
   std::shared_ptr<int32_t> zero_point_value;  // storage behind zero_point_mem (stable address)
   // Plain f32 dst -> plain u8/s8 y (Compute::kF32 matmul) is converted by requantize_f32: oneDNN
@@ -156,8 +158,12 @@ struct PrimitivePlan {
   template <class PrimitiveDesc, class Primitive>
   void finish(const PrimitiveDesc& pd, const dnnl::memory& weights, const dnnl::memory& bias, int32_t src_zero_point,
               ZeroPointAt zero_point_at);
-  // x (plain, src_user) -> y (plain, dst_user, allocated with out_shape).
-  void run(const void* x, void* y);
+  // For weights that are a run-time input (activation x activation MatMul): call after finish()
+  // with the weights as stored; run() then takes them and reorders / converts them per call.
+  void bind_runtime_weights(const dnnl::memory::desc& user, const dnnl::memory::desc& wanted);
+  // x (plain, src_user) -> y (plain, dst_user, allocated with out_shape); w: the run-time weights
+  // (nullptr for constant weights bound by finish()).
+  void run(const void* x, void* y, const void* w = nullptr);
 
  private:
   void bind_common(const dnnl::memory::desc& scratchpad, const dnnl::memory& weights, const dnnl::memory& bias,

@@ -5,14 +5,18 @@
 //   v        = act(M[j] * (acc + B'[j]))   M[j] = alpha*s_x*s_w[j]/s_y,  B'[j] = beta*C[j]/(alpha*s_x*s_w[j])
 //   y_q      = saturate(round_half_even(v) + z_y)          (y = v for a float32 output)
 //
-// QMatMul: x_q [..., K] times w_q [K, N]; the leading dims of x are flattened into the rows M, so
-// one 2-D primitive serves any batch shape. QGemm: x_q [M, K] ([K, M] with transA), w_q [K, N]
+// QMatMul: x_q [..., K] times a constant w_q [K, N]; the leading dims of x are flattened into the
+// rows M, so one 2-D primitive serves any batch shape. With a run-time w_q (activation x activation,
+// e.g. attention's Q*K^T and attn*V): x_q [..., M, K] times w_q [..., K, N], s8 per tensor, batch
+// dims broadcast as in numpy, one batched primitive, w_q converted per call when kF32. QGemm: x_q [M, K] ([K, M] with transA), w_q [K, N]
 // ([N, K] with transB), C of N values (Gemm's broadcast of [N] / [1, N]).
 // Both run on oneDNN's matmul: Compute::kInt8 with u8/s8 src, s8 weights reordered once, f32 bias,
 // per-column output scales, the src zero point as a runtime argument and the activation / + z_y
 // as eltwise post-ops; Compute::kF32 with the same integers as float32 (x_q - z_x from the src
 // reorder, integer-valued weights: the products and their sums are exact below 2^24) and the
 // f32 -> u8/s8 dst reorder rounding half to even and saturating.
+#include <algorithm>
+
 #include "runtime/kernels/int8_common.h"
 #include "runtime/kernels/int8_reference.h"
 
@@ -44,6 +48,17 @@ class QLinearMatMulKernel final : public Kernel {
       alpha = node_.attr_float("alpha", 1.f);
       beta = node_.attr_float("beta", 1.f);
     }
+    if (!gemm_ && !init.node.input(kW).empty() && !init.constant_input(kW)) {
+      // Activation x activation: one scale for the whole w_q, no bias (the selector adds none).
+      runtime_w_ = true;
+      if (q_.w_scale.size() != 1)
+        fail(ErrorKind::kInvalidModel, node_.describe() + ": a run-time w_q needs one w_scale, got " +
+                                           std::to_string(q_.w_scale.size()));
+      if (!init.node.input(kBias).empty())
+        fail(ErrorKind::kUnsupported, node_.describe() + ": a bias with a run-time w_q is not supported");
+      requant_ = make_requant(node_, q_, 1, nullptr);
+      return;
+    }
     w_ = require_constant_weight(init, kW);
     if (w_.rank() != 2)
       fail(ErrorKind::kUnsupported, node_.describe() + ": the weight must be 2-D, got shape " + shape_str(w_.shape()));
@@ -62,6 +77,20 @@ class QLinearMatMulKernel final : public Kernel {
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(kX);
     require_quantized_input(node_, x);
+    if (runtime_w_) {
+      const Tensor& w = ctx.input(kW);
+      if (w.dtype() != DType::kInt8)
+        fail(ErrorKind::kInvalidArgument, node_.describe() + ": w_q must be int8, got " + dtype_name(w.dtype()));
+      Shape key = x.shape();
+      key.push_back(-1);  // separator: the plan depends on both shapes
+      key.insert(key.end(), w.shape().begin(), w.shape().end());
+      MatMulPlan& p = plans_.get(key, x.dtype(), [&] { return make_batched_plan(x.shape(), w.shape(), x.dtype()); });
+      Tensor& y = ctx.allocate_output(0, q_.y_type, p.prim.out_shape);
+      if (y.numel() == 0) return;
+      if (p.reference) reference_qmatmul_batched(q_, requant_, x, w, y);
+      else p.prim.run(x.raw(), y.raw(), w.raw());
+      return;
+    }
     MatMulPlan& p = plans_.get(x.shape(), x.dtype(), [&] { return make_plan(x.shape(), x.dtype()); });
     Tensor& y = ctx.allocate_output(0, q_.y_type, p.prim.out_shape);
     if (y.numel() == 0) return;
@@ -113,8 +142,55 @@ class QLinearMatMulKernel final : public Kernel {
     return p;
   }
 
+  // x_q [..., M, K] x w_q [..., K, N] with broadcast batch dims, w_q a run-time s8 tensor.
+  MatMulPlan make_batched_plan(const Shape& xs0, const Shape& ws0, DType x_type) {
+    const std::string what = node_.describe();
+    if (xs0.size() < 2 || ws0.size() < 2)
+      fail(ErrorKind::kUnsupported, what + ": activation x activation MatMul needs inputs of rank >= 2, got " +
+                                        shape_str(xs0) + " and " + shape_str(ws0));
+    const size_t rank = std::max(xs0.size(), ws0.size());
+    Shape xs(rank - xs0.size(), 1), ws(rank - ws0.size(), 1);
+    xs.insert(xs.end(), xs0.begin(), xs0.end());
+    ws.insert(ws.end(), ws0.begin(), ws0.end());
+    if (xs[rank - 1] != ws[rank - 2])
+      fail(ErrorKind::kInvalidArgument, what + ": cannot multiply " + shape_str(xs0) + " by " + shape_str(ws0));
+    MatMulPlan p;
+    for (size_t d = 0; d + 2 < rank; ++d) {
+      if (xs[d] != ws[d] && xs[d] != 1 && ws[d] != 1)
+        fail(ErrorKind::kInvalidArgument, what + ": batch dims of " + shape_str(xs0) + " and " + shape_str(ws0) +
+                                              " do not broadcast");
+      p.prim.out_shape.push_back(xs[d] == 1 ? ws[d] : xs[d]);
+    }
+    p.prim.out_shape.push_back(xs[rank - 2]);
+    p.prim.out_shape.push_back(ws[rank - 1]);
+    p.m = xs[rank - 2];
+    if (shape_numel(p.prim.out_shape) == 0 || xs[rank - 1] == 0) {
+      p.reference = true;  // empty: the reference loops handle it without a primitive
+      return p;
+    }
+    const bool int8 = compute_ == Compute::kInt8;
+    p.prim.src_user = plain_md(xs, dnnl_type(x_type));
+    p.prim.dst_user = plain_md(p.prim.out_shape, dnnl_type(q_.y_type));
+    const memory::desc src_md = int8 ? p.prim.src_user : plain_md(xs, dt::f32);
+    const memory::desc dst_md = int8 ? p.prim.dst_user : plain_md(p.prim.out_shape, dt::f32);
+    const memory::desc wei_md = plain_md(ws, int8 ? dt::s8 : dt::f32);
+    dnnl::primitive_attr attr = make_attr(q_, requant_, 0);
+    if (int8 && q_.x_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+    try {
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), attr, dnnl_engine());
+      p.prim.finish<dnnl::matmul::primitive_desc, dnnl::matmul>(
+          pd, memory(), memory(), q_.x_zero_point,
+          int8 ? PrimitivePlan::ZeroPointAt::kPrimitive : PrimitivePlan::ZeroPointAt::kSrcReorder);
+      p.prim.bind_runtime_weights(plain_md(ws, dt::s8), pd.weights_desc());
+    } catch (const dnnl::error&) {
+      p.reference = true;
+    }
+    return p;
+  }
+
   const ir::Node node_;
   const bool gemm_;
+  bool runtime_w_ = false;
   QLinearAttrs q_;
   Compute compute_ = Compute::kInt8;
   bool trans_x_ = false, trans_w_ = false;

@@ -88,19 +88,53 @@ void reference_qconv(const QLinearAttrs& q, const Requant& r, const ConvProblem&
     }
 }
 
-void reference_qmatmul(const QLinearAttrs& q, const Requant& r, const Tensor& x, int64_t m, int64_t k, bool trans_x,
-                       const Tensor& w, int64_t n, bool trans_w, Tensor& y) {
-  const OutputStage out(q, r);
-  const int8_t* wd = w.data<int8_t>();
+namespace {
+// One [m, k] x [k, n] product; x, w and y start at the given element offsets.
+void matmul_block(const OutputStage& out, const QLinearAttrs& q, const Tensor& x, int64_t x0, int64_t m, int64_t k,
+                  bool trans_x, const int8_t* wd, int64_t n, bool trans_w, void* y, int64_t y0, bool per_column) {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
       int64_t acc = 0;
       for (int64_t l = 0; l < k; ++l) {
-        const int32_t xv = load_q(x, trans_x ? l * m + i : i * k + l) - q.x_zero_point;
+        const int32_t xv = load_q(x, x0 + (trans_x ? l * m + i : i * k + l)) - q.x_zero_point;
         acc += static_cast<int64_t>(xv) * wd[trans_w ? j * k + l : l * n + j];
       }
-      out.store(acc, j, y.raw(), i * n + j);
+      out.store(acc, per_column ? j : 0, y, y0 + i * n + j);
     }
+}
+}  // namespace
+
+void reference_qmatmul(const QLinearAttrs& q, const Requant& r, const Tensor& x, int64_t m, int64_t k, bool trans_x,
+                       const Tensor& w, int64_t n, bool trans_w, Tensor& y) {
+  const OutputStage out(q, r);
+  matmul_block(out, q, x, 0, m, k, trans_x, w.data<int8_t>(), n, trans_w, y.raw(), 0, true);
+}
+
+void reference_qmatmul_batched(const QLinearAttrs& q, const Requant& r, const Tensor& x, const Tensor& w, Tensor& y) {
+  const OutputStage out(q, r);
+  const size_t rank = y.rank();
+  auto padded = [&](const Shape& s) {
+    Shape p(rank - s.size(), 1);
+    p.insert(p.end(), s.begin(), s.end());
+    return p;
+  };
+  const Shape xs = padded(x.shape()), ws = padded(w.shape()), ys = y.shape();
+  const int64_t m = xs[rank - 2], k = xs[rank - 1], n = ws[rank - 1];
+  const int64_t batches = shape_numel(ys) / (m * n);
+  for (int64_t b = 0; b < batches; ++b) {
+    // Unravel b over the output batch dims; a size-1 input dim repeats its only slice.
+    int64_t rest = b, xb = 0, wb = 0, x_stride = 1, w_stride = 1;
+    for (size_t d = rank - 2; d-- > 0;) {
+      const int64_t i = rest % ys[d];
+      rest /= ys[d];
+      xb += (xs[d] == 1 ? 0 : i) * x_stride;
+      wb += (ws[d] == 1 ? 0 : i) * w_stride;
+      x_stride *= xs[d];
+      w_stride *= ws[d];
+    }
+    matmul_block(out, q, x, xb * m * k, m, k, false, w.data<int8_t>() + wb * k * n, n, false, y.raw(), b * m * n,
+                 false);
+  }
 }
 
 }  // namespace slimquant::runtime::int8

@@ -23,6 +23,10 @@ void reference_qconv(const QLinearAttrs& q, const Requant& r, const ConvProblem&
 void reference_qmatmul(const QLinearAttrs& q, const Requant& r, const Tensor& x, int64_t m, int64_t k, bool trans_x,
                        const Tensor& w, int64_t n, bool trans_w, Tensor& y);
 
+// y = x @ w with numpy-style broadcasting of the batch dims (both of rank >= 2; w: s8 run-time
+// tensor, per-tensor scale). y: the broadcast batch dims + [m, n], elements of q.y_type.
+void reference_qmatmul_batched(const QLinearAttrs& q, const Requant& r, const Tensor& x, const Tensor& w, Tensor& y);
+
 // The output step both share: one s32 accumulator of channel c -> the stored value.
 struct OutputStage {
   const QLinearAttrs& q;

@@ -5,6 +5,7 @@
 #include <onnx/defs/schema.h>
 #include <onnx/defs/shape_inference.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "runtime/kernels/int8_common.h"
@@ -73,15 +74,27 @@ void qgemm_inference(InferenceContext& ctx) {
   onnx::updateOutputShape(ctx, 0, out);
 }
 
+// numpy MatMul shapes: broadcast batch dims + [M, N] (a rank-2 w_q keeps all leading dims of x).
 void qmatmul_inference(InferenceContext& ctx) {
   output_type(ctx);
   if (!onnx::hasInputShape(ctx, 0) || !onnx::hasInputShape(ctx, 1)) return;
   const TensorShapeProto& x = onnx::getInputShape(ctx, 0);
   const TensorShapeProto& w = onnx::getInputShape(ctx, 1);
-  if (x.dim_size() < 1 || w.dim_size() != 2) return;
+  if (x.dim_size() < 2 || w.dim_size() < 2) return;
+  const int xb = x.dim_size() - 2, wb = w.dim_size() - 2, batch = std::max(xb, wb);
   TensorShapeProto out;
-  for (int i = 0; i + 1 < x.dim_size(); ++i) *out.add_dim() = x.dim(i);
-  *out.add_dim() = w.dim(1);
+  for (int i = 0; i < batch; ++i) {
+    const int xi = i - (batch - xb), wi = i - (batch - wb);
+    auto* d = out.add_dim();
+    if (xi < 0) *d = w.dim(wi);
+    else if (wi < 0) *d = x.dim(xi);
+    else if (x.dim(xi).has_dim_value() && x.dim(xi).dim_value() == 1) *d = w.dim(wi);
+    else if (w.dim(wi).has_dim_value() && w.dim(wi).dim_value() == 1) *d = x.dim(xi);
+    else if (x.dim(xi).has_dim_value() && w.dim(wi).has_dim_value()) *d = x.dim(xi);
+    // otherwise unknown: left symbolic
+  }
+  *out.add_dim() = x.dim(x.dim_size() - 2);
+  *out.add_dim() = w.dim(w.dim_size() - 1);
   onnx::updateOutputShape(ctx, 0, out);
 }
 
@@ -92,7 +105,7 @@ OpSchema base_schema(const char* name, const char* doc, const char* bias_name) {
       .SinceVersion(1)
       .SetDoc(doc)
       .Input(0, "x_q", "uint8/int8 activation, quantized per tensor", "T1")
-      .Input(1, "w_q", "int8 constant weight, zero point 0, per tensor or per output channel", "T2")
+      .Input(1, "w_q", "int8 weight, zero point 0, per tensor or per output channel (QMatMul: or a run-time s8 tensor)", "T2")
       .Input(2, bias_name, "float32 bias, one value per output channel", "T3", OpSchema::Optional)
       .Output(0, "y", "y_q (uint8/int8, per tensor) or float32, as y_type says", "T4")
       .TypeConstraint("T1", {"tensor(uint8)", "tensor(int8)"}, "activation type")
