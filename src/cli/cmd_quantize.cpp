@@ -8,6 +8,7 @@
 #include "slimquant/core/progress.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
+#include "slimquant/quant/lowering.h"
 #include "slimquant/quant/ptq.h"
 
 namespace slimquant::cli {
@@ -118,7 +119,8 @@ Action register_quantize(CLI::App& app) {
         runtime::SessionOptions so;
         so.num_threads = a->threads;
         runtime::Session fp32(model, so);
-        runtime::Session int8(qdq, so);
+        // INT8 figures come from the integer execution users deploy, not the float simulation.
+        runtime::Session int8 = quant::make_int8_session(qdq, so);
         analysis::EvalOptions eo;
         eo.reference = &fp32;
         eo.progress_label = "eval fp32";

@@ -8,6 +8,7 @@
 #include "slimquant/analysis/evaluate.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
+#include "slimquant/quant/lowering.h"
 #include "slimquant/quant/ptq.h"
 #include "test_util.h"
 
@@ -51,7 +52,7 @@ TEST(OrtInterop, QdqModelTop1MatchesOnnxRuntime) {
   data::DataOptions test_opts;
   test_opts.spec = "fashion-mnist:test";
   auto test_set = data::open_dataset(test_opts);
-  runtime::Session ours(ir::load_onnx(path));
+  runtime::Session ours = quant::make_int8_session(ir::load_onnx(path));
   auto metric = analysis::make_metric("top1");
   const double our_top1 = analysis::evaluate(ours, *test_set, *metric).value;
   const double ort = ort_top1(path);
