@@ -365,11 +365,7 @@ ir::Node make_fused_node(ir::Graph& g, const QdqGroup& grp, const LoweringOption
     q.y_zero_point = grp.y.zero_point[0];
   }
   if (grp.activation >= 0) read_activation(g, g.nodes[grp.activation], q);
-  ir::Node probe;
-  probe.attrs[i8::attr::kCompute] = options.compute;
-  probe.name = t.name;
-  probe.op_type = f.op_type;
-  q.compute = i8::parse_compute(probe);  // validates the option's spelling
+  q.compute = i8::parse_compute(options.compute, f.describe());  // validates the option's spelling
   q.write(f);
   return f;
 }

@@ -7,14 +7,14 @@ namespace slimquant::runtime::int8 {
 
 using dnnl::memory;
 
-Compute parse_compute(const ir::Node& node) {
-  const std::string c = node.attr_string(attr::kCompute, "auto");
+Compute parse_compute(const std::string& c, const std::string& who) {
   if (c == "auto" || c.empty()) return Compute::kAuto;
   if (c == "int8") return Compute::kInt8;
   if (c == "f32") return Compute::kF32;
-  fail(ErrorKind::kInvalidModel,
-       node.describe() + ": attribute '" + attr::kCompute + "' must be auto, int8 or f32, got '" + c + "'");
+  fail(ErrorKind::kInvalidModel, who + ": attribute '" + attr::kCompute + "' must be auto, int8 or f32, got '" + c + "'");
 }
+
+Compute parse_compute(const ir::Node& node) { return parse_compute(node.attr_string(attr::kCompute, "auto"), node.describe()); }
 
 const char* compute_name(Compute c) {
   switch (c) {

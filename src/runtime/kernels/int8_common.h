@@ -63,6 +63,7 @@ enum class Activation { kNone, kRelu, kClip };
 // 32767), and it halves s8 x s8 weights to stay clear of it; both would break parity with the
 // simulation, so there kAuto uses kF32.
 enum class Compute { kAuto, kInt8, kF32 };
+Compute parse_compute(const std::string& value, const std::string& who);  // "auto", "int8", "f32"
 Compute parse_compute(const ir::Node& node);
 const char* compute_name(Compute c);
 // True when the CPU has exact int8 dot products (AVX-512 VNNI, AVX-VNNI or AMX).
@@ -99,23 +100,12 @@ Requant make_requant(const ir::Node& node, const QLinearAttrs& q, int64_t channe
 
 // Post-ops for act(v) and + z_y, appended in that order (oneDNN applies them after the output scale).
 dnnl::post_ops make_post_ops(const QLinearAttrs& q);
-// Primitive attributes: user scratchpad, output scales (mask selects the channel dim of dst, 0 = per
-// tensor), src zero point as a runtime argument when z_x != 0, post-ops.
+// Primitive attributes: user scratchpad, output scales M (mask selects the channel dim of dst; a
+// per-tensor M uses mask 0), post-ops. Callers add the src zero point where the primitive takes it.
 dnnl::primitive_attr make_attr(const QLinearAttrs& q, const Requant& r, int channel_mask);
 
 using dt = dnnl::memory::data_type;
 dt dnnl_type(DType t);
-
-// Runs f() (which builds a oneDNN primitive descriptor) and turns oneDNN's errors into kUnsupported
-// naming the node.
-template <class F>
-auto make_pd(const ir::Node& node, const std::string& what, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const dnnl::error& e) {
-    fail(ErrorKind::kUnsupported, node.describe() + ": oneDNN has no implementation for " + what + " (" + e.what() + ")");
-  }
-}
 
 // A constant tensor reordered once into each layout a primitive asks for (format_tag::any may pick
 // different layouts for different batch sizes).
