@@ -194,8 +194,15 @@ void PrimitivePlan::bind_common(const memory::desc& scratchpad, const memory& we
   dnnl::primitive_attr reorder_attr;
   const bool zp_in_reorder = src_zero_point != 0 && zero_point_at == ZeroPointAt::kSrcReorder;
   if (zp_in_reorder) reorder_attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
-  if (src_user != src_desc || zp_in_reorder)
+  const size_t rank = src_user.dims().size();
+  const bool plain_integers = (src_user.data_type() == dt::u8 || src_user.data_type() == dt::s8) &&
+                              src_user == memory::desc(src_user.dims(), src_user.data_type(), plain_tag(rank));
+  if (plain_integers && src_desc == memory::desc(src_user.dims(), dt::f32, plain_tag(rank))) {
+    host_src_from = src_user.data_type() == dt::u8 ? DType::kUInt8 : DType::kInt8;
+    host_src_zero_point = zp_in_reorder ? src_zero_point : 0;
+  } else if (src_user != src_desc || zp_in_reorder) {
     src_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), src_user, dnnl_engine(), src_desc, reorder_attr));
+  }
   const memory::desc plain_f32(dst_user.dims(), dt::f32, plain_tag(dst_user.dims().size()));
   const bool quantized_user = dst_user.data_type() == dt::u8 || dst_user.data_type() == dt::s8;
   if (quantized_user && dst_desc == plain_f32) {
@@ -204,7 +211,7 @@ void PrimitivePlan::bind_common(const memory::desc& scratchpad, const memory& we
     dst_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), dst_desc, dnnl_engine(), dst_user));
   }
   src_user_mem = unbound(src_user);
-  src_mem = src_reorder ? unbound(src_desc) : src_user_mem;
+  src_mem = src_reorder || host_src_from != DType::kUndefined ? unbound(src_desc) : src_user_mem;
   dst_user_mem = unbound(dst_user);
   dst_mem = dst_reorder || requant_to != DType::kUndefined ? unbound(dst_desc) : dst_user_mem;
   scratchpad_mem = unbound(scratchpad);
@@ -213,7 +220,7 @@ void PrimitivePlan::bind_common(const memory::desc& scratchpad, const memory& we
   if (bias) args.emplace(DNNL_ARG_BIAS, bias);
   src_reorder_args = {{DNNL_ARG_FROM, src_user_mem}, {DNNL_ARG_TO, src_mem}};
   dst_reorder_args = {{DNNL_ARG_FROM, dst_mem}, {DNNL_ARG_TO, dst_user_mem}};
-  if (src_zero_point != 0 && zero_point_at != ZeroPointAt::kNone) {
+  if (src_zero_point != 0 && zero_point_at != ZeroPointAt::kNone && host_src_from == DType::kUndefined) {
     zero_point_value = std::make_shared<int32_t>(src_zero_point);
     zero_point_mem = memory({{1}, dt::s32, memory::format_tag::a}, dnnl_engine(), zero_point_value.get());
     (zp_in_reorder ? src_reorder_args : args).emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zero_point_mem);
@@ -222,7 +229,11 @@ void PrimitivePlan::bind_common(const memory::desc& scratchpad, const memory& we
 
 void PrimitivePlan::bind_runtime_weights(const memory::desc& user, const memory::desc& wanted) {
   weights_user_mem = unbound(user);
-  if (user != wanted) {
+  if (user.data_type() == dt::s8 && wanted == memory::desc(user.dims(), dt::f32, plain_tag(user.dims().size())) &&
+      user == memory::desc(user.dims(), dt::s8, plain_tag(user.dims().size()))) {
+    host_weights_from = DType::kInt8;
+    weights_mem = unbound(wanted);
+  } else if (user != wanted) {
     weights_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), user, dnnl_engine(), wanted));
     weights_mem = unbound(wanted);
   } else {
@@ -238,10 +249,19 @@ void PrimitivePlan::run(const void* x, void* y, const void* w) {
   if (src_reorder) {
     src_mem.set_data_handle(dnnl_scratch(DnnlScratch::kSrc, src_desc.get_size()));
     src_reorder->execute(s, src_reorder_args);
+  } else if (host_src_from != DType::kUndefined) {
+    float* f = static_cast<float*>(dnnl_scratch(DnnlScratch::kSrc, src_desc.get_size()));
+    integers_to_f32(x, host_src_from, f, static_cast<int64_t>(src_desc.get_size() / sizeof(float)), host_src_zero_point);
+    src_mem.set_data_handle(f);
   }
   if (w) {
     weights_user_mem.set_data_handle(const_cast<void*>(w));
-    if (weights_reorder) {
+    if (host_weights_from != DType::kUndefined) {
+      const size_t bytes = weights_mem.get_desc().get_size();
+      float* f = static_cast<float*>(dnnl_scratch(DnnlScratch::kWeights, bytes));
+      integers_to_f32(w, host_weights_from, f, static_cast<int64_t>(bytes / sizeof(float)), 0);
+      weights_mem.set_data_handle(f);
+    } else if (weights_reorder) {
       weights_mem.set_data_handle(dnnl_scratch(DnnlScratch::kWeights, weights_mem.get_desc().get_size()));
       weights_reorder->execute(s, weights_reorder_args);
     }
@@ -273,6 +293,20 @@ void requantize_typed(const float* __restrict v, T* __restrict y, int64_t n, flo
   }
 }
 }  // namespace
+
+namespace {
+template <typename T>
+void integers_to_f32_typed(const T* __restrict x, float* __restrict y, int64_t n, float z) {
+#pragma omp parallel for if (n > (int64_t{1} << 16)) schedule(static)
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(x[i]) - z;  // exact: small integers
+}
+}  // namespace
+
+void integers_to_f32(const void* x, DType x_type, float* y, int64_t n, int32_t zero_point) {
+  const float z = static_cast<float>(zero_point);
+  if (x_type == DType::kUInt8) integers_to_f32_typed(static_cast<const uint8_t*>(x), y, n, z);
+  else integers_to_f32_typed(static_cast<const int8_t*>(x), y, n, z);
+}
 
 void requantize_f32(const float* v, void* y, DType y_type, int64_t n) {
   if (y_type == DType::kUInt8) requantize_typed(v, static_cast<uint8_t*>(y), n, 0.f, 255.f);

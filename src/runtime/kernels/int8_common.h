@@ -141,6 +141,11 @@ struct PrimitivePlan {
   // Plain f32 dst -> plain u8/s8 y (Compute::kF32 matmul) is converted by requantize_f32: oneDNN
   // 2.6 has only a slow generic reorder (rnn_data_reorder, ~15x slower) for that pair.
   DType requant_to = DType::kUndefined;  // set by finish()
+  // Plain u8/s8 -> plain f32 (Compute::kF32 matmul inputs) is converted by integers_to_f32, not a
+  // reorder primitive: the same speed on large tensors, none of a primitive's call overhead on the
+  // small ones (attention at batch 1).
+  DType host_src_from = DType::kUndefined, host_weights_from = DType::kUndefined;  // set by finish()
+  int32_t host_src_zero_point = 0;
 
   enum class ZeroPointAt { kNone, kPrimitive, kSrcReorder };
   // Binds everything from pd. weights: the packed constant for pd.weights_desc(); bias: empty or
@@ -164,6 +169,8 @@ dnnl::memory::desc plain_md(const Shape& shape, dt type);
 dnnl::memory unbound(const dnnl::memory::desc& desc);
 // y = saturate(round_half_even(v)) for n values into u8 or s8 (v already holds + z_y).
 void requantize_f32(const float* v, void* y, DType y_type, int64_t n);
+// y = float(x - zero_point) for n u8 or s8 values.
+void integers_to_f32(const void* x, DType x_type, float* y, int64_t n, int32_t zero_point);
 
 template <class PrimitiveDesc, class Primitive>
 void PrimitivePlan::finish(const PrimitiveDesc& pd, const dnnl::memory& weights, const dnnl::memory& bias,
