@@ -39,5 +39,6 @@ Action register_run(CLI::App& app);
 Action register_eval(CLI::App& app);
 Action register_bench(CLI::App& app);
 Action register_quantize(CLI::App& app);
+Action register_qat(CLI::App& app);
 
 }  // namespace slimquant::cli

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   add(cli::register_eval);
   add(cli::register_bench);
   add(cli::register_quantize);
+  add(cli::register_qat);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -74,7 +74,11 @@ const OpQuantSpec* QuantConfig::spec_for(const ir::Node& node) const {
 
 std::string QuantConfig::fingerprint() const {
   std::ostringstream os;
-  auto rule = [&](const QuantRule& r) { os << r.activation << '/' << r.weight << '/' << r.quantize << ';'; };
+  auto rule = [&](const QuantRule& r) {
+    os << r.activation << '/' << r.weight << '/' << r.quantize;
+    if (!r.activation_quanter.empty() || !r.weight_quanter.empty()) os << '/' << r.activation_quanter << '/' << r.weight_quanter;
+    os << ';';
+  };
   rule(global_);
   for (const auto* rules : {&type_rules_, &name_rules_, &layer_rules_}) {
     os << '|';
@@ -117,8 +121,10 @@ QuantRule rule_from_yaml(const YAML::Node& n, const QuantRule& base, const std::
     if (key == "algo" || key == "activation") r.activation = kv.second.as<std::string>();
     else if (key == "weight_quantize_type" || key == "weight") r.weight = kv.second.as<std::string>();
     else if (key == "quantize") r.quantize = kv.second.as<bool>();
+    else if (key == "act_quanter" || key == "activation_quanter") r.activation_quanter = kv.second.as<std::string>();
+    else if (key == "weight_quanter") r.weight_quanter = kv.second.as<std::string>();
     else fail(ErrorKind::kInvalidArgument, "unknown key '" + key + "' in " + where +
-                                               " (known: algo, weight_quantize_type, quantize)");
+                                               " (known: algo, weight_quantize_type, quantize, act_quanter, weight_quanter)");
   }
   make_activation_observer(r.activation);  // validate names early, with the observers' own message
   make_weight_observer(r.weight);

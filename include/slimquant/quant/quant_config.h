@@ -17,6 +17,10 @@ struct QuantRule {
   std::string activation = "KL";                   // activation observer (`algo`)
   std::string weight = "channel_wise_abs_max";     // weight observer (`weight_quantize_type`)
   bool quantize = true;                            // false: leave the matching nodes in float
+  // QAT quanters (train::make_quanter names: pact, lsq_plus, moving_abs_max, abs_max); empty = the
+  // QAT flow's default (--act-quanter / --weight-quanter).
+  std::string activation_quanter;
+  std::string weight_quanter;
 };
 
 class QuantConfig {

@@ -1,0 +1,203 @@
+// qat: quantization-aware training from the command line (docs/qat.md).
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "cli/common.h"
+#include "slimquant/analysis/evaluate.h"
+#include "slimquant/ir/onnx_io.h"
+#include "slimquant/quant/lowering.h"
+#include "slimquant/train/qat.h"
+
+namespace slimquant::cli {
+
+namespace {
+
+std::vector<std::string> split_names(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+double top1(runtime::Session& session, const data::Dataset& data, const std::string& label) {
+  auto metric = analysis::make_metric("top1");
+  analysis::EvalOptions eo;
+  eo.progress_label = label;
+  return analysis::evaluate(session, data, *metric, eo).value;
+}
+
+}  // namespace
+
+Action register_qat(CLI::App& app) {
+  auto* cmd = app.add_subcommand("qat", "quantization-aware training to a QDQ ONNX model");
+  struct Args {
+    std::string model, data, output, config_path, eval_data, checkpoint;
+    std::string weight_quanter, act_quanter, optimizer, lr_schedule, algo, op_types, skip_tensors;
+    std::vector<std::string> skip_nodes;
+    DataFlags flags;
+    int epochs = -1, threads = 0;
+    float lr = -1, weight_decay = -1, momentum = -1, temperature = -1;
+    size_t batch_size = 0, steps_per_epoch = 0, calib_batches = 8, eval_limit = 0;
+    uint64_t seed = 0;
+    bool distill = false, nesterov = false, json = false, no_eval = false;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("MODEL", a->model, "FP32 ONNX model")->required();
+  add_data_flags(cmd, a->flags, a->data);
+  cmd->add_option("-o,--output", a->output, "where to write the QDQ model")->required();
+  cmd->add_option("--epochs", a->epochs, "training epochs (default 1)");
+  cmd->add_option("--lr", a->lr, "peak learning rate (default 1e-4 for adam, 1e-3 for sgd)");
+  cmd->add_option("--optimizer", a->optimizer, "sgd, adam (default) or adamw");
+  cmd->add_option("--momentum", a->momentum, "sgd momentum (default 0.9)");
+  cmd->add_flag("--nesterov", a->nesterov, "sgd with Nesterov momentum");
+  cmd->add_option("--weight-decay", a->weight_decay, "weight decay on weight tensors (default 0; decoupled for adamw)");
+  cmd->add_option("--lr-schedule", a->lr_schedule, "cosine (default, 5% warmup), step or constant");
+  cmd->add_option("--weight-quanter", a->weight_quanter, "lsq_plus (default), pact or abs_max");
+  cmd->add_option("--act-quanter", a->act_quanter, "pact (default), lsq_plus or moving_abs_max");
+  cmd->add_flag("--distill", a->distill, "learn from the FP32 model's outputs (KL divergence); no labels needed");
+  cmd->add_option("--temperature", a->temperature, "distillation temperature (default 1)");
+  cmd->add_option("--batch-size", a->batch_size, "training batch size (default 32)");
+  cmd->add_option("--steps-per-epoch", a->steps_per_epoch, "optimizer steps per epoch, each epoch a new random subset (0 = all data)");
+  cmd->add_option("--calib-batches", a->calib_batches, "PTQ calibration batches that initialise activation scales (0 = none)")
+      ->capture_default_str();
+  cmd->add_option("--algo", a->algo, "calibration observer for that initialisation (default KL)");
+  cmd->add_option("--quantizable-op-type", a->op_types, "op types to quantize, e.g. Conv,MatMul,Gemm");
+  cmd->add_option("--skip-tensor-list", a->skip_tensors, "tensors whose readers/writers stay float (a,b,...)");
+  cmd->add_option("--skip-nodes", a->skip_nodes, "op types, node names or globs that stay float (repeatable)");
+  cmd->add_option("--config", a->config_path, "YAML with the same settings (seed names; act_quanter/weight_quanter per rule)");
+  cmd->add_option("--checkpoint", a->checkpoint, "checkpoint file written after every epoch and resumed from (default OUT.ckpt)");
+  cmd->add_option("--eval-dataset", a->eval_data, "data set for the FP32 / PTQ / QAT top-1 (default: DATA)");
+  cmd->add_option("--eval-limit", a->eval_limit, "evaluate on the first N samples only (0 = all)");
+  cmd->add_flag("--no-eval", a->no_eval, "skip the FP32 / PTQ / QAT evaluation");
+  cmd->add_option("--seed", a->seed, "shuffling seed")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "threads for the evaluation sessions (0 = all cores)");
+  cmd->add_flag("--json", a->json, "print a JSON object as the last line");
+  return [=] {
+    quant::QuantConfig config;
+    std::map<std::string, std::string> extra;
+    if (!a->config_path.empty()) config = quant::load_quant_config_yaml(a->config_path, config, &extra);
+    train::QATOptions o;
+    // The YAML's flow keys first, then flags given explicitly.
+    auto get = [&](const char* key) { return extra.count(key) ? extra[key] : std::string(); };
+    try {
+      if (!get("epochs").empty()) o.epochs = std::stoi(get("epochs"));
+      if (!get("lr").empty()) o.lr = std::stof(get("lr"));
+      if (!get("batch_size").empty()) o.batch_size = std::stoul(get("batch_size"));
+      if (!get("batch_nums").empty()) o.calib_batches = std::stoul(get("batch_nums"));
+    } catch (const std::exception&) {
+      fail(ErrorKind::kInvalidArgument, "config file '" + a->config_path + "': epochs, lr, batch_size and batch_nums must be numbers");
+    }
+    if (!get("optimizer").empty()) o.optimizer.type = get("optimizer");
+    if (!get("weight_quanter").empty()) o.weight_quanter = get("weight_quanter");
+    if (!get("act_quanter").empty()) o.act_quanter = get("act_quanter");
+    if (get("distill") == "true") o.distill = true;
+    if (a->epochs >= 0) o.epochs = a->epochs;
+    if (!a->optimizer.empty()) o.optimizer.type = a->optimizer;
+    if (a->lr > 0) o.lr = a->lr;
+    else if (get("lr").empty() && o.optimizer.type == "sgd") o.lr = 1e-3f;
+    if (a->momentum >= 0) o.optimizer.momentum = a->momentum;
+    o.optimizer.nesterov = a->nesterov;
+    if (a->weight_decay >= 0) o.optimizer.weight_decay = a->weight_decay;
+    if (!a->lr_schedule.empty()) o.lr_schedule = a->lr_schedule;
+    if (!a->weight_quanter.empty()) o.weight_quanter = a->weight_quanter;
+    if (!a->act_quanter.empty()) o.act_quanter = a->act_quanter;
+    if (a->distill) o.distill = true;
+    if (a->temperature > 0) o.temperature = a->temperature;
+    if (a->batch_size > 0) o.batch_size = a->batch_size;
+    o.steps_per_epoch = a->steps_per_epoch;
+    o.calib_batches = a->calib_batches;
+    o.seed = a->seed;
+    o.num_threads = a->threads;
+    if (!a->algo.empty()) config.global().activation = a->algo;
+    if (!a->op_types.empty()) config.quantizable_op_type = split_names(a->op_types);
+    for (const auto& t : split_names(a->skip_tensors)) config.skip_tensor_list.push_back(t);
+    for (const auto& p : a->skip_nodes) config.skip_quant.push_back(p);
+    quant::make_activation_observer(config.global().activation);  // a bad --algo fails before any work
+    o.checkpoint = a->checkpoint.empty() ? a->output + ".ckpt" : a->checkpoint;
+    train::QAT qat(config, o);  // validates quanter and optimizer names
+
+    {
+      std::filesystem::path out(a->output);
+      auto dir = out.has_parent_path() ? out.parent_path() : std::filesystem::path(".");
+      SQ_CHECK(std::filesystem::is_directory(dir), ErrorKind::kIo,
+               "cannot write '" + a->output + "': directory '" + dir.string() + "' does not exist");
+      std::error_code ec;
+      const auto probe = dir / (".slimquant_write_probe_" + std::to_string(::getpid()));
+      { std::ofstream f(probe); SQ_CHECK(f.good(), ErrorKind::kIo, "cannot write '" + a->output + "': directory '" + dir.string() + "' is not writable"); }
+      std::filesystem::remove(probe, ec);
+    }
+    DataFlags flags = a->flags;
+    if (!a->data.empty()) flags.dataset = a->data;
+    auto train_set = data::open_dataset(flags.options("fashion-mnist:train"));
+    SQ_CHECK(o.distill || train_set->has_labels(), ErrorKind::kInvalidArgument,
+             "training data '" + train_set->name() + "' has no labels: pass --distill to train against the FP32 model's outputs");
+    ir::Graph model = load_model_arg(a->model);
+
+    qat.prepare(model, train_set.get());
+    std::cout << "QAT of " << qat.layers().size() << " layers: weights " << o.weight_quanter << ", activations "
+              << o.act_quanter << ", " << o.optimizer.type << " lr " << o.lr << ", " << o.epochs << " epoch(s) of "
+              << qat.total_steps(train_set->size()) / std::max(1, o.epochs) << " steps x " << o.batch_size << " on "
+              << train_set->name() << (o.distill ? " (distillation)" : "") << std::endl;
+    std::vector<double> epoch_seconds, epoch_loss;
+    qat.fit(*train_set, [&](const train::EpochReport& r) {
+      epoch_seconds.push_back(r.seconds);
+      epoch_loss.push_back(r.mean_loss);
+      std::cout << "epoch " << r.epoch << "/" << o.epochs << ": mean loss " << std::setprecision(4) << r.mean_loss
+                << ", " << std::fixed << std::setprecision(1) << r.seconds << " s (" << r.samples << " samples, "
+                << std::setprecision(0) << r.samples / std::max(r.seconds, 1e-9) << "/s)" << std::defaultfloat
+                << std::endl;
+    });
+    if (epoch_seconds.empty() && o.epochs > 0)
+      std::cout << "all " << o.epochs << " epochs already done in checkpoint '" << o.checkpoint << "'" << std::endl;
+    ir::Graph qdq = qat.convert();
+    ir::save_onnx(qdq, a->output);
+    std::cout << "wrote " << a->output << std::endl;
+
+    nlohmann::json j{{"layers", qat.layers().size()}, {"output", a->output}, {"epochs", o.epochs},
+                     {"epochs_run", epoch_seconds.size()}, {"train_samples", train_set->size()},
+                     {"epoch_loss", epoch_loss}, {"distill", o.distill}};
+    double total = 0;
+    for (double s : epoch_seconds) total += s;
+    j["seconds_per_epoch"] = epoch_seconds.empty() ? nlohmann::json() : nlohmann::json(total / epoch_seconds.size());
+    if (!a->no_eval) {
+      DataFlags eval_flags = flags;
+      if (!a->eval_data.empty()) eval_flags.dataset = a->eval_data;
+      eval_flags.limit = a->eval_limit;
+      auto eval_set = data::open_dataset(eval_flags.options(eval_flags.dataset));
+      if (!eval_set->has_labels()) {
+        std::cout << "evaluation data '" << eval_set->name() << "' has no labels: no top-1 figures" << std::endl;
+      } else {
+        runtime::SessionOptions so;
+        so.num_threads = a->threads;
+        runtime::Session fp32(model, so);
+        const double f = top1(fp32, *eval_set, "eval fp32");
+        j["fp32_top1"] = f;
+        std::cout << "fp32 top1: " << std::setprecision(4) << f;
+        if (qat.calibrated()) {
+          // INT8 figures from the integer execution users deploy.
+          runtime::Session ptq = quant::make_int8_session(qat.ptq_graph(), so);
+          const double p = top1(ptq, *eval_set, "eval ptq int8");
+          j["ptq_top1"] = p;
+          std::cout << "\nptq int8 top1: " << p;
+        }
+        runtime::Session int8 = quant::make_int8_session(qdq, so);
+        const double q = top1(int8, *eval_set, "eval qat int8");
+        j["qat_top1"] = q;
+        j["samples"] = eval_set->size();
+        std::cout << "\nqat int8 top1: " << q << " (" << eval_set->size() << " samples of " << eval_set->name() << ")"
+                  << std::endl;
+      }
+    }
+    if (a->json) print_json(j);
+    return 0;
+  };
+}
+
+}  // namespace slimquant::cli

@@ -1,0 +1,32 @@
+#pragma once
+// The QDQ writer PTQ and QAT share: given a float graph, its quantized layers and the parameters
+// of every activation tensor and weight, writes the standard ONNX QDQ graph (activation
+// QuantizeLinear -> DequantizeLinear pairs, int8 weight initializers in [-127, 127] feeding
+// per-channel DequantizeLinear, float biases).
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "slimquant/ir/graph.h"
+#include "slimquant/quant/observer.h"
+#include "slimquant/quant/ptq.h"
+
+namespace slimquant::quant {
+
+struct QdqExportOptions {
+  // false (PTQ): only the quantized layers read an activation's DequantizeLinear; other readers
+  // keep the float tensor. true (QAT): every reader does, as in the training graph, where the
+  // quanter sits on the tensor itself.
+  bool rewire_all_readers = false;
+};
+
+// `act` holds the parameters of every activation tensor to quantize (those the layers read);
+// weight_params gives a layer's per-channel weight parameters (called for layers with a weight,
+// whose float values are taken from float_graph).
+ir::Graph write_qdq_graph(const ir::Graph& float_graph, const std::vector<const Layer*>& layers,
+                          const std::map<std::string, QuantParams>& act,
+                          const std::function<QuantParams(const Layer&)>& weight_params,
+                          const QdqExportOptions& options = {});
+
+}  // namespace slimquant::quant
