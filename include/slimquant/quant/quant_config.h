@@ -19,8 +19,8 @@ struct QuantRule {
   bool quantize = true;                            // false: leave the matching nodes in float
   // QAT quanters (train::make_quanter names: pact, lsq_plus, moving_abs_max, abs_max); empty = the
   // QAT flow's default (--act-quanter / --weight-quanter).
-  std::string activation_quanter;
-  std::string weight_quanter;
+  std::string activation_quanter = {};
+  std::string weight_quanter = {};
 };
 
 class QuantConfig {
