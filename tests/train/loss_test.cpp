@@ -53,7 +53,7 @@ TEST(LossKL, ValueScaledByTSquaredAndGradient) {
       want += pt * std::log(pt / ps);
     }
   }
-  EXPECT_NEAR(r.loss, T * T * want / 2, 1e-9);
+  EXPECT_NEAR(r.loss, T * T * want / 2, 1e-6);  // the reference divides float logits in float
   check_gradient(s, r.dlogits, [&](const Tensor& x) { return kl_divergence(x, t, T).loss; }, 1e-4);
   EXPECT_NEAR(kl_divergence(t, t, T).loss, 0.0, 1e-12);  // identical logits: no divergence
   EXPECT_THROW(kl_divergence(s, t, 0.0f), Error);
