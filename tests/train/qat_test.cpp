@@ -2,6 +2,7 @@
 // QDQ model is valid ONNX and its integer execution agrees with the training graph's simulation,
 // checkpoints resume at the next epoch and refuse other configurations, distillation needs no labels.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <filesystem>
@@ -19,6 +20,17 @@
 using namespace slimquant;
 
 namespace {
+
+// Training runs many small parallel regions; on a shared, oversubscribed machine OpenMP's spinning
+// barriers make them tens of times slower. One thread keeps these tests fast and deterministic.
+class OneThread {
+ public:
+  OneThread() : prev_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneThread() { omp_set_num_threads(prev_); }
+
+ private:
+  int prev_;
+};
 
 std::unique_ptr<data::Dataset> fmnist(const std::string& split, size_t limit) {
   data::DataOptions o;
@@ -67,6 +79,7 @@ train::QATOptions small_options() {
 }  // namespace
 
 TEST(QATFlow, TrainingLowersLossAndExportAgreesWithSimulation) {
+  OneThread one_thread;
   auto train_set = fmnist("train", 256);
   auto test_set = fmnist("test", 256);
   train::QATOptions o = small_options();
@@ -112,6 +125,7 @@ TEST(QATFlow, TrainingLowersLossAndExportAgreesWithSimulation) {
 }
 
 TEST(QATFlow, ResumesFromCheckpointAtTheNextEpoch) {
+  OneThread one_thread;
   test::TempDir tmp("qat_resume");
   auto train_set = fmnist("train", 96);
   const ir::Graph model = ir::load_onnx(test::fixture_model("vit_small"));
@@ -167,6 +181,7 @@ TEST(QATFlow, ResumesFromCheckpointAtTheNextEpoch) {
 }
 
 TEST(QATFlow, DistillationTrainsWithoutLabels) {
+  OneThread one_thread;
   auto labelled = fmnist("train", 64);
   Unlabelled train_set(*labelled);
   const ir::Graph model = ir::load_onnx(test::fixture_model("vit_small"));
@@ -198,6 +213,7 @@ TEST(QATFlow, DistillationTrainsWithoutLabels) {
 }
 
 TEST(QATFlow, QuantConfigRulesChooseQuantersPerType) {
+  OneThread one_thread;
   auto train_set = fmnist("train", 32);
   quant::QuantConfig cfg;
   quant::QuantRule gemm;
@@ -240,7 +256,8 @@ TEST(QATCli, TrainsExportsReportsAndResumes) {
   const std::string args = "qat " + test::fixture_model("vit_small") +
                            " fashion-mnist:train --limit 64 --batch-size 16 --steps-per-epoch 2 --calib-batches 2"
                            " --eval-dataset fashion-mnist:test --eval-limit 64 --json -o " + out;
-  auto r = test::run_cli(args);
+  const std::string env = "OMP_NUM_THREADS=1";  // see OneThread
+  auto r = test::run_cli(args, env);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto j = nlohmann::json::parse(r.output.substr(r.output.rfind('{')));
   for (const char* key : {"fp32_top1", "ptq_top1", "qat_top1", "seconds_per_epoch"}) EXPECT_TRUE(j.contains(key)) << key;
@@ -249,11 +266,11 @@ TEST(QATCli, TrainsExportsReportsAndResumes) {
   EXPECT_TRUE(std::filesystem::exists(out));
   EXPECT_TRUE(std::filesystem::exists(out + ".ckpt"));
   // Rerun: the checkpoint says the epoch is done; nothing is trained again.
-  r = test::run_cli(args + " --no-eval");
+  r = test::run_cli(args + " --no-eval", env);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("already done"), std::string::npos) << r.output;
   // Bad input.
-  EXPECT_EQ(test::run_cli(args + " --act-quanter lsq").exit_code, 5);
+  EXPECT_EQ(test::run_cli(args + " --act-quanter lsq", env).exit_code, 5);
   EXPECT_EQ(test::run_cli("qat " + test::fixture_model("vit_small") + " fashion-mnist:train -o " +
                           tmp.path("missing/dir/q.onnx")).exit_code, 7);
 }
