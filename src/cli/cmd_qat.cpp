@@ -53,8 +53,8 @@ Action register_qat(CLI::App& app) {
   add_data_flags(cmd, a->flags, a->data);
   cmd->add_option("-o,--output", a->output, "where to write the QDQ model")->required();
   cmd->add_option("--epochs", a->epochs, "training epochs (default 1)");
-  cmd->add_option("--lr", a->lr, "peak learning rate (default 1e-4 for adam, 1e-3 for sgd)");
-  cmd->add_option("--optimizer", a->optimizer, "sgd, adam (default) or adamw");
+  cmd->add_option("--lr", a->lr, "peak learning rate (default 1e-3 for sgd, 1e-4 for adam)");
+  cmd->add_option("--optimizer", a->optimizer, "sgd (default, momentum 0.9), adam or adamw");
   cmd->add_option("--momentum", a->momentum, "sgd momentum (default 0.9)");
   cmd->add_flag("--nesterov", a->nesterov, "sgd with Nesterov momentum");
   cmd->add_option("--weight-decay", a->weight_decay, "weight decay on weight tensors (default 0; decoupled for adamw)");
@@ -101,7 +101,6 @@ Action register_qat(CLI::App& app) {
     if (a->epochs >= 0) o.epochs = a->epochs;
     if (!a->optimizer.empty()) o.optimizer.type = a->optimizer;
     if (a->lr > 0) o.lr = a->lr;
-    else if (get("lr").empty() && o.optimizer.type == "sgd") o.lr = 1e-3f;
     if (a->momentum >= 0) o.optimizer.momentum = a->momentum;
     o.optimizer.nesterov = a->nesterov;
     if (a->weight_decay >= 0) o.optimizer.weight_decay = a->weight_decay;
@@ -142,7 +141,7 @@ Action register_qat(CLI::App& app) {
 
     qat.prepare(model, train_set.get());
     std::cout << "QAT of " << qat.layers().size() << " layers: weights " << o.weight_quanter << ", activations "
-              << o.act_quanter << ", " << o.optimizer.type << " lr " << o.lr << ", " << o.epochs << " epoch(s) of "
+              << o.act_quanter << ", " << o.optimizer.type << " lr " << qat.options().lr << ", " << o.epochs << " epoch(s) of "
               << qat.total_steps(train_set->size()) / std::max(1, o.epochs) << " steps x " << o.batch_size << " on "
               << train_set->name() << (o.distill ? " (distillation)" : "") << std::endl;
     std::vector<double> epoch_seconds, epoch_loss;

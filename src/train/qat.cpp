@@ -70,6 +70,7 @@ size_t steps_in_epoch(size_t train_size, size_t batch_size, size_t limit) {
 QAT::QAT(quant::QuantConfig config, QATOptions options) : config_(std::move(config)), options_(std::move(options)) {
   SQ_CHECK(options_.batch_size > 0, ErrorKind::kInvalidArgument, "QAT: batch_size must be at least 1");
   SQ_CHECK(options_.epochs >= 0, ErrorKind::kInvalidArgument, "QAT: epochs must not be negative");
+  if (options_.lr == 0.0f) options_.lr = options_.optimizer.type == "sgd" ? 1e-3f : 1e-4f;
   SQ_CHECK(options_.lr > 0 && std::isfinite(options_.lr), ErrorKind::kInvalidArgument,
            "QAT: the learning rate must be positive, got " + std::to_string(options_.lr));
   check_quanter_name(options_.weight_quanter, true);

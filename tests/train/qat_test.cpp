@@ -71,8 +71,7 @@ int64_t argmax_row(const float* p, int64_t c) { return std::max_element(p, p + c
 train::QATOptions small_options() {
   train::QATOptions o;
   o.batch_size = 32;
-  o.calib_batches = 2;
-  o.lr = 2e-4f;
+  o.calib_batches = 2;  // default optimizer: sgd, lr 1e-3
   return o;
 }
 
@@ -165,7 +164,7 @@ TEST(QATFlow, ResumesFromCheckpointAtTheNextEpoch) {
 
   // A checkpoint of another configuration or model is refused, naming what differs.
   train::QATOptions other = o;
-  other.lr = 1e-3f;
+  other.lr = 5e-4f;
   train::QAT mismatch(quant::QuantConfig(), other);
   mismatch.prepare(model, train_set.get());
   try {

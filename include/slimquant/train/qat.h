@@ -38,8 +38,14 @@ struct QATOptions {
   // Optimizer steps per epoch (0 = one pass over the training set). Each epoch draws its own
   // shuffled subset, so a small number of steps still sees varied data.
   size_t steps_per_epoch = 0;
-  OptimizerOptions optimizer;
-  float lr = 1e-4f;
+  // SGD with momentum 0.9 by default: LSQ's gradient scaling assumes plain gradient steps, and Adam's
+  // per-parameter normalisation moves the small quantizer steps by a large fraction each step.
+  OptimizerOptions optimizer = [] {
+    OptimizerOptions o;
+    o.type = "sgd";
+    return o;
+  }();
+  float lr = 0.0f;  // peak learning rate; 0 = 1e-3 for sgd, 1e-4 for adam / adamw
   std::string lr_schedule = "cosine";  // cosine | step | constant
   float warmup_fraction = 0.05f;        // of all steps, linear warmup
   // Distillation: loss = KL(teacher || student) at this temperature, teacher = the FP32 model.
@@ -92,6 +98,7 @@ class QAT {
   TrainGraph& graph() { return *graph_; }
   Optimizer& optimizer() { return *optimizer_; }
   int completed_epochs() const { return completed_epochs_; }
+  const QATOptions& options() const { return options_; }
   int64_t total_steps(size_t train_size) const;
   const ir::Graph& float_graph() const;  // prepared (BN folded, opset >= 13)
   const std::string& input_name() const { return input_name_; }
