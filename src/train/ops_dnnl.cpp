@@ -43,9 +43,11 @@ class ConvOp final : public KernelOp {
     dnnl::engine& e = runtime::dnnl_engine();
     Tensor g = gy[0];
     memory dst_user = dk::wrap(p.dst_user, g.raw());
+    memory diff_dst_data;  // kept: the weights pass usually wants the same blocked layout
     if (needed(0)) {
-      Tensor dx(DType::kFloat32, x.shape());
-      memory diff_dst = reordered(p.dst_to_data, dst_user, p.data_pd.diff_dst_desc());
+      Tensor dx = empty_f32(x.shape());
+      diff_dst_data = reordered(p.dst_to_data, dst_user, p.data_pd.diff_dst_desc());
+      memory& diff_dst = diff_dst_data;
       memory wei = reordered(p.wei_to_data, dk::wrap(p.wei_user, w.raw()), p.data_pd.weights_desc());
       memory dx_user = dk::wrap(p.src_user, dx.raw());
       memory diff_src = p.diff_src_to_user ? memory(p.data_pd.diff_src_desc(), e) : dx_user;
@@ -58,10 +60,12 @@ class ConvOp final : public KernelOp {
     }
     const bool has_bias = in_.size() > 2 && in_[2].defined();
     if (needed(1) || (has_bias && needed(2))) {
-      Tensor dw(DType::kFloat32, w.shape());
-      Tensor db(DType::kFloat32, {w.dim(0)});
+      Tensor dw = empty_f32(w.shape());
+      Tensor db = empty_f32({w.dim(0)});
       memory src = reordered(p.src_to_wei, dk::wrap(p.src_user, x.raw()), p.wei_pd.src_desc());
-      memory diff_dst = reordered(p.dst_to_wei, dst_user, p.wei_pd.diff_dst_desc());
+      memory diff_dst = diff_dst_data && p.dst_to_wei && diff_dst_data.get_desc() == p.wei_pd.diff_dst_desc()
+                            ? diff_dst_data
+                            : reordered(p.dst_to_wei, dst_user, p.wei_pd.diff_dst_desc());
       memory dw_user = dk::wrap(p.wei_user, dw.raw());
       memory diff_wei = p.diff_wei_to_user ? memory(p.wei_pd.diff_weights_desc(), e) : dw_user;
       memory diff_bias = dk::wrap(p.bias_user, db.raw());

@@ -15,7 +15,7 @@ constexpr int64_t kParallelMin = 1 << 15;  // elements below which OpenMP costs 
 // dx = gy * f(x, y) elementwise.
 template <class F>
 Tensor unary_grad(const Tensor& gy, const Tensor& x, const Tensor& y, F f) {
-  Tensor dx(DType::kFloat32, x.shape());
+  Tensor dx = empty_f32(x.shape());
   const float* pg = gy.data<float>();
   const float* px = x.data<float>();
   const float* py = y.data<float>();
@@ -150,7 +150,7 @@ class BinaryOp final : public KernelOp {
     const float* pg = g.data<float>();
     auto map2 = [&](const Tensor& u, const Tensor& v, auto f) {  // f(g, u, v) over the output shape
       Tensor ue = expand_to(u, os), ve = expand_to(v, os);
-      Tensor d(DType::kFloat32, os);
+      Tensor d = empty_f32(os);
       const float *pu = ue.data<float>(), *pv = ve.data<float>();
       float* pd = d.data<float>();
 #pragma omp parallel for simd if (n > kParallelMin)
@@ -216,7 +216,7 @@ class WhereOp final : public KernelOp {
     const float* pc = ce.data<float>();
     for (int k = 1; k <= 2; ++k) {
       if (!needed(k) || in_[k].dtype() != DType::kFloat32) continue;
-      Tensor d(DType::kFloat32, g.shape());
+      Tensor d = empty_f32(g.shape());
       const float* pg = g.data<float>();
       float* pd = d.data<float>();
       const bool take = k == 1;
