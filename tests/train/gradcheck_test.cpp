@@ -1,4 +1,5 @@
 // Finite-difference checks of every backward kernel of the training engine on small random shapes.
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <random>
@@ -299,6 +300,31 @@ TEST_F(TrainGradcheck, ShapeAndDataMovementOps) {
     auto t = n.make();
     EXPECT_GT(gradcheck(*t, {random_tensor({1, 1, 3}, rng), i64({4, 2, 3})}, {0}), 0);
   }
+}
+
+// The harness itself must catch a wrong backward: y = x^2 whose backward claims dy/dx = x.
+class WrongSquare final : public train::TrainOp {
+ public:
+  std::vector<Tensor> forward(const std::vector<Tensor>& in, bool training) override {
+    Tensor y = in[0].clone();
+    for (float& v : y.values<float>()) v *= v;
+    if (training) x_ = in[0];
+    return {y};
+  }
+  std::vector<Tensor> backward(const std::vector<Tensor>& gy) override {
+    Tensor dx = gy[0].clone();
+    for (int64_t i = 0; i < dx.numel(); ++i) dx.data<float>()[i] *= x_.data<float>()[i];  // missing factor 2
+    return {dx};
+  }
+
+ private:
+  Tensor x_;
+};
+
+TEST_F(TrainGradcheck, HarnessRejectsAWrongBackward) {
+  WrongSquare op;
+  Tensor x = random_away_from_zero({1}, rng, 1.f, 0.3f);  // one entry: exactly one failure
+  EXPECT_NONFATAL_FAILURE(gradcheck(op, {x}, {0}), "entry");
 }
 
 TEST_F(TrainGradcheck, ShapeOpsCarryNoGradient) {
