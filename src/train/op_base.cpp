@@ -9,9 +9,11 @@ namespace slimquant::train {
 namespace detail {
 
 KernelOp::KernelOp(const ir::Node& node, const ir::Graph& graph) : node_(node), opset_(graph.opset) {
+  // Kernels keep a reference to the node they were made for: give them our own copy (callers such
+  // as TrainGraph::insert_on_tensor pass a temporary).
   const runtime::KernelFactory* f = runtime::KernelRegistry::instance().find(node.op_type, node.domain);
   if (!f) fail(ErrorKind::kUnsupported, node.describe() + ": slimquant has no kernel for this op");
-  runtime::KernelInit init{node, graph.opset, [&](size_t i) -> const Tensor* {
+  runtime::KernelInit init{node_, graph.opset, [&](size_t i) -> const Tensor* {
                              if (i >= node.inputs.size() || node.inputs[i].empty()) return nullptr;
                              // Trainable slots change every step: never let a kernel prepack them.
                              if (trainable_input(node.op_type, i, false)) return nullptr;

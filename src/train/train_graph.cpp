@@ -224,10 +224,7 @@ void TrainGraph::backward(const std::map<std::string, Tensor>& output_grads) {
       grads.erase(it);
       any = true;
     }
-    if (!any && e.op->parameters().empty()) {
-      // Still let the op drop what it saved.
-      continue;
-    }
+    if (!any) continue;  // nothing reached this op: its inputs and parameters get no gradient
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<Tensor> gx = e.op->backward(gy);
     if (m.profiling)
