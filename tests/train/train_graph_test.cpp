@@ -261,6 +261,30 @@ TEST(TrainGraph, InsertOnActivationAndWeight) {
   EXPECT_THROW(tg.insert_on_tensor("no_such_value", std::make_unique<ScaleOp>("z"), "z_q"), Error);
 }
 
+// Inserting on a constant initializer (not a parameter) rebuilds its readers, which then read the
+// inserted op's output at run time instead of a prepacked constant.
+TEST(TrainGraph, InsertOnConstantInitializer) {
+  const ir::Graph g = ir::load_onnx(fixture_model("vit_small"));
+  train::TrainGraph tg(g);
+  std::string constant;
+  for (const auto& n : tg.graph().nodes)
+    if (n.op_type == "Add")
+      for (const auto& in : n.inputs)
+        if (tg.graph().is_initializer(in) && !tg.parameter(in) && tg.graph().initializer(in)->numel() > 1 &&
+            constant.empty())
+          constant = in;
+  ASSERT_FALSE(constant.empty());
+  const Tensor x = fashion_images(2, 60);
+  const Tensor base = tg.forward({{"input", x}}, false).at("logits");
+  tg.insert_on_tensor(constant, std::make_unique<ScaleOp>("c_scale"), "c_q");
+  expect_close(tg.forward({{"input", x}}, false).at("logits"), base, 1e-6f);
+  tg.parameter("c_scale")->value.data<float>()[0] = 3.f;
+  const Tensor scaled = tg.forward({{"input", x}}, false).at("logits");
+  float diff = 0;
+  for (int64_t i = 0; i < base.numel(); ++i) diff = std::max(diff, std::fabs(scaled.data<float>()[i] - base.data<float>()[i]));
+  EXPECT_GT(diff, 1e-3f) << "scaling '" << constant << "' changed nothing";
+}
+
 // The fold_batchnorm = false variant keeps BN with trainable scale/bias and still matches Session.
 TEST(TrainGraph, UnfoldedBatchNorm) {
   const ir::Graph g = ir::load_onnx(fixture_model("resnet_small"));
