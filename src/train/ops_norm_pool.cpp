@@ -22,10 +22,11 @@ int64_t prod(const Shape& s, size_t from, size_t to) {
   return p;
 }
 
-// dx = y * (g - sum(g * y)) along the softmax axis (before opset 13: over all dims from axis on).
+// Softmax: dx = y (g - sum(g y)); LogSoftmax: dx = g - exp(y) sum(g); along the axis (before
+// opset 13: over all dims from axis on).
 class SoftmaxOp final : public KernelOp {
  public:
-  using KernelOp::KernelOp;
+  SoftmaxOp(const ir::Node& n, const ir::Graph& g) : KernelOp(n, g), log_(n.op_type == "LogSoftmax") {}
 
  protected:
   std::vector<Tensor> grad(const std::vector<Tensor>& gy) override {
@@ -46,6 +47,15 @@ class SoftmaxOp final : public KernelOp {
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t i = 0; i < inner; ++i) {
         const int64_t base = o * len * inner + i;
+        if (log_) {
+          double sum = 0;
+          for (int64_t k = 0; k < len; ++k) sum += pg[base + k * inner];
+          for (int64_t k = 0; k < len; ++k) {
+            const int64_t q = base + k * inner;
+            pd[q] = pg[q] - std::exp(py[q]) * static_cast<float>(sum);
+          }
+          continue;
+        }
         double dot = 0;
         for (int64_t k = 0; k < len; ++k) dot += static_cast<double>(pg[base + k * inner]) * py[base + k * inner];
         for (int64_t k = 0; k < len; ++k) {
@@ -56,6 +66,9 @@ class SoftmaxOp final : public KernelOp {
     r[0] = dx;
     return r;
   }
+
+ private:
+  bool log_ = false;
 };
 
 // LayerNormalization over dims [axis, rank): x̂ = (x - μ) σ⁻¹, y = x̂ scale + B. Statistics are
@@ -352,6 +365,7 @@ class ReduceOp final : public KernelOp {
 
 void add_norm_pool_ops(std::map<std::string, OpMaker>& t) {
   t["Softmax"] = &make<SoftmaxOp>;
+  t["LogSoftmax"] = &make<SoftmaxOp>;
   t["LayerNormalization"] = &make<LayerNormOp>;
   t["BatchNormalization"] = &make<BatchNormOp>;
   t["MaxPool"] = &make<PoolOp>;

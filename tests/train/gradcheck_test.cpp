@@ -169,6 +169,9 @@ TEST_F(TrainGradcheck, NormalizationsAndSoftmax) {
     n.attr("axis", int64_t{1});
     auto t = n.make();
     EXPECT_GT(gradcheck(*t, {random_tensor({2, 5, 3}, rng, -2.f, 2.f)}, {0}), 0);
+    OneNode l("LogSoftmax", {"x"}, {"y"}, 13);
+    auto tl = l.make();
+    EXPECT_GT(gradcheck(*tl, {random_tensor({3, 6}, rng, -2.f, 2.f)}, {0}), 0);
     OneNode m("Softmax", {"x"}, {"y"}, 11);  // opset < 13: softmax over the flattened dims from axis 1
     m.attr("axis", int64_t{1});
     auto u = m.make();
@@ -294,6 +297,13 @@ TEST_F(TrainGradcheck, ShapeAndDataMovementOps) {
     s.attr("axis", int64_t{1});
     auto ts = s.make();  // scalar index: x[:, 0] (the ViT class token)
     EXPECT_GT(gradcheck(*ts, {random_tensor({2, 5, 3}, rng), Tensor::scalar<int64_t>(0)}, {0}), 0);
+  }
+  {  // Pad: zero padding on two axes, a crop (negative pad) on the last.
+    OneNode n("Pad", {"x", "p"}, {"y"}, 13);
+    const I64 pads = {0, 1, 2, 0, 2, -1};
+    n.constant("p", i64(pads));
+    auto t = n.make();
+    EXPECT_GT(gradcheck(*t, {random_tensor({2, 3, 4}, rng), i64(pads)}, {0}), 0);
   }
   {
     OneNode n("Expand", {"x", "s"}, {"y"});
