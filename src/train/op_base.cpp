@@ -27,7 +27,8 @@ std::vector<Tensor> KernelOp::forward(const std::vector<Tensor>& inputs, bool tr
   ptrs.reserve(inputs.size());
   for (const Tensor& t : inputs) ptrs.push_back(t.defined() ? &t : nullptr);
   std::vector<Tensor> outputs(node_.outputs.size());
-  runtime::KernelContext ctx(node_, ptrs, outputs, [](DType t, const Shape& s) { return Tensor(t, s); });
+  // Kernels write every element of their outputs, so no zeroing.
+  runtime::KernelContext ctx(node_, ptrs, outputs, [](DType t, const Shape& s) { return empty_tensor(t, s); });
   kernel_->run(ctx);
   if (training) {
     in_ = inputs;

@@ -43,9 +43,11 @@ class ConvOp final : public KernelOp {
     dnnl::engine& e = runtime::dnnl_engine();
     Tensor g = gy[0];
     memory dst_user = dk::wrap(p.dst_user, g.raw());
+    memory diff_dst_data;  // kept: the weights pass usually wants the same blocked layout
     if (needed(0)) {
-      Tensor dx(DType::kFloat32, x.shape());
-      memory diff_dst = reordered(p.dst_to_data, dst_user, p.data_pd.diff_dst_desc());
+      Tensor dx = empty_f32(x.shape());
+      diff_dst_data = reordered(p.dst_to_data, dst_user, p.data_pd.diff_dst_desc());
+      memory& diff_dst = diff_dst_data;
       memory wei = reordered(p.wei_to_data, dk::wrap(p.wei_user, w.raw()), p.data_pd.weights_desc());
       memory dx_user = dk::wrap(p.src_user, dx.raw());
       memory diff_src = p.diff_src_to_user ? memory(p.data_pd.diff_src_desc(), e) : dx_user;
@@ -58,10 +60,12 @@ class ConvOp final : public KernelOp {
     }
     const bool has_bias = in_.size() > 2 && in_[2].defined();
     if (needed(1) || (has_bias && needed(2))) {
-      Tensor dw(DType::kFloat32, w.shape());
-      Tensor db(DType::kFloat32, {w.dim(0)});
+      Tensor dw = empty_f32(w.shape());
+      Tensor db = empty_f32({w.dim(0)});
       memory src = reordered(p.src_to_wei, dk::wrap(p.src_user, x.raw()), p.wei_pd.src_desc());
-      memory diff_dst = reordered(p.dst_to_wei, dst_user, p.wei_pd.diff_dst_desc());
+      memory diff_dst = diff_dst_data && p.dst_to_wei && diff_dst_data.get_desc() == p.wei_pd.diff_dst_desc()
+                            ? diff_dst_data
+                            : reordered(p.dst_to_wei, dst_user, p.wei_pd.diff_dst_desc());
       memory dw_user = dk::wrap(p.wei_user, dw.raw());
       memory diff_wei = p.diff_wei_to_user ? memory(p.wei_pd.diff_weights_desc(), e) : dw_user;
       memory diff_bias = dk::wrap(p.bias_user, db.raw());
@@ -112,9 +116,16 @@ class ConvOp final : public KernelOp {
     p.dst_user = dk::plain_desc(p.out_shape);
     p.wei_user = weights_desc(ws, tag::undef);
     p.bias_user = dk::plain_desc({ws[0]});
-    const memory::desc src_any(runtime::to_dnnl_dims(xs), memory::data_type::f32, tag::any);
-    const memory::desc dst_any(runtime::to_dnnl_dims(p.out_shape), memory::data_type::f32, tag::any);
-    const memory::desc wei_any = weights_desc(ws, tag::any);
+    // Measured on the fixtures (AVX2, batch 64): plain NCHW (oneDNN's GEMM-based backward, no
+    // reorders) wins for 1x1 and non-overlapping (patchify) convolutions; blocked layouts win for
+    // overlapping spatial kernels, and depthwise has no fast plain backward at all.
+    bool non_overlapping = true;
+    for (size_t i = 0; i < geo.kernel.size(); ++i)
+      non_overlapping = non_overlapping && geo.strides[i] >= geo.kernel[i] && geo.dilations[i] == 0;
+    const bool use_plain = group_ == 1 && non_overlapping;
+    const memory::desc src_any = use_plain ? p.src_user : memory::desc(runtime::to_dnnl_dims(xs), memory::data_type::f32, tag::any);
+    const memory::desc dst_any = use_plain ? p.dst_user : memory::desc(runtime::to_dnnl_dims(p.out_shape), memory::data_type::f32, tag::any);
+    const memory::desc wei_any = use_plain ? p.wei_user : weights_desc(ws, tag::any);
     dnnl::engine& e = runtime::dnnl_engine();
     const auto alg = dnnl::algorithm::convolution_direct;
     dk::make_pd(node_, "this convolution's backward", [&] {

@@ -1,5 +1,6 @@
 // Backward of elementwise ops: activations (from the saved input or output), broadcasting binary
 // arithmetic (gradients summed over broadcast dims), Where, Cast.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -12,17 +13,24 @@ namespace {
 
 constexpr int64_t kParallelMin = 1 << 15;  // elements below which OpenMP costs more than it gains
 
-// dx = gy * f(x, y) elementwise.
+// dx = f(gy, x, y) elementwise. f returns a select of g (not g * mask) where the derivative is
+// piecewise, so the inner loop vectorizes without branches (random signs mispredict badly).
 template <class F>
 Tensor unary_grad(const Tensor& gy, const Tensor& x, const Tensor& y, F f) {
-  Tensor dx(DType::kFloat32, x.shape());
+  Tensor dx = empty_f32(x.shape());
   const float* pg = gy.data<float>();
   const float* px = x.data<float>();
   const float* py = y.data<float>();
   float* pd = dx.data<float>();
   const int64_t n = dx.numel();
-#pragma omp parallel for simd if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) pd[i] = pg[i] * f(px[i], py[i]);
+  constexpr int64_t kChunk = 1 << 14;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+#pragma omp simd
+    for (int64_t i = c * kChunk; i < end; ++i) pd[i] = f(pg[i], px[i], py[i]);
+  }
   return dx;
 }
 
@@ -59,9 +67,9 @@ class UnaryOp final : public KernelOp {
     const Tensor& g = gy[0];
     const float a = alpha_, b = beta_;
     switch (kind_) {
-      case Unary::kRelu: r[0] = unary_grad(g, x, y, [](float v, float) { return v > 0.f ? 1.f : 0.f; }); break;
+      case Unary::kRelu: r[0] = unary_grad(g, x, y, [](float d, float v, float) { return v > 0.f ? d : 0.f; }); break;
       case Unary::kLeakyRelu:
-        r[0] = unary_grad(g, x, y, [a](float v, float) { return v > 0.f ? 1.f : a; });
+        r[0] = unary_grad(g, x, y, [a](float d, float v, float) { return v > 0.f ? d : a * d; });
         break;
       case Unary::kClip: {
         float lo = lo_, hi = hi_;
@@ -70,53 +78,54 @@ class UnaryOp final : public KernelOp {
           hi = scalar_or(input_if(2), std::numeric_limits<float>::max());
         }
         // Inside the closed interval the gradient passes (as torch.clamp does).
-        r[0] = unary_grad(g, x, y, [lo, hi](float v, float) { return v >= lo && v <= hi ? 1.f : 0.f; });
+        r[0] = unary_grad(g, x, y, [lo, hi](float d, float v, float) { return (v >= lo) & (v <= hi) ? d : 0.f; });
         break;
       }
       case Unary::kHardSwish:
-        r[0] = unary_grad(g, x, y, [](float v, float) {
-          return v < -3.f ? 0.f : v > 3.f ? 1.f : (2.f * v + 3.f) / 6.f;
+        r[0] = unary_grad(g, x, y, [](float d, float v, float) {
+          const float inner = d * (2.f * v + 3.f) * (1.f / 6.f);
+          return v < -3.f ? 0.f : (v > 3.f ? d : inner);
         });
         break;
       case Unary::kHardSigmoid:
-        r[0] = unary_grad(g, x, y, [a, b](float v, float) {
+        r[0] = unary_grad(g, x, y, [a, b](float d, float v, float) {
           const float t = a * v + b;
-          return t > 0.f && t < 1.f ? a : 0.f;
+          return (t > 0.f) & (t < 1.f) ? a * d : 0.f;
         });
         break;
-      case Unary::kSigmoid: r[0] = unary_grad(g, x, y, [](float, float s) { return s * (1.f - s); }); break;
-      case Unary::kTanh: r[0] = unary_grad(g, x, y, [](float, float t) { return 1.f - t * t; }); break;
+      case Unary::kSigmoid: r[0] = unary_grad(g, x, y, [](float d, float, float s) { return d * s * (1.f - s); }); break;
+      case Unary::kTanh: r[0] = unary_grad(g, x, y, [](float d, float, float t) { return d * (1.f - t * t); }); break;
       case Unary::kGelu:
-        r[0] = unary_grad(g, x, y, [](float v, float) {
+        r[0] = unary_grad(g, x, y, [](float d, float v, float) {
           const float cdf = 0.5f * (1.f + std::erf(v * 0.70710678f));
           const float pdf = 0.39894228f * std::exp(-0.5f * v * v);
-          return cdf + v * pdf;
+          return d * (cdf + v * pdf);
         });
         break;
       case Unary::kGeluTanh:
-        r[0] = unary_grad(g, x, y, [](float v, float) {
+        r[0] = unary_grad(g, x, y, [](float d, float v, float) {
           constexpr float k = 0.7978845608f, c = 0.044715f;
           const float t = std::tanh(k * (v + c * v * v * v));
-          return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * k * (1.f + 3.f * c * v * v);
+          return d * (0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * k * (1.f + 3.f * c * v * v));
         });
         break;
       case Unary::kErf:
-        r[0] = unary_grad(g, x, y, [](float v, float) { return 1.1283791671f * std::exp(-v * v); });
+        r[0] = unary_grad(g, x, y, [](float d, float v, float) { return d * 1.1283791671f * std::exp(-v * v); });
         break;
-      case Unary::kSqrt: r[0] = unary_grad(g, x, y, [](float, float s) { return 0.5f / s; }); break;
-      case Unary::kExp: r[0] = unary_grad(g, x, y, [](float, float e) { return e; }); break;
-      case Unary::kLog: r[0] = unary_grad(g, x, y, [](float v, float) { return 1.f / v; }); break;
-      case Unary::kNeg: r[0] = unary_grad(g, x, y, [](float, float) { return -1.f; }); break;
+      case Unary::kSqrt: r[0] = unary_grad(g, x, y, [](float d, float, float s) { return d * 0.5f / s; }); break;
+      case Unary::kExp: r[0] = unary_grad(g, x, y, [](float d, float, float e) { return d * e; }); break;
+      case Unary::kLog: r[0] = unary_grad(g, x, y, [](float d, float v, float) { return d / v; }); break;
+      case Unary::kNeg: r[0] = unary_grad(g, x, y, [](float d, float, float) { return -d; }); break;
       case Unary::kAbs:
-        r[0] = unary_grad(g, x, y, [](float v, float) { return v > 0.f ? 1.f : v < 0.f ? -1.f : 0.f; });
+        r[0] = unary_grad(g, x, y, [](float d, float v, float) { return v > 0.f ? d : (v < 0.f ? -d : 0.f); });
         break;
-      case Unary::kReciprocal: r[0] = unary_grad(g, x, y, [](float, float q) { return -q * q; }); break;
+      case Unary::kReciprocal: r[0] = unary_grad(g, x, y, [](float d, float, float q) { return -d * q * q; }); break;
       case Unary::kIdentity: r[0] = g; break;
       case Unary::kSoftplus:
-        r[0] = unary_grad(g, x, y, [](float v, float) { return 1.f / (1.f + std::exp(-v)); });
+        r[0] = unary_grad(g, x, y, [](float d, float v, float) { return d / (1.f + std::exp(-v)); });
         break;
       case Unary::kElu:
-        r[0] = unary_grad(g, x, y, [a](float v, float e) { return v > 0.f ? 1.f : e + a; });
+        r[0] = unary_grad(g, x, y, [a](float d, float v, float e) { return v > 0.f ? d : d * (e + a); });
         break;
     }
     return r;
@@ -150,7 +159,7 @@ class BinaryOp final : public KernelOp {
     const float* pg = g.data<float>();
     auto map2 = [&](const Tensor& u, const Tensor& v, auto f) {  // f(g, u, v) over the output shape
       Tensor ue = expand_to(u, os), ve = expand_to(v, os);
-      Tensor d(DType::kFloat32, os);
+      Tensor d = empty_f32(os);
       const float *pu = ue.data<float>(), *pv = ve.data<float>();
       float* pd = d.data<float>();
 #pragma omp parallel for simd if (n > kParallelMin)
@@ -216,7 +225,7 @@ class WhereOp final : public KernelOp {
     const float* pc = ce.data<float>();
     for (int k = 1; k <= 2; ++k) {
       if (!needed(k) || in_[k].dtype() != DType::kFloat32) continue;
-      Tensor d(DType::kFloat32, g.shape());
+      Tensor d = empty_f32(g.shape());
       const float* pg = g.data<float>();
       float* pd = d.data<float>();
       const bool take = k == 1;

@@ -1,5 +1,7 @@
 // Backward of Softmax, LayerNormalization, BatchNormalization (inference form: frozen statistics),
 // pooling (Max/Average, 1-D to 3-D; Global*) and ReduceMean/ReduceSum, as plain loops.
+#include <omp.h>
+
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -20,10 +22,11 @@ int64_t prod(const Shape& s, size_t from, size_t to) {
   return p;
 }
 
-// dx = y * (g - sum(g * y)) along the softmax axis (before opset 13: over all dims from axis on).
+// Softmax: dx = y (g - sum(g y)); LogSoftmax: dx = g - exp(y) sum(g); along the axis (before
+// opset 13: over all dims from axis on).
 class SoftmaxOp final : public KernelOp {
  public:
-  using KernelOp::KernelOp;
+  SoftmaxOp(const ir::Node& n, const ir::Graph& g) : KernelOp(n, g), log_(n.op_type == "LogSoftmax") {}
 
  protected:
   std::vector<Tensor> grad(const std::vector<Tensor>& gy) override {
@@ -44,6 +47,15 @@ class SoftmaxOp final : public KernelOp {
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t i = 0; i < inner; ++i) {
         const int64_t base = o * len * inner + i;
+        if (log_) {
+          double sum = 0;
+          for (int64_t k = 0; k < len; ++k) sum += pg[base + k * inner];
+          for (int64_t k = 0; k < len; ++k) {
+            const int64_t q = base + k * inner;
+            pd[q] = pg[q] - std::exp(py[q]) * static_cast<float>(sum);
+          }
+          continue;
+        }
         double dot = 0;
         for (int64_t k = 0; k < len; ++k) dot += static_cast<double>(pg[base + k * inner]) * py[base + k * inner];
         for (int64_t k = 0; k < len; ++k) {
@@ -54,6 +66,9 @@ class SoftmaxOp final : public KernelOp {
     r[0] = dx;
     return r;
   }
+
+ private:
+  bool log_ = false;
 };
 
 // LayerNormalization over dims [axis, rank): x̂ = (x - μ) σ⁻¹, y = x̂ scale + B. Statistics are
@@ -73,38 +88,58 @@ class LayerNormOp final : public KernelOp {
     const Shape norm_shape(s.begin() + axis, s.end());
     const Tensor sc = expand_to(scale, norm_shape);
     const float *px = x.data<float>(), *pg = g.data<float>(), *ps = sc.data<float>();
-    Tensor dx(DType::kFloat32, s);
+    Tensor dx = empty_f32(s);
     float* pd = dx.data<float>();
-    std::vector<double> dscale(len, 0.0), dbias(len, 0.0);
     const bool want_x = needed(0), want_p = needed(1) || needed(2);
-    std::vector<float> xhat(len);
-    for (int64_t rr = 0; rr < rows; ++rr) {
-      const float* xr = px + rr * len;
-      const float* gr = pg + rr * len;
-      double mean = 0, var = 0;
-      for (int64_t k = 0; k < len; ++k) mean += xr[k];
-      mean /= len;
-      for (int64_t k = 0; k < len; ++k) var += (xr[k] - mean) * (xr[k] - mean);
-      var /= len;
-      const double inv = 1.0 / std::sqrt(var + eps);
-      double m1 = 0, m2 = 0;  // means of dx̂ and dx̂·x̂
-      for (int64_t k = 0; k < len; ++k) {
-        xhat[k] = static_cast<float>((xr[k] - mean) * inv);
-        const double dxh = static_cast<double>(gr[k]) * ps[k];
-        m1 += dxh;
-        m2 += dxh * xhat[k];
-        if (want_p) {
-          dscale[k] += static_cast<double>(gr[k]) * xhat[k];
-          dbias[k] += gr[k];
+    // Rows split over threads; each thread sums its own dscale/dbias (float rows: len is a
+    // feature width, short enough for float sums; the row statistics use double).
+    const int threads = rows * len > (1 << 15) ? omp_get_max_threads() : 1;
+    std::vector<float> part(static_cast<size_t>(threads) * 2 * len, 0.f);
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      float* dsc = part.data() + static_cast<size_t>(t) * 2 * len;
+      float* dbs = dsc + len;
+      std::vector<float> xhat(len);
+      for (int64_t rr = rows * t / nt; rr < rows * (t + 1) / nt; ++rr) {
+        const float* xr = px + rr * len;
+        const float* gr = pg + rr * len;
+        double mean = 0, var = 0;
+        for (int64_t k = 0; k < len; ++k) mean += xr[k];
+        mean /= len;
+        for (int64_t k = 0; k < len; ++k) var += (xr[k] - mean) * (xr[k] - mean);
+        var /= len;
+        const float inv = static_cast<float>(1.0 / std::sqrt(var + eps));
+        const float mu = static_cast<float>(mean);
+        float m1 = 0, m2 = 0;  // sums of dx̂ and dx̂·x̂, dx̂ = g·scale
+#pragma omp simd reduction(+ : m1, m2)
+        for (int64_t k = 0; k < len; ++k) {
+          const float xh = (xr[k] - mu) * inv;
+          xhat[k] = xh;
+          const float dxh = gr[k] * ps[k];
+          m1 += dxh;
+          m2 += dxh * xh;
         }
+        if (want_p)
+#pragma omp simd
+          for (int64_t k = 0; k < len; ++k) {
+            dsc[k] += gr[k] * xhat[k];
+            dbs[k] += gr[k];
+          }
+        if (!want_x) continue;
+        m1 /= static_cast<float>(len);
+        m2 /= static_cast<float>(len);
+        float* dr = pd + rr * len;
+#pragma omp simd
+        for (int64_t k = 0; k < len; ++k) dr[k] = inv * (gr[k] * ps[k] - m1 - xhat[k] * m2);
       }
-      if (!want_x) continue;
-      m1 /= len;
-      m2 /= len;
-      float* dr = pd + rr * len;
-      for (int64_t k = 0; k < len; ++k)
-        dr[k] = static_cast<float>(inv * (static_cast<double>(gr[k]) * ps[k] - m1 - xhat[k] * m2));
     }
+    std::vector<double> dscale(len, 0.0), dbias(len, 0.0);
+    for (int t = 0; t < threads; ++t)
+      for (int64_t k = 0; k < len; ++k) {
+        dscale[k] += part[static_cast<size_t>(t) * 2 * len + k];
+        dbias[k] += part[static_cast<size_t>(t) * 2 * len + len + k];
+      }
     if (want_x) r[0] = dx;
     auto to_tensor = [&](const std::vector<double>& v, const Shape& target) {
       Tensor t(DType::kFloat32, norm_shape);
@@ -330,6 +365,7 @@ class ReduceOp final : public KernelOp {
 
 void add_norm_pool_ops(std::map<std::string, OpMaker>& t) {
   t["Softmax"] = &make<SoftmaxOp>;
+  t["LogSoftmax"] = &make<SoftmaxOp>;
   t["LayerNormalization"] = &make<LayerNormOp>;
   t["BatchNormalization"] = &make<BatchNormOp>;
   t["MaxPool"] = &make<PoolOp>;

@@ -181,6 +181,55 @@ class GatherOp final : public KernelOp {
   }
 };
 
+// Pad (constant mode): the gradient is the output gradient's window over the unpadded input;
+// negative pads (crops) give the cropped elements no gradient.
+class PadOp final : public KernelOp {
+ public:
+  using KernelOp::KernelOp;
+
+ protected:
+  std::vector<Tensor> grad(const std::vector<Tensor>& gy) override {
+    std::vector<Tensor> r = none();
+    if (!needed(0)) return r;
+    const std::string mode = node_.attr_string("mode", "constant");
+    SQ_CHECK(mode == "constant", ErrorKind::kUnsupported,
+             node_.describe() + ": training supports Pad mode 'constant' only, not '" + mode + "'");
+    const Shape& xs = in_[0].shape();
+    const Shape& ys = gy[0].shape();
+    const size_t rank = xs.size();
+    const std::vector<int64_t> pads = opset_ < 11 ? node_.attr_ints("pads") : in_[1].to_int64_vector();
+    std::vector<int64_t> axes;
+    if (in_.size() > 3 && in_[3].defined()) axes = in_[3].to_int64_vector();
+    if (axes.empty())
+      for (size_t i = 0; i < rank; ++i) axes.push_back(static_cast<int64_t>(i));
+    SQ_CHECK(pads.size() == 2 * axes.size(), ErrorKind::kInvalidModel,
+             node_.describe() + ": pads has " + std::to_string(pads.size()) + " values for " +
+                 std::to_string(axes.size()) + " axes");
+    std::vector<int64_t> begin(rank, 0);
+    for (size_t i = 0; i < axes.size(); ++i)
+      begin[normalize_axis(axes[i], static_cast<int64_t>(rank), node_.describe() + " axes")] = pads[i];
+    const auto ycs = contiguous_strides(ys);
+    Tensor dx(DType::kFloat32, xs);
+    const float* pg = gy[0].data<float>();
+    float* pd = dx.data<float>();
+    const auto xcs = contiguous_strides(xs);
+    // For each x element: its position in y is x's index + begin, when inside y.
+    for (int64_t e = 0; e < dx.numel(); ++e) {
+      int64_t rem = e, off = 0;
+      bool inside = true;
+      for (size_t d = 0; d < rank; ++d) {
+        const int64_t i = rem / xcs[d] + begin[d];
+        rem %= xcs[d];
+        inside = inside && i >= 0 && i < ys[d];
+        off += i * ycs[d];
+      }
+      if (inside) pd[e] = pg[off];
+    }
+    r[0] = dx;
+    return r;
+  }
+};
+
 class ExpandOp final : public KernelOp {
  public:
   using KernelOp::KernelOp;
@@ -203,6 +252,7 @@ void add_shape_ops(std::map<std::string, OpMaker>& t) {
   t["Slice"] = &make<SliceOp>;
   t["Gather"] = &make<GatherOp>;
   t["Expand"] = &make<ExpandOp>;
+  t["Pad"] = &make<PadOp>;
 }
 
 }  // namespace slimquant::train::detail

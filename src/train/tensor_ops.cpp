@@ -3,10 +3,21 @@
 #include <dnnl.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace slimquant::train::detail {
 
 Tensor zeros_f32(const Shape& shape) { return Tensor(DType::kFloat32, shape); }
+
+Tensor empty_tensor(DType dtype, const Shape& shape) {
+  constexpr size_t kAlign = 64;
+  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  const size_t rounded = std::max<size_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+  void* p = std::aligned_alloc(kAlign, rounded);
+  if (!p) fail(ErrorKind::kInternal, "out of memory allocating " + std::to_string(bytes) + " bytes");
+  return Tensor(dtype, shape, std::shared_ptr<std::byte[]>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); }),
+                rounded);
+}
 
 namespace {
 // Strides of x aligned to the trailing dims of `shape`, 0 along broadcast dims.
@@ -27,7 +38,7 @@ std::vector<int64_t> broadcast_strides(const Shape& xs, const Shape& shape, cons
 
 Tensor expand_to(const Tensor& x, const Shape& shape) {
   if (x.shape() == shape) return x;
-  Tensor y(DType::kFloat32, shape);
+  Tensor y = empty_f32(shape);
   const float* px = x.data<float>();
   float* py = y.data<float>();
   walk_rows(shape, broadcast_strides(x.shape(), shape, "expand"), 0,
@@ -66,7 +77,7 @@ Tensor transpose(const Tensor& x, const std::vector<int64_t>& perm) {
     ys[i] = xs[perm[i]];
     st[i] = cs[perm[i]];
   }
-  Tensor y(DType::kFloat32, ys);
+  Tensor y = empty_f32(ys);
   const float* px = x.data<float>();
   float* py = y.data<float>();
   walk_rows(ys, st, 0, [&](int64_t o, int64_t i, int64_t n, int64_t s) {

@@ -9,6 +9,10 @@
 namespace slimquant::train::detail {
 
 Tensor zeros_f32(const Shape& shape);
+// Uninitialised storage (64-byte aligned) for buffers a kernel overwrites entirely: zeroing them
+// first was a measurable share of a training step.
+Tensor empty_tensor(DType dtype, const Shape& shape);
+inline Tensor empty_f32(const Shape& shape) { return empty_tensor(DType::kFloat32, shape); }
 // Numpy-broadcasts a float tensor to `shape` (returns x itself when the shape already matches).
 Tensor expand_to(const Tensor& x, const Shape& shape);
 // The adjoint of expand_to: sums g over the dims along which `shape` was broadcast to g's shape.

@@ -1,4 +1,5 @@
 // Finite-difference checks of every backward kernel of the training engine on small random shapes.
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <random>
@@ -130,7 +131,7 @@ TEST_F(TrainGradcheck, ConvPlainStridedDilatedGroupedDepthwise) {
       in.push_back(random_tensor({c.w[0]}, rng));
       check.push_back(2);
     }
-    EXPECT_GT(gradcheck(*t, in, check, {.eps = 1e-2f, .rtol = 1e-2, .atol = 2e-3}), 0);
+    EXPECT_GT(gradcheck(*t, in, check, {.eps = 1e-2f, .rtol = 1e-2, .atol = 2e-3, .max_entries = 24}), 0);
   }
 }
 
@@ -168,6 +169,9 @@ TEST_F(TrainGradcheck, NormalizationsAndSoftmax) {
     n.attr("axis", int64_t{1});
     auto t = n.make();
     EXPECT_GT(gradcheck(*t, {random_tensor({2, 5, 3}, rng, -2.f, 2.f)}, {0}), 0);
+    OneNode l("LogSoftmax", {"x"}, {"y"}, 13);
+    auto tl = l.make();
+    EXPECT_GT(gradcheck(*tl, {random_tensor({3, 6}, rng, -2.f, 2.f)}, {0}), 0);
     OneNode m("Softmax", {"x"}, {"y"}, 11);  // opset < 13: softmax over the flattened dims from axis 1
     m.attr("axis", int64_t{1});
     auto u = m.make();
@@ -294,11 +298,43 @@ TEST_F(TrainGradcheck, ShapeAndDataMovementOps) {
     auto ts = s.make();  // scalar index: x[:, 0] (the ViT class token)
     EXPECT_GT(gradcheck(*ts, {random_tensor({2, 5, 3}, rng), Tensor::scalar<int64_t>(0)}, {0}), 0);
   }
+  {  // Pad: zero padding on two axes, a crop (negative pad) on the last.
+    OneNode n("Pad", {"x", "p"}, {"y"}, 13);
+    const I64 pads = {0, 1, 2, 0, 2, -1};
+    n.constant("p", i64(pads));
+    auto t = n.make();
+    EXPECT_GT(gradcheck(*t, {random_tensor({2, 3, 4}, rng), i64(pads)}, {0}), 0);
+  }
   {
     OneNode n("Expand", {"x", "s"}, {"y"});
     auto t = n.make();
     EXPECT_GT(gradcheck(*t, {random_tensor({1, 1, 3}, rng), i64({4, 2, 3})}, {0}), 0);
   }
+}
+
+// The harness itself must catch a wrong backward: y = x^2 whose backward claims dy/dx = x.
+class WrongSquare final : public train::TrainOp {
+ public:
+  std::vector<Tensor> forward(const std::vector<Tensor>& in, bool training) override {
+    Tensor y = in[0].clone();
+    for (float& v : y.values<float>()) v *= v;
+    if (training) x_ = in[0];
+    return {y};
+  }
+  std::vector<Tensor> backward(const std::vector<Tensor>& gy) override {
+    Tensor dx = gy[0].clone();
+    for (int64_t i = 0; i < dx.numel(); ++i) dx.data<float>()[i] *= x_.data<float>()[i];  // missing factor 2
+    return {dx};
+  }
+
+ private:
+  Tensor x_;
+};
+
+TEST_F(TrainGradcheck, HarnessRejectsAWrongBackward) {
+  WrongSquare op;
+  Tensor x = random_away_from_zero({1}, rng, 1.f, 0.3f);  // one entry: exactly one failure
+  EXPECT_NONFATAL_FAILURE(gradcheck(op, {x}, {0}), "entry");
 }
 
 TEST_F(TrainGradcheck, ShapeOpsCarryNoGradient) {
