@@ -90,10 +90,20 @@ Action register_qat(CLI::App& app) {
       if (!get("epochs").empty()) o.epochs = std::stoi(get("epochs"));
       if (!get("lr").empty()) o.lr = std::stof(get("lr"));
       if (!get("batch_size").empty()) o.batch_size = std::stoul(get("batch_size"));
-      if (!get("batch_nums").empty()) o.calib_batches = std::stoul(get("batch_nums"));
+      if (!get("batch_nums").empty() && !cmd->count("--calib-batches")) a->calib_batches = std::stoul(get("batch_nums"));
+      if (!get("temperature").empty()) o.temperature = std::stof(get("temperature"));
+      if (!get("steps_per_epoch").empty() && !cmd->count("--steps-per-epoch")) a->steps_per_epoch = std::stoul(get("steps_per_epoch"));
+      if (!get("weight_decay").empty()) o.optimizer.weight_decay = std::stof(get("weight_decay"));
+      if (!get("momentum").empty()) o.optimizer.momentum = std::stof(get("momentum"));
+      if (!get("seed").empty() && !cmd->count("--seed")) a->seed = std::stoull(get("seed"));
     } catch (const std::exception&) {
-      fail(ErrorKind::kInvalidArgument, "config file '" + a->config_path + "': epochs, lr, batch_size and batch_nums must be numbers");
+      fail(ErrorKind::kInvalidArgument, "config file '" + a->config_path +
+                                            "': epochs, lr, batch_size, batch_nums, temperature, steps_per_epoch, "
+                                            "weight_decay, momentum and seed must be numbers");
     }
+    if (!get("lr_schedule").empty()) o.lr_schedule = get("lr_schedule");
+    if (get("nesterov") == "true") o.optimizer.nesterov = true;
+    if (!get("checkpoint").empty() && a->checkpoint.empty()) a->checkpoint = get("checkpoint");
     if (!get("optimizer").empty()) o.optimizer.type = get("optimizer");
     if (!get("weight_quanter").empty()) o.weight_quanter = get("weight_quanter");
     if (!get("act_quanter").empty()) o.act_quanter = get("act_quanter");
@@ -102,7 +112,7 @@ Action register_qat(CLI::App& app) {
     if (!a->optimizer.empty()) o.optimizer.type = a->optimizer;
     if (a->lr > 0) o.lr = a->lr;
     if (a->momentum >= 0) o.optimizer.momentum = a->momentum;
-    o.optimizer.nesterov = a->nesterov;
+    if (a->nesterov) o.optimizer.nesterov = true;
     if (a->weight_decay >= 0) o.optimizer.weight_decay = a->weight_decay;
     if (!a->lr_schedule.empty()) o.lr_schedule = a->lr_schedule;
     if (!a->weight_quanter.empty()) o.weight_quanter = a->weight_quanter;

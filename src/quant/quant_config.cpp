@@ -155,7 +155,8 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
       "params_filename", "save_dir", "checkpoint_name", "num_histogram_plots", "onnx_format", "optimize_model",
       "round_type", "bias_correction", "save_model_filename", "save_params_filename", "quant_model_dir",
       "float_model_dir", "qat_metric", "resume", "data", "dataset", "metric", "target_metric", "epochs", "lr",
-      "optimizer", "weight_quanter", "act_quanter", "distill", "mean", "std", "resize", "channel_order", "limit"};
+      "optimizer", "weight_quanter", "act_quanter", "distill", "mean", "std", "resize", "channel_order", "limit",
+      "temperature", "steps_per_epoch", "weight_decay", "momentum", "nesterov", "lr_schedule", "seed", "checkpoint"};
   try {
     for (const auto& kv : root) {
       const auto key = kv.first.as<std::string>();

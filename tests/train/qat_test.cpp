@@ -270,6 +270,10 @@ TEST(QATCli, TrainsExportsReportsAndResumes) {
   EXPECT_NE(r.output.find("already done"), std::string::npos) << r.output;
   // Bad input.
   EXPECT_EQ(test::run_cli(args + " --act-quanter lsq", env).exit_code, 5);
+  std::ofstream(tmp.path("bad.yaml")) << "epochs: 1\nweight_quanter: bogus\n";
+  r = test::run_cli(args + " --config " + tmp.path("bad.yaml"), env);
+  EXPECT_EQ(r.exit_code, 5);
+  EXPECT_NE(r.output.find("unknown weight quanter 'bogus'"), std::string::npos) << r.output;
   EXPECT_EQ(test::run_cli("qat " + test::fixture_model("vit_small") + " fashion-mnist:train -o " +
                           tmp.path("missing/dir/q.onnx")).exit_code, 7);
 }
