@@ -1,4 +1,5 @@
 // qat: quantization-aware training from the command line (docs/qat.md).
+#include <omp.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -77,7 +78,7 @@ Action register_qat(CLI::App& app) {
   cmd->add_option("--eval-limit", a->eval_limit, "evaluate on the first N samples only (0 = all)");
   cmd->add_flag("--no-eval", a->no_eval, "skip the FP32 / PTQ / QAT evaluation");
   cmd->add_option("--seed", a->seed, "shuffling seed")->capture_default_str();
-  cmd->add_option("--threads", a->threads, "threads for the evaluation sessions (0 = all cores)");
+  cmd->add_option("--threads", a->threads, "threads for training and evaluation (0 = all cores; 1 avoids OpenMP spinning on a busy machine)");
   cmd->add_flag("--json", a->json, "print a JSON object as the last line");
   return [=] {
     quant::QuantConfig config;
@@ -124,6 +125,7 @@ Action register_qat(CLI::App& app) {
     o.calib_batches = a->calib_batches;
     o.seed = a->seed;
     o.num_threads = a->threads;
+    if (a->threads > 0) omp_set_num_threads(a->threads);  // training kernels too, not only the sessions
     if (!a->algo.empty()) config.global().activation = a->algo;
     if (!a->op_types.empty()) config.quantizable_op_type = split_names(a->op_types);
     for (const auto& t : split_names(a->skip_tensors)) config.skip_tensor_list.push_back(t);

@@ -264,6 +264,20 @@ TEST(QATCli, TrainsExportsReportsAndResumes) {
   EXPECT_EQ(j["epochs_run"], 1);
   EXPECT_TRUE(std::filesystem::exists(out));
   EXPECT_TRUE(std::filesystem::exists(out + ".ckpt"));
+  // ONNX Runtime gives the same top-1 on the same 64 test images (within one image of rounding).
+  if (std::system("command -v node >/dev/null 2>&1") == 0 &&
+      std::filesystem::exists(test::source_path("bench/node_modules/onnxruntime-node/package.json"))) {
+    const std::string cmd = "NODE_PATH=" + test::source_path("bench/node_modules") + " node " +
+                            test::source_path("bench/ort_eval.js") + " " + out + " --limit 64 2>&1";
+    FILE* pipe = popen(cmd.c_str(), "r");
+    std::string ort;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) ort.append(buf, n);
+    ASSERT_EQ(pclose(pipe), 0) << ort;
+    const double ort_top1 = nlohmann::json::parse(ort.substr(ort.rfind('{')))["top1"].get<double>();
+    EXPECT_NEAR(ort_top1, j["qat_top1"].get<double>(), 1.0 / 64 + 1e-9);
+  }
   // Rerun: the checkpoint says the epoch is done; nothing is trained again.
   r = test::run_cli(args + " --no-eval", env);
   ASSERT_EQ(r.exit_code, 0) << r.output;
