@@ -31,6 +31,8 @@ void check_range(double lo, double hi, const std::string& what) {
            what + ": range bounds must be finite (got " + format_number(lo) + ", " + format_number(hi) + ")");
   SQ_CHECK(lo <= hi, ErrorKind::kInvalidArgument,
            what + ": range lower bound " + format_number(lo) + " is above the upper bound " + format_number(hi));
+  SQ_CHECK(std::isfinite(hi - lo), ErrorKind::kInvalidArgument,
+           what + ": range [" + format_number(lo) + ", " + format_number(hi) + "] is too wide for double precision");
 }
 
 }  // namespace
