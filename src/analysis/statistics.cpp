@@ -240,6 +240,7 @@ nlohmann::json run_layer_statistics(const quant::PTQ& ptq, const data::Dataset& 
   data::BatchLoader loader(data, options.batch_size);
   size_t batches = loader.num_batches();
   if (options.max_batches) batches = std::min(batches, options.max_batches);
+  if (layers.empty()) batches = 0;  // nothing quantized: empty reports, no data pass
   Progress progress("statistics", batches, "batches");
   size_t samples = 0;
   runtime::RunOptions float_run, quant_run;

@@ -239,6 +239,31 @@ TEST(LayerStatistics, LosslessQuantizationIsInfiniteSqnr) {
   EXPECT_EQ(line.substr(line.size() - 8), ",inf,inf") << line;
 }
 
+TEST(LayerStatistics, NoQuantizableLayerGivesHeaderOnlyReports) {
+  ir::Graph g;
+  g.opset = 13;
+  g.inputs = {{"x", DType::kFloat32, std::vector<ir::Dim>{{-1, "N"}, {2, ""}}}};
+  g.outputs = {{"y", DType::kFloat32, std::vector<ir::Dim>{{-1, "N"}, {2, ""}}}};
+  ir::Node relu;
+  relu.op_type = "Relu";
+  relu.name = "relu";
+  relu.inputs = {"x"};
+  relu.outputs = {"y"};
+  g.nodes = {relu};
+  quant::PTQ ptq(quant::QuantConfig{});
+  ptq.quantize(g);
+  ASSERT_TRUE(ptq.layers().empty());
+  VectorDataset ds({{1.f, -1.f}, {0.5f, 2.f}});
+  test::TempDir tmp("stats_none");
+  const json j = analysis::run_layer_statistics(ptq, ds, tmp.path());
+  EXPECT_TRUE(j["layers"].empty());
+  EXPECT_EQ(j["samples"].get<size_t>(), 0u);
+  std::ifstream cf(tmp.path("statistics.csv"));
+  size_t lines = 0;
+  for (std::string line; std::getline(cf, line);) ++lines;
+  EXPECT_EQ(lines, 1u);
+}
+
 TEST(LayerStatistics, ErrorsNameTheProblem) {
   quant::PTQ ptq(quant::QuantConfig{});
   ptq.quantize(ir::load_onnx(test::fixture_model("resnet_small")));
