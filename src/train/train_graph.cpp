@@ -210,6 +210,11 @@ void TrainGraph::backward(const std::map<std::string, Tensor>& output_grads) {
   for (const auto& [name, g] : output_grads) {
     SQ_CHECK(g.dtype() == DType::kFloat32, ErrorKind::kInvalidArgument,
              "TrainGraph::backward: gradient for '" + name + "' must be float32");
+    const bool computed = std::any_of(m.entries.begin(), m.entries.end(), [&](const Entry& e) {
+      return std::find(e.outputs.begin(), e.outputs.end(), name) != e.outputs.end();
+    });
+    SQ_CHECK(computed, ErrorKind::kInvalidArgument,
+             "TrainGraph::backward: '" + name + "' is not a value computed by the graph");
     grads[name] = g;
   }
   for (size_t i = m.entries.size(); i-- > 0;) {

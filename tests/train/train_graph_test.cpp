@@ -321,7 +321,11 @@ TEST(TrainGraph, ForwardAndBackwardErrors) {
   const Tensor x = fashion_images(1);
   EXPECT_THROW(tg.forward({{"input", x}}, false, {"not_a_value"}), Error);
   tg.forward({{"input", x}}, false);
-  EXPECT_THROW(tg.backward({{"logits", Tensor(DType::kFloat32, {1, 10})}}), Error);
+  EXPECT_THROW(tg.backward({{"logits", Tensor(DType::kFloat32, {1, 10})}}), Error);  // not a training forward
+  tg.forward({{"input", x}}, true);
+  EXPECT_THROW(tg.backward({{"not_a_value", Tensor(DType::kFloat32, {1, 10})}}), Error);
+  tg.forward({{"input", x}}, true);
+  EXPECT_THROW(tg.backward({{"logits", Tensor(DType::kFloat32, {2, 10})}}), Error);  // wrong shape
 }
 
 // Not run by default: one forward+backward at batch 64 per fixture, timed.
