@@ -16,6 +16,7 @@ Tensor f32(float v) { return Tensor::scalar<float>(v); }
 
 class TrainGradcheck : public ::testing::Test {
  protected:
+  OneThread one_thread_;
   std::mt19937 rng{1234};
 };
 

@@ -40,7 +40,10 @@ void expect_close(const Tensor& a, const Tensor& b, float rel) {
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_NEAR(pa[i], pb[i], tol) << "element " << i;
 }
 
-class TrainGraphFixture : public ::testing::TestWithParam<std::string> {};
+class TrainGraphFixture : public ::testing::TestWithParam<std::string> {
+ protected:
+  OneThread one_thread_;
+};
 
 TEST_P(TrainGraphFixture, ForwardMatchesSession) {
   const ir::Graph g = ir::load_onnx(fixture_model(GetParam()));
@@ -124,6 +127,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TrainGraphFixture,
 
 // d(loss)/d(weights) of resnet_small on 2 images against central differences of the whole model.
 TEST(TrainGraph, ResnetWholeModelGradcheck) {
+  OneThread one_thread;
   const ir::Graph g = ir::load_onnx(fixture_model("resnet_small"));
   train::TrainGraph tg(g);
   const Tensor x = fashion_images(2, 20);
@@ -204,6 +208,7 @@ class ScaleOp final : public train::TrainOp {
 };
 
 TEST(TrainGraph, InsertOnActivationAndWeight) {
+  OneThread one_thread;
   const ir::Graph g = ir::load_onnx(fixture_model("resnet_small"));
   train::TrainGraph tg(g);
   const Tensor x = fashion_images(2, 40);
@@ -264,6 +269,7 @@ TEST(TrainGraph, InsertOnActivationAndWeight) {
 // Inserting on a constant initializer (not a parameter) rebuilds its readers, which then read the
 // inserted op's output at run time instead of a prepacked constant.
 TEST(TrainGraph, InsertOnConstantInitializer) {
+  OneThread one_thread;
   const ir::Graph g = ir::load_onnx(fixture_model("vit_small"));
   train::TrainGraph tg(g);
   std::string constant;
@@ -287,6 +293,7 @@ TEST(TrainGraph, InsertOnConstantInitializer) {
 
 // The fold_batchnorm = false variant keeps BN with trainable scale/bias and still matches Session.
 TEST(TrainGraph, UnfoldedBatchNorm) {
+  OneThread one_thread;
   const ir::Graph g = ir::load_onnx(fixture_model("resnet_small"));
   train::TrainGraph tg(g, {.fold_batchnorm = false});
   int bn = 0;
@@ -303,6 +310,7 @@ TEST(TrainGraph, UnfoldedBatchNorm) {
 }
 
 TEST(TrainGraph, ParametersWrittenBackIntoFloatGraph) {
+  OneThread one_thread;
   const ir::Graph g = ir::load_onnx(fixture_model("mobilenetv2_small"));
   train::TrainGraph tg(g);
   for (auto* p : tg.parameters())
@@ -315,6 +323,7 @@ TEST(TrainGraph, ParametersWrittenBackIntoFloatGraph) {
 }
 
 TEST(TrainGraph, ForwardAndBackwardErrors) {
+  OneThread one_thread;
   const ir::Graph g = ir::load_onnx(fixture_model("resnet_small"));
   train::TrainGraph tg(g);
   EXPECT_THROW(tg.forward({}, false), Error);
