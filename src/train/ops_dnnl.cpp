@@ -14,6 +14,14 @@ namespace dk = runtime::dnnl_kernels;
 using dnnl::memory;
 using tag = memory::format_tag;
 
+// `user` in the layout a primitive wants: user itself when no reorder is needed, else a copy.
+memory reordered(const std::optional<dnnl::reorder>& ro, const memory& user, const memory::desc& want) {
+  if (!ro) return user;
+  memory m(want, runtime::dnnl_engine());
+  ro->execute(runtime::dnnl_stream(), const_cast<memory&>(user), m);
+  return m;
+}
+
 struct ConvBwdPlan {
   Shape out_shape;
   memory::desc src_user, wei_user, dst_user, bias_user;
@@ -81,13 +89,6 @@ class ConvOp final : public KernelOp {
   }
 
  private:
-  static memory reordered(const std::optional<dnnl::reorder>& ro, const memory& user, const memory::desc& want) {
-    if (!ro) return user;
-    memory m(want, runtime::dnnl_engine());
-    ro->execute(runtime::dnnl_stream(), const_cast<memory&>(user), m);
-    return m;
-  }
-
   memory::desc weights_desc(const Shape& w, tag t) const {
     memory::dims dims;
     if (group_ > 1) {
@@ -154,6 +155,157 @@ class ConvOp final : public KernelOp {
   dk::WindowAttrs window_;
   int64_t group_ = 1;
   dk::ShapeCache<ConvBwdPlan> plans_;
+};
+
+// ConvTranspose through oneDNN's deconvolution_backward_data / _backward_weights, with the
+// geometry the runtime's forward uses (output_padding folded into the end pads, output_shape and
+// SAME auto_pad split as there).
+struct DeconvBwdPlan {
+  memory::desc src_user, wei_user, dst_user, bias_user;
+  dnnl::deconvolution_backward_data::primitive_desc data_pd;
+  dnnl::deconvolution_backward_weights::primitive_desc wei_pd;
+  dnnl::deconvolution_backward_data data_prim;
+  dnnl::deconvolution_backward_weights wei_prim;
+  std::optional<dnnl::reorder> dst_to_data, wei_to_data, diff_src_to_user, src_to_wei, dst_to_wei, diff_wei_to_user;
+};
+
+class ConvTransposeOp final : public KernelOp {
+ public:
+  ConvTransposeOp(const ir::Node& n, const ir::Graph& g) : KernelOp(n, g), window_(dk::WindowAttrs::parse(n)) {
+    group_ = n.attr_int("group", 1);
+  }
+
+ protected:
+  std::vector<Tensor> grad(const std::vector<Tensor>& gy) override {
+    std::vector<Tensor> r = none();
+    const Tensor &x = in_[0], &w = in_[1], &g = gy[0];
+    DeconvBwdPlan& p =
+        plans_.get({&x.shape(), &w.shape(), &g.shape()}, [&] { return make_plan(x.shape(), w.shape(), g.shape()); });
+    dnnl::stream& s = runtime::dnnl_stream();
+    dnnl::engine& e = runtime::dnnl_engine();
+    memory dst_user = dk::wrap(p.dst_user, g.raw());
+    if (needed(0)) {
+      Tensor dx = empty_f32(x.shape());
+      memory diff_dst = reordered(p.dst_to_data, dst_user, p.data_pd.diff_dst_desc());
+      memory wei = reordered(p.wei_to_data, dk::wrap(p.wei_user, w.raw()), p.data_pd.weights_desc());
+      memory dx_user = dk::wrap(p.src_user, dx.raw());
+      memory diff_src = p.diff_src_to_user ? memory(p.data_pd.diff_src_desc(), e) : dx_user;
+      memory scratch(p.data_pd.scratchpad_desc(), e);
+      p.data_prim.execute(s, {{DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DIFF_SRC, diff_src},
+                              {DNNL_ARG_SCRATCHPAD, scratch}});
+      if (p.diff_src_to_user) p.diff_src_to_user->execute(s, diff_src, dx_user);
+      s.wait();
+      r[0] = dx;
+    }
+    const bool has_bias = in_.size() > 2 && in_[2].defined();
+    if (needed(1) || (has_bias && needed(2))) {
+      Tensor dw = empty_f32(w.shape());
+      Tensor db = empty_f32({g.dim(1)});
+      memory src = reordered(p.src_to_wei, dk::wrap(p.src_user, x.raw()), p.wei_pd.src_desc());
+      memory diff_dst = reordered(p.dst_to_wei, dst_user, p.wei_pd.diff_dst_desc());
+      memory dw_user = dk::wrap(p.wei_user, dw.raw());
+      memory diff_wei = p.diff_wei_to_user ? memory(p.wei_pd.diff_weights_desc(), e) : dw_user;
+      memory scratch(p.wei_pd.scratchpad_desc(), e);
+      p.wei_prim.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_WEIGHTS, diff_wei},
+                             {DNNL_ARG_DIFF_BIAS, dk::wrap(p.bias_user, db.raw())}, {DNNL_ARG_SCRATCHPAD, scratch}});
+      if (p.diff_wei_to_user) p.diff_wei_to_user->execute(s, diff_wei, dw_user);
+      s.wait();
+      if (needed(1)) r[1] = dw;
+      if (has_bias && needed(2)) r[2] = db;
+    }
+    return r;
+  }
+
+ private:
+  // ONNX ConvTranspose weights [C_in, M/G, k...] as oneDNN's [G, M/G, C_in/G, k...] (strides over
+  // the ONNX bytes, as the runtime's forward describes them).
+  memory::desc onnx_weights_desc(const Shape& w) const {
+    const int64_t g = group_, ic_g = w[0] / g, oc_g = w[1];
+    int64_t k = 1;
+    for (size_t i = 2; i < w.size(); ++i) k *= w[i];
+    memory::dims kernel(w.begin() + 2, w.end()), kernel_strides(kernel.size());
+    int64_t stride = 1;
+    for (size_t i = kernel.size(); i-- > 0;) {
+      kernel_strides[i] = stride;
+      stride *= kernel[i];
+    }
+    memory::dims dims, strides;
+    if (g > 1) {
+      dims = {g, oc_g, ic_g};
+      strides = {ic_g * oc_g * k, k, oc_g * k};
+    } else {
+      dims = {oc_g, ic_g};
+      strides = {k, oc_g * k};
+    }
+    dims.insert(dims.end(), kernel.begin(), kernel.end());
+    strides.insert(strides.end(), kernel_strides.begin(), kernel_strides.end());
+    return memory::desc(dims, memory::data_type::f32, strides);
+  }
+
+  DeconvBwdPlan make_plan(const Shape& xs, const Shape& ws, const Shape& ys) {
+    SQ_CHECK(xs.size() >= 3 && xs.size() <= 5 && ws.size() == xs.size(), ErrorKind::kUnsupported,
+             node_.describe() + ": training supports 1-D to 3-D transposed convolutions, got X " + shape_str(xs));
+    const size_t sp = xs.size() - 2;
+    dk::WindowAttrs a = window_;
+    a.kernel = Shape(ws.begin() + 2, ws.end());
+    a = a.resolved(node_, sp);
+    std::vector<int64_t> out_pad = node_.attr_ints("output_padding");
+    if (out_pad.empty()) out_pad.assign(sp, 0);
+    memory::dims pl(sp), pr(sp), strides(sp), dil(sp);
+    for (size_t i = 0; i < sp; ++i) {
+      const int64_t s = a.strides[i], ext = (a.kernel[i] - 1) * a.dilations[i] + 1;
+      strides[i] = s;
+      dil[i] = a.dilations[i] - 1;
+      const int64_t natural = s * (xs[2 + i] - 1) + out_pad[i] + ext;
+      // The forward fixed the output size; the pads follow from it as the runtime split them.
+      const int64_t total = natural - ys[2 + i];
+      int64_t pb = 0, pe = 0;
+      if (a.auto_pad == dk::AutoPad::kNotSet && node_.attr_ints("output_shape").empty()) {
+        pb = a.pads[i];
+        pe = a.pads[i + sp];
+      } else if (total < 0) {
+        pe = total;
+      } else {
+        pb = a.auto_pad == dk::AutoPad::kSameUpper ? total / 2 : total - total / 2;
+        pe = total - pb;
+      }
+      pl[i] = pb;
+      pr[i] = pe - out_pad[i];
+    }
+    DeconvBwdPlan p;
+    p.src_user = dk::plain_desc(xs);
+    p.dst_user = dk::plain_desc(ys);
+    p.wei_user = onnx_weights_desc(ws);
+    p.bias_user = dk::plain_desc({ys[1]});
+    const memory::desc src_any(runtime::to_dnnl_dims(xs), memory::data_type::f32, tag::any);
+    const memory::desc dst_any(runtime::to_dnnl_dims(ys), memory::data_type::f32, tag::any);
+    const memory::desc wei_any(p.wei_user.dims(), memory::data_type::f32, tag::any);
+    dnnl::engine& e = runtime::dnnl_engine();
+    const auto alg = dnnl::algorithm::deconvolution_direct;
+    dk::make_pd(node_, "this transposed convolution's backward", [&] {
+      dnnl::deconvolution_forward::desc fd(dnnl::prop_kind::forward_training, alg, src_any, wei_any, p.bias_user,
+                                           dst_any, strides, dil, pl, pr);
+      dnnl::deconvolution_forward::primitive_desc fpd(fd, e);
+      dnnl::deconvolution_backward_data::desc dd(alg, src_any, wei_any, dst_any, strides, dil, pl, pr);
+      p.data_pd = dnnl::deconvolution_backward_data::primitive_desc(dd, e, fpd);
+      dnnl::deconvolution_backward_weights::desc wd(alg, src_any, wei_any, p.bias_user, dst_any, strides, dil, pl, pr);
+      p.wei_pd = dnnl::deconvolution_backward_weights::primitive_desc(wd, e, fpd);
+      return 0;
+    });
+    p.data_prim = dnnl::deconvolution_backward_data(p.data_pd);
+    p.wei_prim = dnnl::deconvolution_backward_weights(p.wei_pd);
+    p.dst_to_data = dk::make_reorder(p.dst_user, p.data_pd.diff_dst_desc());
+    p.wei_to_data = dk::make_reorder(p.wei_user, p.data_pd.weights_desc());
+    p.diff_src_to_user = dk::make_reorder(p.data_pd.diff_src_desc(), p.src_user);
+    p.src_to_wei = dk::make_reorder(p.src_user, p.wei_pd.src_desc());
+    p.dst_to_wei = dk::make_reorder(p.dst_user, p.wei_pd.diff_dst_desc());
+    p.diff_wei_to_user = dk::make_reorder(p.wei_pd.diff_weights_desc(), p.wei_user);
+    return p;
+  }
+
+  dk::WindowAttrs window_;
+  int64_t group_ = 1;
+  dk::ShapeCache<DeconvBwdPlan> plans_;
 };
 
 // Y = alpha op(A) op(B) + beta C (C broadcast to [M, N]).
@@ -265,6 +417,7 @@ class MatMulOp final : public KernelOp {
 
 void add_dnnl_ops(std::map<std::string, OpMaker>& t) {
   t["Conv"] = &make<ConvOp>;
+  t["ConvTranspose"] = &make<ConvTransposeOp>;
   t["Gemm"] = &make<GemmOp>;
   t["MatMul"] = &make<MatMulOp>;
 }

@@ -82,13 +82,34 @@ TrainGraph::TrainGraph(const ir::Graph& float_graph, TrainGraphOptions options) 
   g.remove_dead_nodes();
   g.remove_unused_initializers();
 
+  // torch exports Linear on 3-D inputs as MatMul + Add(bias): the Add's 1-D float initializer is
+  // the MatMul's bias and trains like a Gemm bias.
+  std::set<std::pair<size_t, size_t>> matmul_bias;  // (node, input)
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const ir::Node& n = g.nodes[i];
+    if (n.op_type != "Add" || n.inputs.size() != 2) continue;
+    for (size_t k = 0; k < 2; ++k) {
+      const Tensor* b = g.initializer(n.inputs[k]);
+      const int prod = g.producer(n.inputs[1 - k]);
+      if (!b || b->dtype() != DType::kFloat32 || b->rank() != 1 || prod < 0 || g.nodes[prod].op_type != "MatMul")
+        continue;
+      const ir::Node& mm = g.nodes[prod];
+      const bool weight = std::any_of(mm.inputs.begin(), mm.inputs.end(), [&](const std::string& v) {
+        const Tensor* t = g.initializer(v);
+        return t && t->dtype() == DType::kFloat32;
+      });
+      if (weight) matmul_bias.insert({i, k});
+    }
+  }
+
   for (const auto& [name, t] : g.initializers) m.used_names.insert(name);
   for (const auto& v : g.inputs) m.used_names.insert(v.name);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const ir::Node& n = g.nodes[i];
     for (size_t k = 0; k < n.inputs.size(); ++k) {
       const std::string& in = n.inputs[k];
-      if (in.empty() || !trainable_input(n.op_type, k, options.fold_batchnorm) || m.param_by_name.count(in)) continue;
+      const bool slot = trainable_input(n.op_type, k, options.fold_batchnorm) || matmul_bias.count({i, k});
+      if (in.empty() || !slot || m.param_by_name.count(in)) continue;
       const Tensor* t = g.initializer(in);
       if (!t || t->dtype() != DType::kFloat32) continue;
       auto p = std::make_unique<Parameter>();
@@ -210,6 +231,11 @@ void TrainGraph::backward(const std::map<std::string, Tensor>& output_grads) {
   for (const auto& [name, g] : output_grads) {
     SQ_CHECK(g.dtype() == DType::kFloat32, ErrorKind::kInvalidArgument,
              "TrainGraph::backward: gradient for '" + name + "' must be float32");
+    const bool computed = std::any_of(m.entries.begin(), m.entries.end(), [&](const Entry& e) {
+      return std::find(e.outputs.begin(), e.outputs.end(), name) != e.outputs.end();
+    });
+    SQ_CHECK(computed, ErrorKind::kInvalidArgument,
+             "TrainGraph::backward: '" + name + "' is not a value computed by the graph");
     grads[name] = g;
   }
   for (size_t i = m.entries.size(); i-- > 0;) {

@@ -2,6 +2,7 @@
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 
 #include "train/gradcheck_util.h"
@@ -15,6 +16,7 @@ Tensor f32(float v) { return Tensor::scalar<float>(v); }
 
 class TrainGradcheck : public ::testing::Test {
  protected:
+  OneThread one_thread_;
   std::mt19937 rng{1234};
 };
 
@@ -132,6 +134,34 @@ TEST_F(TrainGradcheck, ConvPlainStridedDilatedGroupedDepthwise) {
       check.push_back(2);
     }
     EXPECT_GT(gradcheck(*t, in, check, {.eps = 1e-2f, .rtol = 1e-2, .atol = 2e-3, .max_entries = 24}), 0);
+  }
+}
+
+TEST_F(TrainGradcheck, ConvTransposePadsOutputPaddingGroups) {
+  struct Case {
+    const char* what;
+    Shape x, w;
+    int64_t group;
+    std::map<std::string, ir::AttributeValue> attrs;
+  };
+  const Case cases[] = {
+      {"stride 2, pads, output_padding 1", {2, 3, 4, 4}, {3, 2, 3, 3}, 1,
+       {{"strides", I64{2, 2}}, {"pads", I64{1, 0, 1, 1}}, {"output_padding", I64{1, 0}}}},
+      {"groups 2, dilation 2", {1, 4, 3, 5}, {4, 3, 2, 3}, 2, {{"dilations", I64{2, 1}}}},
+      {"output_shape (SAME split)", {1, 2, 3, 3}, {2, 2, 3, 3}, 1,
+       {{"strides", I64{2, 2}}, {"output_shape", I64{6, 6}}}},
+      {"auto_pad SAME_UPPER", {1, 2, 3, 4}, {2, 1, 3, 2}, 1,
+       {{"strides", I64{2, 2}}, {"auto_pad", std::string("SAME_UPPER")}}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    OneNode n("ConvTranspose", {"x", "w", "b"}, {"y"});
+    n.attr("group", c.group);
+    for (const auto& [k, v] : c.attrs) n.attr(k, v);
+    auto t = n.make();
+    EXPECT_GT(gradcheck(*t, {random_tensor(c.x, rng), random_tensor(c.w, rng), random_tensor({c.w[1] * c.group}, rng)},
+                        {0, 1, 2}, {.eps = 1e-2f, .rtol = 1e-2, .atol = 2e-3, .max_entries = 24}),
+              0);
   }
 }
 

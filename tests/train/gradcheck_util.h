@@ -3,6 +3,7 @@
 // dL/dy_k = w_k; analytic dL/dx from backward() is compared with central differences of L computed
 // in double from float32 forwards.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +14,19 @@
 #include "slimquant/train/train_graph.h"
 
 namespace slimquant::test {
+
+// Training runs many small parallel regions; on a shared, oversubscribed machine OpenMP's spinning
+// barriers make them tens of times slower. Tests run them on one thread (restored afterwards).
+class OneThread {
+ public:
+  OneThread() : prev_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneThread() { omp_set_num_threads(prev_); }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int prev_;
+};
 
 inline Tensor random_tensor(const Shape& s, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
   Tensor t(DType::kFloat32, s);

@@ -40,7 +40,10 @@ void expect_close(const Tensor& a, const Tensor& b, float rel) {
   for (int64_t i = 0; i < a.numel(); ++i) ASSERT_NEAR(pa[i], pb[i], tol) << "element " << i;
 }
 
-class TrainGraphFixture : public ::testing::TestWithParam<std::string> {};
+class TrainGraphFixture : public ::testing::TestWithParam<std::string> {
+ protected:
+  OneThread one_thread_;
+};
 
 TEST_P(TrainGraphFixture, ForwardMatchesSession) {
   const ir::Graph g = ir::load_onnx(fixture_model(GetParam()));
@@ -58,6 +61,7 @@ TEST_P(TrainGraphFixture, ForwardMatchesSession) {
 }
 
 // Parameters: every Conv/Gemm/MatMul weight and bias and LayerNorm scale/bias initializer.
+// (vit_small's Linear layers are MatMul + Add(bias): those biases count.)
 TEST_P(TrainGraphFixture, ParametersAreTheTrainableInitializers) {
   const ir::Graph g = ir::load_onnx(fixture_model(GetParam()));
   train::TrainGraph tg(g);
@@ -65,9 +69,15 @@ TEST_P(TrainGraphFixture, ParametersAreTheTrainableInitializers) {
   size_t expected = 0;
   std::set<std::string> seen;
   for (const auto& n : opt.nodes)
-    for (size_t k = 0; k < n.inputs.size(); ++k)
-      if (train::trainable_input(n.op_type, k) && opt.is_initializer(n.inputs[k]) && seen.insert(n.inputs[k]).second)
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      // MatMul + Add(1-D initializer): the Linear bias torch exports for 3-D inputs.
+      const bool linear_bias = n.op_type == "Add" && opt.is_initializer(n.inputs[k]) &&
+                               opt.initializer(n.inputs[k])->rank() == 1 && opt.producer(n.inputs[1 - k]) >= 0 &&
+                               opt.nodes[opt.producer(n.inputs[1 - k])].op_type == "MatMul";
+      if ((train::trainable_input(n.op_type, k) || linear_bias) && opt.is_initializer(n.inputs[k]) &&
+          seen.insert(n.inputs[k]).second)
         ++expected;
+    }
   EXPECT_GT(expected, 0u);
   EXPECT_EQ(tg.parameters().size(), expected);
   for (train::Parameter* p : tg.parameters()) {
@@ -122,9 +132,11 @@ TEST_P(TrainGraphFixture, GradientsReachEveryParameterAndDescentLowersLoss) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, TrainGraphFixture,
                          ::testing::Values("resnet_small", "mobilenetv2_small", "vit_small"));
 
-// d(loss)/d(weights) of resnet_small on 2 images against central differences of the whole model.
-TEST(TrainGraph, ResnetWholeModelGradcheck) {
-  const ir::Graph g = ir::load_onnx(fixture_model("resnet_small"));
+// d(loss)/d(weights) on 2 images against central differences of the whole model, for three
+// entries (largest gradients: most signal over float32 noise) of each parameter in `picks`
+// (indices into parameters(), negative from the end).
+void whole_model_gradcheck(const std::string& model, const std::vector<int>& picks, double rtol) {
+  const ir::Graph g = ir::load_onnx(fixture_model(model));
   train::TrainGraph tg(g);
   const Tensor x = fashion_images(2, 20);
   std::mt19937 rng(11);
@@ -138,15 +150,12 @@ TEST(TrainGraph, ResnetWholeModelGradcheck) {
   for (auto* p : tg.parameters()) p->zero_grad();
   loss(true);
   tg.backward({{"logits", w}});
-  // First conv, a middle conv, the last conv and the classifier: their weights and biases.
   std::vector<train::Parameter*> params = tg.parameters();
-  ASSERT_GE(params.size(), 6u);
-  std::vector<train::Parameter*> picked = {params[0], params[1], params[params.size() / 2],
-                                           params[params.size() / 2 + 1], params[params.size() - 2],
-                                           params.back()};
   int compared = 0;
-  for (train::Parameter* p : picked) {
-    // The entries with the largest gradients (most signal over float32 noise).
+  for (int pick : picks) {
+    const int n = static_cast<int>(params.size());
+    ASSERT_LT(pick < 0 ? -pick - 1 : pick, n);
+    train::Parameter* p = params[pick < 0 ? n + pick : pick];
     std::vector<int64_t> idx(p->value.numel());
     std::iota(idx.begin(), idx.end(), 0);
     const float* gr = p->grad.data<float>();
@@ -162,11 +171,23 @@ TEST(TrainGraph, ResnetWholeModelGradcheck) {
       const double lm = loss(false);
       v[j] = keep;
       const double numeric = (lp - lm) / (2.0 * eps);
-      EXPECT_NEAR(gr[j], numeric, 2e-3 + 3e-2 * std::fabs(numeric)) << p->name << "[" << j << "]";
+      EXPECT_NEAR(gr[j], numeric, 2e-3 + rtol * std::fabs(numeric)) << model << " " << p->name << "[" << j << "]";
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 18);
+  EXPECT_EQ(compared, 3 * static_cast<int>(picks.size()));
+}
+
+// First conv, a middle conv, the last conv and the classifier: their weights and biases.
+TEST(TrainGraph, ResnetWholeModelGradcheck) {
+  OneThread one_thread;
+  whole_model_gradcheck("resnet_small", {0, 1, 14, 15, -2, -1}, 3e-2);
+}
+
+// The ViT (no ReLU kinks): patch embedding, LayerNorm scale/bias, attention and MLP matrices, head.
+TEST(TrainGraph, VitWholeModelGradcheck) {
+  OneThread one_thread;
+  whole_model_gradcheck("vit_small", {0, 1, 2, 3, 4, 5, 6, 8, 10, -2, -1}, 2e-2);
 }
 
 // A test quanter stand-in: y = s * x with a trainable scalar s.
@@ -204,6 +225,7 @@ class ScaleOp final : public train::TrainOp {
 };
 
 TEST(TrainGraph, InsertOnActivationAndWeight) {
+  OneThread one_thread;
   const ir::Graph g = ir::load_onnx(fixture_model("resnet_small"));
   train::TrainGraph tg(g);
   const Tensor x = fashion_images(2, 40);
@@ -264,6 +286,7 @@ TEST(TrainGraph, InsertOnActivationAndWeight) {
 // Inserting on a constant initializer (not a parameter) rebuilds its readers, which then read the
 // inserted op's output at run time instead of a prepacked constant.
 TEST(TrainGraph, InsertOnConstantInitializer) {
+  OneThread one_thread;
   const ir::Graph g = ir::load_onnx(fixture_model("vit_small"));
   train::TrainGraph tg(g);
   std::string constant;
@@ -287,6 +310,7 @@ TEST(TrainGraph, InsertOnConstantInitializer) {
 
 // The fold_batchnorm = false variant keeps BN with trainable scale/bias and still matches Session.
 TEST(TrainGraph, UnfoldedBatchNorm) {
+  OneThread one_thread;
   const ir::Graph g = ir::load_onnx(fixture_model("resnet_small"));
   train::TrainGraph tg(g, {.fold_batchnorm = false});
   int bn = 0;
@@ -303,6 +327,7 @@ TEST(TrainGraph, UnfoldedBatchNorm) {
 }
 
 TEST(TrainGraph, ParametersWrittenBackIntoFloatGraph) {
+  OneThread one_thread;
   const ir::Graph g = ir::load_onnx(fixture_model("mobilenetv2_small"));
   train::TrainGraph tg(g);
   for (auto* p : tg.parameters())
@@ -315,13 +340,18 @@ TEST(TrainGraph, ParametersWrittenBackIntoFloatGraph) {
 }
 
 TEST(TrainGraph, ForwardAndBackwardErrors) {
+  OneThread one_thread;
   const ir::Graph g = ir::load_onnx(fixture_model("resnet_small"));
   train::TrainGraph tg(g);
   EXPECT_THROW(tg.forward({}, false), Error);
   const Tensor x = fashion_images(1);
   EXPECT_THROW(tg.forward({{"input", x}}, false, {"not_a_value"}), Error);
   tg.forward({{"input", x}}, false);
-  EXPECT_THROW(tg.backward({{"logits", Tensor(DType::kFloat32, {1, 10})}}), Error);
+  EXPECT_THROW(tg.backward({{"logits", Tensor(DType::kFloat32, {1, 10})}}), Error);  // not a training forward
+  tg.forward({{"input", x}}, true);
+  EXPECT_THROW(tg.backward({{"not_a_value", Tensor(DType::kFloat32, {1, 10})}}), Error);
+  tg.forward({{"input", x}}, true);
+  EXPECT_THROW(tg.backward({{"logits", Tensor(DType::kFloat32, {2, 10})}}), Error);  // wrong shape
 }
 
 // Not run by default: one forward+backward at batch 64 per fixture, timed.

@@ -42,7 +42,9 @@ class TrainGraph {
  public:
   // From a float ONNX graph: constants folded, Identity/Dropout removed; every float initializer
   // that is a Conv/ConvTranspose/Gemm/MatMul weight or bias, or a LayerNormalization scale/bias,
-  // (and BN params if not folded) becomes a Parameter (name = initializer name).
+  // (and BN params if not folded) becomes a Parameter (name = initializer name). So does the 1-D
+  // float initializer an Add adds to the output of a MatMul with a constant weight (the bias of a
+  // Linear layer as torch exports it for 3-D inputs).
   explicit TrainGraph(const ir::Graph& float_graph, TrainGraphOptions options = {});
   ~TrainGraph();
   TrainGraph(TrainGraph&&) noexcept;
