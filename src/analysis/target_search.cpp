@@ -218,10 +218,6 @@ TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport&
       // target can afford, least damaging first.
       std::vector<std::string> skip = prefix(hi);
       for (size_t i = skip.size(); i-- > 0 && budget_left();) {
-        if (skip.size() <= 1 && i == 0 && !r.candidates.empty() && !r.candidates.front().meets) {
-          // Removing the last skipped layer gives the all-INT8 model, already known to fail.
-          break;
-        }
         std::vector<std::string> trial = skip;
         trial.erase(trial.begin() + static_cast<long>(i));
         if (evaluate_skip(trial, "refine").meets) skip = trial;
