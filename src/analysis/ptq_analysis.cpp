@@ -28,8 +28,13 @@ bool tensors_equal(const Tensor& a, const Tensor& b) {
 
 bool attrs_equal(const ir::AttributeValue& a, const ir::AttributeValue& b) {
   if (a.index() != b.index()) return false;
-  if (const Tensor* ta = std::get_if<Tensor>(&a)) return tensors_equal(*ta, std::get<Tensor>(b));
-  return a == b;
+  return std::visit(
+      [&](const auto& x) {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, Tensor>) return tensors_equal(x, std::get<Tensor>(b));
+        else return x == std::get<T>(b);
+      },
+      a);
 }
 
 bool nodes_equal(const ir::Node& a, const ir::Node& b) {

@@ -1,5 +1,7 @@
 #pragma once
 // Shared setup for the analysis tests: small calibrated PTQs on the fixture models.
+#include <omp.h>
+
 #include <memory>
 #include <string>
 
@@ -9,6 +11,22 @@
 #include "test_util.h"
 
 namespace slimquant::test {
+
+// One OpenMP thread while a test runs (restored after): these tests check numbers, not speed, and
+// on a shared, overloaded machine OpenMP's spinning worker threads make them over ten times slower.
+class SingleThread {
+ public:
+  SingleThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~SingleThread() { omp_set_num_threads(saved_); }
+  SingleThread(const SingleThread&) = delete;
+  SingleThread& operator=(const SingleThread&) = delete;
+
+ private:
+  int saved_;
+};
+
+// The same for the CLI run as a subprocess.
+inline const char* kSingleThreadEnv = "OMP_NUM_THREADS=1";
 
 inline data::DataOptions fmnist(const std::string& split, size_t limit) {
   data::DataOptions o;

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "test_util.h"
+#include "analysis/analysis_test_util.h"
 
 using namespace slimquant;
 
@@ -33,6 +33,8 @@ nlohmann::json last_json_line(const std::string& output) {
     if (!line.empty() && line[0] == '{') last = line;
   return last.empty() ? nlohmann::json() : nlohmann::json::parse(last);
 }
+
+test::CommandResult run(const std::string& args) { return test::run_cli(args, test::kSingleThreadEnv); }
 
 std::vector<std::string> analyze_args(const std::string& save_dir) {
   return {"--quiet", "analyze", test::fixture_model("resnet_small"), "fashion-mnist:test", "--limit", "3000",
@@ -60,8 +62,8 @@ TEST(AnalyzeCli, ResumeAfterSigkillGivesTheSameAnalysisTxt) {
     std::vector<std::string> copy = args;
     for (auto& a : copy) argv.push_back(a.data());
     argv.push_back(nullptr);
-    freopen("/dev/null", "w", stdout);
-    freopen("/dev/null", "w", stderr);
+    setenv("OMP_NUM_THREADS", "1", 1);
+    if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
     execv(exe.c_str(), argv.data());
     _exit(127);
   }
@@ -91,10 +93,10 @@ TEST(AnalyzeCli, ResumeAfterSigkillGivesTheSameAnalysisTxt) {
   ASSERT_LT(done_at_kill, total);
   EXPECT_FALSE(std::filesystem::exists(killed + "/analysis.txt"));
 
-  auto resumed = test::run_cli(joined(args));
+  auto resumed = run(joined(args));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed after"), std::string::npos) << resumed.output;
-  auto fresh = test::run_cli(joined(analyze_args(clean)));
+  auto fresh = run(joined(analyze_args(clean)));
   ASSERT_EQ(fresh.exit_code, 0) << fresh.output;
   EXPECT_EQ(fresh.output.find("resumed after"), std::string::npos);
   const std::string a = read_file(killed + "/analysis.txt"), b = read_file(clean + "/analysis.txt");
@@ -105,12 +107,12 @@ TEST(AnalyzeCli, ResumeAfterSigkillGivesTheSameAnalysisTxt) {
 TEST(AnalyzeCli, TargetSearchPrintsACommandThatRebuildsTheModel) {
   test::TempDir tmp("target_cli");
   const std::string common = test::fixture_model("resnet_small") + " fashion-mnist:test --limit 256 --batch-size 32 --batch-nums 4 --algo abs_max";
-  auto q = test::run_cli("quantize " + common + " --metric sqnr --json -o " + tmp.path("int8.onnx"));
+  auto q = run("quantize " + common + " --metric sqnr --json -o " + tmp.path("int8.onnx"));
   ASSERT_EQ(q.exit_code, 0) << q.output;
   const double int8 = last_json_line(q.output)["int8_sqnr"].get<double>();
   std::ostringstream target;
   target << int8 + 6.0;
-  auto r = test::run_cli("analyze " + common + " --metric sqnr --num-histogram-plots 0 --json --save-dir " +
+  auto r = run("analyze " + common + " --metric sqnr --num-histogram-plots 0 --json --save-dir " +
                          tmp.path("out") + " --target-metric " + target.str());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto j = last_json_line(r.output);
@@ -119,14 +121,14 @@ TEST(AnalyzeCli, TargetSearchPrintsACommandThatRebuildsTheModel) {
   std::string cmd = j["target"]["command"].get<std::string>();
   ASSERT_EQ(cmd.rfind("slimquant quantize ", 0), 0u) << cmd;
   EXPECT_NE(cmd.find("--skip-nodes"), std::string::npos) << cmd;
-  auto again = test::run_cli(cmd.substr(std::string("slimquant ").size()) + " --no-eval");
+  auto again = run(cmd.substr(std::string("slimquant ").size()) + " --no-eval");
   ASSERT_EQ(again.exit_code, 0) << again.output;
   const std::string chosen = read_file(tmp.path("out/target_model.onnx"));
   EXPECT_FALSE(chosen.empty());
   EXPECT_EQ(chosen, read_file(tmp.path("out/target_model_requantized.onnx")));
   if (j["target"].contains("command_skip_tensor_list")) {
     std::string by_tensor = j["target"]["command_skip_tensor_list"].get<std::string>();
-    auto t = test::run_cli(by_tensor.substr(std::string("slimquant ").size()) + " --no-eval");
+    auto t = run(by_tensor.substr(std::string("slimquant ").size()) + " --no-eval");
     ASSERT_EQ(t.exit_code, 0) << t.output;
     EXPECT_EQ(chosen, read_file(tmp.path("out/target_model_requantized.onnx"))) << by_tensor;
   }
@@ -135,27 +137,27 @@ TEST(AnalyzeCli, TargetSearchPrintsACommandThatRebuildsTheModel) {
 TEST(AnalyzeCli, BadInputsFailWithClearMessages) {
   test::TempDir tmp("analyze_bad");
   const std::string model = test::fixture_model("resnet_small");
-  auto missing = test::run_cli("analyze " + model + " npy:" + tmp.path("no_such_dir") + " --save-dir " + tmp.path("o1"));
+  auto missing = run("analyze " + model + " npy:" + tmp.path("no_such_dir") + " --save-dir " + tmp.path("o1"));
   EXPECT_EQ(missing.exit_code, 7) << missing.output;
   EXPECT_NE(missing.output.find("no_such_dir"), std::string::npos) << missing.output;
 
-  auto metric = test::run_cli("analyze " + model + " fashion-mnist:test --limit 64 --metric f1 --save-dir " + tmp.path("o2"));
+  auto metric = run("analyze " + model + " fashion-mnist:test --limit 64 --metric f1 --save-dir " + tmp.path("o2"));
   EXPECT_EQ(metric.exit_code, 5) << metric.output;
   EXPECT_NE(metric.output.find("unknown metric 'f1'"), std::string::npos) << metric.output;
 
   std::ofstream(tmp.path("a_file")) << "x";
-  auto unwritable = test::run_cli("analyze " + model + " fashion-mnist:test --limit 64 --save-dir " + tmp.path("a_file/sub"));
+  auto unwritable = run("analyze " + model + " fashion-mnist:test --limit 64 --save-dir " + tmp.path("a_file/sub"));
   EXPECT_EQ(unwritable.exit_code, 7) << unwritable.output;
   EXPECT_NE(unwritable.output.find("save-dir"), std::string::npos) << unwritable.output;
 
-  auto no_model = test::run_cli("analyze " + tmp.path("missing.onnx") + " fashion-mnist:test --limit 64 --save-dir " + tmp.path("o3"));
+  auto no_model = run("analyze " + tmp.path("missing.onnx") + " fashion-mnist:test --limit 64 --save-dir " + tmp.path("o3"));
   EXPECT_EQ(no_model.exit_code, 7) << no_model.output;
 
-  auto qat_no_float = test::run_cli("analyze-qat --quant-model " + model + " fashion-mnist:test --limit 64 --save-dir " + tmp.path("o4"));
+  auto qat_no_float = run("analyze-qat --quant-model " + model + " fashion-mnist:test --limit 64 --save-dir " + tmp.path("o4"));
   EXPECT_EQ(qat_no_float.exit_code, 5) << qat_no_float.output;
   EXPECT_NE(qat_no_float.output.find("--float-model"), std::string::npos) << qat_no_float.output;
 
-  auto qat_float = test::run_cli("analyze-qat --quant-model " + model + " --float-model " + model +
+  auto qat_float = run("analyze-qat --quant-model " + model + " --float-model " + model +
                                  " fashion-mnist:test --limit 64 --save-dir " + tmp.path("o5"));
   EXPECT_EQ(qat_float.exit_code, 5) << qat_float.output;
   EXPECT_NE(qat_float.output.find("no quantized layer"), std::string::npos) << qat_float.output;
@@ -164,18 +166,18 @@ TEST(AnalyzeCli, BadInputsFailWithClearMessages) {
 TEST(AnalyzeCli, QatFromYamlWithResume) {
   test::TempDir tmp("qat_cli");
   const std::string model = test::fixture_model("resnet_small");
-  auto q = test::run_cli("quantize " + model + " fashion-mnist:test --limit 128 --batch-nums 2 --no-eval -o " + tmp.path("q.onnx"));
+  auto q = run("quantize " + model + " fashion-mnist:test --limit 128 --batch-nums 2 --no-eval -o " + tmp.path("q.onnx"));
   ASSERT_EQ(q.exit_code, 0) << q.output;
   std::ofstream(tmp.path("qat.yaml")) << "quant_model_dir: " << tmp.path("q.onnx") << "\nfloat_model_dir: " << model
                                       << "\nquantizable_op_type: [conv2d, mul]\nqat_metric: None\nsave_dir: "
                                       << tmp.path("out") << "\nresume: true\nmetric: top1\n";
-  auto r = test::run_cli("analyze-qat fashion-mnist:test --limit 128 --json --config " + tmp.path("qat.yaml"));
+  auto r = run("analyze-qat fashion-mnist:test --limit 128 --json --config " + tmp.path("qat.yaml"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto j = last_json_line(r.output);
   EXPECT_EQ(j["kind"], "qat");
   EXPECT_FALSE(j["qat_metric_given"].get<bool>());
   const std::string first = read_file(tmp.path("out/analysis.txt"));
-  auto again = test::run_cli("analyze-qat fashion-mnist:test --limit 128 --config " + tmp.path("qat.yaml"));
+  auto again = run("analyze-qat fashion-mnist:test --limit 128 --config " + tmp.path("qat.yaml"));
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_NE(again.output.find("resumed after"), std::string::npos) << again.output;
   EXPECT_EQ(first, read_file(tmp.path("out/analysis.txt")));

@@ -39,8 +39,9 @@ std::vector<double> brute_force(const quant::PTQ& ptq, const data::Dataset& data
 }
 
 TEST(PtqAnalysis, MatchesBruteForcePerLayerEvaluation) {
+  test::SingleThread single_thread;
   auto ptq = calibrated("resnet_small");
-  auto data = data::open_dataset(fmnist("test", 256));
+  auto data = data::open_dataset(fmnist("test", 128));
   test::TempDir tmp("ptq_bf");
   for (const std::string name : {"sqnr", "top1"}) {
     auto metric = analysis::make_metric(name);
@@ -76,6 +77,7 @@ TEST(PtqAnalysis, MatchesBruteForcePerLayerEvaluation) {
 }
 
 TEST(PtqAnalysis, VariantsRunOnlyDownstreamOfTheLayer) {
+  test::SingleThread single_thread;
   auto ptq = calibrated("resnet_small", "abs_max");
   auto variants = analysis::ptq_variants(*ptq);
   ir::Graph base = ptq->float_graph();
@@ -94,6 +96,7 @@ TEST(PtqAnalysis, VariantsRunOnlyDownstreamOfTheLayer) {
 }
 
 TEST(PtqAnalysis, ForeignCheckpointIsRefused) {
+  test::SingleThread single_thread;
   auto data = data::open_dataset(fmnist("test", 128));
   test::TempDir tmp("ptq_foreign");
   auto metric = analysis::make_metric("cosine");
@@ -119,6 +122,7 @@ TEST(PtqAnalysis, ForeignCheckpointIsRefused) {
 }
 
 TEST(PtqAnalysis, CompleteCheckpointIsNotRecomputed) {
+  test::SingleThread single_thread;
   auto ptq = calibrated("resnet_small", "abs_max");
   auto data = data::open_dataset(fmnist("test", 128));
   test::TempDir tmp("ptq_done");
@@ -133,6 +137,7 @@ TEST(PtqAnalysis, CompleteCheckpointIsNotRecomputed) {
 }
 
 TEST(MetricState, SaveLoadContinuesExactly) {
+  test::SingleThread single_thread;
   auto data = data::open_dataset(fmnist("test", 96));
   runtime::Session s(ir::load_onnx(test::fixture_model("resnet_small")));
   data::BatchLoader loader(*data, 32);
@@ -161,6 +166,7 @@ TEST(MetricState, SaveLoadContinuesExactly) {
 }
 
 TEST(Checkpoint, AtomicWriteAndUnwritableDirectory) {
+  test::SingleThread single_thread;
   test::TempDir tmp("ckpt");
   analysis::Checkpoint c(tmp.path("c.json"), {{"model", "abc"}});
   EXPECT_TRUE(c.load().is_null());
@@ -177,6 +183,7 @@ TEST(Checkpoint, AtomicWriteAndUnwritableDirectory) {
 }
 
 TEST(PtqAnalysis, EvalFunctionPathRanksLikeTheMetric) {
+  test::SingleThread single_thread;
   auto ptq = calibrated("resnet_small", "abs_max");
   auto data = data::open_dataset(fmnist("test", 128));
   test::TempDir tmp("ptq_fn");

@@ -90,16 +90,19 @@ void expect_restores_float(const ir::Graph& quant_model, const std::string& expe
 }
 
 TEST(QatAnalysis, DequantizingEveryLayerOfSlimquantPtqRestoresFloat) {
+  test::SingleThread single_thread;
   auto ptq = test::calibrated_ptq("resnet_small");
   expect_restores_float(ptq->convert(), "name:");
 }
 
 TEST(QatAnalysis, DequantizingEveryLayerOfOrtStyleQdqRestoresFloat) {
+  test::SingleThread single_thread;
   auto ptq = test::calibrated_ptq("resnet_small");
   expect_restores_float(ort_style(ptq->convert()), "position:");
 }
 
 TEST(QatAnalysis, GainsMatchWholeModelEvaluation) {
+  test::SingleThread single_thread;
   auto ptq = test::calibrated_ptq("resnet_small", "abs_max");
   const ir::Graph q = ptq->convert();
   const ir::Graph f = ir::load_onnx(test::fixture_model("resnet_small"));
@@ -137,6 +140,7 @@ TEST(QatAnalysis, GainsMatchWholeModelEvaluation) {
 }
 
 TEST(QatAnalysis, FloatModelAsQuantModelIsRejected) {
+  test::SingleThread single_thread;
   const ir::Graph f = ir::load_onnx(test::fixture_model("resnet_small"));
   auto data = data::open_dataset(test::fmnist("test", 32));
   test::TempDir tmp("qat_float");

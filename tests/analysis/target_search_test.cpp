@@ -25,6 +25,7 @@ double int8_metric(const ir::Graph& qdq, const ir::Graph& fp32_graph, const data
 }
 
 TEST(TargetSearch, ReachesATargetBetweenInt8AndFp32) {
+  test::SingleThread single_thread;
   auto ptq = test::calibrated_ptq("resnet_small", "abs_max");
   auto data = data::open_dataset(test::fmnist("test", 256));
   test::TempDir tmp("target");
@@ -83,6 +84,7 @@ TEST(TargetSearch, ReachesATargetBetweenInt8AndFp32) {
 }
 
 TEST(TargetSearch, UnreachableTargetStillSavesTheBestModel) {
+  test::SingleThread single_thread;
   auto ptq = test::calibrated_ptq("resnet_small", "abs_max");
   auto data = data::open_dataset(test::fmnist("test", 128));
   test::TempDir tmp("target_miss");
