@@ -105,15 +105,22 @@ std::vector<std::string> write_plots(const quant::PTQ& ptq, const analysis::Sens
                                      const std::string& save_dir) {
   std::map<std::string, const quant::Layer*> by_name;
   for (const auto& l : ptq.layers()) by_name[l.name] = &l;
-  std::vector<const analysis::LayerSensitivity*> worst, best;
-  for (size_t i = 0; i < report.ranked.size() && i < n; ++i) worst.push_back(&report.ranked[i]);
-  for (size_t i = 0; i < report.ranked.size() && i < n; ++i) best.push_back(&report.ranked[report.ranked.size() - 1 - i]);
+  // The n worst / best layers that have the thing plotted (attention MatMuls have no constant weight).
+  auto pick = [&](bool worst_first, bool weights) {
+    std::vector<const analysis::LayerSensitivity*> out;
+    for (size_t k = 0; k < report.ranked.size() && out.size() < n; ++k) {
+      const auto& l = report.ranked[worst_first ? k : report.ranked.size() - 1 - k];
+      const quant::Layer& layer = *by_name.at(l.name);
+      if (weights ? !layer.weight.empty() : !layer.activations.empty()) out.push_back(&l);
+    }
+    return out;
+  };
+  const auto worst_w = pick(true, true), worst_a = pick(true, false), best_w = pick(false, true), best_a = pick(false, false);
 
   // Activation histograms over the calibration data: one pass for the range, one to count.
   std::set<std::string> tensors;
-  for (const auto* group : {&worst, &best})
-    for (const auto* l : *group)
-      if (!by_name.at(l->name)->activations.empty()) tensors.insert(by_name.at(l->name)->activations[0]);
+  for (const auto* group : {&worst_a, &best_a})
+    for (const auto* l : *group) tensors.insert(by_name.at(l->name)->activations[0]);
   std::map<std::string, std::pair<float, float>> range;
   std::map<std::string, analysis::HistogramAccumulator> hist;
   std::map<std::string, std::pair<size_t, size_t>> clipped;  // outside the clip range / total
@@ -207,10 +214,10 @@ std::vector<std::string> write_plots(const quant::PTQ& ptq, const analysis::Sens
     analysis::write_histogram_pdf(path, pages);
     written.push_back(path);
   };
-  write("best_weight_hist_result.pdf", best, true);
-  write("best_act_hist_result.pdf", best, false);
-  write("worst_weight_hist_result.pdf", worst, true);
-  write("worst_act_hist_result.pdf", worst, false);
+  write("best_weight_hist_result.pdf", best_w, true);
+  write("best_act_hist_result.pdf", best_a, false);
+  write("worst_weight_hist_result.pdf", worst_w, true);
+  write("worst_act_hist_result.pdf", worst_a, false);
   return written;
 }
 #endif

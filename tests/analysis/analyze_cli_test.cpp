@@ -37,8 +37,8 @@ nlohmann::json last_json_line(const std::string& output) {
 test::CommandResult run(const std::string& args) { return test::run_cli(args, test::kSingleThreadEnv); }
 
 std::vector<std::string> analyze_args(const std::string& save_dir) {
-  return {"--quiet", "analyze", test::fixture_model("resnet_small"), "fashion-mnist:test", "--limit", "3000",
-          "--eval-batch-size", "20", "--batch-nums", "4", "--metric", "sqnr", "--num-histogram-plots", "0",
+  return {"--quiet", "analyze", test::fixture_model("resnet_small"), "fashion-mnist:test", "--limit", "1000",
+          "--eval-batch-size", "10", "--batch-nums", "4", "--metric", "sqnr", "--num-histogram-plots", "0",
           "--save-dir", save_dir};
 }
 
@@ -161,6 +161,36 @@ TEST(AnalyzeCli, BadInputsFailWithClearMessages) {
                                  " fashion-mnist:test --limit 64 --save-dir " + tmp.path("o5"));
   EXPECT_EQ(qat_float.exit_code, 5) << qat_float.output;
   EXPECT_NE(qat_float.output.find("no quantized layer"), std::string::npos) << qat_float.output;
+}
+
+int pdf_pages(const std::string& path) {
+  FILE* p = popen(("pdfinfo '" + path + "' 2>/dev/null").c_str(), "r");
+  if (!p) return -1;
+  char buf[256];
+  int pages = -1;
+  while (fgets(buf, sizeof buf, p))
+    if (std::string(buf).rfind("Pages:", 0) == 0) pages = std::stoi(std::string(buf).substr(6));
+  pclose(p);
+  return pages;
+}
+
+TEST(AnalyzeCli, HistogramPdfsAndStatistics) {
+  if (std::system("command -v pdfinfo >/dev/null && command -v pdftoppm >/dev/null") != 0)
+    GTEST_SKIP() << "poppler-utils not installed";
+  test::TempDir tmp("analyze_pdf");
+  // vit_small: its attention MatMuls have no constant weight, yet every weight PDF gets 3 pages.
+  auto r = run("analyze " + test::fixture_model("vit_small") + " fashion-mnist:test --limit 128 --batch-nums 2 "
+               "--metric cosine --num-histogram-plots 3 --statistics --save-dir " + tmp.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const std::string f : {"best_weight_hist_result.pdf", "best_act_hist_result.pdf", "worst_weight_hist_result.pdf",
+                              "worst_act_hist_result.pdf"}) {
+    EXPECT_EQ(pdf_pages(tmp.path(f)), 3) << f;
+    EXPECT_EQ(std::system(("pdftoppm -r 20 -png '" + tmp.path(f) + "' '" + tmp.path("page") + "' >/dev/null 2>&1").c_str()), 0) << f;
+  }
+  std::ifstream csv(tmp.path("statistics.csv"));
+  size_t lines = 0;
+  for (std::string line; std::getline(csv, line);) ++lines;
+  EXPECT_EQ(lines, 1u + 18u);  // header + one row per layer
 }
 
 TEST(AnalyzeCli, QatFromYamlWithResume) {
