@@ -240,7 +240,7 @@ SensitivityReport rank_layers(const std::string& kind, const std::vector<LayerVa
     l.metric = sweep.layer_metric.at(i);
     const double better = r.higher_is_better ? l.metric - baseline : baseline - l.metric;
     // PTQ: quantizing the layer made it worse by -better; QAT: removing its quantization gained `better`.
-    l.delta = kind == "qat" ? better : -better;
+    l.delta = (kind == "qat" ? better : -better) + 0.0;  // + 0.0: no "-0" in reports
     if (std::isnan(l.delta)) l.delta = std::numeric_limits<double>::infinity();  // NaN outputs: most damaging
     l.index = i;
     r.ranked.push_back(std::move(l));

@@ -72,6 +72,13 @@ bool parse_bool(const std::string& v, const std::string& key) {
   fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be true or false, got '" + v + "'");
 }
 
+// A string key of the YAML file; the sources' configs write None for "not set".
+std::string yaml_string(const std::map<std::string, std::string>& extra, const std::string& key) {
+  auto it = extra.find(key);
+  if (it == extra.end() || it->second == "None" || it->second == "null" || it->second == "~") return "";
+  return it->second;
+}
+
 void print_ranking(const analysis::SensitivityReport& r, size_t top) {
   std::cout << std::setprecision(4) << std::fixed;
   const char* what = r.kind == "qat" ? "gain" : "loss";
@@ -269,9 +276,9 @@ Action register_analyze(CLI::App& app) {
     quant::QuantConfig config;
     std::map<std::string, std::string> extra;
     if (!a->config_path.empty()) config = quant::load_quant_config_yaml(a->config_path, config, &extra);
-    auto from = [&](const std::string& key, const std::string& flag) { return !flag.empty() ? flag : extra.count(key) ? extra[key] : ""; };
+    auto from = [&](const std::string& key, const std::string& flag) { return !flag.empty() ? flag : yaml_string(extra, key); };
     std::string model = a->model, data_spec = a->data;
-    if (extra.count("model_dir")) {
+    if (!yaml_string(extra, "model_dir").empty()) {
       // With model_dir in the config a single positional argument is the data.
       if (!model.empty() && data_spec.empty() && a->flags.dataset.empty()) data_spec = model, model.clear();
       if (model.empty()) model = extra["model_dir"];
@@ -282,10 +289,10 @@ Action register_analyze(CLI::App& app) {
                                             ? "analysis_checkpoint.json"
                                             : from("checkpoint_name", a->checkpoint_name);
     const size_t num_plots = a->num_plots >= 0 ? static_cast<size_t>(a->num_plots)
-                             : extra.count("num_histogram_plots") ? parse_size(extra["num_histogram_plots"], "num_histogram_plots")
+                             : !yaml_string(extra, "num_histogram_plots").empty() ? parse_size(extra["num_histogram_plots"], "num_histogram_plots")
                                                                   : 10;
     const std::string metric_name = from("metric", a->metric).empty() ? "top1" : from("metric", a->metric);
-    const bool has_target = a->has_target || extra.count("target_metric");
+    const bool has_target = a->has_target || !yaml_string(extra, "target_metric").empty();
     const double target_value = a->has_target ? a->target : has_target ? parse_double(extra["target_metric"], "target_metric") : 0;
     size_t batch_size = a->batch_size, batch_nums = a->batch_nums;
     if (extra.count("batch_size") && cmd->count("--batch-size") == 0) batch_size = parse_size(extra["batch_size"], "batch_size");
@@ -469,7 +476,7 @@ Action register_analyze_qat(CLI::App& app) {
     quant::QuantConfig config;
     std::map<std::string, std::string> extra;
     if (!a->config_path.empty()) config = quant::load_quant_config_yaml(a->config_path, config, &extra);
-    auto from = [&](const std::string& key, const std::string& flag) { return !flag.empty() ? flag : extra.count(key) ? extra[key] : ""; };
+    auto from = [&](const std::string& key, const std::string& flag) { return !flag.empty() ? flag : yaml_string(extra, key); };
     const std::string quant_path = from("quant_model_dir", a->quant_model), float_path = from("float_model_dir", a->float_model);
     SQ_CHECK(!quant_path.empty(), ErrorKind::kInvalidArgument, "analyze-qat needs --quant-model (or quant_model_dir in --config)");
     SQ_CHECK(!float_path.empty(), ErrorKind::kInvalidArgument, "analyze-qat needs --float-model (or float_model_dir in --config)");
@@ -479,7 +486,7 @@ Action register_analyze_qat(CLI::App& app) {
                                                                             : from("checkpoint_name", a->checkpoint_name);
     o.resume = a->resume || (extra.count("resume") && parse_bool(extra["resume"], "resume"));
     if (qat_metric->count()) o.qat_metric = a->qat_metric;
-    else if (extra.count("qat_metric") && extra["qat_metric"] != "None" && extra["qat_metric"] != "null" && extra["qat_metric"] != "~")
+    else if (!yaml_string(extra, "qat_metric").empty())
       o.qat_metric = parse_double(extra["qat_metric"], "qat_metric");
     o.quantizable_op_type = !a->op_types.empty() ? split_list(a->op_types) : config.quantizable_op_type;
     o.batch_size = a->batch_size;
