@@ -31,6 +31,8 @@ void check_range(double lo, double hi, const std::string& what) {
            what + ": range bounds must be finite (got " + format_number(lo) + ", " + format_number(hi) + ")");
   SQ_CHECK(lo <= hi, ErrorKind::kInvalidArgument,
            what + ": range lower bound " + format_number(lo) + " is above the upper bound " + format_number(hi));
+  SQ_CHECK(std::isfinite(hi - lo), ErrorKind::kInvalidArgument,
+           what + ": range [" + format_number(lo) + ", " + format_number(hi) + "] is too wide for double precision");
 }
 
 }  // namespace
@@ -57,10 +59,10 @@ HistogramAccumulator::HistogramAccumulator(double lo, double hi, size_t bins) {
 
 void HistogramAccumulator::add(std::span<const float> v) {
   const size_t last = counts_.size() - 1;
-  // Statistics of this chunk first (Welford), merged into the running ones below (Chan et al.),
-  // so long streams of similar values do not lose precision in a sum of squares.
+  // Moments of this chunk in two passes (its mean, then squared deviations from it), merged into
+  // the running ones with Chan's formula: stable without a per-value division.
   uint64_t n = 0;
-  double mean = 0, m2 = 0, mn = std::numeric_limits<double>::infinity(), mx = -mn;
+  double sum = 0, mn = std::numeric_limits<double>::infinity(), mx = -mn;
   for (float f : v) {
     if (!std::isfinite(f)) {
       ++nonfinite_;
@@ -79,13 +81,15 @@ void HistogramAccumulator::add(std::span<const float> v) {
     }
     ++counts_[bin];
     ++n;
-    const double d = x - mean;
-    mean += d / static_cast<double>(n);
-    m2 += d * (x - mean);
+    sum += x;
     mn = std::min(mn, x);
     mx = std::max(mx, x);
   }
   if (n == 0) return;
+  const double mean = sum / static_cast<double>(n);
+  double m2 = 0;
+  for (float f : v)
+    if (std::isfinite(f)) m2 += (f - mean) * (f - mean);
   if (total_ == 0) {
     min_ = mn, max_ = mx, mean_ = mean, m2_ = m2;
   } else {

@@ -22,31 +22,36 @@ namespace slimquant::analysis {
 
 namespace {
 
-// min / max / mean / std of a stream of values: Welford within a chunk, Chan's merge across
-// chunks, so the result does not depend on holding the data and does not cancel catastrophically.
+// min / max / mean / std of a stream of values: two passes over each chunk (its mean, then the
+// squared deviations from it), chunks merged with Chan's formula, so the result neither needs the
+// data kept nor cancels catastrophically, and the inner loops have no division.
 struct Moments {
   uint64_t n = 0;
   double mean = 0, m2 = 0;
   double min = std::numeric_limits<double>::infinity(), max = -std::numeric_limits<double>::infinity();
 
   void add(const float* x, size_t count) {
-    uint64_t k = 0;
-    double mu = 0, s = 0;
+    if (count == 0) return;
+    double sum = 0;
+    float lo = x[0], hi = x[0];
     for (size_t i = 0; i < count; ++i) {
-      const double v = x[i];
-      ++k;
-      const double d = v - mu;
-      mu += d / static_cast<double>(k);
-      s += d * (v - mu);
-      min = std::min(min, v);
-      max = std::max(max, v);
+      sum += x[i];
+      lo = std::min(lo, x[i]);
+      hi = std::max(hi, x[i]);
     }
-    if (k == 0) return;
-    const double na = static_cast<double>(n), nb = static_cast<double>(k), nt = na + nb;
+    const double mu = sum / static_cast<double>(count);
+    double s = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const double d = x[i] - mu;
+      s += d * d;
+    }
+    min = std::min(min, static_cast<double>(lo));
+    max = std::max(max, static_cast<double>(hi));
+    const double na = static_cast<double>(n), nb = static_cast<double>(count), nt = na + nb;
     const double d = mu - mean;
     mean += d * nb / nt;
     m2 += s + d * d * na * nb / nt;
-    n += k;
+    n += count;
   }
   double stddev() const { return n ? std::sqrt(std::max(0.0, m2 / static_cast<double>(n))) : 0.0; }
 };
@@ -231,9 +236,11 @@ nlohmann::json run_layer_statistics(const quant::PTQ& ptq, const data::Dataset& 
     s.isolated = std::make_unique<runtime::Session>(std::move(g), so);
   }
 
+  const double setup_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   data::BatchLoader loader(data, options.batch_size);
   size_t batches = loader.num_batches();
   if (options.max_batches) batches = std::min(batches, options.max_batches);
+  if (layers.empty()) batches = 0;  // nothing quantized: empty reports, no data pass
   Progress progress("statistics", batches, "batches");
   size_t samples = 0;
   runtime::RunOptions float_run, quant_run;
@@ -280,6 +287,7 @@ nlohmann::json run_layer_statistics(const quant::PTQ& ptq, const data::Dataset& 
   j["batches"] = batches;
   j["batch_size"] = options.batch_size;
   j["wall_seconds"] = seconds;
+  j["setup_seconds"] = setup_seconds;  // sessions and single-layer graphs, before the data pass
   j["definitions"] = {
       {"weight_quant", "dequantized weight (scale * q) from the layer's weight DequantizeLinear"},
       {"act_quant", "input activation(s) on the data, fake-quantized with the layer's Q/DQ parameters; "

@@ -243,18 +243,11 @@ Action register_bench(CLI::App& app) {
     }
     for (const auto& [name, s] : shapes)
       SQ_CHECK(feeds.count(name), ErrorKind::kInvalidArgument, "--shape names unknown input '" + name + "'");
-    for (int i = 0; i < a->warmup; ++i) session.run(feeds);
-    std::vector<double> ms;
-    for (int i = 0; i < a->runs; ++i) {
-      auto t0 = std::chrono::steady_clock::now();
-      session.run(feeds);
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(ms.begin(), ms.end());
-    const double median = ms.size() % 2 ? ms[ms.size() / 2] : (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]) / 2;
-    std::cout << "median " << std::fixed << std::setprecision(3) << median << " ms, min " << ms.front()
+    const Timing t = time_runs(session, feeds, a->runs, a->warmup);
+    const double median = t.median_ms;
+    std::cout << "median " << std::fixed << std::setprecision(3) << median << " ms, min " << t.min_ms
               << " ms over " << a->runs << " runs (" << a->threads << " thread(s))" << std::endl;
-    if (a->json) print_json({{"median_ms", median}, {"min_ms", ms.front()}, {"runs", a->runs}});
+    if (a->json) print_json({{"median_ms", median}, {"min_ms", t.min_ms}, {"runs", a->runs}});
     return 0;
   };
 }

@@ -9,7 +9,7 @@
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/lowering.h"
-#include "slimquant/quant/ptq.h"
+#include "slimquant/quant/post_training_quantization.h"
 
 namespace slimquant::cli {
 
@@ -28,6 +28,8 @@ Action register_quantize(CLI::App& app) {
   auto* cmd = app.add_subcommand("quantize", "post-training quantization to a QDQ ONNX model");
   struct Args {
     std::string model, data, eval_data, output, algo, weight_type, op_types, skip_tensors, config_path, metric = "top1";
+    std::string cache_dir = "./temp_post_training";
+    bool use_cache = false;
     std::vector<std::string> skip_nodes;
     DataFlags flags;
     size_t batch_size = 32, batch_nums = 10;
@@ -48,6 +50,9 @@ Action register_quantize(CLI::App& app) {
   cmd->add_flag("--is-full-quantize", a->full, "also quantize pooling, Add, Concat, Softmax, Reshape, ...");
   cmd->add_option("--skip-tensor-list", a->skip_tensors, "tensors whose readers/writers stay float (a,b,...)");
   cmd->add_option("--skip-nodes", a->skip_nodes, "op types, node names or globs that stay float (repeatable)");
+  cmd->add_flag("--is-use-cache-file", a->use_cache,
+                "keep the calibration state in --cache-dir while calibrating (resumes after a crash)");
+  cmd->add_option("--cache-dir", a->cache_dir, "directory of the calibration cache")->capture_default_str();
   cmd->add_option("--config", a->config_path, "YAML file with the same settings (seed parameter names)");
   cmd->add_option("--metric", a->metric, "metric printed for FP32 and INT8 (top1/top5 need labels)");
   cmd->add_option("--eval-dataset", a->eval_data, "data set for the FP32/INT8 comparison (default: DATA)");
@@ -59,8 +64,15 @@ Action register_quantize(CLI::App& app) {
     std::map<std::string, std::string> extra;
     if (!a->config_path.empty()) config = quant::load_quant_config_yaml(a->config_path, config, &extra);
     size_t batch_size = a->batch_size, batch_nums = a->batch_nums;
-    if (extra.count("batch_size")) batch_size = std::stoul(extra["batch_size"]);
-    if (extra.count("batch_nums")) batch_nums = std::stoul(extra["batch_nums"]);
+    bool use_cache = a->use_cache;
+    std::string cache_dir = a->cache_dir;
+    auto flag_given = [&](const char* name) { return cmd->count(name) > 0; };
+    // The config file's flow keys apply unless the same setting is given as a flag.
+    auto as_bool = [](const std::string& v) { return v == "true" || v == "True" || v == "1" || v == "yes"; };
+    if (extra.count("batch_size") && !flag_given("--batch-size")) batch_size = std::stoul(extra["batch_size"]);
+    if (extra.count("batch_nums") && !flag_given("--batch-nums")) batch_nums = std::stoul(extra["batch_nums"]);
+    if (extra.count("is_use_cache_file") && !flag_given("--is-use-cache-file")) use_cache = as_bool(extra["is_use_cache_file"]);
+    if (extra.count("cache_dir") && !flag_given("--cache-dir")) cache_dir = extra["cache_dir"];
     // Flags given explicitly override the config file.
     if (!a->algo.empty()) config.global().activation = a->algo;
     if (!a->weight_type.empty()) config.global().weight = a->weight_type;
@@ -83,27 +95,39 @@ Action register_quantize(CLI::App& app) {
     DataFlags flags = a->flags;
     if (!a->data.empty()) flags.dataset = a->data;
     auto dataset = data::open_dataset(flags.options("fashion-mnist:train"));
-    ir::Graph model = load_model_arg(a->model);
 
-    quant::PTQ ptq(config);
-    ptq.quantize(model);
-    data::BatchLoader loader(*dataset, batch_size);
-    const size_t batches = batch_nums == 0 ? loader.num_batches() : std::min(batch_nums, loader.num_batches());
-    SQ_CHECK(batches > 0, ErrorKind::kInvalidData, "calibration data set '" + dataset->name() + "' is empty");
-    Progress progress("calibrate", batches, "batches");
-    for (size_t i = 0; i < batches; ++i) {
-      ptq.sample(loader.batch(i).inputs);
-      progress.advance();
-    }
-    progress.finish();
-    const double calib_seconds = progress.elapsed_seconds();
-    ir::Graph qdq = ptq.convert();
-    ir::save_onnx(qdq, a->output);
-    std::cout << "quantized " << ptq.layers().size() << " layers (" << config.global().activation << ", "
-              << config.global().weight << ") from " << batches << " batches of " << batch_size << " in "
-              << std::fixed << std::setprecision(2) << calib_seconds << " s -> " << a->output << std::endl;
+    quant::PostTrainingQuantizationOptions po;
+    po.model_dir = a->model;
+    po.dataset = dataset.get();
+    po.batch_size = batch_size;
+    if (batch_nums > 0) po.batch_nums = batch_nums;
+    po.config = config;
+    po.is_use_cache_file = use_cache;
+    po.cache_dir = cache_dir;
+    quant::PostTrainingQuantization ptq(po);
+    const ir::Graph& qdq = ptq.quantize();
+    for (const auto& w : ptq.warnings()) std::cerr << "warning: " << w << std::endl;
+    ptq.save_quantized_model(a->output);
+    const ir::Graph& model = ptq.float_graph();
+    const auto& rep = ptq.report();
+    const double calib_seconds = rep.seconds;
+    std::cout << "quantized " << ptq.ptq().layers().size() << " layers (" << config.global().activation << ", "
+              << config.global().weight << ") from " << rep.batches << " batches of " << batch_size << " in "
+              << std::fixed << std::setprecision(2) << calib_seconds << " s";
+    if (rep.resumed_batches) std::cout << " (" << rep.resumed_batches << " batches resumed from the cache)";
+    std::cout << " -> " << a->output << std::endl;
+    const auto fp32_bytes = std::filesystem::file_size(a->model);
+    const auto int8_bytes = std::filesystem::file_size(a->output);
+    std::cout << "model size: fp32 " << fp32_bytes / 1024 << " KiB, int8 " << int8_bytes / 1024 << " KiB ("
+              << std::setprecision(2) << static_cast<double>(int8_bytes) / static_cast<double>(fp32_bytes) << "x)"
+              << std::endl;
 
-    nlohmann::json j{{"layers", ptq.layers().size()}, {"calib_seconds", calib_seconds}, {"output", a->output}};
+    nlohmann::json j{{"layers", ptq.ptq().layers().size()},
+                     {"calib_seconds", calib_seconds},
+                     {"calib_batches", rep.batches},
+                     {"output", a->output},
+                     {"fp32_bytes", fp32_bytes},
+                     {"int8_bytes", int8_bytes}};
     if (!a->no_eval) {
       std::unique_ptr<data::Dataset> eval_owned;
       if (!a->eval_data.empty()) {
@@ -134,6 +158,15 @@ Action register_quantize(CLI::App& app) {
         j["fp32_" + metric->name()] = v_fp32;
         j["int8_" + metric->name()] = v_int8;
         j["samples"] = eval_set.size();
+        // Latency of one evaluation-sized batch, both executions in the same process.
+        data::BatchLoader eval_loader(eval_set, std::min<size_t>(32, eval_set.size()));
+        const std::map<std::string, Tensor> feeds{{fp32.inputs().at(0).name, eval_loader.batch(0).inputs}};
+        const Timing t_fp32 = time_runs(fp32, feeds, 20), t_int8 = time_runs(int8, feeds, 20);
+        std::cout << "latency (batch " << eval_loader.batch_size() << ", median of 20): fp32 " << std::setprecision(3)
+                  << t_fp32.median_ms << " ms, int8 " << t_int8.median_ms << " ms (" << std::setprecision(2)
+                  << t_fp32.median_ms / t_int8.median_ms << "x)" << std::endl;
+        j["fp32_latency_ms"] = t_fp32.median_ms;
+        j["int8_latency_ms"] = t_int8.median_ms;
       }
     }
     if (a->json) print_json(j);

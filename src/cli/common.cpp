@@ -1,6 +1,9 @@
 #include "cli/common.h"
 
+#include <algorithm>
+#include <chrono>
 #include <iostream>
+#include <vector>
 
 #include "slimquant/ir/onnx_io.h"
 
@@ -33,6 +36,20 @@ void add_data_flags(CLI::App* app, DataFlags& flags, std::string& positional) {
 ir::Graph load_model_arg(const std::string& path) { return ir::load_model(path); }
 
 void print_json(const nlohmann::json& j) { std::cout << j.dump() << std::endl; }
+
+Timing time_runs(runtime::Session& session, const std::map<std::string, Tensor>& feeds, int runs, int warmup) {
+  SQ_CHECK(runs > 0, ErrorKind::kInvalidArgument, "the number of timed runs must be at least 1");
+  for (int i = 0; i < warmup; ++i) session.run(feeds);
+  std::vector<double> ms;
+  for (int i = 0; i < runs; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    session.run(feeds);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  return {n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2, ms.front()};
+}
 
 int exit_code_for(ErrorKind kind) {
   switch (kind) {

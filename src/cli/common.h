@@ -3,11 +3,13 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <memory>
 #include <string>
 
 #include "slimquant/data/dataset.h"
 #include "slimquant/ir/graph.h"
+#include "slimquant/runtime/session.h"
 
 namespace slimquant::cli {
 
@@ -31,6 +33,12 @@ void print_json(const nlohmann::json& j);
 
 // Process exit codes by error kind (documented in README).
 int exit_code_for(ErrorKind kind);
+
+// Latency of session.run(feeds): `warmup` untimed runs, then the median and minimum of `runs`.
+struct Timing {
+  double median_ms = 0, min_ms = 0;
+};
+Timing time_runs(runtime::Session& session, const std::map<std::string, Tensor>& feeds, int runs, int warmup = 3);
 
 // Subcommand registration; each returns the action to run after parsing.
 using Action = std::function<int()>;

@@ -1,5 +1,7 @@
 #include "slimquant/core/npy.h"
 
+#include "slimquant/core/atomic_file.h"
+
 #include <zlib.h>
 
 #include <atomic>
@@ -330,27 +332,9 @@ std::vector<std::byte> encode_npy(const Tensor& t) {
 
 void write_npy(const std::string& path, const Tensor& t) {
   SQ_CHECK(t.defined(), ErrorKind::kInvalidArgument, path + ": cannot write an undefined tensor");
-  const std::string head = header_bytes(t);
-  // Unique per process and call, so concurrent writers never share a temporary.
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = path + ".tmp" + std::to_string(::getpid()) + "_" +
-                          std::to_string(counter.fetch_add(1));
-  std::FILE* raw = std::fopen(tmp.c_str(), "wb");
-  if (!raw) fail(ErrorKind::kIo, path + ": cannot create: " + std::strerror(errno));
-  bool ok = std::fwrite(head.data(), 1, head.size(), raw) == head.size() &&
-            (t.nbytes() == 0 || std::fwrite(t.raw(), 1, t.nbytes(), raw) == t.nbytes());
-  const int write_errno = errno;
-  ok = (std::fclose(raw) == 0) && ok;
-  if (!ok) {
-    std::remove(tmp.c_str());
-    fail(ErrorKind::kIo, path + ": write failed: " + std::strerror(write_errno ? write_errno : errno));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    fail(ErrorKind::kIo, path + ": cannot rename temporary file into place: " + ec.message());
-  }
+  std::string bytes = header_bytes(t);
+  bytes.append(static_cast<const char*>(t.raw()), t.nbytes());
+  write_file_atomic(path, bytes);
 }
 
 // ---- .npz: a zip archive of .npy members. We read the central directory (authoritative sizes,

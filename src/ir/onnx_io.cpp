@@ -1,6 +1,8 @@
 // ONNX <-> Graph conversion using ONNX's own protobuf classes, checker and shape inference.
 #include "slimquant/ir/onnx_io.h"
 
+#include "slimquant/core/atomic_file.h"
+
 #include <onnx/checker.h>
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
@@ -297,24 +299,7 @@ void check_onnx(const Graph& graph) {
 
 void save_onnx(const Graph& graph, const std::string& path) {
   check_onnx(graph);
-  std::string bytes = serialize_onnx(graph);
-  fs::path target(path);
-  fs::path tmp = target;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) fail(ErrorKind::kIo, "cannot write '" + path + "' (directory missing or not writable)");
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      fail(ErrorKind::kIo, "failed writing '" + path + "' (disk full?)");
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, target, ec);
-  if (ec) fail(ErrorKind::kIo, "cannot move the written model to '" + path + "': " + ec.message());
+  write_file_atomic(path, serialize_onnx(graph));
 }
 
 void infer_shapes_onnx(Graph& graph) {

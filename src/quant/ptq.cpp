@@ -1,9 +1,13 @@
 #include "slimquant/quant/ptq.h"
 
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "slimquant/core/atomic_file.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/runtime/optimize.h"
 
@@ -16,6 +20,18 @@ namespace {
 const std::unordered_set<std::string> kPassThroughOps = {
     "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "MaxPool", "GlobalMaxPool", "Slice",
     "Gather", "Split", "DepthToSpace", "SpaceToDepth", "Resize", "Identity", "Pad"};
+
+// 64-bit FNV-1a as 16 hex digits: a stable identity for caches (not a security measure).
+std::string fnv1a_hex(std::string_view bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
 
 std::string layer_name(const ir::Node& n) { return n.name.empty() ? n.outputs.at(0) : n.name; }
 
@@ -49,6 +65,7 @@ PTQ::PTQ(QuantConfig config) : config_(std::move(config)) {}
 PTQ::~PTQ() = default;
 
 void PTQ::quantize(const ir::Graph& float_graph) {
+  config_.validate();
   float_graph_ = float_graph;
   runtime::optimize_graph(float_graph_);
   // Per-channel QuantizeLinear/DequantizeLinear exist from opset 13.
@@ -99,6 +116,12 @@ void PTQ::quantize(const ir::Graph& float_graph) {
     if (layer.activations.empty() && layer.weight.empty()) continue;
     layers_.push_back(std::move(layer));
   }
+  warnings_ = config_.unmatched_skips(float_graph_);
+
+  std::string identity = ir::serialize_onnx(float_graph_) + '\x1f' + config_.fingerprint();
+  for (const auto& [tensor, obs] : observers_) identity += '\x1f' + tensor + '=' + obs->name();
+  fingerprint_ = fnv1a_hex(identity);
+
   runtime::SessionOptions options;
   options.fuse_activations = false;  // every quantized tensor must be observable
   session_ = std::make_unique<runtime::Session>(float_graph_, options);
@@ -117,7 +140,7 @@ void PTQ::sample(const std::map<std::string, Tensor>& feeds) {
     try {
       it->second->observe(value);
     } catch (const Error& e) {
-      throw Error(e.kind(), "calibration of tensor '" + name + "': " + e.what());
+      throw Error(e.kind(), "calibration batch " + std::to_string(batches_) + ", tensor '" + name + "': " + e.what());
     }
   };
   if (wanted.empty()) return;
@@ -128,6 +151,49 @@ void PTQ::sample(const std::map<std::string, Tensor>& feeds) {
 void PTQ::sample(const Tensor& batch) {
   SQ_CHECK(float_graph_.inputs.size() == 1, ErrorKind::kInvalidArgument, "PTQ::sample(Tensor) needs a single-input model");
   sample({{float_graph_.inputs[0].name, batch}});
+}
+
+namespace {
+constexpr char kCacheMagic[] = "slimquant-calibration-v1";
+}
+
+void PTQ::save_calibration_state(const std::string& path, const std::string& data_identity) const {
+  SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::save_calibration_state called before quantize()");
+  std::ostringstream out(std::ios::binary);
+  out << kCacheMagic << '\n' << fingerprint_ << '-' << fnv1a_hex(data_identity) << '\n' << batches_ << '\n';
+  for (const auto& [tensor, obs] : observers_) {
+    out << tensor << '\n';
+    obs->save_state(out);
+  }
+  write_file_atomic(path, out.str());
+}
+
+bool PTQ::load_calibration_state(const std::string& path, const std::string& data_identity) {
+  SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::load_calibration_state called before quantize()");
+  if (!std::filesystem::exists(path)) return false;
+  std::istringstream in(read_file(path), std::ios::binary);
+  std::string magic, fingerprint, batches;
+  std::getline(in, magic);
+  std::getline(in, fingerprint);
+  std::getline(in, batches);
+  SQ_CHECK(magic == kCacheMagic, ErrorKind::kInvalidData, "'" + path + "' is not a slimquant calibration cache");
+  const std::string expected = fingerprint_ + '-' + fnv1a_hex(data_identity);
+  SQ_CHECK(fingerprint == expected, ErrorKind::kInvalidData,
+           "calibration cache '" + path + "' was written for another model, quantization config or calibration data (" +
+               fingerprint + ", this run " + expected + "): delete it or use another cache_dir");
+  for (auto& [tensor, obs] : observers_) {
+    std::string stored;
+    std::getline(in, stored);
+    SQ_CHECK(stored == tensor, ErrorKind::kInvalidData,
+             "calibration cache '" + path + "' is corrupt: expected tensor '" + tensor + "', found '" + stored + "'");
+    try {
+      obs->load_state(in);
+    } catch (const Error& e) {
+      throw Error(e.kind(), "calibration cache '" + path + "', tensor '" + tensor + "': " + e.what());
+    }
+  }
+  batches_ = std::stoul(batches);
+  return true;
 }
 
 std::vector<std::string> PTQ::observed_tensors() const {

@@ -72,6 +72,35 @@ const OpQuantSpec* QuantConfig::spec_for(const ir::Node& node) const {
   return spec;
 }
 
+void QuantConfig::validate() const {
+  for (const auto& t : quantizable_op_type) {
+    for (const auto& o : onnx_op_types_for(t)) {
+      if (builtin_op_specs().count(o) || custom_specs_.count(o)) continue;
+      std::string known;
+      for (const auto& [op, spec] : builtin_op_specs()) known += (known.empty() ? "" : ", ") + op;
+      fail(ErrorKind::kInvalidArgument, "quantizable_op_type: unknown op type '" + t +
+                                            "' (known: " + known + ", the source names conv2d, depthwise_conv2d, mul, "
+                                            "matmul, pool2d, elementwise_add, ..., or a type registered with "
+                                            "add_qat_layer_mapping)");
+    }
+  }
+}
+
+std::vector<std::string> QuantConfig::unmatched_skips(const ir::Graph& graph) const {
+  std::vector<std::string> out;
+  for (const auto& p : skip_quant) {
+    bool hit = false;
+    for (const auto& n : graph.nodes) hit |= p == n.op_type || matches(p, n.name);
+    if (!hit) out.push_back("skip pattern '" + p + "' matches no op type or node name of the model");
+  }
+  for (const auto& t : skip_tensor_list) {
+    bool hit = false;
+    for (const auto& n : graph.nodes) hit |= contains(n.inputs, t) || contains(n.outputs, t);
+    if (!hit) out.push_back("skip tensor '" + t + "' is not read or written by any node of the model");
+  }
+  return out;
+}
+
 std::string QuantConfig::fingerprint() const {
   std::ostringstream os;
   auto rule = [&](const QuantRule& r) { os << r.activation << '/' << r.weight << '/' << r.quantize << ';'; };

@@ -122,6 +122,7 @@ TEST(HistogramAccumulator, MakeHistogramUsesDataRangeAndHandlesDegenerateData) {
   EXPECT_EQ(kind_of([] { HistogramAccumulator(0, 1, 0); }), ErrorKind::kInvalidArgument);
   EXPECT_EQ(kind_of([] { HistogramAccumulator(1, 0, 4); }), ErrorKind::kInvalidArgument);
   EXPECT_EQ(kind_of([] { HistogramAccumulator(std::nan(""), 1, 4); }), ErrorKind::kInvalidArgument);
+  EXPECT_EQ(kind_of([] { HistogramAccumulator(-1e308, 1e308, 4); }), ErrorKind::kInvalidArgument);  // width overflows
 }
 
 // Three pages: a heavy-tailed activation (log counts, two thresholds, 2048 bins), a weight on a

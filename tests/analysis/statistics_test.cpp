@@ -202,6 +202,68 @@ TEST(LayerStatistics, TwoMatMulsMatchDirectComputation) {
   EXPECT_EQ(analysis::run_layer_statistics(ptq, ds, tmp.path("out2"), opt)["samples"].get<size_t>(), 16u);
 }
 
+// Values on the quantization grid: x = k/128 with max |x| = 127/128, so abs_max gives a scale of
+// exactly 2^-7 and quantization loses nothing; the same for the weight column. Infinite SQNR is
+// "inf" in the CSV and null in the JSON.
+TEST(LayerStatistics, LosslessQuantizationIsInfiniteSqnr) {
+  ir::Graph g;
+  g.opset = 13;
+  g.inputs = {{"x", DType::kFloat32, std::vector<ir::Dim>{{-1, "N"}, {2, ""}}}};
+  g.outputs = {{"y", DType::kFloat32, std::vector<ir::Dim>{{-1, "N"}, {1, ""}}}};
+  g.initializers["W"] = Tensor::from_vector<float>({2, 1}, {127.f / 128, -64.f / 128});
+  ir::Node mm;
+  mm.op_type = "MatMul";
+  mm.name = "mm";
+  mm.inputs = {"x", "W"};
+  mm.outputs = {"y"};
+  g.nodes = {mm};
+  std::vector<std::vector<float>> rows;
+  for (int k = -127; k <= 127; k += 9) rows.push_back({k / 128.f, static_cast<float>((127 - k) / 2) / 128});
+  rows.push_back({127.f / 128, 0.f});
+  quant::PTQ ptq(quant::QuantConfig(quant::QuantRule{"abs_max", "channel_wise_abs_max", true}));
+  ptq.quantize(g);
+  VectorDataset ds(rows);
+  for (const auto& b : data::BatchLoader(ds, 16)) ptq.sample(b.inputs);
+  ASSERT_EQ(ptq.activation_params("x").scale.at(0), 1.f / 128);
+
+  test::TempDir tmp("stats_exact");
+  const json j = analysis::run_layer_statistics(ptq, ds, tmp.path());
+  const json& row = j["layers"][0];
+  for (const char* k : {"weight_sqnr_db", "act_sqnr_db", "output_sqnr_isolated_db", "output_sqnr_accumulated_db"})
+    EXPECT_TRUE(row[k].is_null()) << k << " " << row[k];
+  EXPECT_EQ(row["act_quant"]["std"], row["act_fp32"]["std"]);
+  std::ifstream cf(tmp.path("statistics.csv"));
+  std::string header, line;
+  std::getline(cf, header);
+  std::getline(cf, line);
+  EXPECT_EQ(line.substr(line.size() - 8), ",inf,inf") << line;
+}
+
+TEST(LayerStatistics, NoQuantizableLayerGivesHeaderOnlyReports) {
+  ir::Graph g;
+  g.opset = 13;
+  g.inputs = {{"x", DType::kFloat32, std::vector<ir::Dim>{{-1, "N"}, {2, ""}}}};
+  g.outputs = {{"y", DType::kFloat32, std::vector<ir::Dim>{{-1, "N"}, {2, ""}}}};
+  ir::Node relu;
+  relu.op_type = "Relu";
+  relu.name = "relu";
+  relu.inputs = {"x"};
+  relu.outputs = {"y"};
+  g.nodes = {relu};
+  quant::PTQ ptq(quant::QuantConfig{});
+  ptq.quantize(g);
+  ASSERT_TRUE(ptq.layers().empty());
+  VectorDataset ds({{1.f, -1.f}, {0.5f, 2.f}});
+  test::TempDir tmp("stats_none");
+  const json j = analysis::run_layer_statistics(ptq, ds, tmp.path());
+  EXPECT_TRUE(j["layers"].empty());
+  EXPECT_EQ(j["samples"].get<size_t>(), 0u);
+  std::ifstream cf(tmp.path("statistics.csv"));
+  size_t lines = 0;
+  for (std::string line; std::getline(cf, line);) ++lines;
+  EXPECT_EQ(lines, 1u);
+}
+
 TEST(LayerStatistics, ErrorsNameTheProblem) {
   quant::PTQ ptq(quant::QuantConfig{});
   ptq.quantize(ir::load_onnx(test::fixture_model("resnet_small")));
@@ -241,8 +303,10 @@ TEST(LayerStatistics, ResnetSmallRowsPerLayerAndErrorAccumulates) {
   ASSERT_EQ(rows.size(), ptq.layers().size());
   ASSERT_GT(rows.size(), 5u);
   for (const auto& r : rows) {
-    for (const char* k : {"weight_sqnr_db", "act_sqnr_db", "output_sqnr_isolated_db", "output_sqnr_accumulated_db"})
+    for (const char* k : {"weight_sqnr_db", "output_sqnr_isolated_db", "output_sqnr_accumulated_db"})
       EXPECT_TRUE(r[k].is_number()) << r["layer"] << " " << k;  // finite (non-finite is null)
+    // null = +inf: pixels k/255 under a 1/255 scale quantize without error.
+    EXPECT_TRUE(r["act_sqnr_db"].is_number() || r["act_sqnr_db"].is_null()) << r["layer"];
     for (const char* k : {"weight_fp32", "weight_quant", "act_fp32", "act_quant"})
       for (const char* m : {"min", "max", "mean", "std"}) EXPECT_TRUE(r[k][m].is_number()) << r["layer"] << k << m;
     // Fake quantization never leaves the clipping range of the data by more than a step.

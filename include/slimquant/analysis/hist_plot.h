@@ -59,7 +59,7 @@ class HistogramAccumulator {
   double lo_, hi_, inv_width_;
   std::vector<uint64_t> counts_;
   uint64_t total_ = 0, below_ = 0, above_ = 0, nonfinite_ = 0;
-  double min_ = 0, max_ = 0, mean_ = 0, m2_ = 0;  // Welford, per add() chunk merged (Chan)
+  double min_ = 0, max_ = 0, mean_ = 0, m2_ = 0;  // m2_: sum of squared deviations from mean_
 };
 
 // Range = data min..max (finite values); constant data gets the same widened range as above.

@@ -11,6 +11,7 @@
 //                                                    : QuantScheme::kUnsignedZeroPoint0);
 #include <algorithm>
 #include <cstdint>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <vector>
@@ -104,6 +105,12 @@ class Observer {
   float observed_max() const { return max_; }
   float observed_abs_max() const { return std::max(-min_, max_); }
 
+  // The accumulated state in a binary form, for the calibration cache (is_use_cache_file): a
+  // calibration can stop after any batch and resume from disk. load_state() accepts only the state
+  // of an observer with the same name and options (kInvalidData otherwise, or when truncated).
+  void save_state(std::ostream& out) const;
+  void load_state(std::istream& in);
+
  protected:
   // accumulate = false: every observe() starts afresh (weight observers).
   explicit Observer(bool accumulate) : accumulate_(accumulate) {}
@@ -124,6 +131,9 @@ class Observer {
   // after negatives; messages name the observer.
   void check_usable(QuantScheme scheme) const;
   [[noreturn]] void fail_here(ErrorKind kind, const std::string& rule) const;
+  // What an algorithm accumulates beyond the base class's extremes and counts.
+  virtual void save_algo_state(std::ostream&) const {}
+  virtual void load_algo_state(std::istream&) {}
 
  private:
   bool accumulate_;

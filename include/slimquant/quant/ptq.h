@@ -37,7 +37,22 @@ class PTQ {
   // One calibration batch (graph inputs by name).
   void sample(const std::map<std::string, Tensor>& feeds);
   void sample(const Tensor& batch);  // single-input models
-  size_t samples_seen() const { return batches_; }
+  size_t samples_seen() const { return batches_; }  // calibration batches fed so far
+
+  // A hash of everything the calibration result depends on: the prepared model, the QuantConfig
+  // and the observers attached. Set by quantize().
+  const std::string& fingerprint() const { return fingerprint_; }
+  // Calibration cache (is_use_cache_file): every observer's accumulated state and the number of
+  // batches fed, written atomically. load returns false when `path` does not exist, and throws
+  // kInvalidData when it was written for another model or configuration, naming both.
+  // `data_identity` describes the calibration data and batching (a resumed run must see the
+  // same batches); it is part of the check.
+  void save_calibration_state(const std::string& path, const std::string& data_identity = "") const;
+  bool load_calibration_state(const std::string& path, const std::string& data_identity = "");
+
+  // Problems that do not stop quantization but that a user wants to hear about (e.g. a skip
+  // pattern that matches no node). Filled by quantize().
+  const std::vector<std::string>& warnings() const { return warnings_; }
   // The QDQ graph: every layer quantized, or only `only_layers` (names from layers()).
   ir::Graph convert(const std::optional<std::set<std::string>>& only_layers = std::nullopt) const;
 
@@ -59,6 +74,8 @@ class PTQ {
   std::map<std::string, std::unique_ptr<Observer>> observers_;  // by activation tensor
   std::unique_ptr<runtime::Session> session_;
   size_t batches_ = 0;
+  std::string fingerprint_;
+  std::vector<std::string> warnings_;
 };
 
 // Quantizes float weights per channel to symmetric s8 in [-127, 127] (saturating, round half to

@@ -48,6 +48,12 @@ class QuantConfig {
   const OpQuantSpec* spec_for(const ir::Node& node) const;
   const QuantRule& rule_for(const ir::Node& node) const;
   bool is_skipped(const ir::Node& node) const;
+  // Throws kInvalidArgument naming an entry of quantizable_op_type that is neither a known op
+  // type (ONNX or source-document name) nor registered with add_qat_layer_mapping.
+  void validate() const;
+  // Skip entries (skip_quant patterns, skip_tensor_list tensors) that match nothing in `graph`,
+  // one message each: a typo there would otherwise silently quantize what the user meant to skip.
+  std::vector<std::string> unmatched_skips(const ir::Graph& graph) const;
   // A stable text of everything that affects the result (for checkpoints and caches).
   std::string fingerprint() const;
 

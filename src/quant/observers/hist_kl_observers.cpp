@@ -23,6 +23,8 @@ class AbsHistogramObserver : public Observer {
   void on_observe(const Tensor&, const float* data, int64_t n, const BatchStats& b) override {
     hist_.add(data, n, b.abs_max);
   }
+  void save_algo_state(std::ostream& out) const override { hist_.save(out); }
+  void load_algo_state(std::istream& in) override { hist_.load(in); }
 
   ObserverOptions options_;
   Pow2Histogram hist_;

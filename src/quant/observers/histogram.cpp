@@ -57,6 +57,23 @@ int64_t Pow2Histogram::zeros() const {
   return z;
 }
 
+void Pow2Histogram::save(std::ostream& out) const {
+  write_pod<int32_t>(out, kind_ == Kind::kAbs ? 0 : 1);
+  write_vector(out, counts_);
+  write_pod(out, zeros_);
+  write_pod<uint8_t>(out, has_range_ ? 1 : 0);
+  write_pod<int32_t>(out, exponent_);
+}
+
+void Pow2Histogram::load(std::istream& in) {
+  SQ_CHECK(read_pod<int32_t>(in) == (kind_ == Kind::kAbs ? 0 : 1), ErrorKind::kInvalidData,
+           "calibration cache holds another kind of histogram");
+  read_vector(in, counts_, counts_.size());
+  zeros_ = read_pod<int64_t>(in);
+  has_range_ = read_pod<uint8_t>(in) != 0;
+  exponent_ = read_pod<int32_t>(in);
+}
+
 double Pow2Histogram::range() const { return std::ldexp(1.0, exponent_); }
 
 double Pow2Histogram::bin_width() const {

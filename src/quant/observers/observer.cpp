@@ -127,6 +127,29 @@ void Observer::observe(const Tensor& x) {
   batches_ += 1;
 }
 
+void Observer::save_state(std::ostream& out) const {
+  const std::string n = name();
+  detail::write_vector(out, std::vector<char>(n.begin(), n.end()));
+  detail::write_pod(out, min_);
+  detail::write_pod(out, max_);
+  detail::write_pod(out, count_);
+  detail::write_pod(out, batches_);
+  save_algo_state(out);
+}
+
+void Observer::load_state(std::istream& in) {
+  const std::string n = name();
+  std::vector<char> stored;
+  detail::read_vector(in, stored, n.size());
+  SQ_CHECK(std::string(stored.begin(), stored.end()) == n, ErrorKind::kInvalidData,
+           "calibration cache holds the state of another observer than '" + n + "'");
+  min_ = detail::read_pod<float>(in);
+  max_ = detail::read_pod<float>(in);
+  count_ = detail::read_pod<int64_t>(in);
+  batches_ = detail::read_pod<int64_t>(in);
+  load_algo_state(in);
+}
+
 ClipRange Observer::range() const {
   check_usable(default_scheme());
   return clip_range(default_scheme());

@@ -2,6 +2,8 @@
 // Pieces shared by the observer implementations: the batch scan, the power-of-two histogram, the
 // integer grid of a quantization scheme, and the per-algorithm factories.
 #include <cstdint>
+#include <istream>
+#include <ostream>
 #include <memory>
 #include <span>
 #include <vector>
@@ -16,6 +18,36 @@ struct ScanResult {
   bool finite;
 };
 ScanResult scan_min_max(const float* p, int64_t n);
+
+// Binary state I/O for the calibration cache: raw little-endian host values, the file is only ever
+// read back by the same build on the same machine.
+template <typename T>
+void write_pod(std::ostream& out, const T& v) {
+  out.write(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+template <typename T>
+T read_pod(std::istream& in) {
+  T v{};
+  in.read(reinterpret_cast<char*>(&v), sizeof(T));
+  SQ_CHECK(in.good(), ErrorKind::kInvalidData, "calibration cache is truncated");
+  return v;
+}
+template <typename T>
+void write_vector(std::ostream& out, const std::vector<T>& v) {
+  write_pod<uint64_t>(out, v.size());
+  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
+}
+// The length must equal `expected_size` (the observer's configuration fixes it).
+template <typename T>
+void read_vector(std::istream& in, std::vector<T>& v, size_t expected_size) {
+  const auto n = read_pod<uint64_t>(in);
+  SQ_CHECK(n == expected_size, ErrorKind::kInvalidData,
+           "calibration cache was written with other observer options (" + std::to_string(n) + " vs " +
+               std::to_string(expected_size) + " entries)");
+  v.resize(n);
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(T)));
+  SQ_CHECK(in.good() || n == 0, ErrorKind::kInvalidData, "calibration cache is truncated");
+}
 
 // The integer grid a scheme quantizes onto: x_hat = k * scale for k in [kmin, kmax], where
 // k = clamp(round(x / scale), kmin, kmax) (kmin = qmin - zero_point, kmax = qmax - zero_point),
@@ -50,6 +82,9 @@ class Pow2Histogram {
   int64_t bins() const { return bins_; }
   std::span<const int64_t> counts() const { return {counts_.data(), static_cast<size_t>(bins_)}; }
   int64_t zeros() const;
+
+  void save(std::ostream& out) const;
+  void load(std::istream& in);
 
  private:
   void ensure_range(float abs_max);

@@ -90,6 +90,8 @@ class SearchObserver final : public Observer {
   void on_observe(const Tensor&, const float* data, int64_t n, const BatchStats& b) override {
     hist_.add(data, n, b.abs_max);
   }
+  void save_algo_state(std::ostream& out) const override { hist_.save(out); }
+  void load_algo_state(std::istream& in) override { hist_.load(in); }
 
   ClipRange clip_range(QuantScheme scheme) const override {
     const double abs_max = observed_abs_max();

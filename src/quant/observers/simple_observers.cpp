@@ -60,6 +60,14 @@ class AvgObserver final : public Observer {
   ClipRange clip_range(QuantScheme) const override {
     return clip_to_observed(sum_ / static_cast<double>(samples_));
   }
+  void save_algo_state(std::ostream& out) const override {
+    write_pod(out, sum_);
+    write_pod(out, samples_);
+  }
+  void load_algo_state(std::istream& in) override {
+    sum_ = read_pod<double>(in);
+    samples_ = read_pod<int64_t>(in);
+  }
 
  private:
   double sum_ = 0.0;

@@ -1,0 +1,93 @@
+#pragma once
+// The source documents' one-call post-training quantization (seed 002's PostTrainingQuantization):
+// load the FP32 model, calibrate on batch_size x batch_nums samples, convert to a QDQ model, save.
+// Built on PTQ (quantize / sample / convert); use PTQ directly for full control.
+//
+//   PostTrainingQuantizationOptions o;
+//   o.model_dir = "model.onnx";  o.dataset = calib.get();  o.batch_nums = 10;  o.algo = "KL";
+//   PostTrainingQuantization ptq(o);
+//   ptq.quantize();
+//   ptq.save_quantized_model("model.int8.onnx");
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "slimquant/data/dataset.h"
+#include "slimquant/quant/ptq.h"
+
+namespace slimquant::quant {
+
+// One calibration sample per call (graph inputs by name, without the batch dimension, or with a
+// batch dimension of 1); std::nullopt ends the data. The source documents' `sample_generator`.
+using SampleGenerator = std::function<std::optional<std::map<std::string, Tensor>>()>;
+
+struct PostTrainingQuantizationOptions {
+  // The FP32 model: a directory holding it (model_filename names the file when not model.onnx),
+  // or the .onnx file itself; params_filename names an external-data file (checked to exist).
+  std::string model_dir, model_filename, params_filename;
+  // Calibration data: a Dataset (single-input models), or sample_generator. Exactly one.
+  const data::Dataset* dataset = nullptr;
+  SampleGenerator sample_generator;
+  size_t batch_size = 10;
+  std::optional<size_t> batch_nums;  // unset: every sample the data has
+  std::string algo = "KL";
+  std::string weight_quantize_type = "channel_wise_abs_max";
+  std::vector<std::string> quantizable_op_type = {"Conv", "MatMul", "Gemm"};  // or conv2d, mul, ...
+  bool is_full_quantize = false;
+  float hist_percent = 0.99999f;
+  std::vector<std::string> skip_tensor_list;
+  std::vector<std::string> skip_quant;  // op types, node names or globs
+  bool asymmetric_activations = false;
+  // Keep the calibration state on disk in cache_dir (written as batches complete, deleted when
+  // quantize() finishes): an interrupted calibration resumes where it stopped. Observers never
+  // hold samples, so memory does not grow with the data either way.
+  bool is_use_cache_file = false;
+  std::string cache_dir = "./temp_post_training";
+  // When set, used as is (per layer/name/type rules) instead of the fields algo ...
+  // asymmetric_activations above.
+  std::optional<QuantConfig> config;
+};
+
+struct CalibrationReport {
+  size_t batches = 0;          // batches observed in total
+  size_t samples = 0;          // samples observed in this run
+  size_t resumed_batches = 0;  // batches taken from the cache instead of being run again
+  double seconds = 0;          // wall time of this run's calibration
+};
+
+class PostTrainingQuantization {
+ public:
+  explicit PostTrainingQuantization(PostTrainingQuantizationOptions options);
+  ~PostTrainingQuantization();
+
+  // Loads, calibrates (showing progress on a terminal) and converts; returns the QDQ graph.
+  // Errors: kInvalidData for empty data or NaN/Inf (naming batch and tensor), kIo for an
+  // unwritable cache_dir, kInvalidArgument for unknown algo / op type names.
+  const ir::Graph& quantize();
+  // Writes the QDQ model (atomically; checked by onnx::checker). quantize() must have run.
+  void save_quantized_model(const std::string& path) const;
+
+  const ir::Graph& float_graph() const { return float_graph_; }
+  const ir::Graph& quantized_graph() const;
+  const PTQ& ptq() const { return *ptq_; }
+  const CalibrationReport& report() const { return report_; }
+  // Non-fatal problems (skip entries matching nothing, batch_nums beyond the data).
+  const std::vector<std::string>& warnings() const { return warnings_; }
+  // Where the calibration cache lives while quantize() runs.
+  std::string cache_path() const;
+
+ private:
+  QuantConfig make_config() const;
+  std::string data_identity() const;  // what a resumed calibration must see again
+
+  PostTrainingQuantizationOptions options_;
+  ir::Graph float_graph_;
+  std::unique_ptr<PTQ> ptq_;
+  std::optional<ir::Graph> quantized_;
+  CalibrationReport report_;
+  std::vector<std::string> warnings_;
+};
+
+}  // namespace slimquant::quant

@@ -1,0 +1,206 @@
+#include "slimquant/quant/post_training_quantization.h"
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "slimquant/core/atomic_file.h"
+#include "slimquant/core/progress.h"
+#include "slimquant/data/batch.h"
+#include "slimquant/ir/onnx_io.h"
+
+namespace slimquant::quant {
+
+namespace {
+
+// Stacks single samples (each input without a batch dimension, or with a batch dimension of 1)
+// into one batch per input; `ranks` holds each input's rank in the model (0 = unknown).
+std::map<std::string, Tensor> stack_samples(const std::vector<std::map<std::string, Tensor>>& samples,
+                                            const std::map<std::string, size_t>& ranks) {
+  std::map<std::string, Tensor> batch;
+  const auto& first = samples.front();
+  for (const auto& [name, t0] : first) {
+    auto rank_it = ranks.find(name);
+    SQ_CHECK(rank_it != ranks.end(), ErrorKind::kInvalidArgument,
+             "sample_generator gave '" + name + "', which is not an input of the model");
+    const bool has_batch_dim = rank_it->second != 0 && t0.rank() == rank_it->second;
+    SQ_CHECK(!has_batch_dim || t0.dim(0) == 1, ErrorKind::kInvalidArgument,
+             "sample_generator must give one sample per call; input '" + name + "' has batch dimension " +
+                 std::to_string(t0.dim(0)));
+    Shape sample_shape = t0.shape();
+    if (has_batch_dim) sample_shape.erase(sample_shape.begin());
+    Shape shape = sample_shape;
+    shape.insert(shape.begin(), static_cast<int64_t>(samples.size()));
+    Tensor out(t0.dtype(), shape);
+    auto* dst = static_cast<std::byte*>(out.raw());
+    for (size_t i = 0; i < samples.size(); ++i) {
+      auto it = samples[i].find(name);
+      SQ_CHECK(it != samples[i].end(), ErrorKind::kInvalidArgument,
+               "sample_generator: sample lacks input '" + name + "' that the first sample had");
+      const Tensor& t = it->second;
+      SQ_CHECK(t.dtype() == t0.dtype() && t.numel() == t0.numel(), ErrorKind::kInvalidArgument,
+               "sample_generator: samples of input '" + name + "' differ in dtype or shape (" + shape_str(t.shape()) +
+                   " vs " + shape_str(t0.shape()) + ")");
+      std::memcpy(dst + i * t0.nbytes(), t.raw(), t0.nbytes());
+    }
+    batch[name] = std::move(out);
+  }
+  return batch;
+}
+
+}  // namespace
+
+PostTrainingQuantization::PostTrainingQuantization(PostTrainingQuantizationOptions options)
+    : options_(std::move(options)) {}
+PostTrainingQuantization::~PostTrainingQuantization() = default;
+
+QuantConfig PostTrainingQuantization::make_config() const {
+  if (options_.config) return *options_.config;
+  QuantConfig c(QuantRule{options_.algo, options_.weight_quantize_type, true});
+  c.quantizable_op_type = options_.quantizable_op_type;
+  c.is_full_quantize = options_.is_full_quantize;
+  c.observer_options.hist_percent = options_.hist_percent;
+  c.skip_tensor_list = options_.skip_tensor_list;
+  c.skip_quant = options_.skip_quant;
+  c.asymmetric_activations = options_.asymmetric_activations;
+  return c;
+}
+
+std::string PostTrainingQuantization::data_identity() const {
+  std::string id = "batch_size=" + std::to_string(options_.batch_size);
+  if (options_.dataset)
+    id += ";data=" + options_.dataset->name() + ";n=" + std::to_string(options_.dataset->size());
+  else
+    id += ";data=sample_generator";
+  return id;
+}
+
+std::string PostTrainingQuantization::cache_path() const {
+  return (std::filesystem::path(options_.cache_dir) / "calibration.cache").string();
+}
+
+const ir::Graph& PostTrainingQuantization::quantized_graph() const {
+  SQ_CHECK(quantized_.has_value(), ErrorKind::kInvalidArgument, "PostTrainingQuantization: call quantize() first");
+  return *quantized_;
+}
+
+const ir::Graph& PostTrainingQuantization::quantize() {
+  const auto& o = options_;
+  SQ_CHECK((o.dataset != nullptr) != static_cast<bool>(o.sample_generator), ErrorKind::kInvalidArgument,
+           "PostTrainingQuantization: give exactly one calibration source, dataset or sample_generator");
+  SQ_CHECK(o.batch_size > 0, ErrorKind::kInvalidArgument, "batch_size must be at least 1");
+  SQ_CHECK(!o.batch_nums || *o.batch_nums > 0, ErrorKind::kInvalidArgument,
+           "batch_nums must be at least 1 (leave it unset to use every sample)");
+  // Names are checked before the model is read: a typo should not cost a model load.
+  QuantConfig config = make_config();
+  make_activation_observer(config.global().activation, config.observer_options);
+  make_weight_observer(config.global().weight, config.observer_options);
+
+  float_graph_ = ir::load_model(o.model_dir, o.model_filename, o.params_filename);
+  ptq_ = std::make_unique<PTQ>(std::move(config));
+  ptq_->quantize(float_graph_);
+  warnings_ = ptq_->warnings();
+  quantized_.reset();
+  report_ = {};
+
+  // The cache directory must be usable before any work is done.
+  bool created_cache_dir = false;
+  if (o.is_use_cache_file) {
+    std::error_code ec;
+    created_cache_dir = std::filesystem::create_directories(o.cache_dir, ec);
+    SQ_CHECK(!ec && std::filesystem::is_directory(o.cache_dir), ErrorKind::kIo,
+             "cache_dir '" + o.cache_dir + "' cannot be created" + (ec ? ": " + ec.message() : std::string()));
+    const std::string probe = cache_path() + ".probe";
+    write_file_atomic(probe, "");
+    std::filesystem::remove(probe, ec);
+    if (ptq_->load_calibration_state(cache_path(), data_identity())) report_.resumed_batches = ptq_->samples_seen();
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  auto last_save = start;
+  auto after_batch = [&](size_t done, size_t total) {
+    if (!o.is_use_cache_file || done == total) return;
+    // At most about once a second: the state is small, but a model with hundreds of observed
+    // tensors and tiny batches should not spend its time writing.
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_save < std::chrono::seconds(1)) return;
+    ptq_->save_calibration_state(cache_path(), data_identity());
+    last_save = now;
+  };
+
+  if (o.dataset) {
+    SQ_CHECK(float_graph_.inputs.size() == 1, ErrorKind::kInvalidArgument,
+             "a Dataset calibrates single-input models only; this model has " +
+                 std::to_string(float_graph_.inputs.size()) + " inputs: use sample_generator");
+    data::BatchLoader loader(*o.dataset, o.batch_size);
+    const size_t available = loader.num_batches();
+    SQ_CHECK(available > 0, ErrorKind::kInvalidData, "calibration data set '" + o.dataset->name() + "' is empty");
+    size_t total = o.batch_nums.value_or(available);
+    if (total > available) {
+      warnings_.push_back("batch_nums is " + std::to_string(total) + " but '" + o.dataset->name() + "' holds only " +
+                          std::to_string(available) + " batches of " + std::to_string(o.batch_size) +
+                          ": calibrating on all of them");
+      total = available;
+    }
+    SQ_CHECK(report_.resumed_batches <= total, ErrorKind::kInvalidData,
+             "calibration cache '" + cache_path() + "' holds more batches than this run asks for");
+    Progress progress("calibrate", total, "batches");
+    progress.advance(report_.resumed_batches);
+    for (size_t i = report_.resumed_batches; i < total; ++i) {
+      data::Batch b = loader.batch(i);
+      ptq_->sample(b.inputs);
+      report_.samples += b.size();
+      progress.advance();
+      after_batch(i + 1, total);
+    }
+    progress.finish();
+  } else {
+    std::map<std::string, size_t> ranks;
+    for (const auto& in : float_graph_.inputs) ranks[in.name] = in.dims ? in.dims->size() : 0;
+    // Resuming: the generator replays from the start; samples already observed are skipped.
+    for (size_t i = 0; i < report_.resumed_batches * o.batch_size; ++i)
+      SQ_CHECK(o.sample_generator().has_value(), ErrorKind::kInvalidData,
+               "sample_generator ended before the " + std::to_string(report_.resumed_batches) +
+                   " batches the calibration cache holds");
+    const size_t total = o.batch_nums.value_or(0);  // 0: until the generator ends
+    Progress progress("calibrate", total, "batches");
+    progress.advance(report_.resumed_batches);
+    size_t done = report_.resumed_batches;
+    while (!o.batch_nums || done < *o.batch_nums) {
+      std::vector<std::map<std::string, Tensor>> samples;
+      while (samples.size() < o.batch_size) {
+        auto s = o.sample_generator();
+        if (!s) break;
+        samples.push_back(std::move(*s));
+      }
+      if (samples.empty()) break;
+      ptq_->sample(stack_samples(samples, ranks));
+      report_.samples += samples.size();
+      ++done;
+      progress.advance();
+      after_batch(done, total);
+      if (samples.size() < o.batch_size) break;
+    }
+    progress.finish();
+    SQ_CHECK(done > 0, ErrorKind::kInvalidData, "sample_generator gave no calibration samples");
+    if (o.batch_nums && done < *o.batch_nums)
+      warnings_.push_back("batch_nums is " + std::to_string(*o.batch_nums) + " but sample_generator ended after " +
+                          std::to_string(done) + " batches: calibrated on those");
+  }
+  report_.batches = ptq_->samples_seen();
+  report_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  quantized_ = ptq_->convert();
+
+  if (o.is_use_cache_file) {
+    std::error_code ec;
+    std::filesystem::remove(cache_path(), ec);
+    if (created_cache_dir && std::filesystem::is_empty(o.cache_dir, ec)) std::filesystem::remove(o.cache_dir, ec);
+  }
+  return *quantized_;
+}
+
+void PostTrainingQuantization::save_quantized_model(const std::string& path) const {
+  ir::save_onnx(quantized_graph(), path);
+}
+
+}  // namespace slimquant::quant

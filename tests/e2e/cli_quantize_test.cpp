@@ -1,0 +1,84 @@
+// `slimquant quantize` from the command line: the JSON figures, the calibration cache flags and
+// the bad inputs of the PTQ issue, each with its exit code and a message naming the problem.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "slimquant/core/npy.h"
+#include "test_util.h"
+
+using namespace slimquant;
+
+namespace {
+
+const std::string kSmallCalib = "--dataset fashion-mnist:train --limit 64 --batch-size 32 ";
+
+nlohmann::json last_json_line(const std::string& output) {
+  auto end = output.find_last_not_of('\n');
+  auto start = output.rfind('\n', end);
+  return nlohmann::json::parse(output.substr(start == std::string::npos ? 0 : start + 1, end - start));
+}
+
+TEST(CliQuantize, JsonReportsAccuracySizesAndLatency) {
+  test::TempDir tmp("cli_q");
+  auto r = test::run_cli("quantize " + test::fixture_model("resnet_small") + " " + kSmallCalib +
+                         "--eval-dataset fashion-mnist:test -o " + tmp.path("q.onnx") +
+                         " --is-use-cache-file --cache-dir " + tmp.path("cache") + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = last_json_line(r.output);
+  EXPECT_EQ(j["samples"], 64) << "--limit applies to the evaluation data too";
+  EXPECT_GT(j["fp32_top1"].get<double>(), 0.8);
+  EXPECT_GT(j["int8_top1"].get<double>(), 0.8);
+  EXPECT_LE(std::abs(j["int8_top1"].get<double>() - j["fp32_top1"].get<double>()), 0.05);
+  EXPECT_GT(j["calib_seconds"].get<double>(), 0.0);
+  EXPECT_EQ(j["calib_batches"], 2);
+  EXPECT_EQ(j["int8_bytes"].get<double>(), static_cast<double>(std::filesystem::file_size(tmp.path("q.onnx"))));
+  EXPECT_LT(j["int8_bytes"].get<double>(), 0.5 * j["fp32_bytes"].get<double>());
+  EXPECT_GT(j["int8_latency_ms"].get<double>(), 0.0);
+  EXPECT_NE(r.output.find("latency (batch 32"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(tmp.path("cache/calibration.cache")));
+}
+
+TEST(CliQuantizeBadInput, EachProblemHasItsExitCodeAndMessage) {
+  test::TempDir tmp("cli_q_bad");
+  const std::string model = test::fixture_model("resnet_small");
+  const std::string out = " -o " + tmp.path("q.onnx") + " --no-eval";
+  struct Case {
+    std::string args;
+    int exit_code;
+    std::string words;
+  };
+  // Samples whose activations overflow to Inf inside the model.
+  std::filesystem::create_directories(tmp.path("huge"));
+  Tensor big(DType::kFloat32, {1, 1, 28, 28});
+  for (float& v : big.values<float>()) v = 3e38f;
+  write_npy(tmp.path("huge/a.npy"), big);
+  std::filesystem::create_directories(tmp.path("empty"));
+  const std::vector<Case> cases = {
+      {model + " " + kSmallCalib + "--quantizable-op-type Conv,Conv3x3" + out, 5, "Conv3x3"},
+      {model + " " + kSmallCalib + "--algo KLD" + out, 5, "KLD"},
+      {model + " " + kSmallCalib + "-o /nonexistent_dir/q.onnx", 7, "/nonexistent_dir"},
+      {model + " " + kSmallCalib + "--is-use-cache-file --cache-dir /proc/sq_cache" + out, 7, "/proc/sq_cache"},
+      {model + " --dataset npy:" + tmp.path("huge") + out, 6, "calibration batch 0, tensor"},
+      {model + " --dataset npy:" + tmp.path("empty") + out, 6, "empty"},
+  };
+  for (const auto& c : cases) {
+    auto r = test::run_cli("quantize " + c.args);
+    EXPECT_EQ(r.exit_code, c.exit_code) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.words), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+TEST(CliQuantizeBadInput, WarningsForSkipsMatchingNothingAndTooManyBatches) {
+  test::TempDir tmp("cli_q_warn");
+  auto r = test::run_cli("quantize " + test::fixture_model("resnet_small") + " " + kSmallCalib +
+                         "--batch-nums 9 --skip-nodes '/typo/*' --skip-tensor-list no_such_tensor --no-eval -o " +
+                         tmp.path("q.onnx"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("warning: skip pattern '/typo/*' matches no"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("warning: skip tensor 'no_such_tensor'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("warning: batch_nums is 9"), std::string::npos) << r.output;
+}
+
+}  // namespace

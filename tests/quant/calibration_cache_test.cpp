@@ -1,0 +1,255 @@
+// Calibration cache (is_use_cache_file) and the PostTrainingQuantization wrapper: an interrupted
+// calibration resumed from disk gives exactly the uninterrupted result; caches of another model or
+// config are refused; sample_generator and Dataset sources agree; bad input is named.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+#include <sstream>
+
+#include "slimquant/data/batch.h"
+#include "slimquant/ir/onnx_io.h"
+#include "slimquant/quant/observer.h"
+#include "slimquant/quant/post_training_quantization.h"
+#include "slimquant/quant/ptq.h"
+#include "test_util.h"
+
+using namespace slimquant;
+
+namespace {
+
+Tensor random_tensor(Shape shape, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, scale);
+  Tensor t(DType::kFloat32, shape);
+  for (float& v : t.values<float>()) v = normal(rng);
+  return t;
+}
+
+void expect_same_params(const quant::QuantParams& a, const quant::QuantParams& b) {
+  ASSERT_EQ(a.scale.size(), b.scale.size());
+  for (size_t i = 0; i < a.scale.size(); ++i) {
+    EXPECT_EQ(a.scale[i], b.scale[i]);
+    EXPECT_EQ(a.zero_point[i], b.zero_point[i]);
+  }
+}
+
+TEST(ObserverState, SaveAfterTwoBatchesLoadAndContinueEqualsUninterrupted) {
+  const Tensor b1 = random_tensor({4, 8, 5, 5}, 1, 1.0f), b2 = random_tensor({4, 8, 5, 5}, 2, 3.0f),
+               b3 = random_tensor({4, 8, 5, 5}, 3, 0.5f);
+  for (const auto& algo : quant::activation_algos()) {
+    SCOPED_TRACE(algo);
+    auto whole = quant::make_activation_observer(algo);
+    for (const Tensor* b : {&b1, &b2, &b3}) whole->observe(*b);
+
+    auto first = quant::make_activation_observer(algo);
+    first->observe(b1);
+    first->observe(b2);
+    std::stringstream state(std::ios::in | std::ios::out | std::ios::binary);
+    first->save_state(state);
+    auto resumed = quant::make_activation_observer(algo);
+    resumed->load_state(state);
+    resumed->observe(b3);
+
+    EXPECT_EQ(resumed->observed_count(), whole->observed_count());
+    EXPECT_EQ(resumed->observed_batches(), whole->observed_batches());
+    expect_same_params(resumed->params(quant::QuantScheme::kSymmetric), whole->params(quant::QuantScheme::kSymmetric));
+    expect_same_params(resumed->params(quant::QuantScheme::kAsymmetric), whole->params(quant::QuantScheme::kAsymmetric));
+  }
+}
+
+TEST(ObserverState, StateOfAnotherObserverIsRefused) {
+  auto kl = quant::make_activation_observer("KL");
+  kl->observe(random_tensor({2, 3}, 4, 1.f));
+  std::stringstream state(std::ios::in | std::ios::out | std::ios::binary);
+  kl->save_state(state);
+  auto mse = quant::make_activation_observer("mse");
+  try {
+    mse->load_state(state);
+    FAIL() << "loading KL state into mse must fail";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidData);
+  }
+  std::stringstream truncated(state.str().substr(0, 20), std::ios::in | std::ios::binary);
+  auto kl2 = quant::make_activation_observer("KL");
+  EXPECT_THROW(kl2->load_state(truncated), Error);
+}
+
+class CalibrationCache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = ir::load_onnx(test::fixture_model("resnet_small"));
+    data::DataOptions o;
+    o.spec = "fashion-mnist:test";
+    o.limit = 96;
+    data_ = data::open_dataset(o);
+  }
+  ir::Graph model_;
+  std::unique_ptr<data::Dataset> data_;
+};
+
+TEST_F(CalibrationCache, ResumedCalibrationGivesTheUninterruptedModel) {
+  test::TempDir tmp("calib_cache");
+  data::BatchLoader loader(*data_, 32);
+  quant::PTQ whole{quant::QuantConfig{}};
+  whole.quantize(model_);
+  for (size_t i = 0; i < 3; ++i) whole.sample(loader.batch(i).inputs);
+
+  {  // The "crashed" run: two batches, state on disk.
+    quant::PTQ first{quant::QuantConfig{}};
+    first.quantize(model_);
+    EXPECT_FALSE(first.load_calibration_state(tmp.path("c.cache"), "data-a"));
+    first.sample(loader.batch(0).inputs);
+    first.sample(loader.batch(1).inputs);
+    first.save_calibration_state(tmp.path("c.cache"), "data-a");
+  }
+  quant::PTQ resumed{quant::QuantConfig{}};
+  resumed.quantize(model_);
+  ASSERT_TRUE(resumed.load_calibration_state(tmp.path("c.cache"), "data-a"));
+  EXPECT_EQ(resumed.samples_seen(), 2u);
+  resumed.sample(loader.batch(2).inputs);
+  EXPECT_EQ(ir::serialize_onnx(resumed.convert()), ir::serialize_onnx(whole.convert()));
+
+  // Another config (algo), or other calibration data, must not silently reuse the cache.
+  quant::PTQ other{quant::QuantConfig{quant::QuantRule{"mse", "channel_wise_abs_max", true}}};
+  other.quantize(model_);
+  EXPECT_NE(other.fingerprint(), resumed.fingerprint());
+  try {
+    other.load_calibration_state(tmp.path("c.cache"), "data-a");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidData);
+    EXPECT_NE(std::string(e.what()).find("another model"), std::string::npos) << e.what();
+  }
+  quant::PTQ same{quant::QuantConfig{}};
+  same.quantize(model_);
+  EXPECT_THROW(same.load_calibration_state(tmp.path("c.cache"), "data-b"), Error);
+}
+
+TEST_F(CalibrationCache, WrapperDeletesItsCacheAndMatchesPlainPtq) {
+  test::TempDir tmp("ptq_wrapper");
+  quant::PostTrainingQuantizationOptions o;
+  o.model_dir = test::fixture_model("resnet_small");
+  o.dataset = data_.get();
+  o.batch_size = 32;
+  o.batch_nums = 3;
+  o.is_use_cache_file = true;
+  o.cache_dir = tmp.path("cache");
+  quant::PostTrainingQuantization wrapper(o);
+  const ir::Graph& qdq = wrapper.quantize();
+  EXPECT_EQ(wrapper.report().batches, 3u);
+  EXPECT_EQ(wrapper.report().samples, 96u);
+  EXPECT_FALSE(std::filesystem::exists(wrapper.cache_path()));
+  EXPECT_FALSE(std::filesystem::exists(o.cache_dir)) << "a cache_dir the run created is removed when empty";
+  wrapper.save_quantized_model(tmp.path("q.onnx"));
+  EXPECT_TRUE(std::filesystem::exists(tmp.path("q.onnx")));
+
+  quant::PTQ plain{quant::QuantConfig{}};
+  plain.quantize(model_);
+  for (const auto& b : data::BatchLoader(*data_, 32)) plain.sample(b.inputs);
+  EXPECT_EQ(ir::serialize_onnx(qdq), ir::serialize_onnx(plain.convert()));
+
+  // The same samples through sample_generator (one per call, no batch dimension).
+  size_t next = 0;
+  quant::PostTrainingQuantizationOptions g = o;
+  g.dataset = nullptr;
+  g.is_use_cache_file = false;
+  g.batch_nums.reset();
+  g.sample_generator = [&]() -> std::optional<std::map<std::string, Tensor>> {
+    if (next == data_->size()) return std::nullopt;
+    return std::map<std::string, Tensor>{{"input", data_->sample(next++)}};
+  };
+  quant::PostTrainingQuantization from_generator(g);
+  EXPECT_EQ(ir::serialize_onnx(from_generator.quantize()), ir::serialize_onnx(qdq));
+  EXPECT_EQ(from_generator.report().batches, 3u);
+}
+
+TEST_F(CalibrationCache, WrapperResumesFromALeftoverCache) {
+  test::TempDir tmp("ptq_resume");
+  data::BatchLoader loader(*data_, 32);
+  quant::PostTrainingQuantizationOptions o;
+  o.model_dir = test::fixture_model("resnet_small");
+  o.dataset = data_.get();
+  o.batch_size = 32;
+  o.is_use_cache_file = true;
+  o.cache_dir = tmp.path();
+  quant::PostTrainingQuantization wrapper(o);
+  {  // What an interrupted run with the same settings leaves behind: one batch observed.
+    quant::PTQ crashed{quant::QuantConfig{}};
+    crashed.quantize(model_);
+    crashed.sample(loader.batch(0).inputs);
+    crashed.save_calibration_state(wrapper.cache_path(), "batch_size=32;data=" + data_->name() + ";n=96");
+  }
+  const ir::Graph& qdq = wrapper.quantize();
+  EXPECT_EQ(wrapper.report().resumed_batches, 1u);
+  EXPECT_EQ(wrapper.report().samples, 64u) << "only the remaining batches run";
+  quant::PTQ plain{quant::QuantConfig{}};
+  plain.quantize(model_);
+  for (const auto& b : loader) plain.sample(b.inputs);
+  EXPECT_EQ(ir::serialize_onnx(qdq), ir::serialize_onnx(plain.convert()));
+  EXPECT_TRUE(std::filesystem::exists(tmp.path())) << "a cache_dir the user made is kept";
+  EXPECT_FALSE(std::filesystem::exists(wrapper.cache_path()));
+}
+
+TEST_F(CalibrationCache, BadInputIsNamed) {
+  quant::PostTrainingQuantizationOptions o;
+  o.model_dir = test::fixture_model("resnet_small");
+  o.dataset = data_.get();
+  o.batch_size = 32;
+
+  auto expect_error = [](quant::PostTrainingQuantizationOptions opts, ErrorKind kind, const std::string& words) {
+    quant::PostTrainingQuantization p(std::move(opts));
+    try {
+      p.quantize();
+      FAIL() << "expected an error mentioning: " << words;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), kind) << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  auto unknown_type = o;
+  unknown_type.quantizable_op_type = {"Conv", "conv3x3"};
+  expect_error(unknown_type, ErrorKind::kInvalidArgument, "conv3x3");
+  auto bad_cache = o;
+  bad_cache.is_use_cache_file = true;
+  bad_cache.cache_dir = "/proc/slimquant_cache";
+  expect_error(bad_cache, ErrorKind::kIo, "/proc/slimquant_cache");
+  // An empty data set: a .npy directory without samples, if the loader accepts one at all.
+  test::TempDir tmp("ptq_empty");
+  data::DataOptions empty_opts;
+  empty_opts.spec = "npy:" + tmp.path();
+  std::unique_ptr<data::Dataset> empty;
+  try {
+    empty = data::open_dataset(empty_opts);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidData) << e.what();
+  }
+  if (empty) {
+    auto e = o;
+    e.dataset = empty.get();
+    expect_error(e, ErrorKind::kInvalidData, "empty");
+  }
+  // Non-finite activations name the batch and the tensor.
+  auto huge = o;
+  Tensor big(DType::kFloat32, {1, 1, 28, 28});
+  for (float& v : big.values<float>()) v = 3e38f;
+  huge.dataset = nullptr;
+  huge.sample_generator = [&, n = 0]() mutable -> std::optional<std::map<std::string, Tensor>> {
+    if (n++ == 1) return std::nullopt;
+    return std::map<std::string, Tensor>{{"input", big}};
+  };
+  expect_error(huge, ErrorKind::kInvalidData, "calibration batch 0, tensor");
+
+  // Not fatal: a skip that matches nothing, more batches asked for than the data has.
+  auto lenient = o;
+  lenient.skip_quant = {"/no/such/node*"};
+  lenient.batch_nums = 50;
+  quant::PostTrainingQuantization p(lenient);
+  p.quantize();
+  ASSERT_EQ(p.warnings().size(), 2u);
+  EXPECT_NE(p.warnings()[0].find("/no/such/node*"), std::string::npos);
+  EXPECT_NE(p.warnings()[1].find("only 3 batches"), std::string::npos) << p.warnings()[1];
+  EXPECT_EQ(p.report().batches, 3u);
+}
+
+}  // namespace
