@@ -39,6 +39,10 @@ class TopK : public Metric {
   size_t samples() const override { return seen_; }
   void reset() override { correct_ = seen_ = 0; }
   std::unique_ptr<Metric> clone_empty() const override { return std::make_unique<TopK>(k_); }
+  nlohmann::json state() const override { return {{"correct", correct_}, {"seen", seen_}}; }
+  void load_state(const nlohmann::json& s) override {
+    correct_ = s.at("correct").get<size_t>(), seen_ = s.at("seen").get<size_t>();
+  }
 
  private:
   int k_;
@@ -68,6 +72,10 @@ class Cosine : public Metric {
   size_t samples() const override { return seen_; }
   void reset() override { sum_ = 0, seen_ = 0; }
   std::unique_ptr<Metric> clone_empty() const override { return std::make_unique<Cosine>(); }
+  nlohmann::json state() const override { return {{"sum", sum_}, {"seen", seen_}}; }
+  void load_state(const nlohmann::json& s) override {
+    sum_ = s.at("sum").get<double>(), seen_ = s.at("seen").get<size_t>();
+  }
 
  private:
   double sum_ = 0;
@@ -93,6 +101,10 @@ class Sqnr : public Metric {
   size_t samples() const override { return seen_; }
   void reset() override { signal_ = noise_ = 0, seen_ = 0; }
   std::unique_ptr<Metric> clone_empty() const override { return std::make_unique<Sqnr>(); }
+  nlohmann::json state() const override { return {{"signal", signal_}, {"noise", noise_}, {"seen", seen_}}; }
+  void load_state(const nlohmann::json& s) override {
+    signal_ = s.at("signal").get<double>(), noise_ = s.at("noise").get<double>(), seen_ = s.at("seen").get<size_t>();
+  }
 
  private:
   double signal_ = 0, noise_ = 0;
@@ -118,12 +130,24 @@ class Top1Agreement : public Metric {
   size_t samples() const override { return seen_; }
   void reset() override { agree_ = seen_ = 0; }
   std::unique_ptr<Metric> clone_empty() const override { return std::make_unique<Top1Agreement>(); }
+  nlohmann::json state() const override { return {{"agree", agree_}, {"seen", seen_}}; }
+  void load_state(const nlohmann::json& s) override {
+    agree_ = s.at("agree").get<size_t>(), seen_ = s.at("seen").get<size_t>();
+  }
 
  private:
   size_t agree_ = 0, seen_ = 0;
 };
 
 }  // namespace
+
+nlohmann::json Metric::state() const {
+  fail(ErrorKind::kUnsupported, "metric '" + name() + "' cannot be checkpointed (it does not implement state())");
+}
+
+void Metric::load_state(const nlohmann::json&) {
+  fail(ErrorKind::kUnsupported, "metric '" + name() + "' cannot be resumed (it does not implement load_state())");
+}
 
 std::unique_ptr<Metric> make_metric(const std::string& name) {
   if (name == "top1") return std::make_unique<TopK>(1);

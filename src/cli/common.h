@@ -48,5 +48,7 @@ Action register_eval(CLI::App& app);
 Action register_bench(CLI::App& app);
 Action register_quantize(CLI::App& app);
 Action register_qat(CLI::App& app);
+Action register_analyze(CLI::App& app);
+Action register_analyze_qat(CLI::App& app);
 
 }  // namespace slimquant::cli

@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
   add(cli::register_bench);
   add(cli::register_quantize);
   add(cli::register_qat);
+  add(cli::register_analyze);
+  add(cli::register_analyze_qat);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

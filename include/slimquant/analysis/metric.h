@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "slimquant/core/tensor.h"
 
 namespace slimquant::analysis {
@@ -25,6 +27,11 @@ class Metric {
   // True when larger values are better (accuracy); false for losses/errors.
   virtual bool higher_is_better() const { return true; }
   virtual std::unique_ptr<Metric> clone_empty() const = 0;
+  // The accumulated state, exact enough that load_state() continues as if never interrupted
+  // (analysis checkpoints). The defaults throw kUnsupported: metrics without them can still be
+  // used, only not checkpointed.
+  virtual nlohmann::json state() const;
+  virtual void load_state(const nlohmann::json& state);
 };
 
 // "top1", "top5", "cosine" (1 - cosine similarity to reference, lower is better), "sqnr" (dB vs

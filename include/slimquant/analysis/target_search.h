@@ -1,0 +1,66 @@
+#pragma once
+// Target metric search (seed 000's "coming soon"): the quantized model that meets a target metric
+// while leaving as few layers as possible in float. Guided by the PTQ analysis ranking: skip the
+// k most damaging layers for growing k (1, 2, 4, ...), bisect to the smallest k that meets the
+// target, then try to quantize again each skipped layer, least damaging first. Candidates are
+// evaluated with slimquant's integer execution (the model users deploy); the best model so far is
+// always saved, even when the target cannot be met.
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "slimquant/analysis/metric.h"
+#include "slimquant/analysis/ptq_analysis.h"
+#include "slimquant/data/dataset.h"
+#include "slimquant/quant/ptq.h"
+
+namespace slimquant::analysis {
+
+struct TargetSearchOptions {
+  double target = 0;
+  size_t batch_size = 64;
+  std::string save_dir = "analysis_results";
+  std::string model_name = "target_model.onnx";  // best model so far, in save_dir
+  int latency_runs = 10;                         // timed runs of one batch per candidate (median)
+  size_t max_evaluations = 64;
+  int num_threads = 0;
+};
+
+struct TargetCandidate {
+  std::vector<std::string> skipped;  // layers left in float, most damaging first
+  double metric = 0;
+  bool meets = false;
+  double latency_ms = 0;   // one batch of batch_size, integer execution, median
+  size_t model_bytes = 0;  // serialized ONNX
+  std::string stage;       // "int8", "prefix", "bisect", "refine"
+};
+
+struct TargetSearchResult {
+  double target = 0;
+  std::string metric;
+  bool higher_is_better = true;
+  double fp32_metric = 0;
+  double fp32_latency_ms = 0;
+  size_t fp32_model_bytes = 0;
+  std::vector<TargetCandidate> candidates;  // in evaluation order
+  size_t best = 0;                          // index into candidates
+  bool met = false;
+  std::string model_path;
+  // The same choice as `quantize --skip-tensor-list` tensors (checked to select exactly these
+  // layers), empty when no tensor list expresses it; `--skip-nodes` with the layer names always does.
+  std::vector<std::string> skip_tensor_list;
+  nlohmann::json to_json() const;
+  std::string table() const;  // candidates as a text table
+};
+
+// `ptq` calibrated; `ranking` its PTQ analysis. Writes the best model (model_name), the candidates
+// table (target_candidates.txt) and target_search.json into save_dir after every evaluation.
+TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport& ranking, const data::Dataset& data,
+                                 const Metric& metric, const TargetSearchOptions& options);
+
+// Tensors whose `skip_tensor_list` entry makes `config` skip exactly `layers` of ptq (one tensor per
+// layer, read or written by no other layer), or empty when some layer has none.
+std::vector<std::string> equivalent_skip_tensors(const quant::PTQ& ptq, const std::vector<std::string>& layers);
+
+}  // namespace slimquant::analysis

@@ -1,0 +1,398 @@
+#include "slimquant/analysis/ptq_analysis.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "slimquant/analysis/checkpoint.h"
+#include "slimquant/core/progress.h"
+#include "slimquant/data/batch.h"
+#include "slimquant/ir/onnx_io.h"
+#include "slimquant/runtime/optimize.h"
+
+namespace slimquant::analysis {
+
+namespace {
+
+bool tensors_equal(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  if (a.raw() == b.raw()) return true;
+  return std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+bool attrs_equal(const ir::AttributeValue& a, const ir::AttributeValue& b) {
+  if (a.index() != b.index()) return false;
+  return std::visit(
+      [&](const auto& x) {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, Tensor>) return tensors_equal(x, std::get<Tensor>(b));
+        else return x == std::get<T>(b);
+      },
+      a);
+}
+
+bool nodes_equal(const ir::Node& a, const ir::Node& b) {
+  if (a.op_type != b.op_type || a.domain != b.domain || a.inputs != b.inputs || a.outputs != b.outputs) return false;
+  if (a.attrs.size() != b.attrs.size()) return false;
+  for (const auto& [k, v] : a.attrs) {
+    auto it = b.attrs.find(k);
+    if (it == b.attrs.end() || !attrs_equal(v, it->second)) return false;
+  }
+  return true;
+}
+
+void ensure_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  SQ_CHECK(std::filesystem::is_directory(dir), ErrorKind::kIo,
+           "cannot create save_dir '" + dir + "'" + (ec ? ": " + ec.message() : std::string()));
+}
+
+std::string checkpoint_path(const PtqAnalysisOptions& o) {
+  return o.checkpoint_name.empty() ? std::string() : (std::filesystem::path(o.save_dir) / o.checkpoint_name).string();
+}
+
+}  // namespace
+
+void prepare_for_sweep(ir::Graph& g) {
+  runtime::FoldOptions fold;
+  // A constant weight's DequantizeLinear computes the same floats every batch: fold it once, which
+  // also lets the convolution prepack its weights.
+  fold.keep_dequantize_linear = false;
+  runtime::optimize_graph(g, fold);
+}
+
+std::vector<std::string> boundary_values(const ir::Graph& base, const ir::Graph& v) {
+  std::unordered_map<std::string, const ir::Node*> base_producer;
+  for (const auto& n : base.nodes)
+    for (const auto& o : n.outputs)
+      if (!o.empty()) base_producer[o] = &n;
+  std::unordered_set<std::string> same, constant, base_inputs;
+  for (const auto& in : base.inputs) base_inputs.insert(in.name);
+  for (const auto& in : v.inputs)
+    if (base_inputs.count(in.name)) same.insert(in.name);
+  for (const auto& [name, t] : v.initializers) constant.insert(name);
+  auto same_initializer = [&](const std::string& name) {
+    const Tensor* b = base.initializer(name);
+    return b && tensors_equal(*b, *v.initializer(name));
+  };
+  std::vector<std::string> boundary;
+  std::unordered_set<std::string> in_boundary;
+  auto add = [&](const std::string& name) {
+    if (same.count(name) && !constant.count(name) && in_boundary.insert(name).second) boundary.push_back(name);
+  };
+  for (const auto& n : v.nodes) {
+    bool all_const = !n.inputs.empty();
+    for (const auto& in : n.inputs)
+      if (!in.empty() && !constant.count(in)) all_const = false;
+    if (all_const)
+      for (const auto& o : n.outputs) constant.insert(o);
+    bool is_same = false;
+    if (!n.outputs.empty()) {
+      auto it = base_producer.find(n.outputs[0]);
+      is_same = it != base_producer.end() && nodes_equal(*it->second, n);
+    }
+    for (const auto& in : n.inputs) {
+      if (!is_same || in.empty()) break;
+      is_same = v.is_initializer(in) ? same_initializer(in) : same.count(in) != 0;
+    }
+    if (is_same) {
+      for (const auto& o : n.outputs) same.insert(o);
+    } else {
+      for (const auto& in : n.inputs)
+        if (!in.empty()) add(in);
+    }
+  }
+  for (const auto& o : v.outputs) add(o.name);
+  return boundary;
+}
+
+SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>& variants, const data::Dataset& data,
+                         const Metric& metric, const ir::Graph* reference, const SweepOptions& options) {
+  SQ_CHECK(!metric.needs_labels() || data.has_labels(), ErrorKind::kInvalidArgument,
+           "metric '" + metric.name() + "' needs labels, but data set '" + data.name() +
+               "' has none (use a label-free metric: cosine, sqnr, top1_agreement)");
+  SQ_CHECK(data.size() > 0, ErrorKind::kInvalidData, "evaluation data set '" + data.name() + "' is empty");
+  SQ_CHECK(options.batch_size > 0, ErrorKind::kInvalidArgument, "batch size must be at least 1");
+  runtime::SessionOptions so;
+  so.num_threads = options.num_threads;
+  ir::Graph b = base;
+  prepare_for_sweep(b);
+  runtime::Session base_session(std::move(b), so);
+  SQ_CHECK(base_session.inputs().size() == 1, ErrorKind::kInvalidArgument,
+           "analysis feeds one data set input, the model has " + std::to_string(base_session.inputs().size()) + " inputs");
+  const std::string input = base_session.inputs()[0].name;
+  const std::string output = base_session.outputs().at(0).name;
+
+  struct Runner {
+    std::unique_ptr<runtime::Session> session;
+    std::vector<std::string> feeds;
+    std::string output;
+  };
+  std::vector<Runner> runners;
+  std::set<std::string> wanted_set{output};
+  for (const auto& var : variants) {
+    ir::Graph g = var.graph;
+    prepare_for_sweep(g);
+    Runner r;
+    r.session = std::make_unique<runtime::Session>(std::move(g), so);
+    r.feeds = boundary_values(base_session.graph(), r.session->graph());
+    r.output = r.session->outputs().at(0).name;
+    for (const auto& f : r.feeds)
+      if (f != input) wanted_set.insert(f);
+    runners.push_back(std::move(r));
+  }
+  std::vector<std::string> wanted(wanted_set.begin(), wanted_set.end());
+  std::unique_ptr<runtime::Session> ref_session;
+  if (reference && metric.needs_reference()) ref_session = std::make_unique<runtime::Session>(*reference, so);
+
+  auto base_metric = metric.clone_empty();
+  std::vector<std::unique_ptr<Metric>> metrics;
+  for (size_t i = 0; i < variants.size(); ++i) metrics.push_back(metric.clone_empty());
+
+  data::BatchLoader loader(data, options.batch_size);
+  const size_t total = loader.num_batches();
+  size_t start = 0;
+  std::optional<Checkpoint> checkpoint;
+  if (!options.checkpoint_path.empty()) {
+    nlohmann::json fp = options.fingerprint.is_object() ? options.fingerprint : nlohmann::json::object();
+    fp["metric"] = metric.name();
+    fp["data"] = data.name();
+    fp["samples"] = data.size();
+    fp["batch_size"] = options.batch_size;
+    nlohmann::json names = nlohmann::json::array();
+    for (const auto& v : variants) names.push_back(v.layer);
+    fp["layers_hash"] = hash_hex(names.dump());
+    checkpoint.emplace(options.checkpoint_path, fp);
+    // Without resume the checkpoint is simply overwritten; with it, a foreign one is refused.
+    nlohmann::json state = options.resume ? checkpoint->load() : nlohmann::json();
+    if (!state.is_null()) {
+      start = state.at("batches_done").get<size_t>();
+      SQ_CHECK(start <= total && state.at("layers").size() == variants.size(), ErrorKind::kInvalidData,
+               "checkpoint '" + options.checkpoint_path + "' is inconsistent; delete it to start over");
+      base_metric->load_state(state.at("base"));
+      for (size_t i = 0; i < variants.size(); ++i) metrics[i]->load_state(state.at("layers")[i]);
+    }
+  }
+
+  SweepResult result;
+  result.batches = total;
+  result.batches_resumed = start;
+  Progress progress(options.progress_label, total - start, "batches");
+  progress.set_note(std::to_string(variants.size()) + " layers");
+  for (size_t bi = start; bi < total; ++bi) {
+    data::Batch batch = loader.batch(bi);
+    runtime::RunOptions ro;
+    ro.outputs = wanted;
+    std::map<std::string, Tensor> values = base_session.run({{input, batch.inputs}}, ro);
+    values[input] = batch.inputs;
+    Tensor ref;
+    if (metric.needs_reference())
+      ref = ref_session ? ref_session->run({{ref_session->inputs().at(0).name, batch.inputs}})
+                              .at(ref_session->outputs().at(0).name)
+                        : values.at(output);
+    base_metric->update(values.at(output), batch.labels, ref);
+    for (size_t i = 0; i < runners.size(); ++i) {
+      Runner& r = runners[i];
+      std::map<std::string, Tensor> feeds;
+      for (const auto& f : r.feeds) feeds[f] = values.at(f);
+      runtime::RunOptions vo;
+      vo.outputs = {r.output};
+      Tensor out = r.session->run(feeds, vo).at(r.output);
+      metrics[i]->update(out, batch.labels, ref);
+    }
+    if (checkpoint) {
+      nlohmann::json layers = nlohmann::json::array();
+      for (const auto& m : metrics) layers.push_back(m->state());
+      checkpoint->save({{"batches_done", bi + 1}, {"batches_total", total}, {"base", base_metric->state()},
+                        {"layers", layers}});
+    }
+    progress.advance();
+  }
+  progress.finish();
+  result.seconds = progress.elapsed_seconds();
+  result.base_metric = base_metric->value();
+  result.samples = base_metric->samples();
+  for (const auto& m : metrics) result.layer_metric.push_back(m->value());
+  return result;
+}
+
+SensitivityReport rank_layers(const std::string& kind, const std::vector<LayerVariant>& variants, const SweepResult& sweep,
+                              const Metric& metric, double baseline) {
+  SensitivityReport r;
+  r.kind = kind;
+  r.metric = metric.name();
+  r.higher_is_better = metric.higher_is_better();
+  r.baseline = baseline;
+  r.samples = sweep.samples;
+  r.seconds = sweep.seconds;
+  r.batches_resumed = sweep.batches_resumed;
+  for (size_t i = 0; i < variants.size(); ++i) {
+    LayerSensitivity l;
+    l.name = variants[i].layer;
+    l.op_type = variants[i].op_type;
+    l.metric = sweep.layer_metric.at(i);
+    const double better = r.higher_is_better ? l.metric - baseline : baseline - l.metric;
+    // PTQ: quantizing the layer made it worse by -better; QAT: removing its quantization gained `better`.
+    l.delta = (kind == "qat" ? better : -better) + 0.0;  // + 0.0: no "-0" in reports
+    if (std::isnan(l.delta)) l.delta = std::numeric_limits<double>::infinity();  // NaN outputs: most damaging
+    l.index = i;
+    r.ranked.push_back(std::move(l));
+  }
+  std::stable_sort(r.ranked.begin(), r.ranked.end(),
+                   [](const LayerSensitivity& a, const LayerSensitivity& b) { return a.delta > b.delta; });
+  return r;
+}
+
+nlohmann::json SensitivityReport::to_json() const {
+  nlohmann::json layers = nlohmann::json::array();
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    const auto& l = ranked[i];
+    layers.push_back({{"rank", i + 1}, {"name", l.name}, {"op_type", l.op_type}, {"metric", l.metric},
+                      {kind == "qat" ? "gain" : "loss", l.delta}, {"index", l.index}});
+  }
+  nlohmann::json j{{"kind", kind},
+                   {"metric", metric},
+                   {"higher_is_better", higher_is_better},
+                   {kind == "qat" ? "qat_metric" : "fp32_metric", baseline},
+                   {"samples", samples},
+                   {"seconds", seconds},
+                   {"batches_resumed", batches_resumed},
+                   {"layers", layers}};
+  for (const auto& [k, v] : extra.items()) j[k] = v;
+  return j;
+}
+
+std::string SensitivityReport::to_text() const {
+  std::ostringstream os;
+  os << std::setprecision(6) << std::fixed;
+  for (const auto& l : ranked) os << l.name << '\t' << l.op_type << '\t' << l.metric << '\n';
+  return os.str();
+}
+
+void write_report(const SensitivityReport& report, const std::string& save_dir) {
+  ensure_dir(save_dir);
+  write_file_atomic((std::filesystem::path(save_dir) / "analysis.txt").string(), report.to_text());
+  write_file_atomic((std::filesystem::path(save_dir) / "analysis.json").string(), report.to_json().dump(2) + "\n");
+}
+
+
+std::vector<LayerVariant> ptq_variants(const quant::PTQ& ptq) {
+  std::vector<LayerVariant> out;
+  for (const auto& layer : ptq.layers()) {
+    ir::Graph g = ptq.convert(std::set<std::string>{layer.name});
+    prepare_for_sweep(g);
+    out.push_back({layer.name, layer.op_type, std::move(g)});
+  }
+  return out;
+}
+
+nlohmann::json ptq_fingerprint(const quant::PTQ& ptq) {
+  std::ostringstream scales;
+  scales << std::setprecision(9);
+  for (const auto& t : ptq.observed_tensors()) {
+    if (ptq.activation_observer(t).observed_count() == 0) continue;
+    quant::QuantParams p = ptq.activation_params(t);
+    scales << t << ':' << static_cast<int>(p.dtype);
+    for (size_t i = 0; i < p.scale.size(); ++i) scales << ',' << p.scale[i] << '/' << p.zero_point[i];
+    scales << ';';
+  }
+  return {{"kind", "ptq"},
+          {"model", hash_hex(ir::serialize_onnx(ptq.float_graph()))},
+          {"config", ptq.config().fingerprint()},
+          {"scales", hash_hex(scales.str())}};
+}
+
+SensitivityReport analyze_ptq(const quant::PTQ& ptq, const data::Dataset& data, const Metric& metric,
+                              const PtqAnalysisOptions& options) {
+  ensure_dir(options.save_dir);
+  std::vector<LayerVariant> variants = ptq_variants(ptq);
+  SQ_CHECK(!variants.empty(), ErrorKind::kInvalidArgument,
+           "the model has no quantizable layer (quantizable_op_type: check the op types)");
+  SweepOptions so;
+  so.batch_size = options.batch_size;
+  so.checkpoint_path = checkpoint_path(options);
+  so.fingerprint = ptq_fingerprint(ptq);
+  for (const auto& [k, v] : options.fingerprint_extra.items()) so.fingerprint[k] = v;
+  so.num_threads = options.num_threads;
+  so.progress_label = "analyze";
+  SweepResult sweep = sweep_layers(ptq.float_graph(), variants, data, metric, nullptr, so);
+  SensitivityReport report = rank_layers("ptq", variants, sweep, metric, sweep.base_metric);
+  report.extra["layers_total"] = variants.size();
+  report.extra["data"] = data.name();
+  report.extra["batch_size"] = options.batch_size;
+  report.extra["quant_config"] = ptq.config().fingerprint();
+  write_report(report, options.save_dir);
+  return report;
+}
+
+SensitivityReport analyze_ptq(const quant::PTQ& ptq, const std::function<double(runtime::Session&)>& eval_function,
+                              bool higher_is_better, const PtqAnalysisOptions& options) {
+  ensure_dir(options.save_dir);
+  SQ_CHECK(static_cast<bool>(eval_function), ErrorKind::kInvalidArgument, "eval_function is empty");
+  const auto& layers = ptq.layers();
+  SQ_CHECK(!layers.empty(), ErrorKind::kInvalidArgument,
+           "the model has no quantizable layer (quantizable_op_type: check the op types)");
+  nlohmann::json fp = ptq_fingerprint(ptq);
+  fp["metric"] = "eval_function";
+  for (const auto& [k, v] : options.fingerprint_extra.items()) fp[k] = v;
+  std::optional<Checkpoint> checkpoint;
+  nlohmann::json state{{"fp32", nullptr}, {"done", nlohmann::json::object()}};
+  if (!options.checkpoint_name.empty()) {
+    checkpoint.emplace(checkpoint_path(options), fp);
+    nlohmann::json saved = checkpoint->load();
+    if (!saved.is_null()) state = saved;
+  }
+  auto save = [&] {
+    if (checkpoint) checkpoint->save(state);
+  };
+  Progress progress("analyze", layers.size() + 1, "models");
+  const size_t resumed = state["done"].size();
+  if (state["fp32"].is_null()) {
+    runtime::Session fp32(ptq.float_graph());
+    state["fp32"] = eval_function(fp32);
+    save();
+  }
+  progress.advance();
+  SweepResult sweep;
+  sweep.base_metric = state["fp32"].get<double>();
+  std::vector<LayerVariant> variants;
+  for (const auto& layer : layers) {
+    if (!state["done"].contains(layer.name)) {
+      ir::Graph g = ptq.convert(std::set<std::string>{layer.name});
+      prepare_for_sweep(g);
+      runtime::Session s(std::move(g));
+      state["done"][layer.name] = eval_function(s);
+      save();
+    }
+    sweep.layer_metric.push_back(state["done"][layer.name].get<double>());
+    variants.push_back({layer.name, layer.op_type, ir::Graph()});
+    progress.advance();
+  }
+  progress.finish();
+  sweep.seconds = progress.elapsed_seconds();
+  sweep.batches_resumed = resumed;
+  struct Direction : Metric {
+    explicit Direction(bool h) : h_(h) {}
+    std::string name() const override { return "eval_function"; }
+    void update(const Tensor&, const std::vector<int64_t>&, const Tensor&) override {}
+    double value() const override { return 0; }
+    size_t samples() const override { return 0; }
+    void reset() override {}
+    bool higher_is_better() const override { return h_; }
+    std::unique_ptr<Metric> clone_empty() const override { return std::make_unique<Direction>(h_); }
+    bool h_;
+  } direction(higher_is_better);
+  SensitivityReport report = rank_layers("ptq", variants, sweep, direction, sweep.base_metric);
+  report.extra["layers_total"] = layers.size();
+  write_report(report, options.save_dir);
+  return report;
+}
+
+}  // namespace slimquant::analysis

@@ -1,0 +1,205 @@
+#include "slimquant/analysis/qat_analysis.h"
+
+#include <filesystem>
+#include <unordered_set>
+
+#include "slimquant/analysis/checkpoint.h"
+#include "slimquant/ir/onnx_io.h"
+#include "slimquant/ir/passes.h"
+#include "slimquant/quant/op_spec.h"
+#include "slimquant/runtime/optimize.h"
+
+namespace slimquant::analysis {
+
+namespace {
+
+// Same naming rule as the PTQ, so layer names agree between the PTQ and the QAT analysis.
+void name_nodes(ir::Graph& g) {
+  std::unordered_set<std::string> names;
+  for (auto& node : g.nodes) {
+    if (node.name.empty() || names.count(node.name))
+      node.name = g.unique_value_name(node.name.empty() ? node.outputs.at(0) : node.name);
+    names.insert(node.name);
+  }
+}
+
+std::set<std::string> onnx_types(const std::vector<std::string>& names) {
+  std::set<std::string> out;
+  for (const auto& n : names)
+    for (const auto& t : quant::onnx_op_types_for(n)) out.insert(t);
+  return out;
+}
+
+// Names a float tensor may have had before a tool quantized it.
+std::vector<std::string> name_candidates(const std::string& name) {
+  static const std::vector<std::string> kSuffixes = {"_QuantizeLinear_Output", "_DequantizeLinear_Output", "_quantized",
+                                                     "_dequantized", "_quant", "_int8", "_q", ".quantized"};
+  std::vector<std::string> out{name};
+  for (const auto& s : kSuffixes)
+    if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0)
+      out.push_back(name.substr(0, name.size() - s.size()));
+  return out;
+}
+
+const ir::Node* producer_node(const ir::Graph& g, const std::string& v) {
+  int p = g.producer(v);
+  return p < 0 ? nullptr : &g.nodes[static_cast<size_t>(p)];
+}
+
+const Tensor* float_match(const ir::Graph& f, const std::string& name, const Shape& shape) {
+  const Tensor* t = f.initializer(name);
+  return t && t->dtype() == DType::kFloat32 && t->shape() == shape ? t : nullptr;
+}
+
+}  // namespace
+
+std::vector<QatLayer> find_quantized_layers(const ir::Graph& quant, const std::vector<std::string>& quantizable_op_type) {
+  ir::Graph g = quant;
+  name_nodes(g);
+  const std::set<std::string> types = onnx_types(quantizable_op_type);
+  std::vector<QatLayer> out;
+  for (const auto& node : g.nodes) {
+    if (!types.count(node.op_type)) continue;
+    QatLayer layer{node.name, node.op_type, {}, {}};
+    bool quantized = false;
+    for (const auto& in : node.inputs) {
+      const ir::Node* dq = in.empty() ? nullptr : producer_node(g, in);
+      if (!dq || dq->op_type != "DequantizeLinear") continue;
+      quantized = true;
+      const ir::Node* q = producer_node(g, dq->inputs.at(0));
+      if (q && q->op_type == "QuantizeLinear" && !g.is_initializer(q->inputs.at(0))) layer.activations.push_back(q->inputs[0]);
+    }
+    if (quantized) out.push_back(std::move(layer));
+  }
+  return out;
+}
+
+ir::Graph dequantize_layers(const ir::Graph& quant, const ir::Graph& float_graph, const std::set<std::string>& layers,
+                            std::vector<QatLayer>* info) {
+  ir::Graph g = quant;
+  name_nodes(g);
+  std::set<std::string> pending = layers;
+  std::map<std::string, int> seen_of_type;  // running count per op type, for position matching
+  std::vector<ir::Node> new_nodes;
+  for (size_t ni = 0; ni < g.nodes.size(); ++ni) {
+    const int position = seen_of_type[g.nodes[ni].op_type]++;
+    if (!pending.erase(g.nodes[ni].name)) continue;
+    ir::Node& node = g.nodes[ni];
+    QatLayer layer{node.name, node.op_type, {}, {}};
+    for (size_t k = 0; k < node.inputs.size(); ++k) {
+      const std::string in = node.inputs[k];
+      const ir::Node* dq = in.empty() ? nullptr : producer_node(g, in);
+      if (!dq || dq->op_type != "DequantizeLinear") continue;
+      const std::string xq = dq->inputs.at(0);
+      const ir::Node* q = producer_node(g, xq);
+      std::vector<std::string> names;
+      Shape shape;
+      if (q && q->op_type == "QuantizeLinear") {
+        const std::string& src = q->inputs.at(0);
+        if (!g.is_initializer(src)) {  // an activation: read it before its Q/DQ pair
+          layer.activations.push_back(src);
+          node.inputs[k] = src;
+          continue;
+        }
+        shape = g.initializer(src)->shape();  // float weight fake-quantized by Q -> DQ
+        names = name_candidates(src);
+      } else if (g.is_initializer(xq)) {
+        shape = g.initializer(xq)->shape();
+        names = name_candidates(xq);
+      } else {
+        continue;  // DQ of something computed: not a constant we can restore
+      }
+      for (const auto& c : name_candidates(in)) names.push_back(c);
+      const Tensor* restored = nullptr;
+      std::string source, restored_name;
+      for (const auto& n : names)
+        if ((restored = float_match(float_graph, n, shape))) {
+          source = "name:" + n;
+          restored_name = n;
+          break;
+        }
+      if (!restored) {
+        int count = 0;
+        for (const auto& fn : float_graph.nodes) {
+          if (fn.op_type != node.op_type || count++ != position) continue;
+          if (k < fn.inputs.size() && (restored = float_match(float_graph, fn.inputs[k], shape))) {
+            source = "position:" + node.op_type + " #" + std::to_string(position) + " input " + std::to_string(k);
+            restored_name = fn.inputs[k];
+          }
+          break;
+        }
+      }
+      if (!restored) {
+        layer.restored.push_back("dequantized (no float match for '" + xq + "')");
+        continue;
+      }
+      // Keep the float model's name when free: it is what users recognise.
+      std::string name = restored_name;
+      if (g.is_initializer(name) || g.producer(name) >= 0 || g.find_value_info(name))
+        name = g.unique_value_name(restored_name + "_float");
+      g.initializers[name] = *restored;
+      node.inputs[k] = name;
+      layer.restored.push_back(source);
+    }
+    if (info) info->push_back(std::move(layer));
+  }
+  if (!pending.empty())
+    fail(ErrorKind::kInvalidArgument, "layer '" + *pending.begin() + "' is not a node of the quantized model");
+  // The Q/DQ nodes nobody reads any more, and their constants, go.
+  g.remove_dead_nodes();
+  g.remove_unused_initializers();
+  g.validate();
+  return g;
+}
+
+SensitivityReport analyze_qat(const ir::Graph& quant, const ir::Graph& float_model, const data::Dataset& data,
+                              const Metric& metric, const QatAnalysisOptions& options) {
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(options.save_dir, ec);
+    SQ_CHECK(std::filesystem::is_directory(options.save_dir), ErrorKind::kIo,
+             "cannot create save_dir '" + options.save_dir + "'" + (ec ? ": " + ec.message() : std::string()));
+  }
+  ir::Graph q = quant;
+  ir::constants_to_initializers(q);
+  name_nodes(q);
+  ir::Graph f = float_model;
+  runtime::optimize_graph(f);  // BatchNorm folded, as PTQ folds it before quantizing
+  std::vector<QatLayer> layers = find_quantized_layers(q, options.quantizable_op_type);
+  std::string types;
+  for (const auto& t : options.quantizable_op_type) types += (types.empty() ? "" : ",") + t;
+  SQ_CHECK(!layers.empty(), ErrorKind::kInvalidArgument,
+           "the quantized model has no quantized layer of types " + types +
+               " (a layer is quantized when it reads a DequantizeLinear output): is it a QDQ model?");
+  std::vector<LayerVariant> variants;
+  nlohmann::json restored = nlohmann::json::object();
+  for (const auto& l : layers) {
+    std::vector<QatLayer> info;
+    variants.push_back({l.name, l.op_type, dequantize_layers(q, f, {l.name}, &info)});
+    restored[l.name] = info.at(0).restored;
+  }
+  SweepOptions so;
+  so.batch_size = options.batch_size;
+  so.checkpoint_path = options.checkpoint_name.empty()
+                           ? std::string()
+                           : (std::filesystem::path(options.save_dir) / options.checkpoint_name).string();
+  so.fingerprint = {{"kind", "qat"},
+                    {"quant_model", hash_hex(ir::serialize_onnx(q))},
+                    {"float_model", hash_hex(ir::serialize_onnx(f))},
+                    {"quantizable_op_type", types}};
+  so.resume = options.resume;
+  so.num_threads = options.num_threads;
+  so.progress_label = "analyze-qat";
+  SweepResult sweep = sweep_layers(q, variants, data, metric, &f, so);
+  const double baseline = options.qat_metric.value_or(sweep.base_metric);
+  SensitivityReport report = rank_layers("qat", variants, sweep, metric, baseline);
+  report.extra["quant_model_metric"] = sweep.base_metric;
+  report.extra["qat_metric_given"] = options.qat_metric.has_value();
+  report.extra["layers_total"] = variants.size();
+  report.extra["data"] = data.name();
+  report.extra["restored_weights"] = restored;
+  write_report(report, options.save_dir);
+  return report;
+}
+
+}  // namespace slimquant::analysis

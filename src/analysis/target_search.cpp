@@ -1,0 +1,232 @@
+#include "slimquant/analysis/target_search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iomanip>
+#include <map>
+#include <sstream>
+
+#include "slimquant/analysis/checkpoint.h"
+#include "slimquant/analysis/evaluate.h"
+#include "slimquant/data/batch.h"
+#include "slimquant/ir/onnx_io.h"
+#include "slimquant/quant/lowering.h"
+
+namespace slimquant::analysis {
+
+namespace {
+
+double median_latency_ms(runtime::Session& s, const Tensor& batch, int runs) {
+  const std::string in = s.inputs().at(0).name;
+  for (int i = 0; i < 2; ++i) s.run({{in, batch}});  // plans compiled, caches warm
+  std::vector<double> t;
+  for (int i = 0; i < std::max(1, runs); ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    s.run({{in, batch}});
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+std::string join(const std::vector<std::string>& v, const std::string& sep) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : sep) + s;
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> equivalent_skip_tensors(const quant::PTQ& ptq, const std::vector<std::string>& layers) {
+  const ir::Graph& g = ptq.float_graph();
+  std::set<std::string> skip(layers.begin(), layers.end());
+  std::map<std::string, const ir::Node*> by_name;
+  for (const auto& n : g.nodes) by_name[n.name] = &n;
+  // Which quantized layers touch each tensor.
+  std::map<std::string, std::set<std::string>> touching;
+  for (const auto& l : ptq.layers()) {
+    const ir::Node* n = by_name.at(l.name);
+    for (const auto& v : n->inputs) touching[v].insert(l.name);
+    for (const auto& v : n->outputs) touching[v].insert(l.name);
+  }
+  std::vector<std::string> tensors;
+  for (const auto& name : layers) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) return {};
+    std::string pick;
+    std::vector<std::string> options = it->second->outputs;
+    options.insert(options.end(), it->second->inputs.begin(), it->second->inputs.end());
+    for (const auto& v : options) {
+      if (v.empty()) continue;
+      const auto& who = touching[v];
+      if (std::all_of(who.begin(), who.end(), [&](const std::string& l) { return skip.count(l) != 0; })) {
+        pick = v;
+        break;
+      }
+    }
+    if (pick.empty()) return {};
+    tensors.push_back(pick);
+  }
+  // Check it against the config's own rule, so the printed command cannot drift from it.
+  quant::QuantConfig cfg = ptq.config();
+  for (const auto& t : tensors) cfg.skip_tensor_list.push_back(t);
+  for (const auto& l : ptq.layers())
+    if ((cfg.spec_for(*by_name.at(l.name)) == nullptr) != (skip.count(l.name) != 0)) return {};
+  return tensors;
+}
+
+nlohmann::json TargetSearchResult::to_json() const {
+  nlohmann::json cands = nlohmann::json::array();
+  for (const auto& c : candidates)
+    cands.push_back({{"skipped", c.skipped}, {"metric", c.metric}, {"meets", c.meets}, {"latency_ms", c.latency_ms},
+                     {"model_bytes", c.model_bytes}, {"stage", c.stage}});
+  nlohmann::json j{{"target", target},
+                   {"metric", metric},
+                   {"higher_is_better", higher_is_better},
+                   {"fp32_metric", fp32_metric},
+                   {"fp32_latency_ms", fp32_latency_ms},
+                   {"fp32_model_bytes", fp32_model_bytes},
+                   {"met", met},
+                   {"model", model_path},
+                   {"candidates", cands},
+                   {"skip_tensor_list", skip_tensor_list}};
+  if (!candidates.empty()) {
+    j["best"] = best;
+    j["skipped"] = candidates[best].skipped;
+    j["best_metric"] = candidates[best].metric;
+    j["int8_metric"] = candidates.front().metric;
+  }
+  return j;
+}
+
+std::string TargetSearchResult::table() const {
+  std::ostringstream os;
+  os << "# target " << metric << (higher_is_better ? " >= " : " <= ") << target << "; fp32 " << fp32_metric << ", "
+     << std::fixed << std::setprecision(3) << fp32_latency_ms << " ms/batch, " << fp32_model_bytes << " bytes\n";
+  os << "#\tstage\tskipped\tmetric\tmeets\tlatency_ms\tmodel_bytes\tskipped_layers\n";
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const auto& c = candidates[i];
+    os << i << (i == best ? "*" : "") << '\t' << c.stage << '\t' << c.skipped.size() << '\t' << std::setprecision(6)
+       << c.metric << '\t' << (c.meets ? "yes" : "no") << '\t' << std::setprecision(3) << c.latency_ms << '\t'
+       << c.model_bytes << '\t' << (c.skipped.empty() ? "-" : join(c.skipped, ",")) << '\n';
+  }
+  return os.str();
+}
+
+TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport& ranking, const data::Dataset& data,
+                                 const Metric& metric, const TargetSearchOptions& options) {
+  namespace fs = std::filesystem;
+  SQ_CHECK(std::isfinite(options.target), ErrorKind::kInvalidArgument, "--target-metric must be a finite number");
+  std::error_code ec;
+  fs::create_directories(options.save_dir, ec);
+  SQ_CHECK(fs::is_directory(options.save_dir), ErrorKind::kIo, "cannot create save_dir '" + options.save_dir + "'");
+  TargetSearchResult r;
+  r.target = options.target;
+  r.metric = metric.name();
+  r.higher_is_better = metric.higher_is_better();
+  r.model_path = (fs::path(options.save_dir) / options.model_name).string();
+  auto meets = [&](double m) { return r.higher_is_better ? m >= r.target : m <= r.target; };
+  auto better = [&](double a, double b) { return r.higher_is_better ? a > b : a < b; };
+
+  runtime::SessionOptions so;
+  so.num_threads = options.num_threads;
+  runtime::Session fp32(ptq.float_graph(), so);
+  data::BatchLoader loader(data, options.batch_size);
+  SQ_CHECK(loader.num_batches() > 0, ErrorKind::kInvalidData, "evaluation data set '" + data.name() + "' is empty");
+  const Tensor timing_batch = loader.batch(0).inputs;
+  EvalOptions eo;
+  eo.batch_size = options.batch_size;
+  eo.reference = &fp32;
+  eo.progress_label = "target fp32";
+  {
+    auto m = metric.clone_empty();
+    r.fp32_metric = evaluate(fp32, data, *m, eo).value;
+    r.fp32_latency_ms = median_latency_ms(fp32, timing_batch, options.latency_runs);
+    r.fp32_model_bytes = ir::serialize_onnx(ptq.float_graph()).size();
+  }
+
+  std::vector<std::string> order;
+  for (const auto& l : ranking.ranked) order.push_back(l.name);
+  std::map<std::set<std::string>, size_t> done;  // skip set -> candidate index
+  auto save_outputs = [&] {
+    write_file_atomic((fs::path(options.save_dir) / "target_candidates.txt").string(), r.table());
+    write_file_atomic((fs::path(options.save_dir) / "target_search.json").string(), r.to_json().dump(2) + "\n");
+  };
+  auto evaluate_skip = [&](std::vector<std::string> skipped, const std::string& stage) -> const TargetCandidate& {
+    std::set<std::string> key(skipped.begin(), skipped.end());
+    if (auto it = done.find(key); it != done.end()) return r.candidates[it->second];
+    std::set<std::string> keep;
+    for (const auto& l : ptq.layers())
+      if (!key.count(l.name)) keep.insert(l.name);
+    ir::Graph g = ptq.convert(keep);
+    TargetCandidate c;
+    c.skipped = std::move(skipped);
+    c.stage = stage;
+    runtime::Session int8 = quant::make_int8_session(g, so);
+    auto m = metric.clone_empty();
+    eo.progress_label = "target skip " + std::to_string(c.skipped.size());
+    c.metric = evaluate(int8, data, *m, eo).value;
+    c.meets = meets(c.metric);
+    c.latency_ms = median_latency_ms(int8, timing_batch, options.latency_runs);
+    const std::string bytes = ir::serialize_onnx(g);
+    c.model_bytes = bytes.size();
+    r.candidates.push_back(c);
+    done[key] = r.candidates.size() - 1;
+    // Best: meets the target with the fewest float layers (then the better metric); while nothing
+    // meets it, the best metric.
+    const size_t idx = r.candidates.size() - 1;
+    bool is_best = idx == 0;
+    if (!is_best) {
+      const TargetCandidate& b = r.candidates[r.best];
+      if (c.meets != b.meets) is_best = c.meets;
+      else if (c.meets) is_best = c.skipped.size() < b.skipped.size() ||
+                                  (c.skipped.size() == b.skipped.size() && better(c.metric, b.metric));
+      else is_best = better(c.metric, b.metric);
+    }
+    if (is_best) {
+      r.best = idx;
+      r.met = c.meets;
+      ir::save_onnx(g, r.model_path);
+    }
+    save_outputs();
+    return r.candidates[idx];
+  };
+  auto prefix = [&](size_t k) { return std::vector<std::string>(order.begin(), order.begin() + static_cast<long>(k)); };
+  auto budget_left = [&] { return r.candidates.size() < options.max_evaluations; };
+
+  const size_t n = order.size();
+  size_t lo = 0, hi = 0;  // prefix lengths: lo fails, hi meets (0 = none found yet)
+  bool found = evaluate_skip({}, "int8").meets;
+  if (!found) {
+    for (size_t k = 1; budget_left(); k = std::min(n, k * 2)) {
+      if (evaluate_skip(prefix(k), "prefix").meets) {
+        hi = k;
+        found = true;
+        break;
+      }
+      lo = k;
+      if (k == n) break;
+    }
+    while (found && hi - lo > 1 && budget_left()) {
+      const size_t mid = lo + (hi - lo) / 2;
+      if (evaluate_skip(prefix(mid), "bisect").meets) hi = mid;
+      else lo = mid;
+    }
+    if (found) {
+      // Refine: single-layer rankings ignore interactions; quantize again any skipped layer that the
+      // target can afford, least damaging first.
+      std::vector<std::string> skip = prefix(hi);
+      for (size_t i = skip.size(); i-- > 0 && budget_left();) {
+        std::vector<std::string> trial = skip;
+        trial.erase(trial.begin() + static_cast<long>(i));
+        if (evaluate_skip(trial, "refine").meets) skip = trial;
+      }
+    }
+  }
+  r.skip_tensor_list = equivalent_skip_tensors(ptq, r.candidates[r.best].skipped);
+  save_outputs();
+  return r;
+}
+
+}  // namespace slimquant::analysis

@@ -1,0 +1,532 @@
+// analyze / analyze-qat: per-layer quantization sensitivity (seeds 000 and 001) from the command line.
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <span>
+#include <sstream>
+
+#include "cli/common.h"
+#include "slimquant/analysis/ptq_analysis.h"
+#include "slimquant/analysis/qat_analysis.h"
+#include "slimquant/analysis/target_search.h"
+#include "slimquant/core/progress.h"
+#include "slimquant/data/batch.h"
+#include "slimquant/ir/onnx_io.h"
+#include "slimquant/quant/ptq.h"
+#if __has_include("slimquant/analysis/hist_plot.h")
+#include "slimquant/analysis/hist_plot.h"
+#define SLIMQUANT_HAVE_HIST_PLOT 1
+#endif
+#if __has_include("slimquant/analysis/statistics.h")
+#include "slimquant/analysis/statistics.h"
+#define SLIMQUANT_HAVE_STATISTICS 1
+#endif
+
+namespace slimquant::cli {
+namespace {
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// A shell word, quoted only when it needs to be.
+std::string shell_word(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:,=+@%") ==
+                        std::string::npos)
+    return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+size_t parse_size(const std::string& v, const std::string& key) {
+  try {
+    size_t pos = 0;
+    long long x = std::stoll(v, &pos);
+    if (pos == v.size() && x >= 0) return static_cast<size_t>(x);
+  } catch (const std::exception&) {
+  }
+  fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be a non-negative integer, got '" + v + "'");
+}
+
+double parse_double(const std::string& v, const std::string& key) {
+  try {
+    size_t pos = 0;
+    double x = std::stod(v, &pos);
+    if (pos == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be a number, got '" + v + "'");
+}
+
+bool parse_bool(const std::string& v, const std::string& key) {
+  if (v == "true" || v == "True" || v == "1" || v == "yes") return true;
+  if (v == "false" || v == "False" || v == "0" || v == "no") return false;
+  fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be true or false, got '" + v + "'");
+}
+
+// A string key of the YAML file; the sources' configs write None for "not set".
+std::string yaml_string(const std::map<std::string, std::string>& extra, const std::string& key) {
+  auto it = extra.find(key);
+  if (it == extra.end() || it->second == "None" || it->second == "null" || it->second == "~") return "";
+  return it->second;
+}
+
+void print_ranking(const analysis::SensitivityReport& r, size_t top) {
+  std::cout << std::setprecision(4) << std::fixed;
+  const char* what = r.kind == "qat" ? "gain" : "loss";
+  for (size_t i = 0; i < r.ranked.size() && i < top; ++i) {
+    const auto& l = r.ranked[i];
+    std::cout << "  " << std::setw(2) << i + 1 << ". " << l.name << " (" << l.op_type << ")  " << r.metric << ' '
+              << l.metric << "  " << what << ' ' << l.delta << '\n';
+  }
+  std::cout.unsetf(std::ios::floatfield);
+}
+
+// Checks early that save_dir can be created and written, before any time is spent.
+void check_save_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  SQ_CHECK(fs::is_directory(dir), ErrorKind::kIo,
+           "cannot create --save-dir '" + dir + "'" + (ec ? ": " + ec.message() : std::string()));
+  const fs::path probe = fs::path(dir) / ".slimquant_write_test";
+  {
+    std::ofstream f(probe);
+    SQ_CHECK(f.good(), ErrorKind::kIo, "--save-dir '" + dir + "' is not writable");
+  }
+  fs::remove(probe, ec);
+}
+
+#ifdef SLIMQUANT_HAVE_HIST_PLOT
+// The four PDFs of seed 000 for the `n` best and worst layers.
+std::vector<std::string> write_plots(const quant::PTQ& ptq, const analysis::SensitivityReport& report,
+                                     const data::Dataset& calib, size_t batch_size, size_t batches, size_t n,
+                                     const std::string& save_dir) {
+  std::map<std::string, const quant::Layer*> by_name;
+  for (const auto& l : ptq.layers()) by_name[l.name] = &l;
+  // The n worst / best layers that have the thing plotted (attention MatMuls have no constant weight).
+  auto pick = [&](bool worst_first, bool weights) {
+    std::vector<const analysis::LayerSensitivity*> out;
+    for (size_t k = 0; k < report.ranked.size() && out.size() < n; ++k) {
+      const auto& l = report.ranked[worst_first ? k : report.ranked.size() - 1 - k];
+      const quant::Layer& layer = *by_name.at(l.name);
+      if (weights ? !layer.weight.empty() : !layer.activations.empty()) out.push_back(&l);
+    }
+    return out;
+  };
+  const auto worst_w = pick(true, true), worst_a = pick(true, false), best_w = pick(false, true), best_a = pick(false, false);
+
+  // Activation histograms over the calibration data: one pass for the range, one to count.
+  std::set<std::string> tensors;
+  for (const auto* group : {&worst_a, &best_a})
+    for (const auto* l : *group) tensors.insert(by_name.at(l->name)->activations[0]);
+  std::map<std::string, std::pair<float, float>> range;
+  std::map<std::string, analysis::HistogramAccumulator> hist;
+  std::map<std::string, std::pair<size_t, size_t>> clipped;  // outside the clip range / total
+  if (!tensors.empty()) {
+    runtime::Session s(ptq.float_graph());
+    data::BatchLoader loader(calib, batch_size);
+    const size_t nb = std::min(batches, loader.num_batches());
+    runtime::RunOptions ro;
+    ro.outputs.assign(tensors.begin(), tensors.end());
+    const std::string input = s.inputs().at(0).name;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (size_t b = 0; b < nb; ++b) {
+        auto values = s.run({{input, loader.batch(b).inputs}}, ro);
+        for (const auto& t : tensors) {
+          const Tensor& v = values.at(t);
+          std::span<const float> x(v.data<float>(), static_cast<size_t>(v.numel()));
+          if (pass == 0) {
+            auto [mn, mx] = std::minmax_element(x.begin(), x.end());
+            auto& r = range.try_emplace(t, *mn, *mx).first->second;
+            r.first = std::min(r.first, *mn), r.second = std::max(r.second, *mx);
+          } else {
+            hist.at(t).add(x);
+            const quant::ClipRange cr = ptq.activation_observer(t).range();
+            auto& c = clipped[t];
+            for (float f : x) c.first += f < cr.lo || f > cr.hi;
+            c.second += x.size();
+          }
+        }
+      }
+      if (pass == 0)
+        for (const auto& t : tensors) {
+          auto r = range.at(t);
+          if (r.second <= r.first) r.second = r.first + 1e-6f;
+          hist.emplace(t, analysis::HistogramAccumulator(r.first, r.second, 256));
+        }
+    }
+  }
+  auto fmt = [](double v) {
+    std::ostringstream os;
+    os << std::setprecision(6) << v;
+    return os.str();
+  };
+  auto weight_page = [&](const analysis::LayerSensitivity& ls) -> std::optional<analysis::HistogramPlot> {
+    const quant::Layer& l = *by_name.at(ls.name);
+    if (l.weight.empty()) return std::nullopt;
+    const Tensor& w = *ptq.float_graph().initializer(l.weight);
+    std::span<const float> x(w.data<float>(), static_cast<size_t>(w.numel()));
+    auto plot = analysis::make_histogram(x, 256, l.name + " (" + l.op_type + ")",
+                                         "weight " + l.weight + " " + shape_str(w.shape()) + ", FP32");
+    quant::QuantParams p = ptq.weight_params(l);
+    auto [mn, mx] = std::minmax_element(p.scale.begin(), p.scale.end());
+    plot.thresholds.push_back({"clip - (widest channel)", -127.0 * *mx});
+    plot.thresholds.push_back({"clip + (widest channel)", 127.0 * *mx});
+    if (p.scale.size() > 1 && *mn != *mx) {
+      plot.thresholds.push_back({"clip - (narrowest channel)", -127.0 * *mn});
+      plot.thresholds.push_back({"clip + (narrowest channel)", 127.0 * *mn});
+    }
+    plot.facts = {{"rank", std::to_string(&ls - report.ranked.data() + 1) + " of " + std::to_string(report.ranked.size())},
+                  {report.metric + " (only this layer INT8)", fmt(ls.metric)},
+                  {"loss vs FP32", fmt(ls.delta)},
+                  {"weight observer", l.weight_observer},
+                  {"channels", std::to_string(p.scale.size())},
+                  {"scale min / max", fmt(*mn) + " / " + fmt(*mx)}};
+    return plot;
+  };
+  auto act_page = [&](const analysis::LayerSensitivity& ls) -> std::optional<analysis::HistogramPlot> {
+    const quant::Layer& l = *by_name.at(ls.name);
+    if (l.activations.empty()) return std::nullopt;
+    const std::string& t = l.activations[0];
+    auto plot = hist.at(t).plot(l.name + " (" + l.op_type + ")", "input activation " + t + " (calibration data)");
+    const quant::ClipRange cr = ptq.activation_observer(t).range();
+    const quant::QuantParams p = ptq.activation_params(t);
+    plot.thresholds = {{"clip -", cr.lo}, {"clip +", cr.hi}};
+    const auto& c = clipped.at(t);
+    plot.facts = {{"rank", std::to_string(&ls - report.ranked.data() + 1) + " of " + std::to_string(report.ranked.size())},
+                  {report.metric + " (only this layer INT8)", fmt(ls.metric)},
+                  {"loss vs FP32", fmt(ls.delta)},
+                  {"data min / max", fmt(range.at(t).first) + " / " + fmt(range.at(t).second)},
+                  {"clip range", fmt(cr.lo) + " .. " + fmt(cr.hi)},
+                  {"scale / zero point", fmt(p.scale.at(0)) + " / " + std::to_string(p.zero_point.at(0))},
+                  {"values clipped", fmt(c.second ? 100.0 * static_cast<double>(c.first) / c.second : 0) + " %"}};
+    if (l.activations.size() > 1) plot.facts.push_back({"note", "first of " + std::to_string(l.activations.size()) + " activation inputs"});
+    return plot;
+  };
+  std::vector<std::string> written;
+  auto write = [&](const std::string& file, const std::vector<const analysis::LayerSensitivity*>& group, bool weights) {
+    std::vector<analysis::HistogramPlot> pages;
+    for (const auto* l : group)
+      if (auto p = weights ? weight_page(*l) : act_page(*l)) pages.push_back(std::move(*p));
+    const std::string path = (std::filesystem::path(save_dir) / file).string();
+    analysis::write_histogram_pdf(path, pages);
+    written.push_back(path);
+  };
+  write("best_weight_hist_result.pdf", best_w, true);
+  write("best_act_hist_result.pdf", best_a, false);
+  write("worst_weight_hist_result.pdf", worst_w, true);
+  write("worst_act_hist_result.pdf", worst_a, false);
+  return written;
+}
+#endif
+
+}  // namespace
+
+Action register_analyze(CLI::App& app) {
+  auto* cmd = app.add_subcommand("analyze", "PTQ sensitivity analysis: quantize one layer at a time and rank the layers");
+  struct Args {
+    std::string model, data, eval_data, config_path, metric, save_dir, checkpoint_name, algo, weight_type, op_types,
+        skip_tensors, model_filename, params_filename;
+    std::vector<std::string> skip_nodes;
+    DataFlags flags;
+    size_t batch_size = 32, batch_nums = 10, eval_batch_size = 64;
+    long num_plots = -1;
+    double target = 0;
+    bool has_target = false, statistics = false, full = false, json = false;
+    float hist_percent = 0;
+    int threads = 0;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("MODEL", a->model, "FP32 ONNX model (.onnx file or directory; or model_dir in --config)");
+  add_data_flags(cmd, a->flags, a->data);
+  cmd->add_option("--metric", a->metric, "top1, top5 (need labels), cosine, sqnr, top1_agreement (vs FP32); default top1");
+  cmd->add_option("--eval-dataset", a->eval_data, "data set the layers are evaluated on (default: DATA)");
+  cmd->add_option("--eval-batch-size", a->eval_batch_size, "evaluation batch size")->capture_default_str();
+  cmd->add_option("--save-dir", a->save_dir, "output directory (default analysis_results)");
+  cmd->add_option("--checkpoint-name", a->checkpoint_name, "checkpoint file in save_dir (default analysis_checkpoint.json)");
+  cmd->add_option("--num-histogram-plots", a->num_plots, "best/worst layers plotted per PDF (default 10, 0 = none)");
+  cmd->add_option("--config", a->config_path, "YAML: model_dir, model_filename, params_filename, save_dir, "
+                                              "checkpoint_name, num_histogram_plots, ptq_config: {...}");
+  auto* target = cmd->add_option("--target-metric", a->target, "find the model with fewest float layers meeting this metric");
+  cmd->add_flag("--statistics", a->statistics, "also per-layer FP32 vs quantized statistics and SQNR (CSV + JSON)");
+  cmd->add_option("--model-filename", a->model_filename, "model file inside a MODEL directory");
+  cmd->add_option("--params-filename", a->params_filename, "external-data file inside a MODEL directory");
+  cmd->add_option("--algo", a->algo, "activation observer: KL, hist, abs_max (direct), min_max, avg, mse, emd");
+  cmd->add_option("--hist-percent", a->hist_percent, "percentile for algo hist (default 0.99999)");
+  cmd->add_option("--batch-size", a->batch_size, "calibration batch size")->capture_default_str();
+  cmd->add_option("--batch-nums", a->batch_nums, "calibration batches (0 = the whole data set)")->capture_default_str();
+  cmd->add_option("--weight-quantize-type", a->weight_type, "abs_max, channel_wise_abs_max, mse_channel_wise");
+  cmd->add_option("--quantizable-op-type", a->op_types, "op types to quantize, e.g. Conv,MatMul,Gemm");
+  cmd->add_flag("--is-full-quantize", a->full, "also quantize pooling, Add, Concat, Softmax, Reshape, ...");
+  cmd->add_option("--skip-tensor-list", a->skip_tensors, "tensors whose readers/writers stay float (a,b,...)");
+  cmd->add_option("--skip-nodes", a->skip_nodes, "op types, node names or globs that stay float (repeatable)");
+  cmd->add_option("--threads", a->threads, "threads (0 = all cores)");
+  cmd->add_flag("--json", a->json, "print a JSON object as the last line");
+  return [=] {
+    a->has_target = target->count() > 0;
+    quant::QuantConfig config;
+    std::map<std::string, std::string> extra;
+    if (!a->config_path.empty()) config = quant::load_quant_config_yaml(a->config_path, config, &extra);
+    auto from = [&](const std::string& key, const std::string& flag) { return !flag.empty() ? flag : yaml_string(extra, key); };
+    std::string model = a->model, data_spec = a->data;
+    if (!yaml_string(extra, "model_dir").empty()) {
+      // With model_dir in the config a single positional argument is the data.
+      if (!model.empty() && data_spec.empty() && a->flags.dataset.empty()) data_spec = model, model.clear();
+      if (model.empty()) model = extra["model_dir"];
+    }
+    SQ_CHECK(!model.empty(), ErrorKind::kInvalidArgument, "analyze needs a MODEL (or model_dir in --config)");
+    const std::string save_dir = from("save_dir", a->save_dir).empty() ? "analysis_results" : from("save_dir", a->save_dir);
+    const std::string checkpoint_name = from("checkpoint_name", a->checkpoint_name).empty()
+                                            ? "analysis_checkpoint.json"
+                                            : from("checkpoint_name", a->checkpoint_name);
+    const size_t num_plots = a->num_plots >= 0 ? static_cast<size_t>(a->num_plots)
+                             : !yaml_string(extra, "num_histogram_plots").empty() ? parse_size(extra["num_histogram_plots"], "num_histogram_plots")
+                                                                  : 10;
+    const std::string metric_name = from("metric", a->metric).empty() ? "top1" : from("metric", a->metric);
+    const bool has_target = a->has_target || !yaml_string(extra, "target_metric").empty();
+    const double target_value = a->has_target ? a->target : has_target ? parse_double(extra["target_metric"], "target_metric") : 0;
+    size_t batch_size = a->batch_size, batch_nums = a->batch_nums;
+    if (extra.count("batch_size") && cmd->count("--batch-size") == 0) batch_size = parse_size(extra["batch_size"], "batch_size");
+    if (extra.count("batch_nums") && cmd->count("--batch-nums") == 0) batch_nums = parse_size(extra["batch_nums"], "batch_nums");
+    if (!a->algo.empty()) config.global().activation = a->algo;
+    if (!a->weight_type.empty()) config.global().weight = a->weight_type;
+    if (a->hist_percent > 0) config.observer_options.hist_percent = a->hist_percent;
+    if (!a->op_types.empty()) config.quantizable_op_type = split_list(a->op_types);
+    if (a->full) config.is_full_quantize = true;
+    for (const auto& t : split_list(a->skip_tensors)) config.skip_tensor_list.push_back(t);
+    for (const auto& p : a->skip_nodes) config.skip_quant.push_back(p);
+    quant::make_activation_observer(config.global().activation);
+    quant::make_weight_observer(config.global().weight);
+    SQ_CHECK(batch_size > 0 && a->eval_batch_size > 0, ErrorKind::kInvalidArgument, "batch sizes must be at least 1");
+    auto metric = analysis::make_metric(metric_name);  // unknown names fail before any work
+#ifndef SLIMQUANT_HAVE_STATISTICS
+    SQ_CHECK(!a->statistics, ErrorKind::kUnsupported, "--statistics is not available in this build");
+#endif
+    check_save_dir(save_dir);
+
+    DataFlags flags = a->flags;
+    if (!data_spec.empty()) flags.dataset = data_spec;
+    if (flags.dataset.empty() && extra.count("data")) flags.dataset = extra["data"];
+    if (flags.limit == 0 && extra.count("limit")) flags.limit = parse_size(extra["limit"], "limit");
+    auto calib = data::open_dataset(flags.options("fashion-mnist:train"));
+    std::unique_ptr<data::Dataset> eval_owned;
+    if (!a->eval_data.empty()) {
+      DataFlags eval_flags = flags;
+      eval_flags.dataset = a->eval_data;
+      eval_owned = data::open_dataset(eval_flags.options(a->eval_data));
+    }
+    const data::Dataset& eval_set = eval_owned ? *eval_owned : *calib;
+    SQ_CHECK(!metric->needs_labels() || eval_set.has_labels(), ErrorKind::kInvalidArgument,
+             "metric '" + metric_name + "' needs labels, but data set '" + eval_set.name() +
+                 "' has none (use --metric cosine, sqnr or top1_agreement)");
+
+    ir::Graph graph = ir::load_model(model, from("model_filename", a->model_filename), from("params_filename", a->params_filename));
+    quant::PTQ ptq(config);
+    ptq.quantize(graph);
+    data::BatchLoader loader(*calib, batch_size);
+    const size_t batches = batch_nums == 0 ? loader.num_batches() : std::min(batch_nums, loader.num_batches());
+    SQ_CHECK(batches > 0, ErrorKind::kInvalidData, "calibration data set '" + calib->name() + "' is empty");
+    Progress progress("calibrate", batches, "batches");
+    for (size_t i = 0; i < batches; ++i) {
+      ptq.sample(loader.batch(i).inputs);
+      progress.advance();
+    }
+    progress.finish();
+    const double calib_seconds = progress.elapsed_seconds();
+
+    analysis::PtqAnalysisOptions po;
+    po.batch_size = a->eval_batch_size;
+    po.save_dir = save_dir;
+    po.checkpoint_name = checkpoint_name;
+    po.num_threads = a->threads;
+    po.fingerprint_extra = {{"calibration", calib->name() + " x" + std::to_string(calib->size())},
+                            {"calibration_batches", std::to_string(batches) + "x" + std::to_string(batch_size)}};
+    auto t0 = std::chrono::steady_clock::now();
+    analysis::SensitivityReport report = analysis::analyze_ptq(ptq, eval_set, *metric, po);
+    const double analysis_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    report.extra["calibration_seconds"] = calib_seconds;
+    report.extra["analysis_seconds"] = analysis_seconds;
+    report.extra["model"] = model;
+    analysis::write_report(report, save_dir);
+    std::cout << "analyzed " << report.ranked.size() << " layers on " << report.samples << " samples of "
+              << eval_set.name() << " in " << std::fixed << std::setprecision(2) << analysis_seconds << " s"
+              << (report.batches_resumed ? " (resumed after " + std::to_string(report.batches_resumed) + " batches)" : "")
+              << "; fp32 " << metric->name() << " " << std::setprecision(4) << report.baseline << "\n";
+    std::cout.unsetf(std::ios::floatfield);
+    std::cout << "most damaging layers:\n";
+    print_ranking(report, 5);
+    std::cout << "ranking -> " << (std::filesystem::path(save_dir) / "analysis.txt").string() << std::endl;
+    nlohmann::json j = report.to_json();
+    j.erase("layers");
+    j["top"] = nlohmann::json::array();
+    for (size_t i = 0; i < report.ranked.size() && i < 5; ++i) j["top"].push_back(report.ranked[i].name);
+    j["save_dir"] = save_dir;
+
+    if (num_plots > 0) {
+#ifdef SLIMQUANT_HAVE_HIST_PLOT
+      auto pdfs = write_plots(ptq, report, *calib, batch_size, batches, num_plots, save_dir);
+      std::cout << "histograms -> " << pdfs.size() << " PDFs in " << save_dir << std::endl;
+      j["pdfs"] = pdfs;
+#else
+      std::cout << "histogram PDFs are not available in this build (use --num-histogram-plots 0)" << std::endl;
+#endif
+    }
+#ifdef SLIMQUANT_HAVE_STATISTICS
+    if (a->statistics) {
+      analysis::StatisticsOptions so;
+      so.batch_size = a->eval_batch_size;
+      analysis::run_layer_statistics(ptq, eval_set, save_dir, so);
+      std::cout << "statistics -> " << (std::filesystem::path(save_dir) / "statistics.csv").string() << std::endl;
+      j["statistics"] = (std::filesystem::path(save_dir) / "statistics.json").string();
+    }
+#endif
+    if (has_target) {
+      analysis::TargetSearchOptions to;
+      to.target = target_value;
+      to.batch_size = a->eval_batch_size;
+      to.save_dir = save_dir;
+      to.num_threads = a->threads;
+      auto r = analysis::search_target(ptq, report, eval_set, *metric, to);
+      const auto& best = r.candidates[r.best];
+      std::cout << (r.met ? "target met" : "target NOT met (best model saved anyway)") << ": " << metric->name() << ' '
+                << best.metric << " (target " << target_value << ", fp32 " << r.fp32_metric << ", all INT8 "
+                << r.candidates.front().metric << ") with " << best.skipped.size() << " of " << report.ranked.size()
+                << " layers in float, " << r.candidates.size() << " candidates -> " << r.model_path << "\n"
+                << "candidates -> " << (std::filesystem::path(save_dir) / "target_candidates.txt").string() << "\n";
+      // The quantize command that rebuilds the chosen model: same model, calibration and config.
+      std::ostringstream base;
+      base << "slimquant quantize " << shell_word(model) << ' ' << shell_word(calib->name());
+      if (!a->model_filename.empty() || !a->params_filename.empty())
+        std::cout << "note: pass the model file itself to quantize (model_filename/params_filename)\n";
+      if (flags.limit) base << " --limit " << flags.limit;
+      if (!flags.mean.empty()) base << " --mean " << shell_word(flags.mean);
+      if (!flags.stddev.empty()) base << " --std " << shell_word(flags.stddev);
+      if (!flags.resize.empty()) base << " --resize " << shell_word(flags.resize);
+      if (flags.channel_order != "rgb") base << " --channel-order " << flags.channel_order;
+      if (flags.channels) base << " --channels " << flags.channels;
+      if (!a->config_path.empty()) base << " --config " << shell_word(a->config_path);
+      base << " --batch-size " << batch_size << " --batch-nums " << batch_nums;
+      if (!a->algo.empty()) base << " --algo " << shell_word(a->algo);
+      if (a->hist_percent > 0) base << " --hist-percent " << a->hist_percent;
+      if (!a->weight_type.empty()) base << " --weight-quantize-type " << shell_word(a->weight_type);
+      if (!a->op_types.empty()) base << " --quantizable-op-type " << shell_word(a->op_types);
+      if (a->full) base << " --is-full-quantize";
+      for (const auto& p : a->skip_nodes) base << " --skip-nodes " << shell_word(p);
+      base << " -o " << shell_word((std::filesystem::path(save_dir) / "target_model_requantized.onnx").string());
+      std::string user_tensors = a->skip_tensors;
+      std::ostringstream by_nodes, by_tensors;
+      by_nodes << base.str();
+      if (!user_tensors.empty()) by_nodes << " --skip-tensor-list " << shell_word(user_tensors);
+      for (const auto& l : best.skipped) by_nodes << " --skip-nodes " << shell_word(l);
+      std::cout << "reproduce with:\n  " << by_nodes.str() << "\n";
+      j["target"] = r.to_json();
+      j["target"]["command"] = by_nodes.str();
+      if (!best.skipped.empty() && !r.skip_tensor_list.empty()) {
+        std::string tensors = user_tensors;
+        for (const auto& t : r.skip_tensor_list) tensors += (tensors.empty() ? "" : ",") + t;
+        by_tensors << base.str() << " --skip-tensor-list " << shell_word(tensors);
+        std::cout << "or:\n  " << by_tensors.str() << "\n";
+        j["target"]["command_skip_tensor_list"] = by_tensors.str();
+      }
+      std::cout << std::flush;
+    }
+    if (a->json) print_json(j);
+    return 0;
+  };
+}
+
+Action register_analyze_qat(CLI::App& app) {
+  auto* cmd = app.add_subcommand("analyze-qat", "QAT analysis: de-quantize one layer at a time of a QDQ model and rank the layers");
+  struct Args {
+    std::string quant_model, float_model, data, config_path, metric, save_dir, checkpoint_name, op_types, model_filename,
+        params_filename;
+    DataFlags flags;
+    size_t batch_size = 64;
+    double qat_metric = 0;
+    bool resume = false, json = false;
+    int threads = 0;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--quant-model", a->quant_model, "quantized QDQ ONNX model (quant_model_dir)");
+  cmd->add_option("--float-model", a->float_model, "its float ONNX model (float_model_dir)");
+  add_data_flags(cmd, a->flags, a->data);
+  auto* qat_metric = cmd->add_option("--qat-metric", a->qat_metric, "the quantized model's metric (computed when not given)");
+  cmd->add_flag("--resume", a->resume, "continue from the checkpoint in save_dir");
+  cmd->add_option("--metric", a->metric, "top1, top5 (need labels), cosine, sqnr, top1_agreement (vs float); default top1");
+  cmd->add_option("--save-dir", a->save_dir, "output directory (default analysis_results)");
+  cmd->add_option("--checkpoint-name", a->checkpoint_name, "checkpoint file in save_dir (default analysis_checkpoint.json)");
+  cmd->add_option("--quantizable-op-type", a->op_types, "op types analysed (default Conv,MatMul,Gemm)");
+  cmd->add_option("--config", a->config_path, "YAML: quant_model_dir, float_model_dir, model_filename, params_filename, "
+                                              "quantizable_op_type, qat_metric, save_dir, resume");
+  cmd->add_option("--model-filename", a->model_filename, "model file inside model directories");
+  cmd->add_option("--params-filename", a->params_filename, "external-data file inside model directories");
+  cmd->add_option("--batch-size", a->batch_size, "evaluation batch size")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "threads (0 = all cores)");
+  cmd->add_flag("--json", a->json, "print a JSON object as the last line");
+  return [=] {
+    quant::QuantConfig config;
+    std::map<std::string, std::string> extra;
+    if (!a->config_path.empty()) config = quant::load_quant_config_yaml(a->config_path, config, &extra);
+    auto from = [&](const std::string& key, const std::string& flag) { return !flag.empty() ? flag : yaml_string(extra, key); };
+    const std::string quant_path = from("quant_model_dir", a->quant_model), float_path = from("float_model_dir", a->float_model);
+    SQ_CHECK(!quant_path.empty(), ErrorKind::kInvalidArgument, "analyze-qat needs --quant-model (or quant_model_dir in --config)");
+    SQ_CHECK(!float_path.empty(), ErrorKind::kInvalidArgument, "analyze-qat needs --float-model (or float_model_dir in --config)");
+    analysis::QatAnalysisOptions o;
+    o.save_dir = from("save_dir", a->save_dir).empty() ? "analysis_results" : from("save_dir", a->save_dir);
+    o.checkpoint_name = from("checkpoint_name", a->checkpoint_name).empty() ? "analysis_checkpoint.json"
+                                                                            : from("checkpoint_name", a->checkpoint_name);
+    o.resume = a->resume || (extra.count("resume") && parse_bool(extra["resume"], "resume"));
+    if (qat_metric->count()) o.qat_metric = a->qat_metric;
+    else if (!yaml_string(extra, "qat_metric").empty())
+      o.qat_metric = parse_double(extra["qat_metric"], "qat_metric");
+    o.quantizable_op_type = !a->op_types.empty() ? split_list(a->op_types) : config.quantizable_op_type;
+    o.batch_size = a->batch_size;
+    o.num_threads = a->threads;
+    SQ_CHECK(o.batch_size > 0, ErrorKind::kInvalidArgument, "--batch-size must be at least 1");
+    const std::string metric_name = from("metric", a->metric).empty() ? "top1" : from("metric", a->metric);
+    auto metric = analysis::make_metric(metric_name);
+    check_save_dir(o.save_dir);
+    DataFlags flags = a->flags;
+    if (!a->data.empty()) flags.dataset = a->data;
+    if (flags.dataset.empty() && extra.count("data")) flags.dataset = extra["data"];
+    if (flags.limit == 0 && extra.count("limit")) flags.limit = parse_size(extra["limit"], "limit");
+    auto data = data::open_dataset(flags.options("fashion-mnist:test"));
+    SQ_CHECK(!metric->needs_labels() || data->has_labels(), ErrorKind::kInvalidArgument,
+             "metric '" + metric_name + "' needs labels, but data set '" + data->name() +
+                 "' has none (use --metric cosine, sqnr or top1_agreement)");
+    const std::string mf = from("model_filename", a->model_filename), pf = from("params_filename", a->params_filename);
+    ir::Graph quant = ir::load_model(quant_path, std::filesystem::is_directory(quant_path) ? mf : "", std::filesystem::is_directory(quant_path) ? pf : "");
+    ir::Graph flt = ir::load_model(float_path, std::filesystem::is_directory(float_path) ? mf : "", std::filesystem::is_directory(float_path) ? pf : "");
+    auto report = analysis::analyze_qat(quant, flt, *data, *metric, o);
+    std::cout << "analyzed " << report.ranked.size() << " quantized layers on " << report.samples << " samples of "
+              << data->name() << " in " << std::fixed << std::setprecision(2) << report.seconds << " s"
+              << (report.batches_resumed ? " (resumed after " + std::to_string(report.batches_resumed) + " batches)" : "")
+              << "; qat " << metric->name() << " " << std::setprecision(4) << report.baseline
+              << (o.qat_metric ? " (given)" : " (computed)") << "\n";
+    std::cout.unsetf(std::ios::floatfield);
+    std::cout << "layers whose quantization costs most:\n";
+    print_ranking(report, 5);
+    std::cout << "ranking -> " << (std::filesystem::path(o.save_dir) / "analysis.txt").string() << std::endl;
+    if (a->json) {
+      nlohmann::json j = report.to_json();
+      j.erase("layers");
+      j.erase("restored_weights");
+      j["top"] = nlohmann::json::array();
+      for (size_t i = 0; i < report.ranked.size() && i < 5; ++i) j["top"].push_back(report.ranked[i].name);
+      j["save_dir"] = o.save_dir;
+      print_json(j);
+    }
+    return 0;
+  };
+}
+
+}  // namespace slimquant::cli

@@ -1,0 +1,210 @@
+// PTQ analysis: the fast sweep (prefix reuse) gives the same numbers as evaluating every
+// single-layer-quantized model whole; checkpoints refuse foreign analyses; metric states resume.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "slimquant/analysis/checkpoint.h"
+#include "slimquant/analysis/evaluate.h"
+#include "slimquant/analysis/ptq_analysis.h"
+#include "slimquant/data/batch.h"
+#include "slimquant/ir/onnx_io.h"
+#include "analysis/analysis_test_util.h"
+
+using namespace slimquant;
+
+namespace {
+
+using test::fmnist;
+
+std::unique_ptr<quant::PTQ> calibrated(const std::string& model, const std::string& algo = "KL") {
+  return test::calibrated_ptq(model, algo);
+}
+
+// Brute force: every single-layer QDQ model evaluated whole, as peers do (minus re-calibration).
+std::vector<double> brute_force(const quant::PTQ& ptq, const data::Dataset& data, const std::string& metric_name,
+                                size_t batch_size) {
+  runtime::Session fp32(ptq.float_graph());
+  std::vector<double> out;
+  for (const auto& layer : ptq.layers()) {
+    runtime::Session s(ptq.convert(std::set<std::string>{layer.name}));
+    auto m = analysis::make_metric(metric_name);
+    analysis::EvalOptions eo;
+    eo.batch_size = batch_size;
+    eo.reference = &fp32;
+    out.push_back(analysis::evaluate(s, data, *m, eo).value);
+  }
+  return out;
+}
+
+TEST(PtqAnalysis, MatchesBruteForcePerLayerEvaluation) {
+  test::SingleThread single_thread;
+  auto ptq = calibrated("resnet_small");
+  auto data = data::open_dataset(fmnist("test", 128));
+  test::TempDir tmp("ptq_bf");
+  for (const std::string name : {"sqnr", "top1"}) {
+    auto metric = analysis::make_metric(name);
+    analysis::PtqAnalysisOptions o;
+    o.batch_size = 64;
+    o.save_dir = tmp.path(name);
+    auto report = analysis::analyze_ptq(*ptq, *data, *metric, o);
+    const auto expected = brute_force(*ptq, *data, name, 64);
+    ASSERT_EQ(report.ranked.size(), expected.size());
+    ASSERT_GE(expected.size(), 5u);
+    for (const auto& l : report.ranked) {
+      const double tol = name == "sqnr" ? 1e-4 * std::abs(expected[l.index]) : 0.0;
+      EXPECT_NEAR(l.metric, expected[l.index], tol) << name << " layer " << l.name;
+    }
+    // Rank order: the brute-force numbers sorted the same way (most damaging first).
+    for (size_t i = 1; i < report.ranked.size(); ++i) {
+      const double prev = expected[report.ranked[i - 1].index], cur = expected[report.ranked[i].index];
+      const double slack = name == "sqnr" ? 1e-4 * std::abs(cur) : 0.0;
+      EXPECT_LE(prev, cur + slack) << "rank " << i;  // higher is better for both: worst (lowest) first
+    }
+    // analysis.txt: one line per layer in rank order.
+    std::ifstream txt(tmp.path(name + "/analysis.txt"));
+    std::string line;
+    size_t lines = 0;
+    while (std::getline(txt, line)) {
+      ASSERT_LT(lines, report.ranked.size());
+      EXPECT_EQ(line.substr(0, line.find('\t')), report.ranked[lines].name);
+      ++lines;
+    }
+    EXPECT_EQ(lines, report.ranked.size());
+    EXPECT_TRUE(std::filesystem::exists(tmp.path(name + "/analysis.json")));
+  }
+}
+
+TEST(PtqAnalysis, VariantsRunOnlyDownstreamOfTheLayer) {
+  test::SingleThread single_thread;
+  auto ptq = calibrated("resnet_small", "abs_max");
+  auto variants = analysis::ptq_variants(*ptq);
+  ir::Graph base = ptq->float_graph();
+  analysis::prepare_for_sweep(base);
+  const std::string input = base.inputs.at(0).name;
+  size_t fed_from_input = 0;
+  for (const auto& v : variants) {
+    auto boundary = analysis::boundary_values(base, v.graph);
+    ASSERT_FALSE(boundary.empty()) << v.layer;
+    fed_from_input += std::count(boundary.begin(), boundary.end(), input);
+    // Every fed value exists in the base graph (computed there) and is not a constant.
+    for (const auto& b : boundary) EXPECT_FALSE(base.is_initializer(b)) << b;
+  }
+  // Only the first layer reads the model input; all others start from intermediate values.
+  EXPECT_EQ(fed_from_input, 1u);
+}
+
+TEST(PtqAnalysis, ForeignCheckpointIsRefused) {
+  test::SingleThread single_thread;
+  auto data = data::open_dataset(fmnist("test", 128));
+  test::TempDir tmp("ptq_foreign");
+  auto metric = analysis::make_metric("cosine");
+  analysis::PtqAnalysisOptions o;
+  o.save_dir = tmp.path();
+  analysis::analyze_ptq(*calibrated("resnet_small", "abs_max"), *data, *metric, o);
+  ASSERT_TRUE(std::filesystem::exists(tmp.path("analysis_checkpoint.json")));
+  try {
+    analysis::analyze_ptq(*calibrated("resnet_small", "min_max"), *data, *metric, o);
+    FAIL() << "a checkpoint of another config was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("belongs to a different analysis"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("config"), std::string::npos) << e.what();
+  }
+  // Another model is refused too.
+  try {
+    analysis::analyze_ptq(*calibrated("mobilenetv2_small", "abs_max"), *data, *metric, o);
+    FAIL() << "a checkpoint of another model was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PtqAnalysis, CompleteCheckpointIsNotRecomputed) {
+  test::SingleThread single_thread;
+  auto ptq = calibrated("resnet_small", "abs_max");
+  auto data = data::open_dataset(fmnist("test", 128));
+  test::TempDir tmp("ptq_done");
+  auto metric = analysis::make_metric("top1_agreement");
+  analysis::PtqAnalysisOptions o;
+  o.save_dir = tmp.path();
+  o.batch_size = 32;
+  auto first = analysis::analyze_ptq(*ptq, *data, *metric, o);
+  auto second = analysis::analyze_ptq(*ptq, *data, *metric, o);
+  EXPECT_EQ(second.batches_resumed, 4u);
+  EXPECT_EQ(first.to_text(), second.to_text());
+}
+
+TEST(MetricState, SaveLoadContinuesExactly) {
+  test::SingleThread single_thread;
+  auto data = data::open_dataset(fmnist("test", 96));
+  runtime::Session s(ir::load_onnx(test::fixture_model("resnet_small")));
+  data::BatchLoader loader(*data, 32);
+  std::vector<data::Batch> batches;
+  std::vector<Tensor> outs;
+  for (size_t i = 0; i < 3; ++i) {
+    batches.push_back(loader.batch(i));
+    outs.push_back(s.run_single(batches.back().inputs));
+  }
+  for (const std::string name : {"top1", "top5", "cosine", "sqnr", "top1_agreement"}) {
+    auto whole = analysis::make_metric(name), first = analysis::make_metric(name);
+    // Reference: the outputs scaled, so fidelity metrics see a non-trivial difference.
+    auto ref = [&](size_t i) {
+      Tensor r = outs[i].clone();
+      for (int64_t k = 0; k < r.numel(); ++k) r.data<float>()[k] *= 1.0f + 0.01f * static_cast<float>(k % 7);
+      return r;
+    };
+    for (size_t i = 0; i < 3; ++i) whole->update(outs[i], batches[i].labels, ref(i));
+    first->update(outs[0], batches[0].labels, ref(0));
+    auto resumed = analysis::make_metric(name);
+    resumed->load_state(nlohmann::json::parse(first->state().dump()));  // through text, as on disk
+    for (size_t i = 1; i < 3; ++i) resumed->update(outs[i], batches[i].labels, ref(i));
+    EXPECT_EQ(resumed->value(), whole->value()) << name;
+    EXPECT_EQ(resumed->samples(), 96u) << name;
+  }
+}
+
+TEST(Checkpoint, AtomicWriteAndUnwritableDirectory) {
+  test::SingleThread single_thread;
+  test::TempDir tmp("ckpt");
+  analysis::Checkpoint c(tmp.path("c.json"), {{"model", "abc"}});
+  EXPECT_TRUE(c.load().is_null());
+  c.save({{"batches_done", 3}});
+  EXPECT_EQ(c.load()["batches_done"], 3);
+  for (const auto& e : std::filesystem::directory_iterator(tmp.path()))
+    EXPECT_EQ(e.path().filename(), "c.json");  // no temporary file left behind
+  try {
+    analysis::write_file_atomic(tmp.path("missing/x.json"), "{}");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kIo);
+  }
+}
+
+TEST(PtqAnalysis, EvalFunctionPathRanksLikeTheMetric) {
+  test::SingleThread single_thread;
+  auto ptq = calibrated("resnet_small", "abs_max");
+  auto data = data::open_dataset(fmnist("test", 128));
+  test::TempDir tmp("ptq_fn");
+  runtime::Session fp32(ptq->float_graph());
+  auto fn = [&](runtime::Session& s) {
+    auto m = analysis::make_metric("sqnr");
+    analysis::EvalOptions eo;
+    eo.reference = &fp32;
+    return analysis::evaluate(s, *data, *m, eo).value;
+  };
+  analysis::PtqAnalysisOptions o;
+  o.save_dir = tmp.path("fn");
+  auto by_fn = analysis::analyze_ptq(*ptq, fn, true, o);
+  o.save_dir = tmp.path("metric");
+  auto metric = analysis::make_metric("sqnr");
+  auto by_metric = analysis::analyze_ptq(*ptq, *data, *metric, o);
+  ASSERT_EQ(by_fn.ranked.size(), by_metric.ranked.size());
+  std::map<std::string, double> expected;
+  for (const auto& l : by_metric.ranked) expected[l.name] = l.metric;
+  for (const auto& l : by_fn.ranked) EXPECT_NEAR(l.metric, expected.at(l.name), 1e-4 * std::abs(expected.at(l.name))) << l.name;
+  EXPECT_NEAR(by_fn.baseline, 200.0, 1e-9);  // FP32 against itself: identical outputs
+}
+
+}  // namespace
