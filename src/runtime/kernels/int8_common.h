@@ -186,12 +186,13 @@ void PrimitivePlan::finish(const PrimitiveDesc& pd, const dnnl::memory& weights,
 template <class V>
 class PlanCache {
  public:
+  // tag: anything else the plan depends on (layout flags).
   template <class Make>
-  V& get(const Shape& shape, DType dtype, Make&& make) {
+  V& get(const Shape& shape, DType dtype, Make&& make, int tag = 0) {
     for (auto& e : entries_)
-      if (e.dtype == dtype && e.shape == shape) return *e.value;
+      if (e.dtype == dtype && e.tag == tag && e.shape == shape) return *e.value;
     if (entries_.size() >= kMaxEntries) entries_.erase(entries_.begin());
-    entries_.push_back({shape, dtype, std::make_unique<V>(make())});
+    entries_.push_back({shape, dtype, tag, std::make_unique<V>(make())});
     return *entries_.back().value;
   }
 
@@ -199,6 +200,7 @@ class PlanCache {
   struct Entry {
     Shape shape;
     DType dtype;
+    int tag;
     std::unique_ptr<V> value;
   };
   static constexpr size_t kMaxEntries = 8;

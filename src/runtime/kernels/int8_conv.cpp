@@ -31,6 +31,7 @@ struct ConvPlan {
   PrimitivePlan prim;
   ConvProblem problem;
   bool reference = false;  // oneDNN had no implementation: run reference_qconv
+  LayoutPtr out_layout;    // y's layout handed to readers (null: plain)
 };
 
 class QConvKernel final : public Kernel {
@@ -76,11 +77,26 @@ class QConvKernel final : public Kernel {
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(kX);
     require_quantized_input(node_, x);
-    ConvPlan& p = plans_.get(x.shape(), x.dtype(), [&] { return make_plan(x.shape(), x.dtype()); });
+    // Blocked input / output (the plan lets neighbouring convolutions exchange the primitive's
+    // layout); within a plan these flags are fixed, so they key the cache.
+    const Layout* x_layout = ctx.input_layout(kX);
+    const bool out_blocked = ctx.output_layout_allowed(0);
+    const int tag = (x_layout ? 1 : 0) | (out_blocked ? 2 : 0);
+    ConvPlan& p = plans_.get(
+        x.shape(), x.dtype(), [&] { return make_plan(x.shape(), x.dtype(), x_layout, out_blocked); }, tag);
     Tensor& y = ctx.allocate_output(0, q_.y_type, p.prim.out_shape);
     if (y.numel() == 0) return;
-    if (p.reference) reference_qconv(q_, requant_, p.problem, x, w_, y);
-    else p.prim.run(x.raw(), y.raw());
+    if (p.reference) {
+      if (x_layout) {
+        const Tensor plain = dnnl_kernels::to_plain(x, *x_layout);
+        reference_qconv(q_, requant_, p.problem, plain, w_, y);
+      } else {
+        reference_qconv(q_, requant_, p.problem, x, w_, y);
+      }
+      return;
+    }
+    p.prim.run(x.raw(), y.raw());
+    if (p.out_layout) ctx.set_output_layout(0, p.out_layout);
   }
 
  private:
@@ -99,7 +115,7 @@ class QConvKernel final : public Kernel {
     return memory::desc(dims, type, tag);
   }
 
-  ConvPlan make_plan(const Shape& xs, DType x_type) {
+  ConvPlan make_plan(const Shape& xs, DType x_type, const Layout* x_layout, bool out_blocked) {
     const std::string what = node_.describe();
     const Shape& ws = w_.shape();
     if (xs.size() != ws.size())
@@ -124,7 +140,7 @@ class QConvKernel final : public Kernel {
     p.prim.out_shape.insert(p.prim.out_shape.end(), g.out.begin(), g.out.end());
     p.problem = {xs[0], c, m, group_, Shape(xs.begin() + 2, xs.end()), Shape(g.out.begin(), g.out.end()), kernel,
                  a.strides, a.dilations, Shape(g.pad_begin.begin(), g.pad_begin.end())};
-    p.prim.src_user = plain_md(xs, dnnl_type(x_type));
+    p.prim.src_user = x_layout ? x_layout->desc : plain_md(xs, dnnl_type(x_type));
     p.prim.dst_user = plain_md(p.prim.out_shape, dnnl_type(q_.y_type));
 
     const bool int8 = compute_ == Compute::kInt8;
@@ -149,6 +165,11 @@ class QConvKernel final : public Kernel {
                                         g.pad_begin, g.pad_end)
                              : cf::desc(pk, alg, src_md, wei_md, dst_md, g.strides, g.dilations, g.pad_begin, g.pad_end);
       const cf::primitive_desc pd(d, attr, dnnl_engine());
+      // y in the primitive's layout (as y's dtype) when readers take it: no dst layout reorder.
+      const Layout chosen{pd.dst_desc()};
+      p.out_layout = dnnl_kernels::output_layout_for(dnnl_kernels::retyped_layout(chosen, q_.y_type)->desc,
+                                                     p.prim.out_shape, q_.y_type, out_blocked);
+      if (p.out_layout) p.prim.dst_user = p.out_layout->desc;
       p.prim.finish<cf::primitive_desc, cf>(pd, weights_.get(pd.weights_desc()), bias_mem_, q_.x_zero_point,
                                             int8 ? PrimitivePlan::ZeroPointAt::kPrimitive
                                                  : PrimitivePlan::ZeroPointAt::kSrcReorder);
