@@ -82,7 +82,10 @@ int fuse_residual_adds(ir::Graph& g, const std::set<std::string>& keep) {
       const int p = g.producer(a);
       if (p < 0 || a == r || keep.count(a) || g.is_graph_output(a) || g.consumers(a).size() != 1) continue;
       const ir::Node& conv = g.nodes[p];
-      if (conv.op_type != "Conv" || !conv.domain.empty() || conv.outputs.size() != 1 || conv.inputs.size() > 3) continue;
+      // A float Conv, or an INT8 QConv with a float32 output (ONNX type 1).
+      const bool float_conv = conv.op_type == "Conv" && conv.domain.empty();
+      const bool qconv = conv.op_type == "QConv" && conv.domain == "com.slimquant" && conv.attr_int("y_type", 1) == 1;
+      if (!(float_conv || qconv) || conv.outputs.size() != 1 || conv.inputs.size() > 3) continue;
       if (conv.inputs.size() > 1 && !g.is_initializer(conv.inputs[1])) continue;
       if (!same_known_shape(g, a, r)) continue;
       ir::Node fusedConv = conv;
@@ -141,8 +144,8 @@ LayoutRole layout_role(const ir::Node& n) {
   if (n.domain.empty() && kElementwise.count(n.op_type)) return LayoutRole::kPassthrough;
   return LayoutRole::kPlain;
 }
-// Input positions an aware kernel reads in any layout (X, and Conv's fused residual addend).
-bool aware_input(const ir::Node& n, size_t input) { return input == 0 || (n.op_type == "Conv" && input == 3); }
+// Input positions an aware kernel reads in any layout (X, and the fused residual addend).
+bool aware_input(const ir::Node&, size_t input) { return input == 0 || input == 3; }
 
 std::string with_node_context(const ir::Node& node, const std::string& message) {
   const std::string prefix = node.describe();

@@ -158,7 +158,15 @@ struct PrimitivePlan {
   void bind_runtime_weights(const dnnl::memory::desc& user, const dnnl::memory::desc& wanted);
   // x (plain, src_user) -> y (plain, dst_user, allocated with out_shape); w: the run-time weights
   // (nullptr for constant weights bound by finish()).
-  void run(const void* x, void* y, const void* w = nullptr);
+  void run(const void* x, void* y, const void* w = nullptr, const void* sum = nullptr);
+
+  // A fused residual addend (float32 outputs only, the primitive has a sum post-op): run() copies
+  // or reorders `sum` (stored as `user`) into dst before the primitive. Call after finish().
+  void bind_sum(const dnnl::memory::desc& user);
+  bool has_sum = false;
+  std::optional<dnnl::reorder> sum_reorder;
+  dnnl::memory sum_user_mem;
+  std::unordered_map<int, dnnl::memory> sum_reorder_args;
 
  private:
   void bind_common(const dnnl::memory::desc& scratchpad, const dnnl::memory& weights, const dnnl::memory& bias,
