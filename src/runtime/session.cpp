@@ -129,6 +129,88 @@ int fuse_residual_adds(ir::Graph& g, const std::set<std::string>& keep) {
   return fused;
 }
 
+bool is_constant_close_to(const ir::Graph& g, const std::string& v, float want) {
+  const Tensor* t = g.initializer(v);
+  if (!t || t->numel() != 1 || !dtype_is_float(t->dtype())) return false;
+  return std::fabs(t->to_float_vector()[0] - want) <= 1e-4f * std::fabs(want);
+}
+
+// The other input of a two-input node, or "" when `v` is not one of them.
+std::string other_input(const ir::Node& n, const std::string& v) {
+  if (n.inputs.size() != 2) return "";
+  return n.inputs[0] == v ? n.inputs[1] : n.inputs[1] == v ? n.inputs[0] : "";
+}
+
+// Execution-only, for transformer MLPs: MatMul(a, W) -> Add(b [N]) becomes a MatMul with a bias
+// (a 3rd input its kernel reads), and the erf GELU that PyTorch exports before opset 20,
+//   Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5),
+// after such a MatMul becomes its fused activation (oneDNN's JIT gelu_erf: one pass instead of
+// five). Values that are kept (hooks, outputs) or read elsewhere block the fusion.
+int fuse_matmul_bias_gelu(ir::Graph& g, const std::set<std::string>& keep) {
+  int fused = 0;
+  auto private_value = [&](const std::string& v, size_t readers) {
+    return !keep.count(v) && !g.is_graph_output(v) && g.consumers(v).size() == readers;
+  };
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (g.nodes[i].op_type != "MatMul" || !g.nodes[i].domain.empty() || g.nodes[i].inputs.size() != 2) continue;
+    const Tensor* w = g.initializer(g.nodes[i].inputs[1]);
+    if (!w || w->rank() != 2 || w->dtype() != DType::kFloat32) continue;
+    const ir::ValueInfo* vi = g.find_value_info(g.nodes[i].inputs[0]);
+    if (!vi || !vi->dims || vi->dims->size() < 2) continue;  // the bias needs a matrix A
+    std::vector<int> erase;
+    // Bias.
+    std::string y = g.nodes[i].outputs[0];
+    if (!private_value(y, 1)) continue;
+    const int add = g.consumers(y)[0];
+    const ir::Node& an = g.nodes[add];
+    const std::string b = an.op_type == "Add" && an.domain.empty() ? other_input(an, y) : "";
+    const Tensor* bias = b.empty() ? nullptr : g.initializer(b);
+    if (!bias || bias->rank() != 1 || bias->dim(0) != w->dim(1) || bias->dtype() != DType::kFloat32) continue;
+    g.nodes[i].inputs.push_back(b);
+    y = an.outputs[0];
+    erase.push_back(add);
+    // GELU.
+    const auto readers = g.consumers(y);
+    if (!keep.count(y) && !g.is_graph_output(y) && readers.size() == 2) {
+      int div = readers[0], mul = readers[1];
+      if (g.nodes[div].op_type != "Div") std::swap(div, mul);
+      const ir::Node &dn = g.nodes[div], &mn = g.nodes[mul];
+      bool ok = dn.op_type == "Div" && dn.inputs.size() == 2 && dn.inputs[0] == y &&
+                is_constant_close_to(g, dn.inputs[1], std::sqrt(2.f)) && mn.op_type == "Mul" &&
+                private_value(dn.outputs[0], 1);
+      int erf = -1, one = -1, half = -1;
+      if (ok) {
+        erf = g.consumers(dn.outputs[0])[0];
+        ok = g.nodes[erf].op_type == "Erf" && private_value(g.nodes[erf].outputs[0], 1);
+      }
+      if (ok) {
+        one = g.consumers(g.nodes[erf].outputs[0])[0];
+        const ir::Node& on = g.nodes[one];
+        ok = on.op_type == "Add" && is_constant_close_to(g, other_input(on, g.nodes[erf].outputs[0]), 1.f) &&
+             private_value(on.outputs[0], 1) && g.consumers(on.outputs[0])[0] == mul &&
+             other_input(mn, on.outputs[0]) == y && private_value(mn.outputs[0], 1);
+      }
+      if (ok) {
+        half = g.consumers(mn.outputs[0])[0];
+        const ir::Node& hn = g.nodes[half];
+        ok = hn.op_type == "Mul" && is_constant_close_to(g, other_input(hn, mn.outputs[0]), 0.5f);
+      }
+      const bool all_default_domain = ok && dn.domain.empty() && mn.domain.empty() && g.nodes[erf].domain.empty() &&
+                                      g.nodes[one].domain.empty() && g.nodes[half].domain.empty();
+      if (all_default_domain && g.nodes[i].fused.op.empty()) {
+        g.nodes[i].fused.op = "Gelu";
+        y = g.nodes[half].outputs[0];
+        erase.insert(erase.end(), {div, erf, one, mul, half});
+      }
+    }
+    g.nodes[i].outputs[0] = y;
+    std::sort(erase.rbegin(), erase.rend());
+    for (int e : erase) g.nodes.erase(g.nodes.begin() + e);
+    ++fused;
+  }
+  return fused;
+}
+
 // How a step treats non-plain (blocked) layouts.
 enum class LayoutRole {
   kPlain,        // every input must be plain (converted if needed), outputs are plain
@@ -260,6 +342,7 @@ class Plan {
     if (options.fuse_activations) {
       ir::fuse_activations(graph_, keep);
       fuse_residual_adds(graph_, keep);
+      fuse_matmul_bias_gelu(graph_, keep);
     }
 
     // Slots: one per value name.

@@ -215,4 +215,31 @@ TEST(SessionLayouts, PaddedChannelCountsStayPlain) {
   expect_close(fast.run_single(x), ref.run_single(x), "y");
 }
 
+TEST(SessionFusion, MatMulBiasAndErfGeluBecomeOneMatMul) {
+  // y = Gelu(x W + b) as PyTorch exports it before opset 20 (Div, Erf, Add, Mul, Mul).
+  Builder b({2, 5, 16});
+  b.g.initializers["W"] = random_tensor({16, 32}, 21);
+  b.g.initializers["bias"] = random_tensor({32}, 22);
+  b.op("MatMul", {"x", "W"}, "mm");
+  b.op("Add", {"mm", "bias"}, "h");
+  b.op("Div", {"h", b.scalar("sqrt2", Tensor::scalar(1.4142135f))}, "d");
+  b.op("Erf", {"d"}, "e");
+  b.op("Add", {"e", b.scalar("one", Tensor::scalar(1.f))}, "e1");
+  b.op("Mul", {"h", "e1"}, "m");
+  b.op("Mul", {"m", b.scalar("half", Tensor::scalar(0.5f))}, "y");
+  b.output("y");
+  runtime::Session fast(b.g), ref = reference_session(b.g);
+  const Tensor x = random_tensor({2, 5, 16}, 23, -2.f, 2.f);
+  auto got = run_hooked(fast, x), want = run_hooked(ref, x);
+  for (const char* gone : {"mm", "h", "d", "e", "e1", "m"}) EXPECT_FALSE(got.count(gone)) << gone;
+  // oneDNN's gelu_erf is a polynomial fit of erf: equal to the exported form to ~1e-6.
+  expect_close(got.at("y"), want.at("y"), "y", 2e-6f);
+  // A kept intermediate stops the fusion at that point and stays observable.
+  runtime::RunOptions ask;
+  ask.outputs = {"h", "y"};
+  auto out = fast.run({{"x", x}}, ask);
+  expect_close(out.at("h"), want.at("h"), "h requested");
+  expect_close(out.at("y"), want.at("y"), "y with h requested");
+}
+
 }  // namespace
