@@ -141,26 +141,55 @@ std::string other_input(const ir::Node& n, const std::string& v) {
   return n.inputs[0] == v ? n.inputs[1] : n.inputs[1] == v ? n.inputs[0] : "";
 }
 
+// The erf GELU that PyTorch exports before opset 20, read from value y:
+//   Mul(Mul(y, Add(Erf(Div(y, sqrt 2)), 1)), 0.5)
+// Returns the pattern's node indices and sets `out` to its result, or returns {} when the graph
+// differs or an intermediate is kept (hooks, outputs) or read elsewhere.
+std::vector<int> match_erf_gelu(const ir::Graph& g, const std::string& y, const std::set<std::string>& keep,
+                                std::string& out) {
+  auto private_value = [&](const std::string& v) {
+    return !keep.count(v) && !g.is_graph_output(v) && g.consumers(v).size() == 1;
+  };
+  const auto readers = g.consumers(y);
+  if (keep.count(y) || g.is_graph_output(y) || readers.size() != 2) return {};
+  int div = readers[0], mul = readers[1];
+  if (g.nodes[div].op_type != "Div") std::swap(div, mul);
+  const ir::Node &dn = g.nodes[div], &mn = g.nodes[mul];
+  if (dn.op_type != "Div" || dn.inputs.size() != 2 || dn.inputs[0] != y ||
+      !is_constant_close_to(g, dn.inputs[1], std::sqrt(2.f)) || mn.op_type != "Mul" || !private_value(dn.outputs[0]))
+    return {};
+  const int erf = g.consumers(dn.outputs[0])[0];
+  const ir::Node& en = g.nodes[erf];
+  if (en.op_type != "Erf" || !private_value(en.outputs[0])) return {};
+  const int one = g.consumers(en.outputs[0])[0];
+  const ir::Node& on = g.nodes[one];
+  if (on.op_type != "Add" || !is_constant_close_to(g, other_input(on, en.outputs[0]), 1.f) ||
+      !private_value(on.outputs[0]) || g.consumers(on.outputs[0])[0] != mul || other_input(mn, on.outputs[0]) != y ||
+      !private_value(mn.outputs[0]))
+    return {};
+  const int half = g.consumers(mn.outputs[0])[0];
+  const ir::Node& hn = g.nodes[half];
+  if (hn.op_type != "Mul" || !is_constant_close_to(g, other_input(hn, mn.outputs[0]), 0.5f)) return {};
+  for (int n : {div, mul, erf, one, half})
+    if (!g.nodes[n].domain.empty()) return {};
+  out = hn.outputs[0];
+  return {div, erf, one, mul, half};
+}
+
 // Execution-only, for transformer MLPs: MatMul(a, W) -> Add(b [N]) becomes a MatMul with a bias
-// (a 3rd input its kernel reads), and the erf GELU that PyTorch exports before opset 20,
-//   Mul(Mul(x, Add(Erf(Div(x, sqrt 2)), 1)), 0.5),
-// after such a MatMul becomes its fused activation (oneDNN's JIT gelu_erf: one pass instead of
-// five). Values that are kept (hooks, outputs) or read elsewhere block the fusion.
+// (a 3rd input its kernel reads), and an erf GELU after such a MatMul its fused activation; any
+// other erf GELU becomes one Gelu node (kGeluDomain, oneDNN's JIT gelu_erf). One pass instead of
+// six. Values that are kept (hooks, outputs) or read elsewhere block the fusion.
 int fuse_matmul_bias_gelu(ir::Graph& g, const std::set<std::string>& keep) {
   int fused = 0;
-  auto private_value = [&](const std::string& v, size_t readers) {
-    return !keep.count(v) && !g.is_graph_output(v) && g.consumers(v).size() == readers;
-  };
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     if (g.nodes[i].op_type != "MatMul" || !g.nodes[i].domain.empty() || g.nodes[i].inputs.size() != 2) continue;
     const Tensor* w = g.initializer(g.nodes[i].inputs[1]);
     if (!w || w->rank() != 2 || w->dtype() != DType::kFloat32) continue;
     const ir::ValueInfo* vi = g.find_value_info(g.nodes[i].inputs[0]);
     if (!vi || !vi->dims || vi->dims->size() < 2) continue;  // the bias needs a matrix A
-    std::vector<int> erase;
-    // Bias.
     std::string y = g.nodes[i].outputs[0];
-    if (!private_value(y, 1)) continue;
+    if (keep.count(y) || g.is_graph_output(y) || g.consumers(y).size() != 1) continue;
     const int add = g.consumers(y)[0];
     const ir::Node& an = g.nodes[add];
     const std::string b = an.op_type == "Add" && an.domain.empty() ? other_input(an, y) : "";
@@ -168,44 +197,37 @@ int fuse_matmul_bias_gelu(ir::Graph& g, const std::set<std::string>& keep) {
     if (!bias || bias->rank() != 1 || bias->dim(0) != w->dim(1) || bias->dtype() != DType::kFloat32) continue;
     g.nodes[i].inputs.push_back(b);
     y = an.outputs[0];
-    erase.push_back(add);
-    // GELU.
-    const auto readers = g.consumers(y);
-    if (!keep.count(y) && !g.is_graph_output(y) && readers.size() == 2) {
-      int div = readers[0], mul = readers[1];
-      if (g.nodes[div].op_type != "Div") std::swap(div, mul);
-      const ir::Node &dn = g.nodes[div], &mn = g.nodes[mul];
-      bool ok = dn.op_type == "Div" && dn.inputs.size() == 2 && dn.inputs[0] == y &&
-                is_constant_close_to(g, dn.inputs[1], std::sqrt(2.f)) && mn.op_type == "Mul" &&
-                private_value(dn.outputs[0], 1);
-      int erf = -1, one = -1, half = -1;
-      if (ok) {
-        erf = g.consumers(dn.outputs[0])[0];
-        ok = g.nodes[erf].op_type == "Erf" && private_value(g.nodes[erf].outputs[0], 1);
-      }
-      if (ok) {
-        one = g.consumers(g.nodes[erf].outputs[0])[0];
-        const ir::Node& on = g.nodes[one];
-        ok = on.op_type == "Add" && is_constant_close_to(g, other_input(on, g.nodes[erf].outputs[0]), 1.f) &&
-             private_value(on.outputs[0], 1) && g.consumers(on.outputs[0])[0] == mul &&
-             other_input(mn, on.outputs[0]) == y && private_value(mn.outputs[0], 1);
-      }
-      if (ok) {
-        half = g.consumers(mn.outputs[0])[0];
-        const ir::Node& hn = g.nodes[half];
-        ok = hn.op_type == "Mul" && is_constant_close_to(g, other_input(hn, mn.outputs[0]), 0.5f);
-      }
-      const bool all_default_domain = ok && dn.domain.empty() && mn.domain.empty() && g.nodes[erf].domain.empty() &&
-                                      g.nodes[one].domain.empty() && g.nodes[half].domain.empty();
-      if (all_default_domain && g.nodes[i].fused.op.empty()) {
-        g.nodes[i].fused.op = "Gelu";
-        y = g.nodes[half].outputs[0];
-        erase.insert(erase.end(), {div, erf, one, mul, half});
-      }
+    std::vector<int> erase = {add};
+    std::string gelu_out;
+    if (auto gelu = match_erf_gelu(g, y, keep, gelu_out); !gelu.empty() && g.nodes[i].fused.op.empty()) {
+      g.nodes[i].fused.op = "Gelu";
+      y = gelu_out;
+      erase.insert(erase.end(), gelu.begin(), gelu.end());
     }
     g.nodes[i].outputs[0] = y;
     std::sort(erase.rbegin(), erase.rend());
     for (int e : erase) g.nodes.erase(g.nodes.begin() + e);
+    ++fused;
+  }
+  // Remaining erf GELUs (after a QMatMul, an Add, ...).
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (g.nodes[i].op_type != "Div" || g.nodes[i].inputs.empty()) continue;
+    const std::string y = g.nodes[i].inputs[0];
+    std::string out;
+    std::vector<int> gelu = match_erf_gelu(g, y, keep, out);
+    if (gelu.empty()) continue;
+    ir::Node node;
+    node.op_type = "Gelu";
+    node.domain = dnnl_kernels::kGeluDomain;
+    node.name = g.nodes[gelu.back()].name;
+    node.inputs = {y};
+    node.outputs = {out};
+    // Every pattern node reads only y and constants: the earliest position is valid for all.
+    const int first = *std::min_element(gelu.begin(), gelu.end());
+    std::sort(gelu.rbegin(), gelu.rend());
+    for (int e : gelu)
+      if (e != first) g.nodes.erase(g.nodes.begin() + e);
+    g.nodes[first] = std::move(node);
     ++fused;
   }
   return fused;
@@ -224,6 +246,7 @@ LayoutRole layout_role(const ir::Node& n) {
   static const std::set<std::string> kElementwise = {"Add", "Sub", "Mul", "Div", "Relu", "Clip",
                                                       "QuantizeLinear", "DequantizeLinear"};
   if (n.domain.empty() && kElementwise.count(n.op_type)) return LayoutRole::kPassthrough;
+  if (n.domain == dnnl_kernels::kGeluDomain && n.op_type == "Gelu") return LayoutRole::kPassthrough;
   return LayoutRole::kPlain;
 }
 // Input positions an aware kernel reads in any layout (X, and the fused residual addend).

@@ -242,4 +242,22 @@ TEST(SessionFusion, MatMulBiasAndErfGeluBecomeOneMatMul) {
   expect_close(out.at("y"), want.at("y"), "y with h requested");
 }
 
+TEST(SessionFusion, ErfGeluAfterOtherOpsBecomesOneGeluPass) {
+  // The producer is an Add (as after an INT8 QMatMul): the chain becomes one execution-only Gelu.
+  Builder b({3, 7, 8});
+  b.op("Add", {"x", b.scalar("shift", Tensor::scalar(0.25f))}, "h");
+  b.op("Div", {"h", b.scalar("sqrt2", Tensor::scalar(1.4142135f))}, "d");
+  b.op("Erf", {"d"}, "e");
+  b.op("Add", {b.scalar("one", Tensor::scalar(1.f)), "e"}, "e1");
+  b.op("Mul", {"e1", "h"}, "m");
+  b.op("Mul", {"m", b.scalar("half", Tensor::scalar(0.5f))}, "y");
+  b.output("y");
+  runtime::Session fast(b.g), ref = reference_session(b.g);
+  const Tensor x = random_tensor({3, 7, 8}, 31, -4.f, 4.f);
+  auto got = run_hooked(fast, x), want = run_hooked(ref, x);
+  EXPECT_TRUE(got.count("h"));
+  for (const char* gone : {"d", "e", "e1", "m"}) EXPECT_FALSE(got.count(gone)) << gone;
+  expect_close(got.at("y"), want.at("y"), "y", 2e-6f);
+}
+
 }  // namespace
