@@ -504,8 +504,11 @@ class Plan {
       try {
         step.kernel->run(ctx);
         // The first run creates primitives (JIT): leave it out.
-        if (profile_ && runs_ > 1)
-          step.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (profile_ && runs_ > 1) {
+          const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          step.seconds += dt;
+          step.min_seconds = std::min(step.min_seconds, dt);
+        }
       } catch (const Error& e) {
         throw Error(e.kind(), with_node_context(*step.node, e.what()));
       } catch (const std::exception& e) {
@@ -545,6 +548,7 @@ class Plan {
     LayoutRole role = LayoutRole::kPlain;
     uint32_t blocked_outputs = 0;  // bit k: output k may be left in a blocked layout
     double seconds = 0;            // accumulated under SLIMQUANT_PROFILE
+    double min_seconds = 1e30;     // fastest run (a shared machine's preemptions only add time)
   };
   // A plain copy of a blocked value for a reader that needs plain; kept until the step is done.
   const Tensor* plain_copy(const Tensor& t, const LayoutPtr& layout, BufferPool& pool) {
@@ -593,12 +597,13 @@ class Plan {
   ~Plan() {
     if (!profile_ || runs_ < 2) return;
     const size_t timed = runs_ - 1;
-    double total = 0;
-    for (const auto& s : steps_) total += s.seconds;
-    std::fprintf(stderr, "plan profile: %zu runs after the first, %.4f ms per run in kernels\n", timed,
-                 1e3 * total / timed);
+    double total = 0, total_min = 0;
+    for (const auto& s : steps_) total += s.seconds, total_min += s.min_seconds;
+    std::fprintf(stderr, "plan profile: %zu runs after the first, kernels %.4f ms per run (mean), %.4f ms (sum of "
+                 "per-node minima); per node: mean, min, share of mean\n", timed, 1e3 * total / timed, 1e3 * total_min);
     for (const auto& s : steps_)
-      std::fprintf(stderr, "  %8.4f ms %5.1f%%  %s%s%s\n", 1e3 * s.seconds / timed, 100 * s.seconds / total,
+      std::fprintf(stderr, "  %8.4f ms %8.4f ms %5.1f%%  %s%s%s\n", 1e3 * s.seconds / timed, 1e3 * s.min_seconds,
+                   100 * s.seconds / total,
                    s.node->describe().c_str(), s.blocked_outputs ? " [may block]" : "",
                    s.node->inputs.size() > 3 && s.node->op_type == "Conv" ? " [+sum]" : "");
   }
