@@ -6,8 +6,10 @@
 //
 //   node bench/compare_runtimes.js [--runs 50] [--rounds 3] [--models resnet_small,...] [--int8-dir DIR]
 //
-// Each cell is timed in its own process (slimquant: `slimquant bench`, in-process timing of
-// Session::run; ORT: a worker running session.run), so max RSS is per configuration. The machine is
+// Each cell is timed in its own process (slimquant: build/slimquant_latency, in-process timing of
+// Session::run; ORT: a worker running session.run), so max RSS is per configuration. Wall-clock
+// and CPU-time medians are both reported: on a busy shared machine the wall time includes
+// preemption, the process CPU time per run does not. The machine is
 // shared and noisy: every configuration is measured --rounds times, interleaving slimquant and
 // ORT, and the smallest of the round medians is reported. INT8 models are made once with
 // `slimquant quantize` (10 calibration batches of 32 Fashion-MNIST training images) into --int8-dir.
@@ -19,6 +21,7 @@ const root = path.resolve(__dirname, '..');
 const args = process.argv.slice(2);
 const opt = (name, def) => { const i = args.indexOf(name); return i >= 0 ? args[i + 1] : def; };
 const cli = path.join(root, 'build', 'slimquant');
+const latencyBin = path.join(root, 'build', 'slimquant_latency');
 
 function median(xs) { const s = [...xs].sort((a, b) => a - b); const m = s.length >> 1; return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2; }
 
@@ -32,13 +35,16 @@ async function ortWorker(modelPath, shape, runs) {
   const data = Float32Array.from({ length: n }, (_, i) => ((i * 2654435761) % 1000) / 1000);
   const feeds = { [session.inputNames[0]]: new ort.Tensor('float32', data, shape) };
   for (let i = 0; i < 5; i++) await session.run(feeds);
-  const ms = [];
+  const ms = [], cpu = [];
   for (let i = 0; i < runs; i++) {
+    const c0 = process.cpuUsage();
     const t0 = process.hrtime.bigint();
     await session.run(feeds);
     ms.push(Number(process.hrtime.bigint() - t0) / 1e6);
+    const c = process.cpuUsage(c0);
+    cpu.push((c.user + c.system) / 1e3);
   }
-  console.log(JSON.stringify({ median_ms: median(ms), max_rss_kb: process.resourceUsage().maxRSS }));
+  console.log(JSON.stringify({ median_ms: median(ms), cpu_median_ms: median(cpu), max_rss_kb: process.resourceUsage().maxRSS }));
 }
 
 function ortLatency(modelPath, shape, runs) {
@@ -48,13 +54,15 @@ function ortLatency(modelPath, shape, runs) {
 }
 
 function slimquantLatency(modelPath, shape, runs) {
-  // GNU time writes the max RSS (KiB) as the last line of stderr.
+  // build/slimquant_latency (bench/latency.cpp): Session::run timed in-process, wall and CPU time;
+  // GNU time writes its max RSS (KiB).
   const rssFile = path.join(require('os').tmpdir(), `sq_bench_rss_${process.pid}`);
-  const out = execFileSync('/usr/bin/time', ['-f', '%M', '-o', rssFile, cli, '--quiet', 'bench', modelPath, '--shape',
-    shape.join('x'), '--runs', String(runs), '--threads', '1', '--json'], { encoding: 'utf8' });
+  const out = execFileSync('/usr/bin/time', ['-f', '%M', '-o', rssFile, latencyBin, modelPath, String(shape[0]),
+    String(runs)], { encoding: 'utf8' });
   const rss = parseInt(fs.readFileSync(rssFile, 'utf8').trim().split('\n').pop(), 10);
   fs.unlinkSync(rssFile);
-  return { median_ms: JSON.parse(out.trim().split('\n').pop()).median_ms, max_rss_kb: rss };
+  const r = JSON.parse(out.trim().split('\n').pop());
+  return { median_ms: r.median_ms, cpu_median_ms: r.cpu_median_ms, max_rss_kb: rss };
 }
 
 function ensureInt8(name, fp32, int8Dir) {
@@ -86,7 +94,8 @@ async function main() {
       c.sq.push(slimquantLatency(c.file, shape, runs));
       c.ort.push(ortLatency(c.file, shape, runs));
     }
-  const best = (xs) => ({ ms: Math.min(...xs.map((x) => x.median_ms)), rss: Math.max(...xs.map((x) => x.max_rss_kb)) });
+  const best = (xs) => ({ ms: Math.min(...xs.map((x) => x.median_ms)), cpu: Math.min(...xs.map((x) => x.cpu_median_ms)),
+    rss: Math.max(...xs.map((x) => x.max_rss_kb)) });
   const find = (m, k, b) => cells.find((c) => c.model === m && c.kind === k && c.batch === b);
   const rows = [];
   for (const name of models)
@@ -94,15 +103,26 @@ async function main() {
       const f = find(name, 'FP32', batch), q = find(name, 'INT8', batch);
       const sf = best(f.sq), sq = best(q.sq), of = best(f.ort), oq = best(q.ort);
       rows.push({ model: name, batch, sq_fp32_ms: sf.ms, sq_int8_ms: sq.ms, ort_fp32_ms: of.ms, ort_int8_ms: oq.ms,
+        sq_fp32_cpu: sf.cpu, sq_int8_cpu: sq.cpu, ort_fp32_cpu: of.cpu, ort_int8_cpu: oq.cpu,
         sq_fp32_rss_mb: sf.rss / 1024, sq_int8_rss_mb: sq.rss / 1024, ort_fp32_rss_mb: of.rss / 1024,
         ort_int8_rss_mb: oq.rss / 1024, fp32_bytes: f.size, int8_bytes: q.size });
     }
   const f3 = (x) => x.toFixed(3), f2 = (x) => x.toFixed(2);
+  console.log('Wall-clock time per run (median, ms):');
+  console.log('');
   console.log('| model | batch | slimquant FP32 ms | slimquant INT8 ms | ORT FP32 ms | ORT INT8 ms | ORT/sq FP32 | ORT/sq INT8 | sq INT8 speedup | ORT INT8 speedup |');
   console.log('|---|---|---|---|---|---|---|---|---|---|');
   for (const r of rows)
     console.log(`| ${r.model} | ${r.batch} | ${f3(r.sq_fp32_ms)} | ${f3(r.sq_int8_ms)} | ${f3(r.ort_fp32_ms)} | ${f3(r.ort_int8_ms)} | ` +
       `${f2(r.ort_fp32_ms / r.sq_fp32_ms)} | ${f2(r.ort_int8_ms / r.sq_int8_ms)} | ${f2(r.sq_fp32_ms / r.sq_int8_ms)} | ${f2(r.ort_fp32_ms / r.ort_int8_ms)} |`);
+  console.log('');
+  console.log('CPU time per run (median, ms; unaffected by preemption on a shared machine):');
+  console.log('');
+  console.log('| model | batch | slimquant FP32 | slimquant INT8 | ORT FP32 | ORT INT8 | ORT/sq FP32 | ORT/sq INT8 | sq INT8 speedup | ORT INT8 speedup |');
+  console.log('|---|---|---|---|---|---|---|---|---|---|');
+  for (const r of rows)
+    console.log(`| ${r.model} | ${r.batch} | ${f3(r.sq_fp32_cpu)} | ${f3(r.sq_int8_cpu)} | ${f3(r.ort_fp32_cpu)} | ${f3(r.ort_int8_cpu)} | ` +
+      `${f2(r.ort_fp32_cpu / r.sq_fp32_cpu)} | ${f2(r.ort_int8_cpu / r.sq_int8_cpu)} | ${f2(r.sq_fp32_cpu / r.sq_int8_cpu)} | ${f2(r.ort_fp32_cpu / r.ort_int8_cpu)} |`);
   console.log('');
   console.log('| model | batch | peak RSS MB: sq FP32 / sq INT8 / ORT FP32 / ORT INT8 | file KB: FP32 / INT8 (ratio) |');
   console.log('|---|---|---|---|');
