@@ -458,6 +458,19 @@ class Plan {
         if (step.inputs[k] >= 0 && !accepts) plain_only[step.inputs[k]] = true;
       }
     }
+    // A fused residual addend (Conv input 3) that dies at its Conv and was written by another
+    // aware step (so its buffer comes from the pool) may become the Conv's output buffer.
+    std::vector<int> producer_role(slots_.size(), -1);
+    for (const auto& step : steps_)
+      for (int o : step.outputs)
+        if (o >= 0) producer_role[o] = static_cast<int>(step.role);
+    for (auto& step : steps_) {
+      if (step.role != LayoutRole::kAware || step.inputs.size() < 4 || step.inputs[3] < 0) continue;
+      const int addend = step.inputs[3];
+      const bool dies_here = std::count(step.release.begin(), step.release.end(), addend) > 0;
+      const bool read_once = std::count(step.inputs.begin(), step.inputs.end(), addend) == 1;
+      step.donate_addend = dies_here && read_once && producer_role[addend] == static_cast<int>(LayoutRole::kAware);
+    }
     for (const auto& w : wanted_) wanted_slots_.push_back(slot_of(w));
     slot_names_.resize(slots_.size());
     for (const auto& [name, s] : slots_) slot_names_[s] = name;
@@ -499,7 +512,12 @@ class Plan {
               inputs[k] = plain_copy(values[in], layouts[in], pool);
       }
       KernelContext ctx(*step.node, inputs, outputs, allocator);
-      if (step.role == LayoutRole::kAware) ctx.bind_layouts(&in_layouts, &out_layouts, step.blocked_outputs);
+      if (step.role == LayoutRole::kAware) {
+        ctx.bind_layouts(&in_layouts, &out_layouts, step.blocked_outputs);
+        // Only the pool and this value hold the addend's buffer: nobody can observe the overwrite.
+        if (step.donate_addend && inputs[3] == &values[step.inputs[3]] && values[step.inputs[3]].storage().use_count() == 2)
+          ctx.donate_inputs(1u << 3);
+      }
       const auto t0 = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
       try {
         step.kernel->run(ctx);
@@ -547,6 +565,7 @@ class Plan {
     std::vector<int> inputs, outputs, release;
     LayoutRole role = LayoutRole::kPlain;
     uint32_t blocked_outputs = 0;  // bit k: output k may be left in a blocked layout
+    bool donate_addend = false;    // input 3 may become the output buffer (see the constructor)
     double seconds = 0;            // accumulated under SLIMQUANT_PROFILE
     double min_seconds = 1e30;     // fastest run (a shared machine's preemptions only add time)
   };

@@ -47,6 +47,7 @@ class KernelContext {
   Tensor& allocate_output(size_t i, DType dtype, const Shape& shape);
   // Sets output i to an existing tensor (e.g. a view sharing an input's storage for Reshape).
   void set_output(size_t i, Tensor t) { outputs_.at(i) = std::move(t); }
+  Tensor& output(size_t i) { return outputs_.at(i); }
   bool output_wanted(size_t i) const { return i < outputs_.size(); }
 
   // Layouts (only layout-aware kernels look at them). Input i's layout, or null when plain.
@@ -59,6 +60,10 @@ class KernelContext {
   void set_output_layout(size_t i, LayoutPtr layout) {
     if (output_layouts_ && i < output_layouts_->size()) (*output_layouts_)[i] = std::move(layout);
   }
+  // Whether the kernel may write its output into input i's buffer (the plan found nothing else
+  // holds it and the value is dead after this step).
+  bool input_donated(size_t i) const { return i < 32 && (donated_inputs_ >> i & 1u); }
+  void donate_inputs(uint32_t mask) { donated_inputs_ = mask; }
   void bind_layouts(const std::vector<LayoutPtr>* inputs, std::vector<LayoutPtr>* outputs, uint32_t blocked_outputs) {
     input_layouts_ = inputs;
     output_layouts_ = outputs;
@@ -73,6 +78,7 @@ class KernelContext {
   const std::vector<LayoutPtr>* input_layouts_ = nullptr;
   std::vector<LayoutPtr>* output_layouts_ = nullptr;
   uint32_t blocked_outputs_ = 0;
+  uint32_t donated_inputs_ = 0;
 };
 
 class Kernel {

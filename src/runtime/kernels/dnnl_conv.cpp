@@ -85,7 +85,11 @@ class ConvKernel final : public Kernel {
         {&x.shape(), &ws, b ? &b->shape() : nullptr, sum ? &sum->shape() : nullptr},
         [&] { return make_plan(x.shape(), ws, b ? &b->shape() : nullptr, x_layout, out_blocked, sum, sum_layout); },
         tag);
-    Tensor& y = ctx.allocate_output(0, DType::kFloat32, p.out_shape);
+    // The addend's buffer becomes the output when the plan donated it and it already is in the
+    // primitive's dst layout: the sum post-op then reads it in place, no copy.
+    if (sum && ctx.input_donated(kSum) && !p.sum_reorder && !p.dst_reorder) ctx.set_output(0, *sum);
+    else ctx.allocate_output(0, DType::kFloat32, p.out_shape);
+    Tensor& y = ctx.output(0);
     if (y.numel() == 0) return;
 
     run_conv_like(p, x, w, b, y, sum);
