@@ -1,25 +1,33 @@
 #!/usr/bin/env node
-// Latency table: slimquant vs ONNX Runtime (onnxruntime-node) on the fixture models, FP32 (and
-// INT8 models when given), batch 1 and 32, one thread, median of N runs each. slimquant is timed
-// by its own `bench` command (in-process timing, same method as here); ONNX Runtime in this process.
+// Latency table: slimquant vs ONNX Runtime (onnxruntime-node 1.20) on the fixture models, FP32 and
+// INT8 (our exported QDQ model: slimquant runs it with integer kernels, ORT with its own QDQ
+// fusion), batch 1 and 32, one thread, median of N runs each, plus peak memory (max RSS of the
+// process that ran it) and model file sizes.
 //
-//   node bench/compare_runtimes.js [--runs 50] [--models resnet_small,...] [--int8-dir DIR]
+//   node bench/compare_runtimes.js [--runs 50] [--rounds 3] [--models resnet_small,...] [--int8-dir DIR]
+//
+// Each cell is timed in its own process (slimquant: build/slimquant_latency, in-process timing of
+// Session::run; ORT: a worker running session.run), so max RSS is per configuration. Wall-clock
+// and CPU-time medians are both reported: on a busy shared machine the wall time includes
+// preemption, the process CPU time per run does not. The machine is
+// shared and noisy: every configuration is measured --rounds times, interleaving slimquant and
+// ORT, and the smallest of the round medians is reported. INT8 models are made once with
+// `slimquant quantize` (10 calibration batches of 32 Fashion-MNIST training images) into --int8-dir.
 const { execFileSync } = require('child_process');
 const fs = require('fs');
 const path = require('path');
-const ort = require('onnxruntime-node');
 
 const root = path.resolve(__dirname, '..');
 const args = process.argv.slice(2);
 const opt = (name, def) => { const i = args.indexOf(name); return i >= 0 ? args[i + 1] : def; };
-const runs = parseInt(opt('--runs', '50'), 10);
-const models = opt('--models', 'resnet_small,mobilenetv2_small,vit_small').split(',');
-const int8Dir = opt('--int8-dir', '');
 const cli = path.join(root, 'build', 'slimquant');
+const latencyBin = path.join(root, 'build', 'slimquant_latency');
 
 function median(xs) { const s = [...xs].sort((a, b) => a - b); const m = s.length >> 1; return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2; }
 
-async function ortLatency(modelPath, shape) {
+// Worker mode: time ONNX Runtime on one model and shape, print {median_ms, max_rss_kb}.
+async function ortWorker(modelPath, shape, runs) {
+  const ort = require('onnxruntime-node');
   const session = await ort.InferenceSession.create(modelPath, {
     intraOpNumThreads: 1, interOpNumThreads: 1, executionMode: 'sequential', graphOptimizationLevel: 'all',
   });
@@ -27,41 +35,107 @@ async function ortLatency(modelPath, shape) {
   const data = Float32Array.from({ length: n }, (_, i) => ((i * 2654435761) % 1000) / 1000);
   const feeds = { [session.inputNames[0]]: new ort.Tensor('float32', data, shape) };
   for (let i = 0; i < 5; i++) await session.run(feeds);
-  const ms = [];
+  const ms = [], cpu = [];
   for (let i = 0; i < runs; i++) {
+    const c0 = process.cpuUsage();
     const t0 = process.hrtime.bigint();
     await session.run(feeds);
     ms.push(Number(process.hrtime.bigint() - t0) / 1e6);
+    const c = process.cpuUsage(c0);
+    cpu.push((c.user + c.system) / 1e3);
   }
-  return median(ms);
+  console.log(JSON.stringify({ median_ms: median(ms), cpu_median_ms: median(cpu), max_rss_kb: process.resourceUsage().maxRSS }));
 }
 
-function slimquantLatency(modelPath, shape) {
-  const out = execFileSync(cli, ['--quiet', 'bench', modelPath, '--shape', shape.join('x'), '--runs', String(runs),
-    '--threads', '1', '--json'], { encoding: 'utf8' });
-  const last = out.trim().split('\n').pop();
-  return JSON.parse(last).median_ms;
+function ortLatency(modelPath, shape, runs) {
+  const out = execFileSync(process.execPath, [__filename, '--ort-worker', modelPath, shape.join('x'), String(runs)],
+    { encoding: 'utf8' });
+  return JSON.parse(out.trim().split('\n').pop());
 }
 
-(async () => {
-  const rows = [];
+function slimquantLatency(modelPath, shape, runs) {
+  // build/slimquant_latency (bench/latency.cpp): Session::run timed in-process, wall and CPU time;
+  // GNU time writes its max RSS (KiB).
+  const rssFile = path.join(require('os').tmpdir(), `sq_bench_rss_${process.pid}`);
+  const out = execFileSync('/usr/bin/time', ['-f', '%M', '-o', rssFile, latencyBin, modelPath, String(shape[0]),
+    String(runs)], { encoding: 'utf8' });
+  const rss = parseInt(fs.readFileSync(rssFile, 'utf8').trim().split('\n').pop(), 10);
+  fs.unlinkSync(rssFile);
+  const r = JSON.parse(out.trim().split('\n').pop());
+  return { median_ms: r.median_ms, cpu_median_ms: r.cpu_median_ms, max_rss_kb: rss };
+}
+
+function ensureInt8(name, fp32, int8Dir) {
+  const file = path.join(int8Dir, name + '.int8.onnx');
+  if (!fs.existsSync(file)) {
+    fs.mkdirSync(int8Dir, { recursive: true });
+    execFileSync(cli, ['--quiet', 'quantize', fp32, 'fashion-mnist:train', '--batch-nums', '10', '-o', file, '--no-eval'],
+      { stdio: 'inherit' });
+  }
+  return file;
+}
+
+async function main() {
+  const runs = parseInt(opt('--runs', '50'), 10);
+  const rounds = parseInt(opt('--rounds', '3'), 10);
+  const models = opt('--models', 'resnet_small,mobilenetv2_small,vit_small').split(',');
+  const int8Dir = path.resolve(opt('--int8-dir', path.join(root, 'build', 'bench_int8')));
+  const cells = [];
   for (const name of models) {
-    const variants = [['FP32', path.join(root, 'tests/fixtures/models', name + '.onnx')]];
-    if (int8Dir) variants.push(['INT8', path.join(int8Dir, name + '.int8.onnx')]);
-    for (const [kind, file] of variants) {
-      if (!fs.existsSync(file)) continue;
-      for (const batch of [1, 32]) {
-        const shape = [batch, 1, 28, 28];
-        const sq = slimquantLatency(file, shape);
-        const ortMs = await ortLatency(file, shape);
-        rows.push({ model: name, kind, batch, slimquant_ms: sq, ort_ms: ortMs, ratio: ortMs / sq, size_bytes: fs.statSync(file).size });
-      }
-    }
+    const fp32 = path.join(root, 'tests/fixtures/models', name + '.onnx');
+    const int8 = ensureInt8(name, fp32, int8Dir);
+    for (const batch of [1, 32])
+      for (const [kind, file] of [['FP32', fp32], ['INT8', int8]])
+        cells.push({ model: name, kind, batch, file, size: fs.statSync(file).size, sq: [], ort: [] });
   }
-  console.log('| model | type | batch | slimquant ms | ONNX Runtime ms | ORT/slimquant |');
-  console.log('|---|---|---|---|---|---|');
+  for (let r = 0; r < rounds; r++)
+    for (const c of cells) {
+      const shape = [c.batch, 1, 28, 28];
+      c.sq.push(slimquantLatency(c.file, shape, runs));
+      c.ort.push(ortLatency(c.file, shape, runs));
+    }
+  const best = (xs) => ({ ms: Math.min(...xs.map((x) => x.median_ms)), cpu: Math.min(...xs.map((x) => x.cpu_median_ms)),
+    rss: Math.max(...xs.map((x) => x.max_rss_kb)) });
+  const find = (m, k, b) => cells.find((c) => c.model === m && c.kind === k && c.batch === b);
+  const rows = [];
+  for (const name of models)
+    for (const batch of [1, 32]) {
+      const f = find(name, 'FP32', batch), q = find(name, 'INT8', batch);
+      const sf = best(f.sq), sq = best(q.sq), of = best(f.ort), oq = best(q.ort);
+      rows.push({ model: name, batch, sq_fp32_ms: sf.ms, sq_int8_ms: sq.ms, ort_fp32_ms: of.ms, ort_int8_ms: oq.ms,
+        sq_fp32_cpu: sf.cpu, sq_int8_cpu: sq.cpu, ort_fp32_cpu: of.cpu, ort_int8_cpu: oq.cpu,
+        sq_fp32_rss_mb: sf.rss / 1024, sq_int8_rss_mb: sq.rss / 1024, ort_fp32_rss_mb: of.rss / 1024,
+        ort_int8_rss_mb: oq.rss / 1024, fp32_bytes: f.size, int8_bytes: q.size });
+    }
+  const f3 = (x) => x.toFixed(3), f2 = (x) => x.toFixed(2);
+  console.log('Wall-clock time per run (median, ms):');
+  console.log('');
+  console.log('| model | batch | slimquant FP32 ms | slimquant INT8 ms | ORT FP32 ms | ORT INT8 ms | ORT/sq FP32 | ORT/sq INT8 | sq INT8 speedup | ORT INT8 speedup |');
+  console.log('|---|---|---|---|---|---|---|---|---|---|');
   for (const r of rows)
-    console.log(`| ${r.model} | ${r.kind} | ${r.batch} | ${r.slimquant_ms.toFixed(3)} | ${r.ort_ms.toFixed(3)} | ${r.ratio.toFixed(2)}x |`);
-  console.log(`(median of ${runs} runs, 1 thread, onnxruntime-node ${require('onnxruntime-node/package.json').version})`);
+    console.log(`| ${r.model} | ${r.batch} | ${f3(r.sq_fp32_ms)} | ${f3(r.sq_int8_ms)} | ${f3(r.ort_fp32_ms)} | ${f3(r.ort_int8_ms)} | ` +
+      `${f2(r.ort_fp32_ms / r.sq_fp32_ms)} | ${f2(r.ort_int8_ms / r.sq_int8_ms)} | ${f2(r.sq_fp32_ms / r.sq_int8_ms)} | ${f2(r.ort_fp32_ms / r.ort_int8_ms)} |`);
+  console.log('');
+  console.log('CPU time per run (median, ms; unaffected by preemption on a shared machine):');
+  console.log('');
+  console.log('| model | batch | slimquant FP32 | slimquant INT8 | ORT FP32 | ORT INT8 | ORT/sq FP32 | ORT/sq INT8 | sq INT8 speedup | ORT INT8 speedup |');
+  console.log('|---|---|---|---|---|---|---|---|---|---|');
+  for (const r of rows)
+    console.log(`| ${r.model} | ${r.batch} | ${f3(r.sq_fp32_cpu)} | ${f3(r.sq_int8_cpu)} | ${f3(r.ort_fp32_cpu)} | ${f3(r.ort_int8_cpu)} | ` +
+      `${f2(r.ort_fp32_cpu / r.sq_fp32_cpu)} | ${f2(r.ort_int8_cpu / r.sq_int8_cpu)} | ${f2(r.sq_fp32_cpu / r.sq_int8_cpu)} | ${f2(r.ort_fp32_cpu / r.ort_int8_cpu)} |`);
+  console.log('');
+  console.log('| model | batch | peak RSS MB: sq FP32 / sq INT8 / ORT FP32 / ORT INT8 | file KB: FP32 / INT8 (ratio) |');
+  console.log('|---|---|---|---|');
+  for (const r of rows)
+    console.log(`| ${r.model} | ${r.batch} | ${r.sq_fp32_rss_mb.toFixed(1)} / ${r.sq_int8_rss_mb.toFixed(1)} / ${r.ort_fp32_rss_mb.toFixed(1)} / ` +
+      `${r.ort_int8_rss_mb.toFixed(1)} | ${(r.fp32_bytes / 1024).toFixed(0)} / ${(r.int8_bytes / 1024).toFixed(0)} (${f2(r.int8_bytes / r.fp32_bytes)}) |`);
+  console.log(`(best of ${rounds} rounds of median-of-${runs}, 1 thread, onnxruntime-node ` +
+    `${require('onnxruntime-node/package.json').version}; ratios > 1: slimquant faster / INT8 faster than FP32)`);
   console.log(JSON.stringify(rows));
-})().catch((e) => { console.error(e); process.exit(1); });
+}
+
+if (args[0] === '--ort-worker') {
+  ortWorker(args[1], args[2].split('x').map(Number), parseInt(args[3], 10)).catch((e) => { console.error(e); process.exit(1); });
+} else {
+  main().catch((e) => { console.error(e); process.exit(1); });
+}

@@ -3,11 +3,17 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "runtime/kernels/dnnl_common.h"
+#include "runtime/kernels/dnnl_kernels.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/kernel.h"
 #include "slimquant/runtime/optimize.h"
@@ -54,6 +60,197 @@ Tensor run_kernel_once(const ir::Node& node, int64_t opset, const std::vector<co
   kernel->run(ctx);
   return outputs.empty() ? Tensor() : outputs[0];
 }
+
+bool same_known_shape(const ir::Graph& g, const std::string& a, const std::string& b) {
+  const ir::ValueInfo *va = g.find_value_info(a), *vb = g.find_value_info(b);
+  return va && vb && va->fully_known() && vb->fully_known() && va->shape() == vb->shape() &&
+         va->dtype == DType::kFloat32 && vb->dtype == DType::kFloat32;
+}
+
+// Execution-only: Add(Conv(...), r) [-> Relu | Clip] becomes one Conv that reads r as a 4th input
+// and adds it with oneDNN's sum post-op, saving the Add's (and activation's) pass over memory.
+// The Conv moves to the Add's place, where r is available; the Conv output must be read by the Add
+// alone and not be kept (hooks/outputs), and both operands must have the same known shape.
+int fuse_residual_adds(ir::Graph& g, const std::set<std::string>& keep) {
+  int fused = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const ir::Node& add = g.nodes[i];
+    if (add.op_type != "Add" || !add.domain.empty() || add.inputs.size() != 2 || add.outputs.size() != 1) continue;
+    for (int side = 0; side < 2; ++side) {
+      const std::string& a = add.inputs[side];
+      const std::string& r = add.inputs[1 - side];
+      const int p = g.producer(a);
+      if (p < 0 || a == r || keep.count(a) || g.is_graph_output(a) || g.consumers(a).size() != 1) continue;
+      const ir::Node& conv = g.nodes[p];
+      // A float Conv, or an INT8 QConv with a float32 output (ONNX type 1).
+      const bool float_conv = conv.op_type == "Conv" && conv.domain.empty();
+      const bool qconv = conv.op_type == "QConv" && conv.domain == "com.slimquant" && conv.attr_int("y_type", 1) == 1;
+      if (!(float_conv || qconv) || conv.outputs.size() != 1 || conv.inputs.size() > 3) continue;
+      if (conv.inputs.size() > 1 && !g.is_initializer(conv.inputs[1])) continue;
+      if (!same_known_shape(g, a, r)) continue;
+      ir::Node fusedConv = conv;
+      fusedConv.inputs.resize(3);
+      fusedConv.inputs.push_back(r);
+      fusedConv.outputs[0] = add.outputs[0];
+      // The Add's activation, when it alone reads the sum.
+      int act_index = -1;
+      const std::string& z = add.outputs[0];
+      if (const auto readers = g.consumers(z); readers.size() == 1 && !keep.count(z) && !g.is_graph_output(z)) {
+        const ir::Node& act = g.nodes[readers[0]];
+        float lo = 0.f, hi = 0.f;
+        bool ok = false;
+        if (act.op_type == "Relu" && act.domain.empty()) {
+          ok = true;
+        } else if (act.op_type == "Clip" && act.domain.empty() && g.opset >= 11) {
+          lo = -INFINITY, hi = INFINITY;
+          const std::string &l = act.input(1), &h = act.input(2);
+          ok = (l.empty() || g.is_initializer(l)) && (h.empty() || g.is_initializer(h));
+          if (ok && !l.empty()) lo = g.initializer(l)->to_float_vector().at(0);
+          if (ok && !h.empty()) hi = g.initializer(h)->to_float_vector().at(0);
+        }
+        if (ok && act.outputs.size() == 1) {
+          act_index = readers[0];
+          fusedConv.attrs[dnnl_kernels::kSumActivationAttr] = act.op_type;
+          fusedConv.attrs[dnnl_kernels::kSumActivationAlphaAttr] = lo;
+          fusedConv.attrs[dnnl_kernels::kSumActivationBetaAttr] = hi;
+          fusedConv.outputs[0] = act.outputs[0];
+        }
+      }
+      // Replace the Add by the fused Conv, then drop the activation and the original Conv (both
+      // erasures keep the other indices valid: act_index > i > p).
+      g.nodes[i] = std::move(fusedConv);
+      if (act_index >= 0) g.nodes.erase(g.nodes.begin() + act_index);
+      g.nodes.erase(g.nodes.begin() + p);
+      --i;
+      ++fused;
+      break;
+    }
+  }
+  return fused;
+}
+
+bool is_constant_close_to(const ir::Graph& g, const std::string& v, float want) {
+  const Tensor* t = g.initializer(v);
+  if (!t || t->numel() != 1 || !dtype_is_float(t->dtype())) return false;
+  return std::fabs(t->to_float_vector()[0] - want) <= 1e-4f * std::fabs(want);
+}
+
+// The other input of a two-input node, or "" when `v` is not one of them.
+std::string other_input(const ir::Node& n, const std::string& v) {
+  if (n.inputs.size() != 2) return "";
+  return n.inputs[0] == v ? n.inputs[1] : n.inputs[1] == v ? n.inputs[0] : "";
+}
+
+// The erf GELU that PyTorch exports before opset 20, read from value y:
+//   Mul(Mul(y, Add(Erf(Div(y, sqrt 2)), 1)), 0.5)
+// Returns the pattern's node indices and sets `out` to its result, or returns {} when the graph
+// differs or an intermediate is kept (hooks, outputs) or read elsewhere.
+std::vector<int> match_erf_gelu(const ir::Graph& g, const std::string& y, const std::set<std::string>& keep,
+                                std::string& out) {
+  auto private_value = [&](const std::string& v) {
+    return !keep.count(v) && !g.is_graph_output(v) && g.consumers(v).size() == 1;
+  };
+  const auto readers = g.consumers(y);
+  if (keep.count(y) || g.is_graph_output(y) || readers.size() != 2) return {};
+  int div = readers[0], mul = readers[1];
+  if (g.nodes[div].op_type != "Div") std::swap(div, mul);
+  const ir::Node &dn = g.nodes[div], &mn = g.nodes[mul];
+  if (dn.op_type != "Div" || dn.inputs.size() != 2 || dn.inputs[0] != y ||
+      !is_constant_close_to(g, dn.inputs[1], std::sqrt(2.f)) || mn.op_type != "Mul" || !private_value(dn.outputs[0]))
+    return {};
+  const int erf = g.consumers(dn.outputs[0])[0];
+  const ir::Node& en = g.nodes[erf];
+  if (en.op_type != "Erf" || !private_value(en.outputs[0])) return {};
+  const int one = g.consumers(en.outputs[0])[0];
+  const ir::Node& on = g.nodes[one];
+  if (on.op_type != "Add" || !is_constant_close_to(g, other_input(on, en.outputs[0]), 1.f) ||
+      !private_value(on.outputs[0]) || g.consumers(on.outputs[0])[0] != mul || other_input(mn, on.outputs[0]) != y ||
+      !private_value(mn.outputs[0]))
+    return {};
+  const int half = g.consumers(mn.outputs[0])[0];
+  const ir::Node& hn = g.nodes[half];
+  if (hn.op_type != "Mul" || !is_constant_close_to(g, other_input(hn, mn.outputs[0]), 0.5f)) return {};
+  for (int n : {div, mul, erf, one, half})
+    if (!g.nodes[n].domain.empty()) return {};
+  out = hn.outputs[0];
+  return {div, erf, one, mul, half};
+}
+
+// Execution-only, for transformer MLPs: MatMul(a, W) -> Add(b [N]) becomes a MatMul with a bias
+// (a 3rd input its kernel reads), and an erf GELU after such a MatMul its fused activation; any
+// other erf GELU becomes one Gelu node (kGeluDomain, oneDNN's JIT gelu_erf). One pass instead of
+// six. Values that are kept (hooks, outputs) or read elsewhere block the fusion.
+int fuse_matmul_bias_gelu(ir::Graph& g, const std::set<std::string>& keep) {
+  int fused = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (g.nodes[i].op_type != "MatMul" || !g.nodes[i].domain.empty() || g.nodes[i].inputs.size() != 2) continue;
+    const Tensor* w = g.initializer(g.nodes[i].inputs[1]);
+    if (!w || w->rank() != 2 || w->dtype() != DType::kFloat32) continue;
+    const ir::ValueInfo* vi = g.find_value_info(g.nodes[i].inputs[0]);
+    if (!vi || !vi->dims || vi->dims->size() < 2) continue;  // the bias needs a matrix A
+    std::string y = g.nodes[i].outputs[0];
+    if (keep.count(y) || g.is_graph_output(y) || g.consumers(y).size() != 1) continue;
+    const int add = g.consumers(y)[0];
+    const ir::Node& an = g.nodes[add];
+    const std::string b = an.op_type == "Add" && an.domain.empty() ? other_input(an, y) : "";
+    const Tensor* bias = b.empty() ? nullptr : g.initializer(b);
+    if (!bias || bias->rank() != 1 || bias->dim(0) != w->dim(1) || bias->dtype() != DType::kFloat32) continue;
+    g.nodes[i].inputs.push_back(b);
+    y = an.outputs[0];
+    std::vector<int> erase = {add};
+    std::string gelu_out;
+    if (auto gelu = match_erf_gelu(g, y, keep, gelu_out); !gelu.empty() && g.nodes[i].fused.op.empty()) {
+      g.nodes[i].fused.op = "Gelu";
+      y = gelu_out;
+      erase.insert(erase.end(), gelu.begin(), gelu.end());
+    }
+    g.nodes[i].outputs[0] = y;
+    std::sort(erase.rbegin(), erase.rend());
+    for (int e : erase) g.nodes.erase(g.nodes.begin() + e);
+    ++fused;
+  }
+  // Remaining erf GELUs (after a QMatMul, an Add, ...).
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (g.nodes[i].op_type != "Div" || g.nodes[i].inputs.empty()) continue;
+    const std::string y = g.nodes[i].inputs[0];
+    std::string out;
+    std::vector<int> gelu = match_erf_gelu(g, y, keep, out);
+    if (gelu.empty()) continue;
+    ir::Node node;
+    node.op_type = "Gelu";
+    node.domain = dnnl_kernels::kGeluDomain;
+    node.name = g.nodes[gelu.back()].name;
+    node.inputs = {y};
+    node.outputs = {out};
+    // Every pattern node reads only y and constants: the earliest position is valid for all.
+    const int first = *std::min_element(gelu.begin(), gelu.end());
+    std::sort(gelu.rbegin(), gelu.rend());
+    for (int e : gelu)
+      if (e != first) g.nodes.erase(g.nodes.begin() + e);
+    g.nodes[first] = std::move(node);
+    ++fused;
+  }
+  return fused;
+}
+
+// How a step treats non-plain (blocked) layouts.
+enum class LayoutRole {
+  kPlain,        // every input must be plain (converted if needed), outputs are plain
+  kAware,        // the kernel reads blocked inputs at some positions and may write blocked outputs
+  kPassthrough,  // elementwise without broadcasting (scalars aside): the kernel works on raw element
+                 // order, so the output takes the common layout of the inputs (the session decides)
+};
+LayoutRole layout_role(const ir::Node& n) {
+  if (n.domain.empty() && n.op_type == "Conv") return LayoutRole::kAware;
+  if (n.domain == "com.slimquant" && n.op_type == "QConv") return LayoutRole::kAware;
+  static const std::set<std::string> kElementwise = {"Add", "Sub", "Mul", "Div", "Relu", "Clip",
+                                                      "QuantizeLinear", "DequantizeLinear"};
+  if (n.domain.empty() && kElementwise.count(n.op_type)) return LayoutRole::kPassthrough;
+  if (n.domain == dnnl_kernels::kGeluDomain && n.op_type == "Gelu") return LayoutRole::kPassthrough;
+  return LayoutRole::kPlain;
+}
+// Input positions an aware kernel reads in any layout (X, and the fused residual addend).
+bool aware_input(const ir::Node&, size_t input) { return input == 0 || input == 3; }
 
 std::string with_node_context(const ir::Node& node, const std::string& message) {
   const std::string prefix = node.describe();
@@ -165,7 +362,11 @@ class Plan {
     std::set<std::string> keep(fed.begin(), fed.end());
     keep.insert(wanted.begin(), wanted.end());
     fold_constants(graph_);
-    if (options.fuse_activations) ir::fuse_activations(graph_, keep);
+    if (options.fuse_activations) {
+      ir::fuse_activations(graph_, keep);
+      fuse_residual_adds(graph_, keep);
+      fuse_matmul_bias_gelu(graph_, keep);
+    }
 
     // Slots: one per value name.
     auto slot_of = [&](const std::string& name) {
@@ -239,6 +440,37 @@ class Plan {
       for (int o : steps_[s].outputs)
         if (o >= 0 && last_use[o] < static_cast<int>(s) && !pinned.count(o)) steps_[s].release.push_back(o);
     }
+    // Values that may stay in a blocked layout: written by an aware or passthrough step, read only
+    // where blocked is accepted, not returned. A passthrough step accepts blocked inputs only when
+    // its output may stay blocked, so walk the steps backwards (readers come after writers). Hooks
+    // get plain copies (see run()).
+    std::vector<bool> plain_only(slots_.size(), false);
+    for (int p : pinned) plain_only[p] = true;
+    for (auto it = steps_.rbegin(); it != steps_.rend(); ++it) {
+      Step& step = *it;
+      step.role = options.blocked_layouts ? layout_role(*step.node) : LayoutRole::kPlain;
+      if (step.role != LayoutRole::kPlain)
+        for (size_t k = 0; k < step.outputs.size() && k < 32; ++k)
+          if (step.outputs[k] >= 0 && !plain_only[step.outputs[k]]) step.blocked_outputs |= 1u << k;
+      for (size_t k = 0; k < step.inputs.size(); ++k) {
+        const bool accepts = (step.role == LayoutRole::kAware && aware_input(*step.node, k)) ||
+                             (step.role == LayoutRole::kPassthrough && step.blocked_outputs != 0);
+        if (step.inputs[k] >= 0 && !accepts) plain_only[step.inputs[k]] = true;
+      }
+    }
+    // A fused residual addend (Conv input 3) that dies at its Conv and was written by another
+    // aware step (so its buffer comes from the pool) may become the Conv's output buffer.
+    std::vector<int> producer_role(slots_.size(), -1);
+    for (const auto& step : steps_)
+      for (int o : step.outputs)
+        if (o >= 0) producer_role[o] = static_cast<int>(step.role);
+    for (auto& step : steps_) {
+      if (step.role != LayoutRole::kAware || step.inputs.size() < 4 || step.inputs[3] < 0) continue;
+      const int addend = step.inputs[3];
+      const bool dies_here = std::count(step.release.begin(), step.release.end(), addend) > 0;
+      const bool read_once = std::count(step.inputs.begin(), step.inputs.end(), addend) == 1;
+      step.donate_addend = dies_here && read_once && producer_role[addend] == static_cast<int>(LayoutRole::kAware);
+    }
     for (const auto& w : wanted_) wanted_slots_.push_back(slot_of(w));
     slot_names_.resize(slots_.size());
     for (const auto& [name, s] : slots_) slot_names_[s] = name;
@@ -246,7 +478,9 @@ class Plan {
 
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& feeds, const ValueHook& hook,
                                     BufferPool& pool) {
+    ++runs_;
     std::vector<Tensor> values(slots_.size());
+    std::vector<LayoutPtr> layouts(slots_.size());
     for (const auto& [slot, t] : constants_) values[slot] = t;
     for (const auto& [name, slot] : feed_slots_) {
       values[slot] = feeds.at(name);
@@ -255,24 +489,65 @@ class Plan {
     auto allocator = [&pool](DType t, const Shape& s) { return pool.allocate(t, s); };
     std::vector<const Tensor*> inputs;
     std::vector<Tensor> outputs;
+    std::vector<LayoutPtr> in_layouts, out_layouts;
     for (auto& step : steps_) {
       inputs.clear();
       for (int in : step.inputs) inputs.push_back(in >= 0 && values[in].defined() ? &values[in] : nullptr);
       outputs.assign(step.outputs.size(), Tensor());
+      LayoutPtr passthrough;  // the layout a passthrough step's output inherits
+      if (step.role == LayoutRole::kAware) {
+        in_layouts.clear();
+        for (size_t k = 0; k < step.inputs.size(); ++k) {
+          const int in = step.inputs[k];
+          const bool accepted = aware_input(*step.node, k);
+          if (in >= 0 && layouts[in] && !accepted) inputs[k] = plain_copy(values[in], layouts[in], pool);
+          in_layouts.push_back(in >= 0 && accepted ? layouts[in] : nullptr);
+        }
+        out_layouts.assign(step.outputs.size(), nullptr);
+      } else {
+        if (step.role == LayoutRole::kPassthrough) passthrough = common_layout(step, values, layouts);
+        if (!passthrough)
+          for (size_t k = 0; k < step.inputs.size(); ++k)
+            if (const int in = step.inputs[k]; in >= 0 && layouts[in])
+              inputs[k] = plain_copy(values[in], layouts[in], pool);
+      }
       KernelContext ctx(*step.node, inputs, outputs, allocator);
+      if (step.role == LayoutRole::kAware) {
+        ctx.bind_layouts(&in_layouts, &out_layouts, step.blocked_outputs);
+        // Only the pool and this value hold the addend's buffer: nobody can observe the overwrite.
+        if (step.donate_addend && inputs[3] == &values[step.inputs[3]] && values[step.inputs[3]].storage().use_count() == 2)
+          ctx.donate_inputs(1u << 3);
+      }
+      const auto t0 = profile_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
       try {
         step.kernel->run(ctx);
+        // The first run creates primitives (JIT): leave it out.
+        if (profile_ && runs_ > 1) {
+          const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          step.seconds += dt;
+          step.min_seconds = std::min(step.min_seconds, dt);
+        }
       } catch (const Error& e) {
         throw Error(e.kind(), with_node_context(*step.node, e.what()));
       } catch (const std::exception& e) {
         throw Error(ErrorKind::kInternal, with_node_context(*step.node, e.what()));
       }
       for (size_t k = 0; k < step.outputs.size(); ++k) {
-        if (step.outputs[k] < 0) continue;
-        values[step.outputs[k]] = std::move(outputs[k]);
-        if (hook && values[step.outputs[k]].defined()) hook(slot_names_[step.outputs[k]], values[step.outputs[k]]);
+        const int slot = step.outputs[k];
+        if (slot < 0) continue;
+        values[slot] = std::move(outputs[k]);
+        if (step.role == LayoutRole::kAware)
+          layouts[slot] = (step.blocked_outputs >> k & 1u) ? out_layouts[k] : nullptr;
+        else if (passthrough && values[slot].defined())
+          layouts[slot] = dnnl_kernels::retyped_layout(*passthrough, values[slot].dtype());
+        if (hook && values[slot].defined())
+          hook(slot_names_[slot], layouts[slot] ? dnnl_kernels::to_plain(values[slot], *layouts[slot]) : values[slot]);
       }
-      for (int r : step.release) values[r] = Tensor();
+      for (int r : step.release) {
+        values[r] = Tensor();
+        layouts[r] = nullptr;
+      }
+      converted_.clear();
     }
     std::map<std::string, Tensor> result;
     for (size_t k = 0; k < wanted_.size(); ++k) {
@@ -288,7 +563,71 @@ class Plan {
     const ir::Node* node;
     std::unique_ptr<Kernel> kernel;
     std::vector<int> inputs, outputs, release;
+    LayoutRole role = LayoutRole::kPlain;
+    uint32_t blocked_outputs = 0;  // bit k: output k may be left in a blocked layout
+    bool donate_addend = false;    // input 3 may become the output buffer (see the constructor)
+    double seconds = 0;            // accumulated under SLIMQUANT_PROFILE
+    double min_seconds = 1e30;     // fastest run (a shared machine's preemptions only add time)
   };
+  // A plain copy of a blocked value for a reader that needs plain; kept until the step is done.
+  const Tensor* plain_copy(const Tensor& t, const LayoutPtr& layout, BufferPool& pool) {
+    converted_.push_back(pool.allocate(t.dtype(), t.shape()));
+    dnnl_kernels::reorder_to_plain(t, *layout, converted_.back());
+    return &converted_.back();
+  }
+  // The layout shared by a passthrough step's data inputs (all with one shape, besides
+  // single-element scalars of no higher rank), or null when they are plain, differ, broadcast, or
+  // the output must be plain.
+  static LayoutPtr common_layout(const Step& step, const std::vector<Tensor>& values,
+                                 const std::vector<LayoutPtr>& layouts) {
+    if (!(step.blocked_outputs & 1u)) return nullptr;
+    LayoutPtr common;
+    const Shape* shape = nullptr;
+    size_t max_scalar_rank = 0;
+    for (int in : step.inputs) {
+      if (in < 0 || !values[in].defined()) continue;
+      const Tensor& t = values[in];
+      if (t.numel() == 1 && !layouts[in]) {
+        max_scalar_rank = std::max(max_scalar_rank, t.rank());
+        continue;
+      }
+      if (!layouts[in]) return nullptr;
+      if (!shape) {
+        shape = &t.shape();
+        common = layouts[in];
+      } else if (t.shape() != *shape || !dnnl_kernels::same_blocking(*layouts[in], *common)) {
+        return nullptr;
+      }
+    }
+    if (!shape || max_scalar_rank > shape->size()) return nullptr;
+    return common;
+  }
+
+  // SLIMQUANT_PROFILE=1: per-node wall time, printed to stderr when the plan is dropped (a
+  // benchmarking aid; the clock reads cost ~50 ns per node).
+  const bool profile_ = [] {
+    const char* v = std::getenv("SLIMQUANT_PROFILE");
+    return v && *v && *v != '0';
+  }();
+  size_t runs_ = 0;
+  std::deque<Tensor> converted_;  // plain copies made for the current step (stable addresses)
+
+ public:
+  ~Plan() {
+    if (!profile_ || runs_ < 2) return;
+    const size_t timed = runs_ - 1;
+    double total = 0, total_min = 0;
+    for (const auto& s : steps_) total += s.seconds, total_min += s.min_seconds;
+    std::fprintf(stderr, "plan profile: %zu runs after the first, kernels %.4f ms per run (mean), %.4f ms (sum of "
+                 "per-node minima); per node: mean, min, share of mean\n", timed, 1e3 * total / timed, 1e3 * total_min);
+    for (const auto& s : steps_)
+      std::fprintf(stderr, "  %8.4f ms %8.4f ms %5.1f%%  %s%s%s\n", 1e3 * s.seconds / timed, 1e3 * s.min_seconds,
+                   100 * s.seconds / total,
+                   s.node->describe().c_str(), s.blocked_outputs ? " [may block]" : "",
+                   s.node->inputs.size() > 3 && s.node->op_type == "Conv" ? " [+sum]" : "");
+  }
+
+ private:
   ir::Graph graph_;
   std::vector<std::string> wanted_;
   std::unordered_map<std::string, int> slots_;

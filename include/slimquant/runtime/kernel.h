@@ -2,6 +2,7 @@
 // Kernel interface. A kernel is created once per node of a compiled plan (typed attributes parsed,
 // weights reordered there: everything that depends only on attributes and constants), then run()
 // many times. Kernels compute their output shapes from their inputs' shapes in run().
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -21,6 +22,13 @@ struct KernelInit {
   std::function<const Tensor*(size_t)> constant_input;
 };
 
+// Physical layout of a value exchanged between layout-aware kernels inside one compiled plan (a
+// oneDNN blocked format, defined in runtime/kernels/dnnl_common.h). Null means plain row-major,
+// which is all that non-aware kernels, hooks and callers ever see: the plan only lets a value stay
+// blocked when every reader is layout-aware, and converts it for hooks.
+struct Layout;
+using LayoutPtr = std::shared_ptr<const Layout>;
+
 class KernelContext {
  public:
   KernelContext(const ir::Node& node, std::vector<const Tensor*> inputs, std::vector<Tensor>& outputs,
@@ -39,13 +47,38 @@ class KernelContext {
   Tensor& allocate_output(size_t i, DType dtype, const Shape& shape);
   // Sets output i to an existing tensor (e.g. a view sharing an input's storage for Reshape).
   void set_output(size_t i, Tensor t) { outputs_.at(i) = std::move(t); }
+  Tensor& output(size_t i) { return outputs_.at(i); }
   bool output_wanted(size_t i) const { return i < outputs_.size(); }
+
+  // Layouts (only layout-aware kernels look at them). Input i's layout, or null when plain.
+  const Layout* input_layout(size_t i) const {
+    return input_layouts_ && i < input_layouts_->size() ? (*input_layouts_)[i].get() : nullptr;
+  }
+  // Whether output i may be written in a non-plain layout (every reader is layout-aware).
+  bool output_layout_allowed(size_t i) const { return i < 32 && (blocked_outputs_ >> i & 1u); }
+  // Declares output i's data to be in `layout` (only when output_layout_allowed(i)).
+  void set_output_layout(size_t i, LayoutPtr layout) {
+    if (output_layouts_ && i < output_layouts_->size()) (*output_layouts_)[i] = std::move(layout);
+  }
+  // Whether the kernel may write its output into input i's buffer (the plan found nothing else
+  // holds it and the value is dead after this step).
+  bool input_donated(size_t i) const { return i < 32 && (donated_inputs_ >> i & 1u); }
+  void donate_inputs(uint32_t mask) { donated_inputs_ = mask; }
+  void bind_layouts(const std::vector<LayoutPtr>* inputs, std::vector<LayoutPtr>* outputs, uint32_t blocked_outputs) {
+    input_layouts_ = inputs;
+    output_layouts_ = outputs;
+    blocked_outputs_ = blocked_outputs;
+  }
 
  private:
   const ir::Node& node_;
   std::vector<const Tensor*> inputs_;
   std::vector<Tensor>& outputs_;
   std::function<Tensor(DType, const Shape&)> allocator_;
+  const std::vector<LayoutPtr>* input_layouts_ = nullptr;
+  std::vector<LayoutPtr>* output_layouts_ = nullptr;
+  uint32_t blocked_outputs_ = 0;
+  uint32_t donated_inputs_ = 0;
 };
 
 class Kernel {

@@ -16,9 +16,16 @@ namespace slimquant::runtime {
 struct SessionOptions {
   // Fold constants, BatchNorm into Conv, drop Identity/Dropout at construction.
   bool optimize = true;
-  // Fuse activations into Conv/Gemm in compiled plans. Fused-away intermediates are not seen by
-  // hooks; turn off when every intermediate value must be observable (calibration).
+  // Fuse activations into Conv/Gemm in compiled plans, and (execution-only) a residual Add [+ Relu
+  // | Clip] into the Conv/QConv producing one operand, MatMul + bias Add [+ erf GELU] into one
+  // MatMul, other erf GELU chains into one pass. Fused-away intermediates are not seen by hooks
+  // (requested outputs and fed values are never fused away); turn off when every intermediate
+  // value must be observable (calibration).
   bool fuse_activations = true;
+  // Let consecutive oneDNN convolutions exchange activations in the blocked layout they compute in
+  // (reordering only where a plain reader needs them). Results equal the plain path's up to float
+  // rounding; hooks and returned outputs are always plain. Off: every value plain (reference).
+  bool blocked_layouts = true;
   int num_threads = 0;  // 0 = leave OpenMP's default
   size_t max_cached_plans = 8;
 };

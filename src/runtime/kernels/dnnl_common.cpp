@@ -1,6 +1,7 @@
 #include "runtime/kernels/dnnl_common.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace slimquant::runtime::dnnl_kernels {
 
@@ -239,6 +240,42 @@ std::optional<dnnl::reorder> make_reorder(const memory::desc& from, const memory
   return dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), from, dnnl_engine(), to));
 }
 
+LayoutPtr output_layout_for(const memory::desc& desc, const Shape& shape, DType dtype, bool allowed) {
+  if (!allowed || shape.size() < 3) return nullptr;
+  const memory::desc plain = plain_desc(shape, to_dnnl_type(dtype));
+  if (desc == plain || desc.get_size() != plain.get_size()) return nullptr;
+  return std::make_shared<const Layout>(Layout{desc});
+}
+
+Tensor to_plain(const Tensor& t, const Layout& layout) {
+  Tensor out(t.dtype(), t.shape());
+  reorder_to_plain(t, layout, out);
+  return out;
+}
+
+void reorder_to_plain(const Tensor& t, const Layout& layout, Tensor& out) {
+  memory from = wrap(layout.desc, t.raw()), to = wrap(plain_desc(t.shape(), to_dnnl_type(t.dtype())), out.raw());
+  dnnl::reorder(from, to).execute(dnnl_stream(), from, to);
+  dnnl_stream().wait();
+}
+
+namespace {
+memory::desc with_type(memory::desc d, dt type) {
+  d.data.data_type = static_cast<dnnl_data_type_t>(type);  // blocking strides count elements, not bytes
+  return d;
+}
+}  // namespace
+
+LayoutPtr retyped_layout(const Layout& layout, DType dtype) {
+  const dt type = to_dnnl_type(dtype);
+  if (layout.desc.data_type() == type) return std::make_shared<const Layout>(layout);
+  return std::make_shared<const Layout>(Layout{with_type(layout.desc, type)});
+}
+
+bool same_blocking(const Layout& a, const Layout& b) {
+  return a.desc == with_type(b.desc, a.desc.data_type());
+}
+
 memory unbound_memory(const memory::desc& desc) { return memory(desc, dnnl_engine(), DNNL_MEMORY_NONE); }
 
 void bind_scratchpad(memory& scratchpad) {
@@ -246,7 +283,8 @@ void bind_scratchpad(memory& scratchpad) {
   if (size > 0) scratchpad.set_data_handle(dnnl_scratch(DnnlScratch::kScratchpad, size));
 }
 
-void run_conv_like(ConvLikePlan& p, const Tensor& x, const Tensor* runtime_w, const Tensor* bias, Tensor& y) {
+void run_conv_like(ConvLikePlan& p, const Tensor& x, const Tensor* runtime_w, const Tensor* bias, Tensor& y,
+                   const Tensor* sum) {
   dnnl::stream& s = dnnl_stream();
   p.src_user_mem.set_data_handle(const_cast<void*>(x.raw()));
   if (p.src_reorder) {
@@ -263,6 +301,15 @@ void run_conv_like(ConvLikePlan& p, const Tensor& x, const Tensor* runtime_w, co
   if (bias) p.bias_mem.set_data_handle(const_cast<void*>(bias->raw()));
   p.dst_user_mem.set_data_handle(y.raw());
   if (p.dst_reorder) p.dst_mem.set_data_handle(dnnl_scratch(DnnlScratch::kDst, p.dst_desc.get_size()));
+  if (p.has_sum) {
+    SQ_CHECK(sum != nullptr, ErrorKind::kInternal, "fused residual addend missing");
+    if (p.sum_reorder) {
+      p.sum_user_mem.set_data_handle(const_cast<void*>(sum->raw()));
+      p.sum_reorder->execute(s, p.sum_reorder_args);
+    } else if (void* dst = p.dst_mem.get_data_handle(); dst != sum->raw()) {
+      std::memcpy(dst, sum->raw(), p.dst_desc.get_size());
+    }
+  }
   bind_scratchpad(p.scratchpad_mem);
   p.prim.execute(s, p.args);
   if (p.dst_reorder) p.dst_reorder->execute(s, p.dst_reorder_args);

@@ -17,6 +17,17 @@
 #include "slimquant/ir/graph.h"
 #include "slimquant/runtime/kernel.h"
 
+namespace slimquant::runtime {
+
+// A value's non-plain physical layout (see kernel.h). Plans only let values stay blocked when the
+// blocked buffer has exactly the plain byte size (no channel padding), so the Tensor that holds it
+// keeps its logical shape and the buffer pool needs no special sizes.
+struct Layout {
+  dnnl::memory::desc desc;
+};
+
+}  // namespace slimquant::runtime
+
 namespace slimquant::runtime::dnnl_kernels {
 
 using dnnl::memory;
@@ -80,6 +91,23 @@ memory::desc plain_desc(const Shape& shape, dt type = dt::f32);
 // Channel-blocked activation layout oneDNN's JIT kernels use on this CPU (nChw16c with AVX-512,
 // nChw8c otherwise) for a tensor of `rank` 3 to 5.
 memory::format_tag blocked_channel_tag(size_t rank);
+// The layout to hand to readers for a primitive's output `desc`, or null when writing it plain is
+// required (not allowed by the plan, or the blocked buffer would be padded).
+LayoutPtr output_layout_for(const memory::desc& desc, const Shape& shape, DType dtype, bool allowed);
+// A plain copy of t, whose data is in `layout` (for hooks and other non-aware readers).
+Tensor to_plain(const Tensor& t, const Layout& layout);
+// The same into `out` (already allocated with t's dtype and shape).
+void reorder_to_plain(const Tensor& t, const Layout& layout, Tensor& out);
+// `layout` for elements of another dtype (the same element order: what per-tensor elementwise ops
+// such as QuantizeLinear produce from a blocked input).
+LayoutPtr retyped_layout(const Layout& layout, DType dtype);
+// Same element order (block structure and dims), whatever the dtypes.
+bool same_blocking(const Layout& a, const Layout& b);
+// The oneDNN view of an input: its layout's desc, or plain.
+inline memory::desc input_desc(const Layout* layout, const Shape& shape, dt type = dt::f32) {
+  return layout ? layout->desc : plain_desc(shape, type);
+}
+
 // A oneDNN memory over existing data (oneDNN takes a non-const pointer even for inputs).
 memory wrap(const memory::desc& desc, const void* data);
 // Executes on the shared stream and waits.
@@ -192,6 +220,14 @@ struct ConvLikePlan {
   // src/weights/dst are the user memories themselves when no reorder is needed.
   memory src_user_mem, src_mem, weights_user_mem, weights_mem, bias_mem, dst_mem, dst_user_mem, scratchpad_mem;
   std::unordered_map<int, memory> args, src_reorder_args, weights_reorder_args, dst_reorder_args;
+  // Residual Add fused as a sum post-op: the addend is copied (or reordered) into dst first.
+  bool has_sum = false;
+  memory::desc sum_user;
+  std::optional<dnnl::reorder> sum_reorder;
+  memory sum_user_mem;
+  std::unordered_map<int, memory> sum_reorder_args;
+  // Layout of the output handed to readers (null: plain).
+  LayoutPtr out_layout;
   // The fused activation run in place on the output when it is not a post-op of prim.
   std::vector<dnnl::eltwise_forward> activations;
   std::unordered_map<int, memory> activation_args;
@@ -228,10 +264,17 @@ struct ConvLikePlan {
     weights_reorder_args = {{DNNL_ARG_FROM, weights_user_mem}, {DNNL_ARG_TO, weights_mem}};
     dst_reorder_args = {{DNNL_ARG_FROM, dst_mem}, {DNNL_ARG_TO, dst_user_mem}};
     activation_args = {{DNNL_ARG_SRC, dst_user_mem}, {DNNL_ARG_DST, dst_user_mem}};
+    if (has_sum) {
+      sum_reorder = make_reorder(sum_user, dst_desc);
+      sum_user_mem = unbound_memory(sum_user);
+      sum_reorder_args = {{DNNL_ARG_FROM, sum_user_mem}, {DNNL_ARG_TO, dst_mem}};
+    }
   }
 };
 // Runs the plan: x (plain) -> y (plain, already allocated with out_shape). runtime_w is the
-// weights input when they are not constant (nullptr: packed at plan creation); bias may be null.
-void run_conv_like(ConvLikePlan& p, const Tensor& x, const Tensor* runtime_w, const Tensor* bias, Tensor& y);
+// weights input when they are not constant (nullptr: packed at plan creation); bias may be null;
+// sum is the fused residual addend (p.has_sum) or null.
+void run_conv_like(ConvLikePlan& p, const Tensor& x, const Tensor* runtime_w, const Tensor* bias, Tensor& y,
+                   const Tensor* sum = nullptr);
 
 }  // namespace slimquant::runtime::dnnl_kernels

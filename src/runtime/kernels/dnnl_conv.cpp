@@ -15,7 +15,9 @@ namespace {
 
 std::atomic<ConvLayout> g_layout_override{ConvLayout::kAuto};
 
-enum ConvInput : size_t { kX = 0, kW = 1, kB = 2 };
+// kSum: the residual addend of an Add the plan fused into this Conv (see fuse_residual_adds in
+// session.cpp); not an ONNX input.
+enum ConvInput : size_t { kX = 0, kW = 1, kB = 2, kSum = 3 };
 
 struct ConvAttrs {
   WindowAttrs window;
@@ -72,12 +74,26 @@ class ConvKernel final : public Kernel {
     if (b) require_float32(node_, *b, "bias B");
     const Shape& ws = w ? w->shape() : const_weights_shape_;
 
-    ConvLikePlan& p = plans_.get({&x.shape(), &ws, b ? &b->shape() : nullptr},
-                                 [&] { return make_plan(x.shape(), ws, b ? &b->shape() : nullptr); });
-    Tensor& y = ctx.allocate_output(0, DType::kFloat32, p.out_shape);
+    const Tensor* sum = ctx.optional_input(kSum);
+    if (sum) require_float32(node_, *sum, "the fused residual addend");
+    const Layout* x_layout = ctx.input_layout(kX);
+    const Layout* sum_layout = sum ? ctx.input_layout(kSum) : nullptr;
+    const bool out_blocked = ctx.output_layout_allowed(0);
+    // Within a plan the layouts a kernel sees are fixed, so flags are enough to key the cache.
+    const int64_t tag = (x_layout ? 1 : 0) | (out_blocked ? 2 : 0) | (sum ? 4 : 0) | (sum_layout ? 8 : 0);
+    ConvLikePlan& p = plans_.get(
+        {&x.shape(), &ws, b ? &b->shape() : nullptr, sum ? &sum->shape() : nullptr},
+        [&] { return make_plan(x.shape(), ws, b ? &b->shape() : nullptr, x_layout, out_blocked, sum, sum_layout); },
+        tag);
+    // The addend's buffer becomes the output when the plan donated it and it already is in the
+    // primitive's dst layout: the sum post-op then reads it in place, no copy.
+    if (sum && ctx.input_donated(kSum) && !p.sum_reorder && !p.dst_reorder) ctx.set_output(0, *sum);
+    else ctx.allocate_output(0, DType::kFloat32, p.out_shape);
+    Tensor& y = ctx.output(0);
     if (y.numel() == 0) return;
 
-    run_conv_like(p, x, w, b, y);
+    run_conv_like(p, x, w, b, y, sum);
+    if (p.out_layout) ctx.set_output_layout(0, p.out_layout);
   }
 
  private:
@@ -96,7 +112,8 @@ class ConvKernel final : public Kernel {
     return memory::desc(dims, dt::f32, tag);
   }
 
-  ConvLikePlan make_plan(const Shape& xs, const Shape& ws, const Shape* bs) {
+  ConvLikePlan make_plan(const Shape& xs, const Shape& ws, const Shape* bs, const Layout* x_layout, bool out_blocked,
+                         const Tensor* sum, const Layout* sum_layout) {
     const std::string what = node_.describe();
     const int64_t group = attrs_.group;
     if (xs.size() < 3 || xs.size() > 5)
@@ -131,16 +148,25 @@ class ConvKernel final : public Kernel {
     ConvLikePlan p;
     p.out_shape = {xs[0], m};
     p.out_shape.insert(p.out_shape.end(), g.out.begin(), g.out.end());
-    p.src_user = plain_desc(xs);
+    if (sum && sum->shape() != p.out_shape)
+      fail(ErrorKind::kInternal, what + ": fused residual addend " + shape_str(sum->shape()) +
+                                     " does not match the output " + shape_str(p.out_shape));
+    p.src_user = input_desc(x_layout, xs);
     p.dst_user = plain_desc(p.out_shape);
     p.weights_user = weights_desc(ws, memory::format_tag::undef);
     if (bs) p.bias_user = plain_desc(*bs);
 
-    const bool blocked = prefer_blocked(ws, p.out_shape, group, a.strides);
+    // Neighbours exchanging blocked tensors make the blocked path reorder-free; a fused sum needs it
+    // too (the GEMM path's post-ops are scalar loops).
+    const bool blocked = x_layout || out_blocked || sum || prefer_blocked(ws, p.out_shape, group, a.strides);
     dnnl::primitive_attr attr = base_attr();
     if (blocked) {
       dnnl::post_ops ops;
       append_fused_activation(ops, node_);
+      if (sum) {
+        ops.append_sum(1.f);
+        append_sum_activation(ops);
+      }
       attr.set_post_ops(ops);
     } else {
       // The plain layout runs GEMM-based convolution, whose post-ops are scalar: a separate JIT
@@ -160,8 +186,22 @@ class ConvKernel final : public Kernel {
                       : cf::desc(pk, alg, src_md, wei_md, dst_md, g.strides, g.dilations, g.pad_begin, g.pad_end);
       return cf::primitive_desc(d, attr, dnnl_engine());
     });
+    p.out_layout = output_layout_for(pd.dst_desc(), p.out_shape, DType::kFloat32, out_blocked);
+    if (p.out_layout) p.dst_user = p.out_layout->desc;
+    p.has_sum = sum != nullptr;
+    if (sum) p.sum_user = input_desc(sum_layout, sum->shape());
     p.finish<cf::primitive_desc, cf>(pd, packed_weights_.has_source() ? &packed_weights_ : nullptr, bs != nullptr);
     return p;
+  }
+
+  // The activation of a fused residual Add (after the sum), recorded by the plan as attributes.
+  void append_sum_activation(dnnl::post_ops& ops) const {
+    const std::string act = node_.attr_string(kSumActivationAttr, "");
+    if (act.empty()) return;
+    const float lo = node_.attr_float(kSumActivationAlphaAttr, 0.f), hi = node_.attr_float(kSumActivationBetaAttr, 0.f);
+    if (act == "Relu") ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    else if (act == "Clip") ops.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, lo, hi);
+    else fail(ErrorKind::kInternal, node_.describe() + ": unknown fused residual activation '" + act + "'");
   }
 
   const ir::Node node_;

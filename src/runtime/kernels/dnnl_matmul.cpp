@@ -252,14 +252,20 @@ class MatMulKernel final : public Kernel {
     const Tensor* b = packed_b_.has_source() ? nullptr : const_b_vector_.defined() ? &const_b_vector_ : &ctx.input(1);
     if (b) require_float32(node_, *b, "input B");
     const Shape& bs = b ? b->shape() : const_b_shape_;
-    MatmulPlan& p = plans_.get({&a.shape(), &bs}, [&] { return make_plan(a.shape(), bs); });
+    // Input 2 (not ONNX): the [N] bias of a following Add the plan fused in (session.cpp).
+    const Tensor* bias = ctx.optional_input(kFusedBias);
+    if (bias) require_float32(node_, *bias, "the fused bias");
+    MatmulPlan& p = plans_.get({&a.shape(), &bs, bias ? &bias->shape() : nullptr},
+                               [&] { return make_plan(a.shape(), bs, bias ? &bias->shape() : nullptr); });
     Tensor& y = ctx.allocate_output(0, DType::kFloat32, p.out_shape);
     if (y.numel() == 0) return;
-    p.run(a, b, nullptr, y);
+    p.run(a, b, bias, y);
   }
 
  private:
-  MatmulPlan make_plan(const Shape& as, const Shape& bs) {
+  static constexpr size_t kFusedBias = 2;
+
+  MatmulPlan make_plan(const Shape& as, const Shape& bs, const Shape* bias) {
     const std::string what = node_.describe();
     if (as.empty() || bs.empty())
       fail(ErrorKind::kInvalidArgument, what + ": inputs must have rank >= 1, got A " + shape_str(as) + " and B " +
@@ -316,8 +322,16 @@ class MatMulKernel final : public Kernel {
     attr.set_post_ops(ops);
     memory::desc wei_md = const_b ? memory::desc(wei_dims, dt::f32, memory::format_tag::any)
                                   : memory::desc(wei_dims, dt::f32, strides_of(wei_dims));
-    auto pd = make_matmul_pd(node_, p.src, wei_md, nullptr, p.dst, attr);
-    p.bind(pd, const_b ? &packed_b_ : nullptr, false);
+    if (bias) {
+      if (!b_batch.empty() || bias->size() != 1 || (*bias)[0] != n || bs.size() < 2)
+        fail(ErrorKind::kInternal, what + ": fused bias " + shape_str(*bias) + " needs a 2-D B with " +
+                                       std::to_string(n) + " columns, B is " + shape_str(bs));
+      Dims bias_dims(dst_dims.size(), 1);
+      bias_dims.back() = n;
+      p.bias = memory::desc(bias_dims, dt::f32, strides_of(bias_dims));
+    }
+    auto pd = make_matmul_pd(node_, p.src, wei_md, bias ? &p.bias : nullptr, p.dst, attr);
+    p.bind(pd, const_b ? &packed_b_ : nullptr, bias != nullptr);
     return p;
   }
 

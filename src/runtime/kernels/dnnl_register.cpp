@@ -18,6 +18,7 @@ void register_dnnl_kernels(KernelRegistry& r) {
   r.add("Softmax", make_softmax);
   r.add("LogSoftmax", make_log_softmax);
   r.add("LayerNormalization", make_layer_normalization);
+  r.add("Gelu", make_gelu_erf, kGeluDomain);
 }
 
 }  // namespace slimquant::runtime

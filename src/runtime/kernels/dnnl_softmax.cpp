@@ -76,6 +76,52 @@ class SoftmaxKernel final : public Kernel {
 
 }  // namespace
 
+namespace {
+
+// Gelu (erf form) over any float32 tensor: one JIT eltwise pass in place of the exported
+// Div/Erf/Add/Mul/Mul chain. The element order does not matter, so the tensor is viewed as 1-D.
+class GeluErfKernel final : public Kernel {
+ public:
+  explicit GeluErfKernel(const KernelInit& init) : node_(init.node) { reject_fused_activation(node_); }
+
+  void run(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    require_float32(node_, x, "input");
+    Tensor& y = ctx.allocate_output(0, DType::kFloat32, x.shape());
+    if (y.numel() == 0) return;
+    const Shape flat = {x.numel()};
+    Plan& p = plans_.get({&flat}, [&] {
+      Plan q;
+      const memory::desc d = plain_desc(flat);
+      using ef = dnnl::eltwise_forward;
+      q.prim = ef(make_pd(node_, "gelu", [&] {
+        return ef::primitive_desc(ef::desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::eltwise_gelu_erf, d),
+                                  base_attr(), dnnl_engine());
+      }));
+      q.src = unbound_memory(d);
+      q.dst = unbound_memory(d);
+      q.args = {{DNNL_ARG_SRC, q.src}, {DNNL_ARG_DST, q.dst}};
+      return q;
+    });
+    p.src.set_data_handle(const_cast<void*>(x.raw()));
+    p.dst.set_data_handle(y.raw());
+    execute(p.prim, p.args);
+  }
+
+ private:
+  struct Plan {
+    dnnl::eltwise_forward prim;
+    memory src, dst;
+    std::unordered_map<int, memory> args;
+  };
+  const ir::Node node_;
+  ShapeCache<Plan> plans_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_gelu_erf(const KernelInit& init) { return std::make_unique<GeluErfKernel>(init); }
+
 std::unique_ptr<Kernel> make_softmax(const KernelInit& init) { return std::make_unique<SoftmaxKernel>(init, false); }
 std::unique_ptr<Kernel> make_log_softmax(const KernelInit& init) {
   return std::make_unique<SoftmaxKernel>(init, true);

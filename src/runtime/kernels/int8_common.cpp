@@ -1,5 +1,7 @@
 #include "runtime/kernels/int8_common.h"
 
+#include <cstring>
+
 #include <cfloat>
 #include <cstdlib>
 
@@ -243,7 +245,14 @@ void PrimitivePlan::bind_runtime_weights(const memory::desc& user, const memory:
   weights_reorder_args = {{DNNL_ARG_FROM, weights_user_mem}, {DNNL_ARG_TO, weights_mem}};
 }
 
-void PrimitivePlan::run(const void* x, void* y, const void* w) {
+void PrimitivePlan::bind_sum(const memory::desc& user) {
+  has_sum = true;
+  if (user != dst_desc) sum_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), user, dnnl_engine(), dst_desc));
+  sum_user_mem = unbound(user);
+  sum_reorder_args = {{DNNL_ARG_FROM, sum_user_mem}, {DNNL_ARG_TO, dst_mem}};
+}
+
+void PrimitivePlan::run(const void* x, void* y, const void* w, const void* sum) {
   dnnl::stream& s = dnnl_stream();
   src_user_mem.set_data_handle(const_cast<void*>(x));
   if (src_reorder) {
@@ -269,6 +278,15 @@ void PrimitivePlan::run(const void* x, void* y, const void* w) {
   dst_user_mem.set_data_handle(y);
   const bool separate_dst = dst_reorder || requant_to != DType::kUndefined;
   if (separate_dst) dst_mem.set_data_handle(dnnl_scratch(DnnlScratch::kDst, dst_desc.get_size()));
+  if (has_sum) {
+    SQ_CHECK(sum != nullptr, ErrorKind::kInternal, "fused residual addend missing");
+    if (sum_reorder) {
+      sum_user_mem.set_data_handle(const_cast<void*>(sum));
+      sum_reorder->execute(s, sum_reorder_args);
+    } else if (dst_mem.get_data_handle() != sum) {
+      std::memcpy(dst_mem.get_data_handle(), sum, dst_desc.get_size());
+    }
+  }
   if (const size_t size = scratchpad_mem.get_desc().get_size(); size > 0)
     scratchpad_mem.set_data_handle(dnnl_scratch(DnnlScratch::kScratchpad, size));
   prim.execute(s, args);

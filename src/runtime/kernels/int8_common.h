@@ -158,7 +158,15 @@ struct PrimitivePlan {
   void bind_runtime_weights(const dnnl::memory::desc& user, const dnnl::memory::desc& wanted);
   // x (plain, src_user) -> y (plain, dst_user, allocated with out_shape); w: the run-time weights
   // (nullptr for constant weights bound by finish()).
-  void run(const void* x, void* y, const void* w = nullptr);
+  void run(const void* x, void* y, const void* w = nullptr, const void* sum = nullptr);
+
+  // A fused residual addend (float32 outputs only, the primitive has a sum post-op): run() copies
+  // or reorders `sum` (stored as `user`) into dst before the primitive. Call after finish().
+  void bind_sum(const dnnl::memory::desc& user);
+  bool has_sum = false;
+  std::optional<dnnl::reorder> sum_reorder;
+  dnnl::memory sum_user_mem;
+  std::unordered_map<int, dnnl::memory> sum_reorder_args;
 
  private:
   void bind_common(const dnnl::memory::desc& scratchpad, const dnnl::memory& weights, const dnnl::memory& bias,
@@ -186,12 +194,13 @@ void PrimitivePlan::finish(const PrimitiveDesc& pd, const dnnl::memory& weights,
 template <class V>
 class PlanCache {
  public:
+  // tag: anything else the plan depends on (layout flags).
   template <class Make>
-  V& get(const Shape& shape, DType dtype, Make&& make) {
+  V& get(const Shape& shape, DType dtype, Make&& make, int tag = 0) {
     for (auto& e : entries_)
-      if (e.dtype == dtype && e.shape == shape) return *e.value;
+      if (e.dtype == dtype && e.tag == tag && e.shape == shape) return *e.value;
     if (entries_.size() >= kMaxEntries) entries_.erase(entries_.begin());
-    entries_.push_back({shape, dtype, std::make_unique<V>(make())});
+    entries_.push_back({shape, dtype, tag, std::make_unique<V>(make())});
     return *entries_.back().value;
   }
 
@@ -199,6 +208,7 @@ class PlanCache {
   struct Entry {
     Shape shape;
     DType dtype;
+    int tag;
     std::unique_ptr<V> value;
   };
   static constexpr size_t kMaxEntries = 8;

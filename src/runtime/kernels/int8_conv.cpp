@@ -13,7 +13,11 @@
 // w_q * M[m] (f32 convolutions take no per-channel output scale), bias M[m] * B'[m], the same
 // post-ops, and the f32 -> u8/s8 dst reorder rounding half to even and saturating.
 // If oneDNN has no implementation for a shape, the plain-loop reference (int8_reference.cpp) runs.
+#include <algorithm>
+#include <cmath>
+
 #include "runtime/kernels/dnnl_common.h"
+#include "runtime/kernels/dnnl_kernels.h"
 #include "runtime/kernels/int8_common.h"
 #include "runtime/kernels/int8_reference.h"
 
@@ -25,12 +29,15 @@ using dnnl::memory;
 using Dims = memory::dims;
 using dnnl_kernels::WindowAttrs;
 
-enum ConvInput : size_t { kX = 0, kW = 1, kB = 2 };
+// kSum: the residual addend of an Add the plan fused into this QConv (float32 output only; see
+// fuse_residual_adds in session.cpp), added by a sum post-op after the activation.
+enum ConvInput : size_t { kX = 0, kW = 1, kB = 2, kSum = 3 };
 
 struct ConvPlan {
   PrimitivePlan prim;
   ConvProblem problem;
   bool reference = false;  // oneDNN had no implementation: run reference_qconv
+  LayoutPtr out_layout;    // y's layout handed to readers (null: plain)
 };
 
 class QConvKernel final : public Kernel {
@@ -76,11 +83,28 @@ class QConvKernel final : public Kernel {
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(kX);
     require_quantized_input(node_, x);
-    ConvPlan& p = plans_.get(x.shape(), x.dtype(), [&] { return make_plan(x.shape(), x.dtype()); });
+    // Blocked input / output (the plan lets neighbouring convolutions exchange the primitive's
+    // layout); within a plan these flags are fixed, so they key the cache.
+    const Layout* x_layout = ctx.input_layout(kX);
+    const bool out_blocked = ctx.output_layout_allowed(0);
+    const Tensor* sum = ctx.optional_input(kSum);
+    if (sum && (sum->dtype() != DType::kFloat32 || q_.quantized_output()))
+      fail(ErrorKind::kInternal, node_.describe() + ": a fused residual addend needs float32 input and output");
+    const Layout* sum_layout = sum ? ctx.input_layout(kSum) : nullptr;
+    const int tag = (x_layout ? 1 : 0) | (out_blocked ? 2 : 0) | (sum ? 4 : 0) | (sum_layout ? 8 : 0);
+    ConvPlan& p = plans_.get(
+        x.shape(), x.dtype(), [&] { return make_plan(x.shape(), x.dtype(), x_layout, out_blocked, sum, sum_layout); },
+        tag);
     Tensor& y = ctx.allocate_output(0, q_.y_type, p.prim.out_shape);
     if (y.numel() == 0) return;
-    if (p.reference) reference_qconv(q_, requant_, p.problem, x, w_, y);
-    else p.prim.run(x.raw(), y.raw());
+    if (p.reference) {
+      const Tensor xp = x_layout ? dnnl_kernels::to_plain(x, *x_layout) : x;
+      reference_qconv(q_, requant_, p.problem, xp, w_, y);
+      if (sum) add_sum_reference(y, sum_layout ? dnnl_kernels::to_plain(*sum, *sum_layout) : *sum);
+      return;
+    }
+    p.prim.run(x.raw(), y.raw(), nullptr, sum ? sum->raw() : nullptr);
+    if (p.out_layout) ctx.set_output_layout(0, p.out_layout);
   }
 
  private:
@@ -99,7 +123,21 @@ class QConvKernel final : public Kernel {
     return memory::desc(dims, type, tag);
   }
 
-  ConvPlan make_plan(const Shape& xs, DType x_type) {
+  // y += sum, then the fused Add's activation (the reference path's sum post-op).
+  void add_sum_reference(Tensor& y, const Tensor& sum) const {
+    const std::string act = node_.attr_string(dnnl_kernels::kSumActivationAttr, "");
+    const float lo = act == "Relu" ? 0.f : node_.attr_float(dnnl_kernels::kSumActivationAlphaAttr, -INFINITY);
+    const float hi = act == "Relu" ? INFINITY : node_.attr_float(dnnl_kernels::kSumActivationBetaAttr, INFINITY);
+    float* out = y.data<float>();
+    const float* add = sum.data<float>();
+    for (int64_t i = 0; i < y.numel(); ++i) {
+      const float v = out[i] + add[i];
+      out[i] = act.empty() ? v : std::min(std::max(v, lo), hi);
+    }
+  }
+
+  ConvPlan make_plan(const Shape& xs, DType x_type, const Layout* x_layout, bool out_blocked, const Tensor* sum,
+                     const Layout* sum_layout) {
     const std::string what = node_.describe();
     const Shape& ws = w_.shape();
     if (xs.size() != ws.size())
@@ -124,7 +162,7 @@ class QConvKernel final : public Kernel {
     p.prim.out_shape.insert(p.prim.out_shape.end(), g.out.begin(), g.out.end());
     p.problem = {xs[0], c, m, group_, Shape(xs.begin() + 2, xs.end()), Shape(g.out.begin(), g.out.end()), kernel,
                  a.strides, a.dilations, Shape(g.pad_begin.begin(), g.pad_begin.end())};
-    p.prim.src_user = plain_md(xs, dnnl_type(x_type));
+    p.prim.src_user = x_layout ? x_layout->desc : plain_md(xs, dnnl_type(x_type));
     p.prim.dst_user = plain_md(p.prim.out_shape, dnnl_type(q_.y_type));
 
     const bool int8 = compute_ == Compute::kInt8;
@@ -140,6 +178,19 @@ class QConvKernel final : public Kernel {
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
       attr.set_post_ops(make_post_ops(q_));
     }
+    if (sum) {
+      if (sum->shape() != p.prim.out_shape)
+        fail(ErrorKind::kInternal, what + ": fused residual addend " + shape_str(sum->shape()) +
+                                       " does not match the output " + shape_str(p.prim.out_shape));
+      dnnl::post_ops ops = attr.get_post_ops();
+      ops.append_sum(1.f);
+      const std::string act = node_.attr_string(dnnl_kernels::kSumActivationAttr, "");
+      if (act == "Relu") ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+      else if (act == "Clip")
+        ops.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, node_.attr_float(dnnl_kernels::kSumActivationAlphaAttr, 0.f),
+                           node_.attr_float(dnnl_kernels::kSumActivationBetaAttr, 0.f));
+      attr.set_post_ops(ops);
+    }
     using cf = dnnl::convolution_forward;
     try {
       const auto pk = dnnl::prop_kind::forward_inference;
@@ -149,9 +200,15 @@ class QConvKernel final : public Kernel {
                                         g.pad_begin, g.pad_end)
                              : cf::desc(pk, alg, src_md, wei_md, dst_md, g.strides, g.dilations, g.pad_begin, g.pad_end);
       const cf::primitive_desc pd(d, attr, dnnl_engine());
+      // y in the primitive's layout (as y's dtype) when readers take it: no dst layout reorder.
+      const Layout chosen{pd.dst_desc()};
+      p.out_layout = dnnl_kernels::output_layout_for(dnnl_kernels::retyped_layout(chosen, q_.y_type)->desc,
+                                                     p.prim.out_shape, q_.y_type, out_blocked);
+      if (p.out_layout) p.prim.dst_user = p.out_layout->desc;
       p.prim.finish<cf::primitive_desc, cf>(pd, weights_.get(pd.weights_desc()), bias_mem_, q_.x_zero_point,
                                             int8 ? PrimitivePlan::ZeroPointAt::kPrimitive
                                                  : PrimitivePlan::ZeroPointAt::kSrcReorder);
+      if (sum) p.prim.bind_sum(dnnl_kernels::input_desc(sum_layout, sum->shape()));
     } catch (const dnnl::error&) {
       p.reference = true;  // e.g. an int8 configuration oneDNN does not implement on this CPU
     }

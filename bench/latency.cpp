@@ -1,0 +1,66 @@
+// slimquant_latency MODEL BATCH RUNS: one thread, RUNS timed Session::run calls on a fixed
+// [BATCH, 1, 28, 28] input (after 5 untimed ones), QDQ models by integer execution as the CLI does.
+// Prints one JSON line: median wall ms, and median process CPU ms per run. On a shared machine
+// the wall time of a run includes time the process was preempted; its CPU time does not, so the
+// CPU-time median is the steadier figure for comparing runtimes (bench/compare_runtimes.js reads
+// both; ONNX Runtime gets the same two measurements there).
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "slimquant/ir/onnx_io.h"
+#include "slimquant/quant/lowering.h"
+#include "slimquant/runtime/session.h"
+
+using namespace slimquant;
+
+namespace {
+double cpu_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: slimquant_latency MODEL BATCH RUNS\n");
+    return 2;
+  }
+  try {
+    const int64_t batch = std::stoll(argv[2]);
+    const int runs = std::stoi(argv[3]);
+    ir::Graph g = ir::load_onnx(argv[1]);
+    runtime::SessionOptions options;
+    options.num_threads = 1;
+    runtime::Session session = quant::has_qdq_nodes(g) ? quant::make_int8_session(g, options)
+                                                       : runtime::Session(std::move(g), options);
+    Tensor x(DType::kFloat32, {batch, 1, 28, 28});
+    float* p = x.data<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) p[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.f;
+    const std::map<std::string, Tensor> feeds = {{session.inputs().at(0).name, x}};
+    for (int i = 0; i < 5; ++i) session.run(feeds);
+    std::vector<double> wall, cpu;
+    for (int i = 0; i < runs; ++i) {
+      const double c0 = cpu_ms();
+      const auto t0 = std::chrono::steady_clock::now();
+      session.run(feeds);
+      wall.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      cpu.push_back(cpu_ms() - c0);
+    }
+    std::printf("{\"median_ms\": %.6f, \"cpu_median_ms\": %.6f, \"runs\": %d}\n", median(wall), median(cpu), runs);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "slimquant_latency: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,263 @@
+// Blocked layouts between oneDNN convolutions and the residual Add fused into a Conv (sum
+// post-op): every case is compared with the same graph run plain and unfused
+// (SessionOptions{blocked_layouts = false, fuse_activations = false}), the reference path.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+
+#include "slimquant/ir/onnx_io.h"
+#include "slimquant/runtime/session.h"
+#include "test_util.h"
+
+using namespace slimquant;
+
+namespace {
+
+Tensor random_tensor(const Shape& shape, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+  Tensor t(DType::kFloat32, shape);
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  for (float& v : t.values<float>()) v = dist(gen);
+  return t;
+}
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what, float tol = 1e-4f) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  if (got.dtype() != DType::kFloat32) {
+    ASSERT_EQ(std::memcmp(got.raw(), want.raw(), got.nbytes()), 0) << what;
+    return;
+  }
+  auto g = got.values<float>();
+  auto w = want.values<float>();
+  for (size_t i = 0; i < g.size(); ++i)
+    ASSERT_NEAR(g[i], w[i], tol * (1.f + std::fabs(w[i]))) << what << " element " << i;
+}
+
+runtime::Session reference_session(const ir::Graph& g) {
+  runtime::SessionOptions o;
+  o.blocked_layouts = false;
+  o.fuse_activations = false;
+  return runtime::Session(g, o);
+}
+
+// Small graph builder: 2-D convolutions over [N, C, H, W] values.
+struct Builder {
+  ir::Graph g;
+  uint32_t seed = 1;
+  explicit Builder(const Shape& input) {
+    g.opset = 13;
+    ir::ValueInfo in;
+    in.name = "x";
+    in.dtype = DType::kFloat32;
+    std::vector<ir::Dim> dims;
+    for (int64_t d : input) dims.push_back({d, ""});
+    in.dims = dims;
+    g.inputs.push_back(in);
+  }
+  std::string conv(const std::string& x, int64_t cin, int64_t cout, int64_t k, const std::string& out,
+                   int64_t group = 1, int64_t stride = 1) {
+    ir::Node n;
+    n.op_type = "Conv";
+    n.name = out + "_conv";
+    const std::string w = out + "_w", b = out + "_b";
+    g.initializers[w] = random_tensor({cout, cin / group, k, k}, seed++, -0.5f, 0.5f);
+    g.initializers[b] = random_tensor({cout}, seed++);
+    n.inputs = {x, w, b};
+    n.outputs = {out};
+    n.attrs["pads"] = std::vector<int64_t>{k / 2, k / 2, k / 2, k / 2};
+    n.attrs["group"] = group;
+    n.attrs["strides"] = std::vector<int64_t>{stride, stride};
+    g.nodes.push_back(n);
+    return out;
+  }
+  std::string op(const std::string& type, std::vector<std::string> inputs, const std::string& out) {
+    ir::Node n;
+    n.op_type = type;
+    n.name = out + "_" + type;
+    n.inputs = std::move(inputs);
+    n.outputs = {out};
+    g.nodes.push_back(n);
+    return out;
+  }
+  std::string scalar(const std::string& name, Tensor t) {
+    g.initializers[name] = std::move(t);
+    return name;
+  }
+  void output(const std::string& name) {
+    ir::ValueInfo o;
+    o.name = name;
+    o.dtype = DType::kFloat32;
+    g.outputs.push_back(o);
+  }
+};
+
+// Values seen by a hook, cloned.
+std::map<std::string, Tensor> run_hooked(runtime::Session& s, const Tensor& x, const std::string& input = "x") {
+  std::map<std::string, Tensor> seen;
+  runtime::RunOptions o;
+  o.on_value = [&](const std::string& name, const Tensor& t) { seen[name] = t.clone(); };
+  s.run({{input, x}}, o);
+  return seen;
+}
+
+TEST(SessionLayouts, FixtureModelsMatchThePlainUnfusedPath) {
+  for (const char* name : {"resnet_small", "mobilenetv2_small", "vit_small"}) {
+    const ir::Graph g = ir::load_onnx(test::fixture_model(name));
+    runtime::Session fast(g), ref = reference_session(g);
+    for (int64_t batch : {1, 8}) {
+      const Tensor x = random_tensor({batch, 1, 28, 28}, 7, 0.f, 1.f);
+      expect_close(fast.run_single(x), ref.run_single(x), std::string(name) + " batch " + std::to_string(batch));
+    }
+  }
+}
+
+TEST(SessionLayouts, HooksSeePlainValuesEqualToThePlainPath) {
+  // Fusion off: hooks must see every value; blocked ones are handed over as plain copies.
+  const ir::Graph g = ir::load_onnx(test::fixture_model("resnet_small"));
+  runtime::SessionOptions o;
+  o.fuse_activations = false;
+  runtime::Session blocked(g, o), ref = reference_session(g);
+  const Tensor x = random_tensor({2, 1, 28, 28}, 3, 0.f, 1.f);
+  auto got = run_hooked(blocked, x, "input"), want = run_hooked(ref, x, "input");
+  EXPECT_EQ(got.size(), want.size());
+  for (const auto& [name, t] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    expect_close(got.at(name), t, name);
+  }
+}
+
+TEST(SessionLayouts, ResidualAddAndReluFuseIntoTheConv) {
+  // x -> A (3x3) -> a ; x -> B (1x1) -> b ; Relu(a + b) -> r -> C -> y.
+  Builder b({2, 16, 9, 9});
+  b.conv("x", 16, 16, 3, "a");
+  b.conv("x", 16, 16, 1, "b");
+  b.op("Add", {"a", "b"}, "s");
+  b.op("Relu", {"s"}, "r");
+  b.conv("r", 16, 8, 3, "y");
+  b.output("y");
+  runtime::Session fast(b.g), ref = reference_session(b.g);
+  const Tensor x = random_tensor({2, 16, 9, 9}, 11);
+  auto got = run_hooked(fast, x), want = run_hooked(ref, x);
+  // The Add and the Relu ran inside a's Conv: neither a nor s exists any more, r does.
+  EXPECT_FALSE(got.count("a"));
+  EXPECT_FALSE(got.count("s"));
+  ASSERT_TRUE(got.count("r"));
+  expect_close(got.at("r"), want.at("r"), "r");
+  expect_close(got.at("y"), want.at("y"), "y");
+  // Asking for the Conv output keeps it observable, so nothing is fused away.
+  runtime::RunOptions ask;
+  ask.outputs = {"a", "y"};
+  auto out = fast.run({{"x", x}}, ask);
+  expect_close(out.at("a"), want.at("a"), "a requested");
+  expect_close(out.at("y"), want.at("y"), "y with a requested");
+}
+
+TEST(SessionLayouts, ResidualAddendFromAPlainGraphInputAndAClip) {
+  // The addend is the (plain) graph input itself; the Add is followed by Clip(0, 6).
+  Builder b({1, 8, 6, 6});
+  b.conv("x", 8, 8, 3, "a");
+  b.op("Add", {"x", "a"}, "s");
+  b.op("Clip", {"s", b.scalar("lo", Tensor::scalar(0.f)), b.scalar("hi", Tensor::scalar(0.5f))}, "r");
+  b.conv("r", 8, 8, 1, "y");
+  b.output("y");
+  runtime::Session fast(b.g), ref = reference_session(b.g);
+  for (uint32_t seed : {1u, 2u}) {
+    const Tensor x = random_tensor({1, 8, 6, 6}, seed);
+    expect_close(fast.run_single(x), ref.run_single(x), "seed " + std::to_string(seed));
+  }
+}
+
+TEST(SessionLayouts, ElementwiseOpsPassBlockedValuesThroughOrFallBackToPlain) {
+  // Fusion off so the Add/Relu/Q/DQ run as their own kernels on blocked data:
+  //   a, c: blocked conv outputs (16 channels); Add(a, c) and Relu stay blocked; per-tensor
+  //   QuantizeLinear -> u8 in the same blocked order -> DequantizeLinear; Mul with a broadcast
+  //   per-channel [16,1,1] constant falls back to plain; Add with the plain graph input x too.
+  Builder b({2, 16, 7, 7});
+  b.conv("x", 16, 16, 3, "a");
+  b.conv("x", 16, 16, 1, "c");
+  b.op("Add", {"a", "c"}, "s");
+  b.op("Relu", {"s"}, "r");
+  b.op("QuantizeLinear", {"r", b.scalar("qs", Tensor::scalar(0.05f)), b.scalar("qz", Tensor::scalar<uint8_t>(3))},
+       "rq");
+  b.op("DequantizeLinear", {"rq", "qs", "qz"}, "rd");
+  b.conv("rd", 16, 16, 3, "d");
+  b.op("Mul", {"d", b.scalar("per_channel", random_tensor({16, 1, 1}, 5))}, "m");
+  b.conv("m", 16, 16, 3, "e");
+  b.op("Add", {"e", "x"}, "f");
+  b.conv("f", 16, 4, 3, "y");
+  b.output("y");
+  runtime::SessionOptions o;
+  o.fuse_activations = false;
+  runtime::Session fast(b.g, o), ref = reference_session(b.g);
+  const Tensor x = random_tensor({2, 16, 7, 7}, 9);
+  auto got = run_hooked(fast, x), want = run_hooked(ref, x);
+  for (const auto& [name, t] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    expect_close(got.at(name), t, name);
+  }
+}
+
+TEST(SessionLayouts, PaddedChannelCountsStayPlain) {
+  // 12 channels do not fill nChw8c blocks: the blocked buffer would be larger than the tensor.
+  Builder b({3, 5, 8, 8});
+  b.conv("x", 5, 12, 3, "a");
+  b.conv("a", 12, 12, 3, "c", 12);  // depthwise
+  b.op("Add", {"c", "a"}, "s");
+  b.conv("s", 12, 6, 1, "y", 1, 2);
+  b.output("y");
+  runtime::Session fast(b.g), ref = reference_session(b.g);
+  const Tensor x = random_tensor({3, 5, 8, 8}, 13);
+  expect_close(fast.run_single(x), ref.run_single(x), "y");
+}
+
+TEST(SessionFusion, MatMulBiasAndErfGeluBecomeOneMatMul) {
+  // y = Gelu(x W + b) as PyTorch exports it before opset 20 (Div, Erf, Add, Mul, Mul).
+  Builder b({2, 5, 16});
+  b.g.initializers["W"] = random_tensor({16, 32}, 21);
+  b.g.initializers["bias"] = random_tensor({32}, 22);
+  b.op("MatMul", {"x", "W"}, "mm");
+  b.op("Add", {"mm", "bias"}, "h");
+  b.op("Div", {"h", b.scalar("sqrt2", Tensor::scalar(1.4142135f))}, "d");
+  b.op("Erf", {"d"}, "e");
+  b.op("Add", {"e", b.scalar("one", Tensor::scalar(1.f))}, "e1");
+  b.op("Mul", {"h", "e1"}, "m");
+  b.op("Mul", {"m", b.scalar("half", Tensor::scalar(0.5f))}, "y");
+  b.output("y");
+  runtime::Session fast(b.g), ref = reference_session(b.g);
+  const Tensor x = random_tensor({2, 5, 16}, 23, -2.f, 2.f);
+  auto got = run_hooked(fast, x), want = run_hooked(ref, x);
+  for (const char* gone : {"mm", "h", "d", "e", "e1", "m"}) EXPECT_FALSE(got.count(gone)) << gone;
+  // oneDNN's gelu_erf is a polynomial fit of erf: equal to the exported form to ~1e-6.
+  expect_close(got.at("y"), want.at("y"), "y", 2e-6f);
+  // A kept intermediate stops the fusion at that point and stays observable.
+  runtime::RunOptions ask;
+  ask.outputs = {"h", "y"};
+  auto out = fast.run({{"x", x}}, ask);
+  expect_close(out.at("h"), want.at("h"), "h requested");
+  expect_close(out.at("y"), want.at("y"), "y with h requested");
+}
+
+TEST(SessionFusion, ErfGeluAfterOtherOpsBecomesOneGeluPass) {
+  // The producer is an Add (as after an INT8 QMatMul): the chain becomes one execution-only Gelu.
+  Builder b({3, 7, 8});
+  b.op("Add", {"x", b.scalar("shift", Tensor::scalar(0.25f))}, "h");
+  b.op("Div", {"h", b.scalar("sqrt2", Tensor::scalar(1.4142135f))}, "d");
+  b.op("Erf", {"d"}, "e");
+  b.op("Add", {b.scalar("one", Tensor::scalar(1.f)), "e"}, "e1");
+  b.op("Mul", {"e1", "h"}, "m");
+  b.op("Mul", {"m", b.scalar("half", Tensor::scalar(0.5f))}, "y");
+  b.output("y");
+  runtime::Session fast(b.g), ref = reference_session(b.g);
+  const Tensor x = random_tensor({3, 7, 8}, 31, -4.f, 4.f);
+  auto got = run_hooked(fast, x), want = run_hooked(ref, x);
+  EXPECT_TRUE(got.count("h"));
+  for (const char* gone : {"d", "e", "e1", "m"}) EXPECT_FALSE(got.count(gone)) << gone;
+  expect_close(got.at("y"), want.at("y"), "y", 2e-6f);
+}
+
+}  // namespace
