@@ -260,7 +260,7 @@ Action register_analyze(CLI::App& app) {
   cmd->add_flag("--statistics", a->statistics, "also per-layer FP32 vs quantized statistics and SQNR (CSV + JSON)");
   cmd->add_option("--model-filename", a->model_filename, "model file inside a MODEL directory");
   cmd->add_option("--params-filename", a->params_filename, "external-data file inside a MODEL directory");
-  cmd->add_option("--algo", a->algo, "activation observer: KL, hist, abs_max (direct), min_max, avg, mse, emd");
+  cmd->add_option("--algo", a->algo, "activation observer: emd (default), mse, KL, hist, abs_max (direct), min_max, avg");
   cmd->add_option("--hist-percent", a->hist_percent, "percentile for algo hist (default 0.99999)");
   cmd->add_option("--batch-size", a->batch_size, "calibration batch size")->capture_default_str();
   cmd->add_option("--batch-nums", a->batch_nums, "calibration batches (0 = the whole data set)")->capture_default_str();

@@ -68,7 +68,7 @@ Action register_qat(CLI::App& app) {
   cmd->add_option("--steps-per-epoch", a->steps_per_epoch, "optimizer steps per epoch, each epoch a new random subset (0 = all data)");
   cmd->add_option("--calib-batches", a->calib_batches, "PTQ calibration batches that initialise activation scales (0 = none)")
       ->capture_default_str();
-  cmd->add_option("--algo", a->algo, "calibration observer for that initialisation (default KL)");
+  cmd->add_option("--algo", a->algo, "calibration observer for that initialisation (default emd)");
   cmd->add_option("--quantizable-op-type", a->op_types, "op types to quantize, e.g. Conv,MatMul,Gemm");
   cmd->add_option("--skip-tensor-list", a->skip_tensors, "tensors whose readers/writers stay float (a,b,...)");
   cmd->add_option("--skip-nodes", a->skip_nodes, "op types, node names or globs that stay float (repeatable)");

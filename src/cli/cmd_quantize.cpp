@@ -41,7 +41,7 @@ Action register_quantize(CLI::App& app) {
   cmd->add_option("MODEL", a->model, "FP32 ONNX model")->required();
   add_data_flags(cmd, a->flags, a->data);
   cmd->add_option("-o,--output", a->output, "where to write the QDQ model")->required();
-  cmd->add_option("--algo", a->algo, "activation observer: KL, hist, abs_max (direct), min_max, avg, mse, emd");
+  cmd->add_option("--algo", a->algo, "activation observer: emd (default), mse, KL, hist, abs_max (direct), min_max, avg");
   cmd->add_option("--hist-percent", a->hist_percent, "percentile for algo hist (default 0.99999)");
   cmd->add_option("--batch-size", a->batch_size, "calibration batch size")->capture_default_str();
   cmd->add_option("--batch-nums", a->batch_nums, "calibration batches (0 = the whole data set)")->capture_default_str();

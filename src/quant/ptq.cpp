@@ -119,7 +119,12 @@ void PTQ::quantize(const ir::Graph& float_graph) {
   fingerprint_ = fnv1a_hex(identity);
 
   runtime::SessionOptions options;
-  options.fuse_activations = false;  // every quantized tensor must be observable
+  // Fusions stay on: they never fuse away a value that is requested, and sample() requests every
+  // observed tensor, so calibration sees exactly what it needs at close to inference speed.
+  // Plain layouts: blocked ones round differently depending on which values are requested, and
+  // the same tensor must calibrate to the same scale whatever else is quantized or skipped (a
+  // skip list found by the analysis has to reproduce its model exactly).
+  options.blocked_layouts = false;
   session_ = std::make_unique<runtime::Session>(float_graph_, options);
 }
 

@@ -53,7 +53,9 @@ TEST(PtqAnalysis, MatchesBruteForcePerLayerEvaluation) {
     ASSERT_EQ(report.ranked.size(), expected.size());
     ASSERT_GE(expected.size(), 5u);
     for (const auto& l : report.ranked) {
-      const double tol = name == "sqnr" ? 1e-4 * std::abs(expected[l.index]) : 0.0;
+      // SQNR near 60 dB resolves float rounding: the whole-model run fuses the residual Add into
+      // its conv, the prefix-reuse run starts at fed values where no fusion applies.
+      const double tol = name == "sqnr" ? 1e-3 * std::abs(expected[l.index]) : 0.0;
       EXPECT_NEAR(l.metric, expected[l.index], tol) << name << " layer " << l.name;
     }
     // Rank order: the brute-force numbers sorted the same way (most damaging first).
@@ -203,7 +205,9 @@ TEST(PtqAnalysis, EvalFunctionPathRanksLikeTheMetric) {
   ASSERT_EQ(by_fn.ranked.size(), by_metric.ranked.size());
   std::map<std::string, double> expected;
   for (const auto& l : by_metric.ranked) expected[l.name] = l.metric;
-  for (const auto& l : by_fn.ranked) EXPECT_NEAR(l.metric, expected.at(l.name), 1e-4 * std::abs(expected.at(l.name))) << l.name;
+  // The callable path evaluates whole models (conv+Add fused), the metric path runs from fed
+  // values (unfused): float rounding apart, the same numbers.
+  for (const auto& l : by_fn.ranked) EXPECT_NEAR(l.metric, expected.at(l.name), 1e-3 * std::abs(expected.at(l.name))) << l.name;
   EXPECT_NEAR(by_fn.baseline, 200.0, 1e-9);  // FP32 against itself: identical outputs
 }
 

@@ -128,7 +128,9 @@ TEST(QatAnalysis, GainsMatchWholeModelEvaluation) {
     runtime::Session s(analysis::dequantize_layers(q, fopt, {l.name}));
     auto m = metric->clone_empty();
     const double whole = analysis::evaluate(s, *data, *m, eo).value;
-    EXPECT_NEAR(l.metric, whole, 1e-3 * whole + 1e-9) << l.name;
+    // Cosine errors near 3e-5 resolve float rounding: the whole model runs conv+Add fused, the
+    // analysis runs from fed values unfused; 0.5% is rounding, a wrong layer is orders more.
+    EXPECT_NEAR(l.metric, whole, 5e-3 * whole + 1e-9) << l.name;
     EXPECT_NEAR(l.delta, report.baseline - l.metric, 1e-12);  // cosine: lower is better, gain = drop in error
   }
   // Given qat_metric: gains are measured against it.

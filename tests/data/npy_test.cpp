@@ -295,7 +295,7 @@ TEST_F(NpyTest, WriteFailsCleanlyIntoMissingDirectory) {
   const std::string p = path("no/such/dir/a.npy");
   const Error e = error_of([&] { write_npy(p, Tensor::scalar<float>(1.f)); });
   EXPECT_EQ(e.kind(), ErrorKind::kIo);
-  EXPECT_EQ(std::string(e.what()), p + ": cannot create: No such file or directory");
+  EXPECT_EQ(std::string(e.what()), "cannot write '" + p + "': No such file or directory");
 }
 
 TEST_F(NpyTest, OverwriteReplacesContents) {

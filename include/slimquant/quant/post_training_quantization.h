@@ -32,7 +32,7 @@ struct PostTrainingQuantizationOptions {
   SampleGenerator sample_generator;
   size_t batch_size = 10;
   std::optional<size_t> batch_nums;  // unset: every sample the data has
-  std::string algo = "KL";
+  std::string algo = "emd";  // the product default (docs/quantization.md), not the source's KL
   std::string weight_quantize_type = "channel_wise_abs_max";
   std::vector<std::string> quantizable_op_type = {"Conv", "MatMul", "Gemm"};  // or conv2d, mul, ...
   bool is_full_quantize = false;

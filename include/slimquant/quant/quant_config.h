@@ -14,7 +14,7 @@
 namespace slimquant::quant {
 
 struct QuantRule {
-  std::string activation = "KL";                   // activation observer (`algo`)
+  std::string activation = "emd";  // activation observer (`algo`); default chosen in docs/quantization.md
   std::string weight = "channel_wise_abs_max";     // weight observer (`weight_quantize_type`)
   bool quantize = true;                            // false: leave the matching nodes in float
   // QAT quanters (train::make_quanter names: pact, lsq_plus, moving_abs_max, abs_max); empty = the
