@@ -119,8 +119,8 @@ void PTQ::quantize(const ir::Graph& float_graph) {
   fingerprint_ = fnv1a_hex(identity);
 
   runtime::SessionOptions options;
-  // Fusions stay on: they never fuse away a value that is requested, and sample() requests every
-  // observed tensor, so calibration sees exactly what it needs at close to inference speed.
+  // Fusions stay on: they never fuse away a value listed in RunOptions::observe, and sample()
+  // lists every observed tensor, so calibration sees exactly what it needs at inference speed.
   // Plain layouts: blocked ones round differently depending on which values are requested, and
   // the same tensor must calibrate to the same scale whatever else is quantized or skipped (a
   // skip list found by the analysis has to reproduce its model exactly).
@@ -133,7 +133,7 @@ void PTQ::sample(const std::map<std::string, Tensor>& feeds) {
   runtime::RunOptions run;
   std::vector<std::string> wanted;
   for (const auto& [name, obs] : observers_) wanted.push_back(name);
-  run.outputs = wanted;
+  run.observe = wanted;  // seen by the hook, then released: memory stays that of inference
   run.on_value = [&](const std::string& name, const Tensor& value) {
     auto it = observers_.find(name);
     if (it == observers_.end()) return;

@@ -351,7 +351,7 @@ void check_supported(const ir::Graph& graph) {
 class Plan {
  public:
   Plan(const ir::Graph& base, const std::map<std::string, Tensor>& feeds, const std::vector<std::string>& wanted,
-       const SessionOptions& options)
+       const std::vector<std::string>& observed, const SessionOptions& options)
       : graph_(base), wanted_(wanted) {
     std::map<std::string, Shape> shapes;
     for (const auto& [name, t] : feeds) shapes[name] = t.shape();
@@ -361,6 +361,7 @@ class Plan {
     for (const auto& [name, t] : feeds) fed.insert(name);
     std::set<std::string> keep(fed.begin(), fed.end());
     keep.insert(wanted.begin(), wanted.end());
+    keep.insert(observed.begin(), observed.end());
     fold_constants(graph_);
     if (options.fuse_activations) {
       ir::fuse_activations(graph_, keep);
@@ -378,6 +379,7 @@ class Plan {
 
     // Nodes needed: walk back from the wanted values, stopping at fed values and constants.
     std::unordered_set<std::string> needed(wanted.begin(), wanted.end());
+    needed.insert(observed.begin(), observed.end());
     std::vector<bool> run_node(graph_.nodes.size(), false);
     for (int i = static_cast<int>(graph_.nodes.size()) - 1; i >= 0; --i) {
       const auto& n = graph_.nodes[i];
@@ -679,12 +681,14 @@ std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& 
   for (const auto& [name, t] : feeds) key << name << ':' << static_cast<int>(t.dtype()) << shape_str(t.shape()) << ';';
   key << '|';
   for (const auto& w : wanted) key << w << ';';
+  key << '|';
+  for (const auto& o : options.observe) key << o << ';';
 
   auto it = std::find_if(plans_.begin(), plans_.end(), [&](const auto& e) { return e->key == key.str(); });
   if (it == plans_.end()) {
     auto entry = std::make_unique<PlanEntry>();
     entry->key = key.str();
-    entry->plan = std::make_unique<Plan>(graph_, feeds, wanted, options_);
+    entry->plan = std::make_unique<Plan>(graph_, feeds, wanted, options.observe, options_);
     entry->pool = plans_.empty() ? std::make_shared<BufferPool>() : plans_.back()->pool;
     if (plans_.size() >= options_.max_cached_plans) plans_.erase(plans_.begin());
     plans_.push_back(std::move(entry));

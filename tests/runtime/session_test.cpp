@@ -49,6 +49,33 @@ TEST(Session, HooksSeeEveryIntermediateWhenFusionIsOff) {
   EXPECT_GT(float_values, 30);
 }
 
+TEST(Session, ObservedValuesReachTheHookButAreNotReturned) {
+  runtime::Session session(ir::load_onnx(test::fixture_model("resnet_small")));  // fusions on
+  // Pre-activation Conv outputs and residual Add outputs: fused away unless observed.
+  std::vector<std::string> pre_activation;
+  for (const auto& n : session.graph().nodes)
+    if (n.op_type == "Conv" || n.op_type == "Add") pre_activation.push_back(n.outputs[0]);
+  ASSERT_GT(pre_activation.size(), 10u);
+  std::set<std::string> seen_fused, seen_observed;
+  runtime::RunOptions plain;
+  plain.on_value = [&](const std::string& name, const Tensor&) { seen_fused.insert(name); };
+  const auto reference = session.run({{"input", fixture_input()}}, plain);
+  int hidden = 0;
+  for (const auto& v : pre_activation) hidden += !seen_fused.count(v);
+  EXPECT_GT(hidden, 5) << "fusion hides pre-activation values from hooks";
+
+  runtime::RunOptions observing;
+  observing.observe = pre_activation;
+  observing.on_value = [&](const std::string& name, const Tensor& t) {
+    EXPECT_TRUE(t.defined());
+    seen_observed.insert(name);
+  };
+  const auto out = session.run({{"input", fixture_input()}}, observing);
+  for (const auto& v : pre_activation) EXPECT_TRUE(seen_observed.count(v)) << v;
+  ASSERT_EQ(out.size(), 1u) << "observed values are not returned";
+  EXPECT_LE(max_abs_diff(out.at("logits"), reference.at("logits")), 1e-4f);
+}
+
 TEST(Session, DownstreamRunFromFedIntermediateMatchesFullRun) {
   runtime::SessionOptions options;
   options.fuse_activations = false;

@@ -38,6 +38,10 @@ struct RunOptions {
   // Values to return; empty = the graph outputs. Any intermediate value name may be requested.
   std::vector<std::string> outputs;
   ValueHook on_value;
+  // Values on_value must see (never fused away, computed even when no output needs them) without
+  // being returned: unlike outputs they are released after their last reader, so observing many
+  // values costs no memory or allocations (calibration).
+  std::vector<std::string> observe;
 };
 
 class Plan;
