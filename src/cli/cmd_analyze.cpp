@@ -8,33 +8,18 @@
 #include <sstream>
 
 #include "cli/common.h"
+#include "slimquant/analysis/hist_plot.h"
 #include "slimquant/analysis/ptq_analysis.h"
 #include "slimquant/analysis/qat_analysis.h"
+#include "slimquant/analysis/statistics.h"
 #include "slimquant/analysis/target_search.h"
 #include "slimquant/core/progress.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/ptq.h"
-#if __has_include("slimquant/analysis/hist_plot.h")
-#include "slimquant/analysis/hist_plot.h"
-#define SLIMQUANT_HAVE_HIST_PLOT 1
-#endif
-#if __has_include("slimquant/analysis/statistics.h")
-#include "slimquant/analysis/statistics.h"
-#define SLIMQUANT_HAVE_STATISTICS 1
-#endif
 
 namespace slimquant::cli {
 namespace {
-
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 // A shell word, quoted only when it needs to be.
 std::string shell_word(const std::string& s) {
@@ -105,7 +90,6 @@ void check_save_dir(const std::string& dir) {
   fs::remove(probe, ec);
 }
 
-#ifdef SLIMQUANT_HAVE_HIST_PLOT
 // The four PDFs of seed 000 for the `n` best and worst layers.
 std::vector<std::string> write_plots(const quant::PTQ& ptq, const analysis::SensitivityReport& report,
                                      const data::Dataset& calib, size_t batch_size, size_t batches, size_t n,
@@ -227,7 +211,6 @@ std::vector<std::string> write_plots(const quant::PTQ& ptq, const analysis::Sens
   write("worst_act_hist_result.pdf", worst_a, false);
   return written;
 }
-#endif
 
 }  // namespace
 
@@ -308,9 +291,6 @@ Action register_analyze(CLI::App& app) {
     quant::make_weight_observer(config.global().weight);
     SQ_CHECK(batch_size > 0 && a->eval_batch_size > 0, ErrorKind::kInvalidArgument, "batch sizes must be at least 1");
     auto metric = analysis::make_metric(metric_name);  // unknown names fail before any work
-#ifndef SLIMQUANT_HAVE_STATISTICS
-    SQ_CHECK(!a->statistics, ErrorKind::kUnsupported, "--statistics is not available in this build");
-#endif
     check_save_dir(save_dir);
 
     DataFlags flags = a->flags;
@@ -372,15 +352,10 @@ Action register_analyze(CLI::App& app) {
     j["save_dir"] = save_dir;
 
     if (num_plots > 0) {
-#ifdef SLIMQUANT_HAVE_HIST_PLOT
       auto pdfs = write_plots(ptq, report, *calib, batch_size, batches, num_plots, save_dir);
       std::cout << "histograms -> " << pdfs.size() << " PDFs in " << save_dir << std::endl;
       j["pdfs"] = pdfs;
-#else
-      std::cout << "histogram PDFs are not available in this build (use --num-histogram-plots 0)" << std::endl;
-#endif
     }
-#ifdef SLIMQUANT_HAVE_STATISTICS
     if (a->statistics) {
       analysis::StatisticsOptions so;
       so.batch_size = a->eval_batch_size;
@@ -388,7 +363,6 @@ Action register_analyze(CLI::App& app) {
       std::cout << "statistics -> " << (std::filesystem::path(save_dir) / "statistics.csv").string() << std::endl;
       j["statistics"] = (std::filesystem::path(save_dir) / "statistics.json").string();
     }
-#endif
     if (has_target) {
       analysis::TargetSearchOptions to;
       to.target = target_value;

@@ -18,15 +18,6 @@ namespace slimquant::cli {
 
 namespace {
 
-std::vector<std::string> split_names(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 double top1(runtime::Session& session, const data::Dataset& data, const std::string& label) {
   auto metric = analysis::make_metric("top1");
   analysis::EvalOptions eo;
@@ -127,8 +118,8 @@ Action register_qat(CLI::App& app) {
     o.num_threads = a->threads;
     if (a->threads > 0) omp_set_num_threads(a->threads);  // training kernels too, not only the sessions
     if (!a->algo.empty()) config.global().activation = a->algo;
-    if (!a->op_types.empty()) config.quantizable_op_type = split_names(a->op_types);
-    for (const auto& t : split_names(a->skip_tensors)) config.skip_tensor_list.push_back(t);
+    if (!a->op_types.empty()) config.quantizable_op_type = split_list(a->op_types);
+    for (const auto& t : split_list(a->skip_tensors)) config.skip_tensor_list.push_back(t);
     for (const auto& p : a->skip_nodes) config.skip_quant.push_back(p);
     quant::make_activation_observer(config.global().activation);  // a bad --algo fails before any work
     o.checkpoint = a->checkpoint.empty() ? a->output + ".ckpt" : a->checkpoint;

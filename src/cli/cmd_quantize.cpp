@@ -13,16 +13,6 @@
 
 namespace slimquant::cli {
 
-namespace {
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-}  // namespace
 
 Action register_quantize(CLI::App& app) {
   auto* cmd = app.add_subcommand("quantize", "post-training quantization to a QDQ ONNX model");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <sstream>
 #include <vector>
 
 #include "slimquant/ir/onnx_io.h"
@@ -49,6 +50,15 @@ Timing time_runs(runtime::Session& session, const std::map<std::string, Tensor>&
   std::sort(ms.begin(), ms.end());
   const size_t n = ms.size();
   return {n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2, ms.front()};
+}
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
 }
 
 int exit_code_for(ErrorKind kind) {

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "slimquant/data/dataset.h"
 #include "slimquant/ir/graph.h"
@@ -33,6 +34,9 @@ void print_json(const nlohmann::json& j);
 
 // Process exit codes by error kind (documented in README).
 int exit_code_for(ErrorKind kind);
+
+// "a,b,,c" -> {a, b, c}: comma-separated flag values (op types, tensor names).
+std::vector<std::string> split_list(const std::string& text);
 
 // Latency of session.run(feeds): `warmup` untimed runs, then the median and minimum of `runs`.
 struct Timing {
