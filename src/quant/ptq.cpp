@@ -38,8 +38,10 @@ std::string layer_name(const ir::Node& n) { return n.name.empty() ? n.outputs.at
 
 }  // namespace
 
-Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales, int64_t axis) {
+Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales, int64_t axis, int bits) {
   SQ_CHECK(weight.dtype() == DType::kFloat32, ErrorKind::kInvalidArgument, "weights to quantize must be float32");
+  SQ_CHECK(bits >= 2 && bits <= 8, ErrorKind::kInvalidArgument, "weight bits must be in [2, 8]");
+  const float qmax = static_cast<float>((1 << (bits - 1)) - 1);
   Tensor q(DType::kInt8, weight.shape());
   const auto& shape = weight.shape();
   const int64_t channels = weight.rank() ? shape[axis] : 1;
@@ -52,7 +54,7 @@ Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales
   for (int64_t i = 0; i < weight.numel(); ++i) {
     const int64_t c = scales.size() == 1 ? 0 : (i / inner) % channels;
     const float v = std::nearbyint(w[i] / scales[c]);  // FE_TONEAREST: half to even
-    out[i] = static_cast<int8_t>(std::clamp(v, -127.f, 127.f));
+    out[i] = static_cast<int8_t>(std::clamp(v, -qmax, qmax));
   }
   return q;
 }

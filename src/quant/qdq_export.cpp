@@ -62,7 +62,7 @@ ir::Graph write_qdq_graph(const ir::Graph& float_graph, const std::vector<const 
     const Tensor& w = *float_graph.initializer(layer.weight);
     const std::string base = layer.weight;
     const std::string wq = g.unique_value_name(base + "_quantized");
-    g.initializers[wq] = quantize_weight_s8(w, wp.scale, layer.weight_axis);
+    g.initializers[wq] = quantize_weight_s8(w, wp.scale, layer.weight_axis, wp.bits);
     const std::string scale = g.unique_value_name(base + "_scale");
     const std::string zp = g.unique_value_name(base + "_zero_point");
     const int64_t channels = static_cast<int64_t>(wp.scale.size());

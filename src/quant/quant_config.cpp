@@ -73,6 +73,9 @@ const OpQuantSpec* QuantConfig::spec_for(const ir::Node& node) const {
 }
 
 void QuantConfig::validate() const {
+  if (observer_options.weight_bits < 2 || observer_options.weight_bits > 8)
+    fail(ErrorKind::kInvalidArgument,
+         "weight_bits must be in [2, 8] (got " + std::to_string(observer_options.weight_bits) + ")");
   for (const auto& t : quantizable_op_type) {
     for (const auto& o : onnx_op_types_for(t)) {
       if (builtin_op_specs().count(o) || custom_specs_.count(o)) continue;
@@ -122,7 +125,8 @@ std::string QuantConfig::fingerprint() const {
   for (const auto& t : skip_tensor_list) os << t << ',';
   os << "|skipq:";
   for (const auto& t : skip_quant) os << t << ',';
-  os << "|asym:" << asymmetric_activations << "|hist:" << observer_options.hist_percent << ',' << observer_options.bins;
+  os << "|asym:" << asymmetric_activations << "|hist:" << observer_options.hist_percent << ',' << observer_options.bins
+     << "|wbits:" << observer_options.weight_bits;
   for (const auto& [op, spec] : custom_specs_) os << "|custom:" << op;
   return os.str();
 }
@@ -194,6 +198,7 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
       else if (key == "weight_quantize_type") cfg.global().weight = v.as<std::string>();
       else if (key == "hist_percent") cfg.observer_options.hist_percent = v.as<float>();
       else if (key == "bins") cfg.observer_options.bins = v.as<int>();
+      else if (key == "weight_bits") cfg.observer_options.weight_bits = v.as<int>();
       else if (key == "quantizable_op_type") cfg.quantizable_op_type = string_list(v, key);
       else if (key == "is_full_quantize") cfg.is_full_quantize = v.as<bool>();
       else if (key == "skip_tensor_list") cfg.skip_tensor_list = string_list(v, key);
@@ -222,7 +227,7 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
     fail(ErrorKind::kInvalidArgument, "config file '" + path + "': " + e.what());
   }
   make_activation_observer(cfg.global().activation);
-  make_weight_observer(cfg.global().weight);
+  make_weight_observer(cfg.global().weight, cfg.observer_options);
   return cfg;
 }
 

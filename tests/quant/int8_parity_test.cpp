@@ -33,13 +33,16 @@ namespace {
 
 struct ParityCase {
   const char* model;
+  int weight_bits = 8;  // 7: the int8 primitives run (exact on every CPU), 8: f32 path without VNNI
 };
 
 class Int8Parity : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(Int8Parity, IntegerExecutionMatchesSimulationOnTheTestSet) {
   const std::string model = GetParam().model;
-  quant::PTQ ptq(quant::QuantConfig{});
+  quant::QuantConfig config;
+  config.observer_options.weight_bits = GetParam().weight_bits;
+  quant::PTQ ptq(config);
   ptq.quantize(ir::load_onnx(test::fixture_model(model)));
   {
     data::DataOptions o;
@@ -107,10 +110,10 @@ TEST_P(Int8Parity, IntegerExecutionMatchesSimulationOnTheTestSet) {
   }
   const double agreement = static_cast<double>(agree) / images;
   const double mean_diff = sum_diff_in_steps / (static_cast<double>(images) * steps.size());
-  std::printf("[ %s ] %zu images: top-1 agreement %.4f, identical logits %.4f, logit diff max %.4f / mean %.6f "
+  std::printf("[ %s, %d-bit weights ] %zu images: top-1 agreement %.4f, identical logits %.4f, logit diff max %.4f / mean %.6f "
               "steps; last layer inputs differing %.4f, by at most %.0f steps; top-1 simulation %.4f, integer %.4f; "
               "lowered %d Conv, %d Gemm, %d MatMul\n",
-              model.c_str(), images, agreement, static_cast<double>(identical) / images, max_diff_in_steps, mean_diff,
+              model.c_str(), GetParam().weight_bits, images, agreement, static_cast<double>(identical) / images, max_diff_in_steps, mean_diff,
               static_cast<double>(differing_inputs) / last_inputs, max_input_steps,
               static_cast<double>(correct_sim) / images, static_cast<double>(correct_int) / images, report.conv,
               report.gemm, report.matmul);
@@ -122,7 +125,10 @@ TEST_P(Int8Parity, IntegerExecutionMatchesSimulationOnTheTestSet) {
 
 INSTANTIATE_TEST_SUITE_P(FixtureModels, Int8Parity,
                          ::testing::Values(ParityCase{"resnet_small"}, ParityCase{"mobilenetv2_small"},
-                                           ParityCase{"vit_small"}),
-                         [](const auto& info) { return std::string(info.param.model); });
+                                           ParityCase{"vit_small"}, ParityCase{"resnet_small", 7},
+                                           ParityCase{"mobilenetv2_small", 7}, ParityCase{"vit_small", 7}),
+                         [](const auto& info) {
+                           return std::string(info.param.model) + (info.param.weight_bits == 8 ? "" : "_w7");
+                         });
 
 }  // namespace

@@ -63,9 +63,9 @@ class QdqBuilder {
     return node("DequantizeLinear", {q, s, z});
   }
   // A random int8 weight with per-channel scales along `axis`, zero points `zp`; returns the DQ output.
-  std::string weight(const Shape& shape, int64_t axis, int32_t zp = 0) {
+  std::string weight(const Shape& shape, int64_t axis, int32_t zp = 0, int max_abs = 127) {
     Tensor w(DType::kInt8, shape);
-    std::uniform_int_distribution<int> dist(-127, 127);
+    std::uniform_int_distribution<int> dist(-max_abs, max_abs);
     for (auto& v : w.values<int8_t>()) v = static_cast<int8_t>(dist(rng_));
     const int64_t channels = shape[static_cast<size_t>(axis)];
     std::vector<float> scales(static_cast<size_t>(channels));
@@ -114,27 +114,32 @@ struct KernelCase {
   int64_t trans_b;                      // Gemm
   const char* compute;       // "int8" or "f32"
   int64_t size = 9;          // Conv: input height and width
+  int weight_max = 127;      // 63: 7-bit weights (weight_bits 7), exact int8 without VNNI too
 };
 
 std::string case_name(const ::testing::TestParamInfo<KernelCase>& info) {
-  return std::string(info.param.name) + "_" + info.param.compute;
+  return std::string(info.param.name) + "_" + info.param.compute + (info.param.weight_max <= 63 ? "_w7" : "");
 }
 
 class FusedKernel : public ::testing::TestWithParam<KernelCase> {};
 
 TEST_P(FusedKernel, LowersAndMatchesSimulationAndReference) {
   const KernelCase& c = GetParam();
-  const bool int8 = std::string(c.compute) == "int8";
-  if (int8 && c.x_type == DType::kInt8 && !i8::cpu_has_exact_int8_dot())
-    GTEST_SKIP() << "s8 x s8 int8 primitives are inexact without VNNI (oneDNN halves the weights); "
-                    "Compute::kAuto uses the f32 path on this CPU";
+  const bool seven_bit = c.weight_max <= i8::kMaxExactWeightWithoutVnni;
+  // kAuto picks the int8 primitives for 7-bit weights on every CPU.
+  const bool int8 = std::string(c.compute) == "int8" || (std::string(c.compute) == "auto" && seven_bit);
+  if (int8 && !seven_bit && c.x_type == DType::kInt8 && !i8::cpu_has_exact_int8_dot())
+    GTEST_SKIP() << "s8 x s8 int8 primitives with 8-bit weights are inexact without VNNI (oneDNN halves the "
+                    "weights); Compute::kAuto uses the f32 path there";
   QdqBuilder b;
   const std::string op = c.op;
-  // Unsigned activations stay below 128 so the int8 path is exact on CPUs without VNNI too
-  // (vpmaddubsw sums two u8*s8 products in 16 bits: 2*127*127 fits, 2*255*127 does not).
+  // With 8-bit weights unsigned activations stay below 128 so the int8 path is exact on CPUs
+  // without VNNI too (vpmaddubsw sums two u8*s8 products in 16 bits: 2*127*127 fits, 2*255*127
+  // does not); 7-bit weights take the full u8 range (2*255*63 fits).
+  const float u8_top = seven_bit ? 255.f : 127.f;
   const float x_scale = c.x_type == DType::kUInt8 ? 1.f / 127.f : 1.f / 100.f;
-  const float x_lo = c.x_type == DType::kUInt8 ? -static_cast<float>(c.x_zp) * x_scale : -1.f;
-  const float x_hi = c.x_type == DType::kUInt8 ? (127.f - c.x_zp) * x_scale : 1.f;
+  const float x_lo = c.x_type == DType::kUInt8 ? -static_cast<float>(c.x_zp) * x_scale : -1.28f;
+  const float x_hi = c.x_type == DType::kUInt8 ? (u8_top - c.x_zp) * x_scale : 1.27f;
   Shape x_shape, w_shape;
   int64_t w_axis = 0, channels = 0;
   std::map<std::string, ir::AttributeValue> attrs;
@@ -159,7 +164,7 @@ TEST_P(FusedKernel, LowersAndMatchesSimulationAndReference) {
   }
   const std::string x = b.input("x", x_shape);
   const std::string xdq = b.qdq(x, x_scale, c.x_zp, c.x_type);
-  const std::string w = b.weight(w_shape, w_axis);
+  const std::string w = b.weight(w_shape, w_axis, 0, c.weight_max);
   std::string y = op == "MatMul" ? b.node("MatMul", {xdq, w}) : b.node(op, {xdq, w, b.bias(channels)}, attrs);
   if (op == "MatMul") y = b.node("Add", {b.bias(channels), y});  // PyTorch's order: bias first
   const std::string act = c.activation;
@@ -263,8 +268,34 @@ constexpr DType kU8 = DType::kUInt8, kS8 = DType::kInt8, kF32 = DType::kFloat32;
       KernelCase{"matmul3d_s8_bias_f32", "MatMul", kS8, 0, "", kF32, 0, 1, 1, 0, 1, 0, compute},        \
       KernelCase{"matmul3d_u8zp_bias_clip_s8", "MatMul", kU8, 5, "Clip", kS8, -4, 1, 1, 0, 1, 0, compute}
 
+// 7-bit weights (weight_bits 7), full-range u8/s8 activations: the int8 primitives must be exact
+// on every CPU, s8 sources included (the kernel doubles the weights oneDNN halves without VNNI).
+#define SQ_KERNEL_CASES_W7(compute)                                                                        \
+  KernelCase{"conv3x3_u8_relu_u8", "Conv", kU8, 0, "Relu", kU8, 0, 1, 1, 1, 3, 0, compute, 9, 63},          \
+      KernelCase{"conv3x3_u8zp_clip_s8", "Conv", kU8, 9, "Clip", kS8, 3, 1, 1, 1, 3, 0, compute, 9, 63},    \
+      KernelCase{"conv3x3_s8_f32", "Conv", kS8, 0, "", kF32, 0, 1, 2, 1, 3, 0, compute, 9, 63},             \
+      KernelCase{"conv1x1_large_s8_relu_f32", "Conv", kS8, 0, "Relu", kF32, 0, 1, 1, 0, 1, 0, compute, 14, 63}, \
+      KernelCase{"dwconv3x3_s8_relu_u8", "Conv", kS8, 0, "Relu", kU8, 0, 16, 2, 1, 3, 0, compute, 9, 63},   \
+      KernelCase{"gemm_u8_transb_f32", "Gemm", kU8, 0, "", kF32, 0, 1, 1, 0, 1, 1, compute, 9, 63},         \
+      KernelCase{"gemm_s8_relu_u8", "Gemm", kS8, 0, "Relu", kU8, 0, 1, 1, 0, 1, 0, compute, 9, 63},         \
+      KernelCase{"matmul3d_s8_bias_f32", "MatMul", kS8, 0, "", kF32, 0, 1, 1, 0, 1, 0, compute, 9, 63},     \
+      KernelCase{"matmul3d_u8zp_bias_clip_s8", "MatMul", kU8, 5, "Clip", kS8, -4, 1, 1, 0, 1, 0, compute, 9, 63}
+
 INSTANTIATE_TEST_SUITE_P(Int8, FusedKernel, ::testing::Values(SQ_KERNEL_CASES("int8")), case_name);
 INSTANTIATE_TEST_SUITE_P(F32, FusedKernel, ::testing::Values(SQ_KERNEL_CASES("f32")), case_name);
+INSTANTIATE_TEST_SUITE_P(Int8W7, FusedKernel, ::testing::Values(SQ_KERNEL_CASES_W7("int8")), case_name);
+INSTANTIATE_TEST_SUITE_P(AutoW7, FusedKernel, ::testing::Values(SQ_KERNEL_CASES_W7("auto")), case_name);
+
+TEST(Int8Compute, AutoUsesInt8PrimitivesWhereTheyAreExact) {
+  EXPECT_EQ(i8::resolve_compute(i8::Compute::kAuto, 63), i8::Compute::kInt8);
+  EXPECT_EQ(i8::resolve_compute(i8::Compute::kAuto, 0), i8::Compute::kInt8);
+  const i8::Compute full = i8::cpu_has_exact_int8_dot() ? i8::Compute::kInt8 : i8::Compute::kF32;
+  EXPECT_EQ(i8::resolve_compute(i8::Compute::kAuto, 64), full);
+  EXPECT_EQ(i8::resolve_compute(i8::Compute::kAuto, 127), full);
+  EXPECT_EQ(i8::resolve_compute(i8::Compute::kAuto, -1), full);  // run-time weights
+  EXPECT_EQ(i8::resolve_compute(i8::Compute::kF32, 0), i8::Compute::kF32);
+  EXPECT_EQ(i8::resolve_compute(i8::Compute::kInt8, 127), i8::Compute::kInt8);
+}
 
 // ---- Selector rules: what is left in simulation, and why.
 

@@ -530,6 +530,18 @@ TEST(ObserverWeights, ChannelWiseAbsMaxExactPerChannel) {
   EXPECT_FLOAT_EQ(p.scale[0], 7.0f / 255);
   EXPECT_EQ(p.zero_point[0], static_cast<int>(std::nearbyint(4.0 / (7.0 / 255))));
 
+  // weight_bits 7: the same ranges on a grid of +-63 (mse_channel_wise searches that grid).
+  auto seven = make_weight_observer("channel_wise_abs_max", {.weight_bits = 7});
+  seven->observe(w);
+  p = seven->params(QuantScheme::kSymmetric);
+  EXPECT_EQ(p.scale, (std::vector<float>{4.0f / 63, 0.5f / 63, 9.0f / 63}));
+  EXPECT_EQ(p.bits, 7);
+  auto tensor_wise = make_weight_observer("abs_max", {.weight_bits = 7});
+  tensor_wise->observe(w);
+  EXPECT_EQ(tensor_wise->params(QuantScheme::kSymmetric).scale, (std::vector<float>{9.0f / 63}));
+  EXPECT_THROW(make_weight_observer("channel_wise_abs_max", {.weight_bits = 9}), Error);
+  EXPECT_THROW(make_weight_observer("abs_max", {.weight_bits = 1}), Error);
+
   // MatMul weight [K=2, N=3] along axis 1 (and -1): per column.
   for (int64_t axis : {1, -1}) {
     auto mm = make_weight_observer("channel_wise_abs_max", {.channel_axis = axis});

@@ -73,6 +73,10 @@ TEST(QuantConfig, YamlUsesSourceParameterNamesAndRejectsTypos) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'algoo'"), std::string::npos) << e.what();
   }
+  std::ofstream(tmp.path("bits.yaml")) << "weight_bits: 7\n";
+  EXPECT_EQ(quant::load_quant_config_yaml(tmp.path("bits.yaml")).observer_options.weight_bits, 7);
+  std::ofstream(tmp.path("badbits.yaml")) << "weight_bits: 12\n";
+  EXPECT_THROW(quant::load_quant_config_yaml(tmp.path("badbits.yaml")), Error);
   std::ofstream(tmp.path("badalgo.yaml")) << "algo: fancy\n";
   EXPECT_THROW(quant::load_quant_config_yaml(tmp.path("badalgo.yaml")), Error);
 }
@@ -82,6 +86,36 @@ TEST(Ptq, WeightQuantizationIsPerChannelRoundHalfEvenSaturating) {
   Tensor q = quant::quantize_weight_s8(w, {1.f, 2.f}, 0);
   auto v = q.to_int64_vector();
   EXPECT_EQ(v, (std::vector<int64_t>{0, 2, -2, 5, -127, 2}));
+  // 7 bits saturate at +-63.
+  Tensor w7 = Tensor::from_vector<float>({1, 4}, {62.5f, 63.6f, -100.f, -63.4f});
+  EXPECT_EQ(quant::quantize_weight_s8(w7, {1.f}, 0, 7).to_int64_vector(), (std::vector<int64_t>{62, 63, -63, -63}));
+}
+
+TEST(Ptq, SevenBitWeightsStayWithinPlusMinus63AndLowerToExactInt8) {
+  quant::QuantConfig cfg;
+  cfg.observer_options.weight_bits = 7;
+  quant::PTQ ptq(cfg);
+  ptq.quantize(ir::load_onnx(test::fixture_model("resnet_small")));
+  data::DataOptions o;
+  o.spec = "fashion-mnist:train";
+  o.limit = 64;
+  auto ds = data::open_dataset(o);
+  for (const auto& b : data::BatchLoader(*ds, 32)) ptq.sample(b.inputs);
+  const ir::Graph qdq = ptq.convert();
+  int weights = 0, at_63 = 0;
+  for (const auto& [name, t] : qdq.initializers) {
+    if (t.dtype() != DType::kInt8 || t.rank() < 2) continue;
+    ++weights;
+    for (int64_t v : t.to_int64_vector()) {
+      ASSERT_LE(std::abs(v), 63) << name;
+      at_63 += std::abs(v) == 63;
+    }
+  }
+  EXPECT_EQ(weights, 17);  // 16 Conv + Gemm
+  EXPECT_GT(at_63, 0);     // each channel's max |w| maps to 63
+  quant::QuantConfig bad;
+  bad.observer_options.weight_bits = 9;
+  EXPECT_THROW(quant::PTQ(bad).quantize(ir::load_onnx(test::fixture_model("resnet_small"))), Error);
 }
 
 class PtqOnResnet : public ::testing::Test {

@@ -25,7 +25,8 @@ enum class QuantDType { kS8, kU8 };
 // How a clipping range becomes scale / zero point (params_from_range below). Every scheme first
 // widens the range to include 0 so that 0 (padding, ReLU) is represented exactly.
 enum class QuantScheme {
-  kSymmetric,           // s8, zero point 0, scale = T / 127 with T = max(|lo|, |hi|)
+  kSymmetric,           // s8, zero point 0, scale = T / 127 with T = max(|lo|, |hi|) (T / 63 for
+                        // 7-bit weights, see ObserverOptions::weight_bits)
   kUnsignedZeroPoint0,  // u8, zero point 0, scale = hi / 255: for tensors that are never negative
                         // (after ReLU, Sigmoid...), one extra bit of resolution for free
   kAsymmetric,          // u8, scale = (hi - lo) / 255, zero point = round(-lo / scale) in [0, 255]
@@ -37,6 +38,7 @@ struct QuantParams {
   std::vector<float> scale;         // one per tensor, or one per channel along `axis`
   std::vector<int32_t> zero_point;  // same length as scale
   int64_t axis = -1;                // -1: per tensor; otherwise the channel axis (non-negative)
+  int bits = 8;                     // < 8: a symmetric grid within +-(2^(bits-1) - 1) (weights)
 };
 
 // The clipping range an observer chose, in real units (for reports, plots and params).
@@ -51,7 +53,8 @@ inline constexpr float kMinScale = 1e-8f;
 
 // Per-tensor parameters of `range` under `scheme`. kUnsignedZeroPoint0 fails (kInvalidArgument)
 // when lo < 0: it cannot represent negative values.
-QuantParams params_from_range(ClipRange range, QuantScheme scheme);
+// `bits` < 8 uses fewer levels of the same type: kSymmetric scale = T / (2^(bits-1) - 1).
+QuantParams params_from_range(ClipRange range, QuantScheme scheme, int bits = 8);
 
 struct ObserverOptions {
   // hist: the fraction of |x| values kept below the threshold.
@@ -71,6 +74,10 @@ struct ObserverOptions {
   // Channel-wise weight observers: the output-channel axis (0 for Conv OIHW; the caller passes 1
   // for a MatMul weight [K, N]). Negative counts from the back.
   int64_t channel_axis = 0;
+  // Weight observers: bits of the symmetric s8 grid, 2..8 (PaddleSlim's `weight_bits`). 7 keeps
+  // |w_q| <= 63, which makes int8 dot products exact on CPUs without VNNI (AVX2's vpmaddubsw
+  // saturates on 2 * 255 * 127), so the INT8 runtime can use them there (docs/int8_execution.md).
+  int weight_bits = 8;
 };
 
 class Observer {
@@ -113,7 +120,7 @@ class Observer {
 
  protected:
   // accumulate = false: every observe() starts afresh (weight observers).
-  explicit Observer(bool accumulate) : accumulate_(accumulate) {}
+  explicit Observer(bool accumulate, int bits = 8) : bits_(bits), accumulate_(accumulate) {}
 
   // Extremes of the batch being observed, already checked finite.
   struct BatchStats {
@@ -134,6 +141,8 @@ class Observer {
   // What an algorithm accumulates beyond the base class's extremes and counts.
   virtual void save_algo_state(std::ostream&) const {}
   virtual void load_algo_state(std::istream&) {}
+
+  int bits_;  // of the grid params() builds (ObserverOptions::weight_bits for weight observers)
 
  private:
   bool accumulate_;

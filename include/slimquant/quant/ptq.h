@@ -78,8 +78,8 @@ class PTQ {
   std::vector<std::string> warnings_;
 };
 
-// Quantizes float weights per channel to symmetric s8 in [-127, 127] (saturating, round half to
-// even), given per-channel scales along `axis`.
-Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales, int64_t axis);
+// Quantizes float weights per channel to symmetric s8 in [-q, q], q = 2^(bits-1) - 1 (127 for 8
+// bits; saturating, round half to even), given per-channel scales along `axis`.
+Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales, int64_t axis, int bits = 8);
 
 }  // namespace slimquant::quant

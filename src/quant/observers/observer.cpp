@@ -37,14 +37,15 @@ ScanResult scan_min_max(const float* p, int64_t n) {
   return ScanResult{mn, mx, !std::isnan(check)};
 }
 
-AffineGrid affine_grid(double lo, double hi, QuantScheme scheme) {
+AffineGrid affine_grid(double lo, double hi, QuantScheme scheme, int bits) {
+  const int32_t sym_max = (1 << (bits - 1)) - 1;  // 127 for 8 bits
   lo = std::min(lo, 0.0);
   hi = std::max(hi, 0.0);
   AffineGrid g{};
   switch (scheme) {
     case QuantScheme::kSymmetric: {
       g.dtype = QuantDType::kS8;
-      g.scale = static_cast<float>(std::max(-lo, hi) / 127.0);
+      g.scale = static_cast<float>(std::max(-lo, hi) / sym_max);
       g.zero_point = 0;
       break;
     }
@@ -63,8 +64,9 @@ AffineGrid affine_grid(double lo, double hi, QuantScheme scheme) {
     }
   }
   g.scale = std::max(g.scale, kMinScale);
-  const int32_t qmin = g.dtype == QuantDType::kS8 ? -128 : 0;
-  const int32_t qmax = g.dtype == QuantDType::kS8 ? 127 : 255;
+  // 8-bit s8 keeps -128 (activations); fewer bits are a symmetric grid (weights).
+  const int32_t qmin = g.dtype == QuantDType::kS8 ? (bits == 8 ? -128 : -sym_max) : 0;
+  const int32_t qmax = g.dtype == QuantDType::kS8 ? sym_max : 255;
   g.kmin = qmin - g.zero_point;
   g.kmax = qmax - g.zero_point;
   return g;
@@ -72,7 +74,9 @@ AffineGrid affine_grid(double lo, double hi, QuantScheme scheme) {
 
 }  // namespace detail
 
-QuantParams params_from_range(ClipRange range, QuantScheme scheme) {
+QuantParams params_from_range(ClipRange range, QuantScheme scheme, int bits) {
+  SQ_CHECK(bits >= 2 && bits <= 8, ErrorKind::kInvalidArgument,
+           "params_from_range: bits must be in [2, 8] (got " + std::to_string(bits) + ")");
   SQ_CHECK(std::isfinite(range.lo) && std::isfinite(range.hi) && range.lo <= range.hi,
            ErrorKind::kInvalidArgument,
            "params_from_range: invalid range [" + std::to_string(range.lo) + ", " +
@@ -81,8 +85,8 @@ QuantParams params_from_range(ClipRange range, QuantScheme scheme) {
            ErrorKind::kInvalidArgument,
            "params_from_range: scheme unsigned_zp0 cannot represent negative values (range starts "
            "at " + std::to_string(range.lo) + ")");
-  const detail::AffineGrid g = detail::affine_grid(range.lo, range.hi, scheme);
-  return QuantParams{g.dtype, {g.scale}, {g.zero_point}, -1};
+  const detail::AffineGrid g = detail::affine_grid(range.lo, range.hi, scheme, bits);
+  return QuantParams{g.dtype, {g.scale}, {g.zero_point}, -1, bits};
 }
 
 std::vector<double> search_fractions(int steps, double min_fraction) {
@@ -157,7 +161,7 @@ ClipRange Observer::range() const {
 
 QuantParams Observer::params(QuantScheme scheme) const {
   check_usable(scheme);
-  return params_from_range(clip_range(scheme), scheme);
+  return params_from_range(clip_range(scheme), scheme, bits_);
 }
 
 ClipRange Observer::clip_to_observed(double threshold) const {
@@ -271,7 +275,10 @@ std::unique_ptr<Observer> make_activation_observer(const std::string& algo,
 std::unique_ptr<Observer> make_weight_observer(const std::string& type,
                                                const ObserverOptions& options) {
   const std::string t = lower(type);
-  if (t == "abs_max") return detail::make_weight_abs_max_observer();
+  if (options.weight_bits < 2 || options.weight_bits > 8)
+    fail(ErrorKind::kInvalidArgument,
+         "weight observer " + type + ": weight_bits must be in [2, 8] (got " + std::to_string(options.weight_bits) + ")");
+  if (t == "abs_max") return detail::make_weight_abs_max_observer(options);
   if (t == "channel_wise_abs_max") return detail::make_channel_wise_abs_max_observer(options);
   if (t == "mse_channel_wise") {
     validate(options, "mse_channel_wise");

@@ -59,7 +59,8 @@ struct AffineGrid {
   int32_t kmin, kmax;
 };
 // No checks: callers make sure kUnsignedZeroPoint0 only sees lo >= 0.
-AffineGrid affine_grid(double lo, double hi, QuantScheme scheme);
+// bits < 8: kSymmetric uses [-(2^(bits-1) - 1), 2^(bits-1) - 1] (weights only).
+AffineGrid affine_grid(double lo, double hi, QuantScheme scheme, int bits = 8);
 
 // Histogram whose range is a power of two R strictly above every |x| added: kAbs bins |x| over
 // [0, R), kSigned bins x over [-R, R) (bins even). Exact zeros are counted apart (zeros()), never
@@ -107,7 +108,7 @@ std::unique_ptr<Observer> make_kl_observer(const ObserverOptions& o);
 std::unique_ptr<Observer> make_mse_observer(const ObserverOptions& o);
 std::unique_ptr<Observer> make_emd_observer(const ObserverOptions& o);
 
-std::unique_ptr<Observer> make_weight_abs_max_observer();
+std::unique_ptr<Observer> make_weight_abs_max_observer(const ObserverOptions& options);
 std::unique_ptr<Observer> make_channel_wise_abs_max_observer(const ObserverOptions& o);
 std::unique_ptr<Observer> make_mse_channel_wise_observer(const ObserverOptions& o);
 

@@ -16,7 +16,7 @@ namespace {
 
 class WeightAbsMaxObserver final : public Observer {
  public:
-  WeightAbsMaxObserver() : Observer(/*accumulate=*/false) {}
+  explicit WeightAbsMaxObserver(const ObserverOptions& o) : Observer(/*accumulate=*/false, o.weight_bits) {}
   std::string name() const override { return "abs_max"; }
 
  protected:
@@ -29,7 +29,7 @@ class WeightAbsMaxObserver final : public Observer {
 class ChannelWiseObserver : public Observer {
  public:
   explicit ChannelWiseObserver(const ObserverOptions& o)
-      : Observer(/*accumulate=*/false), requested_axis_(o.channel_axis) {}
+      : Observer(/*accumulate=*/false, o.weight_bits), requested_axis_(o.channel_axis) {}
   std::string name() const override { return "channel_wise_abs_max"; }
 
   QuantParams params(QuantScheme scheme) const override {
@@ -37,10 +37,11 @@ class ChannelWiseObserver : public Observer {
     const std::vector<ClipRange> ranges = channel_ranges(scheme);
     QuantParams p;
     p.axis = axis_;
+    p.bits = bits_;
     p.scale.reserve(ranges.size());
     p.zero_point.reserve(ranges.size());
     for (const ClipRange& r : ranges) {
-      const AffineGrid g = affine_grid(r.lo, r.hi, scheme);
+      const AffineGrid g = affine_grid(r.lo, r.hi, scheme, bits_);
       p.dtype = g.dtype;
       p.scale.push_back(g.scale);
       p.zero_point.push_back(g.zero_point);
@@ -189,7 +190,7 @@ class MseChannelWiseObserver final : public ChannelWiseObserver {
             const double t = *f * abs_max;
             const ClipRange r{static_cast<float>(std::max(-t, lo)),
                               static_cast<float>(std::min(t, hi))};
-            const double err = squared_error(values, per_channel, affine_grid(r.lo, r.hi, scheme));
+            const double err = squared_error(values, per_channel, affine_grid(r.lo, r.hi, scheme, bits_));
             if (err < best_err) {
               best_err = err;
               best = r;
@@ -210,8 +211,8 @@ class MseChannelWiseObserver final : public ChannelWiseObserver {
 
 }  // namespace
 
-std::unique_ptr<Observer> make_weight_abs_max_observer() {
-  return std::make_unique<WeightAbsMaxObserver>();
+std::unique_ptr<Observer> make_weight_abs_max_observer(const ObserverOptions& o) {
+  return std::make_unique<WeightAbsMaxObserver>(o);
 }
 std::unique_ptr<Observer> make_channel_wise_abs_max_observer(const ObserverOptions& o) {
   return std::make_unique<ChannelWiseObserver>(o);

@@ -1,5 +1,6 @@
 #include "runtime/kernels/int8_common.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <cfloat>
@@ -38,16 +39,25 @@ bool cpu_has_exact_int8_dot() {
   return has;
 }
 
-Compute resolve_compute(Compute requested) {
+int max_abs_int8(const Tensor& w) {
+  int m = 0;
+  const int8_t* p = w.data<int8_t>();
+  for (int64_t i = 0; i < w.numel(); ++i) m = std::max(m, std::abs(static_cast<int>(p[i])));
+  return m;
+}
+
+Compute resolve_compute(Compute requested, int weight_max_abs) {
   if (requested != Compute::kAuto) return requested;
-  // For benchmarks on CPUs without VNNI: SLIMQUANT_INT8_COMPUTE=int8 forces the (inexact there)
-  // int8 primitives, =f32 the exact float path.
+  // For benchmarks: SLIMQUANT_INT8_COMPUTE=int8 forces the int8 primitives (inexact for 8-bit
+  // weights on CPUs without VNNI), =f32 the float path.
   if (const char* env = std::getenv("SLIMQUANT_INT8_COMPUTE")) {
     const std::string v = env;
     if (v == "int8") return Compute::kInt8;
     if (v == "f32") return Compute::kF32;
   }
-  return cpu_has_exact_int8_dot() ? Compute::kInt8 : Compute::kF32;
+  if (cpu_has_exact_int8_dot()) return Compute::kInt8;
+  const bool exact = weight_max_abs >= 0 && weight_max_abs <= kMaxExactWeightWithoutVnni;
+  return exact ? Compute::kInt8 : Compute::kF32;
 }
 
 QLinearAttrs QLinearAttrs::parse(const ir::Node& node) {

@@ -58,17 +58,26 @@ enum class Activation { kNone, kRelu, kClip };
 
 // How the products are accumulated. kInt8: oneDNN u8/s8 x s8 -> s32 primitives (VNNI dot products).
 // kF32: the same integers converted to float32 and accumulated by oneDNN's f32 primitives (exact
-// while |acc| < 2^24). kAuto picks kInt8 only on CPUs whose int8 dot product is exact: without
-// VNNI, oneDNN multiplies u8 x s8 pairs with vpmaddubsw, whose 16-bit sums saturate (2*255*127 >
-// 32767), and it halves s8 x s8 weights to stay clear of it; both would break parity with the
-// simulation, so there kAuto uses kF32.
+// while |acc| < 2^24). kAuto picks kInt8 where the int8 dot product is exact: on CPUs with VNNI,
+// and elsewhere for constant weights within +-kMaxExactWeightWithoutVnni. Without VNNI oneDNN
+// multiplies u8 x s8 pairs with vpmaddubsw, whose 16-bit pair sums saturate for full-range weights
+// (2*255*127 > 32767) but not for 7-bit ones (2*255*63 < 32767), and it halves the weights of s8-src
+// convolutions (exact when they are even: the QConv kernel passes 2*w with half the scale).
 enum class Compute { kAuto, kInt8, kF32 };
 Compute parse_compute(const std::string& value, const std::string& who);  // "auto", "int8", "f32"
 Compute parse_compute(const ir::Node& node);
 const char* compute_name(Compute c);
 // True when the CPU has exact int8 dot products (AVX-512 VNNI, AVX-VNNI or AMX).
 bool cpu_has_exact_int8_dot();
-Compute resolve_compute(Compute requested);
+// Weights within +-63 (7-bit, e.g. quantized with weight_bits 7) make oneDNN's int8 primitives
+// exact without VNNI (checked for conv incl. depthwise and matmul, u8 and s8 sources).
+inline constexpr int kMaxExactWeightWithoutVnni = 63;
+// max |w| of an int8 tensor.
+int max_abs_int8(const Tensor& w);
+// kAuto -> kInt8 when the CPU has VNNI or the constant weights' max |w| is within
+// kMaxExactWeightWithoutVnni (weight_max_abs < 0: run-time weights, unknown), else kF32.
+// SLIMQUANT_INT8_COMPUTE=int8|f32 overrides kAuto (benchmarks).
+Compute resolve_compute(Compute requested, int weight_max_abs);
 
 // The quantization attributes of a fused node, parsed once (and written once by lowering).
 struct QLinearAttrs {

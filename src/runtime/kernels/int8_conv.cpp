@@ -9,12 +9,15 @@
 // s8-src compensation, f32 bias, per-channel output scales, src zero point as a runtime argument so
 // padded taps count as x_q == z_x, activation and + z_y as eltwise post-ops; rounding is oneDNN's
 // float->int conversion under the default MXCSR mode: half to even, saturating).
+// Without VNNI, kInt8 is chosen (kAuto) only for 7-bit weights, and s8 sources get 2*w (see
+// int8_common.h: oneDNN halves those weights).
 // Compute::kF32: x_q - z_x converted to float32 by the src reorder, weights prepacked as
 // w_q * M[m] (f32 convolutions take no per-channel output scale), bias M[m] * B'[m], the same
 // post-ops, and the f32 -> u8/s8 dst reorder rounding half to even and saturating.
 // If oneDNN has no implementation for a shape, the plain-loop reference (int8_reference.cpp) runs.
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "runtime/kernels/dnnl_common.h"
 #include "runtime/kernels/dnnl_kernels.h"
@@ -44,7 +47,6 @@ class QConvKernel final : public Kernel {
  public:
   explicit QConvKernel(const KernelInit& init) : node_(init.node) {
     q_ = QLinearAttrs::parse(node_);
-    compute_ = resolve_compute(q_.compute);
     window_ = WindowAttrs::parse(node_);
     group_ = node_.attr_int("group", 1);
     if (group_ < 1)
@@ -59,9 +61,24 @@ class QConvKernel final : public Kernel {
                                          std::to_string(m) + " output channels");
     const Tensor* b = constant_bias(init, kB, m, "bias B");
     requant_ = make_requant(node_, q_, m, b);
+    const int w_max = max_abs_int8(w_);
+    compute_ = resolve_compute(q_.compute, w_max);
     if (compute_ == Compute::kInt8) {
-      weights_ = PackedConstant(w_, weights_md(dt::s8, memory::format_tag::undef));
-      if (b) bias_ = Tensor::from_vector<float>({m}, requant_.bias);
+      int8_.weights = PackedConstant(w_, weights_md(dt::s8, memory::format_tag::undef));
+      int8_.requant = requant_;
+      if (b) int8_.set_bias(m);
+      if (!cpu_has_exact_int8_dot() && w_max <= kMaxExactWeightWithoutVnni) {
+        // Without VNNI oneDNN halves the weights of s8-src convolutions (rounding odd ones): give it
+        // 2*w, exactly halved back, with half the weight scale.
+        Tensor doubled(DType::kInt8, w_.shape());
+        for (int64_t i = 0; i < w_.numel(); ++i) doubled.data<int8_t>()[i] = static_cast<int8_t>(2 * w_.data<int8_t>()[i]);
+        QLinearAttrs half = q_;
+        for (float& s : half.w_scale) s *= 0.5f;
+        int8_s8_src_.emplace();
+        int8_s8_src_->weights = PackedConstant(doubled, weights_md(dt::s8, memory::format_tag::undef));
+        int8_s8_src_->requant = make_requant(node_, half, m, b);
+        if (b) int8_s8_src_->set_bias(m);
+      }
     } else {
       // Fold the per-channel multiplier into float weights and bias (see the header comment).
       Tensor wf(DType::kFloat32, w_.shape());
@@ -70,14 +87,13 @@ class QConvKernel final : public Kernel {
       float* dst = wf.data<float>();
       for (int64_t c = 0; c < m; ++c)
         for (int64_t i = 0; i < per; ++i) dst[c * per + i] = static_cast<float>(src[c * per + i]) * requant_.multiplier[c];
-      weights_ = PackedConstant(wf, weights_md(dt::f32, memory::format_tag::undef));
+      f32_.weights = PackedConstant(wf, weights_md(dt::f32, memory::format_tag::undef));
       if (b) {
-        bias_ = Tensor(DType::kFloat32, {m});
-        for (int64_t c = 0; c < m; ++c) bias_.data<float>()[c] = requant_.bias[c] * requant_.multiplier[c];
+        f32_.bias = Tensor(DType::kFloat32, {m});
+        for (int64_t c = 0; c < m; ++c) f32_.bias.data<float>()[c] = requant_.bias[c] * requant_.multiplier[c];
+        f32_.bias_mem = memory({{m}, dt::f32, memory::format_tag::a}, dnnl_engine(), f32_.bias.raw());
       }
     }
-    if (bias_.defined())
-      bias_mem_ = memory({{m}, dt::f32, memory::format_tag::a}, dnnl_engine(), bias_.raw());
   }
 
   void run(KernelContext& ctx) override {
@@ -166,13 +182,16 @@ class QConvKernel final : public Kernel {
     p.prim.dst_user = plain_md(p.prim.out_shape, dnnl_type(q_.y_type));
 
     const bool int8 = compute_ == Compute::kInt8;
+    // What the primitive multiplies: the int8 weights (doubled for s8 sources without VNNI) or
+    // the multiplier-folded float ones.
+    PrimitiveWeights& pw = !int8 ? f32_ : (x_type == DType::kInt8 && int8_s8_src_) ? *int8_s8_src_ : int8_;
     const auto any = memory::format_tag::any;
     const memory::desc src_md(to_dnnl_dims(xs), int8 ? dnnl_type(x_type) : dt::f32, any);
     const memory::desc dst_md(to_dnnl_dims(p.prim.out_shape), int8 ? dnnl_type(q_.y_type) : dt::f32, any);
     const memory::desc wei_md = weights_md(int8 ? dt::s8 : dt::f32, any);
     dnnl::primitive_attr attr;
     if (int8) {
-      attr = make_attr(q_, requant_, 1 << 1);
+      attr = make_attr(q_, pw.requant, 1 << 1);
       if (q_.x_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
     } else {
       attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -195,8 +214,8 @@ class QConvKernel final : public Kernel {
     try {
       const auto pk = dnnl::prop_kind::forward_inference;
       const auto alg = dnnl::algorithm::convolution_direct;
-      const cf::desc d = bias_.defined()
-                             ? cf::desc(pk, alg, src_md, wei_md, bias_mem_.get_desc(), dst_md, g.strides, g.dilations,
+      const cf::desc d = pw.bias.defined()
+                             ? cf::desc(pk, alg, src_md, wei_md, pw.bias_mem.get_desc(), dst_md, g.strides, g.dilations,
                                         g.pad_begin, g.pad_end)
                              : cf::desc(pk, alg, src_md, wei_md, dst_md, g.strides, g.dilations, g.pad_begin, g.pad_end);
       const cf::primitive_desc pd(d, attr, dnnl_engine());
@@ -205,7 +224,7 @@ class QConvKernel final : public Kernel {
       p.out_layout = dnnl_kernels::output_layout_for(dnnl_kernels::retyped_layout(chosen, q_.y_type)->desc,
                                                      p.prim.out_shape, q_.y_type, out_blocked);
       if (p.out_layout) p.prim.dst_user = p.out_layout->desc;
-      p.prim.finish<cf::primitive_desc, cf>(pd, weights_.get(pd.weights_desc()), bias_mem_, q_.x_zero_point,
+      p.prim.finish<cf::primitive_desc, cf>(pd, pw.weights.get(pd.weights_desc()), pw.bias_mem, q_.x_zero_point,
                                             int8 ? PrimitivePlan::ZeroPointAt::kPrimitive
                                                  : PrimitivePlan::ZeroPointAt::kSrcReorder);
       if (sum) p.prim.bind_sum(dnnl_kernels::input_desc(sum_layout, sum->shape()));
@@ -221,10 +240,20 @@ class QConvKernel final : public Kernel {
   WindowAttrs window_;
   int64_t group_ = 1;
   Tensor w_;        // s8, ONNX layout (the reference reads it)
-  Requant requant_;
-  PackedConstant weights_;
-  Tensor bias_;     // what the primitive adds (B' for kInt8, M*B' for kF32)
-  memory bias_mem_;
+  Requant requant_;  // of the ONNX weights w_ (the reference path)
+  // Weights, requantization and bias (B' for kInt8, M*B' for kF32) as one primitive takes them.
+  struct PrimitiveWeights {
+    PackedConstant weights;
+    Requant requant;
+    Tensor bias;
+    memory bias_mem;
+    void set_bias(int64_t m) {
+      bias = Tensor::from_vector<float>({m}, requant.bias);
+      bias_mem = memory({{m}, dt::f32, memory::format_tag::a}, dnnl_engine(), bias.raw());
+    }
+  };
+  PrimitiveWeights int8_, f32_;
+  std::optional<PrimitiveWeights> int8_s8_src_;  // kInt8 without VNNI, s8 sources: 2*w
   PlanCache<ConvPlan> plans_;
 };
 

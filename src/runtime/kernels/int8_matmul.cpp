@@ -40,7 +40,6 @@ class QLinearMatMulKernel final : public Kernel {
   // gemm: QGemm semantics (transA/transB/alpha/beta); otherwise QMatMul.
   QLinearMatMulKernel(const KernelInit& init, bool gemm) : node_(init.node), gemm_(gemm) {
     q_ = QLinearAttrs::parse(node_);
-    compute_ = resolve_compute(q_.compute);
     float alpha = 1.f, beta = 1.f;
     if (gemm_) {
       trans_x_ = node_.attr_int("transA", 0) != 0;
@@ -51,6 +50,7 @@ class QLinearMatMulKernel final : public Kernel {
     if (!gemm_ && !init.node.input(kW).empty() && !init.constant_input(kW)) {
       // Activation x activation: one scale for the whole w_q, no bias (the selector adds none).
       runtime_w_ = true;
+      compute_ = resolve_compute(q_.compute, -1);  // run-time weights may use the full s8 range
       if (q_.w_scale.size() != 1)
         fail(ErrorKind::kInvalidModel, node_.describe() + ": a run-time w_q needs one w_scale, got " +
                                            std::to_string(q_.w_scale.size()));
@@ -60,6 +60,7 @@ class QLinearMatMulKernel final : public Kernel {
       return;
     }
     w_ = require_constant_weight(init, kW);
+    compute_ = resolve_compute(q_.compute, max_abs_int8(w_));
     if (w_.rank() != 2)
       fail(ErrorKind::kUnsupported, node_.describe() + ": the weight must be 2-D, got shape " + shape_str(w_.shape()));
     k_ = trans_w_ ? w_.dim(1) : w_.dim(0);
