@@ -250,7 +250,7 @@ Action register_analyze(CLI::App& app) {
   cmd->add_option("--batch-nums", a->batch_nums, "calibration batches (0 = the whole data set)")->capture_default_str();
   cmd->add_option("--weight-quantize-type", a->weight_type, "abs_max, channel_wise_abs_max, mse_channel_wise");
   cmd->add_option("--weight-bits", a->weight_bits,
-                  "weight bits, 2..8 (default 8); 7 makes INT8 exact and fast on CPUs without VNNI");
+                  "weight bits, 2..8 (default: 8 on CPUs with VNNI, else 7, which lets INT8 run int8 kernels)");
   cmd->add_option("--quantizable-op-type", a->op_types, "op types to quantize, e.g. Conv,MatMul,Gemm");
   cmd->add_flag("--is-full-quantize", a->full, "also quantize pooling, Add, Concat, Softmax, Reshape, ...");
   cmd->add_option("--skip-tensor-list", a->skip_tensors, "tensors whose readers/writers stay float (a,b,...)");
@@ -286,7 +286,7 @@ Action register_analyze(CLI::App& app) {
     if (!a->algo.empty()) config.global().activation = a->algo;
     if (!a->weight_type.empty()) config.global().weight = a->weight_type;
     if (a->hist_percent > 0) config.observer_options.hist_percent = a->hist_percent;
-    if (a->weight_bits > 0) config.observer_options.weight_bits = a->weight_bits;
+    if (a->weight_bits > 0) config.weight_bits = a->weight_bits;
     if (!a->op_types.empty()) config.quantizable_op_type = split_list(a->op_types);
     if (a->full) config.is_full_quantize = true;
     for (const auto& t : split_list(a->skip_tensors)) config.skip_tensor_list.push_back(t);

@@ -38,7 +38,7 @@ Action register_quantize(CLI::App& app) {
   cmd->add_option("--batch-nums", a->batch_nums, "calibration batches (0 = the whole data set)")->capture_default_str();
   cmd->add_option("--weight-quantize-type", a->weight_type, "abs_max, channel_wise_abs_max, mse_channel_wise");
   cmd->add_option("--weight-bits", a->weight_bits,
-                  "weight bits, 2..8 (default 8); 7 makes INT8 exact and fast on CPUs without VNNI");
+                  "weight bits, 2..8 (default: 8 on CPUs with VNNI, else 7, which lets INT8 run int8 kernels)");
   cmd->add_option("--quantizable-op-type", a->op_types, "op types to quantize, e.g. Conv,MatMul,Gemm");
   cmd->add_flag("--is-full-quantize", a->full, "also quantize pooling, Add, Concat, Softmax, Reshape, ...");
   cmd->add_option("--skip-tensor-list", a->skip_tensors, "tensors whose readers/writers stay float (a,b,...)");
@@ -70,7 +70,7 @@ Action register_quantize(CLI::App& app) {
     if (!a->algo.empty()) config.global().activation = a->algo;
     if (!a->weight_type.empty()) config.global().weight = a->weight_type;
     if (a->hist_percent > 0) config.observer_options.hist_percent = a->hist_percent;
-    if (a->weight_bits > 0) config.observer_options.weight_bits = a->weight_bits;
+    if (a->weight_bits > 0) config.weight_bits = a->weight_bits;
     if (!a->op_types.empty()) config.quantizable_op_type = split_list(a->op_types);
     if (a->full) config.is_full_quantize = true;
     for (const auto& t : split_list(a->skip_tensors)) config.skip_tensor_list.push_back(t);
@@ -105,8 +105,11 @@ Action register_quantize(CLI::App& app) {
     const ir::Graph& model = ptq.float_graph();
     const auto& rep = ptq.report();
     const double calib_seconds = rep.seconds;
+    const int weight_bits = config.effective_weight_bits();
     std::cout << "quantized " << ptq.ptq().layers().size() << " layers (" << config.global().activation << ", "
-              << config.global().weight << ") from " << rep.batches << " batches of " << batch_size << " in "
+              << config.global().weight << ", " << weight_bits << "-bit weights"
+              << (config.weight_bits == 0 ? weight_bits == 8 ? ": auto, this CPU has VNNI" : ": auto, 7 lets this CPU (no VNNI) run int8 kernels" : "")
+              << ") from " << rep.batches << " batches of " << batch_size << " in "
               << std::fixed << std::setprecision(2) << calib_seconds << " s";
     if (rep.resumed_batches) std::cout << " (" << rep.resumed_batches << " batches resumed from the cache)";
     std::cout << " -> " << a->output << std::endl;
@@ -119,6 +122,7 @@ Action register_quantize(CLI::App& app) {
     nlohmann::json j{{"layers", ptq.ptq().layers().size()},
                      {"calib_seconds", calib_seconds},
                      {"calib_batches", rep.batches},
+                     {"weight_bits", weight_bits},
                      {"output", a->output},
                      {"fp32_bytes", fp32_bytes},
                      {"int8_bytes", int8_bytes}};

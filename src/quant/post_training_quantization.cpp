@@ -60,7 +60,7 @@ QuantConfig PostTrainingQuantization::make_config() const {
   c.quantizable_op_type = options_.quantizable_op_type;
   c.is_full_quantize = options_.is_full_quantize;
   c.observer_options.hist_percent = options_.hist_percent;
-  c.observer_options.weight_bits = options_.weight_bits;
+  c.weight_bits = options_.weight_bits;
   c.skip_tensor_list = options_.skip_tensor_list;
   c.skip_quant = options_.skip_quant;
   c.asymmetric_activations = options_.asymmetric_activations;

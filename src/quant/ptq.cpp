@@ -222,6 +222,7 @@ QuantParams PTQ::activation_params(const std::string& tensor) const {
 std::unique_ptr<Observer> PTQ::weight_observer(const Layer& layer) const {
   ObserverOptions options = config_.observer_options;
   options.channel_axis = layer.weight_axis;
+  options.weight_bits = config_.effective_weight_bits();
   auto obs = make_weight_observer(layer.weight_observer, options);
   obs->observe(*float_graph_.initializer(layer.weight));
   return obs;
@@ -269,7 +270,9 @@ ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) 
     }
   }
 
-  return write_qdq_graph(float_graph_, chosen, act, [this](const Layer& l) { return weight_params(l); });
+  ir::Graph out = write_qdq_graph(float_graph_, chosen, act, [this](const Layer& l) { return weight_params(l); });
+  out.metadata["slimquant.weight_bits"] = std::to_string(config_.effective_weight_bits());
+  return out;
 }
 
 }  // namespace slimquant::quant

@@ -1,5 +1,7 @@
 #include "slimquant/quant/quant_config.h"
 
+#include "runtime/kernels/int8_common.h"
+
 #include <fnmatch.h>
 #include <yaml-cpp/yaml.h>
 
@@ -72,10 +74,15 @@ const OpQuantSpec* QuantConfig::spec_for(const ir::Node& node) const {
   return spec;
 }
 
+int QuantConfig::effective_weight_bits() const {
+  if (weight_bits != 0) return weight_bits;
+  return runtime::int8::cpu_has_exact_int8_dot() ? 8 : 7;
+}
+
 void QuantConfig::validate() const {
-  if (observer_options.weight_bits < 2 || observer_options.weight_bits > 8)
+  if (weight_bits != 0 && (weight_bits < 2 || weight_bits > 8))
     fail(ErrorKind::kInvalidArgument,
-         "weight_bits must be in [2, 8] (got " + std::to_string(observer_options.weight_bits) + ")");
+         "weight_bits must be in [2, 8] (got " + std::to_string(weight_bits) + ")");
   for (const auto& t : quantizable_op_type) {
     for (const auto& o : onnx_op_types_for(t)) {
       if (builtin_op_specs().count(o) || custom_specs_.count(o)) continue;
@@ -126,7 +133,7 @@ std::string QuantConfig::fingerprint() const {
   os << "|skipq:";
   for (const auto& t : skip_quant) os << t << ',';
   os << "|asym:" << asymmetric_activations << "|hist:" << observer_options.hist_percent << ',' << observer_options.bins
-     << "|wbits:" << observer_options.weight_bits;
+     << "|wbits:" << effective_weight_bits();
   for (const auto& [op, spec] : custom_specs_) os << "|custom:" << op;
   return os.str();
 }
@@ -198,7 +205,7 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
       else if (key == "weight_quantize_type") cfg.global().weight = v.as<std::string>();
       else if (key == "hist_percent") cfg.observer_options.hist_percent = v.as<float>();
       else if (key == "bins") cfg.observer_options.bins = v.as<int>();
-      else if (key == "weight_bits") cfg.observer_options.weight_bits = v.as<int>();
+      else if (key == "weight_bits") cfg.weight_bits = v.as<int>();
       else if (key == "quantizable_op_type") cfg.quantizable_op_type = string_list(v, key);
       else if (key == "is_full_quantize") cfg.is_full_quantize = v.as<bool>();
       else if (key == "skip_tensor_list") cfg.skip_tensor_list = string_list(v, key);
@@ -228,6 +235,9 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
   }
   make_activation_observer(cfg.global().activation);
   make_weight_observer(cfg.global().weight, cfg.observer_options);
+  if (cfg.weight_bits != 0 && (cfg.weight_bits < 2 || cfg.weight_bits > 8))
+    fail(ErrorKind::kInvalidArgument, "config file '" + path + "': weight_bits must be in [2, 8] (got " +
+                                          std::to_string(cfg.weight_bits) + ")");
   return cfg;
 }
 

@@ -138,7 +138,9 @@ TEST(LayerStatistics, TwoMatMulsMatchDirectComputation) {
   mm2.outputs = {"y"};
   g.nodes = {mm1, mm2};
 
-  quant::PTQ ptq(quant::QuantConfig(quant::QuantRule{"abs_max", "channel_wise_abs_max", true}));
+  quant::QuantConfig config(quant::QuantRule{"abs_max", "channel_wise_abs_max", true});
+  config.weight_bits = 8;  // the closed forms below use 127 levels
+  quant::PTQ ptq(config);
   ptq.quantize(g);
   ASSERT_EQ(ptq.layers().size(), 2u);
   VectorDataset ds(rows);
@@ -220,7 +222,9 @@ TEST(LayerStatistics, LosslessQuantizationIsInfiniteSqnr) {
   std::vector<std::vector<float>> rows;
   for (int k = -127; k <= 127; k += 9) rows.push_back({k / 128.f, static_cast<float>((127 - k) / 2) / 128});
   rows.push_back({127.f / 128, 0.f});
-  quant::PTQ ptq(quant::QuantConfig(quant::QuantRule{"abs_max", "channel_wise_abs_max", true}));
+  quant::QuantConfig config(quant::QuantRule{"abs_max", "channel_wise_abs_max", true});
+  config.weight_bits = 8;  // the closed forms below use 127 levels
+  quant::PTQ ptq(config);
   ptq.quantize(g);
   VectorDataset ds(rows);
   for (const auto& b : data::BatchLoader(ds, 16)) ptq.sample(b.inputs);

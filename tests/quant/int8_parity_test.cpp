@@ -41,7 +41,7 @@ class Int8Parity : public ::testing::TestWithParam<ParityCase> {};
 TEST_P(Int8Parity, IntegerExecutionMatchesSimulationOnTheTestSet) {
   const std::string model = GetParam().model;
   quant::QuantConfig config;
-  config.observer_options.weight_bits = GetParam().weight_bits;
+  config.weight_bits = GetParam().weight_bits;
   quant::PTQ ptq(config);
   ptq.quantize(ir::load_onnx(test::fixture_model(model)));
   {

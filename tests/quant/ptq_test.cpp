@@ -74,7 +74,7 @@ TEST(QuantConfig, YamlUsesSourceParameterNamesAndRejectsTypos) {
     EXPECT_NE(std::string(e.what()).find("'algoo'"), std::string::npos) << e.what();
   }
   std::ofstream(tmp.path("bits.yaml")) << "weight_bits: 7\n";
-  EXPECT_EQ(quant::load_quant_config_yaml(tmp.path("bits.yaml")).observer_options.weight_bits, 7);
+  EXPECT_EQ(quant::load_quant_config_yaml(tmp.path("bits.yaml")).weight_bits, 7);
   std::ofstream(tmp.path("badbits.yaml")) << "weight_bits: 12\n";
   EXPECT_THROW(quant::load_quant_config_yaml(tmp.path("badbits.yaml")), Error);
   std::ofstream(tmp.path("badalgo.yaml")) << "algo: fancy\n";
@@ -93,7 +93,7 @@ TEST(Ptq, WeightQuantizationIsPerChannelRoundHalfEvenSaturating) {
 
 TEST(Ptq, SevenBitWeightsStayWithinPlusMinus63AndLowerToExactInt8) {
   quant::QuantConfig cfg;
-  cfg.observer_options.weight_bits = 7;
+  cfg.weight_bits = 7;
   quant::PTQ ptq(cfg);
   ptq.quantize(ir::load_onnx(test::fixture_model("resnet_small")));
   data::DataOptions o;
@@ -114,7 +114,7 @@ TEST(Ptq, SevenBitWeightsStayWithinPlusMinus63AndLowerToExactInt8) {
   EXPECT_EQ(weights, 17);  // 16 Conv + Gemm
   EXPECT_GT(at_63, 0);     // each channel's max |w| maps to 63
   quant::QuantConfig bad;
-  bad.observer_options.weight_bits = 9;
+  bad.weight_bits = 9;
   EXPECT_THROW(quant::PTQ(bad).quantize(ir::load_onnx(test::fixture_model("resnet_small"))), Error);
 }
 

@@ -43,7 +43,13 @@ class QuantConfig {
   std::vector<std::string> skip_quant;
   // Activations: asymmetric u8 instead of symmetric s8 / u8-with-zero-point-0.
   bool asymmetric_activations = false;
-  ObserverOptions observer_options;
+  // Weight bits (`weight_bits`), 2..8; 0 = auto: 8 where the CPU has exact int8 dot products
+  // (VNNI), else 7, the widest that oneDNN's int8 kernels multiply exactly without VNNI, so that the
+  // INT8 model runs on int8 kernels instead of the f32 path (docs/int8_execution.md). The value
+  // used is recorded in the model's metadata (slimquant.weight_bits).
+  int weight_bits = 0;
+  int effective_weight_bits() const;
+  ObserverOptions observer_options;  // weight_bits there is set from the above per weight
 
   QuantRule& global() { return global_; }
   const QuantRule& global() const { return global_; }
