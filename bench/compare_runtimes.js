@@ -5,13 +5,14 @@
 // process that ran it) and model file sizes.
 //
 //   node bench/compare_runtimes.js [--runs 50] [--rounds 3] [--models resnet_small,...] [--int8-dir DIR]
+//                                  [--weight-bits 8|7] (default: quantize's auto)
 //
 // Each cell is timed in its own process (slimquant: build/slimquant_latency, in-process timing of
 // Session::run; ORT: a worker running session.run), so max RSS is per configuration. Wall-clock
 // and CPU-time medians are both reported: on a busy shared machine the wall time includes
 // preemption, the process CPU time per run does not. The machine is
 // shared and noisy: every configuration is measured --rounds times, interleaving slimquant and
-// ORT, and the smallest of the round medians is reported. INT8 models are made once with
+// ORT, and the smallest of the round medians is reported. INT8 models are made with
 // `slimquant quantize` (10 calibration batches of 32 Fashion-MNIST training images) into --int8-dir.
 const { execFileSync } = require('child_process');
 const fs = require('fs');
@@ -65,13 +66,14 @@ function slimquantLatency(modelPath, shape, runs) {
   return { median_ms: r.median_ms, cpu_median_ms: r.cpu_median_ms, max_rss_kb: rss };
 }
 
-function ensureInt8(name, fp32, int8Dir) {
+// Quantized afresh every time (a fraction of a second): a model left from an older build or other
+// settings would silently measure something else.
+function makeInt8(name, fp32, int8Dir, weightBits) {
   const file = path.join(int8Dir, name + '.int8.onnx');
-  if (!fs.existsSync(file)) {
-    fs.mkdirSync(int8Dir, { recursive: true });
-    execFileSync(cli, ['--quiet', 'quantize', fp32, 'fashion-mnist:train', '--batch-nums', '10', '-o', file, '--no-eval'],
-      { stdio: 'inherit' });
-  }
+  fs.mkdirSync(int8Dir, { recursive: true });
+  const args = ['--quiet', 'quantize', fp32, 'fashion-mnist:train', '--batch-nums', '10', '-o', file, '--no-eval'];
+  if (weightBits) args.push('--weight-bits', weightBits);
+  execFileSync(cli, args, { stdio: 'inherit' });
   return file;
 }
 
@@ -83,7 +85,7 @@ async function main() {
   const cells = [];
   for (const name of models) {
     const fp32 = path.join(root, 'tests/fixtures/models', name + '.onnx');
-    const int8 = ensureInt8(name, fp32, int8Dir);
+    const int8 = makeInt8(name, fp32, int8Dir, opt('--weight-bits', ''));
     for (const batch of [1, 32])
       for (const [kind, file] of [['FP32', fp32], ['INT8', int8]])
         cells.push({ model: name, kind, batch, file, size: fs.statSync(file).size, sq: [], ort: [] });
