@@ -120,14 +120,11 @@ void PTQ::quantize(const ir::Graph& float_graph) {
   for (const auto& [tensor, obs] : observers_) identity += '\x1f' + tensor + '=' + obs->name();
   fingerprint_ = fnv1a_hex(identity);
 
-  runtime::SessionOptions options;
-  // Fusions stay on: they never fuse away a value listed in RunOptions::observe, and sample()
-  // lists every observed tensor, so calibration sees exactly what it needs at inference speed.
-  // Plain layouts: blocked ones round differently depending on which values are requested, and
-  // the same tensor must calibrate to the same scale whatever else is quantized or skipped (a
-  // skip list found by the analysis has to reproduce its model exactly).
-  options.blocked_layouts = false;
-  session_ = std::make_unique<runtime::Session>(float_graph_, options);
+  // Inference settings (fusions, blocked layouts): fusions never fuse away a value listed in
+  // RunOptions::observe, and observing does not change layouts (only requested outputs are forced
+  // plain, and sample() requests none), so a tensor calibrates to the same scale whatever else is
+  // quantized or skipped (a skip list found by the analysis reproduces its model exactly).
+  session_ = std::make_unique<runtime::Session>(float_graph_);
 }
 
 void PTQ::sample(const std::map<std::string, Tensor>& feeds) {
@@ -136,6 +133,9 @@ void PTQ::sample(const std::map<std::string, Tensor>& feeds) {
   std::vector<std::string> wanted;
   for (const auto& [name, obs] : observers_) wanted.push_back(name);
   run.observe = wanted;  // seen by the hook, then released: memory stays that of inference
+  // Every activation observer depends only on each sample's multiset of values, so blocked
+  // activations are observed in place, without a plain copy.
+  run.observe_in_any_layout = true;
   run.on_value = [&](const std::string& name, const Tensor& value) {
     auto it = observers_.find(name);
     if (it == observers_.end()) return;

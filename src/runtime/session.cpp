@@ -233,6 +233,21 @@ int fuse_matmul_bias_gelu(ir::Graph& g, const std::set<std::string>& keep) {
   return fused;
 }
 
+// True when a blocked layout keeps every sample (slice along axis 0) contiguous and unpadded, at
+// the place the plain layout has it: each sample's elements are then only permuted.
+bool samples_stay_contiguous(const Layout& layout) {
+  const dnnl_memory_desc_t& d = layout.desc.data;
+  if (d.format_kind != dnnl_blocked || d.ndims < 1 || d.offset0 != 0) return false;
+  int64_t per_sample = 1;
+  for (int i = 0; i < d.ndims; ++i) {
+    if (d.padded_dims[i] != d.dims[i] || d.padded_offsets[i] != 0) return false;
+    if (i > 0) per_sample *= d.dims[i];
+  }
+  for (int k = 0; k < d.format_desc.blocking.inner_nblks; ++k)
+    if (d.format_desc.blocking.inner_idxs[k] == 0) return false;
+  return d.format_desc.blocking.strides[0] == per_sample;
+}
+
 // How a step treats non-plain (blocked) layouts.
 enum class LayoutRole {
   kPlain,        // every input must be plain (converted if needed), outputs are plain
@@ -479,7 +494,7 @@ class Plan {
   }
 
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& feeds, const ValueHook& hook,
-                                    BufferPool& pool) {
+                                    bool hook_any_layout, BufferPool& pool) {
     ++runs_;
     std::vector<Tensor> values(slots_.size());
     std::vector<LayoutPtr> layouts(slots_.size());
@@ -543,7 +558,9 @@ class Plan {
         else if (passthrough && values[slot].defined())
           layouts[slot] = dnnl_kernels::retyped_layout(*passthrough, values[slot].dtype());
         if (hook && values[slot].defined())
-          hook(slot_names_[slot], layouts[slot] ? dnnl_kernels::to_plain(values[slot], *layouts[slot]) : values[slot]);
+          hook(slot_names_[slot], !layouts[slot] || (hook_any_layout && samples_stay_contiguous(*layouts[slot]))
+                                      ? values[slot]
+                                      : dnnl_kernels::to_plain(values[slot], *layouts[slot]));
       }
       for (int r : step.release) {
         values[r] = Tensor();
@@ -698,7 +715,7 @@ std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& 
     it = plans_.end() - 1;
   }
   if (options_.num_threads > 0) omp_set_num_threads(options_.num_threads);
-  return (*it)->plan->run(feeds, options.on_value, *(*it)->pool);
+  return (*it)->plan->run(feeds, options.on_value, options.observe_in_any_layout, *(*it)->pool);
 }
 
 Tensor Session::run_single(const Tensor& input) {

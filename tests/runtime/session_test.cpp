@@ -76,6 +76,48 @@ TEST(Session, ObservedValuesReachTheHookButAreNotReturned) {
   EXPECT_LE(max_abs_diff(out.at("logits"), reference.at("logits")), 1e-4f);
 }
 
+// Observing in any layout hands blocked values over uncopied: per sample, the same multiset of
+// values as the plain copy (what calibration observers rely on), in another order.
+TEST(Session, ObservingInAnyLayoutGivesEachSamplePermuted) {
+  runtime::Session session(ir::load_onnx(test::fixture_model("resnet_small")));
+  std::vector<std::string> convs;
+  for (const auto& n : session.graph().nodes)
+    if (n.op_type == "Conv") convs.push_back(n.outputs[0]);
+  const Tensor one = fixture_input();
+  // Two different samples, so that a layout mixing samples would show.
+  Tensor batch(DType::kFloat32, {2, one.dim(1), one.dim(2), one.dim(3)});
+  const int64_t per = one.numel() / one.dim(0);
+  for (int64_t i = 0; i < per; ++i) {
+    batch.data<float>()[i] = one.data<float>()[i];
+    batch.data<float>()[per + i] = one.data<float>()[per * (one.dim(0) - 1) + i];
+  }
+  auto collect = [&](bool any_layout) {
+    std::map<std::string, Tensor> seen;
+    runtime::RunOptions o;
+    o.observe = convs;
+    o.observe_in_any_layout = any_layout;
+    o.on_value = [&](const std::string& name, const Tensor& t) { seen[name] = t.clone(); };
+    session.run({{"input", batch}}, o);
+    return seen;
+  };
+  const auto plain = collect(false), any = collect(true);
+  int permuted = 0;
+  for (const auto& name : convs) {
+    const Tensor &p = plain.at(name), &a = any.at(name);
+    ASSERT_EQ(p.shape(), a.shape()) << name;
+    const int64_t n = p.numel() / p.dim(0);
+    for (int64_t s = 0; s < p.dim(0); ++s) {
+      std::vector<float> ps(p.data<float>() + s * n, p.data<float>() + (s + 1) * n);
+      std::vector<float> as(a.data<float>() + s * n, a.data<float>() + (s + 1) * n);
+      permuted += ps != as;
+      std::sort(ps.begin(), ps.end());
+      std::sort(as.begin(), as.end());
+      EXPECT_EQ(ps, as) << name << " sample " << s;
+    }
+  }
+  EXPECT_GT(permuted, 0) << "no blocked value was handed over as is";
+}
+
 TEST(Session, DownstreamRunFromFedIntermediateMatchesFullRun) {
   runtime::SessionOptions options;
   options.fuse_activations = false;

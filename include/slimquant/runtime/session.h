@@ -42,6 +42,11 @@ struct RunOptions {
   // being returned: unlike outputs they are released after their last reader, so observing many
   // values costs no memory or allocations (calibration).
   std::vector<std::string> observe;
+  // on_value may receive a value held in a blocked layout as is (no plain copy): the same shape
+  // and dtype, but each slice along axis 0 (each sample) holds that sample's elements in another
+  // order. Only for observers that depend on each sample's multiset of values, such as every
+  // calibration observer; values whose layout would mix samples or pad still arrive plain.
+  bool observe_in_any_layout = false;
 };
 
 class Plan;

@@ -1,5 +1,6 @@
 // Observer base class, the scheme arithmetic, and the factories.
 #include <algorithm>
+#include <cstring>
 #include <cctype>
 #include <cmath>
 #include <limits>
@@ -21,20 +22,44 @@ const char* scheme_name(QuantScheme s) {
 namespace detail {
 
 ScanResult scan_min_max(const float* p, int64_t n) {
-  // `v - v` is 0 for finite values and NaN for NaN/Inf, so one sum detects both. The simd
-  // reductions let the compiler keep vector accumulators in registers (min/max reassociate
-  // exactly; the order of the check sum does not matter).
-  float mn = std::numeric_limits<float>::infinity();
-  float mx = -std::numeric_limits<float>::infinity();
-  float check = 0.0f;
-#pragma omp simd reduction(min : mn) reduction(max : mx) reduction(+ : check)
-  for (int64_t i = 0; i < n; ++i) {
+  // `v - v` is 0 for finite values and NaN for NaN/Inf, so one sum detects both. Four 4-lane
+  // accumulators per quantity (GCC/Clang vector extensions, one SSE register each) keep several
+  // min/max chains in flight: with one accumulator the loop waits on each instruction's latency,
+  // and this scan is a large part of calibration's cost beyond inference. min/max reassociate
+  // exactly and the order of the check sum does not matter.
+  using V = float __attribute__((vector_size(16)));
+  constexpr int kAcc = 4, kStep = 4 * kAcc;
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  V mn[kAcc], mx[kAcc], ck[kAcc];
+  for (int a = 0; a < kAcc; ++a) {
+    mn[a] = V{kInf, kInf, kInf, kInf};
+    mx[a] = -mn[a];
+    ck[a] = V{};
+  }
+  int64_t i = 0;
+  for (; i + kStep <= n; i += kStep) {
+    for (int a = 0; a < kAcc; ++a) {
+      V v;
+      std::memcpy(&v, p + i + 4 * a, sizeof(V));
+      mn[a] = v < mn[a] ? v : mn[a];
+      mx[a] = v > mx[a] ? v : mx[a];
+      ck[a] += v - v;
+    }
+  }
+  float lo = kInf, hi = -kInf, check = 0.0f;
+  for (int a = 0; a < kAcc; ++a)
+    for (int l = 0; l < 4; ++l) {
+      lo = mn[a][l] < lo ? mn[a][l] : lo;
+      hi = mx[a][l] > hi ? mx[a][l] : hi;
+      check += ck[a][l];
+    }
+  for (; i < n; ++i) {
     const float v = p[i];
-    mn = v < mn ? v : mn;
-    mx = v > mx ? v : mx;
+    lo = v < lo ? v : lo;
+    hi = v > hi ? v : hi;
     check += v - v;
   }
-  return ScanResult{mn, mx, !std::isnan(check)};
+  return ScanResult{lo, hi, !std::isnan(check)};
 }
 
 AffineGrid affine_grid(double lo, double hi, QuantScheme scheme, int bits) {
