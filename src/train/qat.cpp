@@ -155,6 +155,7 @@ void QAT::prepare(const ir::Graph& float_graph, const data::Dataset* calib) {
       const std::string name = rule.weight_quanter.empty() ? options_.weight_quanter : rule.weight_quanter;
       QuanterInit init;
       init.is_weight = true;
+      init.bits = config_.effective_weight_bits();
       init.channel_axis = layer.weight_axis;
       init.initial_weight = p->value.clone();
       auto q = make_quanter(name, init, layer.weight);
@@ -323,7 +324,9 @@ ir::Graph QAT::convert() {
   };
   quant::QdqExportOptions eo;
   eo.rewire_all_readers = true;  // the training graph's quanter fed every reader of the tensor
-  return quant::write_qdq_graph(trained, chosen, act, weight_params, eo);
+  ir::Graph out = quant::write_qdq_graph(trained, chosen, act, weight_params, eo);
+  out.metadata["slimquant.weight_bits"] = std::to_string(config_.effective_weight_bits());
+  return out;
 }
 
 ir::Graph QAT::ptq_graph() const {

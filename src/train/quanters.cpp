@@ -7,7 +7,6 @@ namespace slimquant::train {
 
 namespace {
 
-constexpr int kWeightQmax = 127;  // s8 weights stay in [-127, 127], as PTQ writes them
 constexpr float kMovingRate = 0.9f;
 
 Parameter make_param(const std::string& name, Shape shape, float value) {
@@ -114,8 +113,13 @@ void check_quanter_name(const std::string& name, bool is_weight) { canonical_qua
 
 std::unique_ptr<Quanter> make_quanter(const std::string& name, const QuanterInit& init, const std::string& prefix) {
   const std::string n = canonical_quanter(name, init.is_weight);
-  SQ_CHECK(init.bits == 8, ErrorKind::kUnsupported,
-           "quanter '" + name + "': only 8-bit quantization is exported, got " + std::to_string(init.bits) + " bits");
+  if (init.is_weight)
+    SQ_CHECK(init.bits >= 2 && init.bits <= 8, ErrorKind::kInvalidArgument,
+             "weight quanter '" + name + "': bits must be in [2, 8], got " + std::to_string(init.bits));
+  else
+    SQ_CHECK(init.bits == 8, ErrorKind::kUnsupported,
+             "activation quanter '" + name + "': only 8-bit activations are exported, got " + std::to_string(init.bits) +
+                 " bits");
   if (n == "pact") return std::make_unique<PACTQuanter>(init, prefix);
   if (n == "lsq_plus") {
     if (init.is_weight) return std::make_unique<WeightLSQplusQuanter>(init, prefix);
@@ -154,7 +158,7 @@ std::vector<Tensor> PACTQuanter::forward(const std::vector<Tensor>& inputs, bool
     initialised_ = true;
   }
   alpha = std::max(alpha, quant::kMinScale);  // an optimizer step must not make the clip negative
-  const float qmax = signed_ ? 127.0f : 255.0f;
+  const float qmax = !signed_ ? 255.0f : init_.is_weight ? weight_qmax() : 127.0f;
   const float lo = signed_ ? -alpha : 0.0f;
   const float s = alpha / qmax;
   Tensor y(DType::kFloat32, x.shape());
@@ -202,7 +206,8 @@ quant::QuantParams PACTQuanter::export_params() const {
     return signed_ ? per_tensor_params(quant::QuantDType::kS8, alpha / 127.0f, 0)
                    : per_tensor_params(quant::QuantDType::kU8, alpha / 255.0f, 0);
   }
-  quant::QuantParams p = per_tensor_params(quant::QuantDType::kS8, alpha / 127.0f, 0);
+  quant::QuantParams p = per_tensor_params(quant::QuantDType::kS8, alpha / weight_qmax(), 0);
+  p.bits = init_.bits;
   return p;  // one scale: the exporter repeats it per channel
 }
 
@@ -231,7 +236,7 @@ void WeightLSQplusQuanter::initialise(const Tensor& w) {
   for (int64_t c = 0; c < channels_; ++c) {
     const double mu = sum[c] / count;
     const double sigma = std::sqrt(std::max(0.0, sq[c] / count - mu * mu));
-    const double s = std::max(std::fabs(mu - 3 * sigma), std::fabs(mu + 3 * sigma)) / 128.0;
+    const double s = std::max(std::fabs(mu - 3 * sigma), std::fabs(mu + 3 * sigma)) / (weight_qmax() + 1.0);
     scale_.value.data<float>()[c] = std::max(static_cast<float>(s), quant::kMinScale);
   }
   initialised_ = true;
@@ -256,7 +261,7 @@ std::vector<Tensor> WeightLSQplusQuanter::forward(const std::vector<Tensor>& inp
     ds = ds_.data<float>();
     inside = inside_.data<uint8_t>();
   }
-  const float q = static_cast<float>(kWeightQmax);
+  const float q = weight_qmax();
   for (int64_t i = 0; i < w.numel(); ++i) {
     const float sc = s[view.channel_of(i)];
     const float u = wp[i] / sc;
@@ -286,7 +291,7 @@ std::vector<Tensor> WeightLSQplusQuanter::backward(const std::vector<Tensor>& gr
     dscale[view.channel_of(i)] += static_cast<double>(gp[i]) * ds[i];
   }
   // LSQ gradient scale: 1 / sqrt(elements sharing the step * Qp).
-  const double gs = 1.0 / std::sqrt(static_cast<double>(outer_ * inner_) * kWeightQmax);
+  const double gs = 1.0 / std::sqrt(static_cast<double>(outer_ * inner_) * weight_qmax());
   for (int64_t c = 0; c < channels_; ++c) add_grad(scale_, static_cast<size_t>(c), static_cast<float>(dscale[c] * gs));
   return {dw};
 }
@@ -298,6 +303,7 @@ quant::QuantParams WeightLSQplusQuanter::export_params() const {
   for (float s : scale_.value.values<float>()) p.scale.push_back(std::max(s, quant::kMinScale));
   p.zero_point.assign(p.scale.size(), 0);
   p.axis = init_.per_channel ? init_.channel_axis : -1;
+  p.bits = init_.bits;
   return p;
 }
 
@@ -409,8 +415,8 @@ std::vector<Tensor> MovingAbsMaxQuanter::forward(const std::vector<Tensor>& inpu
     state_.data<float>()[0] = rate_ * state_.data<float>()[0] + 1.0f;
   }
   const float t = threshold();
-  const float qmax = signed_ ? 127.0f : 255.0f;
-  const float qmin = signed_ ? -127.0f : 0.0f;
+  const float qmax = !signed_ ? 255.0f : init_.is_weight ? weight_qmax() : 127.0f;
+  const float qmin = signed_ ? -qmax : 0.0f;
   const float s = t / qmax;
   Tensor y(DType::kFloat32, x.shape());
   float* yp = y.data<float>();
@@ -440,6 +446,11 @@ std::vector<Tensor> MovingAbsMaxQuanter::backward(const std::vector<Tensor>& gra
 quant::QuantParams MovingAbsMaxQuanter::export_params() const {
   SQ_CHECK(state_.data<float>()[0] > 0.0f, ErrorKind::kInvalidData, "moving_abs_max quanter has seen no data");
   const float t = threshold();
+  if (init_.is_weight) {
+    quant::QuantParams p = per_tensor_params(quant::QuantDType::kS8, t / weight_qmax(), 0);
+    p.bits = init_.bits;
+    return p;
+  }
   return signed_ ? per_tensor_params(quant::QuantDType::kS8, t / 127.0f, 0)
                  : per_tensor_params(quant::QuantDType::kU8, t / 255.0f, 0);
 }
@@ -455,7 +466,8 @@ std::vector<float> AbsMaxWeightQuanter::channel_scales(const Tensor& w) const {
   std::vector<float> m(view.channels, 0.0f);
   const float* wp = w.data<float>();
   for (int64_t i = 0; i < w.numel(); ++i) m[view.channel_of(i)] = std::max(m[view.channel_of(i)], std::fabs(wp[i]));
-  for (float& v : m) v = std::max(v / 127.0f, quant::kMinScale);
+  const float qmax = weight_qmax();
+  for (float& v : m) v = std::max(v / qmax, quant::kMinScale);
   return m;
 }
 
@@ -466,7 +478,8 @@ std::vector<Tensor> AbsMaxWeightQuanter::forward(const std::vector<Tensor>& inpu
   Tensor y(DType::kFloat32, w.shape());
   const float* wp = w.data<float>();
   float* yp = y.data<float>();
-  for (int64_t i = 0; i < w.numel(); ++i) yp[i] = fake_quant(wp[i], scales_[view.channel_of(i)], 0.0f, -127.0f, 127.0f);
+  const float qmax = weight_qmax();
+  for (int64_t i = 0; i < w.numel(); ++i) yp[i] = fake_quant(wp[i], scales_[view.channel_of(i)], 0.0f, -qmax, qmax);
   return {y};
 }
 
@@ -482,6 +495,7 @@ quant::QuantParams AbsMaxWeightQuanter::export_params() const {
   p.scale = scales_;
   p.zero_point.assign(scales_.size(), 0);
   p.axis = init_.per_channel ? init_.channel_axis : -1;
+  p.bits = init_.bits;
   return p;
 }
 

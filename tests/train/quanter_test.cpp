@@ -145,6 +145,33 @@ TEST(QuanterAbsMaxWeight, PerChannelScalesFollowTheWeights) {
   EXPECT_FLOAT_EQ(p.scale.at(1), 1.0f / 127);
 }
 
+TEST(QuanterAbsMaxWeight, SevenBitWeightsUseSixtyThreeLevels) {
+  QuanterInit init;
+  init.is_weight = true;
+  init.bits = 7;
+  AbsMaxWeightQuanter q(init, "w");
+  // one channel, max |w| 2: scale 2/63; 1.01 -> 31.8 -> 32.
+  auto y = q.forward({vec({1, 3}, {1.01f, -2.0f, 0.0f})}, true);
+  expect_near(values(y[0]), {32 * 2.0 / 63, -2.0, 0.0});
+  auto p = q.export_params();
+  EXPECT_FLOAT_EQ(p.scale.at(0), 2.0f / 63);
+  EXPECT_EQ(p.bits, 7);
+
+  QuanterInit lsq = init;
+  lsq.initial_weight = vec({1, 4}, {0.1f, -0.3f, 0.2f, 0.4f});
+  WeightLSQplusQuanter l(lsq, "l");
+  l.scale().value.data<float>()[0] = 0.004f;  // 0.4 / 0.004 = 100 saturates at 63
+  auto yl = l.forward({lsq.initial_weight}, false);
+  EXPECT_NEAR(values(yl[0])[3], 63 * 0.004, 1e-6);
+  EXPECT_EQ(l.export_params().bits, 7);
+
+  QuanterInit act;
+  act.bits = 7;  // activations stay 8-bit
+  EXPECT_THROW(make_quanter("pact", act, "a"), Error);
+  init.bits = 9;
+  EXPECT_THROW(make_quanter("abs_max", init, "w"), Error);
+}
+
 TEST(QuanterFactory, NamesAndErrors) {
   QuanterInit w;
   w.is_weight = true;

@@ -45,6 +45,7 @@ struct QuanterInit {
   bool has_range = false;
   quant::ClipRange range;
   bool never_negative = false;
+  // Weights: 2..8 (QuantConfig::weight_bits; values within +-(2^(bits-1) - 1)). Activations: 8.
   int bits = 8;
 };
 
@@ -67,6 +68,8 @@ class Quanter : public TrainOp {
 
  protected:
   explicit Quanter(QuanterInit init) : init_(init) {}
+  // The largest |w_q| of a weight quanter: 2^(bits-1) - 1 (127 for 8 bits).
+  float weight_qmax() const { return static_cast<float>((1 << (init_.bits - 1)) - 1); }
   QuanterInit init_;
 };
 
