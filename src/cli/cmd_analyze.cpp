@@ -293,6 +293,7 @@ Action register_analyze(CLI::App& app) {
     for (const auto& p : a->skip_nodes) config.skip_quant.push_back(p);
     quant::make_activation_observer(config.global().activation);
     quant::make_weight_observer(config.global().weight, config.observer_options);
+    config.validate();  // a bad --weight-bits or --quantizable-op-type fails before any work
     SQ_CHECK(batch_size > 0 && a->eval_batch_size > 0, ErrorKind::kInvalidArgument, "batch sizes must be at least 1");
     auto metric = analysis::make_metric(metric_name);  // unknown names fail before any work
     check_save_dir(save_dir);

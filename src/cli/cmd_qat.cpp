@@ -34,7 +34,7 @@ Action register_qat(CLI::App& app) {
     std::string weight_quanter, act_quanter, optimizer, lr_schedule, algo, op_types, skip_tensors;
     std::vector<std::string> skip_nodes;
     DataFlags flags;
-    int epochs = -1, threads = 0;
+    int epochs = -1, threads = 0, weight_bits = 0;
     float lr = -1, weight_decay = -1, momentum = -1, temperature = -1;
     size_t batch_size = 0, steps_per_epoch = 0, calib_batches = 8, eval_limit = 0;
     uint64_t seed = 0;
@@ -52,6 +52,8 @@ Action register_qat(CLI::App& app) {
   cmd->add_option("--weight-decay", a->weight_decay, "weight decay on weight tensors (default 0; decoupled for adamw)");
   cmd->add_option("--lr-schedule", a->lr_schedule, "cosine (default, 5% warmup), step or constant");
   cmd->add_option("--weight-quanter", a->weight_quanter, "lsq_plus (default), pact or abs_max");
+  cmd->add_option("--weight-bits", a->weight_bits,
+                  "weight bits, 2..8 (default: 8 on CPUs with VNNI, else 7, which lets INT8 run int8 kernels)");
   cmd->add_option("--act-quanter", a->act_quanter, "pact (default), lsq_plus or moving_abs_max");
   cmd->add_flag("--distill", a->distill, "learn from the FP32 model's outputs (KL divergence); no labels needed");
   cmd->add_option("--temperature", a->temperature, "distillation temperature (default 1)");
@@ -118,7 +120,9 @@ Action register_qat(CLI::App& app) {
     o.num_threads = a->threads;
     if (a->threads > 0) omp_set_num_threads(a->threads);  // training kernels too, not only the sessions
     if (!a->algo.empty()) config.global().activation = a->algo;
+    if (a->weight_bits > 0) config.weight_bits = a->weight_bits;
     if (!a->op_types.empty()) config.quantizable_op_type = split_list(a->op_types);
+    config.validate();  // a bad --weight-bits or op type fails before any work
     for (const auto& t : split_list(a->skip_tensors)) config.skip_tensor_list.push_back(t);
     for (const auto& p : a->skip_nodes) config.skip_quant.push_back(p);
     quant::make_activation_observer(config.global().activation);  // a bad --algo fails before any work
@@ -143,7 +147,8 @@ Action register_qat(CLI::App& app) {
     ir::Graph model = load_model_arg(a->model);
 
     qat.prepare(model, train_set.get());
-    std::cout << "QAT of " << qat.layers().size() << " layers: weights " << o.weight_quanter << ", activations "
+    std::cout << "QAT of " << qat.layers().size() << " layers: weights " << o.weight_quanter << " ("
+              << config.effective_weight_bits() << "-bit), activations "
               << o.act_quanter << ", " << o.optimizer.type << " lr " << qat.options().lr << ", " << o.epochs << " epoch(s) of "
               << qat.total_steps(train_set->size()) / std::max(1, o.epochs) << " steps x " << o.batch_size << " on "
               << train_set->name() << (o.distill ? " (distillation)" : "") << std::endl;

@@ -77,6 +77,7 @@ Action register_quantize(CLI::App& app) {
     for (const auto& p : a->skip_nodes) config.skip_quant.push_back(p);
     quant::make_activation_observer(config.global().activation);  // early, clear error for a bad name
     quant::make_weight_observer(config.global().weight, config.observer_options);
+    config.validate();  // a bad --weight-bits or --quantizable-op-type fails before any work
     SQ_CHECK(batch_size > 0, ErrorKind::kInvalidArgument, "--batch-size must be at least 1");
 
     // Fail on an unwritable output before spending time on calibration.

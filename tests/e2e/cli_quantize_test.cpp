@@ -5,7 +5,9 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "runtime/kernels/int8_common.h"
 #include "slimquant/core/npy.h"
+#include "slimquant/ir/onnx_io.h"
 #include "test_util.h"
 
 using namespace slimquant;
@@ -38,6 +40,27 @@ TEST(CliQuantize, JsonReportsAccuracySizesAndLatency) {
   EXPECT_GT(j["int8_latency_ms"].get<double>(), 0.0);
   EXPECT_NE(r.output.find("latency (batch 32"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(tmp.path("cache/calibration.cache")));
+  // weight_bits auto: 8 where int8 dot products are exact at 8 bits, else 7; recorded in the model.
+  const int bits = runtime::int8::cpu_has_exact_int8_dot() ? 8 : 7;
+  EXPECT_EQ(j["weight_bits"], bits);
+  EXPECT_EQ(ir::load_onnx(tmp.path("q.onnx")).metadata.at("slimquant.weight_bits"), std::to_string(bits));
+}
+
+TEST(CliQuantize, WeightBitsFlagSetsTheGridAndTheMetadata) {
+  test::TempDir tmp("cli_q_bits");
+  for (int bits : {8, 7, 4}) {
+    auto r = test::run_cli("quantize " + test::fixture_model("resnet_small") + " " + kSmallCalib + "--weight-bits " +
+                           std::to_string(bits) + " -o " + tmp.path("q.onnx") + " --no-eval --json");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_EQ(last_json_line(r.output)["weight_bits"], bits);
+    const ir::Graph g = ir::load_onnx(tmp.path("q.onnx"));
+    EXPECT_EQ(g.metadata.at("slimquant.weight_bits"), std::to_string(bits));
+    int64_t max_abs = 0;
+    for (const auto& [name, t] : g.initializers)
+      if (t.dtype() == DType::kInt8 && t.rank() > 1)
+        for (int64_t v : t.to_int64_vector()) max_abs = std::max(max_abs, std::abs(v));
+    EXPECT_EQ(max_abs, (1 << (bits - 1)) - 1) << bits << " bits";  // each channel's max maps to the top
+  }
 }
 
 TEST(CliQuantizeBadInput, EachProblemHasItsExitCodeAndMessage) {
@@ -58,6 +81,7 @@ TEST(CliQuantizeBadInput, EachProblemHasItsExitCodeAndMessage) {
   const std::vector<Case> cases = {
       {model + " " + kSmallCalib + "--quantizable-op-type Conv,Conv3x3" + out, 5, "Conv3x3"},
       {model + " " + kSmallCalib + "--algo KLD" + out, 5, "KLD"},
+      {model + " " + kSmallCalib + "--weight-bits 9" + out, 5, "weight_bits must be in [2, 8]"},
       {model + " " + kSmallCalib + "-o /nonexistent_dir/q.onnx", 7, "/nonexistent_dir"},
       {model + " " + kSmallCalib + "--is-use-cache-file --cache-dir /proc/sq_cache" + out, 7, "/proc/sq_cache"},
       {model + " --dataset npy:" + tmp.path("huge") + out, 6, "calibration batch 0, tensor"},
