@@ -80,20 +80,9 @@ class QConvKernel final : public Kernel {
         if (b) int8_s8_src_->set_bias(m);
       }
     } else {
-      // Fold the per-channel multiplier into float weights and bias (see the header comment).
-      Tensor wf(DType::kFloat32, w_.shape());
-      const int64_t per = w_.numel() / m;
-      const int8_t* src = w_.data<int8_t>();
-      float* dst = wf.data<float>();
-      for (int64_t c = 0; c < m; ++c)
-        for (int64_t i = 0; i < per; ++i) dst[c * per + i] = static_cast<float>(src[c * per + i]) * requant_.multiplier[c];
-      f32_.weights = PackedConstant(wf, weights_md(dt::f32, memory::format_tag::undef));
-      if (b) {
-        f32_.bias = Tensor(DType::kFloat32, {m});
-        for (int64_t c = 0; c < m; ++c) f32_.bias.data<float>()[c] = requant_.bias[c] * requant_.multiplier[c];
-        f32_.bias_mem = memory({{m}, dt::f32, memory::format_tag::a}, dnnl_engine(), f32_.bias.raw());
-      }
+      prepare_f32(b);
     }
+    bias_ = b ? *b : Tensor();
   }
 
   void run(KernelContext& ctx) override {
@@ -124,6 +113,25 @@ class QConvKernel final : public Kernel {
   }
 
  private:
+  // The kF32 weights: the per-channel multiplier folded into float weights and bias (see the header
+  // comment). Also the fallback when oneDNN has no fast int8 implementation for a shape.
+  void prepare_f32(const Tensor* b) {
+    if (f32_.weights.defined()) return;
+    const int64_t m = w_.dim(0);
+    Tensor wf(DType::kFloat32, w_.shape());
+    const int64_t per = w_.numel() / m;
+    const int8_t* src = w_.data<int8_t>();
+    float* dst = wf.data<float>();
+    for (int64_t c = 0; c < m; ++c)
+      for (int64_t i = 0; i < per; ++i) dst[c * per + i] = static_cast<float>(src[c * per + i]) * requant_.multiplier[c];
+    f32_.weights = PackedConstant(wf, weights_md(dt::f32, memory::format_tag::undef));
+    if (b) {
+      f32_.bias = Tensor(DType::kFloat32, {m});
+      for (int64_t c = 0; c < m; ++c) f32_.bias.data<float>()[c] = requant_.bias[c] * requant_.multiplier[c];
+      f32_.bias_mem = memory({{m}, dt::f32, memory::format_tag::a}, dnnl_engine(), f32_.bias.raw());
+    }
+  }
+
   // oneDNN's view of the weights: [G, M/G, C/G, k...] when grouped (same bytes as ONNX's layout).
   memory::desc weights_md(dt type, memory::format_tag tag) const {
     const Shape& w = w_.shape();
@@ -181,56 +189,70 @@ class QConvKernel final : public Kernel {
     p.prim.src_user = x_layout ? x_layout->desc : plain_md(xs, dnnl_type(x_type));
     p.prim.dst_user = plain_md(p.prim.out_shape, dnnl_type(q_.y_type));
 
-    const bool int8 = compute_ == Compute::kInt8;
-    // What the primitive multiplies: the int8 weights (doubled for s8 sources without VNNI) or
-    // the multiplier-folded float ones.
-    PrimitiveWeights& pw = !int8 ? f32_ : (x_type == DType::kInt8 && int8_s8_src_) ? *int8_s8_src_ : int8_;
-    const auto any = memory::format_tag::any;
-    const memory::desc src_md(to_dnnl_dims(xs), int8 ? dnnl_type(x_type) : dt::f32, any);
-    const memory::desc dst_md(to_dnnl_dims(p.prim.out_shape), int8 ? dnnl_type(q_.y_type) : dt::f32, any);
-    const memory::desc wei_md = weights_md(int8 ? dt::s8 : dt::f32, any);
-    dnnl::primitive_attr attr;
-    if (int8) {
-      attr = make_attr(q_, pw.requant, 1 << 1);
-      if (q_.x_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
-    } else {
-      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-      attr.set_post_ops(make_post_ops(q_));
-    }
-    if (sum) {
-      if (sum->shape() != p.prim.out_shape)
-        fail(ErrorKind::kInternal, what + ": fused residual addend " + shape_str(sum->shape()) +
-                                       " does not match the output " + shape_str(p.prim.out_shape));
-      dnnl::post_ops ops = attr.get_post_ops();
-      ops.append_sum(1.f);
-      const std::string act = node_.attr_string(dnnl_kernels::kSumActivationAttr, "");
-      if (act == "Relu") ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-      else if (act == "Clip")
-        ops.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, node_.attr_float(dnnl_kernels::kSumActivationAlphaAttr, 0.f),
-                           node_.attr_float(dnnl_kernels::kSumActivationBetaAttr, 0.f));
-      attr.set_post_ops(ops);
-    }
-    using cf = dnnl::convolution_forward;
-    try {
-      const auto pk = dnnl::prop_kind::forward_inference;
-      const auto alg = dnnl::algorithm::convolution_direct;
-      const cf::desc d = pw.bias.defined()
-                             ? cf::desc(pk, alg, src_md, wei_md, pw.bias_mem.get_desc(), dst_md, g.strides, g.dilations,
-                                        g.pad_begin, g.pad_end)
-                             : cf::desc(pk, alg, src_md, wei_md, dst_md, g.strides, g.dilations, g.pad_begin, g.pad_end);
-      const cf::primitive_desc pd(d, attr, dnnl_engine());
-      // y in the primitive's layout (as y's dtype) when readers take it: no dst layout reorder.
-      const Layout chosen{pd.dst_desc()};
-      p.out_layout = dnnl_kernels::output_layout_for(dnnl_kernels::retyped_layout(chosen, q_.y_type)->desc,
-                                                     p.prim.out_shape, q_.y_type, out_blocked);
-      if (p.out_layout) p.prim.dst_user = p.out_layout->desc;
-      p.prim.finish<cf::primitive_desc, cf>(pd, pw.weights.get(pd.weights_desc()), pw.bias_mem, q_.x_zero_point,
-                                            int8 ? PrimitivePlan::ZeroPointAt::kPrimitive
-                                                 : PrimitivePlan::ZeroPointAt::kSrcReorder);
-      if (sum) p.prim.bind_sum(dnnl_kernels::input_desc(sum_layout, sum->shape()));
-    } catch (const dnnl::error&) {
-      p.reference = true;  // e.g. an int8 configuration oneDNN does not implement on this CPU
-    }
+    // Completes p with an int8 or f32 primitive; false when oneDNN has none (or, for int8, only its
+    // reference implementation, orders of magnitude slower).
+    const ConvPlan base = p;
+    auto try_primitive = [&](bool int8) -> bool {
+      p = base;
+      // What the primitive multiplies: the int8 weights (doubled for s8 sources without VNNI) or
+      // the multiplier-folded float ones.
+      PrimitiveWeights& pw = !int8 ? f32_ : (x_type == DType::kInt8 && int8_s8_src_) ? *int8_s8_src_ : int8_;
+      const auto any = memory::format_tag::any;
+      const memory::desc src_md(to_dnnl_dims(xs), int8 ? dnnl_type(x_type) : dt::f32, any);
+      const memory::desc dst_md(to_dnnl_dims(p.prim.out_shape), int8 ? dnnl_type(q_.y_type) : dt::f32, any);
+      const memory::desc wei_md = weights_md(int8 ? dt::s8 : dt::f32, any);
+      dnnl::primitive_attr attr;
+      if (int8) {
+        attr = make_attr(q_, pw.requant, 1 << 1);
+        if (q_.x_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+      } else {
+        attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+        attr.set_post_ops(make_post_ops(q_));
+      }
+      if (sum) {
+        if (sum->shape() != p.prim.out_shape)
+          fail(ErrorKind::kInternal, node_.describe() + ": fused residual addend " + shape_str(sum->shape()) +
+                                         " does not match the output " + shape_str(p.prim.out_shape));
+        dnnl::post_ops ops = attr.get_post_ops();
+        ops.append_sum(1.f);
+        const std::string act = node_.attr_string(dnnl_kernels::kSumActivationAttr, "");
+        if (act == "Relu") ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+        else if (act == "Clip")
+          ops.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, node_.attr_float(dnnl_kernels::kSumActivationAlphaAttr, 0.f),
+                             node_.attr_float(dnnl_kernels::kSumActivationBetaAttr, 0.f));
+        attr.set_post_ops(ops);
+      }
+      using cf = dnnl::convolution_forward;
+      try {
+        const auto pk = dnnl::prop_kind::forward_inference;
+        const auto alg = dnnl::algorithm::convolution_direct;
+        const cf::desc d = pw.bias.defined()
+                               ? cf::desc(pk, alg, src_md, wei_md, pw.bias_mem.get_desc(), dst_md, g.strides, g.dilations,
+                                          g.pad_begin, g.pad_end)
+                               : cf::desc(pk, alg, src_md, wei_md, dst_md, g.strides, g.dilations, g.pad_begin, g.pad_end);
+        const cf::primitive_desc pd(d, attr, dnnl_engine());
+        if (int8 && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return false;
+        // y in the primitive's layout (as y's dtype) when readers take it: no dst layout reorder.
+        const Layout chosen{pd.dst_desc()};
+        p.out_layout = dnnl_kernels::output_layout_for(dnnl_kernels::retyped_layout(chosen, q_.y_type)->desc,
+                                                       p.prim.out_shape, q_.y_type, out_blocked);
+        if (p.out_layout) p.prim.dst_user = p.out_layout->desc;
+        p.prim.finish<cf::primitive_desc, cf>(pd, pw.weights.get(pd.weights_desc()), pw.bias_mem, q_.x_zero_point,
+                                              int8 ? PrimitivePlan::ZeroPointAt::kPrimitive
+                                                   : PrimitivePlan::ZeroPointAt::kSrcReorder);
+        if (sum) p.prim.bind_sum(dnnl_kernels::input_desc(sum_layout, sum->shape()));
+      } catch (const dnnl::error&) {
+        return false;  // e.g. an int8 configuration oneDNN does not implement on this CPU
+      }
+      return true;
+    };
+    // int8 primitives where chosen, else (or when oneDNN has no fast int8 kernel for this shape on
+    // this CPU) the exact f32 path; the plain-loop reference only when neither exists.
+    if (compute_ == Compute::kInt8 && try_primitive(true)) return p;
+    prepare_f32(bias_.defined() ? &bias_ : nullptr);
+    if (try_primitive(false)) return p;
+    p = base;
+    p.reference = true;
     return p;
   }
 
@@ -252,7 +274,8 @@ class QConvKernel final : public Kernel {
       bias_mem = memory({{m}, dt::f32, memory::format_tag::a}, dnnl_engine(), bias.raw());
     }
   };
-  PrimitiveWeights int8_, f32_;
+  PrimitiveWeights int8_, f32_;  // f32_ also prepared lazily as the fallback of int8_
+  Tensor bias_;                  // the float bias B (empty when absent), for prepare_f32
   std::optional<PrimitiveWeights> int8_s8_src_;  // kInt8 without VNNI, s8 sources: 2*w
   PlanCache<ConvPlan> plans_;
 };

@@ -122,25 +122,47 @@ class QLinearMatMulKernel final : public Kernel {
       p.prim.out_shape.push_back(n_);
     }
     if (p.m == 0) return p;
-    const bool int8 = compute_ == Compute::kInt8;
     p.prim.src_user = memory::desc({p.m, k_}, dnnl_type(x_type), trans_x_ ? tag::ba : tag::ab);
     p.prim.dst_user = memory::desc({p.m, n_}, dnnl_type(q_.y_type), tag::ab);
-    const memory::desc src_md = int8 ? p.prim.src_user : memory::desc({p.m, k_}, dt::f32, tag::ab);
-    const memory::desc dst_md = int8 ? p.prim.dst_user : memory::desc({p.m, n_}, dt::f32, tag::ab);
-    const memory::desc wei_md({k_, n_}, int8 ? dt::s8 : dt::f32, tag::any);
-    dnnl::primitive_attr attr = make_attr(q_, requant_, 1 << 1);
-    if (int8 && q_.x_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
-    try {
-      const dnnl::matmul::desc d = bias_.defined() ? dnnl::matmul::desc(src_md, wei_md, bias_mem_.get_desc(), dst_md)
-                                                   : dnnl::matmul::desc(src_md, wei_md, dst_md);
-      const dnnl::matmul::primitive_desc pd(d, attr, dnnl_engine());
-      p.prim.finish<dnnl::matmul::primitive_desc, dnnl::matmul>(
-          pd, weights_.get(pd.weights_desc()), bias_mem_, q_.x_zero_point,
-          int8 ? PrimitivePlan::ZeroPointAt::kPrimitive : PrimitivePlan::ZeroPointAt::kSrcReorder);
-    } catch (const dnnl::error&) {
-      p.reference = true;
-    }
+    const MatMulPlan base = p;
+    // Completes p with an int8 or f32 primitive; false when oneDNN has none (or, for int8, only its
+    // reference implementation).
+    auto try_primitive = [&](bool int8) -> bool {
+      p = base;
+      const memory::desc src_md = int8 ? p.prim.src_user : memory::desc({p.m, k_}, dt::f32, tag::ab);
+      const memory::desc dst_md = int8 ? p.prim.dst_user : memory::desc({p.m, n_}, dt::f32, tag::ab);
+      const memory::desc wei_md({k_, n_}, int8 ? dt::s8 : dt::f32, tag::any);
+      dnnl::primitive_attr attr = make_attr(q_, requant_, 1 << 1);
+      if (int8 && q_.x_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+      try {
+        const dnnl::matmul::desc d = bias_.defined() ? dnnl::matmul::desc(src_md, wei_md, bias_mem_.get_desc(), dst_md)
+                                                     : dnnl::matmul::desc(src_md, wei_md, dst_md);
+        const dnnl::matmul::primitive_desc pd(d, attr, dnnl_engine());
+        if (int8 && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return false;
+        p.prim.finish<dnnl::matmul::primitive_desc, dnnl::matmul>(
+            pd, weights_for(int8).get(pd.weights_desc()), bias_mem_, q_.x_zero_point,
+            int8 ? PrimitivePlan::ZeroPointAt::kPrimitive : PrimitivePlan::ZeroPointAt::kSrcReorder);
+      } catch (const dnnl::error&) {
+        return false;
+      }
+      return true;
+    };
+    // int8 where chosen, else (or without a fast int8 kernel for this shape) the exact f32 path.
+    if (compute_ == Compute::kInt8 && try_primitive(true)) return p;
+    if (try_primitive(false)) return p;
+    p = base;
+    p.reference = true;
     return p;
+  }
+
+  // The constant weights as the int8 or the f32 primitive multiplies them (f32: w_q as floats,
+  // made on first use when the int8 path was chosen but has no fast kernel for some shape).
+  PackedConstant& weights_for(bool int8) {
+    if (int8 == (compute_ == Compute::kInt8)) return weights_;
+    if (!weights_f32_.defined())
+      weights_f32_ = PackedConstant(w_.cast(DType::kFloat32),
+                                    memory::desc({k_, n_}, dt::f32, trans_w_ ? tag::ba : tag::ab));
+    return weights_f32_;
   }
 
   // x_q [..., M, K] x w_q [..., K, N] with broadcast batch dims, w_q a run-time s8 tensor.
@@ -197,6 +219,7 @@ class QLinearMatMulKernel final : public Kernel {
   bool trans_x_ = false, trans_w_ = false;
   int64_t k_ = 0, n_ = 0;
   Tensor w_;  // s8 as stored in the model
+  PackedConstant weights_f32_;  // weights_for(false) when compute_ is kInt8
   Requant requant_;
   PackedConstant weights_;
   Tensor bias_;
