@@ -14,7 +14,9 @@
 // Compute::kF32: x_q - z_x converted to float32 by the src reorder, weights prepacked as
 // w_q * M[m] (f32 convolutions take no per-channel output scale), bias M[m] * B'[m], the same
 // post-ops, and the f32 -> u8/s8 dst reorder rounding half to even and saturating.
-// If oneDNN has no implementation for a shape, the plain-loop reference (int8_reference.cpp) runs.
+// Where oneDNN has no fast int8 implementation for a shape (none, or only its reference one), the
+// exact kF32 path runs instead; with no f32 implementation either, the plain-loop reference
+// (int8_reference.cpp).
 #include <algorithm>
 #include <cmath>
 #include <optional>
