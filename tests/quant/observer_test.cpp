@@ -213,6 +213,10 @@ TEST(ObserverAvg, MeanOfPerSampleAbsMax) {
   EXPECT_FLOAT_EQ(obs->params(QuantScheme::kSymmetric).scale[0], 3.0f / 127.0f);
   EXPECT_EQ(obs->range().lo, -3.0f);  // [-3, 3] cut to the observed minimum -3
   EXPECT_EQ(obs->range().hi, 3.0f);
+  // The per-sample scan still rejects NaN/Inf in any sample, leaving the state as it was.
+  EXPECT_THROW(obs->observe(tensor({1, 2, std::nanf(""), 4}, {2, 2})), Error);
+  EXPECT_THROW(obs->observe(tensor({1, 2, 3, INFINITY}, {2, 2})), Error);
+  EXPECT_FLOAT_EQ(obs->params(QuantScheme::kSymmetric).scale[0], 3.0f / 127.0f);
 }
 
 // ---- guards ---------------------------------------------------------------------------------

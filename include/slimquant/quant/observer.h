@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -125,6 +126,9 @@ class Observer {
   // Extremes of the batch being observed, already checked finite.
   struct BatchStats {
     float min, max, abs_max;
+    // max |x| of each sample (slice along axis 0), when the observer set per_sample_abs_max_ and
+    // the tensor has rank >= 2 and more than one sample; empty otherwise.
+    std::span<const float> sample_abs_max;
   };
   // Called by observe() after validation, before the running extremes (observed_*) include x.
   virtual void on_observe(const Tensor& x, const float* data, int64_t n,
@@ -143,9 +147,13 @@ class Observer {
   virtual void load_algo_state(std::istream&) {}
 
   int bits_;  // of the grid params() builds (ObserverOptions::weight_bits for weight observers)
+  // observe() then scans each sample on its own and hands the per-sample max |x| to on_observe()
+  // (BatchStats::sample_abs_max): one pass over the data instead of two.
+  bool per_sample_abs_max_ = false;
 
  private:
   bool accumulate_;
+  std::vector<float> sample_abs_max_;  // observe()'s buffer for BatchStats::sample_abs_max
   float min_ = 0.0f, max_ = 0.0f;  // valid once count_ > 0
   int64_t count_ = 0;
   int64_t batches_ = 0;

@@ -138,11 +138,27 @@ void Observer::observe(const Tensor& x) {
   const int64_t n = x.numel();
   if (n == 0) return;
   const float* p = x.data<float>();
-  const detail::ScanResult s = detail::scan_min_max(p, n);
+  detail::ScanResult s;
+  std::span<const float> per_sample;
+  if (per_sample_abs_max_ && x.rank() >= 2 && x.dim(0) > 1) {
+    const int64_t samples = x.dim(0), per = n / samples;
+    sample_abs_max_.resize(static_cast<size_t>(samples));
+    s = detail::ScanResult{std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), true};
+    for (int64_t i = 0; i < samples; ++i) {
+      const detail::ScanResult r = detail::scan_min_max(p + i * per, per);
+      sample_abs_max_[static_cast<size_t>(i)] = std::max(-r.min, r.max);
+      s.min = std::min(s.min, r.min);
+      s.max = std::max(s.max, r.max);
+      s.finite = s.finite && r.finite;
+    }
+    per_sample = sample_abs_max_;
+  } else {
+    s = detail::scan_min_max(p, n);
+  }
   if (!s.finite) fail_here(ErrorKind::kInvalidData, "tensor contains NaN/Inf");
   // The algorithm first: if it rejects the tensor (e.g. a bad channel axis), the running
   // statistics stay as they were.
-  on_observe(x, p, n, BatchStats{s.min, s.max, std::max(-s.min, s.max)});
+  on_observe(x, p, n, BatchStats{s.min, s.max, std::max(-s.min, s.max), per_sample});
   if (!accumulate_ || count_ == 0) {
     min_ = s.min;
     max_ = s.max;

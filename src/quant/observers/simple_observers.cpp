@@ -39,23 +39,18 @@ class MinMaxObserver final : public Observer {
 // samples are split into batches.
 class AvgObserver final : public Observer {
  public:
-  AvgObserver() : Observer(/*accumulate=*/true) {}
+  AvgObserver() : Observer(/*accumulate=*/true) { per_sample_abs_max_ = true; }
   std::string name() const override { return "avg"; }
 
  protected:
-  void on_observe(const Tensor& x, const float* data, int64_t n, const BatchStats& b) override {
-    if (x.rank() < 2 || x.dim(0) <= 1) {
+  void on_observe(const Tensor&, const float*, int64_t, const BatchStats& b) override {
+    if (b.sample_abs_max.empty()) {  // rank < 2 or one sample: the whole tensor is the sample
       sum_ += b.abs_max;
       samples_ += 1;
       return;
     }
-    const int64_t samples = x.dim(0);
-    const int64_t per = n / samples;
-    for (int64_t s = 0; s < samples; ++s) {
-      const ScanResult r = scan_min_max(data + s * per, per);
-      sum_ += std::max(-r.min, r.max);
-    }
-    samples_ += samples;
+    for (float m : b.sample_abs_max) sum_ += m;
+    samples_ += static_cast<int64_t>(b.sample_abs_max.size());
   }
   ClipRange clip_range(QuantScheme) const override {
     return clip_to_observed(sum_ / static_cast<double>(samples_));
