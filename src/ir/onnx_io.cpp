@@ -355,9 +355,17 @@ Graph load_model(const std::string& model_dir, const std::string& model_filename
 namespace slimquant::ir {
 void convert_opset(Graph& graph, int64_t target_opset) {
   if (graph.opset == target_opset) return;
+  onnx::ModelProto model = to_model_proto(graph);
+  // Some adapters need the shapes of the values they rewrite (Softmax/LogSoftmax/Hardmax 12 -> 13
+  // need the input's rank): infer them first. A model ONNX cannot infer still converts where no
+  // adapter needs shapes.
+  try {
+    onnx::shape_inference::InferShapes(model);
+  } catch (const std::exception&) {
+  }
   onnx::ModelProto converted;
   try {
-    converted = onnx::version_conversion::ConvertVersion(to_model_proto(graph), static_cast<int>(target_opset));
+    converted = onnx::version_conversion::ConvertVersion(model, static_cast<int>(target_opset));
   } catch (const std::exception& e) {
     fail(ErrorKind::kUnsupported, "cannot convert the model from opset " + std::to_string(graph.opset) + " to " +
                                       std::to_string(target_opset) + ": " + e.what());

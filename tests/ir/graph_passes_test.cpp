@@ -3,6 +3,7 @@
 #include "slimquant/ir/graph.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/ir/passes.h"
+#include "slimquant/runtime/session.h"
 
 using namespace slimquant;
 
@@ -101,4 +102,30 @@ TEST(OnnxIo, MissingFileIsIoError) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kIo);
   }
+}
+
+// Opset 11 Softmax (axis 1 flattens [N, 3, 4] to [N, 12] rows) of an intermediate value converts
+// to opset 13: the converter needs the input's rank, which shape inference supplies.
+TEST(OnnxIo, ConvertOpsetInfersShapesForSoftmaxAndKeepsItsMeaning) {
+  ir::Graph g;
+  g.opset = 11;
+  g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{-1, "n"}, {3, ""}, {4, ""}}});
+  g.outputs.push_back({"y", DType::kFloat32, std::nullopt});
+  g.nodes.push_back(make_node("Relu", {"x"}, {"r"}));  // an intermediate: no shape in the model
+  ir::Node n = make_node("Softmax", {"r"}, {"y"});
+  n.attrs["axis"] = int64_t{1};
+  g.nodes.push_back(n);
+  Tensor x(DType::kFloat32, {2, 3, 4});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = 0.1f * static_cast<float>(i % 7) - 0.3f;
+  const Tensor before = runtime::Session(g).run_single(x);
+  ir::Graph converted = g;
+  ASSERT_NO_THROW(ir::convert_opset(converted, 13));
+  EXPECT_EQ(converted.opset, 13);
+  const Tensor after = runtime::Session(converted).run_single(x);
+  ASSERT_EQ(before.shape(), after.shape());
+  for (int64_t i = 0; i < before.numel(); ++i) EXPECT_NEAR(before.data<float>()[i], after.data<float>()[i], 1e-6f) << i;
+  // Rows of 12 sum to 1 (the opset-11 meaning), not columns of 3.
+  float row = 0;
+  for (int64_t i = 0; i < 12; ++i) row += after.data<float>()[i];
+  EXPECT_NEAR(row, 1.0f, 1e-5f);
 }
