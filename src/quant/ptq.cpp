@@ -79,6 +79,20 @@ void PTQ::quantize(const ir::Graph& float_graph) {
     if (node.name.empty() || names.count(node.name)) node.name = float_graph_.unique_value_name(layer_name(node));
     names.insert(node.name);
   }
+  // Only float32 values get observers: with is_full_quantize, Concat / Slice / Gather also match the
+  // int64 shape arithmetic exporters emit (e.g. the `sizes` of a Resize), which stays as it is.
+  ir::Graph typed = float_graph_;
+  try {
+    ir::infer_shapes_onnx(typed);
+  } catch (const Error&) {
+    // Types unknown: every activation input is taken for float, as before.
+  }
+  auto known_non_float = [&](const std::string& v) {
+    for (const auto& in : typed.inputs)
+      if (in.name == v) return in.dtype != DType::kUndefined && in.dtype != DType::kFloat32;
+    const auto it = typed.value_info.find(v);
+    return it != typed.value_info.end() && it->second.dtype != DType::kUndefined && it->second.dtype != DType::kFloat32;
+  };
   for (const auto& node : float_graph_.nodes) {
     const OpQuantSpec* spec = config_.spec_for(node);
     if (!spec) continue;
@@ -106,6 +120,7 @@ void PTQ::quantize(const ir::Graph& float_graph) {
     for (int i : act_inputs) {
       const std::string& in = node.input(static_cast<size_t>(i));
       if (in.empty() || float_graph_.is_initializer(in)) continue;  // biases, shapes, constants
+      if (known_non_float(in)) continue;                                // shape arithmetic
       layer.activations.push_back(in);
       if (!observers_.count(in)) {
         observers_[in] = make_activation_observer(rule.activation, config_.observer_options);

@@ -6,6 +6,7 @@
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/ptq.h"
 #include "slimquant/quant/quant_config.h"
+#include "slimquant/runtime/session.h"
 #include "test_util.h"
 
 using namespace slimquant;
@@ -188,3 +189,51 @@ TEST(Ptq, EmptyCalibrationIsAClearError) {
 }
 
 }  // namespace
+
+namespace {
+ir::Node op_node(const std::string& op, std::vector<std::string> in, std::string out,
+                 std::map<std::string, ir::AttributeValue> attrs = {}) {
+  ir::Node n;
+  n.op_type = op;
+  n.name = out + "_node";
+  n.inputs = std::move(in);
+  n.outputs = {std::move(out)};
+  n.attrs = std::move(attrs);
+  return n;
+}
+}  // namespace
+
+// With is_full_quantize, Concat also matches the int64 shape arithmetic exporters emit for a
+// Resize's `sizes` (Shape -> Slice -> Concat): only float values may get observers and Q/DQ.
+TEST(Ptq, FullQuantizeLeavesShapeArithmeticAlone) {
+  ir::Graph g;
+  g.opset = 13;
+  g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{-1, "n"}, {2, ""}, {4, ""}, {4, ""}}});
+  g.outputs.push_back({"out", DType::kFloat32, std::vector<ir::Dim>{{-1, "n"}, {8, ""}, {8, ""}, {8, ""}}});
+  std::vector<float> w(4 * 2 * 9);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.05f * static_cast<float>(static_cast<int>(i % 11) - 5);
+  g.initializers["w"] = Tensor::from_vector<float>({4, 2, 3, 3}, w);
+  g.initializers["starts"] = Tensor::from_vector<int64_t>({1}, {0});
+  g.initializers["ends"] = Tensor::from_vector<int64_t>({1}, {2});
+  g.initializers["hw"] = Tensor::from_vector<int64_t>({2}, {8, 8});
+  g.nodes.push_back(op_node("Conv", {"x", "w"}, "y", {{"pads", std::vector<int64_t>{1, 1, 1, 1}}}));
+  g.nodes.push_back(op_node("Shape", {"y"}, "shape"));
+  g.nodes.push_back(op_node("Slice", {"shape", "starts", "ends"}, "nc"));
+  g.nodes.push_back(op_node("Concat", {"nc", "hw"}, "sizes", {{"axis", int64_t{0}}}));
+  g.nodes.push_back(op_node("Resize", {"y", "", "", "sizes"}, "up", {{"mode", std::string("nearest")}}));
+  g.nodes.push_back(op_node("Concat", {"up", "up"}, "out", {{"axis", int64_t{1}}}));
+  g.validate();
+
+  quant::QuantConfig cfg;
+  cfg.is_full_quantize = true;
+  quant::PTQ ptq(cfg);
+  ptq.quantize(g);
+  for (const auto& t : ptq.observed_tensors()) EXPECT_NE(t, "nc") << "an int64 shape got an observer";
+  Tensor x(DType::kFloat32, {3, 2, 4, 4});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = 0.01f * static_cast<float>(i % 37);
+  ptq.sample({{"x", x}});
+  const ir::Graph qdq = ptq.convert();
+  EXPECT_NO_THROW(ir::check_onnx(qdq));
+  const Tensor y = runtime::Session(qdq).run_single(x);
+  EXPECT_EQ(y.shape(), (Shape{3, 8, 8, 8}));
+}
