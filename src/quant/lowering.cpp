@@ -112,13 +112,19 @@ Why read_qparams(const GraphIndex& ix, const ir::Node& n, QuantParam& p) {
 
 bool is_8bit(DType t) { return t == DType::kUInt8 || t == DType::kInt8; }
 
-// The activation a Relu / Clip node applies, when its bounds are constants.
+// The activation a node applies (Clip: when its bounds are constants), with its parameters.
 Why read_activation(const ir::Graph& g, const ir::Node& n, i8::QLinearAttrs& q) {
-  if (is_op(n, "Relu")) {
-    q.activation = i8::Activation::kRelu;
-    return std::nullopt;
+  if (!n.domain.empty() && n.domain != "ai.onnx") return "not an activation";
+  const std::optional<i8::Activation> a = i8::activation_from_name(n.op_type);
+  if (!a || *a == i8::Activation::kNone) return "not an activation";
+  q.activation = *a;
+  if (*a == i8::Activation::kLeakyRelu) q.activation_alpha = n.attr_float("alpha", 0.01f);
+  if (*a == i8::Activation::kElu) q.activation_alpha = n.attr_float("alpha", 1.0f);
+  if (*a == i8::Activation::kHardSigmoid) {
+    q.activation_alpha = n.attr_float("alpha", 0.2f);
+    q.activation_beta = n.attr_float("beta", 0.5f);
   }
-  if (!is_op(n, "Clip")) return "not an activation";
+  if (*a != i8::Activation::kClip) return std::nullopt;
   q.activation = i8::Activation::kClip;
   if (g.opset < 11) {
     q.activation_min = n.attr_float("min", -INFINITY);

@@ -83,12 +83,15 @@ QLinearAttrs QLinearAttrs::parse(const ir::Node& node) {
     q.y_zero_point = static_cast<int32_t>(node.attr_int(attr::kYZeroPoint, 0));
   }
   const std::string act = node.attr_string(attr::kActivation, "");
-  if (act.empty()) q.activation = Activation::kNone;
-  else if (act == "Relu") q.activation = Activation::kRelu;
-  else if (act == "Clip") q.activation = Activation::kClip;
-  else fail(ErrorKind::kInvalidModel, node.describe() + ": activation must be Relu or Clip, got '" + act + "'");
+  const std::optional<Activation> a = activation_from_name(act);
+  if (!a)
+    fail(ErrorKind::kInvalidModel, node.describe() + ": activation must be one of Relu, Clip, LeakyRelu, Sigmoid, "
+                                                     "Tanh, HardSigmoid, HardSwish, Elu, got '" + act + "'");
+  q.activation = *a;
   q.activation_min = node.attr_float(attr::kActivationMin, -INFINITY);
   q.activation_max = node.attr_float(attr::kActivationMax, INFINITY);
+  q.activation_alpha = node.attr_float(attr::kActivationAlpha, 0.f);
+  q.activation_beta = node.attr_float(attr::kActivationBeta, 0.f);
   q.compute = parse_compute(node);
 
   auto positive = [&](float s, const char* what) {
@@ -117,13 +120,54 @@ void QLinearAttrs::write(ir::Node& node) const {
     node.attrs[attr::kYZeroPoint] = static_cast<int64_t>(y_zero_point);
   }
   if (activation != Activation::kNone) {
-    node.attrs[attr::kActivation] = std::string(activation == Activation::kRelu ? "Relu" : "Clip");
+    node.attrs[attr::kActivation] = std::string(activation_name(activation));
     if (activation == Activation::kClip) {
       node.attrs[attr::kActivationMin] = activation_min;
       node.attrs[attr::kActivationMax] = activation_max;
     }
+    if (activation == Activation::kLeakyRelu || activation == Activation::kHardSigmoid || activation == Activation::kElu)
+      node.attrs[attr::kActivationAlpha] = activation_alpha;
+    if (activation == Activation::kHardSigmoid) node.attrs[attr::kActivationBeta] = activation_beta;
   }
   if (compute != Compute::kAuto) node.attrs[attr::kCompute] = std::string(compute_name(compute));
+}
+
+const char* activation_name(Activation a) {
+  switch (a) {
+    case Activation::kNone: return "";
+    case Activation::kRelu: return "Relu";
+    case Activation::kClip: return "Clip";
+    case Activation::kLeakyRelu: return "LeakyRelu";
+    case Activation::kSigmoid: return "Sigmoid";
+    case Activation::kTanh: return "Tanh";
+    case Activation::kHardSigmoid: return "HardSigmoid";
+    case Activation::kHardSwish: return "HardSwish";
+    case Activation::kElu: return "Elu";
+  }
+  return "";
+}
+
+std::optional<Activation> activation_from_name(const std::string& op) {
+  for (Activation a : {Activation::kNone, Activation::kRelu, Activation::kClip, Activation::kLeakyRelu,
+                       Activation::kSigmoid, Activation::kTanh, Activation::kHardSigmoid, Activation::kHardSwish,
+                       Activation::kElu})
+    if (op == activation_name(a)) return a;
+  return std::nullopt;
+}
+
+float QLinearAttrs::activate(float v) const {
+  switch (activation) {
+    case Activation::kNone: return v;
+    case Activation::kRelu: return std::max(v, 0.f);
+    case Activation::kClip: return std::min(std::max(v, activation_min), activation_max);
+    case Activation::kLeakyRelu: return v >= 0.f ? v : activation_alpha * v;
+    case Activation::kSigmoid: return 1.f / (1.f + std::exp(-v));
+    case Activation::kTanh: return std::tanh(v);
+    case Activation::kHardSigmoid: return std::min(std::max(activation_alpha * v + activation_beta, 0.f), 1.f);
+    case Activation::kHardSwish: return v * std::min(std::max(v / 6.f + 0.5f, 0.f), 1.f);
+    case Activation::kElu: return v >= 0.f ? v : activation_alpha * (std::exp(v) - 1.f);
+  }
+  return v;
 }
 
 Requant make_requant(const ir::Node& node, const QLinearAttrs& q, int64_t channels, const Tensor* bias, float alpha,
@@ -137,7 +181,8 @@ Requant make_requant(const ir::Node& node, const QLinearAttrs& q, int64_t channe
   Requant r;
   r.per_channel = ws > 1;
   r.multiplier.resize(static_cast<size_t>(channels));
-  const float y_scale = q.quantized_output() ? q.y_scale : 1.f;
+  // Activations that need real values get them: 1 / s_y comes after them (make_post_ops).
+  const float y_scale = q.quantized_output() && !q.real_units() ? q.y_scale : 1.f;
   for (int64_t c = 0; c < channels; ++c) {
     const float acc_scale = alpha * q.x_scale * q.w_scale[ws == 1 ? 0 : c];  // value of one accumulator unit
     r.multiplier[c] = acc_scale / y_scale;
@@ -150,16 +195,35 @@ dnnl::post_ops make_post_ops(const QLinearAttrs& q) {
   using alg = dnnl::algorithm;
   dnnl::post_ops ops;
   const float inv = q.quantized_output() ? 1.f / q.y_scale : 1.f;
-  if (q.activation == Activation::kRelu) {
-    ops.append_eltwise(1.f, alg::eltwise_relu, 0.f, 0.f);
-  } else if (q.activation == Activation::kClip) {
-    // Bounds live in the output's units (v = y / s_y); infinite bounds become the float range.
-    const float lo = std::isfinite(q.activation_min) ? q.activation_min * inv : -FLT_MAX;
-    const float hi = std::isfinite(q.activation_max) ? q.activation_max * inv : FLT_MAX;
-    ops.append_eltwise(1.f, alg::eltwise_clip, lo, hi);
+  switch (q.activation) {
+    case Activation::kNone: break;
+    case Activation::kRelu: ops.append_eltwise(1.f, alg::eltwise_relu, 0.f, 0.f); break;
+    case Activation::kClip: {
+      // Bounds live in the output's units (v = y / s_y); infinite bounds become the float range.
+      const float lo = std::isfinite(q.activation_min) ? q.activation_min * inv : -FLT_MAX;
+      const float hi = std::isfinite(q.activation_max) ? q.activation_max * inv : FLT_MAX;
+      ops.append_eltwise(1.f, alg::eltwise_clip, lo, hi);
+      break;
+    }
+    case Activation::kLeakyRelu: ops.append_eltwise(1.f, alg::eltwise_relu, q.activation_alpha, 0.f); break;
+    case Activation::kHardSigmoid: {
+      // clip(a x + b, 0, 1) / s_y + z_y = clip(a v + b / s_y + z_y, z_y, 1 / s_y + z_y) with v = x / s_y:
+      // the zero point folded in, because oneDNN 2.6's JIT post-op injector gives a second
+      // eltwise_linear in one chain the first one's alpha and beta (measured).
+      const float zp = q.quantized_output() ? static_cast<float>(q.y_zero_point) : 0.f;
+      ops.append_eltwise(1.f, alg::eltwise_linear, q.activation_alpha, q.activation_beta * inv + zp);
+      ops.append_eltwise(1.f, alg::eltwise_clip, zp, inv + zp);
+      return ops;
+    }
+    // Real units from here on (make_requant left 1 / s_y out of the output scales).
+    case Activation::kSigmoid: ops.append_eltwise(1.f, alg::eltwise_logistic, 0.f, 0.f); break;
+    case Activation::kTanh: ops.append_eltwise(1.f, alg::eltwise_tanh, 0.f, 0.f); break;
+    case Activation::kHardSwish: ops.append_eltwise(1.f, alg::eltwise_hardswish, 0.f, 0.f); break;
+    case Activation::kElu: ops.append_eltwise(1.f, alg::eltwise_elu, q.activation_alpha, 0.f); break;
   }
-  if (q.quantized_output() && q.y_zero_point != 0)
-    ops.append_eltwise(1.f, alg::eltwise_linear, 1.f, static_cast<float>(q.y_zero_point));
+  const float zp = q.quantized_output() ? static_cast<float>(q.y_zero_point) : 0.f;
+  if (q.quantized_output() && q.real_units()) ops.append_eltwise(1.f, alg::eltwise_linear, inv, zp);
+  else if (zp != 0.f) ops.append_eltwise(1.f, alg::eltwise_linear, 1.f, zp);
   return ops;
 }
 

@@ -48,13 +48,22 @@ inline constexpr const char* kWScale = "w_scale";            // floats: 1 (per t
 inline constexpr const char* kYScale = "y_scale";            // float (absent for a float32 output)
 inline constexpr const char* kYZeroPoint = "y_zero_point";   // int
 inline constexpr const char* kYType = "y_type";              // int: ONNX TensorProto type of y (1 f32, 2 u8, 3 s8)
-inline constexpr const char* kActivation = "activation";     // string: "", "Relu", "Clip"
+inline constexpr const char* kActivation = "activation";     // string: "", "Relu", "Clip", "LeakyRelu", "Sigmoid",
+                                                             // "Tanh", "HardSigmoid", "HardSwish", "Elu"
 inline constexpr const char* kActivationMin = "activation_min";  // float: Clip's min (-inf when absent)
 inline constexpr const char* kActivationMax = "activation_max";  // float: Clip's max (+inf when absent)
+inline constexpr const char* kActivationAlpha = "activation_alpha";  // float: LeakyRelu / HardSigmoid / Elu alpha
+inline constexpr const char* kActivationBeta = "activation_beta";    // float: HardSigmoid beta
 inline constexpr const char* kCompute = "int8_compute";      // string: "auto" (default), "int8", "f32"
 }  // namespace attr
 
-enum class Activation { kNone, kRelu, kClip };
+// The activation fused after the requantization. Relu, Clip, LeakyRelu and HardSigmoid (with its
+// bounds and offset scaled) run in the output's units; the others (real_units()) run on real
+// values, with 1 / s_y applied after them.
+enum class Activation { kNone, kRelu, kClip, kLeakyRelu, kSigmoid, kTanh, kHardSigmoid, kHardSwish, kElu };
+// The ONNX op name ("" for kNone) and back (nullopt for an op that is not fusable).
+const char* activation_name(Activation a);
+std::optional<Activation> activation_from_name(const std::string& op);
 
 // How the products are accumulated. kInt8: oneDNN u8/s8 x s8 -> s32 primitives (VNNI dot products).
 // kF32: the same integers converted to float32 and accumulated by oneDNN's f32 primitives (exact
@@ -89,9 +98,16 @@ struct QLinearAttrs {
   int32_t y_zero_point = 0;
   Activation activation = Activation::kNone;
   float activation_min = -INFINITY, activation_max = INFINITY;
+  float activation_alpha = 0.f, activation_beta = 0.f;  // LeakyRelu / HardSigmoid / Elu parameters
   Compute compute = Compute::kAuto;
 
   bool quantized_output() const { return y_type != DType::kFloat32; }
+  bool real_units() const {
+    return activation != Activation::kNone && activation != Activation::kRelu && activation != Activation::kClip &&
+           activation != Activation::kLeakyRelu && activation != Activation::kHardSigmoid;
+  }
+  // The activation applied to a real value (the reference kernels and the tests).
+  float activate(float v) const;
   // Throws kInvalidModel naming the node for missing or inconsistent attributes.
   static QLinearAttrs parse(const ir::Node& node);
   void write(ir::Node& node) const;

@@ -1,6 +1,6 @@
 // Reference INT8 kernels. Arithmetic (see int8_common.h), rounding half to even:
 //   acc = sum (x_q - z_x) * w_q        (int64 here: exact for any size)
-//   v   = act(M[c] * (float(acc) + B'[c]))
+//   v   = act(M[c] * (float(acc) + B'[c]))   (real_units(): act(M_real[c] * (...)) / s_y)
 //   y_q = saturate(round_half_even(v) + z_y)   or   y = v
 #include "runtime/kernels/int8_reference.h"
 
@@ -23,6 +23,15 @@ float OutputStage::value(int64_t acc, int64_t c) const {
   float v = static_cast<float>(acc);
   if (!r.bias.empty()) v += r.bias[c];
   v *= r.multiplier[c];
+  if (q.real_units()) {  // the multiplier left 1 / s_y out: the activation sees real values
+    v = q.activate(v);
+    return q.quantized_output() ? v * (1.f / q.y_scale) : v;
+  }
+  if (q.activation == Activation::kLeakyRelu) return v >= 0.f ? v : q.activation_alpha * v;  // commutes with s_y
+  if (q.activation == Activation::kHardSigmoid) {  // in y units: clip(a v + b / s_y, 0, 1 / s_y)
+    const float inv = q.quantized_output() ? 1.f / q.y_scale : 1.f;
+    return std::min(std::max(q.activation_alpha * v + q.activation_beta * inv, 0.f), inv);
+  }
   return std::min(std::max(v, act_lo), act_hi);
 }
 

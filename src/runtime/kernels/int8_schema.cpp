@@ -118,9 +118,13 @@ OpSchema base_schema(const char* name, const char* doc, const char* bias_name) {
       .Attr(attr::kYType, "TensorProto type of y: 1 float, 2 uint8, 3 int8", AttributeProto::INT, static_cast<int64_t>(1))
       .Attr(attr::kYScale, "scale of y_q (quantized y only)", AttributeProto::FLOAT, false)
       .Attr(attr::kYZeroPoint, "zero point of y_q", AttributeProto::INT, static_cast<int64_t>(0))
-      .Attr(attr::kActivation, "fused activation: Relu or Clip", AttributeProto::STRING, false)
+      .Attr(attr::kActivation,
+            "fused activation: Relu, Clip, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish or Elu",
+            AttributeProto::STRING, false)
       .Attr(attr::kActivationMin, "Clip's min", AttributeProto::FLOAT, false)
       .Attr(attr::kActivationMax, "Clip's max", AttributeProto::FLOAT, false)
+      .Attr(attr::kActivationAlpha, "LeakyRelu / HardSigmoid / Elu alpha", AttributeProto::FLOAT, false)
+      .Attr(attr::kActivationBeta, "HardSigmoid beta", AttributeProto::FLOAT, false)
       .Attr(attr::kCompute, "auto, int8 or f32 (how the products are accumulated)", AttributeProto::STRING, false);
   return s;
 }
