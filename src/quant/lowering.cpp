@@ -376,9 +376,67 @@ ir::Node make_fused_node(ir::Graph& g, const QdqGroup& grp, const LoweringOption
   return f;
 }
 
+namespace {
+bool is_hardsigmoid_of_hardswish(const ir::Node& n) {
+  return is_op(n, "HardSigmoid") && n.inputs.size() == 1 && std::fabs(n.attr_float("alpha", 0.2f) - 1.f / 6.f) <= 1e-6f &&
+         std::fabs(n.attr_float("beta", 0.5f) - 0.5f) <= 1e-6f;
+}
+
+// Mul(x, HardSigmoid(x; 1/6, 0.5)), hard-swish as exported before opset 14, after a Conv / Gemm /
+// MatMul: one HardSwish node, so that the selector fuses it like any activation.
+void merge_hardswish_after_targets(ir::Graph& g) {
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (!is_hardsigmoid_of_hardswish(g.nodes[i])) continue;
+    const std::string x = g.nodes[i].inputs[0], s = g.nodes[i].outputs[0];
+    const int producer = g.producer(x);
+    if (producer < 0 || !(is_op(g.nodes[producer], "Conv") || is_op(g.nodes[producer], "Gemm") ||
+                          is_op(g.nodes[producer], "MatMul")))
+      continue;
+    const auto readers = g.consumers(s);
+    if (readers.size() != 1 || g.is_graph_output(s) || g.consumers(x).size() != 2 || g.is_graph_output(x)) continue;
+    ir::Node& m = g.nodes[readers[0]];
+    if (!is_op(m, "Mul") || m.inputs.size() != 2 || !((m.inputs[0] == x && m.inputs[1] == s) || (m.inputs[0] == s && m.inputs[1] == x)))
+      continue;
+    ir::Node hs;
+    hs.op_type = "HardSwish";
+    hs.name = m.name;
+    hs.inputs = {x};
+    hs.outputs = m.outputs;
+    m = std::move(hs);
+    g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+    --i;
+  }
+}
+
+// HardSwish nodes no group absorbed go back to HardSigmoid + Mul where the opset lacks HardSwish.
+void restore_hardswish(ir::Graph& g) {
+  if (g.opset >= 14) return;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (!is_op(g.nodes[i], "HardSwish")) continue;
+    ir::Node hs = g.nodes[i];
+    ir::Node sig;
+    sig.op_type = "HardSigmoid";
+    sig.name = hs.name + "_hardsigmoid";
+    sig.inputs = hs.inputs;
+    sig.outputs = {g.unique_value_name(hs.outputs[0] + "_hardsigmoid")};
+    sig.attrs["alpha"] = 1.f / 6.f;
+    sig.attrs["beta"] = 0.5f;
+    ir::Node mul;
+    mul.op_type = "Mul";
+    mul.name = hs.name;
+    mul.inputs = {hs.inputs[0], sig.outputs[0]};
+    mul.outputs = hs.outputs;
+    g.nodes[i] = std::move(mul);
+    g.nodes.insert(g.nodes.begin() + static_cast<std::ptrdiff_t>(i), std::move(sig));
+    ++i;
+  }
+}
+}  // namespace
+
 ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, LoweringReport* report) {
   ir::Graph g = qdq;
   runtime::optimize_graph(g);
+  if (options.fuse_activation) merge_hardswish_after_targets(g);
   LoweringReport local;
   LoweringReport& r = report ? *report : local;
   r = LoweringReport{};
@@ -407,6 +465,7 @@ ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, Lo
   for (const auto& n : g.nodes) live.insert(n.outputs.begin(), n.outputs.end());
   std::erase_if(g.value_info, [&](const auto& kv) { return !live.count(kv.first); });
   if (!groups.empty()) g.extra_opsets[i8::kDomain] = 1;
+  restore_hardswish(g);
   g.validate();
   for (const auto& n : g.nodes) {
     if (is_op(n, "QuantizeLinear")) ++r.quantize_kept;

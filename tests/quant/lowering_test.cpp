@@ -548,3 +548,48 @@ TEST_F(LoweringOnResnet, CliEvaluatesQdqModelsAsIntegerExecutionUnlessSimulateIs
 }
 
 }  // namespace
+
+namespace {
+// Conv -> x * HardSigmoid(x; 1/6, 0.5) -> Q/DQ: hard-swish as exported before opset 14.
+ir::Graph hardswish_pattern_graph(int32_t weight_zero_point) {
+  QdqBuilder b;
+  const std::string x = b.input("x", {2, 8, 9, 9});
+  const std::string xdq = b.qdq(x, 1.f / 127.f, 0, kU8);
+  const std::string c = b.node("Conv", {xdq, b.weight({12, 8, 3, 3}, 0, weight_zero_point, 63), b.bias(12)},
+                               {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  const std::string hs = b.node("HardSigmoid", {c}, {{"alpha", 1.f / 6.f}, {"beta", 0.5f}});
+  const std::string m = b.node("Mul", {c, hs});
+  return b.finish(b.qdq(m, 0.02f, 3, kS8));
+}
+}  // namespace
+
+TEST(Lowering, HardSwishExportedAsHardSigmoidTimesInputFusesIntoTheConv) {
+  const ir::Graph g = hardswish_pattern_graph(0);
+  quant::LoweringReport report;
+  const ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
+  ASSERT_EQ(report.lowered(), 1);
+  EXPECT_EQ(count_op(lowered, "HardSigmoid") + count_op(lowered, "Mul") + count_op(lowered, "HardSwish"), 0);
+  const ir::Node& fused = *std::find_if(lowered.nodes.begin(), lowered.nodes.end(),
+                                        [](const ir::Node& n) { return n.domain == i8::kDomain; });
+  EXPECT_EQ(fused.attr_string(i8::attr::kActivation, ""), "HardSwish");
+  QdqBuilder data(11);
+  const Tensor input = data.random_input({2, 8, 9, 9}, 0.f, 2.f);
+  const Tensor ys = runtime::Session(g).run_single(input), yi = runtime::Session(lowered).run_single(input);
+  int64_t differing = 0;
+  for (int64_t i = 0; i < ys.numel(); ++i) {
+    const float d = std::fabs(ys.data<float>()[i] - yi.data<float>()[i]);
+    EXPECT_LE(d, 0.02f * 1.001f) << i;
+    differing += d > 1e-6f;
+  }
+  EXPECT_LE(differing, ys.numel() / 100);
+
+  // A Conv that cannot be lowered (weight zero point 3) keeps the opset-13 HardSigmoid + Mul.
+  const ir::Graph kept = quant::lower_to_int8(hardswish_pattern_graph(3), {}, &report);
+  EXPECT_EQ(report.lowered(), 0);
+  EXPECT_EQ(count_op(kept, "HardSwish"), 0);
+  EXPECT_EQ(count_op(kept, "HardSigmoid"), 1);
+  EXPECT_EQ(count_op(kept, "Mul"), 1);
+  const Tensor yk = runtime::Session(kept).run_single(input);
+  const Tensor yo = runtime::Session(hardswish_pattern_graph(3)).run_single(input);
+  for (int64_t i = 0; i < yo.numel(); ++i) EXPECT_NEAR(yk.data<float>()[i], yo.data<float>()[i], 1e-6f) << i;
+}
