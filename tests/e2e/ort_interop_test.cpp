@@ -10,6 +10,7 @@
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/lowering.h"
 #include "slimquant/quant/ptq.h"
+#include "quant/int8_test_util.h"
 #include "test_util.h"
 
 using namespace slimquant;
@@ -38,14 +39,7 @@ double ort_top1(const std::string& model) {
 TEST(OrtInterop, QdqModelTop1MatchesOnnxRuntime) {
   if (!have_ort()) GTEST_SKIP() << "Node.js / onnxruntime-node not installed";
   test::TempDir tmp("ort");
-  quant::PTQ ptq(quant::QuantConfig{});
-  ptq.quantize(ir::load_onnx(test::fixture_model("resnet_small")));
-  data::DataOptions calib;
-  calib.spec = "fashion-mnist:train";
-  calib.limit = 320;
-  auto calib_set = data::open_dataset(calib);
-  for (const auto& b : data::BatchLoader(*calib_set, 32)) ptq.sample(b.inputs);
-  ir::Graph qdq = ptq.convert();
+  ir::Graph qdq = test::calibrated_qdq("resnet_small", 320);
   const std::string path = tmp.path("resnet_small.int8.onnx");
   ir::save_onnx(qdq, path);
 

@@ -5,9 +5,26 @@
 #include <vector>
 
 #include "slimquant/core/error.h"
+#include "slimquant/data/batch.h"
 #include "slimquant/ir/graph.h"
+#include "slimquant/ir/onnx_io.h"
+#include "slimquant/quant/ptq.h"
+#include "test_util.h"
 
 namespace slimquant::test {
+
+// PTQ of a fixture model, calibrated on the first `images` Fashion-MNIST training images in batches
+// of 32; returns the QDQ graph.
+inline ir::Graph calibrated_qdq(const std::string& model, size_t images, quant::QuantConfig config = quant::QuantConfig()) {
+  quant::PTQ ptq(std::move(config));
+  ptq.quantize(ir::load_onnx(fixture_model(model)));
+  data::DataOptions o;
+  o.spec = "fashion-mnist:train";
+  o.limit = images;
+  auto ds = data::open_dataset(o);
+  for (const auto& b : data::BatchLoader(*ds, 32)) ptq.sample(b.inputs);
+  return ptq.convert();
+}
 
 // The fused node writing the lowered graph's (first) output.
 inline const ir::Node& last_layer(const ir::Graph& lowered) {

@@ -437,14 +437,7 @@ TEST(Lowering, WrongComputeOptionIsAnErrorNamingTheAttribute) {
 class LoweringOnResnet : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    quant::PTQ ptq(quant::QuantConfig{});
-    ptq.quantize(ir::load_onnx(test::fixture_model("resnet_small")));
-    data::DataOptions o;
-    o.spec = "fashion-mnist:train";
-    o.limit = 64;
-    auto ds = data::open_dataset(o);
-    for (const auto& b : data::BatchLoader(*ds, 32)) ptq.sample(b.inputs);
-    qdq_ = new ir::Graph(ptq.convert());
+    qdq_ = new ir::Graph(test::calibrated_qdq("resnet_small", 64));
   }
   static void TearDownTestSuite() { delete qdq_; }
   static ir::Graph* qdq_;

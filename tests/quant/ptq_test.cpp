@@ -7,6 +7,7 @@
 #include "slimquant/quant/ptq.h"
 #include "slimquant/quant/quant_config.h"
 #include "slimquant/runtime/session.h"
+#include "quant/int8_test_util.h"
 #include "test_util.h"
 
 using namespace slimquant;
@@ -95,14 +96,7 @@ TEST(Ptq, WeightQuantizationIsPerChannelRoundHalfEvenSaturating) {
 TEST(Ptq, SevenBitWeightsStayWithinPlusMinus63AndLowerToExactInt8) {
   quant::QuantConfig cfg;
   cfg.weight_bits = 7;
-  quant::PTQ ptq(cfg);
-  ptq.quantize(ir::load_onnx(test::fixture_model("resnet_small")));
-  data::DataOptions o;
-  o.spec = "fashion-mnist:train";
-  o.limit = 64;
-  auto ds = data::open_dataset(o);
-  for (const auto& b : data::BatchLoader(*ds, 32)) ptq.sample(b.inputs);
-  const ir::Graph qdq = ptq.convert();
+  const ir::Graph qdq = test::calibrated_qdq("resnet_small", 64, cfg);
   int weights = 0, at_63 = 0;
   for (const auto& [name, t] : qdq.initializers) {
     if (t.dtype() != DType::kInt8 || t.rank() < 2) continue;
