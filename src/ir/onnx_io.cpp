@@ -353,14 +353,72 @@ Graph load_model(const std::string& model_dir, const std::string& model_filename
 #include <onnx/version_converter/convert.h>
 
 namespace slimquant::ir {
+namespace {
+// Before opset 13, Softmax / LogSoftmax / Hardmax coerce their input to 2-D at `axis`. ONNX's
+// 12 -> 13 adapters need the input's rank to rewrite that; where shape inference cannot find it
+// (a Reshape to a shape computed from Shape ops, as exporters write attention), state the old
+// meaning explicitly: Flatten(axis) -> op(axis 1 of a 2-D value) -> Reshape to Shape(x). The
+// Flatten output is declared 2-D, all the adapter needs.
+void spell_out_coerced_softmax(Graph& graph) {
+  Graph typed = graph;
+  try {
+    infer_shapes_onnx(typed);
+  } catch (const Error&) {
+  }
+  auto has_rank = [&](const std::string& v) {
+    for (const auto& in : typed.inputs)
+      if (in.name == v) return in.dims.has_value();
+    const auto it = typed.value_info.find(v);
+    return it != typed.value_info.end() && it->second.dims.has_value();
+  };
+  std::vector<Node> nodes;
+  for (const Node& n : graph.nodes) {
+    const bool coerced = n.domain.empty() && (n.op_type == "Softmax" || n.op_type == "LogSoftmax" || n.op_type == "Hardmax");
+    if (!coerced || n.inputs.empty() || has_rank(n.inputs[0])) {
+      nodes.push_back(n);
+      continue;
+    }
+    const std::string x = n.inputs[0], y = n.outputs.at(0);
+    const std::string flat = graph.unique_value_name(y + "_2d"), soft = graph.unique_value_name(y + "_2d_out"),
+                      shape = graph.unique_value_name(y + "_shape");
+    graph.value_info[flat] = ValueInfo{flat, DType::kFloat32, std::vector<Dim>{Dim{}, Dim{}}};
+    graph.value_info[soft] = ValueInfo{soft, DType::kUndefined, std::nullopt};  // reserves the name
+    graph.value_info[shape] = ValueInfo{shape, DType::kUndefined, std::nullopt};
+    Node f;
+    f.op_type = "Flatten";
+    f.name = n.name + "_flatten";
+    f.inputs = {x};
+    f.outputs = {flat};
+    f.attrs["axis"] = n.attr_int("axis", 1);
+    Node op = n;
+    op.inputs = {flat};
+    op.outputs = {soft};
+    op.attrs["axis"] = int64_t{1};
+    Node sh;
+    sh.op_type = "Shape";
+    sh.name = n.name + "_shape";
+    sh.inputs = {x};
+    sh.outputs = {shape};
+    Node r;
+    r.op_type = "Reshape";
+    r.name = n.name + "_reshape";
+    r.inputs = {soft, shape};
+    r.outputs = {y};
+    for (Node* add : {&f, &op, &sh, &r}) nodes.push_back(std::move(*add));
+  }
+  graph.nodes = std::move(nodes);
+}
+}  // namespace
+
 void convert_opset(Graph& graph, int64_t target_opset) {
   if (graph.opset == target_opset) return;
-  onnx::ModelProto model = to_model_proto(graph);
-  // Some adapters need the shapes of the values they rewrite (Softmax/LogSoftmax/Hardmax 12 -> 13
-  // need the input's rank): infer them first. A model ONNX cannot infer still converts where no
-  // adapter needs shapes.
+  Graph source = graph;
+  if (source.opset < 13 && target_opset >= 13) spell_out_coerced_softmax(source);
+  onnx::ModelProto model = to_model_proto(source);
+  // Some adapters need the shapes of the values they rewrite: infer what ONNX can.
   try {
-    onnx::shape_inference::InferShapes(model);
+    const onnx::ShapeInferenceOptions options(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
+    onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(), options);
   } catch (const std::exception&) {
   }
   onnx::ModelProto converted;

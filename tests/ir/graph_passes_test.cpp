@@ -129,3 +129,25 @@ TEST(OnnxIo, ConvertOpsetInfersShapesForSoftmaxAndKeepsItsMeaning) {
   for (int64_t i = 0; i < 12; ++i) row += after.data<float>()[i];
   EXPECT_NEAR(row, 1.0f, 1e-5f);
 }
+
+// When even the rank is unknown (as for attention scores after a Reshape to a computed shape), the
+// old meaning is spelled out as Flatten -> Softmax -> Reshape(Shape(x)) before the conversion.
+TEST(OnnxIo, ConvertOpsetSpellsOutCoercedSoftmaxOfUnknownRank) {
+  ir::Graph g;
+  g.opset = 12;
+  g.inputs.push_back({"x", DType::kFloat32, std::nullopt});  // rank unknown
+  g.outputs.push_back({"y", DType::kFloat32, std::nullopt});
+  g.nodes.push_back(make_node("Relu", {"x"}, {"r"}));
+  ir::Node n = make_node("Softmax", {"r"}, {"y"});
+  n.attrs["axis"] = int64_t{1};
+  g.nodes.push_back(n);
+  Tensor x(DType::kFloat32, {2, 3, 4});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = 0.1f * static_cast<float>(i % 5);
+  const Tensor before = runtime::Session(g).run_single(x);
+  ir::Graph converted = g;
+  ASSERT_NO_THROW(ir::convert_opset(converted, 13));
+  EXPECT_EQ(converted.opset, 13);
+  const Tensor after = runtime::Session(converted).run_single(x);
+  ASSERT_EQ(after.shape(), (Shape{2, 3, 4}));
+  for (int64_t i = 0; i < before.numel(); ++i) EXPECT_NEAR(before.data<float>()[i], after.data<float>()[i], 1e-6f) << i;
+}
