@@ -370,8 +370,12 @@ int fold_constants(ir::Graph& g, const FoldOptions& options) {
     ++folded;
   }
   g.nodes = std::move(kept);
-  // A folded graph output stays reachable as an initializer; nothing else to fix up.
+  // A folded graph output stays reachable as an initializer; so do folded values in options.keep.
+  std::map<std::string, Tensor> kept_values;
+  for (const auto& name : options.keep)
+    if (const Tensor* t = g.initializer(name)) kept_values.emplace(name, *t);
   g.remove_unused_initializers();
+  for (auto& [name, t] : kept_values) g.initializers.emplace(name, std::move(t));
   return folded;
 }
 
@@ -407,7 +411,9 @@ class Plan {
     std::set<std::string> keep(fed.begin(), fed.end());
     keep.insert(wanted.begin(), wanted.end());
     keep.insert(observed.begin(), observed.end());
-    fold_constants(graph_);
+    FoldOptions fold;
+    fold.keep = keep;
+    fold_constants(graph_, fold);
     if (options.fuse_activations) {
       fuse_hardswish(graph_, keep);
       ir::fuse_activations(graph_, keep);

@@ -198,3 +198,35 @@ TEST(Session, UnsupportedOpNamesOpAndNode) {
 }
 
 }  // namespace
+
+// A requested intermediate that constant folding computes (shape arithmetic once input shapes are
+// bound) is still returned: analysis feeds such values to the runs downstream of a cut.
+TEST(Session, RequestedValuesThatFoldToConstantsAreReturned) {
+  ir::Graph g;
+  g.opset = 13;
+  g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{-1, "n"}, {2, ""}, {3, ""}}});
+  g.outputs.push_back({"y", DType::kFloat32, std::vector<ir::Dim>{{-1, "n"}, {2, ""}, {3, ""}}});
+  g.initializers["starts"] = Tensor::from_vector<int64_t>({1}, {1});
+  g.initializers["ends"] = Tensor::from_vector<int64_t>({1}, {3});
+  auto node = [](std::string op, std::vector<std::string> in, std::string out) {
+    ir::Node n;
+    n.op_type = std::move(op);
+    n.name = out + "_node";
+    n.inputs = std::move(in);
+    n.outputs = {std::move(out)};
+    return n;
+  };
+  g.initializers["minus_one"] = Tensor::from_vector<int64_t>({1}, {-1});
+  g.nodes.push_back(node("Shape", {"x"}, "shape"));
+  g.nodes.push_back(node("Slice", {"shape", "starts", "ends"}, "dims"));  // [2, 3]
+  g.nodes.push_back(node("Concat", {"minus_one", "dims"}, "target"));     // [-1, 2, 3]: folds too
+  g.nodes.back().attrs["axis"] = int64_t{0};
+  g.nodes.push_back(node("Relu", {"x"}, "r"));
+  g.nodes.push_back(node("Reshape", {"r", "target"}, "y"));
+  runtime::Session session(g);
+  runtime::RunOptions o;
+  o.outputs = {"dims", "y"};
+  const auto out = session.run({{"x", Tensor(DType::kFloat32, {4, 2, 3})}}, o);
+  ASSERT_TRUE(out.count("dims"));
+  EXPECT_EQ(out.at("dims").to_int64_vector(), (std::vector<int64_t>{2, 3}));
+}

@@ -11,6 +11,9 @@ struct FoldOptions {
   bool keep_dequantize_linear = true;
   // Do not fold constants larger than this (e.g. a huge ConstantOfShape) into the model.
   size_t max_folded_bytes = size_t{64} << 20;
+  // Values that stay available (as initializers) when they fold, even if nothing reads them any
+  // more: a session's requested outputs, e.g. a shape value analysis feeds to a downstream run.
+  std::set<std::string> keep;
 };
 
 // Evaluates nodes whose inputs are all constants (and Shape/Size of values with known shapes)
