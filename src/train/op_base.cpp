@@ -40,6 +40,15 @@ std::vector<Tensor> KernelOp::forward(const std::vector<Tensor>& inputs, bool tr
   return outputs;
 }
 
+std::vector<Tensor> KernelOp::run_forward_kernel(const std::vector<Tensor>& inputs) const {
+  std::vector<const Tensor*> ptrs;
+  for (const Tensor& t : inputs) ptrs.push_back(t.defined() ? &t : nullptr);
+  std::vector<Tensor> outputs(node_.outputs.size());
+  runtime::KernelContext ctx(node_, ptrs, outputs, [](DType t, const Shape& s) { return empty_tensor(t, s); });
+  kernel_->run(ctx);
+  return outputs;
+}
+
 std::vector<Tensor> KernelOp::backward(const std::vector<Tensor>& grad_outputs) {
   if (in_.empty() && !node_.inputs.empty())
     fail(ErrorKind::kInvalidArgument, node_.describe() + ": backward() without a forward(training=true) before it");

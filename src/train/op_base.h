@@ -25,6 +25,8 @@ class KernelOp : public TrainOp {
   virtual std::vector<Tensor> grad(const std::vector<Tensor>& gy) = 0;
   bool needed(size_t i) const { return i < in_.size() && in_[i].defined() && (needed_.empty() || (i < needed_.size() && needed_[i])); }
   const Tensor* input_if(size_t i) const { return i < in_.size() && in_[i].defined() ? &in_[i] : nullptr; }
+  // The forward kernel on other inputs (e.g. to learn where each output element came from).
+  std::vector<Tensor> run_forward_kernel(const std::vector<Tensor>& inputs) const;
   std::vector<Tensor> none() const { return std::vector<Tensor>(in_.size()); }
 
   const ir::Node node_;

@@ -1,5 +1,5 @@
 // Backward of data-movement ops: views (Reshape/Flatten/Squeeze/Unsqueeze), Transpose, Concat,
-// Split, Slice, Gather, Expand. Index/shape inputs get no gradient.
+// Split, Slice, Gather, Expand, Pad, Resize (nearest). Index/shape inputs get no gradient.
 #include <cstring>
 #include <numeric>
 
@@ -230,6 +230,47 @@ class PadOp final : public KernelOp {
   }
 };
 
+// Resize, mode nearest: every output element is a copy of one input element, found by running
+// the forward kernel on an input holding each element's index within its (n, c) plane (exact in
+// float32 up to 2^24 elements per plane); the gradient is scattered (added) back to those.
+class ResizeOp final : public KernelOp {
+ public:
+  using KernelOp::KernelOp;
+
+ protected:
+  std::vector<Tensor> grad(const std::vector<Tensor>& gy) override {
+    std::vector<Tensor> r = none();
+    if (!needed(0)) return r;
+    const std::string mode = node_.attr_string("mode", "nearest");
+    SQ_CHECK(mode == "nearest", ErrorKind::kUnsupported,
+             node_.describe() + ": training supports Resize mode 'nearest' only, not '" + mode + "'");
+    const Shape& xs = in_[0].shape();
+    const Shape& ys = gy[0].shape();
+    SQ_CHECK(xs.size() >= 2 && ys.size() == xs.size() && ys[0] == xs[0] && ys[1] == xs[1], ErrorKind::kUnsupported,
+             node_.describe() + ": training supports Resize of the spatial dims only (" + shape_str(xs) + " -> " +
+                 shape_str(ys) + ")");
+    const int64_t planes = xs[0] * xs[1];
+    const int64_t in_plane = planes ? in_[0].numel() / planes : 0, out_plane = planes ? gy[0].numel() / planes : 0;
+    SQ_CHECK(in_plane <= (int64_t{1} << 24), ErrorKind::kUnsupported,
+             node_.describe() + ": spatial planes above 2^24 elements are not supported in training");
+    Tensor index(DType::kFloat32, xs);
+    for (int64_t p = 0; p < planes; ++p)
+      for (int64_t i = 0; i < in_plane; ++i) index.data<float>()[p * in_plane + i] = static_cast<float>(i);
+    std::vector<Tensor> inputs = in_;
+    inputs[0] = index;
+    const Tensor source = run_forward_kernel(inputs).at(0);
+    Tensor dx(DType::kFloat32, xs);
+    const float* pg = gy[0].data<float>();
+    const float* ps = source.data<float>();
+    float* pd = dx.data<float>();
+    for (int64_t p = 0; p < planes; ++p)
+      for (int64_t o = 0; o < out_plane; ++o)
+        pd[p * in_plane + static_cast<int64_t>(ps[p * out_plane + o])] += pg[p * out_plane + o];
+    r[0] = dx;
+    return r;
+  }
+};
+
 class ExpandOp final : public KernelOp {
  public:
   using KernelOp::KernelOp;
@@ -253,6 +294,7 @@ void add_shape_ops(std::map<std::string, OpMaker>& t) {
   t["Gather"] = &make<GatherOp>;
   t["Expand"] = &make<ExpandOp>;
   t["Pad"] = &make<PadOp>;
+  t["Resize"] = &make<ResizeOp>;
 }
 
 }  // namespace slimquant::train::detail

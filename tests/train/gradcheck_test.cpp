@@ -328,6 +328,23 @@ TEST_F(TrainGradcheck, ShapeAndDataMovementOps) {
     auto ts = s.make();  // scalar index: x[:, 0] (the ViT class token)
     EXPECT_GT(gradcheck(*ts, {random_tensor({2, 5, 3}, rng), Tensor::scalar<int64_t>(0)}, {0}), 0);
   }
+  {  // Resize, nearest: 2x upsampling (scales) and a non-integer ratio (sizes 3x3 -> 5x4).
+    OneNode up("Resize", {"x", "", "s"}, {"y"}, 13);
+    up.attr("mode", std::string("nearest"));
+    up.constant("s", Tensor::from_vector<float>({4}, {1, 1, 2, 2}));
+    auto tu = up.make();
+    EXPECT_GT(gradcheck(*tu, {random_tensor({2, 3, 2, 3}, rng), Tensor(), Tensor::from_vector<float>({4}, {1, 1, 2, 2})}, {0}), 0);
+    OneNode odd("Resize", {"x", "", "", "z"}, {"y"}, 13);
+    odd.attr("mode", std::string("nearest"));
+    odd.constant("z", i64({1, 2, 5, 4}));
+    auto to = odd.make();
+    EXPECT_GT(gradcheck(*to, {random_tensor({1, 2, 3, 3}, rng), Tensor(), Tensor(), i64({1, 2, 5, 4})}, {0}), 0);
+    OneNode lin("Resize", {"x", "", "s"}, {"y"}, 13);
+    lin.attr("mode", std::string("linear"));
+    lin.constant("s", Tensor::from_vector<float>({4}, {1, 1, 2, 2}));
+    auto tl = lin.make();
+    EXPECT_THROW(gradcheck(*tl, {random_tensor({1, 1, 2, 2}, rng), Tensor(), Tensor::from_vector<float>({4}, {1, 1, 2, 2})}, {0}), Error);
+  }
   {  // Pad: zero padding on two axes, a crop (negative pad) on the last.
     OneNode n("Pad", {"x", "p"}, {"y"}, 13);
     const I64 pads = {0, 1, 2, 0, 2, -1};
