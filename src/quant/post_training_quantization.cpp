@@ -130,9 +130,15 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   };
 
   if (o.dataset) {
-    SQ_CHECK(float_graph_.inputs.size() == 1, ErrorKind::kInvalidArgument,
-             "a Dataset calibrates single-input models only; this model has " +
-                 std::to_string(float_graph_.inputs.size()) + " inputs: use sample_generator");
+    if (float_graph_.inputs.size() != 1) {
+      std::string names;
+      for (const auto& in : float_graph_.inputs) names += (names.empty() ? "'" : ", '") + in.name + "'";
+      fail(ErrorKind::kInvalidArgument,
+           "a data set (DATA, PostTrainingQuantizationOptions::dataset) feeds one input, but this model has " +
+               std::to_string(float_graph_.inputs.size()) + " (" + names +
+               "); calibrate it from C++ with PostTrainingQuantizationOptions::sample_generator, which gives "
+               "every input of a sample");
+    }
     data::BatchLoader loader(*o.dataset, o.batch_size);
     const size_t available = loader.num_batches();
     SQ_CHECK(available > 0, ErrorKind::kInvalidData, "calibration data set '" + o.dataset->name() + "' is empty");

@@ -210,6 +210,15 @@ TEST_F(CalibrationCache, BadInputIsNamed) {
   auto unknown_type = o;
   unknown_type.quantizable_op_type = {"Conv", "conv3x3"};
   expect_error(unknown_type, ErrorKind::kInvalidArgument, "conv3x3");
+  {  // A data set feeds one input: a two-input model is refused, naming its inputs and the way out.
+    test::TempDir two("ptq_two_inputs");
+    ir::Graph g = model_;
+    g.inputs.push_back({"scale_factor", DType::kFloat32, std::vector<ir::Dim>{{-1, "n"}, {2, ""}}});
+    ir::save_onnx(g, two.path("two.onnx"));
+    auto two_inputs = o;
+    two_inputs.model_dir = two.path("two.onnx");
+    expect_error(two_inputs, ErrorKind::kInvalidArgument, "has 2 ('input', 'scale_factor'); calibrate it from C++");
+  }
   auto bad_cache = o;
   bad_cache.is_use_cache_file = true;
   bad_cache.cache_dir = "/proc/slimquant_cache";
