@@ -217,16 +217,13 @@ std::vector<std::string> write_plots(const quant::PTQ& ptq, const analysis::Sens
 Action register_analyze(CLI::App& app) {
   auto* cmd = app.add_subcommand("analyze", "PTQ sensitivity analysis: quantize one layer at a time and rank the layers");
   struct Args {
-    std::string model, data, eval_data, config_path, metric, save_dir, checkpoint_name, algo, weight_type, op_types,
-        skip_tensors, model_filename, params_filename;
-    std::vector<std::string> skip_nodes;
+    std::string model, data, eval_data, config_path, metric, save_dir, checkpoint_name, model_filename, params_filename;
     DataFlags flags;
-    size_t batch_size = 32, batch_nums = 10, eval_batch_size = 64;
+    PtqFlags ptq;
+    size_t eval_batch_size = 64;
     long num_plots = -1;
     double target = 0;
-    bool has_target = false, statistics = false, full = false, json = false;
-    float hist_percent = 0;
-    int weight_bits = 0;
+    bool has_target = false, statistics = false, json = false;
     int threads = 0;
   };
   auto a = std::make_shared<Args>();
@@ -244,17 +241,7 @@ Action register_analyze(CLI::App& app) {
   cmd->add_flag("--statistics", a->statistics, "also per-layer FP32 vs quantized statistics and SQNR (CSV + JSON)");
   cmd->add_option("--model-filename", a->model_filename, "model file inside a MODEL directory");
   cmd->add_option("--params-filename", a->params_filename, "external-data file inside a MODEL directory");
-  cmd->add_option("--algo", a->algo, "activation observer: emd (default), mse, KL, hist, abs_max (direct), min_max, avg");
-  cmd->add_option("--hist-percent", a->hist_percent, "percentile for algo hist (default 0.99999)");
-  cmd->add_option("--batch-size", a->batch_size, "calibration batch size")->capture_default_str();
-  cmd->add_option("--batch-nums", a->batch_nums, "calibration batches (0 = the whole data set)")->capture_default_str();
-  cmd->add_option("--weight-quantize-type", a->weight_type, "abs_max, channel_wise_abs_max, mse_channel_wise");
-  cmd->add_option("--weight-bits", a->weight_bits,
-                  "weight bits, 2..8 (default: 8 on CPUs with VNNI, else 7, which lets INT8 run int8 kernels)");
-  cmd->add_option("--quantizable-op-type", a->op_types, "op types to quantize, e.g. Conv,MatMul,Gemm");
-  cmd->add_flag("--is-full-quantize", a->full, "also quantize pooling, Add, Concat, Softmax, Reshape, ...");
-  cmd->add_option("--skip-tensor-list", a->skip_tensors, "tensors whose readers/writers stay float (a,b,...)");
-  cmd->add_option("--skip-nodes", a->skip_nodes, "op types, node names or globs that stay float (repeatable)");
+  add_ptq_flags(cmd, a->ptq);
   cmd->add_option("--threads", a->threads, "threads (0 = all cores)");
   cmd->add_flag("--json", a->json, "print a JSON object as the last line");
   return [=] {
@@ -280,20 +267,10 @@ Action register_analyze(CLI::App& app) {
     const std::string metric_name = from("metric", a->metric).empty() ? "top1" : from("metric", a->metric);
     const bool has_target = a->has_target || !yaml_string(extra, "target_metric").empty();
     const double target_value = a->has_target ? a->target : has_target ? parse_double(extra["target_metric"], "target_metric") : 0;
-    size_t batch_size = a->batch_size, batch_nums = a->batch_nums;
+    size_t batch_size = a->ptq.batch_size, batch_nums = a->ptq.batch_nums;
     if (extra.count("batch_size") && cmd->count("--batch-size") == 0) batch_size = parse_size(extra["batch_size"], "batch_size");
     if (extra.count("batch_nums") && cmd->count("--batch-nums") == 0) batch_nums = parse_size(extra["batch_nums"], "batch_nums");
-    if (!a->algo.empty()) config.global().activation = a->algo;
-    if (!a->weight_type.empty()) config.global().weight = a->weight_type;
-    if (a->hist_percent > 0) config.observer_options.hist_percent = a->hist_percent;
-    if (a->weight_bits > 0) config.weight_bits = a->weight_bits;
-    if (!a->op_types.empty()) config.quantizable_op_type = split_list(a->op_types);
-    if (a->full) config.is_full_quantize = true;
-    for (const auto& t : split_list(a->skip_tensors)) config.skip_tensor_list.push_back(t);
-    for (const auto& p : a->skip_nodes) config.skip_quant.push_back(p);
-    quant::make_activation_observer(config.global().activation);
-    quant::make_weight_observer(config.global().weight, config.observer_options);
-    config.validate();  // a bad --weight-bits or --quantizable-op-type fails before any work
+    apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     SQ_CHECK(batch_size > 0 && a->eval_batch_size > 0, ErrorKind::kInvalidArgument, "batch sizes must be at least 1");
     auto metric = analysis::make_metric(metric_name);  // unknown names fail before any work
     check_save_dir(save_dir);
@@ -394,15 +371,15 @@ Action register_analyze(CLI::App& app) {
       if (flags.channels) base << " --channels " << flags.channels;
       if (!a->config_path.empty()) base << " --config " << shell_word(a->config_path);
       base << " --batch-size " << batch_size << " --batch-nums " << batch_nums;
-      if (!a->algo.empty()) base << " --algo " << shell_word(a->algo);
-      if (a->hist_percent > 0) base << " --hist-percent " << a->hist_percent;
-      if (!a->weight_type.empty()) base << " --weight-quantize-type " << shell_word(a->weight_type);
-      if (a->weight_bits > 0) base << " --weight-bits " << a->weight_bits;
-      if (!a->op_types.empty()) base << " --quantizable-op-type " << shell_word(a->op_types);
-      if (a->full) base << " --is-full-quantize";
-      for (const auto& p : a->skip_nodes) base << " --skip-nodes " << shell_word(p);
+      if (!a->ptq.algo.empty()) base << " --algo " << shell_word(a->ptq.algo);
+      if (a->ptq.hist_percent > 0) base << " --hist-percent " << a->ptq.hist_percent;
+      if (!a->ptq.weight_type.empty()) base << " --weight-quantize-type " << shell_word(a->ptq.weight_type);
+      if (a->ptq.weight_bits > 0) base << " --weight-bits " << a->ptq.weight_bits;
+      if (!a->ptq.op_types.empty()) base << " --quantizable-op-type " << shell_word(a->ptq.op_types);
+      if (a->ptq.full) base << " --is-full-quantize";
+      for (const auto& p : a->ptq.skip_nodes) base << " --skip-nodes " << shell_word(p);
       base << " -o " << shell_word((std::filesystem::path(save_dir) / "target_model_requantized.onnx").string());
-      std::string user_tensors = a->skip_tensors;
+      std::string user_tensors = a->ptq.skip_tensors;
       std::ostringstream by_nodes, by_tensors;
       by_nodes << base.str();
       if (!user_tensors.empty()) by_nodes << " --skip-tensor-list " << shell_word(user_tensors);

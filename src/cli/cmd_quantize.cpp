@@ -17,32 +17,19 @@ namespace slimquant::cli {
 Action register_quantize(CLI::App& app) {
   auto* cmd = app.add_subcommand("quantize", "post-training quantization to a QDQ ONNX model");
   struct Args {
-    std::string model, data, eval_data, output, algo, weight_type, op_types, skip_tensors, config_path, metric = "top1";
+    std::string model, data, eval_data, output, config_path, metric = "top1";
     std::string cache_dir = "./temp_post_training";
     bool use_cache = false;
-    std::vector<std::string> skip_nodes;
     DataFlags flags;
-    size_t batch_size = 32, batch_nums = 10;
-    bool full = false, json = false, no_eval = false;
-    float hist_percent = 0;
-    int weight_bits = 0;
+    PtqFlags ptq;
+    bool json = false, no_eval = false;
     int threads = 0;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("MODEL", a->model, "FP32 ONNX model")->required();
   add_data_flags(cmd, a->flags, a->data);
   cmd->add_option("-o,--output", a->output, "where to write the QDQ model")->required();
-  cmd->add_option("--algo", a->algo, "activation observer: emd (default), mse, KL, hist, abs_max (direct), min_max, avg");
-  cmd->add_option("--hist-percent", a->hist_percent, "percentile for algo hist (default 0.99999)");
-  cmd->add_option("--batch-size", a->batch_size, "calibration batch size")->capture_default_str();
-  cmd->add_option("--batch-nums", a->batch_nums, "calibration batches (0 = the whole data set)")->capture_default_str();
-  cmd->add_option("--weight-quantize-type", a->weight_type, "abs_max, channel_wise_abs_max, mse_channel_wise");
-  cmd->add_option("--weight-bits", a->weight_bits,
-                  "weight bits, 2..8 (default: 8 on CPUs with VNNI, else 7, which lets INT8 run int8 kernels)");
-  cmd->add_option("--quantizable-op-type", a->op_types, "op types to quantize, e.g. Conv,MatMul,Gemm");
-  cmd->add_flag("--is-full-quantize", a->full, "also quantize pooling, Add, Concat, Softmax, Reshape, ...");
-  cmd->add_option("--skip-tensor-list", a->skip_tensors, "tensors whose readers/writers stay float (a,b,...)");
-  cmd->add_option("--skip-nodes", a->skip_nodes, "op types, node names or globs that stay float (repeatable)");
+  add_ptq_flags(cmd, a->ptq);
   cmd->add_flag("--is-use-cache-file", a->use_cache,
                 "keep the calibration state in --cache-dir while calibrating (resumes after a crash)");
   cmd->add_option("--cache-dir", a->cache_dir, "directory of the calibration cache")->capture_default_str();
@@ -56,7 +43,7 @@ Action register_quantize(CLI::App& app) {
     quant::QuantConfig config;
     std::map<std::string, std::string> extra;
     if (!a->config_path.empty()) config = quant::load_quant_config_yaml(a->config_path, config, &extra);
-    size_t batch_size = a->batch_size, batch_nums = a->batch_nums;
+    size_t batch_size = a->ptq.batch_size, batch_nums = a->ptq.batch_nums;
     bool use_cache = a->use_cache;
     std::string cache_dir = a->cache_dir;
     auto flag_given = [&](const char* name) { return cmd->count(name) > 0; };
@@ -66,18 +53,7 @@ Action register_quantize(CLI::App& app) {
     if (extra.count("batch_nums") && !flag_given("--batch-nums")) batch_nums = std::stoul(extra["batch_nums"]);
     if (extra.count("is_use_cache_file") && !flag_given("--is-use-cache-file")) use_cache = as_bool(extra["is_use_cache_file"]);
     if (extra.count("cache_dir") && !flag_given("--cache-dir")) cache_dir = extra["cache_dir"];
-    // Flags given explicitly override the config file.
-    if (!a->algo.empty()) config.global().activation = a->algo;
-    if (!a->weight_type.empty()) config.global().weight = a->weight_type;
-    if (a->hist_percent > 0) config.observer_options.hist_percent = a->hist_percent;
-    if (a->weight_bits > 0) config.weight_bits = a->weight_bits;
-    if (!a->op_types.empty()) config.quantizable_op_type = split_list(a->op_types);
-    if (a->full) config.is_full_quantize = true;
-    for (const auto& t : split_list(a->skip_tensors)) config.skip_tensor_list.push_back(t);
-    for (const auto& p : a->skip_nodes) config.skip_quant.push_back(p);
-    quant::make_activation_observer(config.global().activation);  // early, clear error for a bad name
-    quant::make_weight_observer(config.global().weight, config.observer_options);
-    config.validate();  // a bad --weight-bits or --quantizable-op-type fails before any work
+    apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     SQ_CHECK(batch_size > 0, ErrorKind::kInvalidArgument, "--batch-size must be at least 1");
 
     // Fail on an unwritable output before spending time on calibration.

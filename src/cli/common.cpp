@@ -22,6 +22,34 @@ data::DataOptions DataFlags::options(const std::string& default_spec) const {
   return o;
 }
 
+void add_ptq_flags(CLI::App* app, PtqFlags& f) {
+  app->add_option("--algo", f.algo, "activation observer: emd (default), mse, KL, hist, abs_max (direct), min_max, avg");
+  app->add_option("--hist-percent", f.hist_percent, "percentile for algo hist (default 0.99999)");
+  app->add_option("--batch-size", f.batch_size, "calibration batch size")->capture_default_str();
+  app->add_option("--batch-nums", f.batch_nums, "calibration batches (0 = the whole data set)")->capture_default_str();
+  app->add_option("--weight-quantize-type", f.weight_type, "abs_max, channel_wise_abs_max, mse_channel_wise");
+  app->add_option("--weight-bits", f.weight_bits,
+                  "weight bits, 2..8 (default: 8 on CPUs with VNNI, else 7, which lets INT8 run int8 kernels)");
+  app->add_option("--quantizable-op-type", f.op_types, "op types to quantize, e.g. Conv,MatMul,Gemm");
+  app->add_flag("--is-full-quantize", f.full, "also quantize pooling, Add, Concat, Softmax, Reshape, ...");
+  app->add_option("--skip-tensor-list", f.skip_tensors, "tensors whose readers/writers stay float (a,b,...)");
+  app->add_option("--skip-nodes", f.skip_nodes, "op types, node names or globs that stay float (repeatable)");
+}
+
+void apply_ptq_flags(const PtqFlags& f, quant::QuantConfig& config) {
+  if (!f.algo.empty()) config.global().activation = f.algo;
+  if (!f.weight_type.empty()) config.global().weight = f.weight_type;
+  if (f.hist_percent > 0) config.observer_options.hist_percent = f.hist_percent;
+  if (f.weight_bits > 0) config.weight_bits = f.weight_bits;
+  if (!f.op_types.empty()) config.quantizable_op_type = split_list(f.op_types);
+  if (f.full) config.is_full_quantize = true;
+  for (const auto& t : split_list(f.skip_tensors)) config.skip_tensor_list.push_back(t);
+  for (const auto& p : f.skip_nodes) config.skip_quant.push_back(p);
+  quant::make_activation_observer(config.global().activation);  // early, clear errors for bad names
+  quant::make_weight_observer(config.global().weight, config.observer_options);
+  config.validate();
+}
+
 void add_data_flags(CLI::App* app, DataFlags& flags, std::string& positional) {
   app->add_option("DATA", positional,
                   "data set: fashion-mnist[:train|:test], images:LIST_FILE, npy:DIR (same as --dataset)");

@@ -10,6 +10,7 @@
 
 #include "slimquant/data/dataset.h"
 #include "slimquant/ir/graph.h"
+#include "slimquant/quant/quant_config.h"
 #include "slimquant/runtime/session.h"
 
 namespace slimquant::cli {
@@ -26,6 +27,22 @@ struct DataFlags {
 // --dataset, --mean, --std, --resize, --channel-order, --limit, --channels; also accepts the data
 // set as a positional DATA argument (same syntax as --dataset).
 void add_data_flags(CLI::App* app, DataFlags& flags, std::string& positional);
+
+// The PTQ settings `quantize` and `analyze` share (seed parameter names as flags).
+struct PtqFlags {
+  std::string algo, weight_type, op_types, skip_tensors;
+  std::vector<std::string> skip_nodes;
+  size_t batch_size = 32, batch_nums = 10;
+  bool full = false;
+  float hist_percent = 0;
+  int weight_bits = 0;
+};
+// --algo, --hist-percent, --batch-size, --batch-nums, --weight-quantize-type, --weight-bits,
+// --quantizable-op-type, --is-full-quantize, --skip-tensor-list, --skip-nodes.
+void add_ptq_flags(CLI::App* app, PtqFlags& flags);
+// The flags given override `config` (the YAML's settings); checks the observer names, weight_bits
+// and op types before any work.
+void apply_ptq_flags(const PtqFlags& flags, quant::QuantConfig& config);
 
 ir::Graph load_model_arg(const std::string& path);
 
