@@ -222,4 +222,31 @@ void bind_input_shapes(Graph& g, const std::map<std::string, Shape>& shapes) {
   }
 }
 
+int merge_hardswish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
+  int merged = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& hs = g.nodes[i];
+    if (hs.op_type != "HardSigmoid" || !hs.domain.empty() || hs.inputs.size() != 1) continue;
+    if (std::fabs(hs.attr_float("alpha", 0.2f) - 1.f / 6.f) > 1e-6f || std::fabs(hs.attr_float("beta", 0.5f) - 0.5f) > 1e-6f)
+      continue;
+    const std::string x = hs.inputs[0], s = hs.outputs[0];
+    if (g.is_graph_output(s) || g.consumers(s).size() != 1 || !accept(x, s)) continue;
+    const int mul = g.consumers(s)[0];
+    Node& m = g.nodes[mul];
+    const bool reads_x_and_s = m.inputs.size() == 2 && ((m.inputs[0] == x && m.inputs[1] == s) || (m.inputs[0] == s && m.inputs[1] == x));
+    if (m.op_type != "Mul" || !m.domain.empty() || !reads_x_and_s) continue;
+    // At the Mul's place: x and everything the Mul needed are computed before it.
+    Node node;
+    node.op_type = "HardSwish";
+    node.name = m.name;
+    node.inputs = {x};
+    node.outputs = m.outputs;
+    m = std::move(node);
+    g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+    --i;
+    ++merged;
+  }
+  return merged;
+}
+
 }  // namespace slimquant::ir

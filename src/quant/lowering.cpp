@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "runtime/kernels/int8_common.h"
+#include "slimquant/ir/passes.h"
 #include "slimquant/runtime/optimize.h"
 
 namespace slimquant::quant {
@@ -377,37 +378,6 @@ ir::Node make_fused_node(ir::Graph& g, const QdqGroup& grp, const LoweringOption
 }
 
 namespace {
-bool is_hardsigmoid_of_hardswish(const ir::Node& n) {
-  return is_op(n, "HardSigmoid") && n.inputs.size() == 1 && std::fabs(n.attr_float("alpha", 0.2f) - 1.f / 6.f) <= 1e-6f &&
-         std::fabs(n.attr_float("beta", 0.5f) - 0.5f) <= 1e-6f;
-}
-
-// Mul(x, HardSigmoid(x; 1/6, 0.5)), hard-swish as exported before opset 14, after a Conv / Gemm /
-// MatMul: one HardSwish node, so that the selector fuses it like any activation.
-void merge_hardswish_after_targets(ir::Graph& g) {
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    if (!is_hardsigmoid_of_hardswish(g.nodes[i])) continue;
-    const std::string x = g.nodes[i].inputs[0], s = g.nodes[i].outputs[0];
-    const int producer = g.producer(x);
-    if (producer < 0 || !(is_op(g.nodes[producer], "Conv") || is_op(g.nodes[producer], "Gemm") ||
-                          is_op(g.nodes[producer], "MatMul")))
-      continue;
-    const auto readers = g.consumers(s);
-    if (readers.size() != 1 || g.is_graph_output(s) || g.consumers(x).size() != 2 || g.is_graph_output(x)) continue;
-    ir::Node& m = g.nodes[readers[0]];
-    if (!is_op(m, "Mul") || m.inputs.size() != 2 || !((m.inputs[0] == x && m.inputs[1] == s) || (m.inputs[0] == s && m.inputs[1] == x)))
-      continue;
-    ir::Node hs;
-    hs.op_type = "HardSwish";
-    hs.name = m.name;
-    hs.inputs = {x};
-    hs.outputs = m.outputs;
-    m = std::move(hs);
-    g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
-    --i;
-  }
-}
-
 // HardSwish nodes no group absorbed go back to HardSigmoid + Mul where the opset lacks HardSwish.
 void restore_hardswish(ir::Graph& g) {
   if (g.opset >= 14) return;
@@ -436,7 +406,15 @@ void restore_hardswish(ir::Graph& g) {
 ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, LoweringReport* report) {
   ir::Graph g = qdq;
   runtime::optimize_graph(g);
-  if (options.fuse_activation) merge_hardswish_after_targets(g);
+  if (options.fuse_activation) {
+    // Hard-swish written as x * HardSigmoid(x) after a Conv / Gemm / MatMul: one HardSwish, so the
+    // selector fuses it like any activation (restore_hardswish undoes what no group absorbs).
+    ir::merge_hardswish(g, [&](const std::string& x, const std::string&) {
+      const int p = g.producer(x);
+      return p >= 0 && (is_op(g.nodes[p], "Conv") || is_op(g.nodes[p], "Gemm") || is_op(g.nodes[p], "MatMul")) &&
+             !g.is_graph_output(x) && g.consumers(x).size() == 2;
+    });
+  }
   LoweringReport local;
   LoweringReport& r = report ? *report : local;
   r = LoweringReport{};

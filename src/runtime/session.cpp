@@ -233,36 +233,6 @@ int fuse_matmul_bias_gelu(ir::Graph& g, const std::set<std::string>& keep) {
   return fused;
 }
 
-// Execution-only: Mul(x, HardSigmoid(x; alpha 1/6, beta 0.5)), which is how exporters write
-// hard-swish before opset 14 (PyTorch, paddle2onnx), becomes one HardSwish node, which the
-// activation fusion can then put into the producing Conv. Two passes and a value fewer.
-int fuse_hardswish(ir::Graph& g, const std::set<std::string>& keep) {
-  int fused = 0;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    ir::Node& hs = g.nodes[i];
-    if (hs.op_type != "HardSigmoid" || !hs.domain.empty() || hs.inputs.size() != 1) continue;
-    if (std::fabs(hs.attr_float("alpha", 0.2f) - 1.f / 6.f) > 1e-6f || std::fabs(hs.attr_float("beta", 0.5f) - 0.5f) > 1e-6f)
-      continue;
-    const std::string& x = hs.inputs[0];
-    const std::string s = hs.outputs[0];
-    if (keep.count(s) || g.is_graph_output(s) || g.consumers(s).size() != 1) continue;
-    const int mul = g.consumers(s)[0];
-    ir::Node& m = g.nodes[mul];
-    if (m.op_type != "Mul" || !m.domain.empty() || m.inputs.size() != 2 || other_input(m, s) != x) continue;
-    // HardSwish at the Mul's place (x and everything the Mul needed are computed before it).
-    ir::Node node;
-    node.op_type = "HardSwish";
-    node.name = m.name;
-    node.inputs = {x};
-    node.outputs = m.outputs;
-    g.nodes[mul] = std::move(node);
-    g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
-    --i;
-    ++fused;
-  }
-  return fused;
-}
-
 // True when a blocked layout keeps every sample (slice along axis 0) contiguous and unpadded, at
 // the place the plain layout has it: each sample's elements are then only permuted.
 bool samples_stay_contiguous(const Layout& layout) {
@@ -415,7 +385,9 @@ class Plan {
     fold.keep = keep;
     fold_constants(graph_, fold);
     if (options.fuse_activations) {
-      fuse_hardswish(graph_, keep);
+      // Hard-swish written as x * HardSigmoid(x): one HardSwish, which the activation fusion then
+      // puts into the producing Conv (execution only).
+      ir::merge_hardswish(graph_, [&](const std::string&, const std::string& s) { return !keep.count(s); });
       ir::fuse_activations(graph_, keep);
       fuse_residual_adds(graph_, keep);
       fuse_matmul_bias_gelu(graph_, keep);

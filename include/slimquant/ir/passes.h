@@ -1,6 +1,7 @@
 #pragma once
 // Graph passes: free functions that rewrite a Graph in place and keep graph input/output names.
 // Passes that must evaluate ops (constant folding) live in runtime/optimize.h.
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -23,6 +24,12 @@ int fold_batchnorm_into_conv(Graph& g);
 // output to that node (`Node::fused`) and removes it. Values in `keep` (e.g. values a caller wants
 // to observe) are never fused away. Returns activations fused.
 int fuse_activations(Graph& g, const std::set<std::string>& keep = {});
+
+// Mul(x, HardSigmoid(x; alpha 1/6, beta 0.5)), hard-swish as exporters write it before opset 14
+// (PyTorch, paddle2onnx), becomes one HardSwish node at the Mul's place, when the HardSigmoid's
+// output is read by that Mul only and accept(x, hardsigmoid output) holds. The result needs
+// opset 14 to export: for execution, or where the HardSwish is absorbed further. Returns merges.
+int merge_hardswish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept);
 
 // Sets the shapes of the given graph inputs (others keep their declared shapes), forgets inferred
 // intermediate shapes and re-infers all shapes with ONNX shape inference. Throws kInvalidArgument
