@@ -13,20 +13,17 @@ EvalResult evaluate(runtime::Session& session, const data::Dataset& dataset, Met
   SQ_CHECK(!metric.needs_reference() || options.reference, ErrorKind::kInvalidArgument,
            "metric '" + metric.name() + "' compares against the FP32 model, which was not given");
   SQ_CHECK(dataset.size() > 0, ErrorKind::kInvalidData, "data set '" + dataset.name() + "' is empty");
-  SQ_CHECK(session.inputs().size() == 1, ErrorKind::kInvalidArgument,
-           "evaluation feeds one data set input, the model has " + std::to_string(session.inputs().size()) +
-               " inputs");
-  const std::string input = session.inputs()[0].name;
+  const std::string input = data::main_input_name(session.input_names(), dataset);
   const std::string output = session.outputs().at(0).name;
   data::BatchLoader loader(dataset, options.batch_size);
   Progress progress(options.progress_label, dataset.size());
   metric.reset();
   for (const data::Batch& batch : loader) {
-    Tensor out = session.run({{input, batch.inputs}}).at(output);
+    Tensor out = session.run(batch.feeds(input)).at(output);
     Tensor ref;
     if (metric.needs_reference()) {
       runtime::Session& r = *options.reference;
-      ref = r.run({{r.inputs().at(0).name, batch.inputs}}).at(r.outputs().at(0).name);
+      ref = r.run(batch.feeds(data::main_input_name(r.input_names(), dataset))).at(r.outputs().at(0).name);
     }
     metric.update(out, batch.labels, ref);
     progress.advance(batch.size());

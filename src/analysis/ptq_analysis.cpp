@@ -125,9 +125,8 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
   ir::Graph b = base;
   prepare_for_sweep(b);
   runtime::Session base_session(std::move(b), so);
-  SQ_CHECK(base_session.inputs().size() == 1, ErrorKind::kInvalidArgument,
-           "analysis feeds one data set input, the model has " + std::to_string(base_session.inputs().size()) + " inputs");
-  const std::string input = base_session.inputs()[0].name;
+  const std::string input = data::main_input_name(base_session.input_names(), data);
+  const std::vector<std::string> graph_inputs = base_session.input_names();
   const std::string output = base_session.outputs().at(0).name;
 
   struct Runner {
@@ -145,7 +144,7 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
     r.feeds = boundary_values(base_session.graph(), r.session->graph());
     r.output = r.session->outputs().at(0).name;
     for (const auto& f : r.feeds)
-      if (f != input) wanted_set.insert(f);
+      if (std::find(graph_inputs.begin(), graph_inputs.end(), f) == graph_inputs.end()) wanted_set.insert(f);
     runners.push_back(std::move(r));
   }
   std::vector<std::string> wanted(wanted_set.begin(), wanted_set.end());
@@ -190,11 +189,12 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
     data::Batch batch = loader.batch(bi);
     runtime::RunOptions ro;
     ro.outputs = wanted;
-    std::map<std::string, Tensor> values = base_session.run({{input, batch.inputs}}, ro);
-    values[input] = batch.inputs;
+    const std::map<std::string, Tensor> feeds = batch.feeds(input);
+    std::map<std::string, Tensor> values = base_session.run(feeds, ro);
+    values.insert(feeds.begin(), feeds.end());
     Tensor ref;
     if (metric.needs_reference())
-      ref = ref_session ? ref_session->run({{ref_session->inputs().at(0).name, batch.inputs}})
+      ref = ref_session ? ref_session->run(batch.feeds(data::main_input_name(ref_session->input_names(), data)))
                               .at(ref_session->outputs().at(0).name)
                         : values.at(output);
     base_metric->update(values.at(output), batch.labels, ref);

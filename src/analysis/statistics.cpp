@@ -167,10 +167,10 @@ nlohmann::json run_layer_statistics(const quant::PTQ& ptq, const data::Dataset& 
   const auto start = std::chrono::steady_clock::now();
   SQ_CHECK(options.batch_size > 0, ErrorKind::kInvalidArgument, "statistics: batch_size must be at least 1");
   const ir::Graph& fg = ptq.float_graph();
-  SQ_CHECK(fg.inputs.size() == 1, ErrorKind::kInvalidArgument,
-           "statistics: the model must have exactly one input (it has " + std::to_string(fg.inputs.size()) + ")");
   SQ_CHECK(data.size() > 0, ErrorKind::kInvalidData, "statistics: data set '" + data.name() + "' is empty");
-  const std::string input_name = fg.inputs[0].name;
+  std::vector<std::string> graph_inputs;
+  for (const auto& in : fg.inputs) graph_inputs.push_back(in.name);
+  const std::string input_name = data::main_input_name(graph_inputs, data);
 
   // Before any work: fail on an unwritable save_dir now, not after the data pass.
   std::error_code ec;
@@ -197,7 +197,7 @@ nlohmann::json run_layer_statistics(const quant::PTQ& ptq, const data::Dataset& 
     for (const auto& o : fnode.outputs)
       if (!o.empty()) s.outputs.push_back(o);
     for (const auto& in : s.inputs)
-      if (in != input_name) float_wanted.insert(in);
+      if (std::find(graph_inputs.begin(), graph_inputs.end(), in) == graph_inputs.end()) float_wanted.insert(in);
     float_wanted.insert(s.outputs.begin(), s.outputs.end());
     layer_outputs.insert(s.outputs.begin(), s.outputs.end());
 
@@ -249,9 +249,9 @@ nlohmann::json run_layer_statistics(const quant::PTQ& ptq, const data::Dataset& 
   for (size_t b = 0; b < batches; ++b) {
     const data::Batch batch = loader.batch(b);
     samples += batch.size();
-    const std::map<std::string, Tensor> feeds{{input_name, batch.inputs}};
+    const std::map<std::string, Tensor> feeds = batch.feeds(input_name);
     std::map<std::string, Tensor> fp = float_session.run(feeds, float_run);
-    fp[input_name] = batch.inputs;
+    fp.insert(feeds.begin(), feeds.end());
     const std::map<std::string, Tensor> accumulated = quant_session.run(feeds, quant_run);
     for (LayerState& s : layers) {
       for (const ActQuant& a : s.acts) {

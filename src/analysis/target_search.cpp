@@ -17,13 +17,12 @@ namespace slimquant::analysis {
 
 namespace {
 
-double median_latency_ms(runtime::Session& s, const Tensor& batch, int runs) {
-  const std::string in = s.inputs().at(0).name;
-  for (int i = 0; i < 2; ++i) s.run({{in, batch}});  // plans compiled, caches warm
+double median_latency_ms(runtime::Session& s, const std::map<std::string, Tensor>& feeds, int runs) {
+  for (int i = 0; i < 2; ++i) s.run(feeds);  // plans compiled, caches warm
   std::vector<double> t;
   for (int i = 0; i < std::max(1, runs); ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    s.run({{in, batch}});
+    s.run(feeds);
     t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(t.begin(), t.end());
@@ -134,7 +133,8 @@ TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport&
   runtime::Session fp32(ptq.float_graph(), so);
   data::BatchLoader loader(data, options.batch_size);
   SQ_CHECK(loader.num_batches() > 0, ErrorKind::kInvalidData, "evaluation data set '" + data.name() + "' is empty");
-  const Tensor timing_batch = loader.batch(0).inputs;
+  const std::map<std::string, Tensor> timing_batch =
+      loader.batch(0).feeds(data::main_input_name(fp32.input_names(), data));
   EvalOptions eo;
   eo.batch_size = options.batch_size;
   eo.reference = &fp32;

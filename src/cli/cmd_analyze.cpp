@@ -121,10 +121,10 @@ std::vector<std::string> write_plots(const quant::PTQ& ptq, const analysis::Sens
     const size_t nb = std::min(batches, loader.num_batches());
     runtime::RunOptions ro;
     ro.outputs.assign(tensors.begin(), tensors.end());
-    const std::string input = s.inputs().at(0).name;
+    const std::string input = data::main_input_name(s.input_names(), calib);
     for (int pass = 0; pass < 2; ++pass) {
       for (size_t b = 0; b < nb; ++b) {
-        auto values = s.run({{input, loader.batch(b).inputs}}, ro);
+        auto values = s.run(loader.batch(b).feeds(input), ro);
         for (const auto& t : tensors) {
           const Tensor& v = values.at(t);
           std::span<const float> x(v.data<float>(), static_cast<size_t>(v.numel()));
@@ -279,19 +279,20 @@ Action register_analyze(CLI::App& app) {
     if (!data_spec.empty()) flags.dataset = data_spec;
     if (flags.dataset.empty() && extra.count("data")) flags.dataset = extra["data"];
     if (flags.limit == 0 && extra.count("limit")) flags.limit = parse_size(extra["limit"], "limit");
-    auto calib = data::open_dataset(flags.options("fashion-mnist:train"));
+    ir::Graph graph = ir::load_model(model, from("model_filename", a->model_filename), from("params_filename", a->params_filename));
+    auto calib = data::open_dataset(flags.options("fashion-mnist:train", &graph));
     std::unique_ptr<data::Dataset> eval_owned;
     if (!a->eval_data.empty()) {
       DataFlags eval_flags = flags;
       eval_flags.dataset = a->eval_data;
-      eval_owned = data::open_dataset(eval_flags.options(a->eval_data));
+      eval_owned = data::open_dataset(eval_flags.options(a->eval_data, &graph));
     }
     const data::Dataset& eval_set = eval_owned ? *eval_owned : *calib;
     SQ_CHECK(!metric->needs_labels() || eval_set.has_labels(), ErrorKind::kInvalidArgument,
              "metric '" + metric_name + "' needs labels, but data set '" + eval_set.name() +
                  "' has none (use --metric cosine, sqnr or top1_agreement)");
 
-    ir::Graph graph = ir::load_model(model, from("model_filename", a->model_filename), from("params_filename", a->params_filename));
+    const std::string main_input = data::main_input_name(graph_input_names(graph), *calib);
     quant::PTQ ptq(config);
     ptq.quantize(graph);
     data::BatchLoader loader(*calib, batch_size);
@@ -299,7 +300,7 @@ Action register_analyze(CLI::App& app) {
     SQ_CHECK(batches > 0, ErrorKind::kInvalidData, "calibration data set '" + calib->name() + "' is empty");
     Progress progress("calibrate", batches, "batches");
     for (size_t i = 0; i < batches; ++i) {
-      ptq.sample(loader.batch(i).inputs);
+      ptq.sample(loader.batch(i).feeds(main_input));
       progress.advance();
     }
     progress.finish();
@@ -456,13 +457,13 @@ Action register_analyze_qat(CLI::App& app) {
     if (!a->data.empty()) flags.dataset = a->data;
     if (flags.dataset.empty() && extra.count("data")) flags.dataset = extra["data"];
     if (flags.limit == 0 && extra.count("limit")) flags.limit = parse_size(extra["limit"], "limit");
-    auto data = data::open_dataset(flags.options("fashion-mnist:test"));
-    SQ_CHECK(!metric->needs_labels() || data->has_labels(), ErrorKind::kInvalidArgument,
-             "metric '" + metric_name + "' needs labels, but data set '" + data->name() +
-                 "' has none (use --metric cosine, sqnr or top1_agreement)");
     const std::string mf = from("model_filename", a->model_filename), pf = from("params_filename", a->params_filename);
     ir::Graph quant = ir::load_model(quant_path, std::filesystem::is_directory(quant_path) ? mf : "", std::filesystem::is_directory(quant_path) ? pf : "");
     ir::Graph flt = ir::load_model(float_path, std::filesystem::is_directory(float_path) ? mf : "", std::filesystem::is_directory(float_path) ? pf : "");
+    auto data = data::open_dataset(flags.options("fashion-mnist:test", &flt));
+    SQ_CHECK(!metric->needs_labels() || data->has_labels(), ErrorKind::kInvalidArgument,
+             "metric '" + metric_name + "' needs labels, but data set '" + data->name() +
+                 "' has none (use --metric cosine, sqnr or top1_agreement)");
     auto report = analysis::analyze_qat(quant, flt, *data, *metric, o);
     std::cout << "analyzed " << report.ranked.size() << " quantized layers on " << report.samples << " samples of "
               << data->name() << " in " << std::fixed << std::setprecision(2) << report.seconds << " s"

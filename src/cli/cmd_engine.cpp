@@ -178,8 +178,9 @@ Action register_eval(CLI::App& app) {
   return [=] {
     DataFlags flags = a->flags;
     if (!a->data.empty()) flags.dataset = a->data;
-    auto dataset = data::open_dataset(flags.options("fashion-mnist:test"));
-    runtime::Session session = make_session(load_model_arg(a->model), a->threads, a->simulate);
+    ir::Graph model = load_model_arg(a->model);
+    auto dataset = data::open_dataset(flags.options("fashion-mnist:test", &model));
+    runtime::Session session = make_session(std::move(model), a->threads, a->simulate);
     auto metric = analysis::make_metric(a->metric);
     SQ_CHECK(!metric->needs_reference(), ErrorKind::kInvalidArgument,
              "eval: metric '" + a->metric + "' compares two models; use top1 or top5 here");

@@ -65,7 +65,11 @@ Action register_quantize(CLI::App& app) {
     }
     DataFlags flags = a->flags;
     if (!a->data.empty()) flags.dataset = a->data;
-    auto dataset = data::open_dataset(flags.options("fashion-mnist:train"));
+    // Side inputs take their ranks from the model (read here only when there are any).
+    std::optional<ir::Graph> model_inputs;
+    if (!flags.side_inputs.empty()) model_inputs = load_model_arg(a->model);
+    const ir::Graph* for_ranks = model_inputs ? &*model_inputs : nullptr;
+    auto dataset = data::open_dataset(flags.options("fashion-mnist:train", for_ranks));
 
     quant::PostTrainingQuantizationOptions po;
     po.model_dir = a->model;
@@ -108,7 +112,7 @@ Action register_quantize(CLI::App& app) {
       if (!a->eval_data.empty()) {
         DataFlags eval_flags = flags;
         eval_flags.dataset = a->eval_data;
-        eval_owned = data::open_dataset(eval_flags.options(a->eval_data));
+        eval_owned = data::open_dataset(eval_flags.options(a->eval_data, &model));
       }
       const data::Dataset& eval_set = eval_owned ? *eval_owned : *dataset;
       auto metric = analysis::make_metric(a->metric);
@@ -135,7 +139,8 @@ Action register_quantize(CLI::App& app) {
         j["samples"] = eval_set.size();
         // Latency of one evaluation-sized batch, both executions in the same process.
         data::BatchLoader eval_loader(eval_set, std::min<size_t>(32, eval_set.size()));
-        const std::map<std::string, Tensor> feeds{{fp32.inputs().at(0).name, eval_loader.batch(0).inputs}};
+        const std::map<std::string, Tensor> feeds =
+            eval_loader.batch(0).feeds(data::main_input_name(fp32.input_names(), eval_set));
         const Timing t_fp32 = time_runs(fp32, feeds, 20), t_int8 = time_runs(int8, feeds, 20);
         std::cout << "latency (batch " << eval_loader.batch_size() << ", median of 20): fp32 " << std::setprecision(3)
                   << t_fp32.median_ms << " ms, int8 " << t_int8.median_ms << " ms (" << std::setprecision(2)

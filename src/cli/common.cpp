@@ -10,7 +10,7 @@
 
 namespace slimquant::cli {
 
-data::DataOptions DataFlags::options(const std::string& default_spec) const {
+data::DataOptions DataFlags::options(const std::string& default_spec, const ir::Graph* model) const {
   data::DataOptions o;
   o.spec = dataset.empty() ? default_spec : dataset;
   if (!mean.empty()) o.mean = data::parse_float_list(mean, "--mean");
@@ -19,6 +19,13 @@ data::DataOptions DataFlags::options(const std::string& default_spec) const {
   o.channel_order = data::parse_channel_order(channel_order, "--channel-order");
   o.limit = limit;
   o.channels = channels;
+  for (const auto& text : side_inputs) {
+    data::SideInputSpec side = data::parse_side_input(text, "--side-input");
+    if (model)
+      for (const auto& in : model->inputs)
+        if (in.name == side.name && in.dims) side.model_rank = in.dims->size();
+    o.side_inputs.push_back(std::move(side));
+  }
   return o;
 }
 
@@ -60,9 +67,18 @@ void add_data_flags(CLI::App* app, DataFlags& flags, std::string& positional) {
   app->add_option("--channel-order", flags.channel_order, "rgb or bgr")->capture_default_str();
   app->add_option("--channels", flags.channels, "decode images with 1 or 3 channels (0 = as stored)");
   app->add_option("--limit", flags.limit, "use only the first N samples (0 = all)");
+  app->add_option("--side-input", flags.side_inputs,
+                  "NAME=FILE.npy: a further model input fed with the samples, one row per sample or one for all "
+                  "(multi-input models; repeatable)");
 }
 
 ir::Graph load_model_arg(const std::string& path) { return ir::load_model(path); }
+
+std::vector<std::string> graph_input_names(const ir::Graph& g) {
+  std::vector<std::string> names;
+  for (const auto& in : g.inputs) names.push_back(in.name);
+  return names;
+}
 
 void print_json(const nlohmann::json& j) { std::cout << j.dump() << std::endl; }
 

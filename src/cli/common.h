@@ -21,10 +21,12 @@ struct DataFlags {
   std::string mean, stddev, resize, channel_order = "rgb";
   size_t limit = 0;
   int channels = 0;
-  data::DataOptions options(const std::string& default_spec) const;
+  std::vector<std::string> side_inputs;  // NAME=FILE.npy
+  // `model` supplies the side inputs' ranks (without it, side arrays must be [N, ...] or [1, ...]).
+  data::DataOptions options(const std::string& default_spec, const ir::Graph* model = nullptr) const;
 };
 
-// --dataset, --mean, --std, --resize, --channel-order, --limit, --channels; also accepts the data
+// --dataset, --mean, --std, --resize, --channel-order, --limit, --channels, --side-input; also accepts the data
 // set as a positional DATA argument (same syntax as --dataset).
 void add_data_flags(CLI::App* app, DataFlags& flags, std::string& positional);
 
@@ -45,6 +47,7 @@ void add_ptq_flags(CLI::App* app, PtqFlags& flags);
 void apply_ptq_flags(const PtqFlags& flags, quant::QuantConfig& config);
 
 ir::Graph load_model_arg(const std::string& path);
+std::vector<std::string> graph_input_names(const ir::Graph& g);
 
 // The last line a command prints with --json.
 void print_json(const nlohmann::json& j);

@@ -5,6 +5,12 @@
 
 namespace slimquant::data {
 
+std::map<std::string, Tensor> Batch::feeds(const std::string& main_input) const {
+  std::map<std::string, Tensor> f = side_inputs;
+  f[main_input] = inputs;
+  return f;
+}
+
 BatchLoader::BatchLoader(const Dataset& dataset, size_t batch_size)
     : dataset_(dataset), batch_size_(batch_size) {
   SQ_CHECK(batch_size >= 1, ErrorKind::kInvalidArgument, "batch size must be at least 1");
@@ -55,6 +61,17 @@ Batch BatchLoader::load_range(size_t first, size_t count) const {
     }
   }
   if (error) std::rethrow_exception(error);
+
+  const std::vector<SideInput>& sides = dataset_.side_inputs();
+  for (size_t s = 0; s < sides.size(); ++s) {
+    Shape side_shape = sides[s].sample_shape;
+    side_shape.insert(side_shape.begin(), static_cast<int64_t>(count));
+    Tensor t(sides[s].dtype, std::move(side_shape));
+    const size_t row = t.nbytes() / count;
+    for (size_t k = 0; k < count; ++k)
+      dataset_.load_side_input(s, first + k, static_cast<std::byte*>(t.raw()) + k * row);
+    b.side_inputs[sides[s].name] = std::move(t);
+  }
 
   if (dataset_.has_labels()) {
     b.labels.resize(count);

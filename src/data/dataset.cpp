@@ -21,7 +21,9 @@ std::string fashion_mnist_dir() {
   return env && *env ? std::string(env) : std::string("/usr/share/datasets/fashion-mnist");
 }
 
-std::unique_ptr<Dataset> open_dataset(const DataOptions& options) {
+namespace {
+
+std::unique_ptr<Dataset> open_samples(const DataOptions& options) {
   const std::string& spec = options.spec;
   const size_t colon = spec.find(':');
   const std::string kind = spec.substr(0, colon);
@@ -48,6 +50,12 @@ std::unique_ptr<Dataset> open_dataset(const DataOptions& options) {
        "unknown data set '" + spec +
            "' (expected fashion-mnist, fashion-mnist:train, fashion-mnist:test, images:LIST_FILE or "
            "npy:DIR)");
+}
+
+}  // namespace
+
+std::unique_ptr<Dataset> open_dataset(const DataOptions& options) {
+  return detail::with_side_inputs(open_samples(options), options);
 }
 
 namespace {

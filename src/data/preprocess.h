@@ -54,5 +54,7 @@ std::unique_ptr<Dataset> open_image_list(const DataOptions& options, const std::
                                          const std::string& list_file);
 std::unique_ptr<Dataset> open_npy_dir(const DataOptions& options, const std::string& name,
                                       const std::string& dir);
+// `base` plus options.side_inputs (returned as is when there are none).
+std::unique_ptr<Dataset> with_side_inputs(std::unique_ptr<Dataset> base, const DataOptions& options);
 
 }  // namespace slimquant::data::detail

@@ -69,8 +69,10 @@ QuantConfig PostTrainingQuantization::make_config() const {
 
 std::string PostTrainingQuantization::data_identity() const {
   std::string id = "batch_size=" + std::to_string(options_.batch_size);
-  if (options_.dataset)
+  if (options_.dataset) {
     id += ";data=" + options_.dataset->name() + ";n=" + std::to_string(options_.dataset->size());
+    for (const auto& side : options_.dataset->side_inputs()) id += ";side=" + side.name;
+  }
   else
     id += ";data=sample_generator";
   return id;
@@ -130,15 +132,9 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   };
 
   if (o.dataset) {
-    if (float_graph_.inputs.size() != 1) {
-      std::string names;
-      for (const auto& in : float_graph_.inputs) names += (names.empty() ? "'" : ", '") + in.name + "'";
-      fail(ErrorKind::kInvalidArgument,
-           "a data set (DATA, PostTrainingQuantizationOptions::dataset) feeds one input, but this model has " +
-               std::to_string(float_graph_.inputs.size()) + " (" + names +
-               "); calibrate it from C++ with PostTrainingQuantizationOptions::sample_generator, which gives "
-               "every input of a sample");
-    }
+    std::vector<std::string> model_inputs;
+    for (const auto& in : float_graph_.inputs) model_inputs.push_back(in.name);
+    const std::string main_input = data::main_input_name(model_inputs, *o.dataset);
     data::BatchLoader loader(*o.dataset, o.batch_size);
     const size_t available = loader.num_batches();
     SQ_CHECK(available > 0, ErrorKind::kInvalidData, "calibration data set '" + o.dataset->name() + "' is empty");
@@ -155,7 +151,7 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     progress.advance(report_.resumed_batches);
     for (size_t i = report_.resumed_batches; i < total; ++i) {
       data::Batch b = loader.batch(i);
-      ptq_->sample(b.inputs);
+      ptq_->sample(b.feeds(main_input));
       report_.samples += b.size();
       progress.advance();
       after_batch(i + 1, total);

@@ -727,6 +727,12 @@ std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& 
   return (*it)->plan->run(feeds, options.on_value, options.observe_in_any_layout, *(*it)->pool);
 }
 
+std::vector<std::string> Session::input_names() const {
+  std::vector<std::string> names;
+  for (const auto& in : graph_.inputs) names.push_back(in.name);
+  return names;
+}
+
 Tensor Session::run_single(const Tensor& input) {
   SQ_CHECK(graph_.inputs.size() == 1, ErrorKind::kInvalidArgument,
            "run_single needs a model with one input, this one has " + std::to_string(graph_.inputs.size()));

@@ -662,5 +662,100 @@ TEST_F(DataTest, BatchLoaderReportsTheFirstBadSample) {
   EXPECT_TRUE(contains(e, "holds Inf at element 0")) << e.what();
 }
 
+
+// ---------------------------------------------------------------- side inputs (multi-input models)
+
+TEST_F(DataTest, SideInputsPerSampleBroadcastAndOneSample) {
+  fs::create_directories(dir_ / "n");
+  Tensor x(DType::kFloat32, {3, 1, 2, 2});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(i);
+  write_npy(path("n/images.npy"), x);
+  // im_shape: one row per sample, int64 kept as such; scale_factor: one row for all ([1, 2]);
+  // offset: one sample without a batch dimension (model rank 2, array rank 1).
+  write_npy(path("im_shape.npy"), Tensor::from_vector<int64_t>({3, 2}, {10, 11, 20, 21, 30, 31}));
+  write_npy(path("scale_factor.npy"), Tensor::from_vector<float>({1, 2}, {0.5f, 0.25f}));
+  write_npy(path("offset.npy"), Tensor::from_vector<float>({2}, {7.f, 8.f}));
+
+  DataOptions o{.spec = "npy:" + path("n")};
+  o.side_inputs = {{"im_shape", path("im_shape.npy"), 2},
+                   {"scale_factor", path("scale_factor.npy"), 2},
+                   {"offset", path("offset.npy"), 2}};
+  auto ds = open_dataset(o);
+  ASSERT_EQ(ds->side_inputs().size(), 3u);
+  EXPECT_EQ(ds->side_inputs()[0].dtype, DType::kInt64);
+  EXPECT_EQ(ds->side_inputs()[0].sample_shape, (Shape{2}));
+  EXPECT_EQ(ds->side_inputs()[1].sample_shape, (Shape{2}));
+  EXPECT_EQ(ds->side_inputs()[2].sample_shape, (Shape{2}));
+
+  BatchLoader loader(*ds, 2);
+  const Batch b = loader.batch(1);  // sample 2 alone
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b.side_inputs.at("im_shape").shape(), (Shape{1, 2}));
+  EXPECT_EQ(b.side_inputs.at("im_shape").data<int64_t>()[0], 30);
+  EXPECT_EQ(b.side_inputs.at("im_shape").data<int64_t>()[1], 31);
+  const Batch a = loader.batch(0);
+  ASSERT_EQ(a.side_inputs.at("scale_factor").shape(), (Shape{2, 2}));
+  EXPECT_EQ(a.side_inputs.at("scale_factor").to_float_vector(), (std::vector<float>{0.5f, 0.25f, 0.5f, 0.25f}));
+  EXPECT_EQ(a.side_inputs.at("offset").to_float_vector(), (std::vector<float>{7.f, 8.f, 7.f, 8.f}));
+  EXPECT_EQ(a.side_inputs.at("im_shape").to_int64_vector(), (std::vector<int64_t>{10, 11, 20, 21}));
+
+  const auto feeds = a.feeds("image");
+  ASSERT_EQ(feeds.size(), 4u);
+  EXPECT_EQ(feeds.at("image").shape(), (Shape{2, 1, 2, 2}));
+  EXPECT_EQ(main_input_name({"image", "im_shape", "scale_factor", "offset"}, *ds), "image");
+  EXPECT_EQ(main_input_name({"im_shape", "scale_factor", "offset", "image"}, *ds), "image");
+
+  // A limit keeps the first rows of a per-sample array.
+  o.limit = 2;
+  EXPECT_EQ(open_dataset(o)->size(), 2u);
+}
+
+TEST_F(DataTest, SideInputErrorsNameTheInput) {
+  fs::create_directories(dir_ / "n");
+  write_npy(path("n/images.npy"), Tensor(DType::kFloat32, {3, 4}));
+  write_npy(path("two_rows.npy"), Tensor(DType::kFloat32, {2, 2}));
+  Tensor nan(DType::kFloat32, {1, 2});
+  nan.data<float>()[1] = std::nanf("");
+  write_npy(path("nan.npy"), nan);
+  write_npy(path("rank3.npy"), Tensor(DType::kFloat32, {3, 1, 2}));
+  const std::string spec = "npy:" + path("n");
+
+  auto open_with = [&](std::vector<SideInputSpec> sides) {
+    DataOptions o{.spec = spec};
+    o.side_inputs = std::move(sides);
+    return open_dataset(o);
+  };
+  Error e = error_of([&] { open_with({{"scale", path("two_rows.npy"), 2}}); });
+  EXPECT_EQ(e.kind(), ErrorKind::kInvalidData);
+  EXPECT_TRUE(contains(e, "side input 'scale'") && contains(e, "2 rows for the 3 samples")) << e.what();
+  e = error_of([&] { open_with({{"scale", path("nan.npy"), 2}}); });
+  EXPECT_EQ(e.kind(), ErrorKind::kInvalidData);
+  EXPECT_TRUE(contains(e, "NaN at element 1")) << e.what();
+  e = error_of([&] { open_with({{"scale", path("rank3.npy"), 2}}); });
+  EXPECT_TRUE(contains(e, "rank 2")) << e.what();
+  e = error_of([&] { open_with({{"scale", path("missing.npy"), 2}}); });
+  EXPECT_EQ(e.kind(), ErrorKind::kIo);
+  write_npy(path("ok.npy"), Tensor(DType::kFloat32, {1, 2}));
+  e = error_of([&] { open_with({{"scale", path("ok.npy"), 2}, {"scale", path("ok.npy"), 2}}); });
+  EXPECT_TRUE(contains(e, "given twice")) << e.what();
+
+  // Which input the samples feed: exactly one must be left over.
+  auto ds = open_with({{"scale", path("rank3.npy"), 0}});
+  e = error_of([&] { main_input_name({"image", "im_shape"}, *ds); });
+  EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+  EXPECT_TRUE(contains(e, "'scale' is not an input of the model")) << e.what();
+  e = error_of([&] { main_input_name({"image", "scale", "im_shape"}, *ds); });
+  EXPECT_TRUE(contains(e, "--side-input") && contains(e, "'im_shape'")) << e.what();
+  e = error_of([&] { main_input_name({"scale"}, *ds); });
+  EXPECT_TRUE(contains(e, "every model input")) << e.what();
+  auto plain = open_dataset({.spec = spec});
+  e = error_of([&] { main_input_name({"image", "im_shape"}, *plain); });
+  EXPECT_TRUE(contains(e, "has 2 inputs ('image', 'im_shape')")) << e.what();
+
+  EXPECT_EQ(parse_side_input("a=b.npy", "--side-input").path, "b.npy");
+  e = error_of([&] { parse_side_input("a.npy", "--side-input"); });
+  EXPECT_TRUE(contains(e, "--side-input 'a.npy': expected NAME=FILE.npy")) << e.what();
+}
+
 }  // namespace
 }  // namespace slimquant::data

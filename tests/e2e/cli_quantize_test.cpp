@@ -8,6 +8,7 @@
 #include "runtime/kernels/int8_common.h"
 #include "slimquant/core/npy.h"
 #include "slimquant/ir/onnx_io.h"
+#include "multi_input_model.h"
 #include "test_util.h"
 
 using namespace slimquant;
@@ -61,6 +62,32 @@ TEST(CliQuantize, WeightBitsFlagSetsTheGridAndTheMetadata) {
         for (int64_t v : t.to_int64_vector()) max_abs = std::max(max_abs, std::abs(v));
     EXPECT_EQ(max_abs, (1 << (bits - 1)) - 1) << bits << " bits";  // each channel's max maps to the top
   }
+}
+
+// A two-input model: the data set feeds the image, --side-input the second input (one row for all).
+// Without it the error names the inputs and the flag.
+TEST(CliQuantize, SideInputFeedsASecondModelInput) {
+  test::TempDir tmp("cli_q_side");
+  ir::save_onnx(test::resnet_with_offset_input(), tmp.path("two.onnx"));
+  write_npy(tmp.path("offset.npy"), Tensor(DType::kFloat32, {1, 64}));  // zeros: the model's own logits
+  auto r = test::run_cli("quantize " + tmp.path("two.onnx") + " " + kSmallCalib + "--side-input offset=" +
+                         tmp.path("offset.npy") + " --eval-dataset fashion-mnist:test -o " + tmp.path("q.onnx") +
+                         " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto j = last_json_line(r.output);
+  EXPECT_GT(j["int8_top1"].get<double>(), 0.8);
+  EXPECT_LE(std::abs(j["int8_top1"].get<double>() - j["fp32_top1"].get<double>()), 0.05);
+  EXPECT_EQ(ir::load_onnx(tmp.path("q.onnx")).inputs.size(), 2u);
+
+  auto ev = test::run_cli("eval " + tmp.path("q.onnx") + " --dataset fashion-mnist:test --limit 64 --side-input offset=" +
+                          tmp.path("offset.npy") + " --json");
+  ASSERT_EQ(ev.exit_code, 0) << ev.output;
+  EXPECT_NEAR(last_json_line(ev.output)["top1"].get<double>(), j["int8_top1"].get<double>(), 0.02);
+
+  auto missing = test::run_cli("quantize " + tmp.path("two.onnx") + " " + kSmallCalib + "-o " + tmp.path("m.onnx"));
+  EXPECT_EQ(missing.exit_code, 5) << missing.output;
+  EXPECT_NE(missing.output.find("('input', 'offset')"), std::string::npos) << missing.output;
+  EXPECT_NE(missing.output.find("--side-input"), std::string::npos) << missing.output;
 }
 
 TEST(CliQuantizeBadInput, EachProblemHasItsExitCodeAndMessage) {

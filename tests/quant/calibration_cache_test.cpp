@@ -3,15 +3,18 @@
 // config are refused; sample_generator and Dataset sources agree; bad input is named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <random>
 #include <sstream>
 
+#include "slimquant/core/npy.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/observer.h"
 #include "slimquant/quant/post_training_quantization.h"
 #include "slimquant/quant/ptq.h"
+#include "multi_input_model.h"
 #include "test_util.h"
 
 using namespace slimquant;
@@ -191,6 +194,42 @@ TEST_F(CalibrationCache, WrapperResumesFromALeftoverCache) {
   EXPECT_FALSE(std::filesystem::exists(wrapper.cache_path()));
 }
 
+// A two-input model (an offset added to the classifier's input) calibrated from a data set plus a
+// side input equals PTQ fed both inputs by hand; a different offset gives a different model.
+TEST_F(CalibrationCache, SideInputFeedsTheSecondInput) {
+  const ir::Graph g = test::resnet_with_offset_input();
+  test::TempDir tmp("ptq_side_input");
+  ir::save_onnx(g, tmp.path("two.onnx"));
+  Tensor offset(DType::kFloat32, {1, 64});
+  for (int64_t i = 0; i < 64; ++i) offset.data<float>()[i] = 0.05f * static_cast<float>(i);
+  write_npy(tmp.path("offset.npy"), offset);
+
+  auto calibrate_with_side_input = [&](const std::string& file) {
+    data::DataOptions o{.spec = "fashion-mnist:test", .limit = 64};
+    o.side_inputs = {{"offset", file, 2}};
+    auto ds = data::open_dataset(o);
+    quant::PostTrainingQuantizationOptions po;
+    po.model_dir = tmp.path("two.onnx");
+    po.dataset = ds.get();
+    po.batch_size = 32;
+    quant::PostTrainingQuantization ptq(po);
+    return ir::serialize_onnx(ptq.quantize());
+  };
+  const std::string wrapped = calibrate_with_side_input(tmp.path("offset.npy"));
+
+  quant::PTQ by_hand{quant::QuantConfig{}};
+  by_hand.quantize(g);
+  data::BatchLoader loader(*data_, 32);
+  Tensor rows(DType::kFloat32, {32, 64});
+  for (int64_t r = 0; r < 32; ++r) std::copy_n(offset.data<float>(), 64, rows.data<float>() + r * 64);
+  for (size_t i = 0; i < 2; ++i) by_hand.sample({{"input", loader.batch(i).inputs}, {"offset", rows}});
+  EXPECT_EQ(wrapped, ir::serialize_onnx(by_hand.convert()));
+
+  for (float& v : offset.values<float>()) v *= 20.f;
+  write_npy(tmp.path("big_offset.npy"), offset);
+  EXPECT_NE(wrapped, calibrate_with_side_input(tmp.path("big_offset.npy"))) << "the side input must reach the model";
+}
+
 TEST_F(CalibrationCache, BadInputIsNamed) {
   quant::PostTrainingQuantizationOptions o;
   o.model_dir = test::fixture_model("resnet_small");
@@ -217,7 +256,8 @@ TEST_F(CalibrationCache, BadInputIsNamed) {
     ir::save_onnx(g, two.path("two.onnx"));
     auto two_inputs = o;
     two_inputs.model_dir = two.path("two.onnx");
-    expect_error(two_inputs, ErrorKind::kInvalidArgument, "has 2 ('input', 'scale_factor'); calibrate it from C++");
+    expect_error(two_inputs, ErrorKind::kInvalidArgument, "has 2 inputs ('input', 'scale_factor')");
+    expect_error(two_inputs, ErrorKind::kInvalidArgument, "--side-input NAME=FILE.npy");
   }
   auto bad_cache = o;
   bad_cache.is_use_cache_file = true;

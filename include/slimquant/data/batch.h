@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "slimquant/core/tensor.h"
@@ -16,7 +18,12 @@ struct Batch {
   Tensor inputs;                // [n, ...sample_shape], float32
   std::vector<int64_t> labels;  // n labels, or empty when the data set has none
   size_t first_index = 0;       // data set index of inputs[0]
+  // The data set's side inputs by model input name, each [n, ...its sample_shape].
+  std::map<std::string, Tensor> side_inputs;
   size_t size() const { return inputs.defined() ? static_cast<size_t>(inputs.dim(0)) : 0; }
+  // Everything a model run needs: the samples as `main_input` (data::main_input_name) plus the
+  // side inputs.
+  std::map<std::string, Tensor> feeds(const std::string& main_input) const;
 };
 
 class BatchLoader {

@@ -25,6 +25,17 @@ struct ImageSize {
   bool operator==(const ImageSize&) const = default;
 };
 
+// A further model input fed with every sample, for models with several inputs (PaddleDetection's
+// image + im_shape + scale_factor, a mask next to an image): the CLI's `--side-input NAME=FILE.npy`.
+// With the input's rank R in the model known, an array of rank R holds one row per sample ([N, ...])
+// or one row for all samples ([1, ...]); an array of rank R-1 is one sample for all. With the rank
+// unknown the array must be [N, ...] or [1, ...]. Values keep the file's dtype.
+struct SideInputSpec {
+  std::string name;       // model input
+  std::string path;       // .npy file
+  size_t model_rank = 0;  // the input's rank in the model, 0 = unknown
+};
+
 // Mirrors the CLI's data flags.
 struct DataOptions {
   // "fashion-mnist" (= test split), "fashion-mnist:train", "fashion-mnist:test",
@@ -42,6 +53,16 @@ struct DataOptions {
   int channels = 0;
   // Use only the first `limit` samples; 0 = all.
   size_t limit = 0;
+  // Further model inputs (see SideInputSpec); the data set's samples feed the one model input
+  // not named here.
+  std::vector<SideInputSpec> side_inputs = {};
+};
+
+// A model input a data set feeds besides its samples (SideInputSpec, once opened).
+struct SideInput {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape sample_shape;  // one sample, without the batch dimension
 };
 
 class Dataset {
@@ -60,6 +81,11 @@ class Dataset {
   // Throws kInvalidArgument when the data set has no labels or index is out of range.
   virtual int64_t label(size_t index) const = 0;
 
+  // Further model inputs each sample carries (empty for single-input data).
+  virtual const std::vector<SideInput>& side_inputs() const;
+  // Writes side input `which` of sample `index` (its dtype and sample_shape) to dst. Thread-safe.
+  virtual void load_side_input(size_t which, size_t index, void* dst) const;
+
   int64_t sample_numel() const { return shape_numel(sample_shape()); }
   // One sample as a float32 tensor of sample_shape().
   Tensor sample(size_t index) const;
@@ -69,6 +95,14 @@ class Dataset {
 // options that do not fit the data (mean/stddev length, channels), kIo for missing files and
 // directories, kInvalidData for corrupt or empty data.
 std::unique_ptr<Dataset> open_dataset(const DataOptions& options);
+
+// The model input the data set's samples feed: the one input of `model_inputs` (in model order)
+// that no side input names. Throws kInvalidArgument naming the inputs when a side input is not a
+// model input, or when anything other than exactly one input is left for the samples.
+std::string main_input_name(const std::vector<std::string>& model_inputs, const Dataset& data);
+
+// "NAME=FILE.npy" -> {NAME, FILE.npy} (model_rank unset); kInvalidArgument naming `what` otherwise.
+SideInputSpec parse_side_input(std::string_view text, std::string_view what);
 
 // Where Debian's dataset-fashion-mnist puts the files; $SLIMQUANT_FASHION_MNIST_DIR overrides it.
 std::string fashion_mnist_dir();

@@ -67,6 +67,7 @@ class Session {
 
   const ir::Graph& graph() const { return graph_; }  // after construction-time optimisation
   const std::vector<ir::ValueInfo>& inputs() const { return graph_.inputs; }
+  std::vector<std::string> input_names() const;
   const std::vector<ir::ValueInfo>& outputs() const { return graph_.outputs; }
   const SessionOptions& options() const { return options_; }
   size_t cached_plan_count() const { return plans_.size(); }
