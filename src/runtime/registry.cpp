@@ -23,6 +23,10 @@ const KernelRegistry& KernelRegistry::instance() {
     register_dnnl_kernels(r);
     register_shape_kernels(r);
     register_int8_kernels(r);
+    register_recurrent_kernels(r);
+    register_index_kernels(r);
+    register_detection_kernels(r);
+    register_misc_math_kernels(r);
     return r;
   }();
   return registry;

@@ -8,15 +8,15 @@
 #include <limits>
 #include <random>
 
-#include "elementwise_test_util.h"
+#include "kernel_test_util.h"
 #include "runtime/kernels/elementwise_qdq.h"
 
 namespace slimquant::runtime {
 namespace {
 
-using ew_test::make_node;
-using ew_test::random_floats;
-using ew_test::run1;
+using kernel_test::make_node;
+using kernel_test::random_floats;
+using kernel_test::run1;
 
 // Offset of output index `i` into an input of shape `in` broadcast to `out` (division per
 // element: the obviously-correct reference).

@@ -4,13 +4,13 @@
 
 #include <cmath>
 
-#include "elementwise_test_util.h"
+#include "kernel_test_util.h"
 
 namespace slimquant::runtime {
 namespace {
 
-using ew_test::make_node;
-using ew_test::run1;
+using kernel_test::make_node;
+using kernel_test::run1;
 
 Tensor grid() {
   std::vector<float> v;

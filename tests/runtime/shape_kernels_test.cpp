@@ -8,44 +8,15 @@
 #include <numeric>
 #include <random>
 
+#include "kernel_test_util.h"
 #include "runtime/kernels/shape_common.h"
 #include "slimquant/runtime/kernel.h"
 
 namespace slimquant::runtime {
 namespace {
 
-ir::Node make_node(const std::string& op, size_t n_inputs, size_t n_outputs) {
-  ir::Node n;
-  n.op_type = op;
-  n.name = "/" + op + "_0";
-  for (size_t i = 0; i < n_inputs; ++i) n.inputs.push_back("in" + std::to_string(i));
-  for (size_t i = 0; i < n_outputs; ++i) n.outputs.push_back("out" + std::to_string(i));
-  return n;
-}
-
-// Runs the registered kernel of node.op_type once. Output buffers come pre-filled with 0xAB so an
-// element a kernel forgets to write shows up (a session reuses buffers without zeroing them).
-// `constant` marks inputs the kernel may read at creation time, as initializers would be.
-std::vector<Tensor> run_op(const ir::Node& node, int64_t opset, const std::vector<Tensor>& inputs,
-                           std::vector<bool> constant = {}) {
-  const KernelFactory* f = KernelRegistry::instance().find(node.op_type);
-  EXPECT_NE(f, nullptr) << node.op_type;
-  constant.resize(inputs.size(), false);
-  KernelInit init{node, opset, [&](size_t i) -> const Tensor* {
-                    return i < inputs.size() && constant[i] && inputs[i].defined() ? &inputs[i] : nullptr;
-                  }};
-  std::unique_ptr<Kernel> k = (*f)(init);
-  std::vector<const Tensor*> ptrs;
-  for (const Tensor& t : inputs) ptrs.push_back(t.defined() ? &t : nullptr);
-  std::vector<Tensor> outputs(node.outputs.size());
-  KernelContext ctx(node, ptrs, outputs, [](DType d, const Shape& s) {
-    Tensor t(d, s);
-    std::memset(t.raw(), 0xAB, t.nbytes());
-    return t;
-  });
-  k->run(ctx);
-  return outputs;
-}
+using kernel_test::make_node;
+using kernel_test::run_op;
 
 template <typename T>
 Tensor iota_tensor(const Shape& s) {

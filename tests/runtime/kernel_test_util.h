@@ -1,5 +1,5 @@
 #pragma once
-// Helpers shared by the elementwise-family tests: run one registered kernel on given tensors.
+// Helpers shared by the kernel tests: build a node, run one registered kernel on given tensors.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -10,7 +10,7 @@
 
 #include "slimquant/runtime/kernel.h"
 
-namespace slimquant::runtime::ew_test {
+namespace slimquant::runtime::kernel_test {
 
 inline ir::Node make_node(const std::string& op, size_t n_inputs, size_t n_outputs = 1) {
   ir::Node n;
@@ -23,11 +23,16 @@ inline ir::Node make_node(const std::string& op, size_t n_inputs, size_t n_outpu
 
 // Runs node.op_type's kernel once. Output buffers are pre-filled with 0xAB: a session reuses
 // buffers without zeroing, so an element a kernel forgets to write must show up here.
-// Undefined tensors in `inputs` are absent optional inputs.
-inline std::vector<Tensor> run_op(const ir::Node& node, const std::vector<Tensor>& inputs, int64_t opset = 17) {
+// Undefined tensors in `inputs` are absent optional inputs; `constant` marks inputs the kernel may
+// read at creation time, as initializers would be.
+inline std::vector<Tensor> run_op(const ir::Node& node, const std::vector<Tensor>& inputs, int64_t opset = 17,
+                                  std::vector<bool> constant = {}) {
   const KernelFactory* f = KernelRegistry::instance().find(node.op_type);
   if (!f) ADD_FAILURE() << "no kernel registered for " << node.op_type;
-  KernelInit init{node, opset, [](size_t) -> const Tensor* { return nullptr; }};
+  constant.resize(inputs.size(), false);
+  KernelInit init{node, opset, [&](size_t i) -> const Tensor* {
+                    return i < inputs.size() && constant[i] && inputs[i].defined() ? &inputs[i] : nullptr;
+                  }};
   std::unique_ptr<Kernel> k = (*f)(init);
   std::vector<const Tensor*> ptrs;
   for (const Tensor& t : inputs) ptrs.push_back(t.defined() ? &t : nullptr);
@@ -45,6 +50,15 @@ inline Tensor run1(const ir::Node& node, const std::vector<Tensor>& inputs, int6
   return run_op(node, inputs, opset).at(0);
 }
 
+// The same with the opset first, for tests that sweep opsets.
+inline std::vector<Tensor> run_op(const ir::Node& node, int64_t opset, const std::vector<Tensor>& inputs,
+                                  std::vector<bool> constant = {}) {
+  return run_op(node, inputs, opset, std::move(constant));
+}
+inline Tensor run1(const ir::Node& node, int64_t opset, const std::vector<Tensor>& inputs) {
+  return run_op(node, inputs, opset).at(0);
+}
+
 inline Tensor random_floats(const Shape& s, std::mt19937& rng, float lo = -3.f, float hi = 3.f) {
   std::uniform_real_distribution<float> dist(lo, hi);
   Tensor t(DType::kFloat32, s);
@@ -52,4 +66,4 @@ inline Tensor random_floats(const Shape& s, std::mt19937& rng, float lo = -3.f, 
   return t;
 }
 
-}  // namespace slimquant::runtime::ew_test
+}  // namespace slimquant::runtime::kernel_test
