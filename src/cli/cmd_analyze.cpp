@@ -1,5 +1,6 @@
 // analyze / analyze-qat: per-layer quantization sensitivity (seeds 000 and 001) from the command line.
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -64,15 +65,25 @@ std::string yaml_string(const std::map<std::string, std::string>& extra, const s
   return it->second;
 }
 
+// A metric value for the console: 4 decimals, or 3 significant digits for the small values that
+// fidelity metrics take (a cosine distance of 1e-5 must not print as 0.0000).
+std::string format_metric(double v) {
+  std::ostringstream os;
+  if (v != 0 && std::abs(v) < 0.01) os << std::scientific << std::setprecision(2) << v;
+  else os << std::fixed << std::setprecision(4) << v;
+  return os.str();
+}
+
+// "cosine" is a distance (1 - cosine similarity); say so where it is printed.
+std::string metric_label(const std::string& metric) { return metric == "cosine" ? "cosine distance" : metric; }
+
 void print_ranking(const analysis::SensitivityReport& r, size_t top) {
-  std::cout << std::setprecision(4) << std::fixed;
   const char* what = r.kind == "qat" ? "gain" : "loss";
   for (size_t i = 0; i < r.ranked.size() && i < top; ++i) {
     const auto& l = r.ranked[i];
-    std::cout << "  " << std::setw(2) << i + 1 << ". " << l.name << " (" << l.op_type << ")  " << r.metric << ' '
-              << l.metric << "  " << what << ' ' << l.delta << '\n';
+    std::cout << "  " << std::setw(2) << i + 1 << ". " << l.name << " (" << l.op_type << ")  " << metric_label(r.metric)
+              << ' ' << format_metric(l.metric) << "  " << what << ' ' << format_metric(l.delta) << '\n';
   }
-  std::cout.unsetf(std::ios::floatfield);
 }
 
 // Checks early that save_dir can be created and written, before any time is spent.
@@ -323,7 +334,7 @@ Action register_analyze(CLI::App& app) {
     std::cout << "analyzed " << report.ranked.size() << " layers on " << report.samples << " samples of "
               << eval_set.name() << " in " << std::fixed << std::setprecision(2) << analysis_seconds << " s"
               << (report.batches_resumed ? " (resumed after " + std::to_string(report.batches_resumed) + " batches)" : "")
-              << "; fp32 " << metric->name() << " " << std::setprecision(4) << report.baseline << "\n";
+              << "; fp32 " << metric_label(metric->name()) << " " << format_metric(report.baseline) << "\n";
     std::cout.unsetf(std::ios::floatfield);
     std::cout << "most damaging layers:\n";
     print_ranking(report, 5);
@@ -468,7 +479,7 @@ Action register_analyze_qat(CLI::App& app) {
     std::cout << "analyzed " << report.ranked.size() << " quantized layers on " << report.samples << " samples of "
               << data->name() << " in " << std::fixed << std::setprecision(2) << report.seconds << " s"
               << (report.batches_resumed ? " (resumed after " + std::to_string(report.batches_resumed) + " batches)" : "")
-              << "; qat " << metric->name() << " " << std::setprecision(4) << report.baseline
+              << "; qat " << metric_label(metric->name()) << " " << format_metric(report.baseline)
               << (o.qat_metric ? " (given)" : " (computed)") << "\n";
     std::cout.unsetf(std::ios::floatfield);
     std::cout << "layers whose quantization costs most:\n";

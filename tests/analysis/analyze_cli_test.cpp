@@ -182,6 +182,9 @@ TEST(AnalyzeCli, HistogramPdfsAndStatistics) {
   auto r = run("analyze " + test::fixture_model("vit_small") + " fashion-mnist:test --limit 128 --batch-nums 2 "
                "--metric cosine --num-histogram-plots 3 --statistics --save-dir " + tmp.path());
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Cosine distances of single layers are ~1e-5: the ranking must show them, not 0.0000.
+  EXPECT_NE(r.output.find("1. "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("cosine distance 0.0000  loss"), std::string::npos) << r.output;
   for (const std::string f : {"best_weight_hist_result.pdf", "best_act_hist_result.pdf", "worst_weight_hist_result.pdf",
                               "worst_act_hist_result.pdf"}) {
     EXPECT_EQ(pdf_pages(tmp.path(f)), 3) << f;
