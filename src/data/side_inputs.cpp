@@ -41,9 +41,9 @@ std::string main_input_name(const std::vector<std::string>& model_inputs, const 
                                           "' feeds");
   fail(ErrorKind::kInvalidArgument,
        "the model has " + std::to_string(model_inputs.size()) + " inputs (" + list(model_inputs) +
-           "); the data set '" + data.name() + "' feeds one of them, so give the others as side inputs "
-           "(--side-input NAME=FILE.npy, an array of one row per sample or one for all), e.g. for " +
-           list({fed_by_samples.begin() + 1, fed_by_samples.end()}));
+           "); the data set '" + data.name() + "' feeds one of them (" + list({fed_by_samples.front()}) +
+           "), so give " + list({fed_by_samples.begin() + 1, fed_by_samples.end()}) +
+           " with --side-input NAME=FILE.npy (an array of one row per sample, or one for all)");
 }
 
 SideInputSpec parse_side_input(std::string_view text, std::string_view what) {
