@@ -1,5 +1,6 @@
 #include "slimquant/ir/passes.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "slimquant/ir/onnx_io.h"
@@ -147,10 +148,14 @@ int fuse_activations(Graph& g, const std::set<std::string>& keep) {
   int fused = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node& act = g.nodes[i];
-    if (!act.domain.empty() || act.inputs.empty() || act.outputs.size() != 1) continue;
+    if (act.inputs.empty() || act.outputs.size() != 1) continue;
     FusedActivation f;
     f.op = act.op_type;
-    if (act.op_type == "Relu" || act.op_type == "Sigmoid" || act.op_type == "Tanh" || act.op_type == "HardSwish") {
+    if (act.op_type == "Swish" && act.domain == kSlimquantDomain) {
+      f.alpha = act.attr_float("alpha", 1.f);
+    } else if (!act.domain.empty()) {
+      continue;
+    } else if (act.op_type == "Relu" || act.op_type == "Sigmoid" || act.op_type == "Tanh" || act.op_type == "HardSwish") {
     } else if (act.op_type == "LeakyRelu") {
       f.alpha = act.attr_float("alpha", 0.01f);
     } else if (act.op_type == "Elu") {
@@ -222,22 +227,29 @@ void bind_input_shapes(Graph& g, const std::map<std::string, Shape>& shapes) {
   }
 }
 
-int merge_hardswish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
+std::optional<float> scalar_constant(const Graph& g, const std::string& v) {
+  const Tensor* t = v.empty() ? nullptr : g.initializer(v);
+  if (!t || t->numel() != 1 || !dtype_is_float(t->dtype())) return std::nullopt;
+  return t->to_float_vector()[0];
+}
+
+namespace {
+
+// The pattern behind hard-swish and swish: a gate node reading x whose output s is read only by
+// Mul(x, s). Replaces the Mul by `fused` (inputs {x}, the Mul's outputs) and drops the gate.
+int merge_gated_mul(Graph& g, const std::function<bool(const Node&)>& is_gate, const Node& fused,
+                    const std::function<bool(const std::string& x, const std::string& s)>& accept) {
   int merged = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const Node& hs = g.nodes[i];
-    if (hs.op_type != "HardSigmoid" || !hs.domain.empty() || hs.inputs.size() != 1) continue;
-    if (std::fabs(hs.attr_float("alpha", 0.2f) - 1.f / 6.f) > 1e-6f || std::fabs(hs.attr_float("beta", 0.5f) - 0.5f) > 1e-6f)
-      continue;
-    const std::string x = hs.inputs[0], s = hs.outputs[0];
+    const Node& gate = g.nodes[i];
+    if (!gate.domain.empty() || gate.inputs.size() != 1 || gate.outputs.size() != 1 || !is_gate(gate)) continue;
+    const std::string x = gate.inputs[0], s = gate.outputs[0];
     if (g.is_graph_output(s) || g.consumers(s).size() != 1 || !accept(x, s)) continue;
-    const int mul = g.consumers(s)[0];
-    Node& m = g.nodes[mul];
+    Node& m = g.nodes[g.consumers(s)[0]];
     const bool reads_x_and_s = m.inputs.size() == 2 && ((m.inputs[0] == x && m.inputs[1] == s) || (m.inputs[0] == s && m.inputs[1] == x));
     if (m.op_type != "Mul" || !m.domain.empty() || !reads_x_and_s) continue;
     // At the Mul's place: x and everything the Mul needed are computed before it.
-    Node node;
-    node.op_type = "HardSwish";
+    Node node = fused;
     node.name = m.name;
     node.inputs = {x};
     node.outputs = m.outputs;
@@ -247,6 +259,92 @@ int merge_hardswish(Graph& g, const std::function<bool(const std::string& x, con
     ++merged;
   }
   return merged;
+}
+
+}  // namespace
+
+// A scalar float constant within 1e-5 (relative) of `want`.
+bool is_scalar_constant(const Graph& g, const std::string& v, float want) {
+  const std::optional<float> c = scalar_constant(g, v);
+  return c && std::fabs(*c - want) <= 1e-5f * std::fabs(want);
+}
+
+// The single reader of v when it is a default-domain `op` with one output, else -1.
+int sole_reader(const Graph& g, const std::string& v, const char* op) {
+  if (g.is_graph_output(v) || g.consumers(v).size() != 1) return -1;
+  const int c = g.consumers(v)[0];
+  const Node& n = g.nodes[c];
+  return n.op_type == op && n.domain.empty() && n.outputs.size() == 1 ? c : -1;
+}
+
+// paddle2onnx's hard-swish before opset 14: Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6) (or the Add's
+// operands swapped, or a Mul by 1/6 at the end). The whole chain becomes one HardSwish at the
+// last node's place.
+int merge_decomposed_hardswish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
+  int merged = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& add = g.nodes[i];
+    if (add.op_type != "Add" || !add.domain.empty() || add.inputs.size() != 2 || add.outputs.size() != 1) continue;
+    const int side = is_scalar_constant(g, add.inputs[1], 3.f) ? 0 : is_scalar_constant(g, add.inputs[0], 3.f) ? 1 : -1;
+    if (side < 0) continue;
+    const std::string x = add.inputs[static_cast<size_t>(side)];
+    const int clip = sole_reader(g, add.outputs[0], "Clip");
+    if (clip < 0) continue;
+    const Node& c = g.nodes[clip];
+    const std::optional<float> lo = g.opset < 11 ? std::optional<float>(c.attr_float("min", -1.f)) : scalar_constant(g, c.input(1));
+    const std::optional<float> hi = g.opset < 11 ? std::optional<float>(c.attr_float("max", 0.f)) : scalar_constant(g, c.input(2));
+    const bool bounds = lo && hi && *lo == 0.f && std::fabs(*hi - 6.f) <= 1e-5f * 6.f;
+    if (!bounds) continue;
+    const int mul = sole_reader(g, c.outputs[0], "Mul");
+    if (mul < 0) continue;
+    const Node& m = g.nodes[mul];
+    if (!((m.inputs[0] == x && m.inputs[1] == c.outputs[0]) || (m.inputs[1] == x && m.inputs[0] == c.outputs[0]))) continue;
+    int scale = sole_reader(g, m.outputs[0], "Div");
+    if (scale >= 0 && !(g.nodes[scale].inputs[0] == m.outputs[0] && is_scalar_constant(g, g.nodes[scale].inputs[1], 6.f)))
+      scale = -1;
+    if (scale < 0) {
+      scale = sole_reader(g, m.outputs[0], "Mul");
+      if (scale >= 0) {
+        const Node& s = g.nodes[scale];
+        const std::string& k = s.inputs[0] == m.outputs[0] ? s.inputs[1] : s.inputs[0];
+        if (!is_scalar_constant(g, k, 1.f / 6.f)) scale = -1;
+      }
+    }
+    if (scale < 0 || !accept(x, add.outputs[0]) || !accept(x, c.outputs[0]) || !accept(x, m.outputs[0])) continue;
+    Node node;
+    node.op_type = "HardSwish";
+    node.name = g.nodes[scale].name;
+    node.inputs = {x};
+    node.outputs = g.nodes[scale].outputs;
+    g.nodes[static_cast<size_t>(scale)] = std::move(node);
+    // Erase from the back so the smaller indices stay valid.
+    std::vector<int> gone{static_cast<int>(i), clip, mul};
+    std::sort(gone.rbegin(), gone.rend());
+    for (int k : gone) g.nodes.erase(g.nodes.begin() + k);
+    --i;
+    ++merged;
+  }
+  return merged;
+}
+
+int merge_hardswish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
+  Node hard_swish;
+  hard_swish.op_type = "HardSwish";
+  return merge_decomposed_hardswish(g, accept) + merge_gated_mul(
+      g,
+      [](const Node& n) {
+        return n.op_type == "HardSigmoid" && std::fabs(n.attr_float("alpha", 0.2f) - 1.f / 6.f) <= 1e-6f &&
+               std::fabs(n.attr_float("beta", 0.5f) - 0.5f) <= 1e-6f;
+      },
+      hard_swish, accept);
+}
+
+int merge_swish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
+  Node swish;
+  swish.op_type = "Swish";
+  swish.domain = kSlimquantDomain;
+  swish.attrs["alpha"] = 1.f;
+  return merge_gated_mul(g, [](const Node& n) { return n.op_type == "Sigmoid"; }, swish, accept);
 }
 
 }  // namespace slimquant::ir

@@ -115,12 +115,14 @@ bool is_8bit(DType t) { return t == DType::kUInt8 || t == DType::kInt8; }
 
 // The activation a node applies (Clip: when its bounds are constants), with its parameters.
 Why read_activation(const ir::Graph& g, const ir::Node& n, i8::QLinearAttrs& q) {
-  if (!n.domain.empty() && n.domain != "ai.onnx") return "not an activation";
+  const bool swish = n.op_type == "Swish" && n.domain == ir::kSlimquantDomain;  // ir::merge_swish
+  if (!swish && !n.domain.empty() && n.domain != "ai.onnx") return "not an activation";
   const std::optional<i8::Activation> a = i8::activation_from_name(n.op_type);
-  if (!a || *a == i8::Activation::kNone) return "not an activation";
+  if (!a || *a == i8::Activation::kNone || (*a == i8::Activation::kSwish && !swish)) return "not an activation";
   q.activation = *a;
   if (*a == i8::Activation::kLeakyRelu) q.activation_alpha = n.attr_float("alpha", 0.01f);
   if (*a == i8::Activation::kElu) q.activation_alpha = n.attr_float("alpha", 1.0f);
+  if (*a == i8::Activation::kSwish) q.activation_alpha = n.attr_float("alpha", 1.0f);
   if (*a == i8::Activation::kHardSigmoid) {
     q.activation_alpha = n.attr_float("alpha", 0.2f);
     q.activation_beta = n.attr_float("beta", 0.5f);
@@ -378,26 +380,29 @@ ir::Node make_fused_node(ir::Graph& g, const QdqGroup& grp, const LoweringOption
 }
 
 namespace {
-// HardSwish nodes no group absorbed go back to HardSigmoid + Mul where the opset lacks HardSwish.
-void restore_hardswish(ir::Graph& g) {
-  if (g.opset >= 14) return;
+// Merged activations no group absorbed go back to the exporter's form: Swish always (it is
+// slimquant's own op), HardSwish where the opset lacks it.
+void restore_unfused_activations(ir::Graph& g) {
   for (size_t i = 0; i < g.nodes.size(); ++i) {
-    if (!is_op(g.nodes[i], "HardSwish")) continue;
-    ir::Node hs = g.nodes[i];
-    ir::Node sig;
-    sig.op_type = "HardSigmoid";
-    sig.name = hs.name + "_hardsigmoid";
-    sig.inputs = hs.inputs;
-    sig.outputs = {g.unique_value_name(hs.outputs[0] + "_hardsigmoid")};
-    sig.attrs["alpha"] = 1.f / 6.f;
-    sig.attrs["beta"] = 0.5f;
+    const bool swish = g.nodes[i].op_type == i8::kSwish && g.nodes[i].domain == ir::kSlimquantDomain;
+    if (!swish && !(g.opset < 14 && is_op(g.nodes[i], "HardSwish"))) continue;
+    ir::Node merged = g.nodes[i];
+    ir::Node gate;
+    gate.op_type = swish ? "Sigmoid" : "HardSigmoid";
+    gate.name = merged.name + (swish ? "_sigmoid" : "_hardsigmoid");
+    gate.inputs = merged.inputs;
+    gate.outputs = {g.unique_value_name(merged.outputs[0] + (swish ? "_sigmoid" : "_hardsigmoid"))};
+    if (!swish) {
+      gate.attrs["alpha"] = 1.f / 6.f;
+      gate.attrs["beta"] = 0.5f;
+    }
     ir::Node mul;
     mul.op_type = "Mul";
-    mul.name = hs.name;
-    mul.inputs = {hs.inputs[0], sig.outputs[0]};
-    mul.outputs = hs.outputs;
+    mul.name = merged.name;
+    mul.inputs = {merged.inputs[0], gate.outputs[0]};
+    mul.outputs = merged.outputs;
     g.nodes[i] = std::move(mul);
-    g.nodes.insert(g.nodes.begin() + static_cast<std::ptrdiff_t>(i), std::move(sig));
+    g.nodes.insert(g.nodes.begin() + static_cast<std::ptrdiff_t>(i), std::move(gate));
     ++i;
   }
 }
@@ -408,12 +413,15 @@ ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, Lo
   runtime::optimize_graph(g);
   if (options.fuse_activation) {
     // Hard-swish written as x * HardSigmoid(x) after a Conv / Gemm / MatMul: one HardSwish, so the
-    // selector fuses it like any activation (restore_hardswish undoes what no group absorbs).
-    ir::merge_hardswish(g, [&](const std::string& x, const std::string&) {
+    // selector fuses it like any activation (restore_unfused_activations undoes what no group absorbs).
+    // Swish (x * Sigmoid(x)) likewise.
+    auto after_layer = [&](const std::string& x, const std::string&) {
       const int p = g.producer(x);
       return p >= 0 && (is_op(g.nodes[p], "Conv") || is_op(g.nodes[p], "Gemm") || is_op(g.nodes[p], "MatMul")) &&
              !g.is_graph_output(x) && g.consumers(x).size() == 2;
-    });
+    };
+    ir::merge_hardswish(g, after_layer);
+    ir::merge_swish(g, after_layer);
   }
   LoweringReport local;
   LoweringReport& r = report ? *report : local;
@@ -443,7 +451,7 @@ ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, Lo
   for (const auto& n : g.nodes) live.insert(n.outputs.begin(), n.outputs.end());
   std::erase_if(g.value_info, [&](const auto& kv) { return !live.count(kv.first); });
   if (!groups.empty()) g.extra_opsets[i8::kDomain] = 1;
-  restore_hardswish(g);
+  restore_unfused_activations(g);
   g.validate();
   for (const auto& n : g.nodes) {
     if (is_op(n, "QuantizeLinear")) ++r.quantize_kept;

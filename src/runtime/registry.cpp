@@ -27,6 +27,7 @@ const KernelRegistry& KernelRegistry::instance() {
     register_index_kernels(r);
     register_detection_kernels(r);
     register_misc_math_kernels(r);
+    register_integer_kernels(r);
     return r;
   }();
   return registry;

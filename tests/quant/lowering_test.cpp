@@ -543,28 +543,47 @@ TEST_F(LoweringOnResnet, CliEvaluatesQdqModelsAsIntegerExecutionUnlessSimulateIs
 }  // namespace
 
 namespace {
-// Conv -> x * HardSigmoid(x; 1/6, 0.5) -> Q/DQ: hard-swish as exported before opset 14.
-ir::Graph hardswish_pattern_graph(int32_t weight_zero_point) {
+// Conv -> an activation as exporters spell it -> Q/DQ: hard-swish before opset 14 as PyTorch
+// writes it (x * HardSigmoid(x; 1/6, 0.5)) and as paddle2onnx does (x * Clip(x + 3, 0, 6) / 6),
+// and swish / SiLU (x * Sigmoid(x)).
+enum class Spelling { kHardSwishTorch, kHardSwishPaddle, kSwish };
+
+ir::Graph spelled_activation_graph(int32_t weight_zero_point, Spelling spelling) {
   QdqBuilder b;
   const std::string x = b.input("x", {2, 8, 9, 9});
   const std::string xdq = b.qdq(x, 1.f / 127.f, 0, kU8);
   const std::string c = b.node("Conv", {xdq, b.weight({12, 8, 3, 3}, 0, weight_zero_point, 63), b.bias(12)},
                                {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
-  const std::string hs = b.node("HardSigmoid", {c}, {{"alpha", 1.f / 6.f}, {"beta", 0.5f}});
-  const std::string m = b.node("Mul", {c, hs});
-  return b.finish(b.qdq(m, 0.02f, 3, kS8));
+  auto scalar = [&](float v) { return b.constant("k", Tensor::from_vector<float>({}, {v})); };
+  std::string y;
+  switch (spelling) {
+    case Spelling::kHardSwishTorch:
+      y = b.node("Mul", {c, b.node("HardSigmoid", {c}, {{"alpha", 1.f / 6.f}, {"beta", 0.5f}})});
+      break;
+    case Spelling::kHardSwishPaddle: {
+      const std::string clip = b.node("Clip", {b.node("Add", {c, scalar(3.f)}), scalar(0.f), scalar(6.f)});
+      y = b.node("Div", {b.node("Mul", {c, clip}), scalar(6.f)});
+      break;
+    }
+    case Spelling::kSwish: y = b.node("Mul", {b.node("Sigmoid", {c}), c}); break;
+  }
+  return b.finish(b.qdq(y, 0.02f, 3, kS8));
 }
-}  // namespace
 
-TEST(Lowering, HardSwishExportedAsHardSigmoidTimesInputFusesIntoTheConv) {
-  const ir::Graph g = hardswish_pattern_graph(0);
+class SpelledActivationLowering : public ::testing::TestWithParam<Spelling> {};
+
+TEST_P(SpelledActivationLowering, FusesIntoTheConvAndIsRestoredWhereNotLowered) {
+  const Spelling spelling = GetParam();
+  const bool swish = spelling == Spelling::kSwish;
+  const char* gate = swish ? "Sigmoid" : "HardSigmoid";
+  const ir::Graph g = spelled_activation_graph(0, spelling);
   quant::LoweringReport report;
   const ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
   ASSERT_EQ(report.lowered(), 1);
-  EXPECT_EQ(count_op(lowered, "HardSigmoid") + count_op(lowered, "Mul") + count_op(lowered, "HardSwish"), 0);
+  for (const char* op : {gate, "Mul", "HardSwish", "Add", "Clip", "Div"}) EXPECT_EQ(count_op(lowered, op), 0) << op;
   const ir::Node& fused = *std::find_if(lowered.nodes.begin(), lowered.nodes.end(),
                                         [](const ir::Node& n) { return n.domain == i8::kDomain; });
-  EXPECT_EQ(fused.attr_string(i8::attr::kActivation, ""), "HardSwish");
+  EXPECT_EQ(fused.attr_string(i8::attr::kActivation, ""), swish ? "Swish" : "HardSwish");
   QdqBuilder data(11);
   const Tensor input = data.random_input({2, 8, 9, 9}, 0.f, 2.f);
   const Tensor ys = runtime::Session(g).run_single(input), yi = runtime::Session(lowered).run_single(input);
@@ -576,13 +595,22 @@ TEST(Lowering, HardSwishExportedAsHardSigmoidTimesInputFusesIntoTheConv) {
   }
   EXPECT_LE(differing, ys.numel() / 100);
 
-  // A Conv that cannot be lowered (weight zero point 3) keeps the opset-13 HardSigmoid + Mul.
-  const ir::Graph kept = quant::lower_to_int8(hardswish_pattern_graph(3), {}, &report);
+  // A Conv that cannot be lowered (weight zero point 3) keeps a standard gate + Mul (opset 13).
+  const ir::Graph kept = quant::lower_to_int8(spelled_activation_graph(3, spelling), {}, &report);
   EXPECT_EQ(report.lowered(), 0);
   EXPECT_EQ(count_op(kept, "HardSwish"), 0);
-  EXPECT_EQ(count_op(kept, "HardSigmoid"), 1);
+  EXPECT_EQ(count_op(kept, gate), 1);
   EXPECT_EQ(count_op(kept, "Mul"), 1);
+  for (const auto& n : kept.nodes) EXPECT_TRUE(n.domain.empty()) << n.describe();
   const Tensor yk = runtime::Session(kept).run_single(input);
-  const Tensor yo = runtime::Session(hardswish_pattern_graph(3)).run_single(input);
+  const Tensor yo = runtime::Session(spelled_activation_graph(3, spelling)).run_single(input);
   for (int64_t i = 0; i < yo.numel(); ++i) EXPECT_NEAR(yk.data<float>()[i], yo.data<float>()[i], 1e-6f) << i;
 }
+INSTANTIATE_TEST_SUITE_P(Lowering, SpelledActivationLowering,
+                         ::testing::Values(Spelling::kHardSwishTorch, Spelling::kHardSwishPaddle, Spelling::kSwish),
+                         [](const auto& info) {
+                           return std::string(info.param == Spelling::kSwish            ? "Swish"
+                                              : info.param == Spelling::kHardSwishTorch ? "HardSwishTorch"
+                                                                                        : "HardSwishPaddle");
+                         });
+}  // namespace

@@ -123,6 +123,7 @@ float reference_activation(const ir::FusedActivation& f, float x) {
   if (f.op == "HardSwish") return x * std::max(0.f, std::min(1.f, x / 6.f + 0.5f));
   if (f.op == "Elu") return x >= 0 ? x : f.alpha * (std::exp(x) - 1.f);
   if (f.op == "Gelu") return 0.5f * x * (1.f + std::erf(x / std::sqrt(2.f)));
+  if (f.op == "Swish") return x / (1.f + std::exp(-f.alpha * x));
   ADD_FAILURE() << "no reference for " << f.op;
   return x;
 }
@@ -240,7 +241,8 @@ TEST(DnnlConv, PrimitiveCacheServesSeveralBatchSizes) {
 std::vector<ir::FusedActivation> all_fused_activations() {
   return {{"Relu", 0, 0},        {"Clip", -0.5f, 0.75f},     {"LeakyRelu", 0.1f, 0},
           {"Sigmoid", 0, 0},     {"Tanh", 0, 0},             {"HardSigmoid", 0.2f, 0.5f},
-          {"HardSwish", 0, 0},   {"Elu", 0.7f, 0},           {"Gelu", 0, 0}};
+          {"HardSwish", 0, 0},   {"Elu", 0.7f, 0},           {"Gelu", 0, 0},
+          {"Swish", 1.f, 0}};
 }
 
 TEST(DnnlConv, FusedActivationsMatchUnfusedPlusActivation) {

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "slimquant/core/npy.h"
@@ -18,6 +20,80 @@ float max_abs_diff(const Tensor& a, const Tensor& b) {
   float d = 0;
   for (int64_t i = 0; i < a.numel(); ++i) d = std::max(d, std::abs(a.data<float>()[i] - b.data<float>()[i]));
   return d;
+}
+
+// Activations as exporters spell them after a Conv, followed by a bottleneck's residual Add:
+// swish Mul(x, Sigmoid(x)) (YOLO, EfficientNet) and paddle2onnx's hard-swish
+// Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6). Each becomes the Conv's post-op; the Add stays separate
+// (an activation before a sum post-op sends oneDNN to its reference kernel); the numbers equal
+// the unfused graph's.
+struct SpelledActivationModel {
+  ir::Graph g;
+  Tensor x;
+  explicit SpelledActivationModel(bool swish) : x(DType::kFloat32, {2, 8, 6, 6}) {
+    g.opset = 13;
+    g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{2, ""}, {8, ""}, {6, ""}, {6, ""}}});
+    Tensor w(DType::kFloat32, {8, 8, 3, 3});
+    for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = static_cast<float>((i * 37) % 17 - 8) / 10.f;
+    g.initializers["w"] = w;
+    for (float v : {0.f, 3.f, 6.f}) g.initializers["k" + std::to_string(static_cast<int>(v))] = Tensor::from_vector<float>({}, {v});
+    node("Conv", {"x", "w"}, "c");
+    if (swish) {
+      node("Sigmoid", {"c"}, "s");
+      node("Mul", {"s", "c"}, "act");
+    } else {
+      node("Add", {"k3", "c"}, "c3");
+      node("Clip", {"c3", "k0", "k6"}, "s");
+      node("Mul", {"c", "s"}, "m");
+      node("Div", {"m", "k6"}, "act");
+    }
+    node("Add", {"x", "act"}, "y");
+    g.outputs.push_back({"y", DType::kFloat32, std::nullopt});
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>((i * 13) % 23 - 11) / 5.f;
+  }
+  void node(const std::string& op, std::vector<std::string> in, const std::string& out) {
+    ir::Node n;
+    n.op_type = op;
+    n.name = out + "_node";
+    n.inputs = std::move(in);
+    n.outputs = {out};
+    if (op == "Conv") n.attrs["pads"] = std::vector<int64_t>{1, 1, 1, 1};
+    g.nodes.push_back(n);
+  }
+};
+
+TEST(Session, ExportedSwishAndHardSwishFuseIntoTheConv) {
+  for (bool swish : {true, false}) {
+    SCOPED_TRACE(swish ? "swish" : "paddle hard-swish");
+    SpelledActivationModel m(swish);
+    runtime::SessionOptions unfused_options;
+    unfused_options.fuse_activations = false;
+    runtime::Session fused(m.g), unfused(m.g, unfused_options);
+    const Tensor want = unfused.run_single(m.x);
+    EXPECT_LE(max_abs_diff(fused.run_single(m.x), want), 1e-5f);
+    // The unfused graph against the formula.
+    runtime::RunOptions want_c;
+    want_c.outputs = {"c"};
+    const Tensor c = runtime::Session(m.g).run({{"x", m.x}}, want_c).at("c");
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      const float v = c.data<float>()[i];
+      const float act = swish ? v / (1.f + std::exp(-v)) : v * std::min(std::max(v + 3.f, 0.f), 6.f) / 6.f;
+      EXPECT_NEAR(want.data<float>()[i], m.x.data<float>()[i] + act, 1e-4f) << i;
+    }
+    std::set<std::string> seen_values;
+    runtime::RunOptions plain;
+    plain.on_value = [&](const std::string& name, const Tensor&) { seen_values.insert(name); };
+    fused.run({{"x", m.x}}, plain);
+    EXPECT_EQ(seen_values, (std::set<std::string>{"x", "act", "y"})) << "the activation is inside the Conv";
+
+    // Observing the gate keeps the exporter's nodes in the plan.
+    runtime::RunOptions observe;
+    bool seen = false;
+    observe.observe = {"s"};
+    observe.on_value = [&](const std::string& name, const Tensor&) { seen |= name == "s"; };
+    fused.run({{"x", m.x}}, observe);
+    EXPECT_TRUE(seen);
+  }
 }
 
 TEST(Session, HooksSeeEveryIntermediateWhenFusionIsOff) {

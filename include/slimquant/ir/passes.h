@@ -3,6 +3,7 @@
 // Passes that must evaluate ops (constant folding) live in runtime/optimize.h.
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -25,11 +26,23 @@ int fold_batchnorm_into_conv(Graph& g);
 // to observe) are never fused away. Returns activations fused.
 int fuse_activations(Graph& g, const std::set<std::string>& keep = {});
 
-// Mul(x, HardSigmoid(x; alpha 1/6, beta 0.5)), hard-swish as exporters write it before opset 14
-// (PyTorch, paddle2onnx), becomes one HardSwish node at the Mul's place, when the HardSigmoid's
-// output is read by that Mul only and accept(x, hardsigmoid output) holds. The result needs
-// opset 14 to export: for execution, or where the HardSwish is absorbed further. Returns merges.
+// The value of a one-element float initializer, or nullopt.
+std::optional<float> scalar_constant(const Graph& g, const std::string& v);
+
+// Hard-swish as exporters write it before opset 14 becomes one HardSwish node at the place of the
+// pattern's last node: Mul(x, HardSigmoid(x; alpha 1/6, beta 0.5)) (PyTorch), when the
+// HardSigmoid's output is read by that Mul only, and Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6)
+// (paddle2onnx; or a Mul by 1/6), when each intermediate has one reader; accept(x, v) must hold
+// for every intermediate v. The result needs opset 14 to export: for execution, or where the
+// HardSwish is absorbed further. Returns merges.
 int merge_hardswish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept);
+
+// Mul(x, Sigmoid(x)), SiLU / swish as every exporter writes it (YOLO, EfficientNet, PP-YOLOE),
+// becomes one com.slimquant Swish node (alpha 1: x * sigmoid(x)) at the Mul's place, when the
+// Sigmoid's output is read by that Mul only and accept(x, sigmoid output) holds. Execution only:
+// the activation fusion and the INT8 lowering put it into the producing Conv / Gemm. Returns merges.
+int merge_swish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept);
+inline constexpr const char* kSlimquantDomain = "com.slimquant";
 
 // Sets the shapes of the given graph inputs (others keep their declared shapes), forgets inferred
 // intermediate shapes and re-infers all shapes with ONNX shape inference. Throws kInvalidArgument

@@ -100,6 +100,7 @@ Activation resolve_fused_activation(const ir::Node& node) {
   else if (f.op == "HardSigmoid") a.kind = K::kHardSigmoid;
   else if (f.op == "HardSwish") a.kind = K::kHardSwish;
   else if (f.op == "Elu") a.kind = K::kElu;
+  else if (f.op == "Swish") a.kind = K::kSwish;
   else
     fail(ErrorKind::kUnsupported, node.describe() + ": fused activation " + f.op +
                                       " is not supported by elementwise kernels");
@@ -139,6 +140,9 @@ void apply_activation(const Activation& act, float* x, int64_t n) {
       return;
     case Activation::Kind::kElu:
       for (int64_t i = 0; i < n; ++i) x[i] = select(x[i] < 0.f, a * (exp_f32(x[i]) - 1.f), x[i]);
+      return;
+    case Activation::Kind::kSwish:
+      for (int64_t i = 0; i < n; ++i) x[i] *= sigmoid_t(a * x[i]);
       return;
   }
 }

@@ -141,7 +141,7 @@ std::string onnx_type_name(int64_t onnx_type);
 // (ir::Node::fused), resolved once at plan compile time so the run loop only switches on an enum.
 // Parameters: LeakyRelu alpha; Elu alpha; Clip alpha = min, beta = max; HardSigmoid alpha, beta.
 struct Activation {
-  enum class Kind { kNone, kRelu, kLeakyRelu, kClip, kSigmoid, kTanh, kHardSigmoid, kHardSwish, kElu };
+  enum class Kind { kNone, kRelu, kLeakyRelu, kClip, kSigmoid, kTanh, kHardSigmoid, kHardSwish, kElu, kSwish };
   Kind kind = Kind::kNone;
   float alpha = 0.f, beta = 0.f;
   explicit operator bool() const { return kind != Kind::kNone; }

@@ -8,6 +8,7 @@
 #include "runtime/kernels/elementwise_common.h"
 #include "runtime/kernels/elementwise_math.h"
 #include "runtime/kernels/elementwise_register.h"
+#include "slimquant/ir/passes.h"
 
 namespace slimquant::runtime::ew {
 namespace {
@@ -142,6 +143,10 @@ struct LeakyReluFn {
 struct ThresholdedReluFn {
   float alpha;
   template <typename T> T operator()(T x) const { return select(x > T(alpha), x, T(0)); }
+};
+struct SwishFn {  // com.slimquant Swish (ir::merge_swish): x * sigmoid(alpha x) in one pass
+  float alpha;
+  template <typename T> T operator()(T x) const { return x * sigmoid_t(T(alpha) * x); }
 };
 struct EluFn {
   float alpha;
@@ -295,6 +300,8 @@ void register_unary_kernels(KernelRegistry& r) {
   r.add("ThresholdedRelu",
         unary_attr<FloatP>([](const ir::Node& n) { return ThresholdedReluFn{n.attr_float("alpha", 1.f)}; }));
   r.add("Elu", unary_attr<FloatP>([](const ir::Node& n) { return EluFn{n.attr_float("alpha", 1.f)}; }));
+  r.add("Swish", unary_attr<FloatP>([](const ir::Node& n) { return SwishFn{n.attr_float("alpha", 1.f)}; }),
+        ir::kSlimquantDomain);
   r.add("Selu", unary_attr<FloatP>([](const ir::Node& n) {
           return SeluFn{n.attr_float("alpha", 1.67326319217681884765625f),
                         n.attr_float("gamma", 1.05070102214813232421875f)};

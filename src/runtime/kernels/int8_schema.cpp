@@ -119,11 +119,11 @@ OpSchema base_schema(const char* name, const char* doc, const char* bias_name) {
       .Attr(attr::kYScale, "scale of y_q (quantized y only)", AttributeProto::FLOAT, false)
       .Attr(attr::kYZeroPoint, "zero point of y_q", AttributeProto::INT, static_cast<int64_t>(0))
       .Attr(attr::kActivation,
-            "fused activation: Relu, Clip, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish or Elu",
+            "fused activation: Relu, Clip, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish, Elu or Swish",
             AttributeProto::STRING, false)
       .Attr(attr::kActivationMin, "Clip's min", AttributeProto::FLOAT, false)
       .Attr(attr::kActivationMax, "Clip's max", AttributeProto::FLOAT, false)
-      .Attr(attr::kActivationAlpha, "LeakyRelu / HardSigmoid / Elu alpha", AttributeProto::FLOAT, false)
+      .Attr(attr::kActivationAlpha, "LeakyRelu / HardSigmoid / Elu / Swish alpha", AttributeProto::FLOAT, false)
       .Attr(attr::kActivationBeta, "HardSigmoid beta", AttributeProto::FLOAT, false)
       .Attr(attr::kCompute, "auto, int8 or f32 (how the products are accumulated)", AttributeProto::STRING, false);
   return s;
@@ -159,6 +159,19 @@ void register_int8_onnx_schemas() {
     OpSchema matmul = base_schema(kQMatMul, "MatMul (+ bias Add) on integers; see slimquant docs/int8_execution.md", "B");
     matmul.TypeAndShapeInferenceFunction(qmatmul_inference);
     onnx::OpSchemaRegistry::OpSchemaRegisterOnce register_matmul(matmul);
+
+    OpSchema swish;
+    swish.SetName(kSwish)
+        .SetDomain(kDomain)
+        .SinceVersion(1)
+        .SetDoc("x * sigmoid(alpha * x): SiLU as exporters write it, Mul(x, Sigmoid(x)), merged into one node "
+                "for execution (ir::merge_swish)")
+        .Input(0, "X", "input", "T")
+        .Output(0, "Y", "output", "T")
+        .TypeConstraint("T", {"tensor(float)"}, "float32")
+        .Attr("alpha", "slope inside the sigmoid", AttributeProto::FLOAT, 1.f)
+        .TypeAndShapeInferenceFunction(onnx::propagateShapeAndTypeFromFirstInput);
+    onnx::OpSchemaRegistry::OpSchemaRegisterOnce register_swish(swish);
   });
 }
 
