@@ -28,44 +28,90 @@ Tensor random_ints(const Shape& s, std::mt19937& rng, int lo, int hi) {
   return t;
 }
 
-// Plain 2-D convolution of integer values (zero points already subtracted), padding = 0.
-struct Conv2d {
-  int64_t group = 1, stride_h = 1, stride_w = 1, dilation_h = 1, dilation_w = 1;
-  int64_t pad_top = 0, pad_left = 0, pad_bottom = 0, pad_right = 0;
+// Plain N-D convolution (1 to 3 spatial dims) of real values with zero padding, written from the
+// ONNX Conv definition; SAME_UPPER puts the odd padding at the end, SAME_LOWER at the beginning.
+struct ConvRef {
+  int64_t group = 1;
+  std::vector<int64_t> strides, dilations, pads;  // empty: the defaults
+  std::string auto_pad;                           // empty: explicit pads
 
-  Shape out_shape(const Shape& x, const Shape& w) const {
-    const int64_t eh = (w[2] - 1) * dilation_h + 1, ew = (w[3] - 1) * dilation_w + 1;
-    return {x[0], w[0], (x[2] + pad_top + pad_bottom - eh) / stride_h + 1, (x[3] + pad_left + pad_right - ew) / stride_w + 1};
+  ConvRef with_group(int64_t v) const { ConvRef c = *this; c.group = v; return c; }
+  ConvRef with_strides(std::vector<int64_t> v) const { ConvRef c = *this; c.strides = std::move(v); return c; }
+  ConvRef with_dilations(std::vector<int64_t> v) const { ConvRef c = *this; c.dilations = std::move(v); return c; }
+  ConvRef with_pads(std::vector<int64_t> v) const { ConvRef c = *this; c.pads = std::move(v); return c; }
+  ConvRef with_auto_pad(std::string v) const { ConvRef c = *this; c.auto_pad = std::move(v); return c; }
+
+  struct Resolved {
+    Shape stride{1, 1, 1}, dilation{1, 1, 1}, pad{0, 0, 0}, in{1, 1, 1}, kernel{1, 1, 1}, out{1, 1, 1};
+  };
+  // Spatial parameters padded to 3 dims (leading 1s).
+  Resolved resolve(const Shape& x, const Shape& w) const {
+    const size_t spatial = x.size() - 2, o = 3 - spatial;
+    Resolved r;
+    for (size_t i = 0; i < spatial; ++i) {
+      const int64_t s = strides.empty() ? 1 : strides[i], d = dilations.empty() ? 1 : dilations[i];
+      const int64_t in = x[2 + i], k = w[2 + i], extent = (k - 1) * d + 1;
+      int64_t out = 0, pad = 0;
+      if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+        out = (in + s - 1) / s;
+        const int64_t total = std::max<int64_t>(0, (out - 1) * s + extent - in);
+        pad = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+      } else if (auto_pad == "VALID") {
+        out = (in - extent) / s + 1;
+      } else {
+        pad = pads.empty() ? 0 : pads[i];
+        out = (in + pad + (pads.empty() ? 0 : pads[i + spatial]) - extent) / s + 1;
+      }
+      r.stride[o + i] = s;
+      r.dilation[o + i] = d;
+      r.pad[o + i] = pad;
+      r.in[o + i] = in;
+      r.kernel[o + i] = k;
+      r.out[o + i] = out;
+    }
+    return r;
   }
-  // out[n, m, oh, ow] = sum x[n, c, ih, iw] * w[m, c', kh, kw] (+ nothing: callers add what they need)
+  Shape out_shape(const Shape& x, const Shape& w) const {
+    const Resolved r = resolve(x, w);
+    Shape s = {x[0], w[0]};
+    s.insert(s.end(), r.out.end() - static_cast<int64_t>(x.size() - 2), r.out.end());
+    return s;
+  }
+  // out[n, m, o...] = sum over c, k... of x[n, group(m) * C/group + c, o * stride - pad + k * dilation] * w[m, c, k...]
   std::vector<double> run(const std::vector<double>& x, const Shape& xs, const std::vector<double>& w,
                           const Shape& ws) const {
-    const Shape os = out_shape(xs, ws);
-    const int64_t cg = ws[1], mg = ws[0] / group;
-    std::vector<double> out(static_cast<size_t>(shape_numel(os)), 0.0);
-    for (int64_t n = 0; n < os[0]; ++n)
-      for (int64_t m = 0; m < os[1]; ++m)
-        for (int64_t oh = 0; oh < os[2]; ++oh)
-          for (int64_t ow = 0; ow < os[3]; ++ow) {
-            double sum = 0;
-            for (int64_t c = 0; c < cg; ++c)
-              for (int64_t kh = 0; kh < ws[2]; ++kh)
-                for (int64_t kw = 0; kw < ws[3]; ++kw) {
-                  const int64_t ih = oh * stride_h - pad_top + kh * dilation_h;
-                  const int64_t iw = ow * stride_w - pad_left + kw * dilation_w;
-                  if (ih < 0 || ih >= xs[2] || iw < 0 || iw >= xs[3]) continue;
-                  const int64_t ci = (m / mg) * cg + c;
-                  sum += x[((n * xs[1] + ci) * xs[2] + ih) * xs[3] + iw] * w[((m * cg + c) * ws[2] + kh) * ws[3] + kw];
-                }
-            out[((n * os[1] + m) * os[2] + oh) * os[3] + ow] = sum;
-          }
+    const Resolved r = resolve(xs, ws);
+    const int64_t batch = xs[0], channels = xs[1], outs = ws[0], cg = ws[1], mg = outs / group;
+    const int64_t in_size = r.in[0] * r.in[1] * r.in[2], k_size = r.kernel[0] * r.kernel[1] * r.kernel[2];
+    std::vector<double> out;
+    for (int64_t n = 0; n < batch; ++n)
+      for (int64_t m = 0; m < outs; ++m)
+        for (int64_t o0 = 0; o0 < r.out[0]; ++o0)
+          for (int64_t o1 = 0; o1 < r.out[1]; ++o1)
+            for (int64_t o2 = 0; o2 < r.out[2]; ++o2) {
+              double sum = 0;
+              for (int64_t c = 0; c < cg; ++c)
+                for (int64_t k0 = 0; k0 < r.kernel[0]; ++k0)
+                  for (int64_t k1 = 0; k1 < r.kernel[1]; ++k1)
+                    for (int64_t k2 = 0; k2 < r.kernel[2]; ++k2) {
+                      const int64_t i0 = o0 * r.stride[0] - r.pad[0] + k0 * r.dilation[0];
+                      const int64_t i1 = o1 * r.stride[1] - r.pad[1] + k1 * r.dilation[1];
+                      const int64_t i2 = o2 * r.stride[2] - r.pad[2] + k2 * r.dilation[2];
+                      if (i0 < 0 || i0 >= r.in[0] || i1 < 0 || i1 >= r.in[1] || i2 < 0 || i2 >= r.in[2]) continue;
+                      const int64_t ci = (m / mg) * cg + c;
+                      sum += x[(n * channels + ci) * in_size + (i0 * r.in[1] + i1) * r.in[2] + i2] *
+                             w[(m * cg + c) * k_size + (k0 * r.kernel[1] + k1) * r.kernel[2] + k2];
+                    }
+              out.push_back(sum);
+            }
     return out;
   }
   void set_attrs(ir::Node& node) const {
     node.attrs["group"] = group;
-    node.attrs["strides"] = std::vector<int64_t>{stride_h, stride_w};
-    node.attrs["dilations"] = std::vector<int64_t>{dilation_h, dilation_w};
-    node.attrs["pads"] = std::vector<int64_t>{pad_top, pad_left, pad_bottom, pad_right};
+    if (!strides.empty()) node.attrs["strides"] = strides;
+    if (!dilations.empty()) node.attrs["dilations"] = dilations;
+    if (!pads.empty()) node.attrs["pads"] = pads;
+    if (!auto_pad.empty()) node.attrs["auto_pad"] = auto_pad;
   }
 };
 
@@ -128,7 +174,8 @@ TEST(IntegerOps, MatMulIntegerBatchedMatchesLoop) {
   const Tensor b_zp = random_ints<uint8_t>({3, 1, n}, rng, 0, 255);
   const Tensor y = run1(make_node("MatMulInteger", 4), {a, b, a_zp, b_zp}, 10);
   ASSERT_EQ(y.shape(), (Shape{2, 3, m, n}));
-  const auto av = a.to_int64_vector(), bv = b.to_int64_vector(), za = a_zp.to_int64_vector(), zb = b_zp.to_int64_vector();
+  const auto av = a.to_int64_vector(), bv = b.to_int64_vector();
+  const auto za = a_zp.to_int64_vector(), zb = b_zp.to_int64_vector();
   for (int64_t i0 = 0; i0 < 2; ++i0)
     for (int64_t i1 = 0; i1 < 3; ++i1)
       for (int64_t i = 0; i < m; ++i)
@@ -151,6 +198,21 @@ TEST(IntegerOps, MatMulIntegerBatchedMatchesLoop) {
       for (int64_t l = 0; l < k; ++l) sum += vv[l] * mv[(bb * k + l) * 9 + j];
       EXPECT_EQ(yv.data<int32_t>()[bb * 9 + j], sum);
     }
+
+  // Enough work to be split between threads, with a constant (prepacked) B.
+  const Tensor big_a = random_ints<uint8_t>({2, 64, 128}, rng, 0, 255);
+  const Tensor big_b = random_ints<int8_t>({128, 160}, rng, -128, 127);
+  const Tensor big_y = run_op(make_node("MatMulInteger", 3), {big_a, big_b, Tensor::scalar<uint8_t>(77)}, 10,
+                              {false, true, false})
+                           .at(0);
+  ASSERT_EQ(big_y.shape(), (Shape{2, 64, 160}));
+  const auto ba = big_a.to_int64_vector(), bbv = big_b.to_int64_vector();
+  for (int64_t i = 0; i < 2 * 64; ++i)
+    for (int64_t j = 0; j < 160; ++j) {
+      int64_t sum = 0;
+      for (int64_t l = 0; l < 128; ++l) sum += (ba[i * 128 + l] - 77) * bbv[l * 160 + j];
+      ASSERT_EQ(big_y.data<int32_t>()[i * 160 + j], sum) << i << " " << j;
+    }
 }
 
 // QLinearConv with per-channel weight scales and an int32 bias against dequantize -> float conv ->
@@ -160,19 +222,13 @@ TEST(IntegerOps, QLinearConvPerChannelWithBiasMatchesFloatReference) {
   std::mt19937 rng(11);
   struct Case {
     Shape x, w;
-    Conv2d conv;
+    ConvRef conv;
     DType y_type;
   };
-  Conv2d strided;
-  strided.stride_h = strided.stride_w = 2;
-  strided.pad_top = strided.pad_left = strided.pad_bottom = strided.pad_right = 1;
-  Conv2d depthwise;
-  depthwise.group = 3;
-  depthwise.pad_top = depthwise.pad_left = 1;
-  depthwise.pad_bottom = 2;
-  depthwise.dilation_w = 2;
-  const Case cases[] = {{{2, 3, 9, 8}, {4, 3, 3, 3}, strided, DType::kUInt8},
-                        {{1, 3, 7, 9}, {3, 1, 3, 3}, depthwise, DType::kInt8}};
+  const Case cases[] = {
+      {{2, 3, 9, 8}, {4, 3, 3, 3}, ConvRef().with_strides({2, 2}).with_pads({1, 1, 1, 1}), DType::kUInt8},
+      {{1, 3, 7, 9}, {3, 1, 3, 3}, ConvRef().with_group(3).with_dilations({1, 2}).with_pads({1, 1, 2, 0}),
+       DType::kInt8}};
   for (const Case& c : cases) {
     const int64_t channels = c.w[0];
     const Tensor x = random_ints<uint8_t>(c.x, rng, 0, 255);
@@ -209,7 +265,7 @@ TEST(IntegerOps, QLinearConvPerChannelWithBiasMatchesFloatReference) {
       const int64_t per_channel = shape_numel(c.w) / channels;
       for (size_t i = 0; i < wr.size(); ++i) wr[i] *= w_scale[i / per_channel];
       std::vector<double> v = c.conv.run(xr, c.x, wr, c.w);
-      const int64_t pixels = os[2] * os[3];
+      const int64_t pixels = shape_numel(os) / (os[0] * os[1]);
       for (size_t i = 0; i < v.size(); ++i) {
         const int64_t m = (static_cast<int64_t>(i) / pixels) % channels;
         v[i] = (v[i] + double(bias[m]) * x_scale * w_scale[m]) / y_scale;
@@ -228,13 +284,7 @@ TEST(IntegerOps, ConvIntegerGroupTwoMatchesLoop) {
   const Tensor w = random_ints<uint8_t>(ws, rng, 0, 255);
   const Tensor x_zp = Tensor::scalar<int8_t>(-3);
   const Tensor w_zp = random_ints<uint8_t>({6}, rng, 0, 255);
-  Conv2d conv;
-  conv.group = 2;
-  conv.stride_w = 2;
-  conv.dilation_h = 2;
-  conv.pad_top = 1;
-  conv.pad_bottom = 2;
-  conv.pad_right = 1;
+  const ConvRef conv = ConvRef().with_group(2).with_strides({1, 2}).with_dilations({2, 1}).with_pads({1, 0, 2, 1});
   ir::Node node = make_node("ConvInteger", 4);
   conv.set_attrs(node);
   node.attrs["kernel_shape"] = std::vector<int64_t>{3, 2};
@@ -244,6 +294,49 @@ TEST(IntegerOps, ConvIntegerGroupTwoMatchesLoop) {
     const Tensor y = run_op(node, {x, w, x_zp, w_zp}, 10, {false, constant_w, false, constant_w}).at(0);
     ASSERT_EQ(y.dtype(), DType::kInt32);
     ASSERT_EQ(y.shape(), conv.out_shape(xs, ws));
+    for (int64_t i = 0; i < y.numel(); ++i) ASSERT_EQ(y.data<int32_t>()[i], want[i]) << "element " << i;
+  }
+}
+
+// ConvInteger over the geometry the kernel special-cases: 1-D and 3-D, every auto_pad, kernel
+// widths with and without an unrolled copy, strided short reductions (the transposed form), tiles
+// that end inside an output row, and work large enough to be split between threads.
+TEST(IntegerOps, ConvIntegerGeometriesMatchLoop) {
+  std::mt19937 rng(9);
+  struct Case {
+    Shape x, w;
+    ConvRef conv;
+  };
+  const Case cases[] = {
+      // 1-D, a reduction of 15 (transposed form) with stride 2; 1-D, dilated, 24 (dot form)
+      {{2, 3, 17}, {4, 3, 5}, ConvRef().with_strides({2}).with_pads({2, 1})},
+      {{1, 8, 20}, {5, 8, 3}, ConvRef().with_dilations({3}).with_pads({3, 3})},
+      // 3-D, grouped, kernel width 2 (no unrolled copy)
+      {{1, 4, 5, 6, 7}, {6, 2, 2, 3, 2}, ConvRef().with_group(2).with_strides({1, 2, 1}).with_pads({1, 0, 1, 0, 1, 1})},
+      // every auto_pad; kernel widths 7 and 4
+      {{1, 2, 11, 10}, {3, 2, 7, 7}, ConvRef().with_strides({2, 2}).with_auto_pad("SAME_LOWER")},
+      {{1, 4, 9, 8}, {4, 1, 3, 3}, ConvRef().with_group(4).with_strides({2, 2}).with_auto_pad("SAME_UPPER")},
+      {{1, 3, 9, 9}, {2, 3, 4, 4}, ConvRef().with_strides({2, 1}).with_auto_pad("VALID")},
+      // 1 x 1
+      {{1, 40, 5, 6}, {9, 40, 1, 1}, ConvRef()},
+      // two tiles, the first ending inside an output row (dot form, then transposed form)
+      {{1, 3, 50, 50}, {2, 3, 3, 3}, ConvRef().with_pads({1, 1, 1, 1})},
+      {{1, 1, 30000}, {1, 1, 3}, ConvRef().with_pads({1, 1})},
+      // enough work for several threads
+      {{1, 16, 40, 40}, {16, 16, 3, 3}, ConvRef().with_pads({1, 1, 1, 1})},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("x " + shape_str(c.x) + " w " + shape_str(c.w));
+    const bool signed_x = c.x[1] % 2 == 0;
+    const Tensor x = signed_x ? random_ints<int8_t>(c.x, rng, -128, 127) : random_ints<uint8_t>(c.x, rng, 0, 255);
+    const Tensor x_zp = signed_x ? Tensor::scalar<int8_t>(7) : Tensor::scalar<uint8_t>(131);
+    const Tensor w = random_ints<int8_t>(c.w, rng, -128, 127);
+    ir::Node node = make_node("ConvInteger", 3);
+    c.conv.set_attrs(node);
+    const Tensor y = run1(node, {x, w, x_zp}, 10);
+    ASSERT_EQ(y.shape(), c.conv.out_shape(c.x, c.w));
+    const std::vector<double> want =
+        c.conv.run(minus_zero_point(x, x_zp.to_int64_vector(), 1), c.x, minus_zero_point(w, {0}, 1), c.w);
     for (int64_t i = 0; i < y.numel(); ++i) ASSERT_EQ(y.data<int32_t>()[i], want[i]) << "element " << i;
   }
 }
@@ -259,8 +352,9 @@ TEST(IntegerOps, QLinearMatMulPerColumnMatchesFloatReference) {
   const std::vector<float> b_scale = {0.01f, 0.02f, 0.005f, 0.015f, 0.03f};
   const Tensor b_zp = random_ints<uint8_t>({n}, rng, 100, 150);
   const Tensor y = run1(make_node("QLinearMatMul", 8),
-                        {a, Tensor::scalar(a_scale), Tensor::scalar<int8_t>(4), b, Tensor::from_vector<float>({n}, b_scale),
-                         b_zp, Tensor::scalar(y_scale), Tensor::scalar<int8_t>(-10)},
+                        {a, Tensor::scalar(a_scale), Tensor::scalar<int8_t>(4), b,
+                         Tensor::from_vector<float>({n}, b_scale), b_zp, Tensor::scalar(y_scale),
+                         Tensor::scalar<int8_t>(-10)},
                         10);
   ASSERT_EQ(y.dtype(), DType::kInt8);
   ASSERT_EQ(y.shape(), (Shape{2, m, n}));

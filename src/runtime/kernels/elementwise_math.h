@@ -13,6 +13,8 @@
 #include <limits>
 #include <type_traits>
 
+#include "runtime/kernels/cpu_clones.h"
+
 namespace slimquant::runtime::ew {
 
 template <typename T> inline constexpr bool kIsFloat = std::is_floating_point_v<T>;

@@ -7,11 +7,7 @@
 #include <algorithm>
 #include <limits>
 
-#if defined(__GNUC__) && defined(__x86_64__)
-#define SQ_INTEGER_GEMM_TARGETS __attribute__((target_clones("avx2", "default")))
-#else
-#define SQ_INTEGER_GEMM_TARGETS
-#endif
+#include "runtime/kernels/cpu_clones.h"
 
 namespace slimquant::runtime::integer {
 
@@ -46,7 +42,7 @@ template <int R>
 
 }  // namespace
 
-SQ_INTEGER_GEMM_TARGETS
+SQ_AVX2_CLONES
 void gemm_s16_nt(const int16_t* a, int64_t lda, int64_t rows, const int16_t* b, int64_t ldb, int64_t cols,
                  int64_t depth, int32_t* out, int64_t out_row_stride, int64_t out_col_stride) {
   const int64_t col_block = std::max<int64_t>(2, kColumnBlockBytes / std::max<int64_t>(1, depth * 2));
@@ -65,7 +61,7 @@ void gemm_s16_nt(const int16_t* a, int64_t lda, int64_t rows, const int16_t* b, 
   }
 }
 
-SQ_INTEGER_GEMM_TARGETS
+SQ_AVX2_CLONES
 void gemm_s16_nn(const int16_t* a, int64_t lda, int64_t rows, const int16_t* bt, int64_t ldbt, int64_t cols,
                  int64_t depth, int32_t* out, int64_t ldo) {
   constexpr int64_t kChunk = 512;  // outputs kept in L1 while the reduction sweeps over them

@@ -12,7 +12,8 @@
 // which is ONNX Runtime's (MLAS) formula; the accumulation is exact int32 (integer_gemm.h).
 // Zero points and scales: per tensor; w's per output channel; A's / a's per row and B's / b's per
 // column, optionally also per batch ([..., M, 1] / [..., 1, N]). Every 8-bit signedness mix works.
-// Convolutions lower to im2row tiles (x - z_x as int16, padding = 0) times the packed weights.
+// Convolutions build patch tiles (x - z_x as int16, padding = 0: im2row for long reductions,
+// im2col for short ones such as depthwise) and multiply them with the packed weights.
 #include <omp.h>
 
 #include <algorithm>
@@ -271,9 +272,9 @@ void im2col(const ConvGeometry& g, const X* x_group, int32_t x_zero_point, int64
     for (int64_t c = 0; c < channels; ++c)
       for (const int64_t r : rows)
         for (int64_t kw = 0; kw < g.kernel[2]; ++kw, ++l) {
-          int16_t* dst = cols + l * count + t0 - ow_begin;  // indexed by ow
+          int16_t* dst = cols + l * count + t0;  // dst[ow - ow_begin]
           if (r < 0) {
-            std::fill(dst + ow_begin, dst + ow_end, int16_t{0});
+            std::fill(dst, dst + (ow_end - ow_begin), int16_t{0});
             continue;
           }
           // iw = ow * stride + offset lies inside [0, in_w) for ow in [lo, hi).
@@ -281,10 +282,15 @@ void im2col(const ConvGeometry& g, const X* x_group, int32_t x_zero_point, int64
           const int64_t lo = std::clamp<int64_t>(offset >= 0 ? 0 : (-offset + stride - 1) / stride, ow_begin, ow_end);
           const int64_t hi =
               std::clamp<int64_t>(in_w - 1 - offset < 0 ? 0 : (in_w - 1 - offset) / stride + 1, lo, ow_end);
-          const X* src = x_group + c * in_size + r + offset;
-          std::fill(dst + ow_begin, dst + lo, int16_t{0});
-          for (int64_t ow = lo; ow < hi; ++ow) dst[ow] = static_cast<int16_t>(int16_t{src[ow * stride]} - zx);
-          std::fill(dst + hi, dst + ow_end, int16_t{0});
+          std::fill(dst, dst + (lo - ow_begin), int16_t{0});
+          const X* src = x_group + c * in_size + r + lo * stride + offset;  // iw of ow = lo
+          int16_t* out = dst + (lo - ow_begin);
+          if (stride == 1) {
+            for (int64_t i = 0; i < hi - lo; ++i) out[i] = static_cast<int16_t>(int16_t{src[i]} - zx);
+          } else {
+            for (int64_t i = 0; i < hi - lo; ++i) out[i] = static_cast<int16_t>(int16_t{src[i * stride]} - zx);
+          }
+          std::fill(dst + (hi - ow_begin), dst + (ow_end - ow_begin), int16_t{0});
         }
   });
 }
@@ -554,7 +560,8 @@ std::vector<T> expand_operand_param(const ir::Node& node, const std::vector<T>& 
 }
 
 // A's rows as int16 minus their zero point: [A batches][m][k].
-std::vector<int16_t> widen_matmul_a(const ir::Node& node, const Tensor& a, const Tensor* a_zp, const MatMulGeometry& g) {
+std::vector<int16_t> widen_matmul_a(const ir::Node& node, const Tensor& a, const Tensor* a_zp,
+                                    const MatMulGeometry& g) {
   const std::vector<int32_t> zp = expand_operand_param(
       node, zero_point_values(node, a_zp, a.dtype(), "a_zero_point"), a_zp ? a_zp->shape() : Shape{}, g.a_batch, g.m,
       true, "a_zero_point");

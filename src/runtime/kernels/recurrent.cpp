@@ -116,7 +116,7 @@ bool equals_ignoring_case(const std::string& a, const char* b) {
 }
 
 // x[0, n) = act(clip(x)). The switch sits outside the loops so that each loop vectorises.
-void activate(const Activation& a, std::optional<float> clip, float* x, int64_t n) {
+SQ_AVX2_CLONES void activate(const Activation& a, std::optional<float> clip, float* x, int64_t n) {
   if (clip) {
     const float c = *clip;
     for (int64_t i = 0; i < n; ++i) x[i] = clamp_t(x[i], -c, c);
