@@ -261,8 +261,6 @@ int merge_gated_mul(Graph& g, const std::function<bool(const Node&)>& is_gate, c
   return merged;
 }
 
-}  // namespace
-
 // A scalar float constant within 1e-5 (relative) of `want`.
 bool is_scalar_constant(const Graph& g, const std::string& v, float want) {
   const std::optional<float> c = scalar_constant(g, v);
@@ -298,12 +296,14 @@ int merge_decomposed_hardswish(Graph& g, const std::function<bool(const std::str
     const int mul = sole_reader(g, c.outputs[0], "Mul");
     if (mul < 0) continue;
     const Node& m = g.nodes[mul];
-    if (!((m.inputs[0] == x && m.inputs[1] == c.outputs[0]) || (m.inputs[1] == x && m.inputs[0] == c.outputs[0]))) continue;
+    if (m.inputs.size() != 2 || !((m.inputs[0] == x && m.inputs[1] == c.outputs[0]) || (m.inputs[1] == x && m.inputs[0] == c.outputs[0]))) continue;
     int scale = sole_reader(g, m.outputs[0], "Div");
-    if (scale >= 0 && !(g.nodes[scale].inputs[0] == m.outputs[0] && is_scalar_constant(g, g.nodes[scale].inputs[1], 6.f)))
+    if (scale >= 0 && !(g.nodes[scale].inputs.size() == 2 && g.nodes[scale].inputs[0] == m.outputs[0] &&
+                        is_scalar_constant(g, g.nodes[scale].inputs[1], 6.f)))
       scale = -1;
     if (scale < 0) {
       scale = sole_reader(g, m.outputs[0], "Mul");
+      if (scale >= 0 && g.nodes[scale].inputs.size() != 2) scale = -1;
       if (scale >= 0) {
         const Node& s = g.nodes[scale];
         const std::string& k = s.inputs[0] == m.outputs[0] ? s.inputs[1] : s.inputs[0];
@@ -326,6 +326,8 @@ int merge_decomposed_hardswish(Graph& g, const std::function<bool(const std::str
   }
   return merged;
 }
+
+}  // namespace
 
 int merge_hardswish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
   Node hard_swish;

@@ -86,10 +86,10 @@ int fuse_residual_adds(ir::Graph& g, const std::set<std::string>& keep) {
       const bool float_conv = conv.op_type == "Conv" && conv.domain.empty();
       const bool qconv = conv.op_type == "QConv" && conv.domain == "com.slimquant" && conv.attr_int("y_type", 1) == 1;
       if (!(float_conv || qconv) || conv.outputs.size() != 1 || conv.inputs.size() > 3) continue;
-      // An activation before the sum (x + swish(conv), YOLO's bottleneck) sends oneDNN 2.6's AVX2
-      // convolutions to the reference implementation, hundreds of times slower (measured): the Add
-      // stays separate.
-      if (!conv.fused.op.empty()) continue;
+      // An activation before the sum (x + silu(conv), YOLO's bottleneck; x + relu(conv)) sends
+      // oneDNN 2.6's f32 AVX2 convolutions to the reference implementation, hundreds of times
+      // slower (measured; QConv computes in f32 too where int8 is inexact): the Add stays separate.
+      if (!conv.fused.op.empty() || !conv.attr_string("activation", "").empty()) continue;
       if (conv.inputs.size() > 1 && !g.is_initializer(conv.inputs[1])) continue;
       if (!same_known_shape(g, a, r)) continue;
       ir::Node fusedConv = conv;
