@@ -141,6 +141,8 @@ Action register_qat(CLI::App& app) {
     }
     DataFlags flags = a->flags;
     if (!a->data.empty()) flags.dataset = a->data;
+    SQ_CHECK(flags.side_inputs.empty(), ErrorKind::kInvalidArgument,
+             "qat trains single-input models; --side-input is for quantize, analyze and eval");
     auto train_set = data::open_dataset(flags.options("fashion-mnist:train"));
     SQ_CHECK(o.distill || train_set->has_labels(), ErrorKind::kInvalidArgument,
              "training data '" + train_set->name() + "' has no labels: pass --distill to train against the FP32 model's outputs");

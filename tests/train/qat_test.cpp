@@ -290,4 +290,7 @@ TEST(QATCli, TrainsExportsReportsAndResumes) {
   EXPECT_NE(r.output.find("unknown weight quanter 'bogus'"), std::string::npos) << r.output;
   EXPECT_EQ(test::run_cli("qat " + test::fixture_model("vit_small") + " fashion-mnist:train -o " +
                           tmp.path("missing/dir/q.onnx")).exit_code, 7);
+  r = test::run_cli(args + " --side-input mask=" + tmp.path("mask.npy"), env);
+  EXPECT_EQ(r.exit_code, 5);
+  EXPECT_NE(r.output.find("qat trains single-input models"), std::string::npos) << r.output;
 }
