@@ -342,26 +342,29 @@ void conv_accumulate(const ConvGeometry& g, const X* x, int32_t x_zero_point, co
   });
 }
 
-// Weights packed once when they (and their zero point) are constants, else per run.
-class ConvWeights {
+// An integer GEMM operand (conv weights, MatMul's B) packed once when it and its zero point are
+// constants, else on every run.
+class PackedOperand {
  public:
-  ConvWeights(const KernelInit& init, size_t w_index, size_t zero_point_index)
-      : w_index_(w_index), zero_point_index_(zero_point_index) {
-    const Tensor* w = init.constant_input(w_index);
+  using Pack = std::vector<int16_t> (*)(const ir::Node&, const Tensor& value, const Tensor* zero_point);
+  PackedOperand(const KernelInit& init, size_t index, size_t zero_point_index, Pack pack)
+      : index_(index), zero_point_index_(zero_point_index), pack_(pack) {
+    const Tensor* value = init.constant_input(index);
     const bool zero_point_constant =
         init.node.input(zero_point_index).empty() || init.constant_input(zero_point_index) != nullptr;
-    if (w && zero_point_constant) {
-      packed_ = pack_conv_weights(init.node, *w, init.constant_input(zero_point_index));
+    if (value && zero_point_constant) {
+      packed_ = pack_(init.node, *value, init.constant_input(zero_point_index));
       constant_ = true;
     }
   }
   const int16_t* get(const ir::Node& node, const KernelContext& ctx) {
-    if (!constant_) packed_ = pack_conv_weights(node, ctx.input(w_index_), ctx.optional_input(zero_point_index_));
+    if (!constant_) packed_ = pack_(node, ctx.input(index_), ctx.optional_input(zero_point_index_));
     return packed_.data();
   }
 
  private:
-  size_t w_index_, zero_point_index_;
+  size_t index_, zero_point_index_;
+  Pack pack_;
   bool constant_ = false;
   std::vector<int16_t> packed_;
 };
@@ -371,7 +374,7 @@ class ConvIntegerKernel final : public Kernel {
   enum Input : size_t { kX, kW, kXZeroPoint, kWZeroPoint };
 
   explicit ConvIntegerKernel(const KernelInit& init)
-      : node_(init.node), attrs_(ConvAttrs::parse(init.node)), weights_(init, kW, kWZeroPoint) {}
+      : node_(init.node), attrs_(ConvAttrs::parse(init.node)), weights_(init, kW, kWZeroPoint, pack_conv_weights) {}
 
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(kX);
@@ -397,7 +400,7 @@ class ConvIntegerKernel final : public Kernel {
  private:
   const ir::Node& node_;
   ConvAttrs attrs_;
-  ConvWeights weights_;
+  PackedOperand weights_;
 };
 
 class QLinearConvKernel final : public Kernel {
@@ -405,7 +408,7 @@ class QLinearConvKernel final : public Kernel {
   enum Input : size_t { kX, kXScale, kXZeroPoint, kW, kWScale, kWZeroPoint, kYScale, kYZeroPoint, kBias };
 
   explicit QLinearConvKernel(const KernelInit& init)
-      : node_(init.node), attrs_(ConvAttrs::parse(init.node)), weights_(init, kW, kWZeroPoint) {}
+      : node_(init.node), attrs_(ConvAttrs::parse(init.node)), weights_(init, kW, kWZeroPoint, pack_conv_weights) {}
 
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(kX);
@@ -460,7 +463,7 @@ class QLinearConvKernel final : public Kernel {
  private:
   const ir::Node& node_;
   ConvAttrs attrs_;
-  ConvWeights weights_;
+  PackedOperand weights_;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -621,35 +624,11 @@ void matmul_accumulate(const MatMulGeometry& g, const int16_t* a, const int16_t*
   });
 }
 
-// B packed once when it (and its zero point) are constants, else per run.
-class MatMulWeights {
- public:
-  MatMulWeights(const KernelInit& init, size_t b_index, size_t zero_point_index)
-      : b_index_(b_index), zero_point_index_(zero_point_index) {
-    const Tensor* b = init.constant_input(b_index);
-    const bool zero_point_constant =
-        init.node.input(zero_point_index).empty() || init.constant_input(zero_point_index) != nullptr;
-    if (b && zero_point_constant) {
-      packed_ = pack_matmul_b(init.node, *b, init.constant_input(zero_point_index));
-      constant_ = true;
-    }
-  }
-  const int16_t* get(const ir::Node& node, const KernelContext& ctx) {
-    if (!constant_) packed_ = pack_matmul_b(node, ctx.input(b_index_), ctx.optional_input(zero_point_index_));
-    return packed_.data();
-  }
-
- private:
-  size_t b_index_, zero_point_index_;
-  bool constant_ = false;
-  std::vector<int16_t> packed_;
-};
-
 class MatMulIntegerKernel final : public Kernel {
  public:
   enum Input : size_t { kA, kB, kAZeroPoint, kBZeroPoint };
 
-  explicit MatMulIntegerKernel(const KernelInit& init) : node_(init.node), weights_(init, kB, kBZeroPoint) {}
+  explicit MatMulIntegerKernel(const KernelInit& init) : node_(init.node), weights_(init, kB, kBZeroPoint, pack_matmul_b) {}
 
   void run(KernelContext& ctx) override {
     const Tensor& a = ctx.input(kA);
@@ -665,14 +644,14 @@ class MatMulIntegerKernel final : public Kernel {
 
  private:
   const ir::Node& node_;
-  MatMulWeights weights_;
+  PackedOperand weights_;
 };
 
 class QLinearMatMulKernel final : public Kernel {
  public:
   enum Input : size_t { kA, kAScale, kAZeroPoint, kB, kBScale, kBZeroPoint, kYScale, kYZeroPoint };
 
-  explicit QLinearMatMulKernel(const KernelInit& init) : node_(init.node), weights_(init, kB, kBZeroPoint) {}
+  explicit QLinearMatMulKernel(const KernelInit& init) : node_(init.node), weights_(init, kB, kBZeroPoint, pack_matmul_b) {}
 
   void run(KernelContext& ctx) override {
     const Tensor& a = ctx.input(kA);
@@ -720,7 +699,7 @@ class QLinearMatMulKernel final : public Kernel {
 
  private:
   const ir::Node& node_;
-  MatMulWeights weights_;
+  PackedOperand weights_;
 };
 
 // ---------------------------------------------------------------------------------------------
