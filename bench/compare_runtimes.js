@@ -5,7 +5,12 @@
 // process that ran it) and model file sizes.
 //
 //   node bench/compare_runtimes.js [--runs 50] [--rounds 3] [--models resnet_small,...] [--int8-dir DIR]
-//                                  [--weight-bits 8|7] (default: quantize's auto)
+//                                  [--weight-bits 8|7] (default: quantize's auto) [--batches 1,32]
+//                                  [--calib DATA] [--calib-batch-size 32] [--calib-batches 10]
+//
+// --models takes fixture names or paths to any .onnx file with one float input whose first
+// dimension is the batch (the other dimensions are read with `slimquant info --json`). Models that
+// are not fixtures need --calib, a DATA spec for `slimquant quantize` (e.g. npy:DIR).
 //
 // Each cell is timed in its own process (slimquant: build/slimquant_latency, in-process timing of
 // Session::run; ORT: a worker running session.run), so max RSS is per configuration. Wall-clock
@@ -58,7 +63,7 @@ function slimquantLatency(modelPath, shape, runs) {
   // build/slimquant_latency (bench/latency.cpp): Session::run timed in-process, wall and CPU time;
   // GNU time writes its max RSS (KiB).
   const rssFile = path.join(require('os').tmpdir(), `sq_bench_rss_${process.pid}`);
-  const out = execFileSync('/usr/bin/time', ['-f', '%M', '-o', rssFile, latencyBin, modelPath, String(shape[0]),
+  const out = execFileSync('/usr/bin/time', ['-f', '%M', '-o', rssFile, latencyBin, modelPath, shape.join('x'),
     String(runs)], { encoding: 'utf8' });
   const rss = parseInt(fs.readFileSync(rssFile, 'utf8').trim().split('\n').pop(), 10);
   fs.unlinkSync(rssFile);
@@ -68,13 +73,23 @@ function slimquantLatency(modelPath, shape, runs) {
 
 // Quantized afresh every time (a fraction of a second): a model left from an older build or other
 // settings would silently measure something else.
-function makeInt8(name, fp32, int8Dir, weightBits) {
+function makeInt8(name, fp32, int8Dir, weightBits, calib) {
   const file = path.join(int8Dir, name + '.int8.onnx');
   fs.mkdirSync(int8Dir, { recursive: true });
-  const args = ['--quiet', 'quantize', fp32, 'fashion-mnist:train', '--batch-nums', '10', '-o', file, '--no-eval'];
+  const args = ['--quiet', 'quantize', fp32, calib, '--batch-size', opt('--calib-batch-size', '32'),
+    '--batch-nums', opt('--calib-batches', '10'), '-o', file, '--no-eval'];
   if (weightBits) args.push('--weight-bits', weightBits);
   execFileSync(cli, args, { stdio: 'inherit' });
   return file;
+}
+
+// The model's one input without its batch dimension, e.g. [3, 224, 224].
+function inputSampleShape(modelPath) {
+  const info = JSON.parse(execFileSync(cli, ['info', modelPath, '--json'], { encoding: 'utf8' }).trim().split('\n').pop());
+  const dims = info.inputs[0].shape.slice(1);
+  if (info.inputs.length !== 1 || dims.some((d) => typeof d !== 'number'))
+    throw new Error(`${modelPath}: needs exactly one input with fixed non-batch dimensions, has ${JSON.stringify(info.inputs)}`);
+  return dims;
 }
 
 async function main() {
@@ -82,17 +97,23 @@ async function main() {
   const rounds = parseInt(opt('--rounds', '3'), 10);
   const models = opt('--models', 'resnet_small,mobilenetv2_small,vit_small').split(',');
   const int8Dir = path.resolve(opt('--int8-dir', path.join(root, 'build', 'bench_int8')));
+  const batches = opt('--batches', '1,32').split(',').map(Number);
   const cells = [];
-  for (const name of models) {
-    const fp32 = path.join(root, 'tests/fixtures/models', name + '.onnx');
-    const int8 = makeInt8(name, fp32, int8Dir, opt('--weight-bits', ''));
-    for (const batch of [1, 32])
+  for (const spec of models) {
+    const external = spec.endsWith('.onnx');
+    const name = external ? path.basename(spec, '.onnx') : spec;
+    const fp32 = external ? path.resolve(spec) : path.join(root, 'tests/fixtures/models', name + '.onnx');
+    const calib = opt('--calib', external ? '' : 'fashion-mnist:train');
+    if (!calib) throw new Error(`${spec}: models that are not fixtures need --calib DATA to be quantized`);
+    const int8 = makeInt8(name, fp32, int8Dir, opt('--weight-bits', ''), calib);
+    const sampleShape = inputSampleShape(fp32);
+    for (const batch of batches)
       for (const [kind, file] of [['FP32', fp32], ['INT8', int8]])
-        cells.push({ model: name, kind, batch, file, size: fs.statSync(file).size, sq: [], ort: [] });
+        cells.push({ model: name, kind, batch, file, sampleShape, size: fs.statSync(file).size, sq: [], ort: [] });
   }
   for (let r = 0; r < rounds; r++)
     for (const c of cells) {
-      const shape = [c.batch, 1, 28, 28];
+      const shape = [c.batch, ...c.sampleShape];
       c.sq.push(slimquantLatency(c.file, shape, runs));
       c.ort.push(ortLatency(c.file, shape, runs));
     }
@@ -100,8 +121,8 @@ async function main() {
     rss: Math.max(...xs.map((x) => x.max_rss_kb)) });
   const find = (m, k, b) => cells.find((c) => c.model === m && c.kind === k && c.batch === b);
   const rows = [];
-  for (const name of models)
-    for (const batch of [1, 32]) {
+  for (const name of [...new Set(cells.map((c) => c.model))])
+    for (const batch of batches) {
       const f = find(name, 'FP32', batch), q = find(name, 'INT8', batch);
       const sf = best(f.sq), sq = best(q.sq), of = best(f.ort), oq = best(q.ort);
       rows.push({ model: name, batch, sq_fp32_ms: sf.ms, sq_int8_ms: sq.ms, ort_fp32_ms: of.ms, ort_int8_ms: oq.ms,

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -33,18 +35,24 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   if (argc != 4) {
-    std::fprintf(stderr, "usage: slimquant_latency MODEL BATCH RUNS\n");
+    std::fprintf(stderr, "usage: slimquant_latency MODEL SHAPE RUNS   (SHAPE like 32x3x224x224)\n");
     return 2;
   }
   try {
-    const int64_t batch = std::stoll(argv[2]);
+    std::vector<int64_t> shape;
+    for (const char* p = argv[2]; *p != '\0';) {
+      char* end = nullptr;
+      shape.push_back(std::strtoll(p, &end, 10));
+      if (end == p || shape.back() <= 0) throw std::runtime_error(std::string("bad shape '") + argv[2] + "'");
+      p = *end == 'x' ? end + 1 : end;
+    }
     const int runs = std::stoi(argv[3]);
     ir::Graph g = ir::load_onnx(argv[1]);
     runtime::SessionOptions options;
     options.num_threads = 1;
     runtime::Session session = quant::has_qdq_nodes(g) ? quant::make_int8_session(g, options)
                                                        : runtime::Session(std::move(g), options);
-    Tensor x(DType::kFloat32, {batch, 1, 28, 28});
+    Tensor x(DType::kFloat32, shape);
     float* p = x.data<float>();
     for (int64_t i = 0; i < x.numel(); ++i) p[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.f;
     const std::map<std::string, Tensor> feeds = {{session.inputs().at(0).name, x}};

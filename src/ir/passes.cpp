@@ -234,6 +234,50 @@ std::optional<float> scalar_constant(const Graph& g, const std::string& v) {
 }
 
 namespace {
+bool is_constant_close_to(const Graph& g, const std::string& v, float want) {
+  const std::optional<float> c = scalar_constant(g, v);
+  return c && std::fabs(*c - want) <= 1e-4f * std::fabs(want);
+}
+
+}  // namespace
+
+std::string other_input(const Node& n, const std::string& v) {
+  if (n.inputs.size() != 2) return "";
+  return n.inputs[0] == v ? n.inputs[1] : n.inputs[1] == v ? n.inputs[0] : "";
+}
+
+std::vector<int> match_erf_gelu(const Graph& g, const std::string& y, const std::set<std::string>& keep,
+                                std::string& out) {
+  auto private_value = [&](const std::string& v) {
+    return !keep.count(v) && !g.is_graph_output(v) && g.consumers(v).size() == 1;
+  };
+  const auto readers = g.consumers(y);
+  if (keep.count(y) || g.is_graph_output(y) || readers.size() != 2) return {};
+  int div = readers[0], mul = readers[1];
+  if (g.nodes[div].op_type != "Div") std::swap(div, mul);
+  const ir::Node &dn = g.nodes[div], &mn = g.nodes[mul];
+  if (dn.op_type != "Div" || dn.inputs.size() != 2 || dn.inputs[0] != y ||
+      !is_constant_close_to(g, dn.inputs[1], std::sqrt(2.f)) || mn.op_type != "Mul" || !private_value(dn.outputs[0]))
+    return {};
+  const int erf = g.consumers(dn.outputs[0])[0];
+  const Node& en = g.nodes[erf];
+  if (en.op_type != "Erf" || !private_value(en.outputs[0])) return {};
+  const int one = g.consumers(en.outputs[0])[0];
+  const Node& on = g.nodes[one];
+  if (on.op_type != "Add" || !is_constant_close_to(g, other_input(on, en.outputs[0]), 1.f) ||
+      !private_value(on.outputs[0]) || g.consumers(on.outputs[0])[0] != mul || other_input(mn, on.outputs[0]) != y ||
+      !private_value(mn.outputs[0]))
+    return {};
+  const int half = g.consumers(mn.outputs[0])[0];
+  const Node& hn = g.nodes[half];
+  if (hn.op_type != "Mul" || !is_constant_close_to(g, other_input(hn, mn.outputs[0]), 0.5f)) return {};
+  for (int n : {div, mul, erf, one, half})
+    if (!g.nodes[n].domain.empty()) return {};
+  out = hn.outputs[0];
+  return {div, erf, one, mul, half};
+}
+
+namespace {
 
 // The pattern behind hard-swish and swish: a gate node reading x whose output s is read only by
 // Mul(x, s). Replaces the Mul by `fused` (inputs {x}, the Mul's outputs) and drops the gate.

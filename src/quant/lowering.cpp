@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "runtime/kernels/dnnl_kernels.h"
 #include "runtime/kernels/int8_common.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/optimize.h"
@@ -116,9 +117,16 @@ bool is_8bit(DType t) { return t == DType::kUInt8 || t == DType::kInt8; }
 // The activation a node applies (Clip: when its bounds are constants), with its parameters.
 Why read_activation(const ir::Graph& g, const ir::Node& n, i8::QLinearAttrs& q) {
   const bool swish = n.op_type == "Swish" && n.domain == ir::kSlimquantDomain;  // ir::merge_swish
-  if (!swish && !n.domain.empty() && n.domain != "ai.onnx") return "not an activation";
+  // GELU: the erf chain runtime::optimize_graph fused into one node, or ONNX's Gelu (opset 20) in
+  // its exact form.
+  const bool fused_gelu = n.op_type == "Gelu" && n.domain == runtime::dnnl_kernels::kGeluDomain;
+  const bool onnx_gelu = n.op_type == "Gelu" && (n.domain.empty() || n.domain == "ai.onnx") &&
+                         n.attr_string("approximate", "none") == "none";
+  if (!swish && !fused_gelu && !n.domain.empty() && n.domain != "ai.onnx") return "not an activation";
   const std::optional<i8::Activation> a = i8::activation_from_name(n.op_type);
-  if (!a || *a == i8::Activation::kNone || (*a == i8::Activation::kSwish && !swish)) return "not an activation";
+  if (!a || *a == i8::Activation::kNone || (*a == i8::Activation::kSwish && !swish) ||
+      (*a == i8::Activation::kGelu && !fused_gelu && !onnx_gelu))
+    return "not an activation";
   q.activation = *a;
   if (*a == i8::Activation::kLeakyRelu) q.activation_alpha = n.attr_float("alpha", 0.01f);
   if (*a == i8::Activation::kElu) q.activation_alpha = n.attr_float("alpha", 1.0f);
@@ -152,6 +160,38 @@ int64_t weight_channel_axis(const ir::Node& target, LoweredOp op, const Tensor& 
     case LoweredOp::kMatMul: return w.rank() == 2 ? 1 : -1;
   }
   return -1;
+}
+
+// Takes a Mul by a positive scalar constant that alone reads a MatMul's result `cur` into the group:
+// it becomes a factor of the output scale (attention's 1 / sqrt(d) written after Q K^T).
+void take_scale_mul(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
+  const ir::Graph& g = ix.graph();
+  const int c = ix.sole_consumer(cur);
+  if (c < 0 || !is_op(g.nodes[c], "Mul")) return;
+  const std::optional<float> factor = ir::scalar_constant(g, ir::other_input(g.nodes[c], cur));
+  if (!factor || !(*factor > 0.f) || !std::isfinite(*factor)) return;
+  grp.scale_mul = c;
+  grp.output_factor = *factor;
+  cur = g.nodes[c].outputs.at(0);
+}
+
+// Takes the activation that alone reads `cur` into the group (one node, or the erf GELU chain
+// PyTorch exports) and moves `cur` to its output.
+void take_activation(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
+  const ir::Graph& g = ix.graph();
+  const int c = ix.sole_consumer(cur);
+  i8::QLinearAttrs probe;
+  if (c >= 0 && g.nodes[c].outputs.size() == 1 && !read_activation(g, g.nodes[c], probe)) {
+    grp.activation = c;
+    cur = g.nodes[c].outputs[0];
+    return;
+  }
+  std::string out;
+  std::vector<int> gelu = ir::match_erf_gelu(g, cur, {}, out);
+  if (!gelu.empty()) {
+    grp.gelu_chain = std::move(gelu);
+    cur = out;
+  }
 }
 
 // Takes the QuantizeLinear that alone reads the group's output into the group (integer output).
@@ -207,14 +247,8 @@ Why select_group(const GraphIndex& ix, int t, LoweredOp op, const LoweringOption
     grp.runtime_weight = true;
     grp.dq_inputs = {px, pw};
     std::string cur = n.outputs[0];
-    if (options.fuse_activation) {
-      const int c = ix.sole_consumer(cur);
-      i8::QLinearAttrs probe;
-      if (c >= 0 && g.nodes[c].outputs.size() == 1 && !read_activation(g, g.nodes[c], probe)) {
-        grp.activation = c;
-        cur = g.nodes[c].outputs[0];
-      }
-    }
+    take_scale_mul(ix, grp, cur);
+    if (options.fuse_activation) take_activation(ix, grp, cur);
     grp.output = cur;
     return end_in_quantize(ix, options, grp);
   }
@@ -259,8 +293,9 @@ Why select_group(const GraphIndex& ix, int t, LoweredOp op, const LoweringOption
     if (!shape_ok) return "the bias of shape " + shape_str(bt->shape()) + " is not one value per output channel";
   }
 
-  // The chain after the target: [Add(bias)] [Relu|Clip] [QuantizeLinear].
+  // The chain after the target: [Mul(scalar)] [Add(bias)] [activation] [QuantizeLinear].
   std::string cur = n.outputs[0];
+  if (op == LoweredOp::kMatMul) take_scale_mul(ix, grp, cur);
   if (op == LoweredOp::kMatMul && options.fuse_matmul_bias) {
     const int c = ix.sole_consumer(cur);
     if (c >= 0 && is_op(g.nodes[c], "Add") && g.nodes[c].inputs.size() == 2) {
@@ -273,14 +308,7 @@ Why select_group(const GraphIndex& ix, int t, LoweredOp op, const LoweringOption
       }
     }
   }
-  if (options.fuse_activation) {
-    const int c = ix.sole_consumer(cur);
-    i8::QLinearAttrs probe;
-    if (c >= 0 && g.nodes[c].outputs.size() == 1 && !read_activation(g, g.nodes[c], probe)) {
-      grp.activation = c;
-      cur = g.nodes[c].outputs[0];
-    }
-  }
+  if (options.fuse_activation) take_activation(ix, grp, cur);
   grp.output = cur;
   return end_in_quantize(ix, options, grp);
 }
@@ -341,7 +369,8 @@ ir::Node make_fused_node(ir::Graph& g, const QdqGroup& grp, const LoweringOption
   if (grp.op == LoweredOp::kMatMul) {
     if (grp.bias_add >= 0) {
       const ir::Node& add = g.nodes[grp.bias_add];
-      bias = add.inputs[0] == t.outputs[0] ? add.inputs[1] : add.inputs[0];
+      const std::string& fed = grp.scale_mul >= 0 ? g.nodes[grp.scale_mul].outputs[0] : t.outputs[0];
+      bias = ir::other_input(add, fed);
     }
   } else {
     bias = t.input(2);
@@ -368,12 +397,14 @@ ir::Node make_fused_node(ir::Graph& g, const QdqGroup& grp, const LoweringOption
   q.x_scale = grp.x.scale[0];
   q.x_zero_point = grp.x.zero_point[0];
   q.w_scale = grp.w.scale;
+  for (float& s : q.w_scale) s *= grp.output_factor;
   if (grp.q_output >= 0) {
     q.y_type = grp.y.dtype;
     q.y_scale = grp.y.scale[0];
     q.y_zero_point = grp.y.zero_point[0];
   }
   if (grp.activation >= 0) read_activation(g, g.nodes[grp.activation], q);
+  if (!grp.gelu_chain.empty()) q.activation = i8::Activation::kGelu;
   q.compute = i8::parse_compute(options.compute, f.describe());  // validates the option's spelling
   q.write(f);
   return f;
@@ -432,8 +463,9 @@ ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, Lo
   std::map<int, ir::Node> fused;
   for (const QdqGroup& grp : groups) {
     fused.emplace(grp.target, make_fused_node(g, grp, options));
-    for (int i : {grp.bias_add, grp.activation, grp.q_output})
+    for (int i : {grp.scale_mul, grp.bias_add, grp.activation, grp.q_output})
       if (i >= 0) drop[i] = true;
+    for (int i : grp.gelu_chain) drop[i] = true;
     (grp.op == LoweredOp::kConv ? r.conv : grp.op == LoweredOp::kGemm ? r.gemm : r.matmul)++;
   }
   std::vector<ir::Node> nodes;

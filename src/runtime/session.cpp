@@ -133,52 +133,6 @@ int fuse_residual_adds(ir::Graph& g, const std::set<std::string>& keep) {
   return fused;
 }
 
-bool is_constant_close_to(const ir::Graph& g, const std::string& v, float want) {
-  const std::optional<float> c = ir::scalar_constant(g, v);
-  return c && std::fabs(*c - want) <= 1e-4f * std::fabs(want);
-}
-
-// The other input of a two-input node, or "" when `v` is not one of them.
-std::string other_input(const ir::Node& n, const std::string& v) {
-  if (n.inputs.size() != 2) return "";
-  return n.inputs[0] == v ? n.inputs[1] : n.inputs[1] == v ? n.inputs[0] : "";
-}
-
-// The erf GELU that PyTorch exports before opset 20, read from value y:
-//   Mul(Mul(y, Add(Erf(Div(y, sqrt 2)), 1)), 0.5)
-// Returns the pattern's node indices and sets `out` to its result, or returns {} when the graph
-// differs or an intermediate is kept (hooks, outputs) or read elsewhere.
-std::vector<int> match_erf_gelu(const ir::Graph& g, const std::string& y, const std::set<std::string>& keep,
-                                std::string& out) {
-  auto private_value = [&](const std::string& v) {
-    return !keep.count(v) && !g.is_graph_output(v) && g.consumers(v).size() == 1;
-  };
-  const auto readers = g.consumers(y);
-  if (keep.count(y) || g.is_graph_output(y) || readers.size() != 2) return {};
-  int div = readers[0], mul = readers[1];
-  if (g.nodes[div].op_type != "Div") std::swap(div, mul);
-  const ir::Node &dn = g.nodes[div], &mn = g.nodes[mul];
-  if (dn.op_type != "Div" || dn.inputs.size() != 2 || dn.inputs[0] != y ||
-      !is_constant_close_to(g, dn.inputs[1], std::sqrt(2.f)) || mn.op_type != "Mul" || !private_value(dn.outputs[0]))
-    return {};
-  const int erf = g.consumers(dn.outputs[0])[0];
-  const ir::Node& en = g.nodes[erf];
-  if (en.op_type != "Erf" || !private_value(en.outputs[0])) return {};
-  const int one = g.consumers(en.outputs[0])[0];
-  const ir::Node& on = g.nodes[one];
-  if (on.op_type != "Add" || !is_constant_close_to(g, other_input(on, en.outputs[0]), 1.f) ||
-      !private_value(on.outputs[0]) || g.consumers(on.outputs[0])[0] != mul || other_input(mn, on.outputs[0]) != y ||
-      !private_value(mn.outputs[0]))
-    return {};
-  const int half = g.consumers(mn.outputs[0])[0];
-  const ir::Node& hn = g.nodes[half];
-  if (hn.op_type != "Mul" || !is_constant_close_to(g, other_input(hn, mn.outputs[0]), 0.5f)) return {};
-  for (int n : {div, mul, erf, one, half})
-    if (!g.nodes[n].domain.empty()) return {};
-  out = hn.outputs[0];
-  return {div, erf, one, mul, half};
-}
-
 // Execution-only, for transformer MLPs: MatMul(a, W) -> Add(b [N]) becomes a MatMul with a bias
 // (a 3rd input its kernel reads), and an erf GELU after such a MatMul its fused activation; any
 // other erf GELU becomes one Gelu node (kGeluDomain, oneDNN's JIT gelu_erf). One pass instead of
@@ -195,14 +149,14 @@ int fuse_matmul_bias_gelu(ir::Graph& g, const std::set<std::string>& keep) {
     if (keep.count(y) || g.is_graph_output(y) || g.consumers(y).size() != 1) continue;
     const int add = g.consumers(y)[0];
     const ir::Node& an = g.nodes[add];
-    const std::string b = an.op_type == "Add" && an.domain.empty() ? other_input(an, y) : "";
+    const std::string b = an.op_type == "Add" && an.domain.empty() ? ir::other_input(an, y) : "";
     const Tensor* bias = b.empty() ? nullptr : g.initializer(b);
     if (!bias || bias->rank() != 1 || bias->dim(0) != w->dim(1) || bias->dtype() != DType::kFloat32) continue;
     g.nodes[i].inputs.push_back(b);
     y = an.outputs[0];
     std::vector<int> erase = {add};
     std::string gelu_out;
-    if (auto gelu = match_erf_gelu(g, y, keep, gelu_out); !gelu.empty() && g.nodes[i].fused.op.empty()) {
+    if (auto gelu = ir::match_erf_gelu(g, y, keep, gelu_out); !gelu.empty() && g.nodes[i].fused.op.empty()) {
       g.nodes[i].fused.op = "Gelu";
       y = gelu_out;
       erase.insert(erase.end(), gelu.begin(), gelu.end());
@@ -217,7 +171,7 @@ int fuse_matmul_bias_gelu(ir::Graph& g, const std::set<std::string>& keep) {
     if (g.nodes[i].op_type != "Div" || g.nodes[i].inputs.empty()) continue;
     const std::string y = g.nodes[i].inputs[0];
     std::string out;
-    std::vector<int> gelu = match_erf_gelu(g, y, keep, out);
+    std::vector<int> gelu = ir::match_erf_gelu(g, y, keep, out);
     if (gelu.empty()) continue;
     ir::Node node;
     node.op_type = "Gelu";

@@ -307,7 +307,9 @@ INSTANTIATE_TEST_SUITE_P(Int8W7, FusedKernel, ::testing::Values(SQ_KERNEL_CASES_
       KernelCase{"conv_leakyrelu_s8", "Conv", kS8, 0, "LeakyRelu", kS8, -3, 1, 1, 1, 3, 0, compute, 9, 63},     \
       KernelCase{"dwconv_elu_s8", "Conv", kS8, 0, "Elu", kS8, 0, 16, 1, 1, 3, 0, compute, 9, 63},               \
       KernelCase{"gemm_hardswish_f32", "Gemm", kU8, 0, "HardSwish", kF32, 0, 1, 1, 0, 1, 1, compute, 9, 63},    \
-      KernelCase{"matmul3d_sigmoid_u8", "MatMul", kS8, 0, "Sigmoid", kU8, 0, 1, 1, 0, 1, 0, compute, 9, 63}
+      KernelCase{"matmul3d_sigmoid_u8", "MatMul", kS8, 0, "Sigmoid", kU8, 0, 1, 1, 0, 1, 0, compute, 9, 63},    \
+      KernelCase{"conv_gelu_s8", "Conv", kU8, 0, "Gelu", kS8, -20, 1, 1, 1, 3, 0, compute, 9, 63},              \
+      KernelCase{"matmul3d_gelu_f32", "MatMul", kS8, 0, "Gelu", kF32, 0, 1, 1, 0, 1, 0, compute, 9, 63}
 INSTANTIATE_TEST_SUITE_P(Activations, FusedKernel,
                          ::testing::Values(SQ_ACTIVATION_CASES("int8"), SQ_ACTIVATION_CASES("f32")), case_name);
 INSTANTIATE_TEST_SUITE_P(AutoW7, FusedKernel, ::testing::Values(SQ_KERNEL_CASES_W7("auto")), case_name);
@@ -614,3 +616,74 @@ INSTANTIATE_TEST_SUITE_P(Lowering, SpelledActivationLowering,
                                                                                         : "HardSwishPaddle");
                          });
 }  // namespace
+
+namespace {
+// Runs the QDQ graph as simulation and lowered, and checks the lowered outputs agree to within one
+// output quantization step.
+void expect_lowered_matches_simulation(const ir::Graph& g, const ir::Graph& lowered, const std::string& y,
+                                       const std::map<std::string, Tensor>& feeds, float step) {
+  runtime::Session sim(g), integer(lowered);
+  const Tensor ys = sim.run(feeds).at(y), yi = integer.run(feeds).at(y);
+  ASSERT_EQ(ys.shape(), yi.shape());
+  int64_t off_by_one = 0;
+  for (int64_t i = 0; i < ys.numel(); ++i) {
+    const float d = std::fabs(ys.data<float>()[i] - yi.data<float>()[i]);
+    EXPECT_LE(d, step * 1.001f) << "element " << i;
+    off_by_one += d > step * 0.5f;
+  }
+  EXPECT_LE(off_by_one, ys.numel() / 20) << "most outputs must be identical";
+}
+}  // namespace
+
+// Attention scores as PyTorch exports them: (Q K^T) * (1 / sqrt d). The scalar Mul becomes a factor
+// of the QMatMul's output scale instead of a float pass over the scores.
+TEST(Lowering, ScalarMulAfterAttentionMatMulFoldsIntoTheOutputScale) {
+  QdqBuilder b;
+  const std::string a = b.input("a", {2, 5, 8}), w = b.input("w", {2, 8, 5});
+  const std::string mm = b.node("MatMul", {b.qdq(a, 1.f / 64.f, 0, kS8), b.qdq(w, 1.f / 64.f, 0, kS8)});
+  const std::string scaled = b.node("Mul", {mm, b.constant("inv_sqrt_d", Tensor::scalar<float>(0.35355339f))});
+  const float step = 0.004f;
+  const std::string y = b.qdq(scaled, step, 0, kS8);
+  ir::Graph g = b.finish(y);
+  quant::LoweringReport report;
+  ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
+  ASSERT_EQ(report.matmul, 1) << (report.skipped.empty() ? "" : report.skipped[0].reason);
+  EXPECT_EQ(count_op(lowered, "Mul"), 0);
+  EXPECT_EQ(count_op(lowered, "QMatMul"), 1);
+  expect_lowered_matches_simulation(g, lowered, y, {{"a", b.random_input({2, 5, 8}, -1.f, 1.f)},
+                                                    {"w", b.random_input({2, 8, 5}, -1.f, 1.f)}}, step);
+
+  // A negative factor would flip the sign of the output scale: it stays a float Mul.
+  QdqBuilder n;
+  const std::string na = n.input("a", {2, 5, 8}), nw = n.input("w", {2, 8, 5});
+  const std::string nmm = n.node("MatMul", {n.qdq(na, 1.f / 64.f, 0, kS8), n.qdq(nw, 1.f / 64.f, 0, kS8)});
+  ir::Graph ng = n.finish(n.qdq(n.node("Mul", {nmm, n.constant("neg", Tensor::scalar<float>(-0.5f))}), step, 0, kS8));
+  EXPECT_EQ(count_op(quant::lower_to_int8(ng), "Mul"), 1);
+}
+
+// A transformer MLP's first layer: MatMul + bias + the erf GELU chain PyTorch exports before
+// opset 20 (Div, Erf, Add, Mul, Mul) run as one QMatMul with a GELU post-op and an integer output.
+TEST(Lowering, ErfGeluAfterMatMulBecomesTheFusedActivation) {
+  QdqBuilder b;
+  const std::string x = b.input("x", {3, 4, 16});
+  const std::string mm = b.node("MatMul", {b.qdq(x, 1.f / 64.f, 0, kS8), b.weight({16, 12}, 1)});
+  const std::string biased = b.node("Add", {mm, b.bias(12)});
+  const std::string div = b.node("Div", {biased, b.constant("sqrt2", Tensor::scalar<float>(std::sqrt(2.f)))});
+  const std::string erf = b.node("Erf", {div});
+  const std::string one = b.node("Add", {erf, b.constant("one", Tensor::scalar<float>(1.f))});
+  const std::string mul = b.node("Mul", {biased, one});
+  const std::string gelu = b.node("Mul", {mul, b.constant("half", Tensor::scalar<float>(0.5f))});
+  const float step = 0.003f;
+  const std::string y = b.qdq(gelu, step, -100, kS8);
+  ir::Graph g = b.finish(y);
+  quant::LoweringReport report;
+  ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
+  ASSERT_EQ(report.matmul, 1) << (report.skipped.empty() ? "" : report.skipped[0].reason);
+  for (const char* op : {"Erf", "Div", "Add", "Mul"}) EXPECT_EQ(count_op(lowered, op), 0) << op;
+  const ir::Node& fused = *std::find_if(lowered.nodes.begin(), lowered.nodes.end(),
+                                        [](const ir::Node& n) { return n.op_type == "QMatMul"; });
+  const i8::QLinearAttrs q = i8::QLinearAttrs::parse(fused);
+  EXPECT_EQ(q.activation, i8::Activation::kGelu);
+  EXPECT_EQ(q.y_type, DType::kInt8);
+  expect_lowered_matches_simulation(g, lowered, y, {{"x", b.random_input({3, 4, 16}, -1.f, 1.f)}}, step);
+}

@@ -29,6 +29,17 @@ int fuse_activations(Graph& g, const std::set<std::string>& keep = {});
 // The value of a one-element float initializer, or nullopt.
 std::optional<float> scalar_constant(const Graph& g, const std::string& v);
 
+// The other input of a two-input node, or "" when `v` is not one of them.
+std::string other_input(const Node& n, const std::string& v);
+
+// The erf GELU that PyTorch exports before opset 20, read from value y:
+//   Mul(Mul(y, Add(Erf(Div(y, sqrt 2)), 1)), 0.5)
+// Returns the pattern's node indices (the last one writes the result) and sets `out` to its
+// result, or returns {} when the graph differs or an intermediate is kept (in `keep`, a graph
+// output) or read elsewhere.
+std::vector<int> match_erf_gelu(const Graph& g, const std::string& y, const std::set<std::string>& keep,
+                                std::string& out);
+
 // Hard-swish as exporters write it before opset 14 becomes one HardSwish node at the place of the
 // pattern's last node: Mul(x, HardSigmoid(x; alpha 1/6, beta 0.5)) (PyTorch), when the
 // HardSigmoid's output is read by that Mul only, and Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6)

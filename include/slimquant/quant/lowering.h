@@ -38,7 +38,10 @@ struct QdqGroup {
   std::vector<int> dq_inputs;  // DequantizeLinear nodes the target reads: x's, w's (and a quantized bias's)
   int target = -1;             // the Conv / Gemm / MatMul
   int bias_add = -1;           // MatMul -> Add(constant [N]) taken in as the bias, or -1
-  int activation = -1;         // Relu / Clip taken in, or -1
+  int scale_mul = -1;          // MatMul -> Mul(positive scalar constant) folded into the output scale, or -1
+  float output_factor = 1.f;   // that scalar
+  int activation = -1;         // Relu / Clip / ... taken in, or -1
+  std::vector<int> gelu_chain; // or the nodes of an erf GELU taken in as the activation
   int q_output = -1;           // the QuantizeLinear ending the group, or -1 (float32 output)
   std::string x_q, w_q;        // the integer values the fused node reads
   std::string output;          // the value it writes: Q's output, or the last float value of the group

@@ -86,7 +86,7 @@ QLinearAttrs QLinearAttrs::parse(const ir::Node& node) {
   const std::optional<Activation> a = activation_from_name(act);
   if (!a)
     fail(ErrorKind::kInvalidModel, node.describe() + ": activation must be one of Relu, Clip, LeakyRelu, Sigmoid, "
-                                                     "Tanh, HardSigmoid, HardSwish, Elu, Swish, got '" + act + "'");
+                                                     "Tanh, HardSigmoid, HardSwish, Elu, Swish, Gelu, got '" + act + "'");
   q.activation = *a;
   q.activation_min = node.attr_float(attr::kActivationMin, -INFINITY);
   q.activation_max = node.attr_float(attr::kActivationMax, INFINITY);
@@ -145,6 +145,7 @@ const char* activation_name(Activation a) {
     case Activation::kHardSwish: return "HardSwish";
     case Activation::kElu: return "Elu";
     case Activation::kSwish: return "Swish";
+    case Activation::kGelu: return "Gelu";
   }
   return "";
 }
@@ -152,7 +153,7 @@ const char* activation_name(Activation a) {
 std::optional<Activation> activation_from_name(const std::string& op) {
   for (Activation a : {Activation::kNone, Activation::kRelu, Activation::kClip, Activation::kLeakyRelu,
                        Activation::kSigmoid, Activation::kTanh, Activation::kHardSigmoid, Activation::kHardSwish,
-                       Activation::kElu, Activation::kSwish})
+                       Activation::kElu, Activation::kSwish, Activation::kGelu})
     if (op == activation_name(a)) return a;
   return std::nullopt;
 }
@@ -169,6 +170,7 @@ float QLinearAttrs::activate(float v) const {
     case Activation::kHardSwish: return v * std::min(std::max(v / 6.f + 0.5f, 0.f), 1.f);
     case Activation::kElu: return v >= 0.f ? v : activation_alpha * (std::exp(v) - 1.f);
     case Activation::kSwish: return v / (1.f + std::exp(-activation_alpha * v));
+    case Activation::kGelu: return 0.5f * v * (1.f + std::erf(v * 0.70710678118654752f));
   }
   return v;
 }
@@ -224,6 +226,7 @@ dnnl::post_ops make_post_ops(const QLinearAttrs& q) {
     case Activation::kHardSwish: ops.append_eltwise(1.f, alg::eltwise_hardswish, 0.f, 0.f); break;
     case Activation::kElu: ops.append_eltwise(1.f, alg::eltwise_elu, q.activation_alpha, 0.f); break;
     case Activation::kSwish: ops.append_eltwise(1.f, alg::eltwise_swish, q.activation_alpha, 0.f); break;
+    case Activation::kGelu: ops.append_eltwise(1.f, alg::eltwise_gelu_erf, 0.f, 0.f); break;
   }
   const float zp = q.quantized_output() ? static_cast<float>(q.y_zero_point) : 0.f;
   if (q.quantized_output() && q.real_units()) ops.append_eltwise(1.f, alg::eltwise_linear, inv, zp);

@@ -50,7 +50,7 @@ inline constexpr const char* kYScale = "y_scale";            // float (absent fo
 inline constexpr const char* kYZeroPoint = "y_zero_point";   // int
 inline constexpr const char* kYType = "y_type";              // int: ONNX TensorProto type of y (1 f32, 2 u8, 3 s8)
 inline constexpr const char* kActivation = "activation";     // string: "", "Relu", "Clip", "LeakyRelu", "Sigmoid",
-                                                             // "Tanh", "HardSigmoid", "HardSwish", "Elu", "Swish"
+                                                             // "Tanh", "HardSigmoid", "HardSwish", "Elu", "Swish", "Gelu"
 inline constexpr const char* kActivationMin = "activation_min";  // float: Clip's min (-inf when absent)
 inline constexpr const char* kActivationMax = "activation_max";  // float: Clip's max (+inf when absent)
 inline constexpr const char* kActivationAlpha = "activation_alpha";  // float: LeakyRelu / HardSigmoid / Elu alpha
@@ -61,7 +61,7 @@ inline constexpr const char* kCompute = "int8_compute";      // string: "auto" (
 // The activation fused after the requantization. Relu, Clip, LeakyRelu and HardSigmoid (with its
 // bounds and offset scaled) run in the output's units; the others (real_units()) run on real
 // values, with 1 / s_y applied after them.
-enum class Activation { kNone, kRelu, kClip, kLeakyRelu, kSigmoid, kTanh, kHardSigmoid, kHardSwish, kElu, kSwish };
+enum class Activation { kNone, kRelu, kClip, kLeakyRelu, kSigmoid, kTanh, kHardSigmoid, kHardSwish, kElu, kSwish, kGelu };
 // The ONNX op name ("" for kNone) and back (nullopt for an op that is not fusable).
 const char* activation_name(Activation a);
 std::optional<Activation> activation_from_name(const std::string& op);

@@ -119,7 +119,7 @@ OpSchema base_schema(const char* name, const char* doc, const char* bias_name) {
       .Attr(attr::kYScale, "scale of y_q (quantized y only)", AttributeProto::FLOAT, false)
       .Attr(attr::kYZeroPoint, "zero point of y_q", AttributeProto::INT, static_cast<int64_t>(0))
       .Attr(attr::kActivation,
-            "fused activation: Relu, Clip, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish, Elu or Swish",
+            "fused activation: Relu, Clip, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish, Elu, Swish or Gelu (erf)",
             AttributeProto::STRING, false)
       .Attr(attr::kActivationMin, "Clip's min", AttributeProto::FLOAT, false)
       .Attr(attr::kActivationMax, "Clip's max", AttributeProto::FLOAT, false)

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/elementwise_common.h"
 #include "runtime/kernels/elementwise_math.h"
 #include "runtime/kernels/elementwise_register.h"
@@ -92,6 +93,24 @@ constexpr int32_t qmin_of() { return static_cast<int32_t>(std::numeric_limits<Q>
 template <typename Q>
 constexpr int32_t qmax_of() { return static_cast<int32_t>(std::numeric_limits<Q>::max()); }
 
+// The hot loops over one block of one (scale, zero point): compiled for AVX2 and AVX-512 too,
+// where they run several times faster than the baseline's SSE2 (the narrowing float -> int -> 8-bit
+// conversion does not vectorise well there).
+template <typename X, typename Q>
+SQ_AVX512_AVX2_CLONES void quantize_span(const X* x, Q* y, int64_t n, float s, float lo, float hi, int32_t z) {
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = static_cast<Q>(static_cast<int32_t>(quantize_value(static_cast<float>(x[i]), s, lo, hi)) + z);
+}
+
+template <typename Q>
+SQ_AVX512_AVX2_CLONES void dequantize_span(const Q* x, float* y, int64_t n, float s, int32_t z) {
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(static_cast<int32_t>(x[i]) - z) * s;
+}
+
+SQ_AVX512_AVX2_CLONES void fake_quantize_span(const float* x, float* y, int64_t n, float s, float lo, float hi) {
+  for (int64_t i = 0; i < n; ++i) y[i] = quantize_value(x[i], s, lo, hi) * s;
+}
+
 template <typename X, typename Q>
 void quantize_typed(const X* x, Q* y, const QuantParams& p) {
   constexpr int32_t kMin = qmin_of<Q>(), kMax = qmax_of<Q>();
@@ -111,10 +130,7 @@ void quantize_typed(const X* x, Q* y, const QuantParams& p) {
         ys[i] = static_cast<Q>(static_cast<int32_t>(quantize_value(static_cast<float>(xs[i]), s[i], lo[i], hi[i])) + z[i]);
       return;
     }
-    const float s = p.scale[c], l = lo[c], h = hi[c];
-    const int32_t z = p.zero_point[c];
-    for (int64_t i = 0; i < n; ++i)
-      ys[i] = static_cast<Q>(static_cast<int32_t>(quantize_value(static_cast<float>(xs[i]), s, l, h)) + z);
+    quantize_span(xs, ys, n, p.scale[c], lo[c], hi[c], p.zero_point[c]);
   });
 }
 
@@ -129,9 +145,7 @@ void dequantize_typed(const Q* x, float* y, const QuantParams& p) {
       for (int64_t i = 0; i < n; ++i) ys[i] = static_cast<float>(static_cast<int32_t>(xs[i]) - z[i]) * s[i];
       return;
     }
-    const float s = p.scale[c];
-    const int32_t z = p.zero_point[c];
-    for (int64_t i = 0; i < n; ++i) ys[i] = static_cast<float>(static_cast<int32_t>(xs[i]) - z) * s;
+    dequantize_span(xs, ys, n, p.scale[c], p.zero_point[c]);
   });
 }
 
@@ -150,8 +164,7 @@ void fake_quantize_typed(const float* x, float* y, const QuantParams& p, int32_t
       for (int64_t i = 0; i < n; ++i) ys[i] = quantize_value(xs[i], s[i], lo[i], hi[i]) * s[i];
       return;
     }
-    const float s = p.scale[c], l = lo[c], h = hi[c];
-    for (int64_t i = 0; i < n; ++i) ys[i] = quantize_value(xs[i], s, l, h) * s;
+    fake_quantize_span(xs, ys, n, p.scale[c], lo[c], hi[c]);
   });
 }
 
