@@ -136,11 +136,15 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
   };
   std::vector<Runner> runners;
   std::set<std::string> wanted_set{output};
+  // The per-layer sessions run one after another: one set of buffers between them, not one each
+  // (measured: 6.1 GB peak for MobileNetV2 at 224x224, batch 16, without).
+  runtime::SessionOptions runner_options = so;
+  runner_options.buffer_pool = runtime::make_shared_buffer_pool();
   for (const auto& var : variants) {
     ir::Graph g = var.graph;
     prepare_for_sweep(g);
     Runner r;
-    r.session = std::make_unique<runtime::Session>(std::move(g), so);
+    r.session = std::make_unique<runtime::Session>(std::move(g), runner_options);
     r.feeds = boundary_values(base_session.graph(), r.session->graph());
     r.output = r.session->outputs().at(0).name;
     for (const auto& f : r.feeds)

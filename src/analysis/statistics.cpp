@@ -186,6 +186,8 @@ nlohmann::json run_layer_statistics(const quant::PTQ& ptq, const data::Dataset& 
 
   std::vector<LayerState> layers(ptq.layers().size());
   std::set<std::string> float_wanted, layer_outputs;
+  runtime::SessionOptions isolated_options = so;  // one layer each, run one after another
+  isolated_options.buffer_pool = runtime::make_shared_buffer_pool();
   for (size_t i = 0; i < layers.size(); ++i) {
     LayerState& s = layers[i];
     const quant::Layer& layer = ptq.layers()[i];
@@ -233,7 +235,7 @@ nlohmann::json run_layer_statistics(const quant::PTQ& ptq, const data::Dataset& 
       s.w_q.add(wdq.data<float>(), n);
       s.w_err.add(w.data<float>(), wdq.data<float>(), n);
     }
-    s.isolated = std::make_unique<runtime::Session>(std::move(g), so);
+    s.isolated = std::make_unique<runtime::Session>(std::move(g), isolated_options);
   }
 
   const double setup_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -20,11 +20,6 @@
 
 namespace slimquant::runtime {
 
-namespace {
-
-const std::set<std::string> kNondeterministicOps = {"RandomNormal", "RandomUniform", "RandomNormalLike",
-                                                    "RandomUniformLike", "Multinomial", "Bernoulli"};
-
 // Reuses storage whose only owner is the pool (no live tensor, no caller holding an output).
 class BufferPool {
  public:
@@ -49,6 +44,13 @@ class BufferPool {
   };
   std::deque<Entry> entries_;
 };
+
+std::shared_ptr<BufferPool> make_shared_buffer_pool() { return std::make_shared<BufferPool>(); }
+
+namespace {
+
+const std::set<std::string> kNondeterministicOps = {"RandomNormal", "RandomUniform", "RandomNormalLike",
+                                                    "RandomUniformLike", "Multinomial", "Bernoulli"};
 
 Tensor run_kernel_once(const ir::Node& node, int64_t opset, const std::vector<const Tensor*>& inputs) {
   const KernelFactory* factory = KernelRegistry::instance().find(node.op_type, node.domain);
@@ -673,7 +675,8 @@ std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& 
     auto entry = std::make_unique<PlanEntry>();
     entry->key = key.str();
     entry->plan = std::make_unique<Plan>(graph_, feeds, wanted, options.observe, options_);
-    entry->pool = plans_.empty() ? std::make_shared<BufferPool>() : plans_.back()->pool;
+    entry->pool = options_.buffer_pool ? options_.buffer_pool
+                  : plans_.empty() ? std::make_shared<BufferPool>() : plans_.back()->pool;
     if (plans_.size() >= options_.max_cached_plans) plans_.erase(plans_.begin());
     plans_.push_back(std::move(entry));
     it = plans_.end() - 1;

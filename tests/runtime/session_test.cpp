@@ -225,6 +225,24 @@ TEST(Session, RepeatedRunsReuseBuffersAndStayCorrect) {
   EXPECT_EQ(session.cached_plan_count(), 1u);
 }
 
+// Sessions sharing one buffer pool (analysis runs one per layer, one after another): an output a
+// caller still holds is never handed to the other session, and results equal separate sessions'.
+TEST(Session, SessionsSharingABufferPoolKeepHeldOutputsIntact) {
+  const ir::Graph resnet = ir::load_onnx(test::fixture_model("resnet_small"));
+  const Tensor expected = runtime::Session(resnet).run_single(fixture_input()).clone();
+  runtime::SessionOptions shared;
+  shared.buffer_pool = runtime::make_shared_buffer_pool();
+  runtime::Session a(resnet, shared), b(resnet, shared);
+  const Tensor held = a.run_single(fixture_input());  // still owned by the pool's storage
+  Tensor doubled = fixture_input();
+  for (auto& v : doubled.values<float>()) v *= 2.f;
+  const Tensor other = b.run_single(doubled);
+  EXPECT_EQ(max_abs_diff(held, expected), 0.f);
+  EXPECT_GT(max_abs_diff(other, expected), 0.f);
+  EXPECT_EQ(held.raw() == other.raw(), false);
+  EXPECT_EQ(max_abs_diff(b.run_single(fixture_input()), expected), 0.f);
+}
+
 TEST(Session, WrongInputNameIsRejectedWithTheExpectedNames) {
   runtime::Session session(ir::load_onnx(test::fixture_model("resnet_small")));
   try {

@@ -13,6 +13,12 @@
 
 namespace slimquant::runtime {
 
+// Intermediate buffers that outlive a run, so that the next run reuses them.
+class BufferPool;
+// A pool for several sessions that never run at the same time (e.g. the per-layer sessions of a
+// sensitivity analysis): they then hold the memory of one run between them, not one each.
+std::shared_ptr<BufferPool> make_shared_buffer_pool();
+
 struct SessionOptions {
   // Fold constants, BatchNorm into Conv, drop Identity/Dropout at construction.
   bool optimize = true;
@@ -28,6 +34,8 @@ struct SessionOptions {
   bool blocked_layouts = true;
   int num_threads = 0;  // 0 = leave OpenMP's default
   size_t max_cached_plans = 8;
+  // null: the session's own pool. Sessions sharing one must not run concurrently.
+  std::shared_ptr<BufferPool> buffer_pool;
 };
 
 // Called for every value a run produces or receives (graph inputs, intermediates, outputs). The
