@@ -124,7 +124,10 @@ bool trainable_input(const std::string& op, size_t i, bool fold_batchnorm) {
   return false;
 }
 
-std::unique_ptr<TrainOp> make_train_op(const ir::Node& node, const ir::Graph& graph) {
+std::unique_ptr<TrainOp> make_train_op(const ir::Node& node, const ir::Graph& graph, bool gradient_path) {
+  if (!gradient_path && runtime::KernelRegistry::instance().find(node.op_type, node.domain))
+    if (!op_table().count(node.op_type) || (!node.domain.empty() && node.domain != "ai.onnx"))
+      return std::make_unique<detail::NoGradOp>(node, graph);
   if (!node.domain.empty() && node.domain != "ai.onnx")
     fail(ErrorKind::kUnsupported, node.describe() + " (domain " + node.domain + "): no backward (training) kernel");
   const auto& t = op_table();

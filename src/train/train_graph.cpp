@@ -10,6 +10,7 @@
 
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/optimize.h"
+#include "train/op_base.h"
 #include "train/tensor_ops.h"
 
 namespace slimquant::train {
@@ -104,6 +105,7 @@ TrainGraph::TrainGraph(const ir::Graph& float_graph, TrainGraphOptions options) 
 
   for (const auto& [name, t] : g.initializers) m.used_names.insert(name);
   for (const auto& v : g.inputs) m.used_names.insert(v.name);
+  std::set<std::string> depends_on_parameters;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const ir::Node& n = g.nodes[i];
     for (size_t k = 0; k < n.inputs.size(); ++k) {
@@ -119,12 +121,18 @@ TrainGraph::TrainGraph(const ir::Graph& float_graph, TrainGraphOptions options) 
       m.param_by_name[in] = p.get();
       m.params.push_back(std::move(p));
     }
+    const bool gradient_path = std::any_of(n.inputs.begin(), n.inputs.end(), [&](const std::string& in) {
+      return m.param_by_name.count(in) || depends_on_parameters.count(in);
+    });
     Entry e;
     e.name = n.name.empty() ? n.outputs.at(0) : n.name;
     e.inputs = n.inputs;
     e.outputs = n.outputs;
     e.node = static_cast<int>(i);
-    e.op = make_train_op(n, g);
+    e.op = make_train_op(n, g, gradient_path);
+    // Shapes, indices and comparisons carry no gradient, whatever they were computed from.
+    if (gradient_path && !dynamic_cast<const detail::NoGradOp*>(e.op.get()))
+      depends_on_parameters.insert(n.outputs.begin(), n.outputs.end());
     for (const auto& o : n.outputs) m.used_names.insert(o);
     m.entries.push_back(std::move(e));
   }

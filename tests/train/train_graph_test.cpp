@@ -354,6 +354,57 @@ TEST(TrainGraph, ForwardAndBackwardErrors) {
   EXPECT_THROW(tg.backward({{"logits", Tensor(DType::kFloat32, {2, 10})}}), Error);  // wrong shape
 }
 
+// Swin's window padding computes with Mod on the activation's Shape: such shape arithmetic is off
+// every gradient path, so an op without a backward kernel runs forward only there. The same op
+// where a gradient must pass through it is still refused, naming the node.
+TEST(TrainGraph, OpsOffTheGradientPathNeedNoBackward) {
+  auto graph = [](bool mod_on_activation) {
+    ir::Graph g;
+    g.opset = 13;
+    // A symbolic batch: the Shape cannot be folded away before training.
+    g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{-1, "N"}, {3, ""}}});
+    g.outputs.push_back({"y", DType::kFloat32, std::nullopt});
+    g.initializers["w"] = Tensor::from_vector<float>({3, 4}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
+    g.initializers["big"] = Tensor::from_vector<int64_t>({1}, {1000});
+    g.initializers["two"] = Tensor::from_vector<float>({1}, {2.f});
+    auto node = [&](const std::string& op, std::vector<std::string> in, const std::string& out) {
+      ir::Node n;
+      n.op_type = op;
+      n.name = out + "_node";
+      n.inputs = std::move(in);
+      n.outputs = {out};
+      if (op == "Mod" && n.inputs[1] == "two") n.attrs["fmod"] = int64_t{1};
+      g.nodes.push_back(n);
+    };
+    node("MatMul", {"x", "w"}, "h");
+    if (mod_on_activation) {
+      node("Mod", {"h", "two"}, "y");
+    } else {
+      node("Shape", {"h"}, "s");
+      node("Mod", {"s", "big"}, "s_same");  // the shape itself: 1000 exceeds every dim
+      node("Reshape", {"h", "s_same"}, "y");
+    }
+    return g;
+  };
+  train::TrainGraph tg(graph(false));
+  const Tensor x = Tensor::from_vector<float>({2, 3}, {1, 0, -1, 0.5f, 2, 1});
+  const Tensor y = tg.forward({{"x", x}}, true).at("y");
+  EXPECT_EQ(y.shape(), (Shape{2, 4}));
+  EXPECT_FLOAT_EQ(y.data<float>()[0], 1.f * 1 - 9.f);  // x[0] . w[:, 0] = 1 - 9
+  tg.backward({{"y", Tensor::from_vector<float>({2, 4}, std::vector<float>(8, 1.f))}});
+  // dL/dw[i][j] = sum over rows of x[r][i]: column sums of x, the same for every j.
+  const Tensor& gw = tg.parameter("w")->grad;
+  EXPECT_FLOAT_EQ(gw.data<float>()[0], 1.5f);
+  EXPECT_FLOAT_EQ(gw.data<float>()[4], 2.f);
+  EXPECT_FLOAT_EQ(gw.data<float>()[8], 0.f);
+  try {
+    train::TrainGraph refused(graph(true));
+    ADD_FAILURE() << "Mod on the gradient path was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("y_node"), std::string::npos) << e.what();
+  }
+}
+
 // Not run by default: one forward+backward at batch 64 per fixture, timed.
 TEST(TrainGraph, DISABLED_TimeForwardBackwardBatch64) {
   const Tensor x = fashion_images(64);

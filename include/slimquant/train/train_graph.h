@@ -75,8 +75,11 @@ class TrainGraph {
 
 // Factory used by TrainGraph; exposed for tests: a TrainOp for one ir::Node (throws kUnsupported
 // naming op and node if no backward exists). Float initializers in trainable slots (see
-// trainable_input) are treated as run-time inputs; other initializers as constants.
-std::unique_ptr<TrainOp> make_train_op(const ir::Node& node, const ir::Graph& graph);
+// trainable_input) are treated as run-time inputs; other initializers as constants. A node off
+// every gradient path (`gradient_path` false: no input depends on a parameter, e.g. the Shape /
+// Mod / Div arithmetic of Swin's window padding) only runs forward, so any op with an inference
+// kernel will do.
+std::unique_ptr<TrainOp> make_train_op(const ir::Node& node, const ir::Graph& graph, bool gradient_path = true);
 
 // Whether input `index` of a node of this op type is a trainable slot (weight/bias/scale).
 bool trainable_input(const std::string& op_type, size_t index, bool fold_batchnorm = true);
