@@ -57,6 +57,11 @@ std::vector<float> Node::attr_floats(const std::string& k, std::vector<float> de
 }
 const Tensor* Node::attr_tensor(const std::string& k) const { return get_attr<Tensor>(*this, k); }
 
+const Graph* Node::attr_graph(const std::string& k) const {
+  const auto* g = get_attr<std::shared_ptr<const Graph>>(*this, k);
+  return g ? g->get() : nullptr;
+}
+
 const std::string& Node::input(size_t i) const {
   static const std::string kEmpty;
   return i < inputs.size() ? inputs[i] : kEmpty;

@@ -7,9 +7,12 @@
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <set>
 #include <sstream>
 
 namespace slimquant::ir {
@@ -138,7 +141,32 @@ void value_info_to_proto(const ValueInfo& info, onnx::ValueInfoProto* v) {
   }
 }
 
-Node node_from_proto(const onnx::NodeProto& p, const std::string& base_dir) {
+// What a graph's nodes inherit from the model: where external data lives, the opsets.
+struct LoadScope {
+  std::string base_dir;
+  int64_t opset = 1;
+  std::map<std::string, int64_t> extra_opsets;
+};
+
+void fill_graph_from_proto(const onnx::GraphProto& gp, const LoadScope& scope, Graph& g);
+
+// Values a subgraph reads but does not define: the outer scope's, in first-use order.
+void collect_captured(const Graph& sub, std::vector<std::string>& captured) {
+  std::set<std::string> defined;
+  for (const auto& [name, t] : sub.initializers) defined.insert(name);
+  for (const auto& v : sub.inputs) defined.insert(v.name);
+  for (const auto& n : sub.nodes) defined.insert(n.outputs.begin(), n.outputs.end());
+  auto use = [&](const std::string& v) {
+    if (!v.empty() && !defined.count(v) && std::find(captured.begin(), captured.end(), v) == captured.end())
+      captured.push_back(v);
+  };
+  for (const auto& n : sub.nodes)
+    for (const auto& in : n.inputs) use(in);
+  for (const auto& o : sub.outputs) use(o.name);
+}
+
+Node node_from_proto(const onnx::NodeProto& p, const LoadScope& scope) {
+  const std::string& base_dir = scope.base_dir;
   Node n;
   n.name = p.name();
   n.op_type = p.op_type();
@@ -155,20 +183,39 @@ Node node_from_proto(const onnx::NodeProto& p, const std::string& base_dir) {
       case A::INTS: n.attrs[a.name()] = std::vector<int64_t>(a.ints().begin(), a.ints().end()); break;
       case A::FLOATS: n.attrs[a.name()] = std::vector<float>(a.floats().begin(), a.floats().end()); break;
       case A::STRINGS: n.attrs[a.name()] = std::vector<std::string>(a.strings().begin(), a.strings().end()); break;
+      case A::GRAPH: {
+        auto sub = std::make_shared<Graph>();
+        fill_graph_from_proto(a.g(), scope, *sub);
+        collect_captured(*sub, n.captured);
+        n.attrs[a.name()] = std::shared_ptr<const Graph>(std::move(sub));
+        break;
+      }
       default:
-        // Subgraphs (If/Loop/Scan) and sparse tensors: the op will be reported as unsupported by
-        // the runtime; keep the node importable so `info` still works.
+        // Lists of subgraphs and sparse tensors: the op will be reported as unsupported by the
+        // runtime; keep the node importable so `info` still works.
         break;
     }
   }
+  n.inputs.insert(n.inputs.end(), n.captured.begin(), n.captured.end());
   return n;
 }
+
+// Renames reads of outer value `from` to `to` inside a subgraph (and the subgraphs it nests).
+void rename_outer_reads(Graph& g, const std::string& from, const std::string& to) {
+  for (auto& n : g.nodes)
+    for (auto& in : n.inputs)
+      if (in == from) in = to;
+  for (auto& o : g.outputs)
+    if (o.name == from) o.name = to;
+}
+
+void graph_to_proto(const Graph& g, onnx::GraphProto* gp);
 
 void node_to_proto(const Node& n, onnx::NodeProto* p) {
   p->set_name(n.name);
   p->set_op_type(n.op_type);
   if (!n.domain.empty()) p->set_domain(n.domain);
-  for (const auto& i : n.inputs) p->add_input(i);
+  for (size_t i = 0; i < n.declared_inputs(); ++i) p->add_input(n.inputs[i]);
   for (const auto& o : n.outputs) p->add_output(o);
   for (const auto& [key, value] : n.attrs) {
     auto* a = p->add_attribute();
@@ -183,7 +230,18 @@ void node_to_proto(const Node& n, onnx::NodeProto* p) {
           else if constexpr (std::is_same_v<V, Tensor>) { a->set_type(A::TENSOR); tensor_to_proto(v, "", a->mutable_t()); }
           else if constexpr (std::is_same_v<V, std::vector<int64_t>>) { a->set_type(A::INTS); for (auto x : v) a->add_ints(x); }
           else if constexpr (std::is_same_v<V, std::vector<float>>) { a->set_type(A::FLOATS); for (auto x : v) a->add_floats(x); }
-          else { a->set_type(A::STRINGS); for (const auto& x : v) a->add_strings(x); }
+          else if constexpr (std::is_same_v<V, std::vector<std::string>>) { a->set_type(A::STRINGS); for (const auto& x : v) a->add_strings(x); }
+          else {
+            // The branch reads outer values under the names it was loaded with; passes may have
+            // renamed them outside since.
+            a->set_type(A::GRAPH);
+            Graph branch = *v;
+            for (size_t k = 0; k < n.captured.size(); ++k) {
+              const std::string& now = n.inputs[n.declared_inputs() + k];
+              if (now != n.captured[k]) rename_outer_reads(branch, n.captured[k], now);
+            }
+            graph_to_proto(branch, a->mutable_g());
+          }
         },
         value);
   }
@@ -208,7 +266,11 @@ onnx::ModelProto to_model_proto(const Graph& g) {
     e->set_key(k);
     e->set_value(v);
   }
-  auto* gp = m.mutable_graph();
+  graph_to_proto(g, m.mutable_graph());
+  return m;
+}
+
+void graph_to_proto(const Graph& g, onnx::GraphProto* gp) {
   gp->set_name(g.name.empty() ? "graph" : g.name);
   for (const auto& n : g.nodes) node_to_proto(n, gp->add_node());
   for (const auto& [name, t] : g.initializers) tensor_to_proto(t, name, gp->add_initializer());
@@ -216,7 +278,6 @@ onnx::ModelProto to_model_proto(const Graph& g) {
   for (const auto& o : g.outputs) value_info_to_proto(o, gp->add_output());
   for (const auto& [name, v] : g.value_info)
     if (v.dtype != DType::kUndefined) value_info_to_proto(v, gp->add_value_info());
-  return m;
 }
 
 }  // namespace
@@ -240,7 +301,20 @@ Graph parse_onnx(const std::string& bytes, const std::string& base_dir, const st
   }
   if (g.opset == 0) g.opset = 1;
   for (const auto& kv : m.metadata_props()) g.metadata[kv.key()] = kv.value();
-  const auto& gp = m.graph();
+  const LoadScope scope{base_dir, g.opset, g.extra_opsets};
+  fill_graph_from_proto(m.graph(), scope, g);
+  // Exporters usually emit topological order, but the spec does not promise it to readers.
+  g.topological_sort();
+  g.validate();
+  return g;
+}
+
+namespace {
+
+void fill_graph_from_proto(const onnx::GraphProto& gp, const LoadScope& scope, Graph& g) {
+  const std::string& base_dir = scope.base_dir;
+  g.opset = scope.opset;
+  g.extra_opsets = scope.extra_opsets;
   g.name = gp.name();
   for (const auto& t : gp.initializer()) g.initializers[t.name()] = tensor_from_proto(t, base_dir);
   // Sequence, map and optional values need a different runtime model; say so up front.
@@ -267,12 +341,10 @@ Graph parse_onnx(const std::string& bytes, const std::string& base_dir, const st
     g.outputs.push_back(value_info_from_proto(v));
   }
   for (const auto& v : gp.value_info()) g.value_info[v.name()] = value_info_from_proto(v);
-  for (const auto& n : gp.node()) g.nodes.push_back(node_from_proto(n, base_dir));
-  // Exporters usually emit topological order, but the spec does not promise it to readers.
-  g.topological_sort();
-  g.validate();
-  return g;
+  for (const auto& n : gp.node()) g.nodes.push_back(node_from_proto(n, scope));
 }
+
+}  // namespace
 
 Graph load_onnx(const std::string& path) {
   if (!fs::exists(path)) fail(ErrorKind::kIo, "model file '" + path + "' does not exist");

@@ -28,6 +28,7 @@ const KernelRegistry& KernelRegistry::instance() {
     register_detection_kernels(r);
     register_misc_math_kernels(r);
     register_integer_kernels(r);
+    register_control_flow_kernels(r);
     return r;
   }();
   return registry;

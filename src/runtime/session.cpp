@@ -318,6 +318,14 @@ void optimize_graph(ir::Graph& g, const FoldOptions& options) {
 
 void check_supported(const ir::Graph& graph) {
   for (const auto& n : graph.nodes) {
+    for (const auto& [key, value] : n.attrs)  // If's branches
+      if (const auto* branch = std::get_if<std::shared_ptr<const ir::Graph>>(&value)) {
+        try {
+          check_supported(**branch);
+        } catch (const Error& e) {
+          fail(e.kind(), n.describe() + " " + key + ": " + e.what());
+        }
+      }
     if (KernelRegistry::instance().find(n.op_type, n.domain)) continue;
     std::string op = n.domain.empty() ? n.op_type : n.domain + "::" + n.op_type;
     fail(ErrorKind::kUnsupported, "unsupported op " + op + " in node '" + (n.name.empty() ? n.outputs.at(0) : n.name) +

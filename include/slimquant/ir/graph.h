@@ -12,8 +12,10 @@
 
 namespace slimquant::ir {
 
+struct Graph;
+// GRAPH attributes (If's branches) are held by shared pointer: copies of a node share the branch.
 using AttributeValue = std::variant<int64_t, float, std::string, Tensor, std::vector<int64_t>,
-                                    std::vector<float>, std::vector<std::string>>;
+                                    std::vector<float>, std::vector<std::string>, std::shared_ptr<const Graph>>;
 
 // A dimension is either known (>= 0) or symbolic (param name, may be empty).
 struct Dim {
@@ -44,6 +46,10 @@ struct Node {
   std::vector<std::string> outputs;
   std::map<std::string, AttributeValue> attrs;
   FusedActivation fused;
+  // Outer-scope values the node's subgraphs read, as the subgraphs name them. They are also the
+  // last captured.size() entries of `inputs` (under their current outer names, which passes may
+  // rename), so that ordering, liveness and folding see the dependency; export drops them again.
+  std::vector<std::string> captured;
 
   bool has_attr(const std::string& k) const { return attrs.count(k) != 0; }
   int64_t attr_int(const std::string& k, int64_t def) const;
@@ -52,6 +58,8 @@ struct Node {
   std::vector<int64_t> attr_ints(const std::string& k, std::vector<int64_t> def = {}) const;
   std::vector<float> attr_floats(const std::string& k, std::vector<float> def = {}) const;
   const Tensor* attr_tensor(const std::string& k) const;
+  const Graph* attr_graph(const std::string& k) const;  // a GRAPH attribute, or nullptr
+  size_t declared_inputs() const { return inputs.size() - captured.size(); }
   // Input i if present (non-empty name), else empty string.
   const std::string& input(size_t i) const;
   // "Conv 'layer1.conv'" for error messages.

@@ -11,5 +11,6 @@ void register_recurrent_kernels(KernelRegistry& r);    // kernels/recurrent.cpp:
 void register_index_kernels(KernelRegistry& r);        // kernels/index_register.cpp: TopK, NonZero, ScatterND, ...
 void register_detection_kernels(KernelRegistry& r);    // kernels/detection.cpp, grid_sample.cpp: NMS, RoiAlign, GridSample
 void register_misc_math_kernels(KernelRegistry& r);    // kernels/misc_math_register.cpp: InstanceNorm, LRN, MVN, Hardmax, CumSum, Einsum
+void register_control_flow_kernels(KernelRegistry& r);  // kernels/control_flow.cpp: If
 void register_integer_kernels(KernelRegistry& r);       // kernels/integer_ops.cpp: QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger, DynamicQuantizeLinear
 }  // namespace slimquant::runtime
