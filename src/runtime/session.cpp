@@ -217,6 +217,7 @@ enum class LayoutRole {
 LayoutRole layout_role(const ir::Node& n) {
   if (n.domain.empty() && n.op_type == "Conv") return LayoutRole::kAware;
   if (n.domain == "com.slimquant" && n.op_type == "QConv") return LayoutRole::kAware;
+  if (n.domain.empty() && (n.op_type == "MaxPool" || n.op_type == "AveragePool")) return LayoutRole::kAware;
   static const std::set<std::string> kElementwise = {"Add", "Sub", "Mul", "Div", "Relu", "Clip",
                                                       "QuantizeLinear", "DequantizeLinear"};
   if (n.domain.empty() && kElementwise.count(n.op_type)) return LayoutRole::kPassthrough;

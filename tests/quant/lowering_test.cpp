@@ -687,3 +687,42 @@ TEST(Lowering, ErfGeluAfterMatMulBecomesTheFusedActivation) {
   EXPECT_EQ(q.y_type, DType::kInt8);
   expect_lowered_matches_simulation(g, lowered, y, {{"x", b.random_input({3, 4, 16}, -1.f, 1.f)}}, step);
 }
+
+// ResNet-style stem without a residual reader: Conv -> Relu -> MaxPool -> Q. The Q moves before
+// the pool (quantization is monotonic, so the swap itself is exact), ends the conv's group, and
+// the pool runs on uint8: its output matches the simulation's to the conv's one-step rounding.
+TEST(Lowering, QuantizeCommutesThroughMaxPoolAndThePoolRunsOnIntegers) {
+  QdqBuilder b;
+  const std::string x = b.input("x", {2, 3, 10, 10});
+  const std::string conv = b.node("Conv", {b.qdq(x, 1.f / 64.f, 0, kS8), b.weight({8, 3, 3, 3}, 0), b.bias(8)},
+                                  {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  const std::string pool = b.node("MaxPool", {b.node("Relu", {conv})},
+                                  {{"kernel_shape", std::vector<int64_t>{3, 3}}, {"strides", std::vector<int64_t>{2, 2}},
+                                   {"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  const std::string s = b.constant("s", Tensor::scalar<float>(0.01f)), z = b.constant("z", b.zero_point(kU8, 0));
+  const std::string pooled_q = b.node("QuantizeLinear", {pool, s, z});
+  const std::string y = b.node("DequantizeLinear", {pooled_q, s, z});
+  ir::Graph g = b.finish(y);
+  quant::LoweringReport report;
+  ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
+  ASSERT_EQ(report.conv, 1);
+  EXPECT_EQ(report.quantize_kept, 1);  // the model input's only
+  const auto mp = std::find_if(lowered.nodes.begin(), lowered.nodes.end(), [](const ir::Node& n) { return n.op_type == "MaxPool"; });
+  ASSERT_NE(mp, lowered.nodes.end());
+  EXPECT_EQ(mp->outputs[0], pooled_q);
+  const int producer = lowered.producer(mp->inputs[0]);
+  ASSERT_GE(producer, 0);
+  EXPECT_EQ(lowered.nodes[producer].op_type, "QConv");
+  EXPECT_EQ(i8::QLinearAttrs::parse(lowered.nodes[producer]).y_type, DType::kUInt8);
+
+  const std::map<std::string, Tensor> feeds = {{"x", b.random_input({2, 3, 10, 10}, -1.f, 1.f)}};
+  runtime::RunOptions want;
+  want.outputs = {pooled_q};
+  runtime::Session sim(g), integer(lowered);
+  const Tensor qs = sim.run(feeds, want).at(pooled_q), qi = integer.run(feeds, want).at(pooled_q);
+  ASSERT_EQ(qi.dtype(), DType::kUInt8);
+  ASSERT_EQ(qs.shape(), qi.shape());
+  int64_t differ = 0;
+  for (int64_t i = 0; i < qs.numel(); ++i) differ += std::abs(qs.data<uint8_t>()[i] - qi.data<uint8_t>()[i]) > 1;
+  EXPECT_EQ(differ, 0);  // within one step: the conv's int8 accumulation vs float simulation
+}

@@ -202,6 +202,37 @@ TEST(SessionLayouts, ElementwiseOpsPassBlockedValuesThroughOrFallBackToPlain) {
   }
 }
 
+// ResNet's stem: Conv -> Relu -> MaxPool feeding both a Conv and the residual Add, and an
+// AveragePool whose ceil-mode overhang needs the plain-data correction. The pools read the convs'
+// blocked outputs as they are (no reorders) and hand blocked values on.
+TEST(SessionLayouts, PoolsReadAndWriteBlockedValues) {
+  Builder b({2, 16, 13, 13});
+  const std::string stem = b.op("Relu", {b.conv("x", 16, 32, 3, "c0")}, "r0");
+  const std::string pooled = b.op("MaxPool", {stem}, "p0");
+  b.g.nodes.back().attrs["kernel_shape"] = std::vector<int64_t>{3, 3};
+  b.g.nodes.back().attrs["strides"] = std::vector<int64_t>{2, 2};
+  b.g.nodes.back().attrs["pads"] = std::vector<int64_t>{1, 1, 1, 1};
+  const std::string branch = b.conv(b.op("Relu", {b.conv(pooled, 32, 32, 3, "c1")}, "r1"), 32, 32, 3, "c2");
+  const std::string res = b.op("Relu", {b.op("Add", {branch, pooled}, "sum")}, "r2");
+  const std::string avg = b.op("AveragePool", {res}, "avg");
+  b.g.nodes.back().attrs["kernel_shape"] = std::vector<int64_t>{2, 2};
+  b.g.nodes.back().attrs["strides"] = std::vector<int64_t>{2, 2};
+  b.g.nodes.back().attrs["ceil_mode"] = int64_t{1};
+  b.g.nodes.back().attrs["count_include_pad"] = int64_t{1};
+  b.output(b.conv(avg, 32, 8, 1, "head"));
+  b.output(avg);
+  // A MaxPool asked for its Indices output too works on plain data, whatever its input's layout.
+  b.op("MaxPool", {stem}, "p_idx");
+  b.g.nodes.back().outputs.push_back("indices");
+  b.g.nodes.back().attrs["kernel_shape"] = std::vector<int64_t>{2, 2};
+  b.output("p_idx");
+  b.g.outputs.push_back({"indices", DType::kInt64, std::nullopt});
+  runtime::Session fast(b.g), ref = reference_session(b.g);
+  const Tensor x = random_tensor({2, 16, 13, 13}, 11);
+  const auto got = fast.run({{"x", x}}), want = ref.run({{"x", x}});
+  for (const auto& [name, t] : want) expect_close(got.at(name), t, name);
+}
+
 TEST(SessionLayouts, PaddedChannelCountsStayPlain) {
   // 12 channels do not fill nChw8c blocks: the blocked buffer would be larger than the tensor.
   Builder b({3, 5, 8, 8});

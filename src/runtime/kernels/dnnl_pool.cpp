@@ -28,6 +28,7 @@ struct PoolPlan {
   Shape out_shape;
   WindowGeometry geometry;
   bool rescale_overhang = false;  // AveragePool count_include_pad with a ceil_mode overhang
+  LayoutPtr out_layout;           // the output is left in the primitive's layout (else plain)
 };
 
 enum class PoolKind { kMax, kAverage };
@@ -140,18 +141,24 @@ class PoolKernel final : public Kernel {
                                         (kind_ == PoolKind::kMax ? "; only float32, uint8 and int8 are supported"
                                                                  : "; only float32 is supported"));
     const bool want_indices = kind_ == PoolKind::kMax && output_requested(ctx, 1);
-    PoolPlan& p = plans_.get({&x.shape()}, [&] { return make_plan(x.shape(), t, !want_indices); },
-                             static_cast<int64_t>(t) * 2 + want_indices);
+    // Layout-aware: a blocked input (a Conv's output) is read as it is, and the output may stay in
+    // the primitive's layout for the next aware reader, instead of two reorders each way.
+    const Layout* x_layout = ctx.input_layout(0);
+    const bool out_blocked = !want_indices && ctx.output_layout_allowed(0);
+    const int64_t key = (static_cast<int64_t>(t) * 2 + want_indices) * 4 + (x_layout ? 1 : 0) + (out_blocked ? 2 : 0);
+    PoolPlan& p = plans_.get({&x.shape()}, [&] { return make_plan(x.shape(), t, !want_indices, x_layout, out_blocked); },
+                             key);
     Tensor& y = ctx.allocate_output(0, t, p.out_shape);
     if (y.numel() == 0) return;
     const Spatial3 g(x.shape(), p.out_shape, p.geometry);
     const int64_t planes = x.dim(0) * x.dim(1);
     if (want_indices) {
+      const Tensor xp = x_layout ? to_plain(x, *x_layout) : x;
       Tensor& idx = ctx.allocate_output(1, DType::kInt64, p.out_shape);
       dispatch_dtype(t, [&](auto tag) {
         using T = decltype(tag);
         if constexpr (std::is_same_v<T, float> || std::is_same_v<T, uint8_t> || std::is_same_v<T, int8_t>)
-          max_pool_with_indices<T>(x.data<T>(), y.data<T>(), idx.data<int64_t>(), planes, g,
+          max_pool_with_indices<T>(xp.data<T>(), y.data<T>(), idx.data<int64_t>(), planes, g,
                                    attrs_.column_major_indices);
       });
       return;
@@ -169,10 +176,11 @@ class PoolKernel final : public Kernel {
     if (p.dst_reorder) p.dst_reorder->execute(s, p.dst_reorder_args);
     s.wait();
     if (p.rescale_overhang) rescale_overhang(y.data<float>(), planes, g);
+    if (p.out_layout) ctx.set_output_layout(0, p.out_layout);
   }
 
  private:
-  PoolPlan make_plan(const Shape& xs, DType t, bool build_primitive) const {
+  PoolPlan make_plan(const Shape& xs, DType t, bool build_primitive, const Layout* x_layout, bool out_blocked) const {
     const std::string what = node_.describe();
     if (xs.size() < 3 || xs.size() > 5)
       fail(ErrorKind::kUnsupported, what + ": input X of shape " + shape_str(xs) +
@@ -186,15 +194,19 @@ class PoolKernel final : public Kernel {
     p.out_shape.insert(p.out_shape.end(), g.out.begin(), g.out.end());
     if (!build_primitive) return p;
     const dt type = to_dnnl_type(t);
-    const memory::desc src_user = plain_desc(xs, type), dst_user = plain_desc(p.out_shape, type);
+    const memory::desc src_user = input_desc(x_layout, xs, type), dst_user = plain_desc(p.out_shape, type);
     // On plain NCHW oneDNN 2.6 only has a scalar reference pooling, 5-10x slower than its JIT
     // kernel on channel-blocked data even counting the two reorders (measured, 1 thread, AVX2).
-    // The int8 JIT pooling wants NHWC instead; int8 MaxPool is rare here, so it stays plain.
-    const bool blocked = t == DType::kFloat32;
+    // The int8 JIT pooling wants NHWC instead (plain NCHW u8: 42 ms for a 64x111x111 max pool
+    // the JIT kernel does in well under a millisecond, measured).
+    const bool float_data = t == DType::kFloat32;
+    using tag = memory::format_tag;
+    const tag channels_last = xs.size() == 3 ? tag::acb : xs.size() == 4 ? tag::acdb : tag::acdeb;
+    // A blocked input (NHWC from a brgconv, nChw16c, ...) is pooled in its own layout.
     const memory::desc src_md =
-        blocked ? memory::desc(to_dnnl_dims(xs), type, blocked_channel_tag(xs.size())) : src_user;
-    const memory::desc dst_md =
-        blocked ? memory::desc(to_dnnl_dims(p.out_shape), type, memory::format_tag::any) : dst_user;
+        x_layout ? x_layout->desc
+                 : memory::desc(to_dnnl_dims(xs), type, float_data ? blocked_channel_tag(xs.size()) : channels_last);
+    const memory::desc dst_md = memory::desc(to_dnnl_dims(p.out_shape), type, float_data ? tag::any : channels_last);
     dnnl::algorithm alg = dnnl::algorithm::pooling_max;
     if (kind_ == PoolKind::kAverage) {
       alg = attrs_.count_include_pad ? dnnl::algorithm::pooling_avg_include_padding
@@ -209,11 +221,13 @@ class PoolKernel final : public Kernel {
     p.prim = dnnl::pooling_v2_forward(pd);
     p.src = pd.src_desc();
     p.dst = pd.dst_desc();
+    // The overhang correction works on plain float data.
+    p.out_layout = output_layout_for(p.dst, p.out_shape, t, out_blocked && !p.rescale_overhang);
     p.src_reorder = make_reorder(src_user, p.src);
-    p.dst_reorder = make_reorder(p.dst, dst_user);
+    p.dst_reorder = make_reorder(p.dst, p.out_layout ? p.dst : dst_user);
     p.src_user_mem = unbound_memory(src_user);
     p.src_mem = p.src_reorder ? unbound_memory(p.src) : p.src_user_mem;
-    p.dst_user_mem = unbound_memory(dst_user);
+    p.dst_user_mem = unbound_memory(p.out_layout ? p.dst : dst_user);
     p.dst_mem = p.dst_reorder ? unbound_memory(p.dst) : p.dst_user_mem;
     p.scratchpad_mem = unbound_memory(pd.scratchpad_desc());
     p.args = {{DNNL_ARG_SRC, p.src_mem}, {DNNL_ARG_DST, p.dst_mem}, {DNNL_ARG_SCRATCHPAD, p.scratchpad_mem}};
