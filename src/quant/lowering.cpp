@@ -443,6 +443,52 @@ int commute_quantize_through_maxpool(ir::Graph& g) {
   return moved;
 }
 
+// Concat -> QuantizeLinear (per tensor) becomes QuantizeLinear on each input -> Concat: the same
+// elementwise map applied before or after concatenating. Each Q can then end the group of the
+// layer that produced the input (SqueezeNet's fire modules, Inception's branches), and the concat
+// copies bytes instead of floats. Returns the concats moved.
+int commute_quantize_through_concat(ir::Graph& g) {
+  int moved = 0;
+  std::vector<ir::Node> nodes;
+  nodes.reserve(g.nodes.size());
+  std::vector<bool> drop(g.nodes.size(), false);
+  std::map<int, std::vector<ir::Node>> before;  // Q nodes to insert before node i
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    ir::Node& cat = g.nodes[i];
+    if (!is_op(cat, "Concat") || cat.outputs.size() != 1) continue;
+    const std::vector<int> readers = g.consumers(cat.outputs[0]);
+    if (g.is_graph_output(cat.outputs[0]) || readers.size() != 1) continue;
+    const ir::Node& q = g.nodes[static_cast<size_t>(readers[0])];
+    if (!is_op(q, "QuantizeLinear") || q.inputs[0] != cat.outputs[0]) continue;
+    const Tensor* scale = g.initializer(q.input(1));
+    const Tensor* zp = q.input(2).empty() ? nullptr : g.initializer(q.input(2));
+    if (!scale || scale->numel() != 1 || (!q.input(2).empty() && (!zp || zp->numel() != 1))) continue;
+    std::vector<ir::Node>& quantize_inputs = before[static_cast<int>(i)];
+    for (std::string& in : cat.inputs) {
+      ir::Node qk = q;
+      qk.name = q.name + "_" + in;
+      qk.inputs[0] = in;
+      qk.outputs = {g.unique_value_name(in + "_quantized")};
+      g.value_info[qk.outputs[0]] = {qk.outputs[0], DType::kUndefined, std::nullopt};  // reserves the name
+      in = qk.outputs[0];
+      quantize_inputs.push_back(std::move(qk));
+    }
+    g.value_info.erase(cat.outputs[0]);
+    cat.outputs[0] = q.outputs[0];
+    drop[static_cast<size_t>(readers[0])] = true;
+    ++moved;
+  }
+  if (moved == 0) return 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (auto it = before.find(static_cast<int>(i)); it != before.end())
+      for (auto& qk : it->second) nodes.push_back(std::move(qk));
+    if (!drop[i]) nodes.push_back(std::move(g.nodes[i]));
+  }
+  g.nodes = std::move(nodes);
+  std::erase_if(g.value_info, [](const auto& kv) { return kv.second.dtype == DType::kUndefined && !kv.second.dims; });
+  return moved;
+}
+
 // Merged activations no group absorbed go back to the exporter's form: Swish always (it is
 // slimquant's own op), HardSwish where the opset lacks it.
 void restore_unfused_activations(ir::Graph& g) {
@@ -486,7 +532,9 @@ ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, Lo
     ir::merge_hardswish(g, after_layer);
     ir::merge_swish(g, after_layer);
   }
+  // Pools first: Concat -> MaxPool -> Q becomes Concat -> Q -> MaxPool, then Q -> Concat -> MaxPool.
   commute_quantize_through_maxpool(g);
+  commute_quantize_through_concat(g);
   LoweringReport local;
   LoweringReport& r = report ? *report : local;
   r = LoweringReport{};

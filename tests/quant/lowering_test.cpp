@@ -726,3 +726,38 @@ TEST(Lowering, QuantizeCommutesThroughMaxPoolAndThePoolRunsOnIntegers) {
   for (int64_t i = 0; i < qs.numel(); ++i) differ += std::abs(qs.data<uint8_t>()[i] - qi.data<uint8_t>()[i]) > 1;
   EXPECT_EQ(differ, 0);  // within one step: the conv's int8 accumulation vs float simulation
 }
+
+// SqueezeNet's fire module: two convs -> Concat -> Q. The Q is applied to each input instead (the
+// same elementwise map), each conv then writes uint8 itself and the concat copies bytes.
+TEST(Lowering, QuantizeCommutesThroughConcatIntoEachProducingConv) {
+  QdqBuilder b;
+  const std::string x = b.input("x", {2, 4, 6, 6});
+  const std::string xdq = b.qdq(x, 1.f / 64.f, 0, kS8);
+  const std::string left = b.node("Relu", {b.node("Conv", {xdq, b.weight({5, 4, 1, 1}, 0), b.bias(5)})});
+  const std::string right = b.node("Relu", {b.node("Conv", {xdq, b.weight({3, 4, 3, 3}, 0), b.bias(3)},
+                                                   {{"pads", std::vector<int64_t>{1, 1, 1, 1}}})});
+  const std::string cat = b.node("Concat", {left, right}, {{"axis", int64_t{1}}});
+  const std::string s = b.constant("s", Tensor::scalar<float>(0.01f)), z = b.constant("z", b.zero_point(kU8, 0));
+  const std::string cat_q = b.node("QuantizeLinear", {cat, s, z});
+  ir::Graph g = b.finish(b.node("DequantizeLinear", {cat_q, s, z}));
+  quant::LoweringReport report;
+  ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
+  ASSERT_EQ(report.conv, 2);
+  EXPECT_EQ(report.quantize_kept, 1);  // the model input's only
+  for (const auto& n : lowered.nodes)
+    if (n.op_type == "QConv") {
+      EXPECT_EQ(i8::QLinearAttrs::parse(n).y_type, DType::kUInt8) << n.name;
+    }
+
+  const std::map<std::string, Tensor> feeds = {{"x", b.random_input({2, 4, 6, 6}, -1.f, 1.f)}};
+  runtime::RunOptions want;
+  want.outputs = {cat_q};
+  runtime::Session sim(g), integer(lowered);
+  const Tensor qs = sim.run(feeds, want).at(cat_q), qi = integer.run(feeds, want).at(cat_q);
+  ASSERT_EQ(qi.dtype(), DType::kUInt8);
+  ASSERT_EQ(qs.shape(), (Shape{2, 8, 6, 6}));
+  ASSERT_EQ(qi.shape(), qs.shape());
+  int64_t differ = 0;
+  for (int64_t i = 0; i < qs.numel(); ++i) differ += std::abs(qs.data<uint8_t>()[i] - qi.data<uint8_t>()[i]) > 1;
+  EXPECT_EQ(differ, 0);
+}
