@@ -210,8 +210,10 @@ void bind_input_shapes(Graph& g, const std::map<std::string, Shape>& shapes) {
           declared += (k ? "x" : "") + (dims[k].known() ? std::to_string(dims[k].value)
                                                         : (dims[k].param.empty() ? "?" : dims[k].param));
         declared += "]";
+        const bool unbatched = shape.size() == dims.size() + 1;  // the session drops a leading 1 itself
         fail(ErrorKind::kInvalidArgument,
-             "input '" + name + "' has shape " + shape_str(shape) + ", the model expects " + declared);
+             "input '" + name + "' has shape " + shape_str(shape) + ", the model expects " + declared +
+                 (unbatched ? " (one sample without a batch dimension: use batch size 1)" : ""));
       }
     }
     std::vector<Dim> dims;

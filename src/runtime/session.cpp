@@ -650,7 +650,18 @@ Session::~Session() = default;
 Session::Session(Session&&) noexcept = default;
 Session& Session::operator=(Session&&) noexcept = default;
 
-std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& feeds, const RunOptions& options) {
+std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& batch_feeds,
+                                           const RunOptions& options) {
+  // A model that takes one sample without a batch dimension (torchvision's detection models:
+  // image [3, H, W]) gets a data set's batch of one with the leading 1 dropped.
+  std::map<std::string, Tensor> unbatched;
+  for (const auto& [name, t] : batch_feeds)
+    for (const auto& in : graph_.inputs)
+      if (in.name == name && in.dims && t.defined() && t.rank() == in.dims->size() + 1 && t.dim(0) == 1) {
+        if (unbatched.empty()) unbatched = batch_feeds;
+        unbatched[name] = t.reshaped(Shape(t.shape().begin() + 1, t.shape().end()));
+      }
+  const std::map<std::string, Tensor>& feeds = unbatched.empty() ? batch_feeds : unbatched;
   std::vector<std::string> wanted = options.outputs;
   if (wanted.empty())
     for (const auto& o : graph_.outputs) wanted.push_back(o.name);

@@ -243,6 +243,34 @@ TEST(Session, SessionsSharingABufferPoolKeepHeldOutputsIntact) {
   EXPECT_EQ(max_abs_diff(b.run_single(fixture_input()), expected), 0.f);
 }
 
+// torchvision's detection models take one image [3, H, W]: a data set's batch of one is accepted
+// with its leading 1 dropped, a larger batch is refused with the way out.
+TEST(Session, UnbatchedModelTakesABatchOfOne) {
+  ir::Graph g;
+  g.opset = 13;
+  g.inputs.push_back({"image", DType::kFloat32, std::vector<ir::Dim>{{3, ""}, {4, ""}}});
+  g.outputs.push_back({"y", DType::kFloat32, std::nullopt});
+  ir::Node relu;
+  relu.op_type = "Relu";
+  relu.name = "relu";
+  relu.inputs = {"image"};
+  relu.outputs = {"y"};
+  g.nodes.push_back(relu);
+  runtime::Session s(g);
+  std::vector<float> v(12);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) - 6.f;
+  const Tensor y = s.run({{"image", Tensor::from_vector<float>({1, 3, 4}, v)}}).at("y");
+  EXPECT_EQ(y.shape(), (Shape{3, 4}));
+  EXPECT_EQ(y.data<float>()[11], 5.f);
+  EXPECT_EQ(y.data<float>()[0], 0.f);
+  try {
+    s.run({{"image", Tensor(DType::kFloat32, {2, 3, 4})}});
+    FAIL() << "a batch of two was accepted by a model without a batch dimension";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("use batch size 1"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Session, WrongInputNameIsRejectedWithTheExpectedNames) {
   runtime::Session session(ir::load_onnx(test::fixture_model("resnet_small")));
   try {
