@@ -163,6 +163,14 @@ int fuse_activations(Graph& g, const std::set<std::string>& keep) {
     } else if (act.op_type == "HardSigmoid") {
       f.alpha = act.attr_float("alpha", 0.2f);
       f.beta = act.attr_float("beta", 0.5f);
+    } else if (act.op_type == "Mul" && act.inputs.size() == 2) {
+      // A scalar factor after a MatMul (attention's 1/sqrt(d) after Q K^T): a linear post-op.
+      if (scalar_constant(g, act.inputs[0])) std::swap(act.inputs[0], act.inputs[1]);  // Mul(c, y)
+      const std::optional<float> c = scalar_constant(g, act.inputs[1]);
+      const int p = g.producer(act.inputs[0]);
+      if (!c || p < 0 || g.nodes[p].op_type != "MatMul") continue;
+      f.op = "Scale";
+      f.alpha = *c;
     } else if (act.op_type == "Clip") {
       f.alpha = -INFINITY;
       f.beta = INFINITY;
@@ -184,7 +192,9 @@ int fuse_activations(Graph& g, const std::set<std::string>& keep) {
     if (p < 0) continue;
     Node& prod = g.nodes[p];
     if (!prod.domain.empty() || !prod.fused.op.empty() || prod.outputs.size() != 1) continue;
-    if (prod.op_type != "Conv" && prod.op_type != "ConvTranspose" && prod.op_type != "Gemm") continue;
+    const bool matmul_scale = f.op == "Scale";  // the only fusion into a MatMul here
+    if (matmul_scale != (prod.op_type == "MatMul")) continue;
+    if (!matmul_scale && prod.op_type != "Conv" && prod.op_type != "ConvTranspose" && prod.op_type != "Gemm") continue;
     prod.fused = f;
     prod.outputs[0] = act.outputs[0];
     g.nodes.erase(g.nodes.begin() + static_cast<long>(i));

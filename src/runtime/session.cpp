@@ -142,7 +142,9 @@ int fuse_residual_adds(ir::Graph& g, const std::set<std::string>& keep) {
 int fuse_matmul_bias_gelu(ir::Graph& g, const std::set<std::string>& keep) {
   int fused = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
-    if (g.nodes[i].op_type != "MatMul" || !g.nodes[i].domain.empty() || g.nodes[i].inputs.size() != 2) continue;
+    if (g.nodes[i].op_type != "MatMul" || !g.nodes[i].domain.empty() || g.nodes[i].inputs.size() != 2 ||
+        !g.nodes[i].fused.op.empty())  // a fused Scale comes after the product: no bias before it
+      continue;
     const Tensor* w = g.initializer(g.nodes[i].inputs[1]);
     if (!w || w->rank() != 2 || w->dtype() != DType::kFloat32) continue;
     const ir::ValueInfo* vi = g.find_value_info(g.nodes[i].inputs[0]);

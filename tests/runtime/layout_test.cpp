@@ -246,6 +246,30 @@ TEST(SessionLayouts, PaddedChannelCountsStayPlain) {
   expect_close(fast.run_single(x), ref.run_single(x), "y");
 }
 
+TEST(SessionFusion, ScalarMulAfterAttentionMatMulBecomesAPostOp) {
+  // scores = (q k^T) * 0.125 and 0.125 * (q k^T), as exporters write attention.
+  Builder b({2, 4, 5, 8});
+  b.g.inputs.push_back({"k", DType::kFloat32, std::vector<ir::Dim>{{2, ""}, {4, ""}, {8, ""}, {5, ""}}});
+  b.op("MatMul", {"x", "k"}, "qk");
+  b.op("Mul", {"qk", b.scalar("scale", Tensor::scalar(0.125f))}, "scores");
+  b.op("MatMul", {"x", "k"}, "qk2");
+  b.op("Mul", {"scale", "qk2"}, "scores2");
+  b.output("scores");
+  b.output("scores2");
+  runtime::Session fast(b.g), ref = reference_session(b.g);
+  const Tensor x = random_tensor({2, 4, 5, 8}, 31), k = random_tensor({2, 4, 8, 5}, 32);
+  std::map<std::string, Tensor> got, want;
+  runtime::RunOptions o;
+  o.on_value = [&](const std::string& name, const Tensor& t) { got[name] = t.clone(); };
+  fast.run({{"x", x}, {"k", k}}, o);
+  o.on_value = [&](const std::string& name, const Tensor& t) { want[name] = t.clone(); };
+  ref.run({{"x", x}, {"k", k}}, o);
+  EXPECT_FALSE(got.count("qk"));
+  EXPECT_FALSE(got.count("qk2"));
+  expect_close(got.at("scores"), want.at("scores"), "scores");
+  expect_close(got.at("scores2"), want.at("scores2"), "scores2");
+}
+
 TEST(SessionFusion, MatMulBiasAndErfGeluBecomeOneMatMul) {
   // y = Gelu(x W + b) as PyTorch exports it before opset 20 (Div, Erf, Add, Mul, Mul).
   Builder b({2, 5, 16});

@@ -34,7 +34,7 @@ struct ValueInfo {
 
 // What an execution-only fusion pass attached to a node (never exported to ONNX).
 struct FusedActivation {
-  std::string op;  // "", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSwish", ...
+  std::string op;  // "", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSwish", ..., "Scale" (y * alpha)
   float alpha = 0.f, beta = 0.f;
 };
 

@@ -110,8 +110,8 @@ WindowGeometry forward_geometry(const ir::Node& node, const WindowAttrs& a, cons
 
 namespace {
 bool known_activation(const std::string& op) {
-  static const char* kOps[] = {"Relu",        "Clip",      "LeakyRelu", "Sigmoid", "Tanh",
-                               "HardSigmoid", "HardSwish", "Elu",       "Gelu",    "Swish"};
+  static const char* kOps[] = {"Relu",      "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid",
+                               "HardSwish", "Elu",  "Gelu",      "Swish",   "Scale"};
   return std::any_of(std::begin(kOps), std::end(kOps), [&](const char* k) { return op == k; });
 }
 }  // namespace
@@ -121,7 +121,7 @@ void check_fused_activation(const ir::Node& node) {
   if (!op.empty() && !known_activation(op))
     fail(ErrorKind::kUnsupported, node.describe() + ": fused activation '" + op +
                                       "' has no oneDNN post-op (supported: Relu, Clip, LeakyRelu, Sigmoid, "
-                                      "Tanh, HardSigmoid, HardSwish, Elu, Gelu, Swish)");
+                                      "Tanh, HardSigmoid, HardSwish, Elu, Gelu, Swish, Scale)");
 }
 
 namespace {
@@ -145,6 +145,7 @@ std::vector<EltwiseStep> activation_steps(const ir::Node& node) {
   if (f.op == "HardSwish") return {{alg::eltwise_hardswish, 0.f, 0.f}};
   if (f.op == "Elu") return {{alg::eltwise_elu, f.alpha, 0.f}};
   if (f.op == "Swish") return {{alg::eltwise_swish, f.alpha, 0.f}};
+  if (f.op == "Scale") return {{alg::eltwise_linear, f.alpha, 0.f}};  // MatMul -> Mul(scalar)
   return {{alg::eltwise_gelu_erf, 0.f, 0.f}};  // Gelu (check_fused_activation rejected the rest)
 }
 }  // namespace
