@@ -1,0 +1,90 @@
+#!/usr/bin/python3
+"""Exports torchvision architectures to ONNX for runtime and quantization checks beyond the fixtures.
+
+Random weights (nothing is downloaded), BatchNorm running statistics randomized so that folding is
+exercised, dynamic batch. Next to each MODEL.onnx it writes MODEL.input.npy (2 random samples) and
+MODEL.output.npy (PyTorch's output for them), and a calibration set calibRES/x.npy per resolution.
+Needs Debian's python3-torchvision (apt-get install python3-torchvision).
+
+  /usr/bin/python3 bench/export_torchvision.py OUT_DIR [name ...]
+
+Then, e.g.:
+  build/slimquant run OUT_DIR/resnet18.onnx --input input=OUT_DIR/resnet18.input.npy --output-dir o
+  node bench/compare_runtimes.js --models OUT_DIR/resnet18.onnx --calib npy:OUT_DIR/calib224 --batches 1
+"""
+import os
+import sys
+
+import numpy as np
+import torch
+import torchvision.models as M
+import torchvision.models.segmentation as S
+
+SPECS = [  # name, constructor, input resolution, opset
+    ("resnet18", lambda: M.resnet18(), 224, 13),
+    ("resnet50", lambda: M.resnet50(), 224, 11),
+    ("mobilenet_v2", lambda: M.mobilenet_v2(), 224, 13),
+    ("mobilenet_v3_small", lambda: M.mobilenet_v3_small(), 224, 17),
+    ("mobilenet_v3_large", lambda: M.mobilenet_v3_large(), 224, 14),
+    ("efficientnet_b0", lambda: M.efficientnet_b0(), 224, 13),
+    ("shufflenet_v2", lambda: M.shufflenet_v2_x1_0(), 224, 11),
+    ("squeezenet1_1", lambda: M.squeezenet1_1(), 224, 12),
+    ("densenet121", lambda: M.densenet121(), 224, 13),
+    ("googlenet", lambda: M.googlenet(aux_logits=False, init_weights=True), 224, 13),
+    ("inception_v3", lambda: M.inception_v3(aux_logits=False, init_weights=True), 299, 13),
+    ("regnet_y_400mf", lambda: M.regnet_y_400mf(), 224, 13),
+    ("mnasnet1_0", lambda: M.mnasnet1_0(), 224, 13),
+    ("convnext_tiny", lambda: M.convnext_tiny(), 224, 17),
+    ("vit_b_16", lambda: M.vit_b_16(), 224, 14),
+    ("swin_t", lambda: M.swin_t(), 224, 17),
+    ("vgg11_bn", lambda: M.vgg11_bn(), 224, 11),
+    ("alexnet", lambda: M.alexnet(), 224, 11),
+    ("lraspp", lambda: S.lraspp_mobilenet_v3_large(weights_backbone=None), 256, 13),
+    ("deeplabv3_mbv3", lambda: S.deeplabv3_mobilenet_v3_large(weights_backbone=None), 256, 13),
+    ("fcn_resnet50", lambda: S.fcn_resnet50(weights_backbone=None), 256, 11),
+]
+
+
+class OutputTensor(torch.nn.Module):
+    """Segmentation models return {"out": ...}: export the tensor."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        y = self.model(x)
+        return y["out"] if isinstance(y, dict) else y
+
+
+def main():
+    out = sys.argv[1]
+    only = set(sys.argv[2:])
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    for name, make, res, opset in SPECS:
+        if only and name not in only:
+            continue
+        model = OutputTensor(make().eval())
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for mod in model.modules():
+                if isinstance(mod, torch.nn.BatchNorm2d):
+                    mod.running_mean.copy_(torch.randn(mod.num_features, generator=g) * 0.1)
+                    mod.running_var.copy_(torch.rand(mod.num_features, generator=g) * 0.5 + 0.75)
+            x = torch.randn(2, 3, res, res, generator=g)
+            y = model(x)
+        torch.onnx.export(model, x, f"{out}/{name}.onnx", opset_version=opset, input_names=["input"],
+                          output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+        np.save(f"{out}/{name}.input.npy", x.numpy())
+        np.save(f"{out}/{name}.output.npy", y.numpy())
+        calib = f"{out}/calib{res}"
+        if not os.path.exists(f"{calib}/x.npy"):
+            os.makedirs(calib, exist_ok=True)
+            np.save(f"{calib}/x.npy", rng.standard_normal((16, 3, res, res)).astype(np.float32))
+        print("exported", name, flush=True)
+
+
+if __name__ == "__main__":
+    main()
