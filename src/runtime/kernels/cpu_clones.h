@@ -5,7 +5,8 @@
 // (2.5-3.5x faster, measured) and the integer GEMM of the ONNX integer ops.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define SQ_AVX2_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-// Loops that are limited by conversion and narrowing throughput also gain from AVX-512.
+// Loops that also gain from AVX-512 (measured on a Xeon with AVX-512: QuantizeLinear 2.3x over the
+// AVX2 clone, Swish over 1.2M floats 1.22 -> 0.64 ms, Sigmoid 1.06 -> 0.74 ms).
 #define SQ_AVX512_AVX2_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define SQ_AVX2_CLONES

@@ -113,7 +113,7 @@ void reject_fused_activation(const ir::Node& node) {
                                       " activation is not supported on " + node.op_type);
 }
 
-SQ_AVX2_CLONES void apply_activation(const Activation& act, float* x, int64_t n) {
+SQ_AVX512_AVX2_CLONES void apply_activation(const Activation& act, float* x, int64_t n) {
   const float a = act.alpha, b = act.beta;
   switch (act.kind) {
     case Activation::Kind::kNone: return;

@@ -20,7 +20,7 @@ template <typename T> struct BoolP : std::bool_constant<kIsBool<T>> {};
 
 // y[i] = fn(x[i]) for float ops, whose math gains most from AVX2 + FMA.
 template <typename In, typename Out, typename Fn>
-SQ_AVX2_CLONES void map_floats(const In* x, Out* y, int64_t n, Fn fn) {
+SQ_AVX512_AVX2_CLONES void map_floats(const In* x, Out* y, int64_t n, Fn fn) {
   for (int64_t i = 0; i < n; ++i) y[i] = fn(x[i]);
 }
 
