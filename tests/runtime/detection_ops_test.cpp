@@ -3,7 +3,10 @@
 // RoiAlign-10's implicit coordinate mode, and error messages that name the node.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
+#include <random>
 #include <string>
 
 #include "kernel_test_util.h"
@@ -49,6 +52,64 @@ TEST(DetectionOps, NmsSuppressesOnlyAboveTheIouThreshold) {
   EXPECT_EQ(nms(kOverlapBoxes, kOverlapScores, 10, 0.3f, 0.f), (std::vector<int64_t>{0, 0, 0}));
   // max_output_boxes_per_class caps the selection, in score order.
   EXPECT_EQ(nms(kOverlapBoxes, kOverlapScores, 1, 0.61f, 0.f), (std::vector<int64_t>{0, 0, 0}));
+}
+
+// Greedy NMS that tests every kept box, with the kernel's IoU arithmetic: the reference for the
+// kernel's pruned search.
+std::vector<int64_t> brute_force_nms(const std::vector<float>& boxes, const std::vector<float>& scores,
+                                     float iou_threshold) {
+  const size_t n = scores.size();
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t l, size_t r) { return scores[l] > scores[r]; });
+  auto corner = [&](size_t i, int k) { return boxes[4 * i + static_cast<size_t>(k)]; };
+  auto iou_above = [&](size_t a, size_t b) {
+    const float ax0 = std::min(corner(a, 1), corner(a, 3)), ax1 = std::max(corner(a, 1), corner(a, 3));
+    const float ay0 = std::min(corner(a, 0), corner(a, 2)), ay1 = std::max(corner(a, 0), corner(a, 2));
+    const float bx0 = std::min(corner(b, 1), corner(b, 3)), bx1 = std::max(corner(b, 1), corner(b, 3));
+    const float by0 = std::min(corner(b, 0), corner(b, 2)), by1 = std::max(corner(b, 0), corner(b, 2));
+    const float area_a = (ax1 - ax0) * (ay1 - ay0), area_b = (bx1 - bx0) * (by1 - by0);
+    const float ix0 = std::max(ax0, bx0), ix1 = std::min(ax1, bx1), iy0 = std::max(ay0, by0), iy1 = std::min(ay1, by1);
+    if (ix1 <= ix0 || iy1 <= iy0) return false;
+    const float inter = (ix1 - ix0) * (iy1 - iy0), uni = area_a + area_b - inter;
+    if (inter <= 0 || area_a <= 0 || area_b <= 0 || uni <= 0) return false;
+    return inter / uni > iou_threshold;
+  };
+  std::vector<size_t> kept;
+  std::vector<int64_t> out;
+  for (size_t c : order) {
+    if (std::any_of(kept.begin(), kept.end(), [&](size_t k) { return iou_above(c, k); })) continue;
+    kept.push_back(c);
+    for (int64_t v : {int64_t{0}, int64_t{0}, static_cast<int64_t>(c)}) out.push_back(v);
+  }
+  return out;
+}
+
+// torchvision's batched NMS: 40 classes of boxes shifted apart by class, one NMS over all 4000,
+// with clusters that suppress each other, boxes of very different widths, a zero-area box and one
+// with an infinite corner. The kernel only tests kept boxes that overlap along x; the selection
+// must equal testing every kept box.
+TEST(DetectionOps, NmsOverOffsetClassesEqualsTestingEveryKeptBox) {
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> pos(0.f, 300.f), size(2.f, 60.f), jitter(-3.f, 3.f), score(0.f, 1.f);
+  std::vector<float> boxes, scores;
+  for (int cls = 0; cls < 40; ++cls) {
+    const float offset = 1000.f * static_cast<float>(cls);
+    for (int i = 0; i < 100; ++i) {
+      const float y = pos(gen), x = pos(gen) + offset, h = size(gen), w = i % 10 == 0 ? 250.f : size(gen);
+      boxes.insert(boxes.end(), {y, x, y + h, x + w});
+      scores.push_back(score(gen));
+      // A near copy that the first suppresses or not, depending on the jitter.
+      boxes.insert(boxes.end(), {y + jitter(gen), x + jitter(gen), y + h + jitter(gen), x + w + jitter(gen)});
+      scores.push_back(score(gen));
+    }
+  }
+  boxes.insert(boxes.end(), {5, 5, 5, 40});  // zero area
+  scores.push_back(0.99f);
+  boxes.insert(boxes.end(), {0, 0, 10, std::numeric_limits<float>::infinity()});
+  scores.push_back(0.98f);
+  for (float t : {0.f, 0.3f, 0.5f, 0.9f})
+    EXPECT_EQ(nms(boxes, scores, 100000, t, -1.f), brute_force_nms(boxes, scores, t)) << "iou_threshold " << t;
 }
 
 TEST(DetectionOps, NmsThresholdsAreStrict) {

@@ -108,6 +108,54 @@ struct Candidate {
   int64_t box;
 };
 
+// The boxes kept so far for one class, ordered by x_min, so that a candidate is tested only
+// against those that can overlap it along x: disjoint boxes never suppress. torchvision's batched
+// NMS offsets each class's boxes apart and runs one NMS over all of them (tens of thousands of
+// boxes): without this every candidate met every kept box. Boxes with a non-finite coordinate are
+// kept aside and always tested, and boxes of no area never suppress, so the result is the same as
+// testing them all.
+class KeptBoxes {
+ public:
+  void clear() {
+    by_x_.clear();
+    unordered_.clear();
+    max_width_ = 0.f;
+  }
+
+  bool suppress(const BoxCorners& box, float iou_threshold) const {
+    for (const BoxCorners* k : unordered_)
+      if (suppresses(box, *k, iou_threshold)) return true;
+    // A kept box k overlaps box along x only if k.x_min < box.x_max and k.x_max > box.x_min, and
+    // k.x_max <= k.x_min + max_width_: start a little before box.x_min - max_width_ (rounding).
+    const float margin = max_width_ * 1.001f + std::fabs(box.x_min) * 1e-5f + 1e-30f;
+    const float from = box.x_min - margin;
+    auto it = std::lower_bound(by_x_.begin(), by_x_.end(), from,
+                               [](const BoxCorners* k, float v) { return k->x_min < v; });
+    for (; it != by_x_.end() && (*it)->x_min < box.x_max; ++it)
+      if (suppresses(box, **it, iou_threshold)) return true;
+    return false;
+  }
+
+  void add(const BoxCorners* box) {
+    const bool finite = std::isfinite(box->x_min) && std::isfinite(box->x_max) && std::isfinite(box->y_min) &&
+                        std::isfinite(box->y_max) && std::isfinite(box->area);
+    if (!finite) {
+      unordered_.push_back(box);
+      return;
+    }
+    if (!(box->area > 0.f)) return;  // suppresses nothing
+    auto at = std::upper_bound(by_x_.begin(), by_x_.end(), box->x_min,
+                               [](float v, const BoxCorners* k) { return v < k->x_min; });
+    by_x_.insert(at, box);
+    max_width_ = std::max(max_width_, box->x_max - box->x_min);
+  }
+
+ private:
+  std::vector<const BoxCorners*> by_x_;
+  std::vector<const BoxCorners*> unordered_;
+  float max_width_ = 0.f;
+};
+
 class NonMaxSuppressionKernel : public Kernel {
  public:
   explicit NonMaxSuppressionKernel(const KernelInit& init) {
@@ -157,7 +205,7 @@ class NonMaxSuppressionKernel : public Kernel {
 #pragma omp parallel if (pairs > 1 && pairs * num_boxes >= kParallelWork)
     {
       std::vector<Candidate> candidates;
-      std::vector<const BoxCorners*> kept;
+      KeptBoxes kept;
 #pragma omp for schedule(dynamic)
       for (int64_t p = 0; p < pairs; ++p) {
         const int64_t batch = p / num_classes;
@@ -175,12 +223,10 @@ class NonMaxSuppressionKernel : public Kernel {
         std::vector<int64_t>& out = selected[static_cast<size_t>(p)];
         kept.clear();
         for (const Candidate& c : candidates) {
-          if (static_cast<int64_t>(kept.size()) >= max_per_class) break;
+          if (static_cast<int64_t>(out.size()) >= max_per_class) break;
           const BoxCorners& box = batch_corners[c.box];
-          const bool suppressed =
-              std::any_of(kept.begin(), kept.end(), [&](const BoxCorners* k) { return suppresses(box, *k, iou_threshold); });
-          if (suppressed) continue;
-          kept.push_back(&box);
+          if (kept.suppress(box, iou_threshold)) continue;
+          kept.add(&box);
           out.push_back(c.box);
         }
       }
