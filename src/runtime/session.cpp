@@ -160,7 +160,7 @@ int fuse_matmul_bias_gelu(ir::Graph& g, const std::set<std::string>& keep) {
     y = an.outputs[0];
     std::vector<int> erase = {add};
     std::string gelu_out;
-    if (auto gelu = ir::match_erf_gelu(g, y, keep, gelu_out); !gelu.empty() && g.nodes[i].fused.op.empty()) {
+    if (auto gelu = ir::match_erf_gelu(g, y, keep, gelu_out); !gelu.empty()) {
       g.nodes[i].fused.op = "Gelu";
       y = gelu_out;
       erase.insert(erase.end(), gelu.begin(), gelu.end());
