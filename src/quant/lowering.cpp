@@ -411,6 +411,16 @@ ir::Node make_fused_node(ir::Graph& g, const QdqGroup& grp, const LoweringOption
 }
 
 namespace {
+// A QuantizeLinear whose scale (and zero point, if given) are one-element constants: the same
+// elementwise map on every element, which the rewrites below may move across a MaxPool or Concat.
+bool per_tensor_constant_params(const ir::Graph& g, const ir::Node& q) {
+  const Tensor* scale = g.initializer(q.input(1));
+  if (!scale || scale->numel() != 1) return false;
+  if (q.input(2).empty()) return true;
+  const Tensor* zp = g.initializer(q.input(2));
+  return zp && zp->numel() == 1;
+}
+
 // MaxPool -> QuantizeLinear (per tensor) becomes QuantizeLinear -> MaxPool: quantization is
 // monotonic, so the max of the quantized values is the quantized max, bit for bit. The Q then ends
 // the group of the layer feeding the pool (integer output) and the pool runs on 8-bit values: a
@@ -427,9 +437,7 @@ int commute_quantize_through_maxpool(ir::Graph& g) {
     const int qi = readers[0];
     const ir::Node& q = g.nodes[qi];
     if (!is_op(q, "QuantizeLinear") || q.inputs[0] != y) continue;
-    const Tensor* scale = g.initializer(q.input(1));
-    const Tensor* zp = q.input(2).empty() ? nullptr : g.initializer(q.input(2));
-    if (!scale || scale->numel() != 1 || (!q.input(2).empty() && (!zp || zp->numel() != 1))) continue;
+    if (!per_tensor_constant_params(g, q)) continue;
     const std::string x = pool.inputs[0], yq = q.outputs[0];
     const std::string xq = g.unique_value_name(yq + "_before_pool");
     g.nodes[qi].inputs[0] = x;
@@ -453,6 +461,7 @@ int commute_quantize_through_concat(ir::Graph& g) {
   nodes.reserve(g.nodes.size());
   std::vector<bool> drop(g.nodes.size(), false);
   std::map<int, std::vector<ir::Node>> before;  // Q nodes to insert before node i
+  std::vector<std::string> reserved;             // value_info placeholders that keep new names unique
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     ir::Node& cat = g.nodes[i];
     if (!is_op(cat, "Concat") || cat.outputs.size() != 1) continue;
@@ -460,16 +469,15 @@ int commute_quantize_through_concat(ir::Graph& g) {
     if (g.is_graph_output(cat.outputs[0]) || readers.size() != 1) continue;
     const ir::Node& q = g.nodes[static_cast<size_t>(readers[0])];
     if (!is_op(q, "QuantizeLinear") || q.inputs[0] != cat.outputs[0]) continue;
-    const Tensor* scale = g.initializer(q.input(1));
-    const Tensor* zp = q.input(2).empty() ? nullptr : g.initializer(q.input(2));
-    if (!scale || scale->numel() != 1 || (!q.input(2).empty() && (!zp || zp->numel() != 1))) continue;
+    if (!per_tensor_constant_params(g, q)) continue;
     std::vector<ir::Node>& quantize_inputs = before[static_cast<int>(i)];
     for (std::string& in : cat.inputs) {
       ir::Node qk = q;
       qk.name = q.name + "_" + in;
       qk.inputs[0] = in;
       qk.outputs = {g.unique_value_name(in + "_quantized")};
-      g.value_info[qk.outputs[0]] = {qk.outputs[0], DType::kUndefined, std::nullopt};  // reserves the name
+      g.value_info[qk.outputs[0]] = {qk.outputs[0], DType::kUndefined, std::nullopt};
+      reserved.push_back(qk.outputs[0]);
       in = qk.outputs[0];
       quantize_inputs.push_back(std::move(qk));
     }
@@ -485,7 +493,7 @@ int commute_quantize_through_concat(ir::Graph& g) {
     if (!drop[i]) nodes.push_back(std::move(g.nodes[i]));
   }
   g.nodes = std::move(nodes);
-  std::erase_if(g.value_info, [](const auto& kv) { return kv.second.dtype == DType::kUndefined && !kv.second.dims; });
+  for (const auto& name : reserved) g.value_info.erase(name);
   return moved;
 }
 
