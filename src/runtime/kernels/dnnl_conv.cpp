@@ -7,6 +7,7 @@
 #include <atomic>
 
 #include "runtime/kernels/dnnl_common.h"
+#include "runtime/kernels/implementation_choice.h"
 #include "runtime/kernels/dnnl_kernels.h"
 
 namespace slimquant::runtime::dnnl_kernels {
@@ -184,7 +185,12 @@ class ConvKernel final : public Kernel {
       cf::desc d = bs ? cf::desc(pk, alg, src_md, wei_md, p.bias_user, dst_md, g.strides, g.dilations,
                                  g.pad_begin, g.pad_end)
                       : cf::desc(pk, alg, src_md, wei_md, dst_md, g.strides, g.dilations, g.pad_begin, g.pad_end);
-      return cf::primitive_desc(d, attr, dnnl_engine());
+      if (!blocked) return cf::primitive_desc(d, attr, dnnl_engine());
+      std::string key = "conv|" + describe(src_md) + "|" + describe(wei_md) + "|" + describe(dst_md) + "|" +
+                        describe(attr) + (bs ? "|b" : "|");
+      for (const Dims* v : {&g.strides, &g.dilations, &g.pad_begin, &g.pad_end})
+        for (const auto e : *v) key += "," + std::to_string(e);
+      return fastest_implementation<cf::primitive_desc>(key, [&] { return cf::primitive_desc(d, attr, dnnl_engine()); });
     });
     p.out_layout = output_layout_for(pd.dst_desc(), p.out_shape, DType::kFloat32, out_blocked);
     if (p.out_layout) p.dst_user = p.out_layout->desc;

@@ -23,6 +23,7 @@
 
 #include "runtime/kernels/dnnl_common.h"
 #include "runtime/kernels/dnnl_kernels.h"
+#include "runtime/kernels/implementation_choice.h"
 #include "runtime/kernels/int8_common.h"
 #include "runtime/kernels/int8_reference.h"
 
@@ -232,7 +233,14 @@ class QConvKernel final : public Kernel {
                                ? cf::desc(pk, alg, src_md, wei_md, pw.bias_mem.get_desc(), dst_md, g.strides, g.dilations,
                                           g.pad_begin, g.pad_end)
                                : cf::desc(pk, alg, src_md, wei_md, dst_md, g.strides, g.dilations, g.pad_begin, g.pad_end);
-        const cf::primitive_desc pd(d, attr, dnnl_engine());
+        using dnnl_kernels::describe;
+        std::string key = std::string(int8 ? "qconv|" : "qconv-f32|") + describe(src_md) + "|" + describe(wei_md) + "|" +
+                          describe(dst_md) + "|" + describe(attr) + (pw.bias.defined() ? "|b" : "|") +
+                          (q_.x_zero_point != 0 ? "z" : "");
+        for (const Dims* v : {&g.strides, &g.dilations, &g.pad_begin, &g.pad_end})
+          for (const auto e : *v) key += "," + std::to_string(e);
+        const cf::primitive_desc pd = dnnl_kernels::fastest_implementation<cf::primitive_desc>(
+            key, [&] { return cf::primitive_desc(d, attr, dnnl_engine()); });
         if (int8 && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return false;
         // y in the primitive's layout (as y's dtype) when readers take it: no dst layout reorder.
         const Layout chosen{pd.dst_desc()};

@@ -1,0 +1,161 @@
+#include "runtime/kernels/implementation_choice.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/dnnl_context.h"
+
+namespace slimquant::runtime::dnnl_kernels {
+
+namespace {
+
+bool tuning_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SLIMQUANT_DNNL_TUNING");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return enabled;
+}
+
+// One candidate ready to run on zero-filled arguments.
+struct Candidate {
+  std::string name;
+  dnnl::primitive prim;
+  std::vector<std::vector<std::byte>> buffers;
+  std::unordered_map<int, dnnl::memory> args;
+  double best = std::numeric_limits<double>::infinity();
+
+  Candidate(std::string impl, const dnnl::primitive_desc& pd) : name(std::move(impl)), prim(pd) {
+    for (int arg : {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_BIAS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD})
+      bind(arg, pd.query_md(dnnl::query::exec_arg_md, arg));
+    const dnnl::post_ops ops = pd.get_primitive_attr().get_post_ops();
+    for (int i = 0; i < ops.len(); ++i)
+      if (ops.kind(i) == dnnl::primitive::kind::binary) {
+        const int arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(i) | DNNL_ARG_SRC_1;
+        bind(arg, pd.query_md(dnnl::query::exec_arg_md, arg));
+      }
+    // Run-time zero points (a primitive that takes none ignores them).
+    const dnnl::memory::desc zp_md({1}, dnnl::memory::data_type::s32, dnnl::memory::format_tag::x);
+    for (int arg : {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST})
+      bind(arg, zp_md);
+  }
+  void bind(int arg, const dnnl::memory::desc& md) {
+    if (md.is_zero() || args.count(arg)) return;
+    buffers.emplace_back(md.get_size(), std::byte{0});
+    args.emplace(arg, dnnl::memory(md, dnnl_engine(), buffers.back().data()));
+  }
+  double run() {
+    dnnl::stream& stream = dnnl_stream();
+    const auto t0 = std::chrono::steady_clock::now();
+    prim.execute(stream, args);
+    stream.wait();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+
+// The candidates run in turns and each keeps its fastest run: on a machine shared with other work,
+// interruptions only ever add time, and taking turns exposes every candidate to the same load.
+void time_in_turns(std::vector<Candidate>& candidates) {
+  for (auto& c : candidates) c.run();  // first touch of the buffers and caches
+  // At least 3 rounds, more for fast primitives (up to ~4 ms of timing in all).
+  constexpr double kBudgetSeconds = 4e-3;
+  double spent = 0;
+  for (int round = 0; round < 20 && (round < 3 || spent < kBudgetSeconds); ++round)
+    for (auto& c : candidates) {
+      const double t = c.run();
+      c.best = std::min(c.best, t);
+      spent += t;
+    }
+}
+
+}  // namespace
+
+std::string fastest_implementation_name(const std::string& key,
+                                        const std::function<dnnl::primitive_desc(size_t)>& nth) {
+  if (!tuning_enabled()) return {};
+  static std::mutex mutex;
+  static std::unordered_map<std::string, std::string> chosen;
+  {
+    std::lock_guard lock(mutex);
+    if (auto it = chosen.find(key); it != chosen.end()) return it->second;
+  }
+  // oneDNN can list several variants under one name (its brgemm convolutions): the first of each.
+  std::vector<Candidate> candidates;
+  candidates.reserve(kMaxTimedImplementations);
+  dnnl::memory::desc first_src, first_dst;
+  for (size_t i = 0; i < kMaxListedImplementations && candidates.size() < kMaxTimedImplementations; ++i) {
+    const dnnl::primitive_desc pd = nth(i);
+    if (!pd) break;
+    const std::string name = pd.impl_info_str();
+    if (name.rfind("ref", 0) == 0 ||
+        std::any_of(candidates.begin(), candidates.end(), [&](const Candidate& c) { return c.name == name; }))
+      continue;
+    // Only candidates that read and write the layouts of oneDNN's first choice: the plan decides
+    // which values stay blocked from that choice, and a candidate that is faster alone can cost
+    // more in reorders around it (measured: MobileNetV2's f32 convs, 1.55 -> 1.8-2.5 ms).
+    if (i == 0) {
+      first_src = pd.query_md(dnnl::query::src_md);
+      first_dst = pd.query_md(dnnl::query::dst_md);
+    } else if (pd.query_md(dnnl::query::src_md) != first_src || pd.query_md(dnnl::query::dst_md) != first_dst) {
+      continue;
+    }
+    try {
+      candidates.emplace_back(name, pd);
+    } catch (const dnnl::error&) {
+      // a candidate that cannot be created here is simply not chosen
+    }
+  }
+  std::string best_name;
+  if (candidates.size() > 1) {
+    try {
+      time_in_turns(candidates);
+    } catch (const dnnl::error&) {
+      for (auto& c : candidates) c.best = std::numeric_limits<double>::infinity();  // keep oneDNN's choice
+    }
+    const auto best = std::min_element(candidates.begin(), candidates.end(),
+                                       [](const Candidate& a, const Candidate& b) { return a.best < b.best; });
+    best_name = best->name;
+  }
+  std::lock_guard lock(mutex);
+  chosen.emplace(key, best_name);
+  return best_name;
+}
+
+std::string describe(const dnnl::memory::desc& md) {
+  const dnnl_memory_desc_t& d = md.data;
+  std::string s = std::to_string(static_cast<int>(d.data_type)) + ":";
+  for (int i = 0; i < d.ndims; ++i) s += std::to_string(d.dims[i]) + (i + 1 < d.ndims ? "x" : "");
+  s += ":" + std::to_string(static_cast<int>(d.format_kind));
+  if (d.format_kind == dnnl_blocked) {
+    const auto& b = d.format_desc.blocking;
+    s += ":s";
+    for (int i = 0; i < d.ndims; ++i) s += std::to_string(b.strides[i]) + ",";
+    s += "b";
+    for (int i = 0; i < b.inner_nblks; ++i) s += std::to_string(b.inner_idxs[i]) + "/" + std::to_string(b.inner_blks[i]) + ",";
+  }
+  return s;
+}
+
+std::string describe(const dnnl::primitive_attr& attr) {
+  const dnnl::post_ops ops = attr.get_post_ops();
+  std::string s = "po";
+  for (int i = 0; i < ops.len(); ++i) {
+    s += ":" + std::to_string(static_cast<int>(ops.kind(i)));
+    if (ops.kind(i) == dnnl::primitive::kind::eltwise) {
+      float scale = 0, alpha = 0, beta = 0;
+      dnnl::algorithm alg;
+      ops.get_params_eltwise(i, scale, alg, alpha, beta);
+      s += "/" + std::to_string(static_cast<int>(alg));
+    }
+  }
+  return s;
+}
+
+}  // namespace slimquant::runtime::dnnl_kernels

@@ -1,0 +1,55 @@
+#pragma once
+// oneDNN lists the implementations of a primitive in a fixed preference order, which is not the
+// fastest for every shape: on an AVX-512 VNNI Xeon its brgemm int8 convolutions (its first choice)
+// run 3x3 convolutions with 16-64 channels 1.3-1.6x slower than its direct jit_int8 kernel. Kernels
+// that build such primitives ask fastest_implementation(): it times the first few non-reference
+// candidates once per distinct problem and process, on zero-filled arguments (the speed of these
+// kernels does not depend on the values), and returns the descriptor of the fastest. The choice
+// only changes speed: every candidate computes the primitive's defined arithmetic.
+// SLIMQUANT_DNNL_TUNING=0 keeps oneDNN's first choice.
+#include <dnnl.hpp>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+namespace slimquant::runtime::dnnl_kernels {
+
+// How many candidates (oneDNN's first differently named non-reference implementations) are timed
+// at most, looking that far down its list.
+inline constexpr size_t kMaxTimedImplementations = 3;
+inline constexpr size_t kMaxListedImplementations = 12;
+
+// Core of fastest_implementation: the name (impl_info_str) of the fastest candidate for `key`, from
+// the process-wide cache or by timing; empty for oneDNN's first choice. nth(i) returns the
+// descriptor i steps down oneDNN's list (a null primitive_desc past its end).
+std::string fastest_implementation_name(const std::string& key,
+                                        const std::function<dnnl::primitive_desc(size_t)>& nth);
+
+// PD: a oneDNN primitive_desc type; make(): a fresh descriptor (oneDNN's first choice); key: a
+// string naming everything make() builds from (shapes, layouts, data types, attributes); the
+// operation descriptor make() uses must outlive the call (oneDNN's next_impl() reads it). The cache
+// keeps names, not list positions: oneDNN's list for one key can differ between descriptors (how
+// many brgemm variants accept a given set of output scales, for one). Throws what make() throws.
+template <class PD, class Make>
+PD fastest_implementation(const std::string& key, Make&& make) {
+  auto nth = [&](size_t steps) -> PD {
+    PD pd = make();
+    for (size_t i = 0; i < steps; ++i)
+      if (!pd.next_impl()) return PD();
+    return pd;
+  };
+  const std::string best = fastest_implementation_name(key, [&](size_t i) -> dnnl::primitive_desc { return nth(i); });
+  PD pd = make();
+  if (best.empty() || best == pd.impl_info_str()) return pd;
+  for (size_t i = 1; i < kMaxListedImplementations && pd.next_impl(); ++i)
+    if (best == pd.impl_info_str()) return pd;
+  return make();
+}
+
+// Text for such keys: a memory descriptor (dims, data type, strides and inner blocks); the post-op
+// kinds and algorithms of an attribute (their parameters do not change which kernel is fastest).
+std::string describe(const dnnl::memory::desc& md);
+std::string describe(const dnnl::primitive_attr& attr);
+
+}  // namespace slimquant::runtime::dnnl_kernels
