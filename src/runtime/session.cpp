@@ -14,6 +14,7 @@
 
 #include "runtime/kernels/dnnl_common.h"
 #include "runtime/kernels/dnnl_kernels.h"
+#include "runtime/kernels/int8_common.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/kernel.h"
 #include "slimquant/runtime/optimize.h"
@@ -133,6 +134,50 @@ int fuse_residual_adds(ir::Graph& g, const std::set<std::string>& keep) {
     }
   }
   return fused;
+}
+
+// Execution-only, after fuse_residual_adds: an INT8 QConv with a fused residual Add whose float32
+// result is read only by a per-tensor QuantizeLinear takes that Q's parameters and output, so it
+// writes the 8-bit tensor itself (the QConv kernel adds the float32 addend in its epilogue) instead
+// of a float32 tensor that a separate pass quantizes.
+int fold_quantize_into_residual_qconvs(ir::Graph& g, const std::set<std::string>& keep) {
+  namespace qattr = int8::attr;
+  int folded = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const ir::Node& conv = g.nodes[i];
+    if (conv.op_type != int8::kQConv || conv.domain != int8::kDomain || conv.inputs.size() < 4 ||
+        conv.inputs[3].empty() || conv.outputs.size() != 1 || conv.attr_int(qattr::kYType, 1) != 1)
+      continue;
+    const std::string& v = conv.outputs[0];
+    const auto readers = g.consumers(v);
+    if (readers.size() != 1 || keep.count(v) || g.is_graph_output(v)) continue;
+    const ir::Node& q = g.nodes[readers[0]];
+    if (q.op_type != "QuantizeLinear" || !q.domain.empty() || q.inputs.size() < 2 || q.outputs.size() != 1 ||
+        q.attrs.count("output_dtype"))
+      continue;
+    const Tensor* scale = g.initializer(q.input(1));
+    const Tensor* zero_point = q.input(2).empty() ? nullptr : g.initializer(q.input(2));
+    if (!scale || scale->numel() != 1 || scale->dtype() != DType::kFloat32 || (!q.input(2).empty() && !zero_point) ||
+        (zero_point && (zero_point->numel() != 1 ||
+                        (zero_point->dtype() != DType::kUInt8 && zero_point->dtype() != DType::kInt8))))
+      continue;
+    const float s = scale->data<float>()[0];
+    if (!(s > 0.f) || !std::isfinite(s)) continue;
+    const DType type = zero_point ? zero_point->dtype() : DType::kUInt8;
+    ir::Node fused = conv;
+    fused.attrs[qattr::kYType] = static_cast<int64_t>(type);
+    fused.attrs[qattr::kYScale] = s;
+    fused.attrs[qattr::kYZeroPoint] = static_cast<int64_t>(
+        !zero_point ? 0 : type == DType::kUInt8 ? zero_point->data<uint8_t>()[0] : zero_point->data<int8_t>()[0]);
+    fused.outputs[0] = q.outputs[0];
+    // The QConv moves to the Q's place (after it, every value it reads exists too).
+    const size_t q_index = static_cast<size_t>(readers[0]);
+    g.nodes[q_index] = std::move(fused);
+    g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+    --i;
+    ++folded;
+  }
+  return folded;
 }
 
 // Execution-only, for transformer MLPs: MatMul(a, W) -> Add(b [N]) becomes a MatMul with a bias
@@ -361,6 +406,7 @@ class Plan {
       ir::merge_swish(graph_, [&](const std::string&, const std::string& s) { return !keep.count(s); });
       ir::fuse_activations(graph_, keep);
       fuse_residual_adds(graph_, keep);
+      fold_quantize_into_residual_qconvs(graph_, keep);
       fuse_matmul_bias_gelu(graph_, keep);
     }
 

@@ -542,6 +542,63 @@ TEST_F(LoweringOnResnet, CliEvaluatesQdqModelsAsIntegerExecutionUnlessSimulateIs
   EXPECT_EQ(bench.exit_code, 0) << bench.output;
 }
 
+TEST_F(LoweringOnResnet, ResidualOutputsReadOnlyByAQuantizeAreWrittenAsIntegersByTheirConv) {
+  const ir::Graph lowered = quant::lower_to_int8(*qdq_);
+  // Relu(Add(QConv, r)) -> Q with no other reader: blocks 1 and 3 (the other blocks' outputs are
+  // also the next block's float residual addend, and the last one feeds the pooling).
+  auto producer = [&](const std::string& v) -> const ir::Node* {
+    const int p = lowered.producer(v);
+    return p < 0 ? nullptr : &lowered.nodes[p];
+  };
+  std::vector<std::string> folded, quantized;
+  for (const auto& q : lowered.nodes) {
+    if (q.op_type != "QuantizeLinear") continue;
+    const ir::Node* relu = producer(q.inputs[0]);
+    if (relu && relu->op_type == "Relu" && producer(relu->inputs[0])->op_type == "Add" &&
+        lowered.consumers(q.inputs[0]).size() == 1) {
+      folded.push_back(q.inputs[0]);
+      quantized.push_back(q.outputs[0]);
+    }
+  }
+  ASSERT_EQ(folded.size(), 2u);
+
+  // The int8 primitives (binary-add epilogue) and the exact float path (sum, then the dst reorder).
+  for (const char* compute : {"auto", "f32"}) {
+    SCOPED_TRACE(compute);
+    ir::Graph g = lowered;
+    for (auto& n : g.nodes)
+      if (n.op_type == i8::kQConv) n.attrs[i8::attr::kCompute] = std::string(compute);
+    runtime::SessionOptions unfused;
+    unfused.fuse_activations = false;
+    runtime::Session fast(g), plain(g, unfused);
+    Tensor input(DType::kFloat32, {8, 1, 28, 28});
+    for (int64_t i = 0; i < input.numel(); ++i) input.data<float>()[i] = static_cast<float>((i * 37) % 256) / 255.f;
+    auto observe = [&](runtime::Session& s) {
+      std::map<std::string, Tensor> seen;
+      runtime::RunOptions o;
+      o.on_value = [&](const std::string& name, const Tensor& t) { seen[name] = t.clone(); };
+      s.run({{"input", input}}, o);
+      return seen;
+    };
+    const auto got = observe(fast), want = observe(plain);
+    for (size_t k = 0; k < folded.size(); ++k) {
+      EXPECT_FALSE(got.count(folded[k])) << folded[k] << " should not exist: its QConv writes " << quantized[k];
+      ASSERT_TRUE(want.count(folded[k]));
+      const Tensor &a = got.at(quantized[k]), &b = want.at(quantized[k]);
+      ASSERT_EQ(a.dtype(), DType::kUInt8);
+      ASSERT_EQ(a.shape(), b.shape());
+      // Q(x) = round(x / s) there, x * (1 / s) here: at most one step apart, and only at near-ties.
+      int64_t differ = 0;
+      for (int64_t i = 0; i < a.numel(); ++i) {
+        const int d = std::abs(int{a.data<uint8_t>()[i]} - int{b.data<uint8_t>()[i]});
+        EXPECT_LE(d, 1) << quantized[k] << "[" << i << "]";
+        differ += d != 0;
+      }
+      EXPECT_LE(differ, a.numel() / 1000) << quantized[k];
+    }
+  }
+}
+
 }  // namespace
 
 namespace {

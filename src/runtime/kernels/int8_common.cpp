@@ -333,6 +333,11 @@ void PrimitivePlan::bind_sum(const memory::desc& user) {
   sum_reorder_args = {{DNNL_ARG_FROM, sum_user_mem}, {DNNL_ARG_TO, dst_mem}};
 }
 
+void PrimitivePlan::bind_binary_addend(int arg, const memory::desc& user) {
+  binary_addend_mem = unbound(user);
+  args[arg] = binary_addend_mem;
+}
+
 void PrimitivePlan::run(const void* x, void* y, const void* w, const void* sum) {
   dnnl::stream& s = dnnl_stream();
   src_user_mem.set_data_handle(const_cast<void*>(x));
@@ -359,6 +364,10 @@ void PrimitivePlan::run(const void* x, void* y, const void* w, const void* sum) 
   dst_user_mem.set_data_handle(y);
   const bool separate_dst = dst_reorder || requant_to != DType::kUndefined;
   if (separate_dst) dst_mem.set_data_handle(dnnl_scratch(DnnlScratch::kDst, dst_desc.get_size()));
+  if (binary_addend_mem) {
+    SQ_CHECK(sum != nullptr, ErrorKind::kInternal, "fused residual addend missing");
+    binary_addend_mem.set_data_handle(const_cast<void*>(sum));
+  }
   if (has_sum) {
     SQ_CHECK(sum != nullptr, ErrorKind::kInternal, "fused residual addend missing");
     if (sum_reorder) {

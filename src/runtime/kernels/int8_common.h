@@ -190,6 +190,10 @@ struct PrimitivePlan {
   // or reorders `sum` (stored as `user`) into dst before the primitive. Call after finish().
   void bind_sum(const dnnl::memory::desc& user);
   bool has_sum = false;
+  // The same addend read by a binary post-op (argument `arg`) straight from `sum` (as `user`):
+  // for outputs whose data type differs from the addend's. Call after finish().
+  void bind_binary_addend(int arg, const dnnl::memory::desc& user);
+  dnnl::memory binary_addend_mem;
   std::optional<dnnl::reorder> sum_reorder;
   dnnl::memory sum_user_mem;
   std::unordered_map<int, dnnl::memory> sum_reorder_args;

@@ -35,8 +35,12 @@ using dnnl::memory;
 using Dims = memory::dims;
 using dnnl_kernels::WindowAttrs;
 
-// kSum: the residual addend of an Add the plan fused into this QConv (float32 output only; see
-// fuse_residual_adds in session.cpp), added by a sum post-op after the activation.
+// kSum: the residual addend (float32) of an Add the plan fused into this QConv (see
+// fuse_residual_adds in session.cpp), added after the activation. With a float32 output it is a sum
+// post-op; when the plan also folded the QuantizeLinear after the Add (y_scale / y_zero_point then
+// describe that Q), the int8 primitive adds it with a binary post-op and quantizes in its epilogue:
+//   y_q = saturate(round_half_even(act_add(M[m] * (acc + B'[m]) + r) / s_y) + z_y),  M[m] = s_x*s_w[m]
+// (the kF32 fallback: a sum post-op into float32, then the same scaling and the dst reorder).
 enum ConvInput : size_t { kX = 0, kW = 1, kB = 2, kSum = 3 };
 
 struct ConvPlan {
@@ -50,6 +54,16 @@ class QConvKernel final : public Kernel {
  public:
   explicit QConvKernel(const KernelInit& init) : node_(init.node) {
     q_ = QLinearAttrs::parse(node_);
+    // A fused residual Add followed by a folded QuantizeLinear: the convolution itself works in
+    // real units (q_ with a float32 output) and the output parameters apply after the addend.
+    if (node_.inputs.size() > kSum && !node_.inputs[kSum].empty() && q_.quantized_output()) {
+      output_ = {q_.y_type, q_.y_scale, q_.y_zero_point};
+      q_.y_type = DType::kFloat32;
+      q_.y_scale = 1.f;
+      q_.y_zero_point = 0;
+    } else {
+      output_ = {q_.y_type, q_.y_scale, q_.y_zero_point};
+    }
     window_ = WindowAttrs::parse(node_);
     group_ = node_.attr_int("group", 1);
     if (group_ < 1)
@@ -97,18 +111,21 @@ class QConvKernel final : public Kernel {
     const bool out_blocked = ctx.output_layout_allowed(0);
     const Tensor* sum = ctx.optional_input(kSum);
     if (sum && (sum->dtype() != DType::kFloat32 || q_.quantized_output()))
-      fail(ErrorKind::kInternal, node_.describe() + ": a fused residual addend needs float32 input and output");
+      fail(ErrorKind::kInternal, node_.describe() + ": a fused residual addend needs a float32 input");
     const Layout* sum_layout = sum ? ctx.input_layout(kSum) : nullptr;
     const int tag = (x_layout ? 1 : 0) | (out_blocked ? 2 : 0) | (sum ? 4 : 0) | (sum_layout ? 8 : 0);
     ConvPlan& p = plans_.get(
         x.shape(), x.dtype(), [&] { return make_plan(x.shape(), x.dtype(), x_layout, out_blocked, sum, sum_layout); },
         tag);
-    Tensor& y = ctx.allocate_output(0, q_.y_type, p.prim.out_shape);
+    Tensor& y = ctx.allocate_output(0, output_.type, p.prim.out_shape);
     if (y.numel() == 0) return;
     if (p.reference) {
       const Tensor xp = x_layout ? dnnl_kernels::to_plain(x, *x_layout) : x;
-      reference_qconv(q_, requant_, p.problem, xp, w_, y);
-      if (sum) add_sum_reference(y, sum_layout ? dnnl_kernels::to_plain(*sum, *sum_layout) : *sum);
+      Tensor real = requantizes_sum() ? Tensor(DType::kFloat32, y.shape()) : Tensor();
+      Tensor& v = requantizes_sum() ? real : y;
+      reference_qconv(q_, requant_, p.problem, xp, w_, v);
+      if (sum) add_sum_reference(v, sum_layout ? dnnl_kernels::to_plain(*sum, *sum_layout) : *sum);
+      if (requantizes_sum()) quantize_reference(real, y);
       return;
     }
     p.prim.run(x.raw(), y.raw(), nullptr, sum ? sum->raw() : nullptr);
@@ -148,6 +165,20 @@ class QConvKernel final : public Kernel {
     dims.insert(dims.end(), w.begin() + 1, w.end());
     if (tag == memory::format_tag::undef) tag = plain_tag(dims.size());
     return memory::desc(dims, type, tag);
+  }
+
+  // A quantized output after a fused residual Add (see kSum).
+  bool requantizes_sum() const { return output_.type != q_.y_type; }
+
+  // y_q = saturate(round_half_even(v / s_y) + z_y): the folded QuantizeLinear on the reference path.
+  void quantize_reference(const Tensor& v, Tensor& y) const {
+    const float lo = output_.type == DType::kUInt8 ? 0.f : -128.f, hi = output_.type == DType::kUInt8 ? 255.f : 127.f;
+    const float* in = v.data<float>();
+    for (int64_t i = 0; i < v.numel(); ++i) {
+      const float q = std::clamp(std::nearbyint(in[i] / output_.scale) + static_cast<float>(output_.zero_point), lo, hi);
+      if (output_.type == DType::kUInt8) y.data<uint8_t>()[i] = static_cast<uint8_t>(q);
+      else y.data<int8_t>()[i] = static_cast<int8_t>(q);
+    }
   }
 
   // y += sum, then the fused Add's activation (the reference path's sum post-op).
@@ -190,7 +221,7 @@ class QConvKernel final : public Kernel {
     p.problem = {xs[0], c, m, group_, Shape(xs.begin() + 2, xs.end()), Shape(g.out.begin(), g.out.end()), kernel,
                  a.strides, a.dilations, Shape(g.pad_begin.begin(), g.pad_begin.end())};
     p.prim.src_user = x_layout ? x_layout->desc : plain_md(xs, dnnl_type(x_type));
-    p.prim.dst_user = plain_md(p.prim.out_shape, dnnl_type(q_.y_type));
+    p.prim.dst_user = plain_md(p.prim.out_shape, dnnl_type(output_.type));
 
     // Completes p with an int8 or f32 primitive; false when oneDNN has none (or, for int8, only its
     // reference implementation, orders of magnitude slower).
@@ -202,7 +233,7 @@ class QConvKernel final : public Kernel {
       PrimitiveWeights& pw = !int8 ? f32_ : (x_type == DType::kInt8 && int8_s8_src_) ? *int8_s8_src_ : int8_;
       const auto any = memory::format_tag::any;
       const memory::desc src_md(to_dnnl_dims(xs), int8 ? dnnl_type(x_type) : dt::f32, any);
-      const memory::desc dst_md(to_dnnl_dims(p.prim.out_shape), int8 ? dnnl_type(q_.y_type) : dt::f32, any);
+      const memory::desc dst_md(to_dnnl_dims(p.prim.out_shape), int8 ? dnnl_type(output_.type) : dt::f32, any);
       const memory::desc wei_md = weights_md(int8 ? dt::s8 : dt::f32, any);
       dnnl::primitive_attr attr;
       if (int8) {
@@ -212,17 +243,30 @@ class QConvKernel final : public Kernel {
         attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
         attr.set_post_ops(make_post_ops(q_));
       }
+      int binary_index = -1;
+      const memory::desc sum_md = sum ? dnnl_kernels::input_desc(sum_layout, sum->shape()) : memory::desc();
       if (sum) {
         if (sum->shape() != p.prim.out_shape)
           fail(ErrorKind::kInternal, node_.describe() + ": fused residual addend " + shape_str(sum->shape()) +
                                          " does not match the output " + shape_str(p.prim.out_shape));
         dnnl::post_ops ops = attr.get_post_ops();
-        ops.append_sum(1.f);
+        // int8 with a quantized dst: the float32 addend cannot sit in dst (sum), so a binary add.
+        if (int8 && requantizes_sum()) {
+          binary_index = ops.len();
+          ops.append_binary(dnnl::algorithm::binary_add, sum_md);
+        } else {
+          ops.append_sum(1.f);
+        }
         const std::string act = node_.attr_string(dnnl_kernels::kSumActivationAttr, "");
         if (act == "Relu") ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
         else if (act == "Clip")
           ops.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, node_.attr_float(dnnl_kernels::kSumActivationAlphaAttr, 0.f),
                              node_.attr_float(dnnl_kernels::kSumActivationBetaAttr, 0.f));
+        // To the output's units; the dst conversion (int8 primitive or kF32's dst reorder) rounds
+        // half to even and saturates.
+        if (requantizes_sum())
+          ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / output_.scale,
+                             static_cast<float>(output_.zero_point));
         attr.set_post_ops(ops);
       }
       using cf = dnnl::convolution_forward;
@@ -244,13 +288,14 @@ class QConvKernel final : public Kernel {
         if (int8 && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return false;
         // y in the primitive's layout (as y's dtype) when readers take it: no dst layout reorder.
         const Layout chosen{pd.dst_desc()};
-        p.out_layout = dnnl_kernels::output_layout_for(dnnl_kernels::retyped_layout(chosen, q_.y_type)->desc,
-                                                       p.prim.out_shape, q_.y_type, out_blocked);
+        p.out_layout = dnnl_kernels::output_layout_for(dnnl_kernels::retyped_layout(chosen, output_.type)->desc,
+                                                       p.prim.out_shape, output_.type, out_blocked);
         if (p.out_layout) p.prim.dst_user = p.out_layout->desc;
         p.prim.finish<cf::primitive_desc, cf>(pd, pw.weights.get(pd.weights_desc()), pw.bias_mem, q_.x_zero_point,
                                               int8 ? PrimitivePlan::ZeroPointAt::kPrimitive
                                                    : PrimitivePlan::ZeroPointAt::kSrcReorder);
-        if (sum) p.prim.bind_sum(dnnl_kernels::input_desc(sum_layout, sum->shape()));
+        if (sum && binary_index >= 0) p.prim.bind_binary_addend(DNNL_ARG_ATTR_MULTIPLE_POST_OP(binary_index) | DNNL_ARG_SRC_1, sum_md);
+        else if (sum) p.prim.bind_sum(sum_md);
       } catch (const dnnl::error&) {
         return false;  // e.g. an int8 configuration oneDNN does not implement on this CPU
       }
@@ -267,7 +312,12 @@ class QConvKernel final : public Kernel {
   }
 
   const ir::Node node_;
-  QLinearAttrs q_;
+  QLinearAttrs q_;  // what the convolution computes (real units when requantizes_sum())
+  struct Output {
+    DType type;
+    float scale;
+    int32_t zero_point;
+  } output_{};  // y's type and quantization (q_'s, or the folded QuantizeLinear's)
   Compute compute_ = Compute::kInt8;
   WindowAttrs window_;
   int64_t group_ = 1;
