@@ -33,7 +33,7 @@ std::set<std::string> onnx_types(const std::vector<std::string>& names) {
 // Names a float tensor may have had before a tool quantized it.
 std::vector<std::string> name_candidates(const std::string& name) {
   static const std::vector<std::string> kSuffixes = {"_QuantizeLinear_Output", "_DequantizeLinear_Output", "_quantized",
-                                                     "_dequantized", "_quant", "_int8", "_q", ".quantized"};
+                                                     "_dequantized", "_quant", "_int8", "_q", "_dq", ".quantized"};
   std::vector<std::string> out{name};
   for (const auto& s : kSuffixes)
     if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0)

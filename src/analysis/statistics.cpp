@@ -212,7 +212,9 @@ nlohmann::json run_layer_statistics(const quant::PTQ& ptq, const data::Dataset& 
       });
       SQ_CHECK(q != g.nodes.end(), ErrorKind::kInternal,
                "statistics: no QuantizeLinear for activation '" + t + "' of layer '" + layer.name + "'");
-      s.acts.push_back({t, initializer(g, q->input(1), q->describe()), initializer(g, q->input(2), q->describe())});
+      // No zero point: QuantizeLinear's default, uint8 with zero point 0.
+      s.acts.push_back({t, initializer(g, q->input(1), q->describe()),
+                        q->input(2).empty() ? Tensor::scalar<uint8_t>(0) : initializer(g, q->input(2), q->describe())});
     }
     // Weight: FP32 initializer vs what the weight DequantizeLinear produces.
     if (!layer.weight.empty()) {
@@ -227,8 +229,8 @@ nlohmann::json run_layer_statistics(const quant::PTQ& ptq, const data::Dataset& 
       const Tensor& wq = initializer(g, dq.input(0), dq.describe());
       const Tensor& w = initializer(fg, layer.weight, fnode.describe());
       Tensor wdq(DType::kFloat32, wq.shape());
-      const Tensor& zp = initializer(g, dq.input(2), dq.describe());
-      runtime::dequantize_linear(wq, initializer(g, dq.input(1), dq.describe()), &zp, dq.attr_int("axis", 1), wdq,
+      const Tensor* zp = dq.input(2).empty() ? nullptr : &initializer(g, dq.input(2), dq.describe());  // 0 by default
+      runtime::dequantize_linear(wq, initializer(g, dq.input(1), dq.describe()), zp, dq.attr_int("axis", 1), wdq,
                                  dq.describe());
       const auto n = static_cast<size_t>(w.numel());
       s.w_fp.add(w.data<float>(), n);

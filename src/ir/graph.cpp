@@ -193,6 +193,8 @@ std::string Graph::unique_value_name(const std::string& base) const {
   }
   for (const auto& [k, t] : initializers) used.insert(k);
   for (const auto& i : inputs) used.insert(i.name);
+  // Passes that add nodes only after naming their outputs reserve the names as value_info.
+  for (const auto& [k, v] : value_info) used.insert(k);
   if (!used.count(base)) return base;
   for (int i = 1;; ++i) {
     std::string c = base + "_" + std::to_string(i);

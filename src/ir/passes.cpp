@@ -127,11 +127,18 @@ int fold_batchnorm_into_conv(Graph& g) {
       const float bias = b ? b->data<float>()[c] : 0.f;
       new_b.data<float>()[c] = (bias - mu[c]) * k + sh[c];
     }
-    // Fresh initializer names: the originals may be shared with other nodes.
-    std::string w_name = g.unique_value_name(conv.input(1) + "_bnfolded");
-    g.initializers[w_name] = new_w;
-    std::string b_name = g.unique_value_name((conv.name.empty() ? conv.outputs[0] : conv.name) + ".bias_bnfolded");
-    g.initializers[b_name] = new_b;
+    // The folded tensors replace the originals under their names where only this Conv reads them
+    // (what an exported model then shows is the source's weight names); shared ones stay, and the
+    // folded copies get fresh names.
+    auto folded_name = [&](const std::string& original, const std::string& fresh) {
+      if (!original.empty() && g.consumers(original).size() == 1 && !g.is_graph_output(original)) return original;
+      return g.unique_value_name(fresh);
+    };
+    const std::string w_name = folded_name(conv.input(1), conv.input(1) + "_bnfolded");
+    const std::string b_name =
+        folded_name(conv.input(2), (conv.name.empty() ? conv.outputs[0] : conv.name) + (b ? ".bias_bnfolded" : ".bias"));
+    g.initializers[w_name] = std::move(new_w);
+    g.initializers[b_name] = std::move(new_b);
     conv.inputs.resize(3);
     conv.inputs[1] = w_name;
     conv.inputs[2] = b_name;

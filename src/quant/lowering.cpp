@@ -81,7 +81,7 @@ using Why = std::optional<std::string>;
 // Scale / zero point / axis of a QuantizeLinear or DequantizeLinear node.
 Why read_qparams(const GraphIndex& ix, const ir::Node& n, QuantParam& p) {
   const ir::Graph& g = ix.graph();
-  const std::string who = n.op_type + " '" + n.name + "'";
+  const std::string who = n.describe();
   const Tensor* scale = g.initializer(n.input(1));
   if (!scale || scale->dtype() != DType::kFloat32) return "the scale of " + who + " is not a float32 constant";
   if (scale->rank() > 1) return "the scale of " + who + " has shape " + shape_str(scale->shape());
@@ -473,9 +473,9 @@ int commute_quantize_through_concat(ir::Graph& g) {
     std::vector<ir::Node>& quantize_inputs = before[static_cast<int>(i)];
     for (std::string& in : cat.inputs) {
       ir::Node qk = q;
-      qk.name = q.name + "_" + in;
+      qk.name = q.name.empty() ? std::string() : q.name + "_" + in;
       qk.inputs[0] = in;
-      qk.outputs = {g.unique_value_name(in + "_quantized")};
+      qk.outputs = {g.unique_value_name(in + "_q")};
       g.value_info[qk.outputs[0]] = {qk.outputs[0], DType::kUndefined, std::nullopt};
       reserved.push_back(qk.outputs[0]);
       in = qk.outputs[0];

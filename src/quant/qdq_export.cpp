@@ -16,32 +16,43 @@ ir::Graph write_qdq_graph(const ir::Graph& float_graph, const std::vector<const 
                           const std::function<QuantParams(const Layer&)>& weight_params,
                           const QdqExportOptions& options) {
   ir::Graph g = float_graph;
-  // Activation Q/DQ pairs, one per tensor, read by the chosen layers only.
+  // Activation Q/DQ pairs, one per tensor, read by the chosen layers only. Names are short
+  // (<t>_s, <t>_zp, <t>_q, <t>_dq) and Q/DQ nodes unnamed (Node::describe() names them by their
+  // output): on small models the names are a visible part of the file.
   std::map<std::string, std::string> dequantized;  // tensor -> its DQ output
   std::vector<ir::Node> qdq_nodes;
+  // The Q/DQ nodes join the graph only at the end: until then value_info placeholders reserve
+  // their output names (unique_value_name sees value_info).
+  auto reserve = [&](const std::string& base) {
+    const std::string name = g.unique_value_name(base);
+    g.value_info[name] = {name, DType::kUndefined, std::nullopt};
+    return name;
+  };
   for (const auto& [tensor, p] : act) {
     const std::string base = tensor;
-    const std::string scale = g.unique_value_name(base + "_scale");
+    const std::string scale = g.unique_value_name(base + "_s");
     g.initializers[scale] = Tensor::scalar<float>(p.scale.at(0));
-    const std::string zp = g.unique_value_name(base + "_zero_point");
-    g.initializers[zp] = scalar_tensor(p.dtype, p.zero_point.at(0));
-    const std::string q_out = g.unique_value_name(base + "_quantized");
-    const std::string dq_out = g.unique_value_name(base + "_dequantized");
+    // QuantizeLinear without a zero point outputs uint8 with zero point 0: the default needs no
+    // input. int8 (and nonzero zero points) must be stated.
+    std::string zp;
+    if (p.dtype != QuantDType::kU8 || p.zero_point.at(0) != 0) {
+      zp = g.unique_value_name(base + "_zp");
+      g.initializers[zp] = scalar_tensor(p.dtype, p.zero_point.at(0));
+    }
+    const std::string q_out = reserve(base + "_q");
+    const std::string dq_out = reserve(base + "_dq");
     ir::Node q;
     q.op_type = "QuantizeLinear";
-    q.name = base + "_QuantizeLinear";
-    q.inputs = {tensor, scale, zp};
+    q.inputs = {tensor, scale};
+    if (!zp.empty()) q.inputs.push_back(zp);
     q.outputs = {q_out};
     ir::Node dq;
     dq.op_type = "DequantizeLinear";
-    dq.name = base + "_DequantizeLinear";
-    dq.inputs = {q_out, scale, zp};
+    dq.inputs = {q_out, scale};
+    if (!zp.empty()) dq.inputs.push_back(zp);
     dq.outputs = {dq_out};
     qdq_nodes.push_back(std::move(q));
     qdq_nodes.push_back(std::move(dq));
-    // Reserve the names before the next unique_value_name call sees the graph.
-    g.value_info[q_out] = {q_out, p.dtype == QuantDType::kU8 ? DType::kUInt8 : DType::kInt8, std::nullopt};
-    g.value_info[dq_out] = {dq_out, DType::kFloat32, std::nullopt};
     dequantized[tensor] = dq_out;
   }
   std::map<std::string, const Layer*> by_name;
@@ -61,19 +72,16 @@ ir::Graph write_qdq_graph(const ir::Graph& float_graph, const std::vector<const 
     QuantParams wp = weight_params(layer);
     const Tensor& w = *float_graph.initializer(layer.weight);
     const std::string base = layer.weight;
-    const std::string wq = g.unique_value_name(base + "_quantized");
+    const std::string wq = g.unique_value_name(base + "_q");
     g.initializers[wq] = quantize_weight_s8(w, wp.scale, layer.weight_axis, wp.bits);
-    const std::string scale = g.unique_value_name(base + "_scale");
-    const std::string zp = g.unique_value_name(base + "_zero_point");
+    const std::string scale = g.unique_value_name(base + "_s");
     const int64_t channels = static_cast<int64_t>(wp.scale.size());
     g.initializers[scale] = Tensor::from_vector<float>({channels}, wp.scale);
-    g.initializers[zp] = Tensor(DType::kInt8, {channels});
-    const std::string dq_out = g.unique_value_name(base + "_dequantized");
-    g.value_info[dq_out] = {dq_out, DType::kFloat32, std::nullopt};
+    // Symmetric int8 weights: zero point 0 is DequantizeLinear's default, the type comes from x.
+    const std::string dq_out = reserve(base + "_dq");
     ir::Node dq;
     dq.op_type = "DequantizeLinear";
-    dq.name = base + "_DequantizeLinear";
-    dq.inputs = {wq, scale, zp};
+    dq.inputs = {wq, scale};
     dq.outputs = {dq_out};
     if (channels > 1 || w.rank() > 1) dq.attrs["axis"] = layer.weight_axis;
     weight_nodes.push_back(std::move(dq));
@@ -82,7 +90,10 @@ ir::Graph write_qdq_graph(const ir::Graph& float_graph, const std::vector<const 
   }
   for (auto& n : weight_nodes) g.nodes.push_back(std::move(n));
   for (auto& n : qdq_nodes) g.nodes.push_back(std::move(n));
-  // Drop the placeholder value_info entries (types only; shapes get re-inferred on export).
+  // No value_info in the QDQ model (placeholders or what the float graph had): nothing reads it.
+  // Sessions re-infer shapes when they bind inputs, the lowering takes the integer types from the
+  // Q/DQ nodes and their initializers, and ONNX Runtime infers its own.
+  g.value_info.clear();
   g.topological_sort();
   g.remove_unused_initializers();
   g.validate();

@@ -46,6 +46,11 @@ ir::Graph ort_style(const ir::Graph& q) {
     ir::Node qn;
     qn.op_type = "QuantizeLinear";
     qn.name = name + "_QuantizeLinear";
+    if (n.inputs.size() < 3) {  // ORT states the int8 zero points (without them Q outputs uint8)
+      const std::string zp = g.unique_value_name(name + "_zero_point");
+      g.initializers[zp] = Tensor(DType::kInt8, scale.shape());
+      n.inputs.push_back(zp);
+    }
     qn.inputs = {name, n.inputs[1], n.inputs[2]};
     qn.outputs = {name + "_q"};
     qn.attrs = n.attrs;

@@ -83,6 +83,42 @@ TEST(Passes, FoldBatchNormIntoConvMatchesClosedForm) {
   EXPECT_FLOAT_EQ(b[0], 0.5f);
   EXPECT_FLOAT_EQ(b[1], -6.f);
   EXPECT_FALSE(g.is_initializer("gamma"));
+  // Read by this Conv alone, the folded tensors keep the originals' names.
+  EXPECT_EQ(conv.inputs[1], "w");
+  EXPECT_EQ(conv.inputs[2], "b");
+}
+
+// A weight another node also reads stays as it is; the folded copy gets a fresh name. A Conv
+// without a bias gets one named after the Conv.
+TEST(Passes, FoldBatchNormKeepsSharedWeightsAndNamesNewBiases) {
+  ir::Graph g;
+  g.inputs.push_back({"x", DType::kFloat32, {}});
+  g.outputs.push_back({"y", DType::kFloat32, {}});
+  g.outputs.push_back({"z", DType::kFloat32, {}});
+  g.initializers["w"] = Tensor::from_vector<float>({2, 1, 1, 1}, {2.f, 3.f});
+  g.initializers["gamma"] = Tensor::from_vector<float>({2}, {1.f, 2.f});
+  g.initializers["beta"] = Tensor::from_vector<float>({2}, {0.5f, 0.f});
+  g.initializers["mean"] = Tensor::from_vector<float>({2}, {1.f, 2.f});
+  g.initializers["var"] = Tensor::from_vector<float>({2}, {4.f, 1.f});
+  g.nodes.push_back(make_node("Conv", {"x", "w"}, {"c"}, "conv"));
+  g.nodes.push_back(make_node("BatchNormalization", {"c", "gamma", "beta", "mean", "var"}, {"y"}));
+  g.nodes.push_back(make_node("Conv", {"x", "w"}, {"z"}));
+  EXPECT_EQ(ir::fold_batchnorm_into_conv(g), 1);
+  const ir::Node& conv = g.nodes[0];
+  ASSERT_EQ(conv.outputs[0], "y");
+  EXPECT_EQ(conv.inputs[1], "w_bnfolded");
+  EXPECT_EQ(conv.inputs[2], "conv.bias");
+  EXPECT_EQ(g.initializer("w")->to_float_vector(), (std::vector<float>{2.f, 3.f}));
+  EXPECT_EQ(g.nodes[1].inputs[1], "w");
+}
+
+TEST(Graph, UniqueValueNameAvoidsNamesReservedAsValueInfo) {
+  ir::Graph g;
+  g.inputs.push_back({"x", DType::kFloat32, {}});
+  g.value_info["x_q"] = {"x_q", DType::kUndefined, std::nullopt};
+  EXPECT_EQ(g.unique_value_name("x"), "x_1");
+  EXPECT_EQ(g.unique_value_name("x_q"), "x_q_1");
+  EXPECT_EQ(g.unique_value_name("x_dq"), "x_dq");
 }
 
 TEST(OnnxIo, TruncatedFileIsInvalidModel) {

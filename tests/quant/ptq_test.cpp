@@ -4,10 +4,12 @@
 
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
+#include "slimquant/quant/lowering.h"
 #include "slimquant/quant/ptq.h"
 #include "slimquant/quant/quant_config.h"
 #include "slimquant/runtime/session.h"
 #include "quant/int8_test_util.h"
+#include "quant/qdq_export.h"
 #include "test_util.h"
 
 using namespace slimquant;
@@ -171,6 +173,83 @@ TEST_F(PtqOnResnet, ConvertSubsetQuantizesOnlyThoseLayers) {
   EXPECT_EQ(weight_dq, 1);
 }
 
+// The QDQ graph with every zero point the export leaves out (ONNX's defaults) written out: uint8 0
+// for activations, int8 zeros for weights, in the shape of the scale.
+ir::Graph with_explicit_zero_points(const ir::Graph& qdq) {
+  ir::Graph g = qdq;
+  for (auto& n : g.nodes) {
+    if (n.op_type != "QuantizeLinear" && n.op_type != "DequantizeLinear") continue;
+    if (n.inputs.size() == 3) continue;
+    const Tensor* x = g.initializer(n.inputs[0]);
+    const DType type = n.op_type == "DequantizeLinear" && x ? x->dtype() : DType::kUInt8;
+    const std::string zp = g.unique_value_name(n.outputs[0] + "_zp0");
+    g.initializers[zp] = Tensor(type, g.initializer(n.inputs[1])->shape());
+    n.inputs.push_back(zp);
+  }
+  return g;
+}
+
+bool is_qdq(const ir::Node& n) { return n.op_type == "QuantizeLinear" || n.op_type == "DequantizeLinear"; }
+
+// The exported file stays small: no value_info, zero points only where they are not ONNX's
+// default, unnamed Q/DQ nodes. It loads back and computes exactly what the in-memory graph and the
+// graph with every zero point spelled out compute, simulated and in integer execution.
+TEST_F(PtqOnResnet, ExportOmitsDefaultZeroPointsAndValueInfoAndRoundTrips) {
+  const ir::Graph qdq = ptq_->convert();
+  EXPECT_TRUE(qdq.value_info.empty());
+  int weight_dq = 0, u8_pairs = 0;
+  for (const auto& n : qdq.nodes) {
+    if (!is_qdq(n)) continue;
+    EXPECT_TRUE(n.name.empty()) << n.describe();
+    EXPECT_EQ(n.describe(), n.op_type + " '" + n.outputs[0] + "'");
+    if (const Tensor* w = qdq.initializer(n.inputs[0])) {  // int8 per-channel weight
+      ++weight_dq;
+      EXPECT_EQ(w->dtype(), DType::kInt8) << n.describe();
+      EXPECT_EQ(n.inputs.size(), 2u) << n.describe();
+      EXPECT_TRUE(n.has_attr("axis")) << n.describe();
+      continue;
+    }
+    if (n.op_type != "QuantizeLinear") continue;
+    const quant::QuantParams p = ptq_->activation_params(n.inputs[0]);
+    const bool u8_zero = p.dtype == quant::QuantDType::kU8 && p.zero_point.at(0) == 0;
+    EXPECT_EQ(n.inputs.size(), u8_zero ? 2u : 3u) << n.describe();
+    for (int c : qdq.consumers(n.outputs[0])) {
+      EXPECT_EQ(qdq.nodes[c].op_type, "DequantizeLinear");
+      EXPECT_EQ(qdq.nodes[c].inputs.size(), n.inputs.size()) << qdq.nodes[c].describe();
+    }
+    u8_pairs += u8_zero;
+  }
+  EXPECT_EQ(weight_dq, static_cast<int>(ptq_->layers().size()));
+  EXPECT_GT(u8_pairs, 10);  // the input and the post-ReLU activations
+
+  test::TempDir tmp("qdq_export");
+  ir::save_onnx(qdq, tmp.path("q.onnx"));  // runs the ONNX checker
+  const ir::Graph back = ir::load_onnx(tmp.path("q.onnx"));
+  EXPECT_TRUE(back.value_info.empty());
+  const ir::Graph spelled = with_explicit_zero_points(qdq);
+  EXPECT_NO_THROW(ir::check_onnx(spelled));
+
+  data::DataOptions o;
+  o.spec = "fashion-mnist:test";
+  o.limit = 64;
+  auto ds = data::open_dataset(o);
+  const Tensor x = data::BatchLoader(*ds, 64).batch(0).inputs;
+  auto expect_same = [](const Tensor& a, const Tensor& b, const char* what) {
+    ASSERT_EQ(a.shape(), b.shape()) << what;
+    for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]) << what << " at " << i;
+  };
+  const Tensor sim = runtime::Session(qdq).run_single(x);
+  expect_same(sim, runtime::Session(back).run_single(x), "simulated, loaded back");
+  expect_same(sim, runtime::Session(spelled).run_single(x), "simulated, zero points spelled out");
+  quant::LoweringReport report;
+  const ir::Graph lowered = quant::lower_to_int8(back, {}, &report);
+  EXPECT_EQ(report.lowered(), static_cast<int>(ptq_->layers().size()));
+  EXPECT_TRUE(report.skipped.empty()) << report.skipped.front().reason;
+  const Tensor integer = quant::make_int8_session(qdq).run_single(x);
+  expect_same(integer, runtime::Session(lowered).run_single(x), "integer, loaded back");
+  expect_same(integer, quant::make_int8_session(spelled).run_single(x), "integer, zero points spelled out");
+}
+
 TEST(Ptq, EmptyCalibrationIsAClearError) {
   quant::PTQ ptq(quant::QuantConfig{});
   ptq.quantize(ir::load_onnx(test::fixture_model("resnet_small")));
@@ -230,4 +309,83 @@ TEST(Ptq, FullQuantizeLeavesShapeArithmeticAlone) {
   EXPECT_NO_THROW(ir::check_onnx(qdq));
   const Tensor y = runtime::Session(qdq).run_single(x);
   EXPECT_EQ(y.shape(), (Shape{3, 8, 8, 8}));
+}
+
+// Which zero points the export writes: u8 with zero point 0 (QuantizeLinear's default) none,
+// u8 with another zero point and s8 (even with zero point 0: without one Q would output u8) theirs,
+// symmetric int8 weights none.
+TEST(QdqExport, WritesOnlyZeroPointsThatDifferFromTheDefault) {
+  ir::Graph g;
+  g.opset = 13;
+  g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{1, ""}, {2, ""}, {4, ""}, {4, ""}}});
+  g.outputs.push_back({"y", DType::kFloat32, std::vector<ir::Dim>{{1, ""}, {2, ""}, {4, ""}, {4, ""}}});
+  std::vector<float> w(2 * 2);
+  for (const char* name : {"w1", "w2", "w3"}) {
+    for (size_t i = 0; i < w.size(); ++i) w[i] = 0.1f * static_cast<float>(i + 1) * (name[1] == '2' ? -1.f : 1.f);
+    g.initializers[name] = Tensor::from_vector<float>({2, 2, 1, 1}, w);
+  }
+  g.nodes.push_back(op_node("Conv", {"x", "w1"}, "a"));
+  g.nodes.push_back(op_node("Conv", {"a", "w2"}, "b"));
+  g.nodes.push_back(op_node("Conv", {"b", "w3"}, "y"));
+  const std::vector<quant::Layer> layers = {{"a_node", "Conv", {"x"}, "w1", 0, ""},
+                                            {"b_node", "Conv", {"a"}, "w2", 0, ""},
+                                            {"y_node", "Conv", {"b"}, "w3", 0, ""}};
+  std::vector<const quant::Layer*> chosen;
+  for (const auto& l : layers) chosen.push_back(&l);
+  auto per_tensor = [](quant::QuantDType t, float scale, int32_t zp) {
+    quant::QuantParams p;
+    p.dtype = t;
+    p.scale = {scale};
+    p.zero_point = {zp};
+    return p;
+  };
+  const std::map<std::string, quant::QuantParams> act = {{"x", per_tensor(quant::QuantDType::kU8, 1.f / 255, 0)},
+                                                          {"a", per_tensor(quant::QuantDType::kU8, 0.01f, 128)},
+                                                          {"b", per_tensor(quant::QuantDType::kS8, 0.01f, 0)}};
+  auto weight_params = [](const quant::Layer&) {
+    quant::QuantParams p;
+    p.scale = {0.2f / 127, 0.4f / 127};
+    p.zero_point = {0, 0};
+    p.axis = 0;
+    return p;
+  };
+  const ir::Graph qdq = quant::write_qdq_graph(g, chosen, act, weight_params);
+  EXPECT_TRUE(qdq.value_info.empty());
+  std::map<std::string, const ir::Node*> quantize_of;
+  int weight_dq = 0;
+  for (const auto& n : qdq.nodes) {
+    if (n.op_type == "QuantizeLinear") quantize_of[n.inputs[0]] = &n;
+    if (n.op_type == "DequantizeLinear" && qdq.is_initializer(n.inputs[0])) {
+      ++weight_dq;
+      EXPECT_EQ(n.inputs.size(), 2u) << n.describe();
+    }
+  }
+  EXPECT_EQ(weight_dq, 3);
+  ASSERT_EQ(quantize_of.size(), 3u);
+  EXPECT_EQ(quantize_of.at("x")->inputs.size(), 2u);
+  EXPECT_EQ(quantize_of.at("x")->outputs[0], "x_q");
+  ASSERT_EQ(quantize_of.at("a")->inputs.size(), 3u);
+  const Tensor& zp_a = *qdq.initializer(quantize_of.at("a")->inputs[2]);
+  EXPECT_EQ(zp_a.dtype(), DType::kUInt8);
+  EXPECT_EQ(zp_a.data<uint8_t>()[0], 128);
+  ASSERT_EQ(quantize_of.at("b")->inputs.size(), 3u);
+  EXPECT_EQ(qdq.initializer(quantize_of.at("b")->inputs[2])->dtype(), DType::kInt8);
+  for (const auto& [t, q] : quantize_of) {
+    const std::vector<int> readers = qdq.consumers(q->outputs[0]);
+    ASSERT_EQ(readers.size(), 1u);
+    EXPECT_EQ(qdq.nodes[readers[0]].inputs.size(), q->inputs.size()) << t;
+    EXPECT_EQ(qdq.nodes[readers[0]].outputs[0], t + "_dq");
+  }
+  EXPECT_NO_THROW(ir::check_onnx(qdq));
+  quant::LoweringReport report;
+  quant::lower_to_int8(qdq, {}, &report);
+  EXPECT_EQ(report.lowered(), 3);  // the integer run below runs fused kernels on all three
+  Tensor x(DType::kFloat32, {1, 2, 4, 4});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = 0.03f * static_cast<float>(i % 29);
+  const ir::Graph spelled = with_explicit_zero_points(qdq);
+  for (bool integer : {false, true}) {
+    const Tensor y = integer ? quant::make_int8_session(qdq).run_single(x) : runtime::Session(qdq).run_single(x);
+    const Tensor want = integer ? quant::make_int8_session(spelled).run_single(x) : runtime::Session(spelled).run_single(x);
+    for (int64_t i = 0; i < y.numel(); ++i) EXPECT_EQ(y.data<float>()[i], want.data<float>()[i]) << integer << " " << i;
+  }
 }

@@ -96,7 +96,7 @@ struct Graph {
   void remove_unused_initializers();
   // Removes nodes whose outputs are not needed for the graph outputs.
   void remove_dead_nodes();
-  // A value name not used yet in the graph, derived from base.
+  // A value name not used yet in the graph (nodes, initializers, inputs, value_info), derived from base.
   std::string unique_value_name(const std::string& base) const;
   // Parameter count and bytes of float/int initializers.
   int64_t parameter_count() const;
