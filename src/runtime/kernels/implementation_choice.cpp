@@ -35,7 +35,9 @@ struct Candidate {
   Candidate(std::string impl, const dnnl::primitive_desc& pd) : name(std::move(impl)), prim(pd) {
     for (int arg : {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_BIAS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD})
       bind(arg, pd.query_md(dnnl::query::exec_arg_md, arg));
-    const dnnl::post_ops ops = pd.get_primitive_attr().get_post_ops();
+    // get_post_ops() views the attribute's storage: keep the attribute alive while reading it.
+    const dnnl::primitive_attr attr = pd.get_primitive_attr();
+    const dnnl::post_ops ops = attr.get_post_ops();
     for (int i = 0; i < ops.len(); ++i)
       if (ops.kind(i) == dnnl::primitive::kind::binary) {
         const int arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(i) | DNNL_ARG_SRC_1;
