@@ -64,17 +64,20 @@ struct Candidate {
 
 // The candidates run in turns and each keeps its fastest run: on a machine shared with other work,
 // interruptions only ever add time, and taking turns exposes every candidate to the same load.
+// Small problems get up to ~4 ms of rounds (at least 3); large ones, whose runs vary little, one
+// round, and huge ones only their first run, so that choosing never costs more than a few runs.
 void time_in_turns(std::vector<Candidate>& candidates) {
-  for (auto& c : candidates) c.run();  // first touch of the buffers and caches
-  // At least 3 rounds, more for fast primitives (up to ~4 ms of timing in all).
-  constexpr double kBudgetSeconds = 4e-3;
-  double spent = 0;
-  for (int round = 0; round < 20 && (round < 3 || spent < kBudgetSeconds); ++round)
-    for (auto& c : candidates) {
-      const double t = c.run();
-      c.best = std::min(c.best, t);
-      spent += t;
-    }
+  double round_seconds = 0;
+  for (auto& c : candidates) {
+    c.best = c.run();  // also the first touch of the buffers and caches
+    round_seconds += c.best;
+  }
+  constexpr double kBudgetSeconds = 4e-3, kLargeRoundSeconds = 20e-3, kHugeRoundSeconds = 100e-3;
+  const int rounds = round_seconds > kHugeRoundSeconds    ? 0
+                     : round_seconds > kLargeRoundSeconds ? 1
+                                                          : std::clamp(static_cast<int>(kBudgetSeconds / round_seconds), 3, 20);
+  for (int round = 0; round < rounds; ++round)
+    for (auto& c : candidates) c.best = std::min(c.best, c.run());
 }
 
 }  // namespace
