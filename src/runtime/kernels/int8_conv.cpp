@@ -175,7 +175,8 @@ class QConvKernel final : public Kernel {
     const float lo = output_.type == DType::kUInt8 ? 0.f : -128.f, hi = output_.type == DType::kUInt8 ? 255.f : 127.f;
     const float* in = v.data<float>();
     for (int64_t i = 0; i < v.numel(); ++i) {
-      const float q = std::clamp(std::nearbyint(in[i] / output_.scale) + static_cast<float>(output_.zero_point), lo, hi);
+      float q = std::clamp(std::nearbyint(in[i] / output_.scale) + static_cast<float>(output_.zero_point), lo, hi);
+      if (std::isnan(q)) q = lo;  // as the primitives' conversion saturates NaN to the low end
       if (output_.type == DType::kUInt8) y.data<uint8_t>()[i] = static_cast<uint8_t>(q);
       else y.data<int8_t>()[i] = static_cast<int8_t>(q);
     }
