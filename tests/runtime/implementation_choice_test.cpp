@@ -105,6 +105,21 @@ TEST(ImplementationChoice, TimesEachKeyOnce) {
   EXPECT_EQ(listed, after_first);  // answered from the cache
 }
 
+TEST(ImplementationChoice, LargeProblemsKeepTheFirstChoiceWithoutTiming) {
+  // 64 x 64 x 224 x 224 f32 in and out: 1.6 GB of arguments, never allocated to time candidates.
+  const memory::desc src({64, 64, 224, 224}, dt::f32, tag::any), wei({64, 64, 3, 3}, dt::f32, tag::any),
+      dst({64, 64, 224, 224}, dt::f32, tag::any);
+  const cf::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src, wei, dst,
+                      {1, 1}, {1, 1}, {1, 1});
+  auto nth = [&](size_t steps) -> dnnl::primitive_desc {
+    cf::primitive_desc pd(desc, dnnl::primitive_attr(), dnnl_engine());
+    for (size_t i = 0; i < steps; ++i)
+      if (!pd.next_impl()) return cf::primitive_desc();
+    return pd;
+  };
+  EXPECT_EQ(fastest_implementation_name("test-f32-conv-huge", nth), "");
+}
+
 TEST(ImplementationChoice, DescribesWhatTheKeyNeeds) {
   const memory::desc plain({2, 3}, dt::f32, tag::ab), transposed({2, 3}, dt::f32, tag::ba), u8({2, 3}, dt::u8, tag::ab);
   EXPECT_NE(describe(plain), describe(transposed));
