@@ -542,6 +542,61 @@ TEST_F(LoweringOnResnet, CliEvaluatesQdqModelsAsIntegerExecutionUnlessSimulateIs
   EXPECT_EQ(bench.exit_code, 0) << bench.output;
 }
 
+// Conv -> Add(float residual) -> Clip -> Q(s8, zero point 3) -> DQ -> Conv: at execution the first
+// QConv takes the Add, the Clip and the Q and writes the s8 tensor itself.
+TEST(Lowering, ResidualAddClipAndSignedQuantizeFoldIntoTheConv) {
+  QdqBuilder b;
+  const std::string x = b.input("x", {2, 8, 9, 9});
+  const std::string xdq = b.qdq(x, 1.f / 127.f, 0, kS8);
+  const std::vector<int64_t> pads{1, 1, 1, 1};
+  const std::string c = b.node("Conv", {xdq, b.weight({8, 8, 3, 3}, 0), b.bias(8)}, {{"pads", pads}});
+  const std::string sum = b.node("Add", {c, x});
+  const std::string lo = b.constant("lo", Tensor::scalar<float>(-0.6f)), hi = b.constant("hi", Tensor::scalar<float>(0.9f));
+  const std::string clipped = b.node("Clip", {sum, lo, hi});
+  const std::string ydq = b.qdq(clipped, 0.006f, 3, kS8);
+  const std::string out = b.node("Conv", {ydq, b.weight({4, 8, 3, 3}, 0), b.bias(4)}, {{"pads", pads}});
+  const ir::Graph qdq = b.finish(out);
+  const ir::Graph lowered = quant::lower_to_int8(qdq);
+  ASSERT_EQ(count_op(lowered, "QConv"), 2);
+  std::string quantized;  // the Q output (s8) the first QConv is to write
+  for (const auto& n : lowered.nodes)
+    if (n.op_type == "QuantizeLinear" && n.inputs[0] == clipped) quantized = n.outputs[0];
+  ASSERT_FALSE(quantized.empty());
+  const Tensor input = b.random_input({2, 8, 9, 9}, -1.f, 1.f);
+  for (const char* compute : {"auto", "f32"}) {
+    SCOPED_TRACE(compute);
+    ir::Graph g = lowered;
+    for (auto& n : g.nodes)
+      if (n.op_type == i8::kQConv) n.attrs[i8::attr::kCompute] = std::string(compute);
+    runtime::SessionOptions unfused;
+    unfused.fuse_activations = false;
+    runtime::Session fast(g), plain(g, unfused);
+    auto observe = [&](runtime::Session& s) {
+      std::map<std::string, Tensor> seen;
+      runtime::RunOptions o;
+      o.on_value = [&](const std::string& name, const Tensor& t) { seen[name] = t.clone(); };
+      s.run({{"x", input}}, o);
+      return seen;
+    };
+    const auto got = observe(fast), want = observe(plain);
+    EXPECT_FALSE(got.count(sum));
+    EXPECT_FALSE(got.count(clipped));
+    const Tensor &a = got.at(quantized), &e = want.at(quantized);
+    ASSERT_EQ(a.dtype(), DType::kInt8);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const int d = std::abs(int{a.data<int8_t>()[i]} - int{e.data<int8_t>()[i]});
+      EXPECT_LE(d, 1) << i;
+      differ += d != 0;
+    }
+    EXPECT_LE(differ, a.numel() / 100);
+    // Both ends of the Clip are reached, and the zero point shifts them: -0.6 / 0.006 + 3 = -97.
+    const auto [mn, mx] = std::minmax_element(e.data<int8_t>(), e.data<int8_t>() + e.numel());
+    EXPECT_EQ(*mn, -97);
+    EXPECT_EQ(*mx, 127);
+  }
+}
+
 TEST_F(LoweringOnResnet, ResidualOutputsReadOnlyByAQuantizeAreWrittenAsIntegersByTheirConv) {
   const ir::Graph lowered = quant::lower_to_int8(*qdq_);
   // Relu(Add(QConv, r)) -> Q with no other reader: blocks 1 and 3 (the other blocks' outputs are
