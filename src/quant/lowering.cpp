@@ -22,6 +22,15 @@ namespace i8 = runtime::int8;
 
 bool is_op(const ir::Node& n, const char* op) { return n.domain.empty() && n.op_type == op; }
 
+// Ops a per-tensor QuantizeLinear commutes with, reading their data from input 0: MaxPool
+// (quantization is monotonic, so the max of the quantized values is the quantized max) and the
+// data-movement ops (they only move or relabel elements; other inputs such as Reshape's shape stay).
+bool quantize_commutes_with(const ir::Node& n) {
+  for (const char* op : {"MaxPool", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+    if (is_op(n, op)) return true;
+  return false;
+}
+
 // Producers and readers of every value, built once per selection.
 class GraphIndex {
  public:
@@ -60,6 +69,8 @@ class GraphIndex {
       if (zp.empty()) return DType::kUInt8;  // QuantizeLinear's default output type
       if (const Tensor* t = g_.initializer(zp)) return t->dtype();
     }
+    // Through the ops a QuantizeLinear was moved above: they keep the element type.
+    if (p >= 0 && quantize_commutes_with(g_.nodes[p])) return dtype(g_.nodes[p].input(0));
     return DType::kUndefined;
   }
   int64_t rank(const std::string& v) const {
@@ -412,7 +423,8 @@ ir::Node make_fused_node(ir::Graph& g, const QdqGroup& grp, const LoweringOption
 
 namespace {
 // A QuantizeLinear whose scale (and zero point, if given) are one-element constants: the same
-// elementwise map on every element, which the rewrites below may move across a MaxPool or Concat.
+// elementwise map on every element, which the rewrites below may move across a MaxPool, a Concat or
+// a data-movement op.
 bool per_tensor_constant_params(const ir::Graph& g, const ir::Node& q) {
   const Tensor* scale = g.initializer(q.input(1));
   if (!scale || scale->numel() != 1) return false;
@@ -421,32 +433,38 @@ bool per_tensor_constant_params(const ir::Graph& g, const ir::Node& q) {
   return zp && zp->numel() == 1;
 }
 
-// MaxPool -> QuantizeLinear (per tensor) becomes QuantizeLinear -> MaxPool: quantization is
-// monotonic, so the max of the quantized values is the quantized max, bit for bit. The Q then ends
-// the group of the layer feeding the pool (integer output) and the pool runs on 8-bit values: a
-// quarter of the memory traffic (ResNet's stem pool). Returns the pools moved.
-int commute_quantize_through_maxpool(ir::Graph& g) {
+// op -> QuantizeLinear (per tensor) becomes QuantizeLinear -> op for quantize_commutes_with ops, bit for bit,
+// repeated until no Q moves (Reshape -> Transpose -> Q climbs both). The Q then ends the group of
+// the layer feeding them (integer output, no separate quantization pass) and the op moves 8-bit
+// values: ResNet's stem pool; in transformers the q/k/v projections' Reshape -> Transpose and the
+// attention output's Transpose -> Reshape. Returns the moves made.
+int commute_quantize_upward(ir::Graph& g) {
   int moved = 0;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const ir::Node& pool = g.nodes[i];
-    if (!is_op(pool, "MaxPool") || pool.inputs.empty() || (pool.outputs.size() > 1 && !pool.outputs[1].empty()))
-      continue;
-    const std::string y = pool.outputs[0];
-    const std::vector<int> readers = g.consumers(y);
-    if (g.is_graph_output(y) || readers.size() != 1) continue;
-    const int qi = readers[0];
-    const ir::Node& q = g.nodes[qi];
-    if (!is_op(q, "QuantizeLinear") || q.inputs[0] != y) continue;
-    if (!per_tensor_constant_params(g, q)) continue;
-    const std::string x = pool.inputs[0], yq = q.outputs[0];
-    const std::string xq = g.unique_value_name(yq + "_before_pool");
-    g.nodes[qi].inputs[0] = x;
-    g.nodes[qi].outputs[0] = xq;
-    g.nodes[i].inputs[0] = xq;
-    g.nodes[i].outputs[0] = yq;
-    std::swap(g.nodes[i], g.nodes[static_cast<size_t>(qi)]);  // the Q now runs where the pool did
-    g.value_info.erase(y);
-    ++moved;
+  for (bool again = true; again;) {
+    again = false;
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      const ir::Node& op = g.nodes[i];
+      if (!quantize_commutes_with(op) || op.inputs.empty() || op.inputs[0].empty() ||
+          (op.outputs.size() > 1 && !op.outputs[1].empty()))  // MaxPool's Indices
+        continue;
+      const std::string y = op.outputs[0];
+      const std::vector<int> readers = g.consumers(y);
+      if (g.is_graph_output(y) || readers.size() != 1) continue;
+      const int qi = readers[0];
+      const ir::Node& q = g.nodes[qi];
+      if (!is_op(q, "QuantizeLinear") || q.inputs[0] != y) continue;
+      if (!per_tensor_constant_params(g, q)) continue;
+      const std::string x = op.inputs[0], yq = q.outputs[0];
+      const std::string xq = g.unique_value_name(yq + "_before_" + op.op_type);
+      g.nodes[qi].inputs[0] = x;
+      g.nodes[qi].outputs[0] = xq;
+      g.nodes[i].inputs[0] = xq;
+      g.nodes[i].outputs[0] = yq;
+      std::swap(g.nodes[i], g.nodes[static_cast<size_t>(qi)]);  // the Q now runs where the op did
+      g.value_info.erase(y);
+      ++moved;
+      again = true;
+    }
   }
   return moved;
 }
@@ -540,8 +558,9 @@ ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, Lo
     ir::merge_hardswish(g, after_layer);
     ir::merge_swish(g, after_layer);
   }
-  // Pools first: Concat -> MaxPool -> Q becomes Concat -> Q -> MaxPool, then Q -> Concat -> MaxPool.
-  commute_quantize_through_maxpool(g);
+  // Pools and data movement first: Concat -> MaxPool -> Q becomes Concat -> Q -> MaxPool, then
+  // Q -> Concat -> MaxPool.
+  commute_quantize_upward(g);
   commute_quantize_through_concat(g);
   LoweringReport local;
   LoweringReport& r = report ? *report : local;

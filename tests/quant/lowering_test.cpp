@@ -803,6 +803,47 @@ TEST(Lowering, ErfGeluAfterMatMulBecomesTheFusedActivation) {
 // ResNet-style stem without a residual reader: Conv -> Relu -> MaxPool -> Q. The Q moves before
 // the pool (quantization is monotonic, so the swap itself is exact), ends the conv's group, and
 // the pool runs on uint8: its output matches the simulation's to the conv's one-step rounding.
+// A transformer's q/k/v projection: MatMul -> Add(bias) -> Reshape -> Transpose -> Q. The Q climbs
+// both data-movement ops, ends the MatMul's group (integer output) and the two ops move bytes.
+TEST(Lowering, QuantizeCommutesThroughReshapeAndTransposeIntoTheMatMul) {
+  QdqBuilder b;
+  const std::string x = b.input("x", {2, 6, 16});
+  const std::string mm = b.node("MatMul", {b.qdq(x, 1.f / 64.f, 0, kS8), b.weight({16, 16}, 1)});
+  const std::string biased = b.node("Add", {mm, b.bias(16)});
+  const std::string shape = b.constant("shape", Tensor::from_vector<int64_t>({4}, {2, 6, 4, 4}));
+  const std::string heads = b.node("Reshape", {biased, shape});
+  const std::string moved = b.node("Transpose", {heads}, {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+  const std::string s = b.constant("s", Tensor::scalar<float>(0.02f)), z = b.constant("z", b.zero_point(kS8, -2));
+  const std::string q = b.node("QuantizeLinear", {moved, s, z});
+  const std::string y = b.node("DequantizeLinear", {q, s, z});
+  ir::Graph g = b.finish(y);
+  quant::LoweringReport report;
+  ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
+  ASSERT_EQ(report.matmul, 1);
+  EXPECT_EQ(report.quantize_kept, 1);  // the model input's only
+  const auto tr = std::find_if(lowered.nodes.begin(), lowered.nodes.end(), [](const ir::Node& n) { return n.op_type == "Transpose"; });
+  ASSERT_NE(tr, lowered.nodes.end());
+  EXPECT_EQ(tr->outputs[0], q);
+  const int reshape = lowered.producer(tr->inputs[0]);
+  ASSERT_GE(reshape, 0);
+  ASSERT_EQ(lowered.nodes[reshape].op_type, "Reshape");
+  const int producer = lowered.producer(lowered.nodes[reshape].inputs[0]);
+  ASSERT_GE(producer, 0);
+  EXPECT_EQ(lowered.nodes[producer].op_type, "QMatMul");
+  EXPECT_EQ(i8::QLinearAttrs::parse(lowered.nodes[producer]).y_type, DType::kInt8);
+
+  const std::map<std::string, Tensor> feeds = {{"x", b.random_input({2, 6, 16}, -1.f, 1.f)}};
+  runtime::RunOptions want;
+  want.outputs = {q};
+  runtime::Session sim(g), integer(lowered);
+  const Tensor qs = sim.run(feeds, want).at(q), qi = integer.run(feeds, want).at(q);
+  ASSERT_EQ(qi.dtype(), DType::kInt8);
+  ASSERT_EQ(qs.shape(), qi.shape());
+  int64_t differ = 0;
+  for (int64_t i = 0; i < qs.numel(); ++i) differ += std::abs(qs.data<int8_t>()[i] - qi.data<int8_t>()[i]) > 1;
+  EXPECT_EQ(differ, 0);  // within one step: int8 accumulation vs float simulation
+}
+
 TEST(Lowering, QuantizeCommutesThroughMaxPoolAndThePoolRunsOnIntegers) {
   QdqBuilder b;
   const std::string x = b.input("x", {2, 3, 10, 10});
