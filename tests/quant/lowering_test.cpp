@@ -26,6 +26,26 @@ int count_op(const ir::Graph& g, const std::string& op) {
   return static_cast<int>(std::count_if(g.nodes.begin(), g.nodes.end(), [&](const ir::Node& n) { return n.op_type == op; }));
 }
 
+// Runs `value` through the float simulation (qdq) and the lowered graph on the same feeds; returns
+// how many of its 8-bit elements (of type `type` in both) differ by more than one step.
+int64_t beyond_one_step_of_simulation(const ir::Graph& qdq, const ir::Graph& lowered,
+                                      const std::map<std::string, Tensor>& feeds, const std::string& value,
+                                      DType type) {
+  runtime::RunOptions want;
+  want.outputs = {value};
+  runtime::Session sim(qdq), integer(lowered);
+  const Tensor qs = sim.run(feeds, want).at(value), qi = integer.run(feeds, want).at(value);
+  EXPECT_EQ(qs.dtype(), type);
+  EXPECT_EQ(qi.dtype(), type);
+  if (qs.dtype() != type || qi.dtype() != type || qs.shape() != qi.shape()) return qs.numel();
+  auto at = [&](const Tensor& t, int64_t i) {
+    return type == DType::kUInt8 ? int{t.data<uint8_t>()[i]} : int{t.data<int8_t>()[i]};
+  };
+  int64_t differ = 0;
+  for (int64_t i = 0; i < qs.numel(); ++i) differ += std::abs(at(qs, i) - at(qi, i)) > 1;
+  return differ;
+}
+
 // Builds small QDQ graphs the way PTQ exports them: Q/DQ pairs on activations, DQ on int8 weights.
 class QdqBuilder {
  public:
@@ -833,15 +853,8 @@ TEST(Lowering, QuantizeCommutesThroughReshapeAndTransposeIntoTheMatMul) {
   EXPECT_EQ(i8::QLinearAttrs::parse(lowered.nodes[producer]).y_type, DType::kInt8);
 
   const std::map<std::string, Tensor> feeds = {{"x", b.random_input({2, 6, 16}, -1.f, 1.f)}};
-  runtime::RunOptions want;
-  want.outputs = {q};
-  runtime::Session sim(g), integer(lowered);
-  const Tensor qs = sim.run(feeds, want).at(q), qi = integer.run(feeds, want).at(q);
-  ASSERT_EQ(qi.dtype(), DType::kInt8);
-  ASSERT_EQ(qs.shape(), qi.shape());
-  int64_t differ = 0;
-  for (int64_t i = 0; i < qs.numel(); ++i) differ += std::abs(qs.data<int8_t>()[i] - qi.data<int8_t>()[i]) > 1;
-  EXPECT_EQ(differ, 0);  // within one step: int8 accumulation vs float simulation
+  // Within one step: int8 accumulation vs float simulation.
+  EXPECT_EQ(beyond_one_step_of_simulation(g, lowered, feeds, q, DType::kInt8), 0);
 }
 
 TEST(Lowering, QuantizeCommutesThroughMaxPoolAndThePoolRunsOnIntegers) {
@@ -869,15 +882,8 @@ TEST(Lowering, QuantizeCommutesThroughMaxPoolAndThePoolRunsOnIntegers) {
   EXPECT_EQ(i8::QLinearAttrs::parse(lowered.nodes[producer]).y_type, DType::kUInt8);
 
   const std::map<std::string, Tensor> feeds = {{"x", b.random_input({2, 3, 10, 10}, -1.f, 1.f)}};
-  runtime::RunOptions want;
-  want.outputs = {pooled_q};
-  runtime::Session sim(g), integer(lowered);
-  const Tensor qs = sim.run(feeds, want).at(pooled_q), qi = integer.run(feeds, want).at(pooled_q);
-  ASSERT_EQ(qi.dtype(), DType::kUInt8);
-  ASSERT_EQ(qs.shape(), qi.shape());
-  int64_t differ = 0;
-  for (int64_t i = 0; i < qs.numel(); ++i) differ += std::abs(qs.data<uint8_t>()[i] - qi.data<uint8_t>()[i]) > 1;
-  EXPECT_EQ(differ, 0);  // within one step: the conv's int8 accumulation vs float simulation
+  // Within one step: the conv's int8 accumulation vs float simulation.
+  EXPECT_EQ(beyond_one_step_of_simulation(g, lowered, feeds, pooled_q, DType::kUInt8), 0);
 }
 
 // SqueezeNet's fire module: two convs -> Concat -> Q. The Q is applied to each input instead (the
