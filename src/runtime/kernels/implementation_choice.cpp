@@ -136,7 +136,7 @@ std::string fastest_implementation_name(const std::string& key,
     }
     // oneDNN's first choice (candidates[0]) stays unless another is clearly faster: near-ties
     // measured alone say little about the run in place (other caches, other neighbours), and
-    // flipping between them from one process to the next made batch-1 latency bimodal.
+    // keeping the default on them keeps choices stable from one process to the next.
     const Candidate* best = &candidates[0];
     for (const auto& c : candidates)
       if (c.best < best->best && c.best < candidates[0].best * kRequiredSpeedup) best = &c;
