@@ -26,6 +26,25 @@ int count_op(const ir::Graph& g, const std::string& op) {
   return static_cast<int>(std::count_if(g.nodes.begin(), g.nodes.end(), [&](const ir::Node& n) { return n.op_type == op; }));
 }
 
+// The nodes that produce `value` and, going up through each one's first input, its producers: at
+// most `depth` of them, nearest first.
+std::vector<const ir::Node*> producer_chain(const ir::Graph& g, std::string value, size_t depth) {
+  std::vector<const ir::Node*> chain;
+  while (chain.size() < depth) {
+    const int p = g.producer(value);
+    if (p < 0) break;
+    chain.push_back(&g.nodes[static_cast<size_t>(p)]);
+    if (chain.back()->inputs.empty()) break;
+    value = chain.back()->inputs[0];
+  }
+  return chain;
+}
+std::vector<std::string> op_types(const std::vector<const ir::Node*>& nodes) {
+  std::vector<std::string> ops;
+  for (const ir::Node* n : nodes) ops.push_back(n->op_type);
+  return ops;
+}
+
 // Runs `value` through the float simulation (qdq) and the lowered graph on the same feeds; returns
 // how many of its 8-bit elements (of type `type` in both) differ by more than one step.
 int64_t beyond_one_step_of_simulation(const ir::Graph& qdq, const ir::Graph& lowered,
@@ -841,16 +860,10 @@ TEST(Lowering, QuantizeCommutesThroughReshapeAndTransposeIntoTheMatMul) {
   ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
   ASSERT_EQ(report.matmul, 1);
   EXPECT_EQ(report.quantize_kept, 1);  // the model input's only
-  const auto tr = std::find_if(lowered.nodes.begin(), lowered.nodes.end(), [](const ir::Node& n) { return n.op_type == "Transpose"; });
-  ASSERT_NE(tr, lowered.nodes.end());
-  EXPECT_EQ(tr->outputs[0], q);
-  const int reshape = lowered.producer(tr->inputs[0]);
-  ASSERT_GE(reshape, 0);
-  ASSERT_EQ(lowered.nodes[reshape].op_type, "Reshape");
-  const int producer = lowered.producer(lowered.nodes[reshape].inputs[0]);
-  ASSERT_GE(producer, 0);
-  EXPECT_EQ(lowered.nodes[producer].op_type, "QMatMul");
-  EXPECT_EQ(i8::QLinearAttrs::parse(lowered.nodes[producer]).y_type, DType::kInt8);
+  // q is now written by the Transpose, which reads the Reshape, which reads the QMatMul's int8.
+  const auto chain = producer_chain(lowered, q, 3);
+  ASSERT_EQ(op_types(chain), (std::vector<std::string>{"Transpose", "Reshape", "QMatMul"}));
+  EXPECT_EQ(i8::QLinearAttrs::parse(*chain[2]).y_type, DType::kInt8);
 
   const std::map<std::string, Tensor> feeds = {{"x", b.random_input({2, 6, 16}, -1.f, 1.f)}};
   // Within one step: int8 accumulation vs float simulation.
@@ -873,13 +886,10 @@ TEST(Lowering, QuantizeCommutesThroughMaxPoolAndThePoolRunsOnIntegers) {
   ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
   ASSERT_EQ(report.conv, 1);
   EXPECT_EQ(report.quantize_kept, 1);  // the model input's only
-  const auto mp = std::find_if(lowered.nodes.begin(), lowered.nodes.end(), [](const ir::Node& n) { return n.op_type == "MaxPool"; });
-  ASSERT_NE(mp, lowered.nodes.end());
-  EXPECT_EQ(mp->outputs[0], pooled_q);
-  const int producer = lowered.producer(mp->inputs[0]);
-  ASSERT_GE(producer, 0);
-  EXPECT_EQ(lowered.nodes[producer].op_type, "QConv");
-  EXPECT_EQ(i8::QLinearAttrs::parse(lowered.nodes[producer]).y_type, DType::kUInt8);
+  // pooled_q is now written by the MaxPool, which reads the QConv's uint8.
+  const auto chain = producer_chain(lowered, pooled_q, 2);
+  ASSERT_EQ(op_types(chain), (std::vector<std::string>{"MaxPool", "QConv"}));
+  EXPECT_EQ(i8::QLinearAttrs::parse(*chain[1]).y_type, DType::kUInt8);
 
   const std::map<std::string, Tensor> feeds = {{"x", b.random_input({2, 3, 10, 10}, -1.f, 1.f)}};
   // Within one step: the conv's int8 accumulation vs float simulation.
