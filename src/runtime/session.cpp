@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "runtime/kernels/dnnl_common.h"
 #include "runtime/kernels/dnnl_kernels.h"
+#include "runtime/kernels/elementwise_qdq.h"
 #include "runtime/kernels/int8_common.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/kernel.h"
@@ -136,6 +138,34 @@ int fuse_residual_adds(ir::Graph& g, const std::set<std::string>& keep) {
   return fused;
 }
 
+// A per-tensor QuantizeLinear with constant u8/s8 parameters (the ones a producer can take over).
+std::optional<FoldedQuantize> foldable_quantize(const ir::Graph& g, const ir::Node& q) {
+  if (q.op_type != "QuantizeLinear" || !q.domain.empty() || q.inputs.size() < 2 || q.outputs.size() != 1 ||
+      q.attrs.count("output_dtype"))
+    return std::nullopt;
+  const Tensor* scale = g.initializer(q.input(1));
+  const Tensor* zero_point = q.input(2).empty() ? nullptr : g.initializer(q.input(2));
+  if (!scale || scale->numel() != 1 || scale->dtype() != DType::kFloat32 || (!q.input(2).empty() && !zero_point) ||
+      (zero_point && (zero_point->numel() != 1 ||
+                      (zero_point->dtype() != DType::kUInt8 && zero_point->dtype() != DType::kInt8))))
+    return std::nullopt;
+  FoldedQuantize f;
+  f.scale = scale->data<float>()[0];
+  if (!(f.scale > 0.f) || !std::isfinite(f.scale)) return std::nullopt;
+  f.type = zero_point ? zero_point->dtype() : DType::kUInt8;
+  f.zero_point = !zero_point ? 0
+                 : f.type == DType::kUInt8 ? zero_point->data<uint8_t>()[0]
+                                           : zero_point->data<int8_t>()[0];
+  return f;
+}
+
+// The QuantizeLinear that alone reads value v (not kept, not a graph output), or -1.
+int sole_quantize_reader(const ir::Graph& g, const std::string& v, const std::set<std::string>& keep) {
+  const auto readers = g.consumers(v);
+  if (readers.size() != 1 || keep.count(v) || g.is_graph_output(v)) return -1;
+  return foldable_quantize(g, g.nodes[readers[0]]) ? readers[0] : -1;
+}
+
 // Execution-only, after fuse_residual_adds: an INT8 QConv with a fused residual Add whose float32
 // result is read only by a per-tensor QuantizeLinear takes that Q's parameters and output, so it
 // writes the 8-bit tensor itself (the QConv kernel adds the float32 addend in its epilogue) instead
@@ -148,33 +178,41 @@ int fold_quantize_into_residual_qconvs(ir::Graph& g, const std::set<std::string>
     if (conv.op_type != int8::kQConv || conv.domain != int8::kDomain || conv.inputs.size() < 4 ||
         conv.inputs[3].empty() || conv.outputs.size() != 1 || conv.attr_int(qattr::kYType, 1) != 1)
       continue;
-    const std::string& v = conv.outputs[0];
-    const auto readers = g.consumers(v);
-    if (readers.size() != 1 || keep.count(v) || g.is_graph_output(v)) continue;
-    const ir::Node& q = g.nodes[readers[0]];
-    if (q.op_type != "QuantizeLinear" || !q.domain.empty() || q.inputs.size() < 2 || q.outputs.size() != 1 ||
-        q.attrs.count("output_dtype"))
-      continue;
-    const Tensor* scale = g.initializer(q.input(1));
-    const Tensor* zero_point = q.input(2).empty() ? nullptr : g.initializer(q.input(2));
-    if (!scale || scale->numel() != 1 || scale->dtype() != DType::kFloat32 || (!q.input(2).empty() && !zero_point) ||
-        (zero_point && (zero_point->numel() != 1 ||
-                        (zero_point->dtype() != DType::kUInt8 && zero_point->dtype() != DType::kInt8))))
-      continue;
-    const float s = scale->data<float>()[0];
-    if (!(s > 0.f) || !std::isfinite(s)) continue;
-    const DType type = zero_point ? zero_point->dtype() : DType::kUInt8;
+    const int reader = sole_quantize_reader(g, conv.outputs[0], keep);
+    if (reader < 0) continue;
+    const FoldedQuantize q = *foldable_quantize(g, g.nodes[reader]);
     ir::Node fused = conv;
-    fused.attrs[qattr::kYType] = static_cast<int64_t>(type);
-    fused.attrs[qattr::kYScale] = s;
-    fused.attrs[qattr::kYZeroPoint] = static_cast<int64_t>(
-        !zero_point ? 0 : type == DType::kUInt8 ? zero_point->data<uint8_t>()[0] : zero_point->data<int8_t>()[0]);
-    fused.outputs[0] = q.outputs[0];
+    fused.attrs[qattr::kYType] = static_cast<int64_t>(q.type);
+    fused.attrs[qattr::kYScale] = q.scale;
+    fused.attrs[qattr::kYZeroPoint] = static_cast<int64_t>(q.zero_point);
+    fused.outputs[0] = g.nodes[reader].outputs[0];
     // The QConv moves to the Q's place (after it, every value it reads exists too).
-    const size_t q_index = static_cast<size_t>(readers[0]);
-    g.nodes[q_index] = std::move(fused);
+    g.nodes[static_cast<size_t>(reader)] = std::move(fused);
     g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
     --i;
+    ++folded;
+  }
+  return folded;
+}
+
+// Execution-only: Add / Sub / Mul / Div whose float32 result is read only by a per-tensor
+// QuantizeLinear compute each row and quantize it while it is in cache (the elementwise kernel
+// reads the folded_quantize_* attributes), instead of writing float32 for a separate pass to read
+// back: e.g. the squeeze-excitation scaling x * s -> Q of EfficientNet and MobileNetV3 blocks.
+int fold_quantize_into_elementwise(ir::Graph& g, const std::set<std::string>& keep) {
+  int folded = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    ir::Node& op = g.nodes[i];
+    const bool arithmetic = op.op_type == "Add" || op.op_type == "Sub" || op.op_type == "Mul" || op.op_type == "Div";
+    if (!arithmetic || !op.domain.empty() || op.inputs.size() != 2 || op.outputs.size() != 1) continue;
+    const int reader = sole_quantize_reader(g, op.outputs[0], keep);
+    if (reader < 0) continue;
+    const FoldedQuantize q = *foldable_quantize(g, g.nodes[reader]);
+    op.attrs[kFoldedQuantizeScale] = q.scale;
+    op.attrs[kFoldedQuantizeZeroPoint] = static_cast<int64_t>(q.zero_point);
+    op.attrs[kFoldedQuantizeType] = static_cast<int64_t>(q.type);
+    op.outputs[0] = g.nodes[reader].outputs[0];
+    g.nodes.erase(g.nodes.begin() + reader);  // after op: indices up to i stay valid
     ++folded;
   }
   return folded;
@@ -408,6 +446,7 @@ class Plan {
       fuse_residual_adds(graph_, keep);
       fold_quantize_into_residual_qconvs(graph_, keep);
       fuse_matmul_bias_gelu(graph_, keep);
+      fold_quantize_into_elementwise(graph_, keep);
     }
 
     // Slots: one per value name.

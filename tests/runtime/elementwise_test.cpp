@@ -287,6 +287,45 @@ TEST(QuantizeLinear, MatchesReferenceFormulaOnRandomData) {
   }
 }
 
+// The per-tensor loops divide by multiplying with 1 / scale and correcting the quotient by one FMA
+// (Markstein): the quotient must still be the division's, to the last bit, where it matters most:
+// values within a few ulps of the half-way points (k + 0.5) * scale, across scales of many
+// magnitudes (the tiniest and largest ones divide), for u8 / s8 / u16 / s16, plain and fake.
+TEST(QuantizeLinear, NearTiesRoundExactlyAsTheDivisionAcrossScales) {
+  std::mt19937 rng(29);
+  std::uniform_real_distribution<float> mantissa(1.f, 2.f);
+  std::vector<float> scales{1.f, 0.5f, 3.f, 1e-31f, 2e30f, 1.17549435e-38f};
+  for (int e = -24; e <= 24; e += 3) scales.push_back(std::ldexp(mantissa(rng), e));
+  for (const float scale : scales) {
+    std::vector<float> xs{INFINITY, -INFINITY, NAN, 0.f, -0.f, 1e38f, -1e38f};
+    for (int k = -300; k <= 300; k += 1) {
+      float x = (static_cast<float>(k) + 0.5f) * scale;
+      for (int step = 0; step < 3; ++step) x = std::nextafter(x, -INFINITY);
+      for (int step = 0; step < 7; ++step, x = std::nextafter(x, INFINITY)) xs.push_back(x);
+    }
+    const Tensor x = Tensor::from_vector<float>({static_cast<int64_t>(xs.size())}, xs);
+    for (const DType type : {DType::kUInt8, DType::kInt8, DType::kUInt16, DType::kInt16}) {
+      SCOPED_TRACE(std::string(dtype_name(type)) + " scale " + std::to_string(scale));
+      const int32_t zp = type == DType::kUInt8 ? 7 : type == DType::kInt8 ? -3 : type == DType::kUInt16 ? 1000 : -5;
+      Tensor z(type, {});
+      dispatch_dtype(type, [&](auto tag) { z.data<decltype(tag)>()[0] = static_cast<decltype(tag)>(zp); });
+      const Tensor s = Tensor::scalar<float>(scale);
+      Tensor q(type, x.shape()), fq(DType::kFloat32, x.shape());
+      quantize_linear(x, s, &z, 1, q);
+      fake_quantize_linear(x, s, &z, 1, type, fq);
+      const std::vector<int64_t> got = q.to_int64_vector();
+      const double lo = type == DType::kUInt8 ? 0 : type == DType::kInt8 ? -128 : type == DType::kUInt16 ? 0 : -32768;
+      const double hi = type == DType::kUInt8 ? 255 : type == DType::kInt8 ? 127 : type == DType::kUInt16 ? 65535 : 32767;
+      for (size_t i = 0; i < xs.size(); ++i) {
+        const float quotient = xs[i] / scale;  // the division, rounded once
+        const double want = std::isnan(quotient) ? lo : std::clamp(std::nearbyint(static_cast<double>(quotient)) + zp, lo, hi);
+        ASSERT_EQ(got[i], static_cast<int64_t>(want)) << "x = " << xs[i];
+        ASSERT_EQ(fq.data<float>()[i], static_cast<float>(want - zp) * scale) << "x = " << xs[i];
+      }
+    }
+  }
+}
+
 TEST(QuantizeLinear, PerAxisAnyAxisRoundTrips) {
   std::mt19937 rng(17);
   const Shape shape{2, 3, 4, 5};

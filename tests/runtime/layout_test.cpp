@@ -3,6 +3,7 @@
 // (SessionOptions{blocked_layouts = false, fuse_activations = false}), the reference path.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -316,3 +317,46 @@ TEST(SessionFusion, ErfGeluAfterOtherOpsBecomesOneGeluPass) {
 }
 
 }  // namespace
+
+// Squeeze-excitation scaling x * s[N, C, 1, 1] -> QuantizeLinear, and Sub -> Q (s8, zero point):
+// the elementwise op quantizes its own result (rows of 1600 elements one by one, rows of 16
+// through one float buffer), bit-identical to running the two ops.
+TEST(SessionFusion, QuantizeLinearFoldsIntoTheElementwiseOpItAloneReads) {
+  for (const int64_t side : {40, 4}) {
+    SCOPED_TRACE(side);
+    Builder b({2, 6, side, side});
+    b.g.inputs.push_back({"s", DType::kFloat32, std::vector<ir::Dim>{{2, ""}, {6, ""}, {1, ""}, {1, ""}}});
+    b.op("Mul", {"x", "s"}, "scaled");
+    const std::string qs = b.scalar("qs", Tensor::scalar(0.02f)), qz = b.scalar("qz", Tensor::scalar<uint8_t>(3));
+    b.op("QuantizeLinear", {"scaled", qs, qz}, "scaled_q");
+    b.op("Sub", {"x", b.scalar("third", Tensor::scalar(0.3f))}, "shifted");
+    const std::string ss = b.scalar("ss", Tensor::scalar(0.015f)), sz = b.scalar("sz", Tensor::scalar<int8_t>(-5));
+    b.op("QuantizeLinear", {"shifted", ss, sz}, "shifted_q");
+    b.op("Mul", {"x", "x"}, "kept");  // also requested: its Q must stay a separate pass
+    b.op("QuantizeLinear", {"kept", qs, qz}, "kept_q");
+    for (const char* o : {"scaled_q", "shifted_q", "kept_q", "kept"}) b.output(o);
+    b.g.outputs[0].dtype = b.g.outputs[2].dtype = DType::kUInt8;
+    b.g.outputs[1].dtype = DType::kInt8;
+    runtime::Session fast(b.g), ref = reference_session(b.g);
+    // Values past both ends of the ranges, exact ties of the scale, and a NaN.
+    Tensor x = random_tensor({2, 6, side, side}, 41, -6.f, 6.f);
+    x.data<float>()[0] = 0.5f * 0.02f;
+    x.data<float>()[1] = std::nanf("");
+    const Tensor s = random_tensor({2, 6, 1, 1}, 42, -2.f, 2.f);
+    std::map<std::string, Tensor> got, want;
+    runtime::RunOptions o;
+    o.on_value = [&](const std::string& name, const Tensor& t) { got[name] = t.clone(); };
+    fast.run({{"x", x}, {"s", s}}, o);
+    o.on_value = [&](const std::string& name, const Tensor& t) { want[name] = t.clone(); };
+    ref.run({{"x", x}, {"s", s}}, o);
+    EXPECT_FALSE(got.count("scaled"));
+    EXPECT_FALSE(got.count("shifted"));
+    EXPECT_TRUE(got.count("kept"));
+    for (const char* v : {"scaled_q", "shifted_q", "kept_q"}) expect_close(got.at(v), want.at(v), v);
+    // The clamped ends are reached, so saturation is compared too.
+    const Tensor& q = want.at("scaled_q");
+    const auto [lo, hi] = std::minmax_element(q.data<uint8_t>(), q.data<uint8_t>() + q.numel());
+    EXPECT_EQ(*lo, 0);
+    EXPECT_EQ(*hi, 255);
+  }
+}

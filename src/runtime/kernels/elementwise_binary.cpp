@@ -7,6 +7,7 @@
 
 #include "runtime/kernels/elementwise_common.h"
 #include "runtime/kernels/elementwise_math.h"
+#include "runtime/kernels/elementwise_qdq.h"
 #include "runtime/kernels/elementwise_register.h"
 
 namespace slimquant::runtime::ew {
@@ -46,6 +47,41 @@ void broadcast_binary(const Tensor& a, const Tensor& b, Tensor& out, const Op& o
     if constexpr (std::is_same_v<O, float>) {
       if (act) apply_activation(act, po + o, n);
     }
+  });
+}
+
+// The same for float32 a and b with a folded QuantizeLinear into `out` (uint8 or int8). Long rows
+// are computed (and activated) into a per-thread buffer and quantized while in cache; short rows
+// (channel-wise scaling of small maps: thousands of rows of a few dozen elements) go to one float32
+// buffer first and are quantized in large spans, as a call per row would cost more than it saves.
+template <typename Op>
+void broadcast_binary_quantized(const Tensor& a, const Tensor& b, Tensor& out, const Op& op, const Activation& act,
+                                const FoldedQuantize& q, const std::string& who) {
+  constexpr int64_t kRowByRow = 1024;  // elements
+  const BroadcastPlan p = make_broadcast_plan(out.shape(), {&a.shape(), &b.shape()}, who);
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  auto* po = static_cast<std::byte*>(out.raw());  // 1-byte elements
+  const int64_t sa = p.inner_stride(0), sb = p.inner_stride(1);
+  if (p.row_len() >= kRowByRow) {
+    for_each_row(p, [&](const int64_t* off, int64_t o, int64_t n) {
+      thread_local std::vector<float> row;
+      if (row.size() < static_cast<size_t>(n)) row.resize(static_cast<size_t>(n));
+      binary_row(pa + off[0], sa, pb + off[1], sb, row.data(), n, op);
+      if (act) apply_activation(act, row.data(), n);
+      quantize_floats(row.data(), n, q.scale, q.zero_point, q.type, po + o);
+    });
+    return;
+  }
+  thread_local std::vector<float> values;
+  if (values.size() < static_cast<size_t>(p.numel)) values.resize(static_cast<size_t>(p.numel));
+  float* v = values.data();
+  for_each_row(p, [&](const int64_t* off, int64_t o, int64_t n) {
+    binary_row(pa + off[0], sa, pb + off[1], sb, v + o, n, op);
+    if (act) apply_activation(act, v + o, n);
+  });
+  parallel_range(p.numel, [&](int64_t begin, int64_t end) {
+    quantize_floats(v + begin, end - begin, q.scale, q.zero_point, q.type, po + begin);
   });
 }
 
@@ -143,7 +179,7 @@ template <typename Op>
 class BinaryKernel final : public Kernel {
  public:
   BinaryKernel(const KernelInit& init, Op op, bool fusable, Broadcast mode = Broadcast::kMulti)
-      : node_(init.node), op_(op), mode_(mode) {
+      : node_(init.node), op_(op), mode_(mode), quantize_(folded_quantize(init.node)) {
     if (fusable) act_ = resolve_fused_activation(node_);
     else reject_fused_activation(node_);
   }
@@ -154,6 +190,16 @@ class BinaryKernel final : public Kernel {
     check_same_dtype(node_, a, b, 1);
     const std::string who = node_.describe();
     const Shape out_shape = mode_ == Broadcast::kToFirst ? a.shape() : broadcast_all({&a.shape(), &b.shape()}, who);
+    if (quantize_) {
+      if constexpr (Op::template kAccepts<float> && std::is_same_v<typename Op::template Out<float>, float>) {
+        if (a.dtype() == DType::kFloat32) {
+          Tensor& out = ctx.allocate_output(0, quantize_->type, out_shape);
+          broadcast_binary_quantized(a, b, out, op_, act_, *quantize_, who);
+          return;
+        }
+      }
+      fail(ErrorKind::kInternal, who + ": a folded QuantizeLinear needs float32 inputs, got " + dtype_name(a.dtype()));
+    }
     dispatch_dtype(a.dtype(), [&](auto tag) {
       using T = decltype(tag);
       if constexpr (Op::template kAccepts<T>) {
@@ -172,6 +218,7 @@ class BinaryKernel final : public Kernel {
   const ir::Node& node_;
   Op op_;
   Broadcast mode_;
+  std::optional<FoldedQuantize> quantize_;  // a QuantizeLinear the plan folded into this op
   Activation act_;
 };
 

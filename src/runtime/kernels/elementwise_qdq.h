@@ -12,9 +12,11 @@
 // (per axis); zero point dtype = quantized dtype (uint8, int8, uint16, int16; int32 for
 // dequantize, where it must be 0).
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "slimquant/core/tensor.h"
+#include "slimquant/ir/graph.h"
 
 namespace slimquant::runtime {
 
@@ -29,5 +31,22 @@ void dequantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_
 // `qtype` (zero_point's dtype when given).
 void fake_quantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_point, int64_t axis,
                           DType qtype, Tensor& y, const std::string& who = "FakeQuantize");
+
+// y[i] = quantize(x[i]) per tensor for n floats into uint8 or int8 `type` (the arithmetic above).
+void quantize_floats(const float* x, int64_t n, float scale, int32_t zero_point, DType type, void* y);
+
+// A per-tensor QuantizeLinear folded into the elementwise op whose float32 result only it reads
+// (execution-only plan fusion, see session.cpp): the op writes the quantized tensor itself.
+// Attributes on the op's node:
+inline constexpr const char* kFoldedQuantizeScale = "folded_quantize_scale";            // float
+inline constexpr const char* kFoldedQuantizeZeroPoint = "folded_quantize_zero_point";  // int
+inline constexpr const char* kFoldedQuantizeType = "folded_quantize_type";              // int: ONNX type, 2 u8 / 3 s8
+struct FoldedQuantize {
+  float scale = 1.f;
+  int32_t zero_point = 0;
+  DType type = DType::kUInt8;
+};
+// The node's folded QuantizeLinear, if any (kInvalidModel naming the node for bad attributes).
+std::optional<FoldedQuantize> folded_quantize(const ir::Node& node);
 
 }  // namespace slimquant::runtime

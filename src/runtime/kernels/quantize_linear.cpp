@@ -6,8 +6,10 @@
 // for the exact add-magic rounding, and needs no int overflow care. Every loop vectorises.
 #include "runtime/kernels/elementwise_qdq.h"
 
+#include <cmath>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "runtime/kernels/cpu_clones.h"
@@ -97,9 +99,60 @@ constexpr int32_t qmax_of() { return static_cast<int32_t>(std::numeric_limits<Q>
 // where they run several times faster than the baseline's SSE2 (the narrowing float -> int -> 8-bit
 // conversion does not vectorise well there).
 template <typename X, typename Q>
-SQ_AVX512_AVX2_CLONES void quantize_span(const X* x, Q* y, int64_t n, float s, float lo, float hi, int32_t z) {
+SQ_AVX512_AVX2_CLONES void quantize_span_dividing(const X* x, Q* y, int64_t n, float s, float lo, float hi, int32_t z) {
   for (int64_t i = 0; i < n; ++i)
     y[i] = static_cast<Q>(static_cast<int32_t>(quantize_value(static_cast<float>(x[i]), s, lo, hi)) + z);
+}
+
+SQ_AVX512_AVX2_CLONES void fake_quantize_span_dividing(const float* x, float* y, int64_t n, float s, float lo, float hi) {
+  for (int64_t i = 0; i < n; ++i) y[i] = quantize_value(x[i], s, lo, hi) * s;
+}
+
+// x / s exactly as the division rounds it, from r = 1 / s (Markstein's theorem: q = x * r is within
+// an ulp of x / s, and q + (x - q * s) * r, the remainder exact by FMA, is the correctly rounded
+// quotient while nothing overflows or goes subnormal). Division has a fraction of an FMA's
+// throughput: QuantizeLinear runs 1.4x faster this way (AVX-512, measured). x is first clamped to
+// +-bound, beyond which either way quantizes to an end of the range (and NaN to the low end).
+struct Reciprocal {
+  float r = 0.f, bound = 0.f;
+};
+std::optional<Reciprocal> reciprocal_for(float s, float lo, float hi) {
+  static const bool fma = __builtin_cpu_supports("fma");
+  // Scales whose quotients of interest (|x / s| >= 0.5) could come from subnormal x, or whose
+  // bound overflows, divide.
+  if (!fma || !(s >= 1e-30f && s <= 1e30f)) return std::nullopt;
+  return Reciprocal{1.f / s, (hi - lo + 1.f) * s};
+}
+
+inline float divide_by_reciprocal(float x, float s, const Reciprocal& rc) {
+  x = ew::select(x > -rc.bound, x, -rc.bound);
+  x = ew::select(x < rc.bound, x, rc.bound);
+  const float q = x * rc.r;
+  return std::fma(std::fma(-q, s, x), rc.r, q);
+}
+
+inline float round_clamped(float v, float lo, float hi) {
+  v = ew::select(v > lo, v, lo);
+  v = ew::select(v < hi, v, hi);
+  return (v + kRoundMagic) - kRoundMagic;
+}
+
+template <typename X, typename Q>
+SQ_AVX512_AVX2_CLONES void quantize_span_multiplying(const X* x, Q* y, int64_t n, float s, Reciprocal rc, float lo,
+                                                     float hi, int32_t z) {
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = static_cast<Q>(static_cast<int32_t>(round_clamped(divide_by_reciprocal(static_cast<float>(x[i]), s, rc), lo, hi)) + z);
+}
+
+SQ_AVX512_AVX2_CLONES void fake_quantize_span_multiplying(const float* x, float* y, int64_t n, float s, Reciprocal rc,
+                                                          float lo, float hi) {
+  for (int64_t i = 0; i < n; ++i) y[i] = round_clamped(divide_by_reciprocal(x[i], s, rc), lo, hi) * s;
+}
+
+template <typename X, typename Q>
+void quantize_span(const X* x, Q* y, int64_t n, float s, float lo, float hi, int32_t z) {
+  if (const auto rc = reciprocal_for(s, lo, hi)) quantize_span_multiplying(x, y, n, s, *rc, lo, hi, z);
+  else quantize_span_dividing(x, y, n, s, lo, hi, z);
 }
 
 template <typename Q>
@@ -107,8 +160,9 @@ SQ_AVX512_AVX2_CLONES void dequantize_span(const Q* x, float* y, int64_t n, floa
   for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(static_cast<int32_t>(x[i]) - z) * s;
 }
 
-SQ_AVX512_AVX2_CLONES void fake_quantize_span(const float* x, float* y, int64_t n, float s, float lo, float hi) {
-  for (int64_t i = 0; i < n; ++i) y[i] = quantize_value(x[i], s, lo, hi) * s;
+void fake_quantize_span(const float* x, float* y, int64_t n, float s, float lo, float hi) {
+  if (const auto rc = reciprocal_for(s, lo, hi)) fake_quantize_span_multiplying(x, y, n, s, *rc, lo, hi);
+  else fake_quantize_span_dividing(x, y, n, s, lo, hi);
 }
 
 template <typename X, typename Q>
@@ -172,6 +226,31 @@ template <typename Q> inline constexpr bool kIsQuantType =
     std::is_same_v<Q, uint8_t> || std::is_same_v<Q, int8_t> || std::is_same_v<Q, uint16_t> || std::is_same_v<Q, int16_t>;
 
 }  // namespace
+
+void quantize_floats(const float* x, int64_t n, float scale, int32_t zero_point, DType type, void* y) {
+  if (type == DType::kUInt8) {
+    quantize_span(x, static_cast<uint8_t*>(y), n, scale, static_cast<float>(qmin_of<uint8_t>() - zero_point),
+                  static_cast<float>(qmax_of<uint8_t>() - zero_point), zero_point);
+  } else if (type == DType::kInt8) {
+    quantize_span(x, static_cast<int8_t*>(y), n, scale, static_cast<float>(qmin_of<int8_t>() - zero_point),
+                  static_cast<float>(qmax_of<int8_t>() - zero_point), zero_point);
+  } else {
+    fail(ErrorKind::kInternal, std::string("quantize_floats: unsupported type ") + dtype_name(type));
+  }
+}
+
+std::optional<FoldedQuantize> folded_quantize(const ir::Node& node) {
+  if (!node.attrs.count(kFoldedQuantizeScale)) return std::nullopt;
+  FoldedQuantize f;
+  f.scale = node.attr_float(kFoldedQuantizeScale, 1.f);
+  f.zero_point = static_cast<int32_t>(node.attr_int(kFoldedQuantizeZeroPoint, 0));
+  const int64_t type = node.attr_int(kFoldedQuantizeType, 2);
+  f.type = type == 3 ? DType::kInt8 : DType::kUInt8;
+  const int32_t lo = f.type == DType::kUInt8 ? 0 : -128, hi = f.type == DType::kUInt8 ? 255 : 127;
+  if ((type != 2 && type != 3) || !(f.scale > 0.f) || !std::isfinite(f.scale) || f.zero_point < lo || f.zero_point > hi)
+    fail(ErrorKind::kInvalidModel, node.describe() + ": invalid folded QuantizeLinear attributes");
+  return f;
+}
 
 void quantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_point, int64_t axis, Tensor& y,
                      const std::string& who) {
