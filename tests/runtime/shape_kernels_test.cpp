@@ -120,8 +120,9 @@ TEST(ShapeKernels, ErrorsNameTheNode) {
 // element sizes) against the reference, over random permutations of 4-D and 5-D shapes.
 TEST(ShapeKernels, TransposeMatchesReferenceOnRandomPermutations) {
   std::mt19937 rng(1234);
-  const std::vector<Shape> shapes = {{2, 3, 4, 5},   {1, 16, 9, 33}, {3, 40, 1, 37}, {2, 8, 8, 8},
-                                     {2, 3, 1, 4, 5}, {1, 2, 33, 3, 17}, {4, 1, 1, 9, 2}};
+  const std::vector<Shape> shapes = {{2, 3, 4, 5},   {1, 16, 9, 33},    {3, 40, 1, 37},  {2, 8, 8, 8},
+                                     {2, 3, 1, 4, 5}, {1, 2, 33, 3, 17}, {4, 1, 1, 9, 2}, {2, 50, 4, 16},
+                                     {3, 35, 48}};
   for (const Shape& shape : shapes) {
     const int64_t n = shape_numel(shape);
     for (size_t es : {size_t{1}, size_t{2}, size_t{4}, size_t{8}, size_t{12}}) {

@@ -71,6 +71,35 @@ void copy_rows(std::byte* dst, const std::byte* src, const std::vector<ViewDim>&
   });
 }
 
+#if defined(__SSE2__)
+// dst[c * dst_ld + r] = src[r * src_ld + c] for r, c < 16: interleaving rows pairwise at 8, 16, 32
+// and 64 bits gathers each column's 16 bytes into one register.
+inline void transpose_16x16_bytes(std::byte* dst, int64_t dst_ld, const std::byte* src, int64_t src_ld) {
+  __m128i x[16], t[16];
+  for (int i = 0; i < 16; ++i) x[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i * src_ld));
+  for (int i = 0; i < 8; ++i) {  // t[2i]: columns 0-7 of rows 2i, 2i+1 as byte pairs; t[2i+1]: columns 8-15
+    t[2 * i] = _mm_unpacklo_epi8(x[2 * i], x[2 * i + 1]);
+    t[2 * i + 1] = _mm_unpackhi_epi8(x[2 * i], x[2 * i + 1]);
+  }
+  for (int j = 0; j < 4; ++j) {  // x[4j + q]: columns 4q..4q+3 of rows 4j..4j+3 as 4-byte groups
+    x[4 * j + 0] = _mm_unpacklo_epi16(t[4 * j], t[4 * j + 2]);
+    x[4 * j + 1] = _mm_unpackhi_epi16(t[4 * j], t[4 * j + 2]);
+    x[4 * j + 2] = _mm_unpacklo_epi16(t[4 * j + 1], t[4 * j + 3]);
+    x[4 * j + 3] = _mm_unpackhi_epi16(t[4 * j + 1], t[4 * j + 3]);
+  }
+  for (int k = 0; k < 2; ++k)  // t[8k + 2q (+1)]: columns 4q, 4q+1 (4q+2, 4q+3) of rows 8k..8k+7
+    for (int q = 0; q < 4; ++q) {
+      t[8 * k + 2 * q] = _mm_unpacklo_epi32(x[8 * k + q], x[8 * k + 4 + q]);
+      t[8 * k + 2 * q + 1] = _mm_unpackhi_epi32(x[8 * k + q], x[8 * k + 4 + q]);
+    }
+  for (int c = 0; c < 16; ++c) {  // column c: its 8 bytes of rows 0-7, then of rows 8-15
+    const int i = 2 * (c / 4) + (c % 4) / 2;
+    const __m128i col = c % 2 == 0 ? _mm_unpacklo_epi64(t[i], t[8 + i]) : _mm_unpackhi_epi64(t[i], t[8 + i]);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + c * dst_ld), col);
+  }
+}
+#endif
+
 // A transposing 2-D block: source element (r, c) at src + r * src_ld + c * N goes to
 // dst + c * dst_ld + r * N (r < rows, c < cols). Rows/cols are ranges of one tile.
 template <size_t N>
@@ -79,8 +108,16 @@ void transpose_tile(std::byte* dst, int64_t dst_ld, const std::byte* src, int64_
   const int64_t bs = static_cast<int64_t>(block);
   int64_t r = r0;
 #if defined(__SSE2__)
-  // 4x4 (float-sized) and 2x2 (double-sized) register transposes: 16-byte loads and stores.
-  if constexpr (N == 4) {
+  // 16x16 (byte-sized), 4x4 (float-sized) and 2x2 (double-sized) register transposes: 16-byte
+  // loads and stores. Bytes: u8/s8 activations, e.g. the keys transposed for attention scores.
+  if constexpr (N == 1) {
+    for (; r + 16 <= r1; r += 16) {
+      int64_t c = c0;
+      for (; c + 16 <= c1; c += 16) transpose_16x16_bytes(dst + c * dst_ld + r, dst_ld, src + r * src_ld + c, src_ld);
+      for (; c < c1; ++c)
+        for (int64_t k = 0; k < 16; ++k) dst[c * dst_ld + r + k] = src[(r + k) * src_ld + c];
+    }
+  } else if constexpr (N == 4) {
     for (; r + 4 <= r1; r += 4) {
       int64_t c = c0;
       for (; c + 4 <= c1; c += 4) {
