@@ -359,4 +359,18 @@ TEST(SessionFusion, QuantizeLinearFoldsIntoTheElementwiseOpItAloneReads) {
     EXPECT_EQ(*lo, 0);
     EXPECT_EQ(*hi, 255);
   }
+  // An int32 sum before a QuantizeLinear (which takes int32 too) folds as well: computed as int32,
+  // then quantized as the Q would.
+  Builder b({5});
+  b.g.inputs[0].dtype = DType::kInt32;
+  b.op("Add", {"x", b.scalar("ten", Tensor::scalar<int32_t>(10))}, "sum");
+  b.op("QuantizeLinear", {"sum", b.scalar("qs", Tensor::scalar(2.f)), b.scalar("qz", Tensor::scalar<int8_t>(1))}, "sum_q");
+  b.output("sum_q");
+  b.g.outputs[0].dtype = DType::kInt8;
+  runtime::Session fast(b.g);
+  const Tensor x = Tensor::from_vector<int32_t>({5}, {-300, -13, 1, 5, 400});
+  const Tensor y = fast.run({{"x", x}}).at("sum_q");
+  ASSERT_EQ(y.dtype(), DType::kInt8);
+  // (x + 10) / 2 rounded half to even, + 1, saturated: -145 -> -128, -1.5 -> -2, 5.5 -> 6, 7.5 -> 8, 205 -> 127.
+  EXPECT_EQ(y.to_int64_vector(), (std::vector<int64_t>{-128, -1, 7, 9, 127}));
 }

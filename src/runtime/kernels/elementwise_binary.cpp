@@ -190,15 +190,12 @@ class BinaryKernel final : public Kernel {
     check_same_dtype(node_, a, b, 1);
     const std::string who = node_.describe();
     const Shape out_shape = mode_ == Broadcast::kToFirst ? a.shape() : broadcast_all({&a.shape(), &b.shape()}, who);
-    if (quantize_) {
+    if (quantize_ && a.dtype() == DType::kFloat32) {
       if constexpr (Op::template kAccepts<float> && std::is_same_v<typename Op::template Out<float>, float>) {
-        if (a.dtype() == DType::kFloat32) {
-          Tensor& out = ctx.allocate_output(0, quantize_->type, out_shape);
-          broadcast_binary_quantized(a, b, out, op_, act_, *quantize_, who);
-          return;
-        }
+        Tensor& out = ctx.allocate_output(0, quantize_->type, out_shape);
+        broadcast_binary_quantized(a, b, out, op_, act_, *quantize_, who);
+        return;
       }
-      fail(ErrorKind::kInternal, who + ": a folded QuantizeLinear needs float32 inputs, got " + dtype_name(a.dtype()));
     }
     dispatch_dtype(a.dtype(), [&](auto tag) {
       using T = decltype(tag);
@@ -206,8 +203,19 @@ class BinaryKernel final : public Kernel {
         using O = typename Op::template Out<T>;
         if (act_ && !std::is_same_v<O, float>)
           fail(ErrorKind::kUnsupported, who + ": fused activation needs float32 data");
-        Tensor& out = ctx.allocate_output(0, dtype_of<O>, out_shape);
-        broadcast_binary<T, T, O>(a, b, out, op_, act_, who);
+        if (!quantize_) {
+          Tensor& out = ctx.allocate_output(0, dtype_of<O>, out_shape);
+          broadcast_binary<T, T, O>(a, b, out, op_, act_, who);
+          return;
+        }
+        // Other input types (an int32 sum before a QuantizeLinear): the op, then the Q as it was.
+        Tensor result(dtype_of<O>, out_shape);
+        broadcast_binary<T, T, O>(a, b, result, op_, act_, who);
+        Tensor zero_point(quantize_->type, {});
+        if (quantize_->type == DType::kUInt8) zero_point.data<uint8_t>()[0] = static_cast<uint8_t>(quantize_->zero_point);
+        else zero_point.data<int8_t>()[0] = static_cast<int8_t>(quantize_->zero_point);
+        Tensor& out = ctx.allocate_output(0, quantize_->type, out_shape);
+        quantize_linear(result, Tensor::scalar<float>(quantize_->scale), &zero_point, 1, out, who);
       } else {
         fail_dtype(node_, a.dtype());
       }
