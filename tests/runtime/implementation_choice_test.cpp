@@ -1,6 +1,7 @@
 #include "runtime/kernels/implementation_choice.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cstdint>
 #include <random>
@@ -103,6 +104,15 @@ TEST(ImplementationChoice, TimesEachKeyOnce) {
   EXPECT_GT(after_first, 0);
   EXPECT_EQ(fastest_implementation_name("test-int8-conv-cache", nth), first);
   EXPECT_EQ(listed, after_first);  // answered from the cache
+  // Another thread count is another problem: timed once more, then cached too.
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(threads + 1);
+  fastest_implementation_name("test-int8-conv-cache", nth);
+  const int after_second = listed;
+  fastest_implementation_name("test-int8-conv-cache", nth);
+  omp_set_num_threads(threads);
+  EXPECT_GT(after_second, after_first);
+  EXPECT_EQ(listed, after_second);
 }
 
 TEST(ImplementationChoice, LargeProblemsKeepTheFirstChoiceWithoutTiming) {

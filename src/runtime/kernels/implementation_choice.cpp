@@ -7,8 +7,11 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
+
+#include <omp.h>
 
 #include "runtime/dnnl_context.h"
 
@@ -87,11 +90,13 @@ void time_in_turns(std::vector<Candidate>& candidates) {
 
 }  // namespace
 
-std::string fastest_implementation_name(const std::string& key,
+std::string fastest_implementation_name(const std::string& problem,
                                         const std::function<dnnl::primitive_desc(size_t)>& nth) {
   if (!tuning_enabled()) return {};
   static std::mutex mutex;
   static std::unordered_map<std::string, std::string> chosen;
+  // The fastest implementation can depend on how many threads run it (sessions may differ).
+  const std::string key = problem + "|threads " + std::to_string(omp_get_max_threads());
   {
     std::lock_guard lock(mutex);
     if (auto it = chosen.find(key); it != chosen.end()) return it->second;

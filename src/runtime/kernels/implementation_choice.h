@@ -22,8 +22,9 @@ namespace slimquant::runtime::dnnl_kernels {
 inline constexpr size_t kMaxTimedImplementations = 3;
 inline constexpr size_t kMaxListedImplementations = 12;
 
-// Core of fastest_implementation: the name (impl_info_str) of the fastest candidate for `key`, from
-// the process-wide cache or by timing; empty for oneDNN's first choice. nth(i) returns the
+// Core of fastest_implementation: the name (impl_info_str) of the fastest candidate for `key` at
+// the current OpenMP thread count, from the process-wide cache or by timing; empty for oneDNN's
+// first choice. nth(i) returns the
 // descriptor i steps down oneDNN's list (a null primitive_desc past its end).
 std::string fastest_implementation_name(const std::string& key,
                                         const std::function<dnnl::primitive_desc(size_t)>& nth);
