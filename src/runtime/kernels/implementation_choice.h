@@ -3,11 +3,11 @@
 // fastest for every shape: on an AVX-512 VNNI Xeon its brgemm int8 convolutions (its first choice)
 // run 3x3 convolutions with 16-64 channels 1.2-1.7x slower than its direct jit_int8 kernel. Kernels
 // that build such primitives ask fastest_implementation(): it times the first few non-reference
-// candidates that read and write the same layouts as the first choice, once per distinct problem
-// and process, on zero-filled arguments (the speed of these kernels does not depend on the
-// values), and returns the fastest if it is clearly faster (at most 85% of the first choice's
-// time), else the first choice. Problems over 64 MiB of arguments are not timed. The choice only
-// changes speed: every candidate computes the primitive's defined arithmetic.
+// candidates that read and write the same layouts as the first choice, once per distinct problem,
+// thread count and process, on zero-filled arguments (the speed of these kernels does not depend
+// on the values), and returns the fastest if it is clearly faster (at most 85% of the first
+// choice's time), else the first choice. Problems over 64 MiB of arguments are not timed. The
+// choice only changes speed: every candidate computes the primitive's defined arithmetic.
 // SLIMQUANT_DNNL_TUNING=0 keeps oneDNN's first choice.
 #include <dnnl.hpp>
 
