@@ -753,14 +753,13 @@ std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& 
   if (wanted.empty())
     for (const auto& o : graph_.outputs) wanted.push_back(o.name);
 
-  // Validate feeds against the model's interface before compiling anything.
-  std::unordered_set<std::string> produced;
-  for (const auto& n : graph_.nodes) produced.insert(n.outputs.begin(), n.outputs.end());
+  // Validate feeds against the model's interface before compiling anything (an undeclared feed
+  // must name an intermediate value, which it then replaces).
   for (const auto& [name, t] : feeds) {
     const ir::ValueInfo* declared = nullptr;
     for (const auto& in : graph_.inputs)
       if (in.name == name) declared = &in;
-    if (!declared && !produced.count(name)) {
+    if (!declared && graph_.producer(name) < 0) {
       std::string names;
       for (const auto& in : graph_.inputs) names += (names.empty() ? "'" : ", '") + in.name + "'";
       fail(ErrorKind::kInvalidArgument, "unknown input '" + name + "'; the model's inputs are " + names);
