@@ -95,12 +95,17 @@ class QdqBuilder {
   Tensor zero_point(DType t, int32_t z) {
     return t == DType::kUInt8 ? Tensor::scalar<uint8_t>(static_cast<uint8_t>(z)) : Tensor::scalar<int8_t>(static_cast<int8_t>(z));
   }
-  // x -> Q -> DQ with per-tensor parameters; returns the DQ output.
-  std::string qdq(const std::string& x, float scale, int32_t zp, DType t) {
+  // x -> Q -> DQ with per-tensor parameters; returns the Q and DQ outputs.
+  struct QdqValues {
+    std::string q, dq;
+  };
+  QdqValues qdq_values(const std::string& x, float scale, int32_t zp, DType t) {
     const std::string s = constant("s", Tensor::scalar<float>(scale)), z = constant("z", zero_point(t, zp));
     const std::string q = node("QuantizeLinear", {x, s, z});
-    return node("DequantizeLinear", {q, s, z});
+    return {q, node("DequantizeLinear", {q, s, z})};
   }
+  // The same, returning the DQ output only.
+  std::string qdq(const std::string& x, float scale, int32_t zp, DType t) { return qdq_values(x, scale, zp, t).dq; }
   // A random int8 weight with per-channel scales along `axis`, zero points `zp`; returns the DQ output.
   std::string weight(const Shape& shape, int64_t axis, int32_t zp = 0, int max_abs = 127) {
     Tensor w(DType::kInt8, shape);
@@ -852,9 +857,7 @@ TEST(Lowering, QuantizeCommutesThroughReshapeAndTransposeIntoTheMatMul) {
   const std::string shape = b.constant("shape", Tensor::from_vector<int64_t>({4}, {2, 6, 4, 4}));
   const std::string heads = b.node("Reshape", {biased, shape});
   const std::string moved = b.node("Transpose", {heads}, {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
-  const std::string s = b.constant("s", Tensor::scalar<float>(0.02f)), z = b.constant("z", b.zero_point(kS8, -2));
-  const std::string q = b.node("QuantizeLinear", {moved, s, z});
-  const std::string y = b.node("DequantizeLinear", {q, s, z});
+  const auto [q, y] = b.qdq_values(moved, 0.02f, -2, kS8);
   ir::Graph g = b.finish(y);
   quant::LoweringReport report;
   ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
@@ -878,9 +881,7 @@ TEST(Lowering, QuantizeCommutesThroughMaxPoolAndThePoolRunsOnIntegers) {
   const std::string pool = b.node("MaxPool", {b.node("Relu", {conv})},
                                   {{"kernel_shape", std::vector<int64_t>{3, 3}}, {"strides", std::vector<int64_t>{2, 2}},
                                    {"pads", std::vector<int64_t>{1, 1, 1, 1}}});
-  const std::string s = b.constant("s", Tensor::scalar<float>(0.01f)), z = b.constant("z", b.zero_point(kU8, 0));
-  const std::string pooled_q = b.node("QuantizeLinear", {pool, s, z});
-  const std::string y = b.node("DequantizeLinear", {pooled_q, s, z});
+  const auto [pooled_q, y] = b.qdq_values(pool, 0.01f, 0, kU8);
   ir::Graph g = b.finish(y);
   quant::LoweringReport report;
   ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
@@ -906,9 +907,8 @@ TEST(Lowering, QuantizeCommutesThroughConcatIntoEachProducingConv) {
   const std::string right = b.node("Relu", {b.node("Conv", {xdq, b.weight({3, 4, 3, 3}, 0), b.bias(3)},
                                                    {{"pads", std::vector<int64_t>{1, 1, 1, 1}}})});
   const std::string cat = b.node("Concat", {left, right}, {{"axis", int64_t{1}}});
-  const std::string s = b.constant("s", Tensor::scalar<float>(0.01f)), z = b.constant("z", b.zero_point(kU8, 0));
-  const std::string cat_q = b.node("QuantizeLinear", {cat, s, z});
-  ir::Graph g = b.finish(b.node("DequantizeLinear", {cat_q, s, z}));
+  const auto [cat_q, y] = b.qdq_values(cat, 0.01f, 0, kU8);
+  ir::Graph g = b.finish(y);
   quant::LoweringReport report;
   ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
   ASSERT_EQ(report.conv, 2);

@@ -98,12 +98,15 @@ struct Builder {
 };
 
 // Values seen by a hook, cloned.
-std::map<std::string, Tensor> run_hooked(runtime::Session& s, const Tensor& x, const std::string& input = "x") {
+std::map<std::string, Tensor> run_hooked(runtime::Session& s, const std::map<std::string, Tensor>& feeds) {
   std::map<std::string, Tensor> seen;
   runtime::RunOptions o;
   o.on_value = [&](const std::string& name, const Tensor& t) { seen[name] = t.clone(); };
-  s.run({{input, x}}, o);
+  s.run(feeds, o);
   return seen;
+}
+std::map<std::string, Tensor> run_hooked(runtime::Session& s, const Tensor& x, const std::string& input = "x") {
+  return run_hooked(s, {{input, x}});
 }
 
 TEST(SessionLayouts, FixtureModelsMatchThePlainUnfusedPath) {
@@ -259,12 +262,7 @@ TEST(SessionFusion, ScalarMulAfterAttentionMatMulBecomesAPostOp) {
   b.output("scores2");
   runtime::Session fast(b.g), ref = reference_session(b.g);
   const Tensor x = random_tensor({2, 4, 5, 8}, 31), k = random_tensor({2, 4, 8, 5}, 32);
-  std::map<std::string, Tensor> got, want;
-  runtime::RunOptions o;
-  o.on_value = [&](const std::string& name, const Tensor& t) { got[name] = t.clone(); };
-  fast.run({{"x", x}, {"k", k}}, o);
-  o.on_value = [&](const std::string& name, const Tensor& t) { want[name] = t.clone(); };
-  ref.run({{"x", x}, {"k", k}}, o);
+  const auto got = run_hooked(fast, {{"x", x}, {"k", k}}), want = run_hooked(ref, {{"x", x}, {"k", k}});
   EXPECT_FALSE(got.count("qk"));
   EXPECT_FALSE(got.count("qk2"));
   expect_close(got.at("scores"), want.at("scores"), "scores");
@@ -343,12 +341,7 @@ TEST(SessionFusion, QuantizeLinearFoldsIntoTheElementwiseOpItAloneReads) {
     x.data<float>()[0] = 0.5f * 0.02f;
     x.data<float>()[1] = std::nanf("");
     const Tensor s = random_tensor({2, 6, 1, 1}, 42, -2.f, 2.f);
-    std::map<std::string, Tensor> got, want;
-    runtime::RunOptions o;
-    o.on_value = [&](const std::string& name, const Tensor& t) { got[name] = t.clone(); };
-    fast.run({{"x", x}, {"s", s}}, o);
-    o.on_value = [&](const std::string& name, const Tensor& t) { want[name] = t.clone(); };
-    ref.run({{"x", x}, {"s", s}}, o);
+    const auto got = run_hooked(fast, {{"x", x}, {"s", s}}), want = run_hooked(ref, {{"x", x}, {"s", s}});
     EXPECT_FALSE(got.count("scaled"));
     EXPECT_FALSE(got.count("shifted"));
     EXPECT_TRUE(got.count("kept"));
