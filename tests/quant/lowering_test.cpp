@@ -586,6 +586,23 @@ TEST_F(LoweringOnResnet, CliEvaluatesQdqModelsAsIntegerExecutionUnlessSimulateIs
   EXPECT_EQ(bench.exit_code, 0) << bench.output;
 }
 
+// Every value of one run of `lowered` with its QConvs on `compute`, fused (as sessions run by
+// default) or unfused (the reference), cloned from the hook.
+std::map<std::string, Tensor> observe_lowered(const ir::Graph& lowered, const char* compute, bool fused,
+                                              const std::map<std::string, Tensor>& feeds) {
+  ir::Graph g = lowered;
+  for (auto& n : g.nodes)
+    if (n.op_type == i8::kQConv) n.attrs[i8::attr::kCompute] = std::string(compute);
+  runtime::SessionOptions options;
+  options.fuse_activations = fused;
+  runtime::Session session(g, options);
+  std::map<std::string, Tensor> seen;
+  runtime::RunOptions o;
+  o.on_value = [&](const std::string& name, const Tensor& t) { seen[name] = t.clone(); };
+  session.run(feeds, o);
+  return seen;
+}
+
 // Conv -> Add(float residual) -> Clip -> Q(s8, zero point 3) -> DQ -> Conv: at execution the first
 // QConv takes the Add, the Clip and the Q and writes the s8 tensor itself.
 TEST(Lowering, ResidualAddClipAndSignedQuantizeFoldIntoTheConv) {
@@ -609,20 +626,8 @@ TEST(Lowering, ResidualAddClipAndSignedQuantizeFoldIntoTheConv) {
   const Tensor input = b.random_input({2, 8, 9, 9}, -1.f, 1.f);
   for (const char* compute : {"auto", "f32"}) {
     SCOPED_TRACE(compute);
-    ir::Graph g = lowered;
-    for (auto& n : g.nodes)
-      if (n.op_type == i8::kQConv) n.attrs[i8::attr::kCompute] = std::string(compute);
-    runtime::SessionOptions unfused;
-    unfused.fuse_activations = false;
-    runtime::Session fast(g), plain(g, unfused);
-    auto observe = [&](runtime::Session& s) {
-      std::map<std::string, Tensor> seen;
-      runtime::RunOptions o;
-      o.on_value = [&](const std::string& name, const Tensor& t) { seen[name] = t.clone(); };
-      s.run({{"x", input}}, o);
-      return seen;
-    };
-    const auto got = observe(fast), want = observe(plain);
+    const auto got = observe_lowered(lowered, compute, true, {{"x", input}});
+    const auto want = observe_lowered(lowered, compute, false, {{"x", input}});
     EXPECT_FALSE(got.count(sum));
     EXPECT_FALSE(got.count(clipped));
     const Tensor &a = got.at(quantized), &e = want.at(quantized);
@@ -664,22 +669,10 @@ TEST_F(LoweringOnResnet, ResidualOutputsReadOnlyByAQuantizeAreWrittenAsIntegersB
   // The int8 primitives (binary-add epilogue) and the exact float path (sum, then the dst reorder).
   for (const char* compute : {"auto", "f32"}) {
     SCOPED_TRACE(compute);
-    ir::Graph g = lowered;
-    for (auto& n : g.nodes)
-      if (n.op_type == i8::kQConv) n.attrs[i8::attr::kCompute] = std::string(compute);
-    runtime::SessionOptions unfused;
-    unfused.fuse_activations = false;
-    runtime::Session fast(g), plain(g, unfused);
     Tensor input(DType::kFloat32, {8, 1, 28, 28});
     for (int64_t i = 0; i < input.numel(); ++i) input.data<float>()[i] = static_cast<float>((i * 37) % 256) / 255.f;
-    auto observe = [&](runtime::Session& s) {
-      std::map<std::string, Tensor> seen;
-      runtime::RunOptions o;
-      o.on_value = [&](const std::string& name, const Tensor& t) { seen[name] = t.clone(); };
-      s.run({{"input", input}}, o);
-      return seen;
-    };
-    const auto got = observe(fast), want = observe(plain);
+    const auto got = observe_lowered(lowered, compute, true, {{"input", input}});
+    const auto want = observe_lowered(lowered, compute, false, {{"input", input}});
     for (size_t k = 0; k < folded.size(); ++k) {
       EXPECT_FALSE(got.count(folded[k])) << folded[k] << " should not exist: its QConv writes " << quantized[k];
       ASSERT_TRUE(want.count(folded[k]));
