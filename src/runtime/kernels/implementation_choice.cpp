@@ -1,12 +1,15 @@
 #include "runtime/kernels/implementation_choice.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
+#include <random>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -24,12 +27,118 @@ constexpr double kRequiredSpeedup = 0.85;
 // Problems whose src + dst + weights exceed this are not timed.
 constexpr size_t kMaxTimedBytes = size_t{64} << 20;
 
-bool tuning_enabled() {
-  static const bool enabled = [] {
+// SLIMQUANT_DNNL_TUNING: 0 keeps oneDNN's first choice; "alternative" adopts the last candidate
+// proven equivalent regardless of speed (tests use it to show that the choice never changes a
+// result); anything else times the equivalent candidates.
+enum class Tuning { kOff, kTimed, kPreferAlternative };
+
+Tuning tuning_mode() {
+  static const Tuning mode = [] {
     const char* v = std::getenv("SLIMQUANT_DNNL_TUNING");
-    return !(v && std::strcmp(v, "0") == 0);
+    if (v && std::strcmp(v, "0") == 0) return Tuning::kOff;
+    if (v && std::strcmp(v, "alternative") == 0) return Tuning::kPreferAlternative;
+    return Tuning::kTimed;
   }();
-  return enabled;
+  return mode;
+}
+
+// Row-major strides for dims (the plain layout probe data is written in).
+dnnl::memory::desc plain_desc(const dnnl::memory::desc& md) {
+  const dnnl::memory::dims dims = md.dims();
+  dnnl::memory::dims strides(dims.size(), 1);
+  for (size_t i = dims.size(); i-- > 1;) strides[i - 1] = strides[i] * dims[i];
+  return dnnl::memory::desc(dims, md.data_type(), strides);
+}
+
+// Deterministic pseudo-random contents for a plain buffer of `md`'s data type, the same for every
+// candidate (seeded by the argument): full-range integers (every u8 x s8 pair sum that saturates a
+// 16-bit lane shows), floats with varied exponents (every change of summation order shows). False
+// for data types the probe does not know: such candidates are never adopted.
+bool fill_probe(const dnnl::memory::desc& md, std::vector<std::byte>& bytes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const size_t n = md.get_size();
+  bytes.assign(n, std::byte{0});
+  using dt = dnnl::memory::data_type;
+  switch (md.data_type()) {
+    case dt::u8:
+    case dt::s8:
+      for (auto& b : bytes) b = static_cast<std::byte>(rng() & 0xff);
+      return true;
+    case dt::s32: {
+      std::uniform_int_distribution<int32_t> dist(-1000, 1000);
+      for (size_t i = 0; i + 4 <= n; i += 4) {
+        const int32_t v = dist(rng);
+        std::memcpy(&bytes[i], &v, 4);
+      }
+      return true;
+    }
+    case dt::f32: {
+      std::uniform_real_distribution<float> mantissa(-1.f, 1.f);
+      std::uniform_int_distribution<int> exponent(-8, 8);
+      for (size_t i = 0; i + 4 <= n; i += 4) {
+        const float v = std::ldexp(mantissa(rng), exponent(rng));
+        std::memcpy(&bytes[i], &v, 4);
+      }
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+// The arguments a candidate reads (destination included: a sum post-op reads it first).
+std::vector<int> input_args(const dnnl::primitive_desc& pd) {
+  std::vector<int> args = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_BIAS, DNNL_ARG_DST};
+  // get_post_ops() views the attribute's storage: keep the attribute alive while reading it.
+  const dnnl::primitive_attr attr = pd.get_primitive_attr();
+  const dnnl::post_ops ops = attr.get_post_ops();
+  for (int i = 0; i < ops.len(); ++i)
+    if (ops.kind(i) == dnnl::primitive::kind::binary) args.push_back(DNNL_ARG_ATTR_MULTIPLE_POST_OP(i) | DNNL_ARG_SRC_1);
+  return args;
+}
+
+// Runs pd on the probe data (given in plain layouts, reordered into pd's own, so each candidate's
+// weight blocking and compensation are built as in use) and returns its plain-layout destination;
+// nullopt when the probe cannot run it.
+std::optional<std::vector<std::byte>> probe_output(const dnnl::primitive_desc& pd) {
+  try {
+    dnnl::engine& engine = dnnl_engine();
+    dnnl::stream& stream = dnnl_stream();
+    std::vector<std::vector<std::byte>> storage;
+    storage.reserve(16);
+    std::unordered_map<int, dnnl::memory> args;
+    auto own = [&](const dnnl::memory::desc& md) {
+      storage.emplace_back(md.get_size(), std::byte{0});
+      return dnnl::memory(md, engine, storage.back().data());
+    };
+    for (int arg : input_args(pd)) {
+      const dnnl::memory::desc md = pd.query_md(dnnl::query::exec_arg_md, arg);
+      if (md.is_zero()) continue;
+      const dnnl::memory::desc plain = plain_desc(md);
+      storage.emplace_back();
+      if (!fill_probe(plain, storage.back(), 0x5eed0000u + static_cast<uint32_t>(arg))) return std::nullopt;
+      dnnl::memory user(plain, engine, storage.back().data());
+      dnnl::memory mem = own(md);
+      dnnl::reorder(user, mem).execute(stream, user, mem);
+      args.emplace(arg, mem);
+    }
+    const dnnl::memory::desc zp_md({1}, dnnl::memory::data_type::s32, dnnl::memory::format_tag::x);
+    for (int arg : {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST})
+      args.emplace(arg, own(zp_md));
+    const dnnl::memory::desc scratch = pd.query_md(dnnl::query::exec_arg_md, DNNL_ARG_SCRATCHPAD);
+    if (!scratch.is_zero()) args.emplace(DNNL_ARG_SCRATCHPAD, own(scratch));
+    const auto dst = args.find(DNNL_ARG_DST);
+    if (dst == args.end()) return std::nullopt;
+    dnnl::primitive(pd).execute(stream, args);
+    const dnnl::memory::desc plain = plain_desc(dst->second.get_desc());
+    std::vector<std::byte> out(plain.get_size());
+    dnnl::memory user(plain, engine, out.data());
+    dnnl::reorder(dst->second, user).execute(stream, dst->second, user);
+    stream.wait();
+    return out;
+  } catch (const dnnl::error&) {
+    return std::nullopt;
+  }
 }
 
 // One candidate ready to run on zero-filled arguments.
@@ -90,65 +199,92 @@ void time_in_turns(std::vector<Candidate>& candidates) {
 
 }  // namespace
 
+std::string implementation_isa(const std::string& name) {
+  const size_t colon = name.rfind(':');
+  return colon == std::string::npos ? std::string() : name.substr(colon + 1);
+}
+
+std::vector<dnnl::primitive_desc> equivalent_implementations(
+    const std::function<dnnl::primitive_desc(size_t)>& nth) {
+  std::vector<dnnl::primitive_desc> chosen;
+  std::vector<std::string> names;
+  std::optional<std::vector<std::byte>> reference;
+  dnnl::memory::desc first_src, first_dst;
+  std::string first_isa;
+  for (size_t i = 0; i < kMaxListedImplementations && chosen.size() < kMaxTimedImplementations; ++i) {
+    const dnnl::primitive_desc pd = nth(i);
+    if (!pd) break;
+    const std::string name = pd.impl_info_str();
+    if (i == 0) {
+      chosen.push_back(pd);
+      names.push_back(name);
+      first_src = pd.query_md(dnnl::query::src_md);
+      first_dst = pd.query_md(dnnl::query::dst_md);
+      first_isa = implementation_isa(name);
+      // Timing needs its own arguments for every candidate: not for problems this large (a
+      // batch-64 224x224 calibration would allocate gigabytes), which keep oneDNN's choice.
+      if (name.rfind("ref", 0) == 0 ||
+          first_src.get_size() + first_dst.get_size() + pd.query_md(dnnl::query::weights_md).get_size() > kMaxTimedBytes)
+        break;
+      continue;
+    }
+    if (name.rfind("ref", 0) == 0 || std::find(names.begin(), names.end(), name) != names.end()) continue;
+    // Only candidates that read and write the layouts of oneDNN's first choice: the plan decides
+    // which values stay blocked from that choice, and a candidate that is faster alone can cost
+    // more in reorders around it (measured: MobileNetV2's f32 convs, 1.55 -> 1.8-2.5 ms).
+    if (pd.query_md(dnnl::query::src_md) != first_src || pd.query_md(dnnl::query::dst_md) != first_dst) continue;
+    // Only the first choice's ISA: oneDNN's int8 kernels for ISAs without VNNI (avx2, sse41,
+    // avx512_core) add pairs of u8 x s8 products in saturating 16-bit lanes, so on a VNNI CPU they
+    // compute other numbers (seen on AMD Zen 4, where jit_uni_int8:avx2 can time faster).
+    if (implementation_isa(name) != first_isa) continue;
+    // And only what computes the first choice's result bit for bit on the probe data (kernels of
+    // one ISA can still sum floats in another order): the choice may change speed, never results.
+    if (!reference) reference = probe_output(chosen[0]);
+    if (!reference) break;
+    const std::optional<std::vector<std::byte>> result = probe_output(pd);
+    if (!result || *result != *reference) continue;
+    chosen.push_back(pd);
+    names.push_back(name);
+  }
+  return chosen;
+}
+
 std::string fastest_implementation_name(const std::string& problem,
                                         const std::function<dnnl::primitive_desc(size_t)>& nth) {
-  if (!tuning_enabled()) return {};
+  const Tuning mode = tuning_mode();
+  if (mode == Tuning::kOff) return {};
   static std::mutex mutex;
-  static std::unordered_map<std::string, std::string> chosen;
+  static std::unordered_map<std::string, std::string> cache;
   // The fastest implementation can depend on how many threads run it (sessions may differ).
   const std::string key = problem + "|threads " + std::to_string(omp_get_max_threads());
   {
     std::lock_guard lock(mutex);
-    if (auto it = chosen.find(key); it != chosen.end()) return it->second;
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
   }
-  // oneDNN can list several variants under one name (its brgemm convolutions): the first of each.
-  std::vector<Candidate> candidates;
-  candidates.reserve(kMaxTimedImplementations);
-  dnnl::memory::desc first_src, first_dst;
-  for (size_t i = 0; i < kMaxListedImplementations && candidates.size() < kMaxTimedImplementations; ++i) {
-    const dnnl::primitive_desc pd = nth(i);
-    if (!pd) break;
-    const std::string name = pd.impl_info_str();
-    if (name.rfind("ref", 0) == 0 ||
-        std::any_of(candidates.begin(), candidates.end(), [&](const Candidate& c) { return c.name == name; }))
-      continue;
-    // Only candidates that read and write the layouts of oneDNN's first choice: the plan decides
-    // which values stay blocked from that choice, and a candidate that is faster alone can cost
-    // more in reorders around it (measured: MobileNetV2's f32 convs, 1.55 -> 1.8-2.5 ms).
-    if (i == 0) {
-      first_src = pd.query_md(dnnl::query::src_md);
-      first_dst = pd.query_md(dnnl::query::dst_md);
-      // Timing needs its own arguments for every candidate: not for problems this large (a
-      // batch-64 224x224 calibration would allocate gigabytes), which keep oneDNN's choice.
-      if (first_src.get_size() + first_dst.get_size() + pd.query_md(dnnl::query::weights_md).get_size() >
-          kMaxTimedBytes)
-        break;
-    } else if (pd.query_md(dnnl::query::src_md) != first_src || pd.query_md(dnnl::query::dst_md) != first_dst) {
-      continue;
-    }
-    try {
-      candidates.emplace_back(name, pd);
-    } catch (const dnnl::error&) {
-      // a candidate that cannot be created here is simply not chosen
-    }
-  }
+  const std::vector<dnnl::primitive_desc> equivalent = equivalent_implementations(nth);
   std::string best_name;
-  if (candidates.size() > 1) {
+  if (equivalent.size() > 1 && mode == Tuning::kPreferAlternative) {
+    best_name = equivalent.back().impl_info_str();
+  } else if (equivalent.size() > 1) {
+    std::vector<Candidate> candidates;
     try {
+      for (const auto& pd : equivalent) candidates.emplace_back(pd.impl_info_str(), pd);
       time_in_turns(candidates);
     } catch (const dnnl::error&) {
-      for (auto& c : candidates) c.best = std::numeric_limits<double>::infinity();  // keep oneDNN's choice
+      candidates.clear();  // keep oneDNN's choice
     }
     // oneDNN's first choice (candidates[0]) stays unless another is clearly faster: near-ties
     // measured alone say little about the run in place (other caches, other neighbours), and
     // keeping the default on them keeps choices stable from one process to the next.
-    const Candidate* best = &candidates[0];
-    for (const auto& c : candidates)
-      if (c.best < best->best && c.best < candidates[0].best * kRequiredSpeedup) best = &c;
-    best_name = best->name;
+    if (!candidates.empty()) {
+      const Candidate* best = &candidates[0];
+      for (const auto& c : candidates)
+        if (c.best < best->best && c.best < candidates[0].best * kRequiredSpeedup) best = &c;
+      best_name = best->name;
+    }
   }
   std::lock_guard lock(mutex);
-  chosen.emplace(key, best_name);
+  cache.emplace(key, best_name);
   return best_name;
 }
 

@@ -2,18 +2,22 @@
 // oneDNN lists the implementations of a primitive in a fixed preference order, which is not the
 // fastest for every shape: on an AVX-512 VNNI Xeon its brgemm int8 convolutions (its first choice)
 // run 3x3 convolutions with 16-64 channels 1.2-1.7x slower than its direct jit_int8 kernel. Kernels
-// that build such primitives ask fastest_implementation(): it times the first few non-reference
-// candidates that read and write the same layouts as the first choice, once per distinct problem,
-// thread count and process, on zero-filled arguments (the speed of these kernels does not depend
-// on the values), and returns the fastest if it is clearly faster (at most 85% of the first
-// choice's time), else the first choice. Problems over 64 MiB of arguments are not timed. The
-// choice only changes speed: every candidate computes the primitive's defined arithmetic.
-// SLIMQUANT_DNNL_TUNING=0 keeps oneDNN's first choice.
+// that build such primitives ask fastest_implementation(). It considers only candidates proven
+// equivalent to the first choice: the same layouts, the same ISA (oneDNN's int8 kernels for ISAs
+// without VNNI saturate 16-bit pair sums, so they compute other numbers on a VNNI CPU) and the same
+// output bits on probe data. It times those once per distinct problem, thread count and process, on
+// zero-filled arguments (the speed of these kernels does not depend on the values), and returns
+// the fastest if it is clearly faster (at most 85% of the first choice's time), else the first
+// choice. Problems over 64 MiB of arguments are not timed. The choice changes speed only, never a
+// result, so timing noise cannot make two runs of one command write different files.
+// SLIMQUANT_DNNL_TUNING=0 keeps oneDNN's first choice; =alternative adopts the last equivalent
+// candidate whatever its speed (to show in tests that the choice does not change results).
 #include <dnnl.hpp>
 
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace slimquant::runtime::dnnl_kernels {
 
@@ -21,6 +25,15 @@ namespace slimquant::runtime::dnnl_kernels {
 // at most, looking that far down its list.
 inline constexpr size_t kMaxTimedImplementations = 3;
 inline constexpr size_t kMaxListedImplementations = 12;
+
+// The ISA an implementation name (impl_info_str, e.g. "brgconv:avx512_core_vnni") ends with.
+std::string implementation_isa(const std::string& impl_name);
+
+// The candidates the choice may adopt: oneDNN's first choice, then up to kMaxTimedImplementations - 1
+// further differently named non-reference implementations that read and write its layouts, use its
+// ISA and give its output bit for bit on probe data (full-range integers, floats of varied
+// magnitude). nth(i) as for fastest_implementation_name.
+std::vector<dnnl::primitive_desc> equivalent_implementations(const std::function<dnnl::primitive_desc(size_t)>& nth);
 
 // Core of fastest_implementation: the name (impl_info_str) of the fastest candidate for `key` at
 // the current OpenMP thread count, from the process-wide cache or by timing; empty for oneDNN's
