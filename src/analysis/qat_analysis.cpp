@@ -1,5 +1,6 @@
 #include "slimquant/analysis/qat_analysis.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <unordered_set>
 
@@ -49,6 +50,52 @@ const ir::Node* producer_node(const ir::Graph& g, const std::string& v) {
 const Tensor* float_match(const ir::Graph& f, const std::string& name, const Shape& shape) {
   const Tensor* t = f.initializer(name);
   return t && t->dtype() == DType::kFloat32 && t->shape() == shape ? t : nullptr;
+}
+
+[[noreturn]] void wrong_float_model(const std::string& what) {
+  fail(ErrorKind::kInvalidArgument,
+       what + ": the float model does not match the quantized model (is it the model this one was quantized from?)");
+}
+
+// The first integer attribute (strides, group, kernel_shape, ...) both nodes set to different values.
+std::string differing_int_attribute(const ir::Node& a, const ir::Node& b) {
+  for (const auto& [key, value] : a.attrs) {
+    auto it = b.attrs.find(key);
+    if (it == b.attrs.end()) continue;
+    if (const auto* x = std::get_if<int64_t>(&value)) {
+      if (const auto* y = std::get_if<int64_t>(&it->second); y && *x != *y) return key;
+    } else if (const auto* xs = std::get_if<std::vector<int64_t>>(&value)) {
+      if (const auto* ys = std::get_if<std::vector<int64_t>>(&it->second); ys && *xs != *ys) return key;
+    }
+  }
+  return "";
+}
+
+size_t count_op(const ir::Graph& g, const std::string& op_type) {
+  return static_cast<size_t>(
+      std::count_if(g.nodes.begin(), g.nodes.end(), [&](const ir::Node& n) { return n.op_type == op_type; }));
+}
+
+// The float model must be the quantized model's source: the same graph inputs and outputs.
+void check_same_interface(const ir::Graph& quant, const ir::Graph& flt) {
+  std::vector<std::string> qi, fi;
+  for (const auto& in : quant.inputs)
+    if (!quant.is_initializer(in.name)) qi.push_back(in.name);
+  for (const auto& in : flt.inputs)
+    if (!flt.is_initializer(in.name)) fi.push_back(in.name);
+  for (const auto& name : qi)
+    if (std::find(fi.begin(), fi.end(), name) == fi.end())
+      wrong_float_model("the quantized model's input '" + name + "' is not an input of the float model");
+  for (const auto& name : fi)
+    if (std::find(qi.begin(), qi.end(), name) == qi.end())
+      wrong_float_model("the float model's input '" + name + "' is not an input of the quantized model");
+  if (quant.outputs.size() != flt.outputs.size())
+    wrong_float_model("the quantized model has " + std::to_string(quant.outputs.size()) + " outputs, the float model " +
+                      std::to_string(flt.outputs.size()));
+  for (size_t i = 0; i < quant.outputs.size(); ++i)
+    if (quant.outputs[i].name != flt.outputs[i].name)
+      wrong_float_model("output " + std::to_string(i) + " is '" + quant.outputs[i].name + "' in the quantized model but '" +
+                        flt.outputs[i].name + "' in the float model");
 }
 
 }  // namespace
@@ -110,29 +157,47 @@ ir::Graph dequantize_layers(const ir::Graph& quant, const ir::Graph& float_graph
         continue;  // DQ of something computed: not a constant we can restore
       }
       for (const auto& c : name_candidates(in)) names.push_back(c);
+      // By name first (with the usual quantizer suffixes removed); a float tensor of that name
+      // with another shape means the float model is not this model's source.
       const Tensor* restored = nullptr;
       std::string source, restored_name;
-      for (const auto& n : names)
-        if ((restored = float_match(float_graph, n, shape))) {
-          source = "name:" + n;
-          restored_name = n;
-          break;
-        }
+      const std::string where = "layer '" + node.name + "' (" + node.op_type + ") weight '" + xq + "' " + shape_str(shape);
+      for (const auto& n : names) {
+        const Tensor* t = float_graph.initializer(n);
+        if (!t) continue;
+        if (!(restored = float_match(float_graph, n, shape)))
+          wrong_float_model(where + ": the float model's '" + n + "' is " + dtype_name(t->dtype()) + shape_str(t->shape()));
+        source = "name:" + n;
+        restored_name = n;
+        break;
+      }
       if (!restored) {
+        // Exporter names that match nothing (ONNX Runtime's onnx::W_k): by position among the nodes
+        // of this op type, only where both models have the same nodes of that type.
+        const size_t in_quant = count_op(g, node.op_type), in_float = count_op(float_graph, node.op_type);
+        if (in_quant != in_float)
+          wrong_float_model(where + " has no float tensor of its name, and matching by position needs the same " +
+                            node.op_type + " nodes, but the quantized model has " + std::to_string(in_quant) +
+                            " and the float model " + std::to_string(in_float));
         int count = 0;
         for (const auto& fn : float_graph.nodes) {
           if (fn.op_type != node.op_type || count++ != position) continue;
-          if (k < fn.inputs.size() && (restored = float_match(float_graph, fn.inputs[k], shape))) {
-            source = "position:" + node.op_type + " #" + std::to_string(position) + " input " + std::to_string(k);
-            restored_name = fn.inputs[k];
-          }
+          const Tensor* t = k < fn.inputs.size() ? float_graph.initializer(fn.inputs[k]) : nullptr;
+          if (!t)
+            wrong_float_model(where + ": the float model's " + node.op_type + " #" + std::to_string(position) + " ('" +
+                              fn.name + "') has no constant input " + std::to_string(k));
+          if (!(restored = float_match(float_graph, fn.inputs[k], shape)))
+            wrong_float_model(where + ": the float model's " + node.op_type + " #" + std::to_string(position) +
+                              " input '" + fn.inputs[k] + "' is " + dtype_name(t->dtype()) + shape_str(t->shape()));
+          if (const std::string a = differing_int_attribute(fn, node); !a.empty())
+            wrong_float_model(where + ": the float model's " + node.op_type + " #" + std::to_string(position) + " ('" +
+                              fn.name + "') has another " + a);
+          source = "position:" + node.op_type + " #" + std::to_string(position) + " input " + std::to_string(k);
+          restored_name = fn.inputs[k];
           break;
         }
       }
-      if (!restored) {
-        layer.restored.push_back("dequantized (no float match for '" + xq + "')");
-        continue;
-      }
+      if (!restored) wrong_float_model(where + ": the float model has no matching weight");
       // Keep the float model's name when free: it is what users recognise.
       std::string name = restored_name;
       if (g.is_initializer(name) || g.producer(name) >= 0 || g.find_value_info(name))
@@ -165,6 +230,7 @@ SensitivityReport analyze_qat(const ir::Graph& quant, const ir::Graph& float_mod
   name_nodes(q);
   ir::Graph f = float_model;
   runtime::optimize_graph(f);  // BatchNorm folded, as PTQ folds it before quantizing
+  check_same_interface(q, f);  // a wrong --float-model fails here or by its first mismatching weight
   std::vector<QatLayer> layers = find_quantized_layers(q, options.quantizable_op_type);
   std::string types;
   for (const auto& t : options.quantizable_op_type) types += (types.empty() ? "" : ",") + t;

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "cli/common.h"
+#include "slimquant/analysis/checkpoint.h"
 #include "slimquant/analysis/hist_plot.h"
 #include "slimquant/analysis/ptq_analysis.h"
 #include "slimquant/analysis/qat_analysis.h"
@@ -32,31 +33,9 @@ std::string shell_word(const std::string& s) {
   return out + "'";
 }
 
-size_t parse_size(const std::string& v, const std::string& key) {
-  try {
-    size_t pos = 0;
-    long long x = std::stoll(v, &pos);
-    if (pos == v.size() && x >= 0) return static_cast<size_t>(x);
-  } catch (const std::exception&) {
-  }
-  fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be a non-negative integer, got '" + v + "'");
-}
-
-double parse_double(const std::string& v, const std::string& key) {
-  try {
-    size_t pos = 0;
-    double x = std::stod(v, &pos);
-    if (pos == v.size()) return x;
-  } catch (const std::exception&) {
-  }
-  fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be a number, got '" + v + "'");
-}
-
-bool parse_bool(const std::string& v, const std::string& key) {
-  if (v == "true" || v == "True" || v == "1" || v == "yes") return true;
-  if (v == "false" || v == "False" || v == "0" || v == "no") return false;
-  fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be true or false, got '" + v + "'");
-}
+size_t parse_size(const std::string& v, const std::string& key) { return parse_config_size(v, key); }
+double parse_double(const std::string& v, const std::string& key) { return parse_config_double(v, key); }
+bool parse_bool(const std::string& v, const std::string& key) { return parse_config_bool(v, key); }
 
 // A string key of the YAML file; the sources' configs write None for "not set".
 std::string yaml_string(const std::map<std::string, std::string>& extra, const std::string& key) {
@@ -242,18 +221,20 @@ Action register_analyze(CLI::App& app) {
   add_data_flags(cmd, a->flags, a->data);
   cmd->add_option("--metric", a->metric, "top1, top5 (need labels), cosine, sqnr, top1_agreement (vs FP32); default top1");
   cmd->add_option("--eval-dataset", a->eval_data, "data set the layers are evaluated on (default: DATA)");
-  cmd->add_option("--eval-batch-size", a->eval_batch_size, "evaluation batch size")->capture_default_str();
+  cmd->add_option("--eval-batch-size", a->eval_batch_size, "evaluation batch size")->capture_default_str()->check(positive_integer());
   cmd->add_option("--save-dir", a->save_dir, "output directory (default analysis_results)");
   cmd->add_option("--checkpoint-name", a->checkpoint_name, "checkpoint file in save_dir (default analysis_checkpoint.json)");
-  cmd->add_option("--num-histogram-plots", a->num_plots, "best/worst layers plotted per PDF (default 10, 0 = none)");
+  cmd->add_option("--num-histogram-plots", a->num_plots, "best/worst layers plotted per PDF (default 10, 0 = none)")
+      ->check(non_negative_integer());
   cmd->add_option("--config", a->config_path, "YAML: model_dir, model_filename, params_filename, save_dir, "
                                               "checkpoint_name, num_histogram_plots, ptq_config: {...}");
-  auto* target = cmd->add_option("--target-metric", a->target, "find the model with fewest float layers meeting this metric");
+  auto* target = cmd->add_option("--target-metric", a->target, "find the model with fewest float layers meeting this metric")
+                     ->check(number_range(-1e300, 1e300));
   cmd->add_flag("--statistics", a->statistics, "also per-layer FP32 vs quantized statistics and SQNR (CSV + JSON)");
   cmd->add_option("--model-filename", a->model_filename, "model file inside a MODEL directory");
   cmd->add_option("--params-filename", a->params_filename, "external-data file inside a MODEL directory");
   add_ptq_flags(cmd, a->ptq);
-  cmd->add_option("--threads", a->threads, "threads (0 = all cores)");
+  cmd->add_option("--threads", a->threads, "threads (0 = all cores)")->check(non_negative_integer());
   cmd->add_flag("--json", a->json, "print a JSON object as the last line");
   return [=] {
     a->has_target = target->count() > 0;
@@ -285,11 +266,14 @@ Action register_analyze(CLI::App& app) {
     SQ_CHECK(batch_size > 0 && a->eval_batch_size > 0, ErrorKind::kInvalidArgument, "batch sizes must be at least 1");
     auto metric = analysis::make_metric(metric_name);  // unknown names fail before any work
     check_save_dir(save_dir);
+    // One process per save_dir: two analyses writing one checkpoint and report would mix or lose results.
+    const analysis::DirectoryLock save_dir_lock(save_dir, "--save-dir");
 
     DataFlags flags = a->flags;
     if (!data_spec.empty()) flags.dataset = data_spec;
     if (flags.dataset.empty() && extra.count("data")) flags.dataset = extra["data"];
     if (flags.limit == 0 && extra.count("limit")) flags.limit = parse_size(extra["limit"], "limit");
+    resolve_model_file(model, from("model_filename", a->model_filename));  // a clear error for devices, FIFOs, ambiguous folders
     ir::Graph graph = ir::load_model(model, from("model_filename", a->model_filename), from("params_filename", a->params_filename));
     auto calib = data::open_dataset(flags.options("fashion-mnist:train", &graph));
     std::unique_ptr<data::Dataset> eval_owned;
@@ -428,7 +412,8 @@ Action register_analyze_qat(CLI::App& app) {
   cmd->add_option("--quant-model", a->quant_model, "quantized QDQ ONNX model (quant_model_dir)");
   cmd->add_option("--float-model", a->float_model, "its float ONNX model (float_model_dir)");
   add_data_flags(cmd, a->flags, a->data);
-  auto* qat_metric = cmd->add_option("--qat-metric", a->qat_metric, "the quantized model's metric (computed when not given)");
+  auto* qat_metric = cmd->add_option("--qat-metric", a->qat_metric, "the quantized model's metric (computed when not given)")
+                         ->check(number_range(-1e300, 1e300));
   cmd->add_flag("--resume", a->resume, "continue from the checkpoint in save_dir");
   cmd->add_option("--metric", a->metric, "top1, top5 (need labels), cosine, sqnr, top1_agreement (vs float); default top1");
   cmd->add_option("--save-dir", a->save_dir, "output directory (default analysis_results)");
@@ -438,8 +423,8 @@ Action register_analyze_qat(CLI::App& app) {
                                               "quantizable_op_type, qat_metric, save_dir, resume");
   cmd->add_option("--model-filename", a->model_filename, "model file inside model directories");
   cmd->add_option("--params-filename", a->params_filename, "external-data file inside model directories");
-  cmd->add_option("--batch-size", a->batch_size, "evaluation batch size")->capture_default_str();
-  cmd->add_option("--threads", a->threads, "threads (0 = all cores)");
+  cmd->add_option("--batch-size", a->batch_size, "evaluation batch size")->capture_default_str()->check(positive_integer());
+  cmd->add_option("--threads", a->threads, "threads (0 = all cores)")->check(non_negative_integer());
   cmd->add_flag("--json", a->json, "print a JSON object as the last line");
   return [=] {
     quant::QuantConfig config;
@@ -464,11 +449,18 @@ Action register_analyze_qat(CLI::App& app) {
     const std::string metric_name = from("metric", a->metric).empty() ? "top1" : from("metric", a->metric);
     auto metric = analysis::make_metric(metric_name);
     check_save_dir(o.save_dir);
+    const analysis::DirectoryLock save_dir_lock(o.save_dir, "--save-dir");
+    if (!o.resume && !o.checkpoint_name.empty() &&
+        std::filesystem::exists(std::filesystem::path(o.save_dir) / o.checkpoint_name))
+      std::cerr << "note: starting over without --resume: checkpoint '"
+                << (std::filesystem::path(o.save_dir) / o.checkpoint_name).string() << "' is replaced" << std::endl;
     DataFlags flags = a->flags;
     if (!a->data.empty()) flags.dataset = a->data;
     if (flags.dataset.empty() && extra.count("data")) flags.dataset = extra["data"];
     if (flags.limit == 0 && extra.count("limit")) flags.limit = parse_size(extra["limit"], "limit");
     const std::string mf = from("model_filename", a->model_filename), pf = from("params_filename", a->params_filename);
+    resolve_model_file(quant_path, std::filesystem::is_directory(quant_path) ? mf : "");
+    resolve_model_file(float_path, std::filesystem::is_directory(float_path) ? mf : "");
     ir::Graph quant = ir::load_model(quant_path, std::filesystem::is_directory(quant_path) ? mf : "", std::filesystem::is_directory(quant_path) ? pf : "");
     ir::Graph flt = ir::load_model(float_path, std::filesystem::is_directory(float_path) ? mf : "", std::filesystem::is_directory(float_path) ? pf : "");
     auto data = data::open_dataset(flags.options("fashion-mnist:test", &flt));

@@ -5,9 +5,11 @@
 #include <iostream>
 #include <map>
 #include <random>
+#include <set>
 
 #include "cli/common.h"
 #include "slimquant/analysis/evaluate.h"
+#include "slimquant/core/atomic_file.h"
 #include "slimquant/core/npy.h"
 #include "slimquant/quant/lowering.h"
 #include "slimquant/runtime/session.h"
@@ -65,6 +67,27 @@ runtime::Session make_session(ir::Graph g, int threads, bool simulate) {
   if (!simulate && quant::has_qdq_nodes(g)) return quant::make_int8_session(g, session_options(threads));
   return runtime::Session(std::move(g), session_options(threads));
 }
+// File names for the outputs, in order: the name with characters that paths treat specially
+// ('/', '\\', control characters, a leading '.') replaced by '_', plus ".npy". Names that collide
+// after that (e.g. "a/b" and "a_b") get
+// "_2", "_3", ... in output order, so the mapping is deterministic and no file overwrites another.
+std::vector<std::string> output_file_names(const std::vector<std::string>& names) {
+  std::set<std::string> taken;
+  std::vector<std::string> out;
+  for (const auto& name : names) {
+    std::string base = name.empty() ? "output" : name;
+    for (char& c : base)
+      if (c == '/' || c == '\\' || static_cast<unsigned char>(c) < 0x20) c = '_';
+    if (base[0] == '.') base[0] = '_';
+    if (base.size() > 200) base.resize(200);  // file names are limited to 255 bytes
+    std::string file = base + ".npy";
+    for (int k = 2; taken.count(file); ++k) file = base + "_" + std::to_string(k) + ".npy";
+    taken.insert(file);
+    out.push_back(file);
+  }
+  return out;
+}
+
 constexpr const char* kSimulateHelp = "run a QDQ model as float simulation instead of integer execution";
 
 }  // namespace
@@ -121,8 +144,8 @@ Action register_run(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("MODEL", a->model, "ONNX model file")->required();
   cmd->add_option("--input", a->inputs, "NAME=FILE.npy (repeat for several inputs)")->required();
-  cmd->add_option("--output-dir", a->output_dir, "directory for <output name>.npy files")->required();
-  cmd->add_option("--threads", a->threads, "threads (0 = all cores)");
+  cmd->add_option("--output-dir", a->output_dir, "directory for <output name>.npy files (and outputs.json: file -> output name)")->required();
+  cmd->add_option("--threads", a->threads, "threads (0 = all cores)")->check(non_negative_integer());
   cmd->add_flag("--simulate", a->simulate, kSimulateHelp);
   return [=] {
     runtime::Session session = make_session(load_model_arg(a->model), a->threads, a->simulate);
@@ -145,14 +168,27 @@ Action register_run(CLI::App& app) {
     fs::create_directories(a->output_dir, ec);
     if (ec || !fs::is_directory(a->output_dir))
       fail(ErrorKind::kIo, "cannot create output directory '" + a->output_dir + "'");
-    auto outputs = session.run(feeds);
-    for (const auto& [name, t] : outputs) {
-      std::string file = name;
-      std::replace(file.begin(), file.end(), '/', '_');
-      const std::string path = (fs::path(a->output_dir) / (file + ".npy")).string();
-      write_npy(path, t);
-      std::cout << name << " " << dtype_name(t.dtype()) << shape_str(t.shape()) << " -> " << path << "\n";
+    std::vector<std::string> output_names;
+    for (const auto& o : session.outputs()) output_names.push_back(o.name);
+    const std::vector<std::string> files = output_file_names(output_names);
+    std::vector<std::string> paths, inputs{a->model};
+    for (const auto& spec : a->inputs) inputs.push_back(spec.substr(spec.find('=') + 1));
+    for (const auto& f : files) {  // before running: no output replaces an input or a special file
+      paths.push_back((fs::path(a->output_dir) / f).string());
+      check_output_path(paths.back(), inputs, "output");
     }
+    auto outputs = session.run(feeds);
+    nlohmann::json index = nlohmann::json::object();
+    for (size_t i = 0; i < output_names.size(); ++i) {
+      const Tensor& t = outputs.at(output_names[i]);
+      write_npy(paths[i], t);
+      index[files[i]] = output_names[i];
+      std::cout << output_names[i] << " " << dtype_name(t.dtype()) << shape_str(t.shape()) << " -> " << paths[i] << "\n";
+    }
+    // Which file holds which output, for names that had to be changed to be file names.
+    const std::string index_path = (fs::path(a->output_dir) / "outputs.json").string();
+    write_file_atomic(index_path, index.dump(2) + "\n");
+    std::cout << "index -> " << index_path << std::endl;
     return 0;
   };
 }
@@ -171,8 +207,8 @@ Action register_eval(CLI::App& app) {
   cmd->add_option("MODEL", a->model, "ONNX model file")->required();
   add_data_flags(cmd, a->flags, a->data);
   cmd->add_option("--metric", a->metric, "top1 or top5 (needs labels)")->capture_default_str();
-  cmd->add_option("--batch-size", a->batch_size, "samples per batch")->capture_default_str();
-  cmd->add_option("--threads", a->threads, "threads (0 = all cores)");
+  cmd->add_option("--batch-size", a->batch_size, "samples per batch")->capture_default_str()->check(positive_integer());
+  cmd->add_option("--threads", a->threads, "threads (0 = all cores)")->check(non_negative_integer());
   cmd->add_flag("--json", a->json, "print a JSON object as the last line");
   cmd->add_flag("--simulate", a->simulate, kSimulateHelp);
   return [=] {
@@ -205,9 +241,9 @@ Action register_bench(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("MODEL", a->model, "ONNX model file")->required();
   cmd->add_option("--shape", a->shapes, "input shape, e.g. 1x1x28x28, or NAME=1x1x28x28 per input");
-  cmd->add_option("--runs", a->runs, "timed runs")->capture_default_str();
-  cmd->add_option("--warmup", a->warmup, "untimed runs first")->capture_default_str();
-  cmd->add_option("--threads", a->threads, "threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--runs", a->runs, "timed runs")->capture_default_str()->check(positive_integer());
+  cmd->add_option("--warmup", a->warmup, "untimed runs first")->capture_default_str()->check(non_negative_integer());
+  cmd->add_option("--threads", a->threads, "threads (0 = all cores)")->capture_default_str()->check(non_negative_integer());
   cmd->add_flag("--json", a->json, "print a JSON object as the last line");
   cmd->add_flag("--simulate", a->simulate, kSimulateHelp);
   return [=] {

@@ -10,6 +10,7 @@
 
 #include "cli/common.h"
 #include "slimquant/analysis/evaluate.h"
+#include "slimquant/core/atomic_file.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/lowering.h"
 #include "slimquant/train/qat.h"
@@ -44,23 +45,27 @@ Action register_qat(CLI::App& app) {
   cmd->add_option("MODEL", a->model, "FP32 ONNX model")->required();
   add_data_flags(cmd, a->flags, a->data);
   cmd->add_option("-o,--output", a->output, "where to write the QDQ model")->required();
-  cmd->add_option("--epochs", a->epochs, "training epochs (default 1)");
-  cmd->add_option("--lr", a->lr, "peak learning rate (default 1e-3 for sgd, 1e-4 for adam)");
+  cmd->add_option("--epochs", a->epochs, "training epochs (default 1)")->check(non_negative_integer());
+  cmd->add_option("--lr", a->lr, "peak learning rate (default 1e-3 for sgd, 1e-4 for adam)")->check(positive_number());
   cmd->add_option("--optimizer", a->optimizer, "sgd (default, momentum 0.9), adam or adamw");
-  cmd->add_option("--momentum", a->momentum, "sgd momentum (default 0.9)");
+  cmd->add_option("--momentum", a->momentum, "sgd momentum (default 0.9)")->check(number_range(0.0, 1.0));
   cmd->add_flag("--nesterov", a->nesterov, "sgd with Nesterov momentum");
-  cmd->add_option("--weight-decay", a->weight_decay, "weight decay on weight tensors (default 0; decoupled for adamw)");
+  cmd->add_option("--weight-decay", a->weight_decay, "weight decay on weight tensors (default 0; decoupled for adamw)")
+      ->check(non_negative_number());
   cmd->add_option("--lr-schedule", a->lr_schedule, "cosine (default, 5% warmup), step or constant");
   cmd->add_option("--weight-quanter", a->weight_quanter, "lsq_plus (default), pact or abs_max");
   cmd->add_option("--weight-bits", a->weight_bits,
-                  "weight bits, 2..8 (default: 8 on CPUs with VNNI, else 7, which lets INT8 run int8 kernels)");
+                  "weight bits, 2..8 (default: 8 on CPUs with VNNI, else 7, which lets INT8 run int8 kernels)")
+      ->check(non_negative_integer());  // 2..8 is checked with the config (exit 5)
   cmd->add_option("--act-quanter", a->act_quanter, "pact (default), lsq_plus or moving_abs_max");
   cmd->add_flag("--distill", a->distill, "learn from the FP32 model's outputs (KL divergence); no labels needed");
-  cmd->add_option("--temperature", a->temperature, "distillation temperature (default 1)");
-  cmd->add_option("--batch-size", a->batch_size, "training batch size (default 32)");
-  cmd->add_option("--steps-per-epoch", a->steps_per_epoch, "optimizer steps per epoch, each epoch a new random subset (0 = all data)");
+  cmd->add_option("--temperature", a->temperature, "distillation temperature (default 1)")->check(positive_number());
+  cmd->add_option("--batch-size", a->batch_size, "training batch size (default 32)")->check(positive_integer());
+  cmd->add_option("--steps-per-epoch", a->steps_per_epoch, "optimizer steps per epoch, each epoch a new random subset (0 = all data)")
+      ->check(non_negative_integer());
   cmd->add_option("--calib-batches", a->calib_batches, "PTQ calibration batches that initialise activation scales (0 = none)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(non_negative_integer());
   cmd->add_option("--algo", a->algo, "calibration observer for that initialisation (default emd)");
   cmd->add_option("--quantizable-op-type", a->op_types, "op types to quantize, e.g. Conv,MatMul,Gemm");
   cmd->add_option("--skip-tensor-list", a->skip_tensors, "tensors whose readers/writers stay float (a,b,...)");
@@ -68,10 +73,11 @@ Action register_qat(CLI::App& app) {
   cmd->add_option("--config", a->config_path, "YAML with the same settings (seed names; act_quanter/weight_quanter per rule)");
   cmd->add_option("--checkpoint", a->checkpoint, "checkpoint file written after every epoch and resumed from (default OUT.ckpt)");
   cmd->add_option("--eval-dataset", a->eval_data, "data set for the FP32 / PTQ / QAT top-1 (default: DATA)");
-  cmd->add_option("--eval-limit", a->eval_limit, "evaluate on the first N samples only (0 = all)");
+  cmd->add_option("--eval-limit", a->eval_limit, "evaluate on the first N samples only (0 = all)")->check(non_negative_integer());
   cmd->add_flag("--no-eval", a->no_eval, "skip the FP32 / PTQ / QAT evaluation");
-  cmd->add_option("--seed", a->seed, "shuffling seed")->capture_default_str();
-  cmd->add_option("--threads", a->threads, "threads for training and evaluation (0 = all cores; 1 avoids OpenMP spinning on a busy machine)");
+  cmd->add_option("--seed", a->seed, "shuffling seed")->capture_default_str()->check(non_negative_integer());
+  cmd->add_option("--threads", a->threads, "threads for training and evaluation (0 = all cores; 1 avoids OpenMP spinning on a busy machine)")
+      ->check(non_negative_integer());
   cmd->add_flag("--json", a->json, "print a JSON object as the last line");
   return [=] {
     quant::QuantConfig config;
@@ -80,21 +86,33 @@ Action register_qat(CLI::App& app) {
     train::QATOptions o;
     // The YAML's flow keys first, then flags given explicitly.
     auto get = [&](const char* key) { return extra.count(key) ? extra[key] : std::string(); };
-    try {
-      if (!get("epochs").empty()) o.epochs = std::stoi(get("epochs"));
-      if (!get("lr").empty()) o.lr = std::stof(get("lr"));
-      if (!get("batch_size").empty()) o.batch_size = std::stoul(get("batch_size"));
-      if (!get("batch_nums").empty() && !cmd->count("--calib-batches")) a->calib_batches = std::stoul(get("batch_nums"));
-      if (!get("temperature").empty()) o.temperature = std::stof(get("temperature"));
-      if (!get("steps_per_epoch").empty() && !cmd->count("--steps-per-epoch")) a->steps_per_epoch = std::stoul(get("steps_per_epoch"));
-      if (!get("weight_decay").empty()) o.optimizer.weight_decay = std::stof(get("weight_decay"));
-      if (!get("momentum").empty()) o.optimizer.momentum = std::stof(get("momentum"));
-      if (!get("seed").empty() && !cmd->count("--seed")) a->seed = std::stoull(get("seed"));
-    } catch (const std::exception&) {
-      fail(ErrorKind::kInvalidArgument, "config file '" + a->config_path +
-                                            "': epochs, lr, batch_size, batch_nums, temperature, steps_per_epoch, "
-                                            "weight_decay, momentum and seed must be numbers");
+    // Checked like the flags: a negative count never wraps, text that is not a number names its key.
+    auto positive = [&](const char* key) {
+      const size_t v = parse_config_size(get(key), key);
+      SQ_CHECK(v > 0, ErrorKind::kInvalidArgument, std::string("config key '") + key + "' must be at least 1");
+      return v;
+    };
+    auto finite_at_least = [&](const char* key, double lo, bool inclusive) {
+      const double v = parse_config_double(get(key), key);
+      SQ_CHECK(inclusive ? v >= lo : v > lo, ErrorKind::kInvalidArgument,
+               std::string("config key '") + key + "' must be " + (inclusive ? "at least " : "greater than ") +
+                   std::to_string(lo) + ", got '" + get(key) + "'");
+      return static_cast<float>(v);
+    };
+    if (!get("epochs").empty()) {
+      const size_t epochs = parse_config_size(get("epochs"), "epochs");
+      SQ_CHECK(epochs <= 1000000, ErrorKind::kInvalidArgument, "config key 'epochs' is too large");
+      o.epochs = static_cast<int>(epochs);
     }
+    if (!get("lr").empty()) o.lr = finite_at_least("lr", 0, false);
+    if (!get("batch_size").empty()) o.batch_size = positive("batch_size");
+    if (!get("batch_nums").empty() && !cmd->count("--calib-batches")) a->calib_batches = parse_config_size(get("batch_nums"), "batch_nums");
+    if (!get("temperature").empty()) o.temperature = finite_at_least("temperature", 0, false);
+    if (!get("steps_per_epoch").empty() && !cmd->count("--steps-per-epoch"))
+      a->steps_per_epoch = parse_config_size(get("steps_per_epoch"), "steps_per_epoch");
+    if (!get("weight_decay").empty()) o.optimizer.weight_decay = finite_at_least("weight_decay", 0, true);
+    if (!get("momentum").empty()) o.optimizer.momentum = finite_at_least("momentum", 0, true);
+    if (!get("seed").empty() && !cmd->count("--seed")) a->seed = parse_config_size(get("seed"), "seed");
     if (!get("lr_schedule").empty()) o.lr_schedule = get("lr_schedule");
     if (get("nesterov") == "true") o.optimizer.nesterov = true;
     if (!get("checkpoint").empty() && a->checkpoint.empty()) a->checkpoint = get("checkpoint");
@@ -129,12 +147,21 @@ Action register_qat(CLI::App& app) {
     o.checkpoint = a->checkpoint.empty() ? a->output + ".ckpt" : a->checkpoint;
     train::QAT qat(config, o);  // validates quanter and optimizer names
 
+    // Before any training: the output and the checkpoint must be writable files that are none of
+    // the inputs (a -o naming the FP32 model would overwrite it).
+    const std::string model_file = resolve_model_file(a->model);
     {
+      DataFlags data_flags = a->flags;
+      if (!a->data.empty()) data_flags.dataset = a->data;
+      const std::vector<std::string> inputs{model_file, a->config_path, data_spec_path(data_flags.dataset),
+                                            data_spec_path(a->eval_data)};
+      check_output_path(a->output, inputs, "-o");
+      check_output_path(o.checkpoint, inputs, "--checkpoint");
+      std::error_code ec;
+      SQ_CHECK(!std::filesystem::equivalent(o.checkpoint, a->output, ec) && o.checkpoint != a->output,
+               ErrorKind::kInvalidArgument, "--checkpoint '" + o.checkpoint + "' is the -o output: give another path");
       std::filesystem::path out(a->output);
       auto dir = out.has_parent_path() ? out.parent_path() : std::filesystem::path(".");
-      SQ_CHECK(std::filesystem::is_directory(dir), ErrorKind::kIo,
-               "cannot write '" + a->output + "': directory '" + dir.string() + "' does not exist");
-      std::error_code ec;
       const auto probe = dir / (".slimquant_write_probe_" + std::to_string(::getpid()));
       { std::ofstream f(probe); SQ_CHECK(f.good(), ErrorKind::kIo, "cannot write '" + a->output + "': directory '" + dir.string() + "' is not writable"); }
       std::filesystem::remove(probe, ec);
@@ -146,7 +173,7 @@ Action register_qat(CLI::App& app) {
     auto train_set = data::open_dataset(flags.options("fashion-mnist:train"));
     SQ_CHECK(o.distill || train_set->has_labels(), ErrorKind::kInvalidArgument,
              "training data '" + train_set->name() + "' has no labels: pass --distill to train against the FP32 model's outputs");
-    ir::Graph model = load_model_arg(a->model);
+    ir::Graph model = ir::load_model(model_file);
 
     qat.prepare(model, train_set.get());
     std::cout << "QAT of " << qat.layers().size() << " layers: weights " << o.weight_quanter << " ("

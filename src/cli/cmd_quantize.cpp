@@ -5,6 +5,7 @@
 
 #include "cli/common.h"
 #include "slimquant/analysis/evaluate.h"
+#include "slimquant/core/atomic_file.h"
 #include "slimquant/core/progress.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
@@ -26,7 +27,7 @@ Action register_quantize(CLI::App& app) {
     int threads = 0;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("MODEL", a->model, "FP32 ONNX model")->required();
+  cmd->add_option("MODEL", a->model, "FP32 ONNX model (.onnx file, or a directory holding exactly one)")->required();
   add_data_flags(cmd, a->flags, a->data);
   cmd->add_option("-o,--output", a->output, "where to write the QDQ model")->required();
   add_ptq_flags(cmd, a->ptq);
@@ -37,7 +38,7 @@ Action register_quantize(CLI::App& app) {
   cmd->add_option("--metric", a->metric, "metric printed for FP32 and INT8 (top1/top5 need labels)");
   cmd->add_option("--eval-dataset", a->eval_data, "data set for the FP32/INT8 comparison (default: DATA)");
   cmd->add_flag("--no-eval", a->no_eval, "skip the FP32/INT8 evaluation");
-  cmd->add_option("--threads", a->threads, "threads (0 = all cores)");
+  cmd->add_option("--threads", a->threads, "threads (0 = all cores)")->check(non_negative_integer());
   cmd->add_flag("--json", a->json, "print a JSON object as the last line");
   return [=] {
     quant::QuantConfig config;
@@ -48,31 +49,29 @@ Action register_quantize(CLI::App& app) {
     std::string cache_dir = a->cache_dir;
     auto flag_given = [&](const char* name) { return cmd->count(name) > 0; };
     // The config file's flow keys apply unless the same setting is given as a flag.
-    auto as_bool = [](const std::string& v) { return v == "true" || v == "True" || v == "1" || v == "yes"; };
-    if (extra.count("batch_size") && !flag_given("--batch-size")) batch_size = std::stoul(extra["batch_size"]);
-    if (extra.count("batch_nums") && !flag_given("--batch-nums")) batch_nums = std::stoul(extra["batch_nums"]);
-    if (extra.count("is_use_cache_file") && !flag_given("--is-use-cache-file")) use_cache = as_bool(extra["is_use_cache_file"]);
+    if (extra.count("batch_size") && !flag_given("--batch-size")) batch_size = parse_config_size(extra["batch_size"], "batch_size");
+    if (extra.count("batch_nums") && !flag_given("--batch-nums")) batch_nums = parse_config_size(extra["batch_nums"], "batch_nums");
+    if (extra.count("is_use_cache_file") && !flag_given("--is-use-cache-file")) use_cache = parse_config_bool(extra["is_use_cache_file"], "is_use_cache_file");
     if (extra.count("cache_dir") && !flag_given("--cache-dir")) cache_dir = extra["cache_dir"];
     apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     SQ_CHECK(batch_size > 0, ErrorKind::kInvalidArgument, "--batch-size must be at least 1");
 
-    // Fail on an unwritable output before spending time on calibration.
-    {
-      std::filesystem::path out(a->output);
-      auto dir = out.has_parent_path() ? out.parent_path() : std::filesystem::path(".");
-      SQ_CHECK(std::filesystem::is_directory(dir), ErrorKind::kIo,
-               "cannot write '" + a->output + "': directory '" + dir.string() + "' does not exist");
-    }
+    // MODEL may be a directory holding exactly one .onnx file (README); from here on, that file.
+    const std::string model_file = resolve_model_file(a->model);
     DataFlags flags = a->flags;
     if (!a->data.empty()) flags.dataset = a->data;
+    // Fail on an output that cannot or must not be written before spending time on calibration:
+    // a missing directory, a directory or device, or one of this command's inputs.
+    check_output_path(a->output,
+                      {model_file, a->config_path, data_spec_path(flags.dataset), data_spec_path(a->eval_data)}, "-o");
     // Side inputs take their ranks from the model (read here only when there are any).
     std::optional<ir::Graph> model_inputs;
-    if (!flags.side_inputs.empty()) model_inputs = load_model_arg(a->model);
+    if (!flags.side_inputs.empty()) model_inputs = ir::load_model(model_file);
     const ir::Graph* for_ranks = model_inputs ? &*model_inputs : nullptr;
     auto dataset = data::open_dataset(flags.options("fashion-mnist:train", for_ranks));
 
     quant::PostTrainingQuantizationOptions po;
-    po.model_dir = a->model;
+    po.model_dir = model_file;
     po.dataset = dataset.get();
     po.batch_size = batch_size;
     if (batch_nums > 0) po.batch_nums = batch_nums;
@@ -94,7 +93,7 @@ Action register_quantize(CLI::App& app) {
               << std::fixed << std::setprecision(2) << calib_seconds << " s";
     if (rep.resumed_batches) std::cout << " (" << rep.resumed_batches << " batches resumed from the cache)";
     std::cout << " -> " << a->output << std::endl;
-    const auto fp32_bytes = std::filesystem::file_size(a->model);
+    const auto fp32_bytes = std::filesystem::file_size(model_file);
     const auto int8_bytes = std::filesystem::file_size(a->output);
     std::cout << "model size: fp32 " << fp32_bytes / 1024 << " KiB, int8 " << int8_bytes / 1024 << " KiB ("
               << std::setprecision(2) << static_cast<double>(int8_bytes) / static_cast<double>(fp32_bytes) << "x)"

@@ -1,8 +1,16 @@
 #include "cli/common.h"
 
+#include <yaml-cpp/exceptions.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <chrono>
 #include <iostream>
+#include <new>
+#include <stdexcept>
 #include <sstream>
 #include <vector>
 
@@ -31,12 +39,16 @@ data::DataOptions DataFlags::options(const std::string& default_spec, const ir::
 
 void add_ptq_flags(CLI::App* app, PtqFlags& f) {
   app->add_option("--algo", f.algo, "activation observer: emd (default), mse, KL, hist, abs_max (direct), min_max, avg");
-  app->add_option("--hist-percent", f.hist_percent, "percentile for algo hist (default 0.99999)");
-  app->add_option("--batch-size", f.batch_size, "calibration batch size")->capture_default_str();
-  app->add_option("--batch-nums", f.batch_nums, "calibration batches (0 = the whole data set)")->capture_default_str();
+  app->add_option("--hist-percent", f.hist_percent, "percentile for algo hist (default 0.99999)")
+      ->check(number_range(0.0, 1.0));
+  app->add_option("--batch-size", f.batch_size, "calibration batch size")->capture_default_str()->check(positive_integer());
+  app->add_option("--batch-nums", f.batch_nums, "calibration batches (0 = the whole data set)")
+      ->capture_default_str()
+      ->check(non_negative_integer());
   app->add_option("--weight-quantize-type", f.weight_type, "abs_max, channel_wise_abs_max, mse_channel_wise");
   app->add_option("--weight-bits", f.weight_bits,
-                  "weight bits, 2..8 (default: 8 on CPUs with VNNI, else 7, which lets INT8 run int8 kernels)");
+                  "weight bits, 2..8 (default: 8 on CPUs with VNNI, else 7, which lets INT8 run int8 kernels)")
+      ->check(non_negative_integer());  // 2..8 is checked with the config (exit 5)
   app->add_option("--quantizable-op-type", f.op_types, "op types to quantize, e.g. Conv,MatMul,Gemm");
   app->add_flag("--is-full-quantize", f.full, "also quantize pooling, Add, Concat, Softmax, Reshape, ...");
   app->add_option("--skip-tensor-list", f.skip_tensors, "tensors whose readers/writers stay float (a,b,...)");
@@ -65,14 +77,15 @@ void add_data_flags(CLI::App* app, DataFlags& flags, std::string& positional) {
   app->add_option("--std", flags.stddev, "per-channel standard deviation (a or a,b,c)");
   app->add_option("--resize", flags.resize, "resize images to HxW");
   app->add_option("--channel-order", flags.channel_order, "rgb or bgr")->capture_default_str();
-  app->add_option("--channels", flags.channels, "decode images with 1 or 3 channels (0 = as stored)");
-  app->add_option("--limit", flags.limit, "use only the first N samples (0 = all)");
+  app->add_option("--channels", flags.channels, "decode images with 1 or 3 channels (0 = as stored)")
+      ->check(CLI::IsMember({0, 1, 3}));
+  app->add_option("--limit", flags.limit, "use only the first N samples (0 = all)")->check(non_negative_integer());
   app->add_option("--side-input", flags.side_inputs,
                   "NAME=FILE.npy: a further model input fed with the samples, one row per sample or one for all "
                   "(multi-input models; repeatable)");
 }
 
-ir::Graph load_model_arg(const std::string& path) { return ir::load_model(path); }
+ir::Graph load_model_arg(const std::string& path) { return ir::load_model(resolve_model_file(path)); }
 
 std::vector<std::string> graph_input_names(const ir::Graph& g) {
   std::vector<std::string> names;
@@ -114,7 +127,173 @@ int exit_code_for(ErrorKind kind) {
     case ErrorKind::kIo: return 7;
     case ErrorKind::kInternal: return 70;
   }
-  return 1;
+  return 70;
+}
+
+int report_exception(std::exception_ptr e) {
+  auto report = [](const std::string& message, int code) {
+    std::cerr << "error: " << message << std::endl;
+    return code;
+  };
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& x) {
+    return report(x.what(), exit_code_for(x.kind()));
+  } catch (const std::filesystem::filesystem_error& x) {
+    return report(x.what(), exit_code_for(ErrorKind::kIo));
+  } catch (const nlohmann::json::exception& x) {
+    // A JSON file (checkpoint, index) whose content does not have the expected form.
+    return report(std::string("invalid JSON data: ") + x.what(), exit_code_for(ErrorKind::kInvalidData));
+  } catch (const YAML::Exception& x) {
+    return report(std::string("invalid YAML config: ") + x.what(), exit_code_for(ErrorKind::kInvalidArgument));
+  } catch (const std::bad_alloc&) {
+    return report("out of memory (the model, data or a flag asks for more memory than this machine has)",
+                  exit_code_for(ErrorKind::kInternal));
+  } catch (const std::length_error& x) {
+    return report(std::string("out of memory: a size is too large (") + x.what() + ")",
+                  exit_code_for(ErrorKind::kInternal));
+  } catch (const std::invalid_argument& x) {  // std::stoll & co. on text that is not a number
+    return report(std::string("invalid number: ") + x.what(), exit_code_for(ErrorKind::kInvalidArgument));
+  } catch (const std::out_of_range& x) {
+    return report(std::string("value out of range: ") + x.what(), exit_code_for(ErrorKind::kInvalidArgument));
+  } catch (const std::exception& x) {
+    return report(std::string("internal error: ") + x.what(), exit_code_for(ErrorKind::kInternal));
+  } catch (...) {
+    return report("internal error: unknown exception", exit_code_for(ErrorKind::kInternal));
+  }
+}
+
+namespace {
+
+// Integer text: optional sign, digits, nothing else.
+bool parse_integer(const std::string& text, long long& value) {
+  if (text.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  value = std::strtoll(text.c_str(), &end, 10);
+  return errno == 0 && end == text.c_str() + text.size();
+}
+
+bool parse_number(const std::string& text, double& value) {
+  if (text.empty()) return false;
+  char* end = nullptr;
+  value = std::strtod(text.c_str(), &end);
+  return end == text.c_str() + text.size() && std::isfinite(value);
+}
+
+CLI::Validator integer_at_least(long long lo, const std::string& what) {
+  return CLI::Validator(
+      [lo, what](std::string& text) -> std::string {
+        long long v = 0;
+        if (!parse_integer(text, v) || v < lo) return "must be " + what + ", got '" + text + "'";
+        return {};
+      },
+      what);
+}
+
+CLI::Validator number_above(double lo, bool inclusive, const std::string& what) {
+  return CLI::Validator(
+      [lo, inclusive, what](std::string& text) -> std::string {
+        double v = 0;
+        if (!parse_number(text, v) || (inclusive ? v < lo : v <= lo)) return "must be " + what + ", got '" + text + "'";
+        return {};
+      },
+      what);
+}
+
+}  // namespace
+
+const CLI::Validator& positive_integer() {
+  static const CLI::Validator v = integer_at_least(1, "a positive integer");
+  return v;
+}
+const CLI::Validator& non_negative_integer() {
+  static const CLI::Validator v = integer_at_least(0, "a non-negative integer");
+  return v;
+}
+const CLI::Validator& positive_number() {
+  static const CLI::Validator v = number_above(0, false, "a positive number");
+  return v;
+}
+const CLI::Validator& non_negative_number() {
+  static const CLI::Validator v = number_above(0, true, "a non-negative number");
+  return v;
+}
+
+CLI::Validator integer_range(long long lo, long long hi) {
+  const std::string what = "an integer from " + std::to_string(lo) + " to " + std::to_string(hi);
+  return CLI::Validator(
+      [lo, hi, what](std::string& text) -> std::string {
+        long long v = 0;
+        if (!parse_integer(text, v) || v < lo || v > hi) return "must be " + what + ", got '" + text + "'";
+        return {};
+      },
+      what);
+}
+
+CLI::Validator number_range(double lo, double hi) {
+  std::ostringstream os;
+  os << "a number from " << lo << " to " << hi;
+  const std::string what = os.str();
+  return CLI::Validator(
+      [lo, hi, what](std::string& text) -> std::string {
+        double v = 0;
+        if (!parse_number(text, v) || v < lo || v > hi) return "must be " + what + ", got '" + text + "'";
+        return {};
+      },
+      what);
+}
+
+std::string data_spec_path(const std::string& spec) {
+  const size_t colon = spec.find(':');
+  if (colon == std::string::npos) return "";
+  const std::string kind = spec.substr(0, colon);
+  return kind == "images" || kind == "npy" ? spec.substr(colon + 1) : "";
+}
+
+size_t parse_config_size(const std::string& v, const std::string& key) {
+  long long x = 0;
+  if (parse_integer(v, x) && x >= 0) return static_cast<size_t>(x);
+  fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be a non-negative integer, got '" + v + "'");
+}
+
+double parse_config_double(const std::string& v, const std::string& key) {
+  double x = 0;
+  if (parse_number(v, x)) return x;
+  fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be a finite number, got '" + v + "'");
+}
+
+bool parse_config_bool(const std::string& v, const std::string& key) {
+  if (v == "true" || v == "True" || v == "1" || v == "yes") return true;
+  if (v == "false" || v == "False" || v == "0" || v == "no") return false;
+  fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be true or false, got '" + v + "'");
+}
+
+std::string resolve_model_file(const std::string& model, const std::string& model_filename) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(model, ec);
+  SQ_CHECK(st.type() != fs::file_type::not_found, ErrorKind::kIo, "model '" + model + "' does not exist");
+  if (st.type() == fs::file_type::regular) return model;
+  SQ_CHECK(st.type() == fs::file_type::directory, ErrorKind::kInvalidArgument,
+           "model '" + model + "' is not a regular file: give an .onnx file, or a directory holding one");
+  if (!model_filename.empty()) {
+    const std::string file = (fs::path(model) / model_filename).string();
+    SQ_CHECK(fs::is_regular_file(file, ec), ErrorKind::kIo,
+             "model directory '" + model + "' has no model file '" + model_filename + "'");
+    return file;
+  }
+  std::vector<std::string> candidates;
+  for (const auto& e : fs::directory_iterator(model, ec))
+    if (e.path().extension() == ".onnx" && e.is_regular_file(ec)) candidates.push_back(e.path().string());
+  std::sort(candidates.begin(), candidates.end());
+  if (candidates.size() == 1) return candidates[0];
+  std::string listed;
+  for (size_t i = 0; i < candidates.size() && i < 5; ++i) listed += (i ? ", " : " (") + fs::path(candidates[i]).filename().string();
+  if (!listed.empty()) listed += candidates.size() > 5 ? ", ...)" : ")";
+  fail(ErrorKind::kInvalidArgument, "model directory '" + model + "' holds " + std::to_string(candidates.size()) +
+                                        " .onnx files" + listed +
+                                        ": a MODEL directory must hold exactly one; otherwise give the .onnx file itself");
 }
 
 }  // namespace slimquant::cli

@@ -54,6 +54,32 @@ void print_json(const nlohmann::json& j);
 
 // Process exit codes by error kind (documented in README).
 int exit_code_for(ErrorKind kind);
+// The exit code for any exception that reaches main, after printing "error: ..." on stderr: our
+// Error by kind, and every other type mapped to one of README's codes (never 1 or a library's own).
+int report_exception(std::exception_ptr e);
+
+// Flag validators, so a negative count never wraps to 2^64-1 and nonsense fails at parse time
+// (exit 2) with a message naming the flag.
+const CLI::Validator& positive_integer();      // 1, 2, ...
+const CLI::Validator& non_negative_integer();  // 0, 1, ...
+const CLI::Validator& positive_number();       // > 0, finite
+const CLI::Validator& non_negative_number();   // >= 0, finite
+CLI::Validator integer_range(long long lo, long long hi);
+CLI::Validator number_range(double lo, double hi);
+
+// The file or directory a data set spec reads (images:LIST -> LIST, npy:DIR -> DIR), "" for
+// built-in data sets: outputs are checked against it.
+std::string data_spec_path(const std::string& spec);
+
+// Config-file (YAML) values, checked like the flags: kInvalidArgument naming the key on bad text.
+size_t parse_config_size(const std::string& value, const std::string& key);
+double parse_config_double(const std::string& value, const std::string& key);
+bool parse_config_bool(const std::string& value, const std::string& key);
+
+// The model file a MODEL argument names: an .onnx file, or a directory holding exactly one .onnx
+// file (or `model_filename`). Throws kIo when it does not exist, kInvalidArgument naming what was
+// expected otherwise. Commands resolve it first so outputs can be checked against it.
+std::string resolve_model_file(const std::string& model, const std::string& model_filename = "");
 
 // "a,b,,c" -> {a, b, c}: comma-separated flag values (op types, tensor names).
 std::vector<std::string> split_list(const std::string& text);

@@ -1,5 +1,5 @@
 // slimquant: the command-line tool. Each subcommand lives in its own file; errors become a message
-// on stderr ("error: ...") and a non-zero exit code chosen by error kind.
+// on stderr ("error: ...") and one of README's exit codes, chosen by error kind (report_exception).
 #include <iostream>
 
 #include "cli/common.h"
@@ -29,18 +29,18 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; every bad command line is README's 2, not CLI11's own codes.
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  } catch (...) {
+    return cli::report_exception(std::current_exception());
   }
   if (quiet) Progress::set_enabled(false);
   try {
     for (auto& [sub, action] : commands)
       if (sub->parsed()) return action();
-  } catch (const Error& e) {
-    std::cerr << "error: " << e.what() << std::endl;
-    return cli::exit_code_for(e.kind());
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << std::endl;
-    return 1;
+  } catch (...) {
+    return cli::report_exception(std::current_exception());
   }
   return 0;
 }

@@ -136,6 +136,7 @@ class ImageList final : public Dataset {
     // requested channel count happens in image_to_chw with cvtColor, so it is the same arithmetic
     // for every file format (libpng's and libjpeg's own gray conversions differ from each other).
     const int flags = cv::IMREAD_ANYCOLOR;
+    check_image_before_decoding(e.path, where(e.line));  // size limits before OpenCV allocates
     cv::Mat img;
     try {
       img = cv::imread(e.path, flags);
@@ -145,6 +146,7 @@ class ImageList final : public Dataset {
     if (img.empty())
       fail(ErrorKind::kInvalidData,
            where(e.line) + ": cannot decode image '" + e.text + "' (" + e.path + ")");
+    check_decoded_image(img, e.path, where(e.line));
     return img;
   }
 

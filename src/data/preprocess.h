@@ -36,6 +36,23 @@ void image_to_chw(const cv::Mat& image, int out_channels, ImageSize size, Channe
 void planar_resize_normalize(float* src, int64_t channels, ImageSize from, ImageSize size,
                              const Normalize& norm, float* dst);
 
+// Decoded image size limit: width x height at most this many pixels (10000 x 10000; README).
+inline constexpr uint64_t kMaxImagePixels = 100'000'000;
+
+// Width and height declared in an image file's header (PNG, JPEG, BMP, WebP, TIFF, PNM), read
+// without decoding; nullopt for other formats or an unreadable header.
+struct ImageDims {
+  uint64_t width = 0, height = 0;
+};
+std::optional<ImageDims> read_image_header_dims(const std::string& path);
+
+// Before cv::imread: the path must be a regular file (a FIFO or device would block), and a size
+// declared in its header must be non-empty and within kMaxImagePixels. Throws kInvalidData (kIo
+// when missing) naming `what` (e.g. "list.txt:3") and the file.
+void check_image_before_decoding(const std::string& path, const std::string& what);
+// After decoding, for the formats whose header is not read: the same pixel limit.
+void check_decoded_image(const cv::Mat& image, const std::string& path, const std::string& what);
+
 // Applies the normalisation in place on a planar [C, plane] buffer.
 void normalize_planar(float* data, int64_t channels, int64_t plane, const Normalize& norm);
 

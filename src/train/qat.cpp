@@ -15,7 +15,10 @@
 #include <set>
 #include <sstream>
 
+#include <zlib.h>
+
 #include "quant/qdq_export.h"
+#include "slimquant/core/atomic_file.h"
 #include "slimquant/core/npy.h"
 #include "slimquant/core/progress.h"
 #include "slimquant/train/loss.h"
@@ -24,7 +27,21 @@ namespace slimquant::train {
 
 namespace {
 
-constexpr char kCheckpointMagic[8] = {'S', 'Q', 'Q', 'A', 'T', 'C', 'K', '1'};
+// Version 2 adds CRC-32 checksums: one over the header, one per tensor (listed in the header).
+constexpr char kCheckpointMagic[8] = {'S', 'Q', 'Q', 'A', 'T', 'C', 'K', '2'};
+constexpr char kCheckpointMagicV1[8] = {'S', 'Q', 'Q', 'A', 'T', 'C', 'K', '1'};
+
+uint32_t crc32_of(const void* data, size_t size) {
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  const auto* p = static_cast<const Bytef*>(data);
+  while (size > 0) {  // zlib takes uInt lengths
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(size, 1u << 30));
+    crc = ::crc32(crc, p, chunk);
+    p += chunk;
+    size -= chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
 
 // FNV-1a, 64 bit: a cheap, stable fingerprint of the model (structure and weights).
 struct Fnv {
@@ -369,25 +386,24 @@ void QAT::save_checkpoint(const std::string& path) const {
   uint64_t offset = 0;
   for (const auto& [name, t] : entries) {
     blobs.push_back(encode_npy(t));
-    header["tensors"].push_back({{"name", name}, {"offset", offset}, {"size", blobs.back().size()}});
+    header["tensors"].push_back({{"name", name},
+                                 {"offset", offset},
+                                 {"size", blobs.back().size()},
+                                 {"crc32", crc32_of(blobs.back().data(), blobs.back().size())}});
     offset += blobs.back().size();
   }
+  // Layout: magic, header length (u64), header JSON, header CRC-32 (u32), tensors as .npy.
   const std::string text = header.dump();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    SQ_CHECK(out.good(), ErrorKind::kIo, "cannot write checkpoint '" + tmp + "'");
-    const uint64_t len = text.size();
-    out.write(kCheckpointMagic, sizeof kCheckpointMagic);
-    out.write(reinterpret_cast<const char*>(&len), sizeof len);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const auto& b : blobs) out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-    out.flush();
-    SQ_CHECK(out.good(), ErrorKind::kIo, "cannot write checkpoint '" + tmp + "' (disk full?)");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  SQ_CHECK(!ec, ErrorKind::kIo, "cannot move checkpoint into place at '" + path + "': " + ec.message());
+  const uint64_t len = text.size();
+  const uint32_t header_crc = crc32_of(text.data(), text.size());
+  std::string file;
+  file.reserve(sizeof kCheckpointMagic + sizeof len + text.size() + sizeof header_crc + offset);
+  file.append(kCheckpointMagic, sizeof kCheckpointMagic);
+  file.append(reinterpret_cast<const char*>(&len), sizeof len);
+  file += text;
+  file.append(reinterpret_cast<const char*>(&header_crc), sizeof header_crc);
+  for (const auto& b : blobs) file.append(reinterpret_cast<const char*>(b.data()), b.size());
+  write_file_atomic(path, file);
 }
 
 void QAT::load_checkpoint(const std::string& path) {
@@ -396,11 +412,17 @@ void QAT::load_checkpoint(const std::string& path) {
   SQ_CHECK(in.good(), ErrorKind::kIo, "cannot read checkpoint '" + path + "'");
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::string what = "checkpoint '" + path + "'";
+  SQ_CHECK(!(bytes.size() >= 8 && std::memcmp(bytes.data(), kCheckpointMagicV1, 8) == 0), ErrorKind::kInvalidData,
+           what + " was written by an older slimquant without checksums: delete it to train from the start");
   SQ_CHECK(bytes.size() >= 16 && std::memcmp(bytes.data(), kCheckpointMagic, 8) == 0, ErrorKind::kInvalidData,
            what + " is not a slimquant QAT checkpoint");
   uint64_t len = 0;
   std::memcpy(&len, bytes.data() + 8, sizeof len);
-  SQ_CHECK(16 + len <= bytes.size(), ErrorKind::kInvalidData, what + " is truncated");
+  SQ_CHECK(len <= bytes.size() && 16 + len + 4 <= bytes.size(), ErrorKind::kInvalidData, what + " is truncated");
+  uint32_t header_crc = 0;
+  std::memcpy(&header_crc, bytes.data() + 16 + len, sizeof header_crc);
+  SQ_CHECK(crc32_of(bytes.data() + 16, len) == header_crc, ErrorKind::kInvalidData,
+           what + " is corrupted: its header fails the CRC-32 check (delete it to train from the start)");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(std::string(bytes.data() + 16, len));
@@ -417,7 +439,7 @@ void QAT::load_checkpoint(const std::string& path) {
              what + " was written with another configuration: " + key + " was " + theirs.dump() + ", now " +
                  value.dump() + " (delete it or rerun with the same settings)");
   }
-  const size_t base = 16 + len;
+  const size_t base = 16 + len + 4;
   std::map<std::string, Parameter*> params;
   for (Parameter* p : graph_->parameters()) params[p->name] = p;
   std::map<std::string, Tensor*> buffers;
@@ -428,7 +450,11 @@ void QAT::load_checkpoint(const std::string& path) {
   for (const auto& e : header.at("tensors")) {
     const std::string name = e.at("name");
     const uint64_t off = e.at("offset"), size = e.at("size");
-    SQ_CHECK(base + off + size <= bytes.size(), ErrorKind::kInvalidData, what + " is truncated at '" + name + "'");
+    SQ_CHECK(off <= bytes.size() && size <= bytes.size() && base + off + size <= bytes.size(), ErrorKind::kInvalidData,
+             what + " is truncated at '" + name + "'");
+    SQ_CHECK(e.contains("crc32") && e.at("crc32").get<uint32_t>() == crc32_of(bytes.data() + base + off, size),
+             ErrorKind::kInvalidData,
+             what + " is corrupted: tensor '" + name + "' fails its CRC-32 check (delete it to train from the start)");
     Tensor t = parse_npy(bytes.data() + base + off, size, what + "/" + name);
     if (name.rfind("param/", 0) == 0) {
       auto it = params.find(name.substr(6));

@@ -2,7 +2,9 @@
 // the float model; the sweep's per-layer numbers equal whole-model evaluations.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "analysis/analysis_test_util.h"
 #include "slimquant/analysis/evaluate.h"
@@ -161,6 +163,48 @@ TEST(QatAnalysis, FloatModelAsQuantModelIsRejected) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
     EXPECT_NE(std::string(e.what()).find("no quantized layer"), std::string::npos) << e.what();
   }
+}
+
+// A wrong --float-model is refused, naming the first mismatch, instead of lending its weights by
+// position: another architecture, and the right one with one weight of another shape (found by
+// name for slimquant's QDQ, by position for ONNX Runtime-style names).
+TEST(QatAnalysis, WrongFloatModelIsRefusedNamingTheMismatch) {
+  test::SingleThread single_thread;
+  auto ptq = test::calibrated_ptq("resnet_small");
+  const ir::Graph q = ptq->convert();
+  auto data = data::open_dataset(test::fmnist("test", 32));
+  test::TempDir tmp("qat_wrong_float");
+  auto metric = analysis::make_metric("cosine");
+  analysis::QatAnalysisOptions o;
+  o.save_dir = tmp.path();
+  auto expect_refused = [](const std::function<void()>& f, const std::string& words) {
+    try {
+      f();
+      FAIL() << "the wrong float model was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("does not match the quantized model"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  const ir::Graph other = ir::load_onnx(test::fixture_model("mobilenetv2_small"));
+  expect_refused([&] { analysis::analyze_qat(q, other, *data, *metric, o); }, "");
+
+  ir::Graph f = ir::load_onnx(test::fixture_model("resnet_small"));
+  runtime::optimize_graph(f);
+  const auto conv = std::find_if(f.nodes.begin(), f.nodes.end(), [](const ir::Node& n) { return n.op_type == "Conv"; });
+  ASSERT_NE(conv, f.nodes.end());
+  const std::string weight = conv->inputs.at(1);
+  Shape shape = f.initializer(weight)->shape();
+  shape[0] += 1;
+  f.initializers[weight] = Tensor(DType::kFloat32, shape);
+  std::set<std::string> all;
+  for (const auto& l : analysis::find_quantized_layers(q, {"conv2d", "mul"})) all.insert(l.name);
+  expect_refused([&] { analysis::dequantize_layers(q, f, all); }, "the float model's '" + weight + "' is float32" + shape_str(shape));
+  const ir::Graph ort = ort_style(q);
+  std::set<std::string> all_ort;
+  for (const auto& l : analysis::find_quantized_layers(ort, {"conv2d", "mul"})) all_ort.insert(l.name);
+  expect_refused([&] { analysis::dequantize_layers(ort, f, all_ort); }, "input '" + weight + "' is float32" + shape_str(shape));
 }
 
 }  // namespace

@@ -177,6 +177,31 @@ TEST(QATFlow, ResumesFromCheckpointAtTheNextEpoch) {
   train::QAT other_model(quant::QuantConfig(), o);
   other_model.prepare(ir::load_onnx(test::fixture_model("mobilenetv2_small")), train_set.get());
   EXPECT_THROW(other_model.load_checkpoint(o.checkpoint), Error);
+
+  // Corrupted bytes are refused by the checksums, naming the file: one bit of the last tensor's
+  // payload (a weight or optimizer value), or of the header.
+  std::string bytes;
+  {
+    std::ifstream in(o.checkpoint, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto expect_corrupt = [&](size_t at, const std::string& words) {
+    std::string bad = bytes;
+    bad[at] = static_cast<char>(bad[at] ^ 0x10);
+    const std::string path = tmp.path("corrupt.ckpt");
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bad;
+    try {
+      resumed.load_checkpoint(path);
+      FAIL() << "a checkpoint with byte " << at << " flipped was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidData) << e.what();
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  expect_corrupt(bytes.size() - 3, "fails its CRC-32 check");
+  expect_corrupt(20, "header fails the CRC-32 check");
+  resumed.load_checkpoint(o.checkpoint);  // the intact file still loads
 }
 
 TEST(QATFlow, DistillationTrainsWithoutLabels) {
