@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -125,6 +126,53 @@ TEST(ImplementationChoice, AdoptsOnlyCandidatesWithTheFirstChoicesLayoutsIsaAndR
     return std::string(pd.impl_info_str()) == chosen.impl_info_str();
   })) << chosen.impl_info_str();
   EXPECT_EQ(run_conv(chosen, Fill::kSaturatingPairs), expected_saturating);
+  RecordProperty("equivalent_candidates", static_cast<int>(equivalent.size()));
+}
+
+// A float depthwise convolution, blocked layouts: oneDNN lists several kernels for it (on AVX-512
+// brdgmm_dw and jit_dw, which sum in other orders, so they differ in the last bits). Those the
+// choice may adopt give the first choice's output bit for bit on data other than the probe's.
+TEST(ImplementationChoice, FloatCandidatesAdoptedGiveTheFirstChoicesBits) {
+  const memory::desc src({4, 32, 14, 14}, dt::f32, tag::any), wei({32, 1, 1, 3, 3}, dt::f32, tag::any),
+      bias({32}, dt::f32, tag::a), dst({4, 32, 14, 14}, dt::f32, tag::any);
+  const cf::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src, wei, bias, dst,
+                      {1, 1}, {1, 1}, {1, 1});
+  auto nth = [&](size_t steps) -> dnnl::primitive_desc {
+    cf::primitive_desc pd(desc, dnnl::primitive_attr(), dnnl_engine());
+    for (size_t i = 0; i < steps; ++i)
+      if (!pd.next_impl()) return cf::primitive_desc();
+    return pd;
+  };
+  auto run = [](const cf::primitive_desc& pd) {
+    std::mt19937 rng(12345);
+    std::uniform_real_distribution<float> dist(-3.f, 3.f);
+    std::vector<float> x(4 * 32 * 14 * 14), w(32 * 9), b(32), y(x.size());
+    for (auto* v : {&x, &w, &b})
+      for (auto& e : *v) e = dist(rng);
+    auto& eng = dnnl_engine();
+    auto& stream = dnnl_stream();
+    memory x_user({{4, 32, 14, 14}, dt::f32, tag::nchw}, eng, x.data()), w_user({{32, 1, 1, 3, 3}, dt::f32, tag::goihw}, eng, w.data());
+    memory x_mem(pd.src_desc(), eng), w_mem(pd.weights_desc(), eng), y_mem(pd.dst_desc(), eng), b_mem(pd.bias_desc(), eng, b.data());
+    dnnl::reorder(x_user, x_mem).execute(stream, x_user, x_mem);
+    dnnl::reorder(w_user, w_mem).execute(stream, w_user, w_mem);
+    memory scratch(pd.scratchpad_desc(), eng);
+    cf(pd).execute(stream, {{DNNL_ARG_SRC, x_mem}, {DNNL_ARG_WEIGHTS, w_mem}, {DNNL_ARG_BIAS, b_mem},
+                            {DNNL_ARG_DST, y_mem}, {DNNL_ARG_SCRATCHPAD, scratch}});
+    memory y_user({{4, 32, 14, 14}, dt::f32, tag::nchw}, eng, y.data());
+    dnnl::reorder(y_mem, y_user).execute(stream, y_mem, y_user);
+    stream.wait();
+    return y;
+  };
+  const cf::primitive_desc first(nth(0).get());
+  const std::vector<float> expected = run(first);
+  const std::vector<dnnl::primitive_desc> equivalent = equivalent_implementations(nth);
+  ASSERT_FALSE(equivalent.empty());
+  for (const dnnl::primitive_desc& pd : equivalent) {
+    const cf::primitive_desc candidate(pd.get());
+    const std::vector<float> got = run(candidate);
+    EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0)
+        << candidate.impl_info_str() << " vs " << first.impl_info_str();
+  }
   RecordProperty("equivalent_candidates", static_cast<int>(equivalent.size()));
 }
 
