@@ -361,6 +361,9 @@ void write_histogram_pdf(const std::string& path, const std::vector<HistogramPlo
     fail_io(cairo_status_to_string(cairo_surface_status(surface)));
   cairo_pdf_surface_set_metadata(surface, CAIRO_PDF_METADATA_CREATOR, "slimquant");
   cairo_pdf_surface_set_metadata(surface, CAIRO_PDF_METADATA_TITLE, target.filename().c_str());
+  // No creation date (cairo stamps the current time unless told otherwise): the same analysis
+  // writes the same bytes. cairo drops a date shorter than a year.
+  cairo_pdf_surface_set_metadata(surface, CAIRO_PDF_METADATA_CREATE_DATE, "");
   cairo_t* cr = cairo_create(surface);
   if (plots.empty()) {
     set_color(cr, kText);

@@ -266,10 +266,15 @@ nlohmann::json SensitivityReport::to_json() const {
                    {"higher_is_better", higher_is_better},
                    {kind == "qat" ? "qat_metric" : "fp32_metric", baseline},
                    {"samples", samples},
-                   {"seconds", seconds},
                    {"batches_resumed", batches_resumed},
                    {"layers", layers}};
   for (const auto& [k, v] : extra.items()) j[k] = v;
+  return j;
+}
+
+nlohmann::json SensitivityReport::timing_json() const {
+  nlohmann::json j{{"seconds", seconds}};
+  for (const auto& [k, v] : timings.items()) j[k] = v;
   return j;
 }
 
@@ -284,6 +289,8 @@ void write_report(const SensitivityReport& report, const std::string& save_dir) 
   ensure_dir(save_dir);
   write_file_atomic((std::filesystem::path(save_dir) / "analysis.txt").string(), report.to_text());
   write_file_atomic((std::filesystem::path(save_dir) / "analysis.json").string(), report.to_json().dump(2) + "\n");
+  write_file_atomic((std::filesystem::path(save_dir) / "analysis_timing.json").string(),
+                    report.timing_json().dump(2) + "\n");
 }
 
 

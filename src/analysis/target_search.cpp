@@ -78,13 +78,12 @@ std::vector<std::string> equivalent_skip_tensors(const quant::PTQ& ptq, const st
 nlohmann::json TargetSearchResult::to_json() const {
   nlohmann::json cands = nlohmann::json::array();
   for (const auto& c : candidates)
-    cands.push_back({{"skipped", c.skipped}, {"metric", c.metric}, {"meets", c.meets}, {"latency_ms", c.latency_ms},
-                     {"model_bytes", c.model_bytes}, {"stage", c.stage}});
+    cands.push_back({{"skipped", c.skipped}, {"metric", c.metric}, {"meets", c.meets}, {"model_bytes", c.model_bytes},
+                     {"stage", c.stage}});
   nlohmann::json j{{"target", target},
                    {"metric", metric},
                    {"higher_is_better", higher_is_better},
                    {"fp32_metric", fp32_metric},
-                   {"fp32_latency_ms", fp32_latency_ms},
                    {"fp32_model_bytes", fp32_model_bytes},
                    {"met", met},
                    {"model", model_path},
@@ -99,15 +98,21 @@ nlohmann::json TargetSearchResult::to_json() const {
   return j;
 }
 
+nlohmann::json TargetSearchResult::timing_json() const {
+  nlohmann::json latencies = nlohmann::json::array();
+  for (const auto& c : candidates) latencies.push_back(c.latency_ms);
+  return {{"fp32_latency_ms", fp32_latency_ms}, {"candidate_latency_ms", latencies}};
+}
+
 std::string TargetSearchResult::table() const {
   std::ostringstream os;
   os << "# target " << metric << (higher_is_better ? " >= " : " <= ") << target << "; fp32 " << fp32_metric << ", "
-     << std::fixed << std::setprecision(3) << fp32_latency_ms << " ms/batch, " << fp32_model_bytes << " bytes\n";
-  os << "#\tstage\tskipped\tmetric\tmeets\tlatency_ms\tmodel_bytes\tskipped_layers\n";
+     << fp32_model_bytes << " bytes (latencies: target_search_timing.json)\n";
+  os << "#\tstage\tskipped\tmetric\tmeets\tmodel_bytes\tskipped_layers\n";
   for (size_t i = 0; i < candidates.size(); ++i) {
     const auto& c = candidates[i];
-    os << i << (i == best ? "*" : "") << '\t' << c.stage << '\t' << c.skipped.size() << '\t' << std::setprecision(6)
-       << c.metric << '\t' << (c.meets ? "yes" : "no") << '\t' << std::setprecision(3) << c.latency_ms << '\t'
+    os << i << (i == best ? "*" : "") << '\t' << c.stage << '\t' << c.skipped.size() << '\t' << std::fixed
+       << std::setprecision(6) << c.metric << '\t' << (c.meets ? "yes" : "no") << '\t'
        << c.model_bytes << '\t' << (c.skipped.empty() ? "-" : join(c.skipped, ",")) << '\n';
   }
   return os.str();
@@ -152,6 +157,8 @@ TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport&
   auto save_outputs = [&] {
     write_file_atomic((fs::path(options.save_dir) / "target_candidates.txt").string(), r.table());
     write_file_atomic((fs::path(options.save_dir) / "target_search.json").string(), r.to_json().dump(2) + "\n");
+    write_file_atomic((fs::path(options.save_dir) / "target_search_timing.json").string(),
+                      r.timing_json().dump(2) + "\n");
   };
   auto evaluate_skip = [&](std::vector<std::string> skipped, const std::string& stage) -> const TargetCandidate& {
     std::set<std::string> key(skipped.begin(), skipped.end());

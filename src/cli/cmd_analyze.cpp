@@ -311,8 +311,8 @@ Action register_analyze(CLI::App& app) {
     auto t0 = std::chrono::steady_clock::now();
     analysis::SensitivityReport report = analysis::analyze_ptq(ptq, eval_set, *metric, po);
     const double analysis_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    report.extra["calibration_seconds"] = calib_seconds;
-    report.extra["analysis_seconds"] = analysis_seconds;
+    report.timings["calibration_seconds"] = calib_seconds;
+    report.timings["analysis_seconds"] = analysis_seconds;
     report.extra["model"] = model;
     analysis::write_report(report, save_dir);
     std::cout << "analyzed " << report.ranked.size() << " layers on " << report.samples << " samples of "
@@ -324,6 +324,7 @@ Action register_analyze(CLI::App& app) {
     print_ranking(report, 5);
     std::cout << "ranking -> " << (std::filesystem::path(save_dir) / "analysis.txt").string() << std::endl;
     nlohmann::json j = report.to_json();
+    j.update(report.timing_json());
     j.erase("layers");
     j["top"] = nlohmann::json::array();
     for (size_t i = 0; i < report.ranked.size() && i < 5; ++i) j["top"].push_back(report.ranked[i].name);
@@ -382,6 +383,7 @@ Action register_analyze(CLI::App& app) {
       for (const auto& l : best.skipped) by_nodes << " --skip-nodes " << shell_word(l);
       std::cout << "reproduce with:\n  " << by_nodes.str() << "\n";
       j["target"] = r.to_json();
+      j["target"].update(r.timing_json());
       j["target"]["command"] = by_nodes.str();
       if (!best.skipped.empty() && !r.skip_tensor_list.empty()) {
         std::string tensors = user_tensors;
@@ -479,6 +481,7 @@ Action register_analyze_qat(CLI::App& app) {
     std::cout << "ranking -> " << (std::filesystem::path(o.save_dir) / "analysis.txt").string() << std::endl;
     if (a->json) {
       nlohmann::json j = report.to_json();
+      j.update(report.timing_json());
       j.erase("layers");
       j.erase("restored_weights");
       j["top"] = nlohmann::json::array();

@@ -4,8 +4,10 @@
 // equivalent candidate wherever one exists).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <string>
 
 #include "test_util.h"
@@ -44,5 +46,61 @@ TEST_P(QuantizeReproducibility, WritesTheSameBytesWhateverImplementationTheTimin
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, QuantizeReproducibility,
                          ::testing::Values("resnet_small", "mobilenetv2_small", "vit_small"));
+
+// Every file of a directory but measured times (*_timing.json), the lock and checkpoints.
+std::map<std::string, std::string> result_files(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || name.find("_timing.json") != std::string::npos || name.find("checkpoint") != std::string::npos ||
+        name.rfind(".slimquant", 0) == 0)
+      continue;
+    files[name] = file_bytes(e.path().string());
+  }
+  return files;
+}
+
+// analyze with statistics, histogram PDFs and a target search, twice, the implementation choice
+// differing between the runs: the same files, byte for byte.
+TEST(AnalysisReproducibility, TheSameCommandWritesTheSameFiles) {
+  test::TempDir tmp("repro_analyze");
+  std::map<std::string, std::string> written[2];
+  const char* tuning[2] = {"OMP_NUM_THREADS=1 SLIMQUANT_DNNL_TUNING=0", "OMP_NUM_THREADS=1 SLIMQUANT_DNNL_TUNING=alternative"};
+  for (int run = 0; run < 2; ++run) {
+    const std::string dir = tmp.path("run" + std::to_string(run));
+    const auto r = test::run_cli("analyze " + test::fixture_model("mobilenetv2_small") +
+                                     " fashion-mnist:test --limit 200 --eval-batch-size 50 --batch-nums 2 --metric sqnr"
+                                     " --num-histogram-plots 2 --statistics --target-metric 30 --save-dir " + dir,
+                                 tuning[run]);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    written[run] = result_files(dir);
+  }
+  ASSERT_GE(written[0].size(), 5u);
+  EXPECT_TRUE(written[0].count("analysis.json") && written[0].count("target_search.json") &&
+              written[0].count("statistics.json"));
+  for (const auto& [name, bytes] : written[0]) {
+    ASSERT_TRUE(written[1].count(name)) << name;
+    EXPECT_TRUE(bytes == written[1].at(name)) << name << " differs between the runs";
+  }
+  EXPECT_EQ(written[0].size(), written[1].size());
+}
+
+// QAT from the same model, data, seed and thread count: the same model file.
+TEST(QatReproducibility, TheSameCommandWritesTheSameModel) {
+  test::TempDir tmp("repro_qat");
+  std::string written[2];
+  const char* tuning[2] = {"OMP_NUM_THREADS=1 SLIMQUANT_DNNL_TUNING=0", "OMP_NUM_THREADS=1 SLIMQUANT_DNNL_TUNING=alternative"};
+  for (int run = 0; run < 2; ++run) {
+    const std::string out = tmp.path("q" + std::to_string(run) + ".onnx");
+    const auto r = test::run_cli("qat " + test::fixture_model("mobilenetv2_small") +
+                                     " --dataset fashion-mnist:train --limit 128 --batch-size 32 --calib-batches 1 --epochs 1"
+                                     " --no-eval --checkpoint " + tmp.path("ck" + std::to_string(run)) + " -o " + out,
+                                 tuning[run]);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    written[run] = file_bytes(out);
+  }
+  ASSERT_FALSE(written[0].empty());
+  EXPECT_TRUE(written[0] == written[1]);
+}
 
 }  // namespace

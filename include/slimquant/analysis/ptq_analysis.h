@@ -76,8 +76,12 @@ struct SensitivityReport {
   size_t samples = 0;
   double seconds = 0;
   size_t batches_resumed = 0;
-  nlohmann::json extra;   // anything the caller adds (model, data, config, timings)
+  nlohmann::json extra;    // anything the caller adds (model, data, config)
+  nlohmann::json timings;  // measured times the caller adds (calibration_seconds, ...)
+  // analysis.json: everything but measured times, so the same command writes the same bytes.
   nlohmann::json to_json() const;
+  // analysis_timing.json: "seconds" and the caller's timings.
+  nlohmann::json timing_json() const;
   // analysis.txt: one line per layer in rank order: name, op type, metric (tab separated).
   std::string to_text() const;
 };
@@ -86,7 +90,7 @@ struct SensitivityReport {
 SensitivityReport rank_layers(const std::string& kind, const std::vector<LayerVariant>& variants, const SweepResult& sweep,
                               const Metric& metric, double baseline);
 
-// analysis.txt and analysis.json into save_dir (created if missing), atomically.
+// analysis.txt, analysis.json and analysis_timing.json into save_dir (created if missing), atomically.
 void write_report(const SensitivityReport& report, const std::string& save_dir);
 
 struct PtqAnalysisOptions {

@@ -50,7 +50,10 @@ struct TargetSearchResult {
   // The same choice as `quantize --skip-tensor-list` tensors (checked to select exactly these
   // layers), empty when no tensor list expresses it; `--skip-nodes` with the layer names always does.
   std::vector<std::string> skip_tensor_list;
+  // target_search.json and the table hold no measured time (the same command writes the same
+  // bytes); latencies go to target_search_timing.json.
   nlohmann::json to_json() const;
+  nlohmann::json timing_json() const;
   std::string table() const;  // candidates as a text table
 };
 
