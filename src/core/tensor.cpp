@@ -1,6 +1,9 @@
 #include "slimquant/core/tensor.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -48,8 +51,61 @@ bool dtype_is_float(DType t) { return t == DType::kFloat32 || t == DType::kFloat
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    if (__builtin_mul_overflow(n, d, &n))
+      fail(ErrorKind::kInvalidArgument, "the element count of shape " + shape_str(s) + " overflows 64 bits");
   return n;
+}
+
+namespace {
+
+constexpr size_t kDefaultMaxTensorBytes = size_t{4} << 30;
+std::atomic<size_t> max_tensor_bytes_override{0};
+
+size_t max_tensor_bytes_from_environment() {
+  const char* text = std::getenv("SLIMQUANT_MAX_TENSOR_BYTES");
+  if (!text || !*text) return kDefaultMaxTensorBytes;
+  const std::string value(text);
+  unsigned long long bytes = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), bytes);
+  std::string suffix(end, value.data() + value.size());
+  int shift = 0;
+  if (suffix.size() == 1) {
+    const size_t at = std::string("KMGT").find(static_cast<char>(std::toupper(static_cast<unsigned char>(suffix[0]))));
+    if (at != std::string::npos) shift = 10 * static_cast<int>(at + 1), suffix.clear();
+  }
+  if (ec != std::errc() || !suffix.empty() || bytes == 0 || (shift && bytes > (~0ull >> shift)))
+    fail(ErrorKind::kInvalidArgument, "SLIMQUANT_MAX_TENSOR_BYTES='" + value +
+                                          "' is not a positive byte count (such as 8589934592 or 8G)");
+  return static_cast<size_t>(bytes << shift);
+}
+
+}  // namespace
+
+size_t max_tensor_bytes() {
+  if (const size_t set = max_tensor_bytes_override.load(std::memory_order_relaxed)) return set;
+  static const size_t from_environment = max_tensor_bytes_from_environment();
+  return from_environment;
+}
+
+void set_max_tensor_bytes(size_t bytes) { max_tensor_bytes_override.store(bytes, std::memory_order_relaxed); }
+
+size_t checked_tensor_bytes(DType dtype, const Shape& shape, const std::string& what, ErrorKind kind) {
+  for (int64_t d : shape)
+    if (d < 0) fail(kind, what + ": negative dimension in shape " + shape_str(shape));
+  int64_t numel = 1;
+  size_t bytes = 0;
+  bool overflow = false;
+  for (int64_t d : shape) overflow = overflow || __builtin_mul_overflow(numel, d, &numel);
+  overflow = overflow || __builtin_mul_overflow(static_cast<size_t>(numel), dtype_size(dtype), &bytes);
+  const size_t limit = max_tensor_bytes();
+  if (overflow)
+    fail(kind, what + ": shape " + shape_str(shape) + " has more elements than 64 bits can count");
+  if (bytes > limit)
+    fail(kind, what + " (" + dtype_name(dtype) + " " + shape_str(shape) + ") needs " + std::to_string(bytes) +
+                   " bytes, more than the limit of " + std::to_string(limit) +
+                   " bytes for one tensor (SLIMQUANT_MAX_TENSOR_BYTES)");
+  return bytes;
 }
 
 std::string shape_str(const Shape& s) {
@@ -62,6 +118,9 @@ std::string shape_str(const Shape& s) {
 
 std::shared_ptr<std::byte[]> allocate_storage(size_t bytes) {
   constexpr size_t kAlign = 64;
+  if (bytes > max_tensor_bytes())
+    fail(ErrorKind::kInvalidArgument, "refusing to allocate " + std::to_string(bytes) + " bytes, more than the limit of " +
+                                          std::to_string(max_tensor_bytes()) + " bytes for one buffer (SLIMQUANT_MAX_TENSOR_BYTES)");
   size_t rounded = std::max<size_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
   void* p = std::aligned_alloc(kAlign, rounded);
   if (!p) fail(ErrorKind::kInternal, "out of memory allocating " + std::to_string(bytes) + " bytes");
@@ -70,15 +129,16 @@ std::shared_ptr<std::byte[]> allocate_storage(size_t bytes) {
 }
 
 Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
-  for (int64_t d : shape_)
-    SQ_CHECK(d >= 0, ErrorKind::kInvalidArgument, "negative dimension in shape " + shape_str(shape_));
-  capacity_ = nbytes();
+  capacity_ = checked_tensor_bytes(dtype_, shape_, "a tensor");
   storage_ = allocate_storage(capacity_);
 }
 
 Tensor::Tensor(DType dtype, Shape shape, std::shared_ptr<std::byte[]> storage, size_t capacity_bytes)
     : dtype_(dtype), shape_(std::move(shape)), storage_(std::move(storage)), capacity_(capacity_bytes) {
-  SQ_CHECK(nbytes() <= capacity_, ErrorKind::kInternal,
+  for (int64_t d : shape_)
+    SQ_CHECK(d >= 0, ErrorKind::kInvalidArgument, "negative dimension in shape " + shape_str(shape_));
+  size_t bytes = 0;
+  SQ_CHECK(!__builtin_mul_overflow(static_cast<size_t>(numel()), dtype_size(dtype_), &bytes) && bytes <= capacity_, ErrorKind::kInternal,
            "tensor storage of " + std::to_string(capacity_) + " bytes too small for " +
                shape_str(shape_));
 }

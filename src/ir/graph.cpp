@@ -110,6 +110,18 @@ void Graph::validate() const {
   std::unordered_set<std::string> defined;
   for (const auto& i : inputs) defined.insert(i.name);
   for (const auto& [k, t] : initializers) defined.insert(k);
+  // Each value has one definition (ONNX's single static assignment): a second writer would make
+  // which value readers get depend on node order.
+  std::unordered_map<std::string, const Node*> writer;
+  for (const auto& n : nodes)
+    for (const auto& o : n.outputs) {
+      if (o.empty()) continue;
+      if (const auto [it, first] = writer.emplace(o, &n); !first)
+        fail(ErrorKind::kInvalidModel, "value '" + o + "' is written by two nodes, " + it->second->describe() +
+                                           " and " + n.describe());
+      if (defined.count(o))
+        fail(ErrorKind::kInvalidModel, n.describe() + " writes '" + o + "', which is already a graph input or initializer");
+    }
   for (const auto& n : nodes) {
     for (const auto& in : n.inputs)
       if (!in.empty() && !defined.count(in))
@@ -127,7 +139,10 @@ void Graph::topological_sort() {
   std::unordered_map<std::string, int> producer_of;
   for (size_t i = 0; i < nodes.size(); ++i)
     for (const auto& o : nodes[i].outputs)
-      if (!o.empty()) producer_of[o] = static_cast<int>(i);
+      if (!o.empty())
+        if (const auto [it, first] = producer_of.emplace(o, static_cast<int>(i)); !first)
+          fail(ErrorKind::kInvalidModel, "value '" + o + "' is written by two nodes, " +
+                                             nodes[it->second].describe() + " and " + nodes[i].describe());
   std::vector<int> state(nodes.size(), 0);  // 0 new, 1 visiting, 2 done
   std::vector<Node> sorted;
   sorted.reserve(nodes.size());

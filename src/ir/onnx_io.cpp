@@ -7,7 +7,13 @@
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,21 +26,57 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string read_file(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorKind::kIo, "cannot open " + what + " '" + path + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+// An open descriptor, closed on scope exit.
+struct FileDescriptor {
+  int fd = -1;
+  ~FileDescriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Opens `path` for reading only if it is a regular file. O_NONBLOCK keeps a FIFO from blocking the
+// open itself; fstat on the opened descriptor (not the name) then refuses FIFOs, devices such as
+// /dev/zero, sockets and directories, whose reads would hang or never end.
+void open_regular_file(const std::string& path, const std::string& what, FileDescriptor& file, struct stat& st) {
+  file.fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (file.fd < 0) fail(ErrorKind::kIo, "cannot open " + what + " '" + path + "': " + std::strerror(errno));
+  if (::fstat(file.fd, &st) != 0) fail(ErrorKind::kIo, "cannot stat " + what + " '" + path + "': " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    fail(ErrorKind::kIo, what + " '" + path + "' is not a regular file (a device, FIFO, socket or directory)");
 }
 
-// Copies typed repeated fields (int32_data etc.) into the tensor's storage.
+// Reads `length` bytes at `offset` into dst; the caller has checked the range against the size.
+void read_exactly(int fd, int64_t offset, size_t length, void* dst, const std::string& what, const std::string& path) {
+  auto* out = static_cast<char*>(dst);
+  size_t done = 0;
+  while (done < length) {
+    const ssize_t n = ::pread(fd, out + done, length - done, static_cast<off_t>(offset + static_cast<int64_t>(done)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(ErrorKind::kIo, "cannot read " + what + " '" + path + "': " + std::strerror(errno));
+    if (n == 0) fail(ErrorKind::kInvalidModel, what + " '" + path + "' is truncated");
+    done += static_cast<size_t>(n);
+  }
+}
+
+// Protobuf cannot parse a message over 2 GB, so a larger model file is refused before it is read.
+constexpr int64_t kMaxProtobufBytes = 2147483647;
+
+std::string read_file(const std::string& path, const std::string& what) {
+  FileDescriptor file;
+  struct stat st {};
+  open_regular_file(path, what, file, st);
+  if (st.st_size > kMaxProtobufBytes)
+    fail(ErrorKind::kInvalidModel, what + " '" + path + "' has " + std::to_string(st.st_size) +
+                                       " bytes, more than the 2 GB a protobuf message can hold");
+  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  read_exactly(file.fd, 0, bytes.size(), bytes.data(), what, path);
+  return bytes;
+}
+
+// Copies typed repeated fields (int32_data etc.) into the tensor's storage; the count is checked.
 template <typename Src>
-void copy_typed(const Src& src, Tensor& t, const std::string& name) {
-  int64_t n = t.numel();
-  if (src.size() != n)
-    fail(ErrorKind::kInvalidModel, "tensor '" + name + "' holds " + std::to_string(src.size()) +
-                                       " values, its shape " + shape_str(t.shape()) + " needs " + std::to_string(n));
+void copy_typed(const Src& src, Tensor& t) {
+  const int64_t n = t.numel();
   dispatch_dtype(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
     T* dst = t.data<T>();
@@ -42,6 +84,78 @@ void copy_typed(const Src& src, Tensor& t, const std::string& name) {
   });
 }
 
+// A non-negative integer of an external_data entry (offset, length).
+int64_t external_number(const std::string& tensor, const std::string& key, const std::string& text) {
+  int64_t value = -1;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < 0)
+    fail(ErrorKind::kInvalidModel, "tensor '" + tensor + "': external data " + key + " '" + text +
+                                       "' is not a non-negative integer");
+  return value;
+}
+
+// External data must be a regular file inside the model's folder: `location` is relative, has no
+// '..', and after resolving symlinks still lies under the folder, so a model cannot make us read
+// (and copy into outputs or quantized models) files elsewhere such as /etc/passwd. The declared
+// offset and length are checked against the shape and the file size before anything is allocated.
+Tensor read_external_data(const onnx::TensorProto& p, DType dtype, const Shape& shape, size_t nbytes,
+                          const std::string& base_dir) {
+  const std::string& name = p.name();
+  std::string location;
+  int64_t offset = 0, length = -1;
+  for (const auto& kv : p.external_data()) {
+    if (kv.key() == "location") location = kv.value();
+    else if (kv.key() == "offset") offset = external_number(name, "offset", kv.value());
+    else if (kv.key() == "length") length = external_number(name, "length", kv.value());
+  }
+  if (location.empty()) fail(ErrorKind::kInvalidModel, "tensor '" + name + "': external data without location");
+  const fs::path relative(location);
+  const bool escapes = relative.is_absolute() || relative.has_root_name() || relative.has_root_directory() ||
+                       std::any_of(relative.begin(), relative.end(), [](const fs::path& part) { return part == ".."; });
+  if (escapes || location.find('\0') != std::string::npos)
+    fail(ErrorKind::kInvalidModel, "tensor '" + name + "': external data location '" + location +
+                                       "' is not a path inside the model's folder");
+  std::error_code ec;
+  const fs::path folder = fs::canonical(base_dir.empty() ? "." : base_dir, ec);
+  if (ec) fail(ErrorKind::kIo, "cannot resolve the model's folder '" + base_dir + "': " + ec.message());
+  const fs::path file = fs::canonical(folder / relative, ec);
+  if (ec)
+    fail(ErrorKind::kIo, "tensor '" + name + "': cannot open external data file '" + (folder / relative).string() +
+                             "': " + ec.message());
+  const fs::path inside = file.lexically_relative(folder);
+  if (inside.empty() || *inside.begin() == "..")
+    fail(ErrorKind::kInvalidModel, "tensor '" + name + "': external data location '" + location + "' resolves to '" +
+                                       file.string() + "', outside the model's folder '" + folder.string() + "'");
+  if (length >= 0 && static_cast<size_t>(length) != nbytes)
+    fail(ErrorKind::kInvalidModel, "tensor '" + name + "': external data length " + std::to_string(length) +
+                                       " does not match its shape " + shape_str(shape) + " (" + std::to_string(nbytes) +
+                                       " bytes)");
+  FileDescriptor fd;
+  struct stat st {};
+  open_regular_file(file.string(), "external data file", fd, st);
+  int64_t end = 0;
+  if (__builtin_add_overflow(offset, static_cast<int64_t>(nbytes), &end) || end > st.st_size)
+    fail(ErrorKind::kInvalidModel, "tensor '" + name + "': external data file '" + file.string() + "' has " +
+                                       std::to_string(st.st_size) + " bytes, fewer than offset " + std::to_string(offset) +
+                                       " + " + std::to_string(nbytes) + " bytes of the tensor");
+  Tensor t(dtype, shape);
+  read_exactly(fd.fd, offset, nbytes, t.raw(), "external data file", file.string());
+  return t;
+}
+
+// Values held in the typed repeated field that `dtype` is stored in.
+int64_t typed_value_count(const onnx::TensorProto& p, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return p.float_data_size();
+    case DType::kFloat64: return p.double_data_size();
+    case DType::kInt64: return p.int64_data_size();
+    case DType::kUInt32:
+    case DType::kUInt64: return p.uint64_data_size();
+    default: return p.int32_data_size();  // int8/16/32, uint8/16, bool
+  }
+}
+
+// Every size a file declares is checked against the data it holds before the tensor is allocated.
 Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir) {
   if (p.data_type() == onnx::TensorProto::STRING)
     fail(ErrorKind::kUnsupported, "tensor '" + p.name() + "': string tensors are not supported");
@@ -52,47 +166,30 @@ Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir
     fail(ErrorKind::kUnsupported, "tensor '" + p.name() + "': " + e.what());
   }
   Shape shape(p.dims().begin(), p.dims().end());
-  for (int64_t d : shape)
-    if (d < 0) fail(ErrorKind::kInvalidModel, "tensor '" + p.name() + "' has a negative dimension");
-  Tensor t(dtype, shape);
-  const size_t nbytes = t.nbytes();
-  if (p.data_location() == onnx::TensorProto::EXTERNAL) {
-    std::string location;
-    int64_t offset = 0, length = -1;
-    for (const auto& kv : p.external_data()) {
-      if (kv.key() == "location") location = kv.value();
-      else if (kv.key() == "offset") offset = std::stoll(kv.value());
-      else if (kv.key() == "length") length = std::stoll(kv.value());
-    }
-    if (location.empty()) fail(ErrorKind::kInvalidModel, "tensor '" + p.name() + "': external data without location");
-    fs::path file = fs::path(base_dir) / location;
-    std::ifstream in(file, std::ios::binary);
-    if (!in) fail(ErrorKind::kIo, "tensor '" + p.name() + "': cannot open external data file '" + file.string() + "'");
-    if (length >= 0 && static_cast<size_t>(length) != nbytes)
-      fail(ErrorKind::kInvalidModel, "tensor '" + p.name() + "': external data length " + std::to_string(length) +
-                                         " does not match its shape (" + std::to_string(nbytes) + " bytes)");
-    in.seekg(offset);
-    in.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(nbytes));
-    if (static_cast<size_t>(in.gcount()) != nbytes)
-      fail(ErrorKind::kInvalidModel, "tensor '" + p.name() + "': external data file '" + file.string() + "' is truncated");
-    return t;
-  }
+  const size_t nbytes = checked_tensor_bytes(dtype, shape, "tensor '" + p.name() + "'", ErrorKind::kInvalidModel);
+  const int64_t numel = static_cast<int64_t>(nbytes / dtype_size(dtype));
+  if (p.data_location() == onnx::TensorProto::EXTERNAL) return read_external_data(p, dtype, shape, nbytes, base_dir);
   if (p.has_raw_data()) {
     if (p.raw_data().size() != nbytes)
       fail(ErrorKind::kInvalidModel, "tensor '" + p.name() + "' has " + std::to_string(p.raw_data().size()) +
                                          " bytes of raw data, its shape " + shape_str(shape) + " needs " +
                                          std::to_string(nbytes));
+    Tensor t(dtype, shape);
     if (nbytes) std::memcpy(t.raw(), p.raw_data().data(), nbytes);
     return t;
   }
-  if (t.numel() == 0) return t;
+  if (numel == 0) return Tensor(dtype, shape);
+  if (const int64_t held = typed_value_count(p, dtype); held != numel)
+    fail(ErrorKind::kInvalidModel, "tensor '" + p.name() + "' holds " + std::to_string(held) + " values, its shape " +
+                                       shape_str(shape) + " needs " + std::to_string(numel));
+  Tensor t(dtype, shape);
   switch (dtype) {
-    case DType::kFloat32: copy_typed(p.float_data(), t, p.name()); break;
-    case DType::kFloat64: copy_typed(p.double_data(), t, p.name()); break;
-    case DType::kInt64: copy_typed(p.int64_data(), t, p.name()); break;
+    case DType::kFloat32: copy_typed(p.float_data(), t); break;
+    case DType::kFloat64: copy_typed(p.double_data(), t); break;
+    case DType::kInt64: copy_typed(p.int64_data(), t); break;
     case DType::kUInt32:
-    case DType::kUInt64: copy_typed(p.uint64_data(), t, p.name()); break;
-    default: copy_typed(p.int32_data(), t, p.name()); break;  // int8/16/32, uint8/16, bool
+    case DType::kUInt64: copy_typed(p.uint64_data(), t); break;
+    default: copy_typed(p.int32_data(), t); break;
   }
   return t;
 }
@@ -282,6 +379,26 @@ void graph_to_proto(const Graph& g, onnx::GraphProto* gp) {
 
 }  // namespace
 
+namespace {
+// An opset newer than the ONNX library knows has operator definitions nobody here has read (shape
+// inference would guess from older ones and kernels would run the old semantics): refuse it.
+void check_opset_versions(const Graph& g) {
+  const auto& known = onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
+  auto check = [&](const std::string& domain, int64_t version) {
+    if (version < 1)
+      fail(ErrorKind::kInvalidModel, "the model imports opset " + std::to_string(version) + " of domain '" +
+                                         (domain.empty() ? "ai.onnx" : domain) + "'; opset versions start at 1");
+    const auto it = known.find(domain);
+    if (it != known.end() && version > it->second.second)
+      fail(ErrorKind::kUnsupported, "the model uses opset " + std::to_string(version) + " of domain '" +
+                                        (domain.empty() ? "ai.onnx" : domain) + "'; slimquant supports opsets up to " +
+                                        std::to_string(it->second.second));
+  };
+  check("", g.opset);
+  for (const auto& [domain, version] : g.extra_opsets) check(domain, version);
+}
+}  // namespace
+
 Graph parse_onnx(const std::string& bytes, const std::string& base_dir, const std::string& what) {
   onnx::ModelProto m;
   if (bytes.empty()) fail(ErrorKind::kInvalidModel, what + " is empty, not an ONNX model");
@@ -300,12 +417,15 @@ Graph parse_onnx(const std::string& bytes, const std::string& base_dir, const st
     else g.extra_opsets[op.domain()] = op.version();
   }
   if (g.opset == 0) g.opset = 1;
+  check_opset_versions(g);
   for (const auto& kv : m.metadata_props()) g.metadata[kv.key()] = kv.value();
   const LoadScope scope{base_dir, g.opset, g.extra_opsets};
   fill_graph_from_proto(m.graph(), scope, g);
   // Exporters usually emit topological order, but the spec does not promise it to readers.
   g.topological_sort();
   g.validate();
+  check_node_attributes(g);
+  check_constant_input_types(g);
   return g;
 }
 
@@ -375,6 +495,7 @@ void save_onnx(const Graph& graph, const std::string& path) {
 }
 
 void infer_shapes_onnx(Graph& graph) {
+  check_node_attributes(graph);
   onnx::ModelProto m = to_model_proto(graph);
   try {
     onnx::ShapeInferenceOptions options(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
@@ -486,6 +607,7 @@ void convert_opset(Graph& graph, int64_t target_opset) {
   if (graph.opset == target_opset) return;
   Graph source = graph;
   if (source.opset < 13 && target_opset >= 13) spell_out_coerced_softmax(source);
+  check_node_attributes(source);
   onnx::ModelProto model = to_model_proto(source);
   // Some adapters need the shapes of the values they rewrite: infer what ONNX can.
   try {

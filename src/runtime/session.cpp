@@ -27,7 +27,7 @@ namespace slimquant::runtime {
 class BufferPool {
  public:
   Tensor allocate(DType dtype, const Shape& shape) {
-    const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+    const size_t bytes = checked_tensor_bytes(dtype, shape, "a value");
     Entry* best = nullptr;
     for (auto& e : entries_)
       if (e.storage.use_count() == 1 && e.capacity >= bytes && (!best || e.capacity < best->capacity)) best = &e;
@@ -329,46 +329,50 @@ int fold_constants(ir::Graph& g, const FoldOptions& options) {
                     !(options.keep_dequantize_linear && node.op_type == "DequantizeLinear") &&
                     KernelRegistry::instance().find(node.op_type) != nullptr && !node.outputs.empty();
     std::vector<Tensor> results;
-    if (foldable && (node.op_type == "Shape" || node.op_type == "Size") && !node.inputs.empty()) {
-      const std::string& x = node.inputs[0];
-      Shape shape;
-      bool known = false;
-      if (const Tensor* t = g.initializer(x)) {
-        shape = t->shape();
-        known = true;
-      } else if (const ir::ValueInfo* vi = g.find_value_info(x); vi && vi->fully_known()) {
-        shape = vi->shape();
-        known = true;
-      }
-      if (known) {
-        // Evaluate on a zero-filled stand-in: Shape/Size only look at the shape.
-        Tensor stand_in(DType::kUInt8, shape);
-        results.push_back(run_kernel_once(node, g.opset, {&stand_in}));
-      }
-    } else if (foldable && node.op_type != "Constant" && !node.inputs.empty()) {
-      std::vector<const Tensor*> inputs;
-      bool all_constant = true;
-      for (const auto& in : node.inputs) {
-        if (in.empty()) {
-          inputs.push_back(nullptr);
-          continue;
+    try {
+      if (foldable && (node.op_type == "Shape" || node.op_type == "Size") && !node.inputs.empty()) {
+        const std::string& x = node.inputs[0];
+        Shape shape;
+        bool known = false;
+        if (const Tensor* t = g.initializer(x)) {
+          shape = t->shape();
+          known = true;
+        } else if (const ir::ValueInfo* vi = g.find_value_info(x); vi && vi->fully_known()) {
+          shape = vi->shape();
+          known = true;
         }
-        const Tensor* t = g.initializer(in);
-        if (!t) {
-          all_constant = false;
-          break;
+        if (known) {
+          // Evaluate on a zero-filled stand-in: Shape/Size only look at the shape.
+          Tensor stand_in(DType::kUInt8, shape);
+          results.push_back(run_kernel_once(node, g.opset, {&stand_in}));
         }
-        inputs.push_back(t);
+      } else if (foldable && node.op_type != "Constant" && !node.inputs.empty()) {
+        std::vector<const Tensor*> inputs;
+        bool all_constant = true;
+        for (const auto& in : node.inputs) {
+          if (in.empty()) {
+            inputs.push_back(nullptr);
+            continue;
+          }
+          const Tensor* t = g.initializer(in);
+          if (!t) {
+            all_constant = false;
+            break;
+          }
+          inputs.push_back(t);
+        }
+        if (all_constant) {
+          const KernelFactory* factory = KernelRegistry::instance().find(node.op_type);
+          KernelInit init{node, g.opset, [&](size_t i) { return i < inputs.size() ? inputs[i] : nullptr; }};
+          auto kernel = (*factory)(init);
+          std::vector<Tensor> outputs(node.outputs.size());
+          KernelContext ctx(node, inputs, outputs, [](DType t, const Shape& s) { return Tensor(t, s); });
+          kernel->run(ctx);
+          results = std::move(outputs);
+        }
       }
-      if (all_constant) {
-        const KernelFactory* factory = KernelRegistry::instance().find(node.op_type);
-        KernelInit init{node, g.opset, [&](size_t i) { return i < inputs.size() ? inputs[i] : nullptr; }};
-        auto kernel = (*factory)(init);
-        std::vector<Tensor> outputs(node.outputs.size());
-        KernelContext ctx(node, inputs, outputs, [](DType t, const Shape& s) { return Tensor(t, s); });
-        kernel->run(ctx);
-        results = std::move(outputs);
-      }
+    } catch (const Error& e) {
+      throw Error(e.kind(), with_node_context(node, e.what()));
     }
     size_t bytes = 0;
     bool complete = !results.empty();

@@ -47,13 +47,28 @@ SQ_DTYPES(SQ_DTYPE_OF)
 template <typename T> inline constexpr DType dtype_of = DTypeOf<T>::value;
 
 using Shape = std::vector<int64_t>;
+// Element count; throws kInvalidArgument when the product overflows int64 (dims such as
+// [2^32, 2^32] from a hostile file would otherwise wrap to a small count and a small buffer).
 int64_t shape_numel(const Shape& s);
 std::string shape_str(const Shape& s);
+
+// The most bytes one tensor may take: SLIMQUANT_MAX_TENSOR_BYTES (a byte count, with an optional
+// K/M/G/T suffix, powers of 1024), 4 GiB when unset. A larger tensor is refused before anything is
+// allocated, so a shape from a careless or hostile model or input becomes an error naming it
+// instead of an 8 GB write, swapping, or "out of memory".
+size_t max_tensor_bytes();
+// Overrides the limit for this process (tests, embedding applications); 0 restores the default.
+void set_max_tensor_bytes(size_t bytes);
+// Bytes a `dtype` tensor of `shape` needs: dims must be non-negative, the element count and byte
+// size must not overflow, and the size must be within max_tensor_bytes(). Failures throw `kind`
+// with a message starting with `what` (which names the tensor).
+size_t checked_tensor_bytes(DType dtype, const Shape& shape, const std::string& what,
+                            ErrorKind kind = ErrorKind::kInvalidArgument);
 
 class Tensor {
  public:
   Tensor() = default;
-  // Allocates zero-initialised storage.
+  // Allocates zero-initialised storage; the size is checked first (checked_tensor_bytes).
   Tensor(DType dtype, Shape shape);
   // Wraps existing storage (at least numel * dtype_size bytes) without copying.
   Tensor(DType dtype, Shape shape, std::shared_ptr<std::byte[]> storage, size_t capacity_bytes);
@@ -113,7 +128,7 @@ class Tensor {
   size_t capacity_ = 0;
 };
 
-// 64-byte aligned, zeroed allocation.
+// 64-byte aligned, zeroed allocation; at most max_tensor_bytes() (kInvalidArgument above it).
 std::shared_ptr<std::byte[]> allocate_storage(size_t bytes);
 
 // Calls f(T{}) with T the C++ type of dtype; throws kUnsupported for others.

@@ -18,8 +18,21 @@ std::string serialize_onnx(const Graph& graph);
 // onnx::checker on the serialized model; throws kInvalidModel with the checker's message.
 void check_onnx(const Graph& graph);
 
-// Runs ONNX's shape inference and stores what it finds in graph.value_info.
+// Runs ONNX's shape inference and stores what it finds in graph.value_info. Checks the nodes'
+// attributes first (check_node_attributes).
 void infer_shapes_onnx(Graph& graph);
+
+// Checks each node's attributes, in subgraphs too, against ONNX's schema for the model's opset
+// (types, required attributes) and the ranges ONNX's shape inference and the kernels compute with
+// (strides, dilations and windows >= 1, pads >= 0 and one per spatial axis, group >= 1, block
+// sizes, scales, ...); throws kInvalidModel naming the node and the attribute. ONNX's inference
+// functions trust these values: Conv strides=[0,0] is a SIGFPE inside onnx::convPoolShapeInference.
+// parse_onnx calls it.
+void check_node_attributes(const Graph& graph);
+// Checks the dtypes the file states (initializers, declared graph inputs) against the type
+// constraints of the default-domain ops reading them (an int64 Conv bias, a float32 and an int64
+// input of one Add), throwing kInvalidModel naming node, input and allowed types. parse_onnx calls it.
+void check_constant_input_types(const Graph& graph);
 
 }  // namespace slimquant::ir
 

@@ -72,7 +72,9 @@ class TileKernel : public Kernel {
     for (size_t d = 0; d < r; ++d) {
       if (reps[d] < 0)
         fail(ErrorKind::kInvalidModel, node.describe() + ": negative repeat " + std::to_string(reps[d]));
-      out_shape[d] = x.dim(d) * reps[d];
+      if (__builtin_mul_overflow(x.dim(d), reps[d], &out_shape[d]))
+        fail(ErrorKind::kInvalidModel, node.describe() + ": repeat " + std::to_string(reps[d]) + " of axis " +
+                                           std::to_string(d) + " overflows its size");
       view[2 * d] = reps[d];
       view[2 * d + 1] = x.dim(d);
       strides[2 * d] = 0;

@@ -76,8 +76,13 @@ class ConstantOfShapeKernel : public Kernel {
 template <typename T>
 int64_t range_count(T start, T limit, T delta) {
   if constexpr (std::is_floating_point_v<T>) {
-    return static_cast<int64_t>(std::max(0.0, std::ceil((static_cast<double>(limit) - static_cast<double>(start)) /
-                                                         static_cast<double>(delta))));
+    const double count = std::ceil((static_cast<double>(limit) - static_cast<double>(start)) / static_cast<double>(delta));
+    // Infinite or beyond int64 (a zero or tiny delta): converting it would be undefined. NaN (0 / 0)
+    // gives 0 elements below, as an integer Range with delta 0 does.
+    if (count >= 9.2e18)
+      fail(ErrorKind::kInvalidArgument, "Range from " + std::to_string(start) + " to " + std::to_string(limit) +
+                                            " by " + std::to_string(delta) + " has no valid element count");
+    return static_cast<int64_t>(std::max(0.0, count));
   } else {
     const int64_t s = start, l = limit, d = delta;
     if (d > 0 && l > s)

@@ -76,7 +76,10 @@ class PadKernel : public Kernel {
     }
     Shape out_shape(r);
     for (size_t d = 0; d < r; ++d) {
-      out_shape[d] = x.dim(d) + before[d] + after[d];
+      if (__builtin_add_overflow(x.dim(d), before[d], &out_shape[d]) ||
+          __builtin_add_overflow(out_shape[d], after[d], &out_shape[d]))
+        fail(ErrorKind::kInvalidModel, node.describe() + ": pads " + std::to_string(before[d]) + " and " +
+                                           std::to_string(after[d]) + " overflow axis " + std::to_string(d));
       if (out_shape[d] < 0)
         fail(ErrorKind::kInvalidArgument, node.describe() + ": pads crop axis " + std::to_string(d) + " of " +
                                               shape_str(x.shape()) + " below zero");

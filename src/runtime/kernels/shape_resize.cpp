@@ -356,9 +356,17 @@ class ResizeKernel : public Kernel {
                                                 " on axis " + std::to_string(d) + " must be positive");
         axis_scale[d] = scales[d];
         // The roi factor only differs from 1 for tf_crop_and_resize.
-        out_shape[d] = static_cast<int64_t>(std::floor(static_cast<float>(x.dim(d)) * (hi - lo) * scales[d]));
+        const float size = std::floor(static_cast<float>(x.dim(d)) * (hi - lo) * scales[d]);
+        // Converting an out-of-range float is undefined: huge scales (or a NaN roi) stop here.
+        if (!(size >= 0.f && size < 9.2e18f))
+          fail(ErrorKind::kInvalidArgument, node.describe() + ": scale " + std::to_string(scales[d]) + " on axis " +
+                                                std::to_string(d) + " of " + shape_str(x.shape()) +
+                                                " gives no valid output size");
+        out_shape[d] = static_cast<int64_t>(size);
       }
     }
+    // The per-axis plans below are sized by the output: check it before building them.
+    checked_tensor_bytes(x.dtype(), out_shape, node.describe() + ": output");
     std::vector<AxisPlan> plans(r);
     bool identity = true;
     for (size_t d = 0; d < r; ++d) {

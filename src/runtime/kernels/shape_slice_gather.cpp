@@ -63,7 +63,8 @@ class SliceKernel : public Kernel {
       } else {
         b = std::clamp<int64_t>(b, 0, dim - 1);
         e = std::clamp<int64_t>(e, -1, dim - 1);
-        count = b > e ? (b - e - 1) / -s + 1 : 0;
+        // -s overflows for INT64_MIN: divide by the magnitude unsigned.
+        count = b > e ? static_cast<int64_t>(static_cast<uint64_t>(b - e - 1) / (0 - static_cast<uint64_t>(s))) + 1 : 0;
       }
       out_shape[a] = count;
       first[a] = b;
