@@ -66,14 +66,16 @@ TEST(AnalysisReproducibility, TheSameCommandWritesTheSameFiles) {
   test::TempDir tmp("repro_analyze");
   std::map<std::string, std::string> written[2];
   const char* tuning[2] = {"OMP_NUM_THREADS=1 SLIMQUANT_DNNL_TUNING=0", "OMP_NUM_THREADS=1 SLIMQUANT_DNNL_TUNING=alternative"};
+  // One save dir (the written paths name it): each run's files are moved aside before the next.
+  const std::string dir = tmp.path("analysis");
   for (int run = 0; run < 2; ++run) {
-    const std::string dir = tmp.path("run" + std::to_string(run));
     const auto r = test::run_cli("analyze " + test::fixture_model("mobilenetv2_small") +
                                      " fashion-mnist:test --limit 200 --eval-batch-size 50 --batch-nums 2 --metric sqnr"
                                      " --num-histogram-plots 2 --statistics --target-metric 30 --save-dir " + dir,
                                  tuning[run]);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     written[run] = result_files(dir);
+    std::filesystem::rename(dir, tmp.path("run" + std::to_string(run)));
   }
   ASSERT_GE(written[0].size(), 5u);
   EXPECT_TRUE(written[0].count("analysis.json") && written[0].count("target_search.json") &&
