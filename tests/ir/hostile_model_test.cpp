@@ -382,7 +382,7 @@ TEST(HostileModel, ConstantInputsOfTypesTheOpDoesNotTakeAreInvalidModel) {
   EXPECT_ERROR(mixed.parse(), ErrorKind::kInvalidModel, "the_add", "int64", "float32");
 }
 
-TEST(HostileModel, ClipWithANaNBoundIsInvalidModel) {
+TEST(HostileModel, ClipWithANaNOrNonScalarBoundIsInvalidModel) {
   ModelBuilder b;
   b.input("x", {1, 2});
   b.floats("lo", {}, {std::nanf("")});
@@ -390,6 +390,39 @@ TEST(HostileModel, ClipWithANaNBoundIsInvalidModel) {
   b.node("Clip", {"x", "lo", "hi"}, {"y"}, "the_clip");
   b.output("y");
   EXPECT_ERROR(b.parse(), ErrorKind::kInvalidModel, "the_clip", "NaN");
+  ModelBuilder vector_bound;
+  vector_bound.input("x", {1, 2});
+  vector_bound.floats("lo", {2}, {0.f, 1.f});
+  vector_bound.node("Clip", {"x", "lo"}, {"y"}, "the_clip");
+  vector_bound.output("y");
+  EXPECT_ERROR(vector_bound.parse(), ErrorKind::kInvalidModel, "the_clip", "scalars");
+}
+
+TEST(HostileModel, AClipWithMinAboveMaxAfterAConvRunsInsteadOfFailingInOneDnn) {
+  // Fused into the Conv, min > max was a oneDNN post-op error (exit 70); ONNX gives max there.
+  ModelBuilder b = conv_model([](onnx::NodeProto*) {});
+  b.graph().mutable_node(0)->set_output(0, "c");
+  b.floats("lo", {}, {1.f});
+  b.floats("hi", {}, {-2.f});
+  b.node("Clip", {"c", "lo", "hi"}, {"y"}, "the_clip");
+  runtime::Session session(b.parse());
+  const Tensor y = session.run({{"x", Tensor(DType::kFloat32, {1, 1, 8, 8})}}).at("y");
+  for (float v : y.to_float_vector()) EXPECT_EQ(v, -2.f);
+}
+
+TEST(HostileModel, NodesWithMoreInputsOrOutputsThanTheirOpTakesAreInvalidModel) {
+  // A BatchNormalization mutated into a Clip keeps its five inputs.
+  ModelBuilder b;
+  b.input("x", {1, 2});
+  for (const char* name : {"a", "b", "c", "d"}) b.floats(name, {}, {0.f});
+  b.node("Clip", {"x", "a", "b", "c", "d"}, {"y"}, "the_clip");
+  b.output("y");
+  EXPECT_ERROR(b.parse(), ErrorKind::kInvalidModel, "the_clip", "5 inputs", "1 to 3");
+  ModelBuilder outputs;
+  outputs.input("x", {1, 2});
+  outputs.node("Relu", {"x"}, {"y", "z"}, "the_relu");
+  outputs.output("y");
+  EXPECT_ERROR(outputs.parse(), ErrorKind::kInvalidModel, "the_relu", "2 outputs");
 }
 
 TEST(HostileModel, FixtureModelsStillLoad) {
