@@ -146,6 +146,13 @@ void check_attribute_ranges(const Node& n, const Graph& g, int64_t opset) {
     else if (op == "MaxPool" || op == "AveragePool" || op == "LpPool" || op == "MaxUnpool") check_window_op(n, g, -1);
     else if (op == "DepthToSpace" || op == "SpaceToDepth") check_int_range(n, "blocksize", 1, kMaxWindowAttribute);
     else if (op == "LRN") check_int_range(n, "size", 1, kMaxWindowAttribute);
+    else if (op == "Transpose" && ints_length(n, "perm") > 0) {
+      // ONNX 1.12 reads the input's dim perm[i] unchecked: perm must at least permute 0..k-1.
+      std::vector<int64_t> perm = n.attr_ints("perm"), sorted = perm;
+      std::sort(sorted.begin(), sorted.end());
+      for (size_t i = 0; i < sorted.size(); ++i)
+        if (sorted[i] != static_cast<int64_t>(i)) refuse(n, "perm", "is " + list_str(perm) + ", not a permutation of 0.." + std::to_string(perm.size() - 1));
+    }
     else if (op == "Split") check_ints_range(n, "split", 0, INT64_MAX);
     else if (op == "Pad" && opset < 11) {
       check_ints_range(n, "pads", -kMaxPadAttribute, kMaxPadAttribute);

@@ -45,7 +45,11 @@ struct ModelBuilder {
     v->set_name(name);
     auto* tt = v->mutable_type()->mutable_tensor_type();
     tt->set_elem_type(onnx::TensorProto::FLOAT);
-    for (int64_t d : dims) tt->mutable_shape()->add_dim()->set_dim_value(d);
+    for (int64_t d : dims) {
+      auto* dim = tt->mutable_shape()->add_dim();
+      if (d < 0) dim->set_dim_param("N");  // symbolic
+      else dim->set_dim_value(d);
+    }
   }
   void output(const std::string& name) {
     auto* v = graph().add_output();
@@ -232,6 +236,11 @@ TEST(HostileModel, WindowAttributesOutOfRangeAreInvalidModelNamingNodeAndAttribu
     b.output("y");
     EXPECT_ERROR(b.parse(), ErrorKind::kInvalidModel, "the_pool", "'strides'");
   }
+  ModelBuilder transpose;
+  transpose.input("x", {1, 2});
+  add_ints(transpose.node("Transpose", {"x"}, {"y"}, "the_transpose"), "perm", {0, 7});
+  transpose.output("y");
+  EXPECT_ERROR(transpose.parse(), ErrorKind::kInvalidModel, "the_transpose", "'perm'");
   ModelBuilder d2s;
   d2s.input("x", {1, 4, 2, 2});
   add_int(d2s.node("DepthToSpace", {"x"}, {"y"}, "the_d2s"), "blocksize", 0);
@@ -260,6 +269,23 @@ TEST(HostileModel, ShapeInferenceChecksAttributesOfGraphsBuiltInMemoryToo) {
   g.nodes.at(0).attrs["strides"] = std::vector<int64_t>{0, 0};
   EXPECT_ERROR(ir::infer_shapes_onnx(g), ErrorKind::kInvalidModel, "the_conv", "'strides'");
   EXPECT_NO_THROW(ir::bind_input_shapes(g, {{"x", {1, 1, 8, 8}}}));  // shapes are optional there: no crash
+}
+
+TEST(HostileModel, AConvWhoseComputedWeightIsAScalarIsInvalidModel) {
+  // A Clip turned Conv reads its scalar bounds as W and B; the weight descriptor indexed W's dims.
+  ModelBuilder b;
+  b.input("x", {1, 1, 8, 8});
+  auto* k = b.node("Constant", {}, {"w"});
+  auto* a = k->add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  a->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
+  a->mutable_t()->add_float_data(1.f);
+  b.node("Conv", {"x", "w"}, {"y"}, "the_conv");
+  b.output("y");
+  runtime::Session session(b.parse());
+  EXPECT_ERROR(session.run({{"x", Tensor(DType::kFloat32, {1, 1, 8, 8})}}), ErrorKind::kInvalidModel, "the_conv",
+               "weights W of shape []");
 }
 
 TEST(HostileModel, ValidWindowAttributesStillLoadAndRun) {
