@@ -190,6 +190,8 @@ int fuse_activations(Graph& g, const std::set<std::string>& keep) {
         if (!lo.empty()) f.alpha = g.initializer(lo)->to_float_vector().at(0);
         if (!hi.empty()) f.beta = g.initializer(hi)->to_float_vector().at(0);
       }
+      // oneDNN refuses a clip post-op with min > max (or NaN); the Clip kernel gives max there.
+      if (!(f.alpha <= f.beta)) continue;
     } else {
       continue;
     }

@@ -146,6 +146,13 @@ void check_attribute_ranges(const Node& n, const Graph& g, int64_t opset) {
     else if (op == "MaxPool" || op == "AveragePool" || op == "LpPool" || op == "MaxUnpool") check_window_op(n, g, -1);
     else if (op == "DepthToSpace" || op == "SpaceToDepth") check_int_range(n, "blocksize", 1, kMaxWindowAttribute);
     else if (op == "LRN") check_int_range(n, "size", 1, kMaxWindowAttribute);
+    else if (op == "Transpose" && ints_length(n, "perm") > 0) {
+      // ONNX 1.12 reads the input's dim perm[i] unchecked: perm must at least permute 0..k-1.
+      std::vector<int64_t> perm = n.attr_ints("perm"), sorted = perm;
+      std::sort(sorted.begin(), sorted.end());
+      for (size_t i = 0; i < sorted.size(); ++i)
+        if (sorted[i] != static_cast<int64_t>(i)) refuse(n, "perm", "is " + list_str(perm) + ", not a permutation of 0.." + std::to_string(perm.size() - 1));
+    }
     else if (op == "Split") check_ints_range(n, "split", 0, INT64_MAX);
     else if (op == "Pad" && opset < 11) {
       check_ints_range(n, "pads", -kMaxPadAttribute, kMaxPadAttribute);
@@ -162,11 +169,14 @@ void check_attribute_ranges(const Node& n, const Graph& g, int64_t opset) {
         if (const auto it = n.attrs.find(attr); it != n.attrs.end())
           if (const auto* v = std::get_if<float>(&it->second); v && std::isnan(*v)) refuse(n, attr, "is NaN");
       for (size_t i = 1; i <= 2; ++i)
-        if (const Tensor* t = n.input(i).empty() ? nullptr : g.initializer(n.input(i)); t && dtype_is_float(t->dtype()))
-          for (float v : t->to_float_vector())
-            if (std::isnan(v))
-              fail(ErrorKind::kInvalidModel, n.describe() + ": its " + (i == 1 ? "min" : "max") + " bound '" +
-                                                 n.input(i) + "' is NaN");
+        if (const Tensor* t = n.input(i).empty() ? nullptr : g.initializer(n.input(i))) {
+          const std::string which = std::string(i == 1 ? "min" : "max") + " bound '" + n.input(i) + "'";
+          if (t->numel() != 1)
+            fail(ErrorKind::kInvalidModel, n.describe() + ": its " + which + " has shape " + shape_str(t->shape()) +
+                                               "; Clip's bounds are scalars");
+          if (dtype_is_float(t->dtype()) && std::isnan(t->to_float_vector()[0]))
+            fail(ErrorKind::kInvalidModel, n.describe() + ": its " + which + " is NaN");
+        }
     } else if (op == "Slice" && opset < 10) {
       const int64_t starts = ints_length(n, "starts"), ends = ints_length(n, "ends"), axes = ints_length(n, "axes");
       if (starts != ends || (axes >= 0 && axes != starts))
@@ -220,10 +230,23 @@ DType stated_dtype(const Graph& g, const std::string& v) {
   return DType::kUndefined;
 }
 
-void check_input_types(const Node& n, const Graph& g) {
+// Input and output counts from the schema; the dtypes the file states against the type constraints.
+void check_inputs_against_schema(const Node& n, const Graph& g) {
   if (!n.domain.empty()) return;
   const onnx::OpSchema* schema = onnx::OpSchemaRegistry::Schema(n.op_type, static_cast<int>(g.opset), "");
-  if (!schema || schema->inputs().empty()) return;
+  if (!schema) return;
+  // Arity: kernels and fusion passes index inputs by position (a BatchNormalization turned Clip
+  // kept five inputs and handed a weight vector to oneDNN as a bound).
+  const int inputs = static_cast<int>(n.declared_inputs()), outputs = static_cast<int>(n.outputs.size());
+  if (inputs < schema->min_input() || inputs > schema->max_input())
+    fail(ErrorKind::kInvalidModel, n.describe() + " has " + std::to_string(inputs) + " inputs; " + n.op_type +
+                                       " (opset " + std::to_string(g.opset) + ") takes " +
+                                       std::to_string(schema->min_input()) + " to " + std::to_string(schema->max_input()));
+  if (outputs < schema->min_output() || outputs > schema->max_output())
+    fail(ErrorKind::kInvalidModel, n.describe() + " has " + std::to_string(outputs) + " outputs; " + n.op_type +
+                                       " (opset " + std::to_string(g.opset) + ") gives " +
+                                       std::to_string(schema->min_output()) + " to " + std::to_string(schema->max_output()));
+  if (schema->inputs().empty()) return;
   const auto& formals = schema->inputs();
   std::map<std::string, std::pair<DType, size_t>> bound;  // type parameter -> (dtype, first input)
   for (size_t i = 0; i < n.declared_inputs(); ++i) {
@@ -261,7 +284,7 @@ void check_input_types(const Node& n, const Graph& g) {
 
 void check_constant_input_types(const Graph& graph) {
   for (const Node& n : graph.nodes) {
-    check_input_types(n, graph);
+    check_inputs_against_schema(n, graph);
     for (const auto& [key, value] : n.attrs)
       if (const auto* branch = std::get_if<std::shared_ptr<const Graph>>(&value)) check_constant_input_types(**branch);
   }

@@ -116,6 +116,7 @@ int fuse_residual_adds(ir::Graph& g, const std::set<std::string>& keep) {
           ok = (l.empty() || g.is_initializer(l)) && (h.empty() || g.is_initializer(h));
           if (ok && !l.empty()) lo = g.initializer(l)->to_float_vector().at(0);
           if (ok && !h.empty()) hi = g.initializer(h)->to_float_vector().at(0);
+          ok = ok && lo <= hi;  // oneDNN refuses min > max (or NaN); the Clip kernel handles it
         }
         if (ok && act.outputs.size() == 1) {
           act_index = readers[0];

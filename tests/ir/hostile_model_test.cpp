@@ -45,7 +45,11 @@ struct ModelBuilder {
     v->set_name(name);
     auto* tt = v->mutable_type()->mutable_tensor_type();
     tt->set_elem_type(onnx::TensorProto::FLOAT);
-    for (int64_t d : dims) tt->mutable_shape()->add_dim()->set_dim_value(d);
+    for (int64_t d : dims) {
+      auto* dim = tt->mutable_shape()->add_dim();
+      if (d < 0) dim->set_dim_param("N");  // symbolic
+      else dim->set_dim_value(d);
+    }
   }
   void output(const std::string& name) {
     auto* v = graph().add_output();
@@ -232,6 +236,11 @@ TEST(HostileModel, WindowAttributesOutOfRangeAreInvalidModelNamingNodeAndAttribu
     b.output("y");
     EXPECT_ERROR(b.parse(), ErrorKind::kInvalidModel, "the_pool", "'strides'");
   }
+  ModelBuilder transpose;
+  transpose.input("x", {1, 2});
+  add_ints(transpose.node("Transpose", {"x"}, {"y"}, "the_transpose"), "perm", {0, 7});
+  transpose.output("y");
+  EXPECT_ERROR(transpose.parse(), ErrorKind::kInvalidModel, "the_transpose", "'perm'");
   ModelBuilder d2s;
   d2s.input("x", {1, 4, 2, 2});
   add_int(d2s.node("DepthToSpace", {"x"}, {"y"}, "the_d2s"), "blocksize", 0);
@@ -260,6 +269,23 @@ TEST(HostileModel, ShapeInferenceChecksAttributesOfGraphsBuiltInMemoryToo) {
   g.nodes.at(0).attrs["strides"] = std::vector<int64_t>{0, 0};
   EXPECT_ERROR(ir::infer_shapes_onnx(g), ErrorKind::kInvalidModel, "the_conv", "'strides'");
   EXPECT_NO_THROW(ir::bind_input_shapes(g, {{"x", {1, 1, 8, 8}}}));  // shapes are optional there: no crash
+}
+
+TEST(HostileModel, AConvWhoseComputedWeightIsAScalarIsInvalidModel) {
+  // A Clip turned Conv reads its scalar bounds as W and B; the weight descriptor indexed W's dims.
+  ModelBuilder b;
+  b.input("x", {1, 1, 8, 8});
+  auto* k = b.node("Constant", {}, {"w"});
+  auto* a = k->add_attribute();
+  a->set_name("value");
+  a->set_type(onnx::AttributeProto::TENSOR);
+  a->mutable_t()->set_data_type(onnx::TensorProto::FLOAT);
+  a->mutable_t()->add_float_data(1.f);
+  b.node("Conv", {"x", "w"}, {"y"}, "the_conv");
+  b.output("y");
+  runtime::Session session(b.parse());
+  EXPECT_ERROR(session.run({{"x", Tensor(DType::kFloat32, {1, 1, 8, 8})}}), ErrorKind::kInvalidModel, "the_conv",
+               "weights W of shape []");
 }
 
 TEST(HostileModel, ValidWindowAttributesStillLoadAndRun) {
@@ -382,7 +408,7 @@ TEST(HostileModel, ConstantInputsOfTypesTheOpDoesNotTakeAreInvalidModel) {
   EXPECT_ERROR(mixed.parse(), ErrorKind::kInvalidModel, "the_add", "int64", "float32");
 }
 
-TEST(HostileModel, ClipWithANaNBoundIsInvalidModel) {
+TEST(HostileModel, ClipWithANaNOrNonScalarBoundIsInvalidModel) {
   ModelBuilder b;
   b.input("x", {1, 2});
   b.floats("lo", {}, {std::nanf("")});
@@ -390,6 +416,39 @@ TEST(HostileModel, ClipWithANaNBoundIsInvalidModel) {
   b.node("Clip", {"x", "lo", "hi"}, {"y"}, "the_clip");
   b.output("y");
   EXPECT_ERROR(b.parse(), ErrorKind::kInvalidModel, "the_clip", "NaN");
+  ModelBuilder vector_bound;
+  vector_bound.input("x", {1, 2});
+  vector_bound.floats("lo", {2}, {0.f, 1.f});
+  vector_bound.node("Clip", {"x", "lo"}, {"y"}, "the_clip");
+  vector_bound.output("y");
+  EXPECT_ERROR(vector_bound.parse(), ErrorKind::kInvalidModel, "the_clip", "scalars");
+}
+
+TEST(HostileModel, AClipWithMinAboveMaxAfterAConvRunsInsteadOfFailingInOneDnn) {
+  // Fused into the Conv, min > max was a oneDNN post-op error (exit 70); ONNX gives max there.
+  ModelBuilder b = conv_model([](onnx::NodeProto*) {});
+  b.graph().mutable_node(0)->set_output(0, "c");
+  b.floats("lo", {}, {1.f});
+  b.floats("hi", {}, {-2.f});
+  b.node("Clip", {"c", "lo", "hi"}, {"y"}, "the_clip");
+  runtime::Session session(b.parse());
+  const Tensor y = session.run({{"x", Tensor(DType::kFloat32, {1, 1, 8, 8})}}).at("y");
+  for (float v : y.to_float_vector()) EXPECT_EQ(v, -2.f);
+}
+
+TEST(HostileModel, NodesWithMoreInputsOrOutputsThanTheirOpTakesAreInvalidModel) {
+  // A BatchNormalization mutated into a Clip keeps its five inputs.
+  ModelBuilder b;
+  b.input("x", {1, 2});
+  for (const char* name : {"a", "b", "c", "d"}) b.floats(name, {}, {0.f});
+  b.node("Clip", {"x", "a", "b", "c", "d"}, {"y"}, "the_clip");
+  b.output("y");
+  EXPECT_ERROR(b.parse(), ErrorKind::kInvalidModel, "the_clip", "5 inputs", "1 to 3");
+  ModelBuilder outputs;
+  outputs.input("x", {1, 2});
+  outputs.node("Relu", {"x"}, {"y", "z"}, "the_relu");
+  outputs.output("y");
+  EXPECT_ERROR(outputs.parse(), ErrorKind::kInvalidModel, "the_relu", "2 outputs");
 }
 
 TEST(HostileModel, FixtureModelsStillLoad) {

@@ -29,9 +29,10 @@ void infer_shapes_onnx(Graph& graph);
 // functions trust these values: Conv strides=[0,0] is a SIGFPE inside onnx::convPoolShapeInference.
 // parse_onnx calls it.
 void check_node_attributes(const Graph& graph);
-// Checks the dtypes the file states (initializers, declared graph inputs) against the type
-// constraints of the default-domain ops reading them (an int64 Conv bias, a float32 and an int64
-// input of one Add), throwing kInvalidModel naming node, input and allowed types. parse_onnx calls it.
+// Checks default-domain nodes' input and output counts against ONNX's schema, and the dtypes the
+// file states (initializers, declared graph inputs) against the type constraints of the ops
+// reading them (an int64 Conv bias, a float32 and an int64 input of one Add), throwing
+// kInvalidModel naming node, input and allowed types. parse_onnx calls it.
 void check_constant_input_types(const Graph& graph);
 
 }  // namespace slimquant::ir

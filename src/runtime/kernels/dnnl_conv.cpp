@@ -59,6 +59,11 @@ class ConvKernel final : public Kernel {
     check_fused_activation(node_);
     if (const Tensor* w = init.constant_input(kW)) {
       require_float32(node_, *w, "weights W");
+      // weights_desc indexes the dims: a scalar or vector W (a Clip turned Conv) must stop here.
+      if (w->rank() < 3 || w->dim(0) % attrs_.group != 0)
+        fail(ErrorKind::kInvalidModel, node_.describe() + ": weights W of shape " + shape_str(w->shape()) +
+                                           " must be [M, C/group, k...] with M divisible by group " +
+                                           std::to_string(attrs_.group));
       const_weights_shape_ = w->shape();
       packed_weights_.set_source(*w, weights_desc(w->shape(), memory::format_tag::undef));
     }
