@@ -30,6 +30,7 @@ rm -rf "$report_dir"
 mkdir -p "$report_dir"
 export ASAN_OPTIONS="log_path=$report_dir/asan:detect_leaks=1:detect_stack_use_after_return=1:check_initialization_order=1:strict_init_order=1:halt_on_error=1"
 export UBSAN_OPTIONS="log_path=$report_dir/ubsan:print_stacktrace=1:halt_on_error=1"
+export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan-suppressions.txt:print_suppressions=0"
 
 build_start=$SECONDS
 cmake -S . -B "$build_dir" "${launcher[@]}" \
