@@ -46,8 +46,14 @@ echo "sanitizer build: $((SECONDS - build_start)) s"
 export OMP_NUM_THREADS=1
 test_start=$SECONDS
 status=0
-(cd "$build_dir" && ctest --output-on-failure -j"$jobs" "$@") || status=$?
+(cd "$build_dir" && ctest --output-on-failure -j"$jobs" "$@") 2>&1 | tee "$report_dir/../ctest.log" ||
+  status=$?
 echo "sanitizer test run: $((SECONDS - test_start)) s"
+# GCC's UBSan prints to stderr despite log_path when linked with ASan: look for its reports too.
+if grep -q "runtime error:" "$report_dir/../ctest.log"; then
+  echo "UndefinedBehaviorSanitizer reports in $build_dir/ctest.log" >&2
+  status=1
+fi
 
 reports=("$report_dir"/*)
 if [ -e "${reports[0]}" ]; then
