@@ -48,7 +48,9 @@ template <typename T> inline T clamp_t(T x, T lo, T hi) {
 // (Cephes expf coefficients). Overflow gives +inf, underflow below the normal range gives 0.
 inline float exp_f32(float x) {
   constexpr float kHi = 88.72283935546875f, kLo = -87.33654022216797f;
-  const float xc = clamp_t(x, kLo, kHi);
+  // NaN is kept out of the reduction: converting it to int32_t below is undefined behaviour (found by
+  // UBSan). The result for NaN is x itself, selected at the end.
+  const float xc = clamp_t(select(x != x, 0.f, x), kLo, kHi);
   float n = xc * 1.44269504088896341f;
   n = (n + 12582912.f) - 12582912.f;  // round to nearest integer (|n| <= 128)
   float r = xc - n * 0.693359375f;    // ln2 split in two parts for an exact reduction
