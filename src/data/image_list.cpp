@@ -1,8 +1,11 @@
 // images:LIST_FILE — a text file with one "relative/path [label]" per line (paths relative to the
 // list's directory). Images are decoded on demand with OpenCV; only the list is held in memory.
 #include <charconv>
+#include <cctype>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "data/opencv.h"
 
@@ -13,6 +16,73 @@ namespace slimquant::data::detail {
 namespace {
 
 namespace fs = std::filesystem;
+
+// Decoded images may hold at most this many pixels (an 8192 x 8192 image; 768 MiB as 3-channel
+// float). OpenCV's own limit (2^30 pixels, read from the environment when it is loaded) lets an
+// 875 KB PNG claim 30000 x 30000 and take gigabytes before any shape error.
+constexpr uint64_t kMaxImagePixels = uint64_t{1} << 26;
+
+struct ImageSizeInHeader {
+  uint64_t width = 0, height = 0;
+};
+
+uint64_t big_endian(const unsigned char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v = v << 8 | p[i];
+  return v;
+}
+
+// Width and height as the header of a PNG, JPEG, BMP or netpbm file states them, read without
+// decoding (OpenCV allocates the whole image as soon as it has read them). nullopt for other
+// formats and headers too short to tell; OpenCV's own checks apply to those.
+std::optional<ImageSizeInHeader> size_in_header(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char h[32] = {};
+  in.read(reinterpret_cast<char*>(h), sizeof h);
+  const auto got = static_cast<size_t>(in.gcount());
+  if (got >= 24 && std::memcmp(h, "\x89PNG\r\n\x1a\n", 8) == 0 && std::memcmp(h + 12, "IHDR", 4) == 0)
+    return ImageSizeInHeader{big_endian(h + 16, 4), big_endian(h + 20, 4)};
+  if (got >= 26 && h[0] == 'B' && h[1] == 'M') {
+    auto le32 = [&](int at) { return static_cast<int32_t>(h[at] | h[at + 1] << 8 | h[at + 2] << 16 | uint32_t(h[at + 3]) << 24); };
+    const int64_t width = le32(18), height = le32(22);  // negative height: rows stored top-down
+    return ImageSizeInHeader{static_cast<uint64_t>(width < 0 ? -width : width),
+                             static_cast<uint64_t>(height < 0 ? -height : height)};
+  }
+  if (got >= 2 && h[0] == 'P' && h[1] >= '1' && h[1] <= '6') {
+    // "P6 <width> <height> ...", with '#' comments allowed between the fields.
+    in.clear();
+    in.seekg(2);
+    uint64_t dims[2] = {};
+    for (uint64_t& d : dims) {
+      int c = in.get();
+      while (c != EOF && (std::isspace(c) || c == '#')) {
+        if (c == '#') while (c != EOF && c != '\n') c = in.get();
+        c = in.get();
+      }
+      if (c == EOF || !std::isdigit(c)) return std::nullopt;
+      for (; c != EOF && std::isdigit(c); c = in.get()) d = std::min<uint64_t>(d * 10 + (c - '0'), uint64_t{1} << 40);
+    }
+    return ImageSizeInHeader{dims[0], dims[1]};
+  }
+  if (got >= 4 && h[0] == 0xFF && h[1] == 0xD8) {
+    // JPEG: walk the marker segments to the frame header (SOF0..SOF15 but DHT, JPG, DAC).
+    in.clear();
+    in.seekg(2);
+    unsigned char seg[9];
+    while (in.read(reinterpret_cast<char*>(seg), 4)) {
+      if (seg[0] != 0xFF) return std::nullopt;
+      const int marker = seg[1];
+      const auto length = static_cast<std::streamoff>(big_endian(seg + 2, 2));
+      if (marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC) {
+        if (!in.read(reinterpret_cast<char*>(seg + 4), 5)) return std::nullopt;
+        return ImageSizeInHeader{big_endian(seg + 7, 2), big_endian(seg + 5, 2)};
+      }
+      if (length < 2) return std::nullopt;
+      in.seekg(length - 2, std::ios::cur);
+    }
+  }
+  return std::nullopt;
+}
 
 struct Entry {
   std::string text;  // the path as written in the list
@@ -136,6 +206,13 @@ class ImageList final : public Dataset {
     // requested channel count happens in image_to_chw with cvtColor, so it is the same arithmetic
     // for every file format (libpng's and libjpeg's own gray conversions differ from each other).
     const int flags = cv::IMREAD_ANYCOLOR;
+    if (const auto size = size_in_header(e.path);
+        size && (size->width > kMaxImagePixels || size->height > kMaxImagePixels ||
+                 size->width * size->height > kMaxImagePixels))
+      fail(ErrorKind::kInvalidData, where(e.line) + ": image '" + e.text + "' is " + std::to_string(size->width) +
+                                        "x" + std::to_string(size->height) +
+                                        " pixels by its header, over the limit of " +
+                                        std::to_string(kMaxImagePixels) + " pixels (8192x8192)");
     cv::Mat img;
     try {
       img = cv::imread(e.path, flags);
