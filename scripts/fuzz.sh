@@ -52,10 +52,11 @@ for target in "${targets[@]}"; do
   "$build/fuzz/fuzz_$target" -fork=1 -ignore_crashes=1 -ignore_ooms=1 -ignore_timeouts=1 \
       -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=30 -print_final_stats=1 \
       -artifact_prefix="$artifacts/" "$corpus" "${seeds[@]}" >"$log" 2>&1 || true
-  # Fork mode's progress lines: "#EXECS: cov: .. ft: .. corp: .. exec/s: N oom/timeout/crash: a/b/c time: Ts ..."
+  # Fork mode's progress lines: "#EXECS: cov: .. ft: .. corp: .. exec/s N oom/timeout/crash: a/b/c time: Ts ..."
   last=$(grep -E '^#[0-9]+: cov:' "$log" | tail -n1 || true)
   execs=$(sed -nE 's/^#([0-9]+):.*/\1/p' <<<"$last")
-  rate=$(sed -nE 's/.*exec\/s: ([0-9]+).*/\1/p' <<<"$last")
+  elapsed=$(sed -nE 's/.* time: ([0-9]+)s.*/\1/p' <<<"$last")
+  rate=$(( ${execs:-0} / (${elapsed:-0} > 0 ? ${elapsed:-1} : 1) ))  # the average, not the last job's
   found=$(sed -nE 's/.*oom\/timeout\/crash: ([0-9]+\/[0-9]+\/[0-9]+).*/\1/p' <<<"$last")
   new=0
   for f in "$artifacts"/*; do

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Field-level mutation fuzzer for the model path: mutates the fixture models the way a careless
-exporter or a hostile file would, runs `slimquant info` and `slimquant run` on every mutant under a
-time and memory limit, and keeps the mutants that end badly.
+exporter or a hostile file would, runs `slimquant run` (and `info` with --commands info,run) on every
+mutant under a time and memory limit, and keeps the mutants that end badly.
 
     /usr/bin/python3 scripts/mutate_models.py --seed 1 --count 2000 [--binary build/slimquant]
 
@@ -19,11 +19,12 @@ fuzz_onnx_loader target) as <model>-s<seed>-<index>.onnx, with a summary in --su
 """
 import argparse
 import collections
+import concurrent.futures
 import json
-import math
 import os
 import random
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +32,7 @@ import tempfile
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto, mapping
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCUMENTED_EXIT_CODES = {0, 2, 3, 4, 5, 6, 7}
@@ -196,7 +197,7 @@ def input_arrays(model):
         if value.name in initializers:
             continue
         shape = [d.dim_value if d.HasField("dim_value") else 1 for d in value.type.tensor_type.shape.dim]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        dtype = mapping.TENSOR_TYPE_TO_NP_TYPE[value.type.tensor_type.elem_type]
         arrays[value.name] = np.ones(shape, dtype)
     return arrays
 
@@ -233,12 +234,44 @@ def verdict(rc):
     return None
 
 
+def check_mutant(index, args, originals, feeds, tmp):
+    """Builds mutant `index` and runs the commands on it; returns (finding or None, exit codes)."""
+    rng = random.Random(args.seed * 1_000_003 + index)
+    name, original = rng.choice(originals)
+    mutant, mutations = make_mutant(original, rng)
+    work = os.path.join(tmp, str(index))
+    os.makedirs(work)
+    path = os.path.join(work, "mutant.onnx")
+    with open(path, "wb") as f:
+        f.write(mutant.SerializeToString())
+    commands = {"info": [args.binary, "info", path],
+                "run": [args.binary, "run", path, "--threads", "1", "--output-dir", os.path.join(work, "out")]
+                + [a for feed in feeds[name] for a in ("--input", feed)]}
+    codes = []
+    finding = None
+    for command in args.commands.split(","):
+        rc, message = run_cli(commands[command], args.timeout, args.memory_mb)
+        codes.append(f"{command} rc {rc}")
+        bad = verdict(rc)
+        if bad:
+            saved = f"{name}-s{args.seed}-{index}.onnx"
+            with open(os.path.join(args.save_dir, saved), "wb") as f:
+                f.write(mutant.SerializeToString())
+            finding = {"index": index, "model": name, "mutations": mutations, "command": command,
+                       "verdict": bad, "message": message, "saved": saved}
+            break  # one finding per mutant is enough to keep it
+    shutil.rmtree(work, ignore_errors=True)
+    return finding, codes
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--count", type=int, default=200)
     parser.add_argument("--only", type=int, action="append", help="run only this mutant index (repeatable)")
     parser.add_argument("--binary", default=os.path.join(ROOT, "build", "slimquant"))
+    parser.add_argument("--commands", default="run", help="comma-separated: info, run (run loads the model too)")
+    parser.add_argument("--jobs", type=int, default=4, help="mutants checked at once")
     parser.add_argument("--models", nargs="*", default=[
         os.path.join(ROOT, "tests/fixtures/models", m + ".onnx") for m in ("resnet_small", "mobilenetv2_small", "vit_small")]
         + [os.path.join(ROOT, "fuzz/corpus/onnx_loader", m + ".onnx") for m in ("cnn", "attention", "shapes", "if", "qdq")])
@@ -250,6 +283,7 @@ def main():
 
     originals = [(os.path.splitext(os.path.basename(p))[0], onnx.load(p)) for p in args.models]
     indices = args.only or range(args.count)
+    os.makedirs(args.save_dir, exist_ok=True)
     counts = collections.Counter()
     findings = []
     with tempfile.TemporaryDirectory(prefix="slimquant-mutants-") as tmp:
@@ -260,34 +294,17 @@ def main():
                 path = os.path.join(tmp, f"{name}.{len(feeds[name])}.npy")
                 np.save(path, array)
                 feeds[name].append(f"{input_name}={path}")
-        for index in indices:
-            rng = random.Random(args.seed * 1_000_003 + index)
-            name, original = rng.choice(originals)
-            mutant, mutations = make_mutant(original, rng)
-            path = os.path.join(tmp, "mutant.onnx")
-            with open(path, "wb") as f:
-                f.write(mutant.SerializeToString())
-            out_dir = os.path.join(tmp, "out")
-            os.makedirs(out_dir, exist_ok=True)
-            commands = {"info": [args.binary, "info", path],
-                        "run": [args.binary, "run", path, "--threads", "1", "--output-dir", out_dir]
-                        + [a for feed in feeds[name] for a in ("--input", feed)]}
-            for command, argv in commands.items():
-                rc, message = run_cli(argv, args.timeout, args.memory_mb)
-                counts[f"{command} rc {rc}"] += 1
-                bad = verdict(rc)
-                if not bad:
-                    continue
-                saved = f"{name}-s{args.seed}-{index}.onnx"
-                os.makedirs(args.save_dir, exist_ok=True)
-                with open(os.path.join(args.save_dir, saved), "wb") as f:
-                    f.write(mutant.SerializeToString())
-                findings.append({"index": index, "model": name, "mutations": mutations, "command": command,
-                                 "verdict": bad, "message": message, "saved": saved})
-                print(f"[{index}] {name} {'; '.join(mutations)}: {command} -> {bad} {message}", flush=True)
-                break  # one finding per mutant is enough to keep it
-            if (index + 1) % 100 == 0:
-                print(f"{index + 1} mutants, {len(findings)} findings", file=sys.stderr, flush=True)
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            futures = [pool.submit(check_mutant, i, args, originals, feeds, tmp) for i in indices]
+            for done, future in enumerate(futures, 1):
+                finding, codes = future.result()
+                counts.update(codes)
+                if finding:
+                    findings.append(finding)
+                    print(f"[{finding['index']}] {finding['model']} {'; '.join(finding['mutations'])}: "
+                          f"{finding['command']} -> {finding['verdict']} {finding['message']}", flush=True)
+                if done % 100 == 0:
+                    print(f"{done} mutants, {len(findings)} findings", file=sys.stderr, flush=True)
 
     summary = {"seed": args.seed, "count": len(indices), "exit_codes": dict(sorted(counts.items())),
                "findings": findings}
@@ -296,7 +313,7 @@ def main():
     if findings or args.summary:
         with open(summary_path, "w") as f:
             json.dump(summary, f, indent=1, default=str)
-    print(json.dumps({"mutants": len(indices), "findings": len(findings),
+    print(json.dumps({"mutants": len(indices), "findings": len(findings), "exit_codes": summary["exit_codes"],
                       "by_verdict": collections.Counter(f["verdict"] for f in findings),
                       "summary": summary_path if findings or args.summary else None}, default=str))
     return 0
