@@ -1,6 +1,8 @@
 // Replays fuzz inputs through a target without libFuzzer: every file under each argument (a file
 // or a folder, sorted by name) goes through LLVMFuzzerTestOneInput once. A crash, sanitizer report
 // or escaping exception ends the process, so ctest fails naming the input printed last.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +16,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
+  // The fuzzers' memory limit (-rss_limit_mb=2048): an input that makes the code allocate
+  // gigabytes before checking sizes fails here too (bad_alloc, or an internal error) instead of
+  // passing on a machine with enough memory.
+  const rlimit data_limit{rlim_t{2} << 30, rlim_t{2} << 30};
+  setrlimit(RLIMIT_DATA, &data_limit);
   std::vector<fs::path> inputs;
   for (int i = 1; i < argc; ++i) {
     const fs::path arg(argv[i]);
