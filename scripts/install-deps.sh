@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs every dependency slimquant needs from Debian packages, plus onnxruntime-node (npm,
 # --ignore-scripts) for the peer benchmarks. Idempotent; safe to rerun.
+#   --fuzz: also clang and libFuzzer for scripts/fuzz.sh (the normal build and tests need neither).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +18,8 @@ DEBIAN_PACKAGES=(
 )
 # Node.js runs ONNX Runtime for peer comparisons; keep an existing install (e.g. nodesource).
 command -v node >/dev/null 2>&1 || DEBIAN_PACKAGES+=(nodejs npm)
+# The fuzz build: clang with its sanitizer and libFuzzer runtimes, and clang's OpenMP.
+[ "${1:-}" = "--fuzz" ] && DEBIAN_PACKAGES+=(clang libfuzzer-14-dev libclang-rt-14-dev libomp-14-dev)
 
 missing=()
 for p in "${DEBIAN_PACKAGES[@]}"; do

@@ -347,6 +347,9 @@ uint32_t le32(const unsigned char* p) {
 }
 uint64_t le64(const unsigned char* p) { return uint64_t(le32(p)) | uint64_t(le32(p + 4)) << 32; }
 
+// Deflate cannot expand data by more than 1032:1 (258-byte matches coded in 2 bits).
+constexpr uint64_t kMaxDeflateRatio = 1032;
+
 std::vector<unsigned char> read_whole(const std::string& path) {
   File f = open_for_read(path);
   std::vector<unsigned char> buf(file_size(path));
@@ -364,6 +367,8 @@ std::vector<std::pair<std::string, Tensor>> read_npz(const std::string& path) {
   };
   // End of central directory: 22 bytes plus a comment of up to 64 KiB, searched from the end.
   constexpr uint32_t kEocd = 0x06054b50, kCentral = 0x02014b50, kLocal = 0x04034b50;
+  // Whether [offset, offset + length) lies inside the archive (no overflow for hostile values).
+  auto fits = [&](uint64_t offset, uint64_t length) { return offset <= z.size() && length <= z.size() - offset; };
   if (z.size() < 22) bad("too short");
   size_t eocd = std::string::npos;
   for (size_t i = z.size() - 22 + 1; i-- > 0 && z.size() - i <= 22 + 0xFFFF;)
@@ -375,21 +380,24 @@ std::vector<std::pair<std::string, Tensor>> read_npz(const std::string& path) {
   if ((entries == 0xFFFF || cd_offset == 0xFFFFFFFF) && eocd >= 20 &&
       le32(&z[eocd - 20]) == 0x07064b50) {
     const uint64_t rec = le64(&z[eocd - 20 + 8]);
-    if (rec + 56 > z.size() || le32(&z[rec]) != 0x06064b50) bad("bad zip64 record");
+    if (!fits(rec, 56) || le32(&z[rec]) != 0x06064b50) bad("bad zip64 record");
     entries = le64(&z[rec + 32]);
     cd_offset = le64(&z[rec + 48]);
   }
   std::vector<std::pair<std::string, Tensor>> out;
   uint64_t pos = cd_offset;
+  // Members must not overlap (numpy writes them one after the other): directory entries sharing
+  // one compressed stream would multiply what a small file inflates to.
+  uint64_t previous_member_end = 0;
   for (uint64_t e = 0; e < entries; ++e) {
-    if (pos + 46 > z.size() || le32(&z[pos]) != kCentral) bad("bad central directory entry");
+    if (!fits(pos, 46) || le32(&z[pos]) != kCentral) bad("bad central directory entry");
     const unsigned char* c = &z[pos];
     const uint16_t method = le16(c + 10);
     const uint32_t crc = le32(c + 16);
     uint64_t csize = le32(c + 20), usize = le32(c + 24);
     const uint16_t name_len = le16(c + 28), extra_len = le16(c + 30), comment_len = le16(c + 32);
     uint64_t local = le32(c + 42);
-    if (pos + 46 + name_len + extra_len > z.size()) bad("truncated central directory");
+    if (!fits(pos, 46 + uint64_t(name_len) + extra_len)) bad("truncated central directory");
     std::string name(reinterpret_cast<const char*>(c + 46), name_len);
     // Zip64 extended information: only the fields whose classic value is all ones, in order.
     for (const unsigned char *x = c + 46 + name_len, *xe = x + extra_len; x + 4 <= xe;) {
@@ -406,13 +414,20 @@ std::vector<std::pair<std::string, Tensor>> read_npz(const std::string& path) {
     }
     pos += 46 + name_len + extra_len + comment_len;
 
-    if (local + 30 > z.size() || le32(&z[local]) != kLocal) bad("bad local header for " + name);
+    if (!fits(local, 30) || le32(&z[local]) != kLocal) bad("bad local header for " + name);
     const uint64_t data = local + 30 + le16(&z[local + 26]) + le16(&z[local + 28]);
-    if (data + csize > z.size()) bad("member " + name + " is truncated");
+    if (!fits(data, csize)) bad("member " + name + " is truncated");
+    if (local < previous_member_end) bad("member " + name + " overlaps the member before it");
+    previous_member_end = data + csize;
     const std::string what = path + "/" + name;
     std::vector<unsigned char> plain;
-    const unsigned char* bytes = &z[data];
+    const unsigned char* bytes = z.data() + data;
     if (method == 8) {
+      // The directory's size is checked against what deflate can produce before anything is
+      // allocated: a lying header must not turn a small file into gigabytes of zeroed memory.
+      if (usize > csize * kMaxDeflateRatio + 64)
+        bad("member " + name + " claims " + std::to_string(usize) + " bytes inflated from " +
+            std::to_string(csize) + ", more than deflate can produce");
       plain.resize(usize);
       z_stream s{};
       if (inflateInit2(&s, -MAX_WBITS) != Z_OK) fail(ErrorKind::kInternal, "zlib inflateInit2 failed");

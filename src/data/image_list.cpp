@@ -1,8 +1,11 @@
 // images:LIST_FILE — a text file with one "relative/path [label]" per line (paths relative to the
 // list's directory). Images are decoded on demand with OpenCV; only the list is held in memory.
 #include <charconv>
+#include <cctype>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "data/opencv.h"
 

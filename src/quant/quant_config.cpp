@@ -183,13 +183,6 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
   }
   if (root.IsNull()) return cfg;
   if (!root.IsMap()) fail(ErrorKind::kInvalidArgument, "config file '" + path + "' must be a mapping of keys");
-  // Some configs nest everything under ptq_config (as the analysis configs of the sources do).
-  if (root["ptq_config"] && root["ptq_config"].IsMap()) {
-    YAML::Node merged = YAML::Clone(root["ptq_config"]);
-    for (const auto& kv : root)
-      if (kv.first.as<std::string>() != "ptq_config") merged[kv.first.as<std::string>()] = kv.second;
-    root = merged;
-  }
   static const std::set<std::string> kFlowKeys = {
       "batch_size", "batch_nums", "is_use_cache_file", "cache_dir", "model_dir", "model_filename",
       "params_filename", "save_dir", "checkpoint_name", "num_histogram_plots", "onnx_format", "optimize_model",
@@ -197,7 +190,16 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
       "float_model_dir", "qat_metric", "resume", "data", "dataset", "metric", "target_metric", "epochs", "lr",
       "optimizer", "weight_quanter", "act_quanter", "distill", "mean", "std", "resize", "channel_order", "limit",
       "temperature", "steps_per_epoch", "weight_decay", "momentum", "nesterov", "lr_schedule", "seed", "checkpoint"};
+  // Every yaml-cpp exception (a key that is not a scalar, a value of the wrong type) becomes an
+  // error naming the file, also in the ptq_config merge.
   try {
+    // Some configs nest everything under ptq_config (as the analysis configs of the sources do).
+    if (root["ptq_config"] && root["ptq_config"].IsMap()) {
+      YAML::Node merged = YAML::Clone(root["ptq_config"]);
+      for (const auto& kv : root)
+        if (kv.first.as<std::string>() != "ptq_config") merged[kv.first.as<std::string>()] = kv.second;
+      root = merged;
+    }
     for (const auto& kv : root) {
       const auto key = kv.first.as<std::string>();
       const YAML::Node& v = kv.second;
@@ -233,7 +235,7 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
   } catch (const YAML::Exception& e) {
     fail(ErrorKind::kInvalidArgument, "config file '" + path + "': " + e.what());
   }
-  make_activation_observer(cfg.global().activation);
+  make_activation_observer(cfg.global().activation, cfg.observer_options);  // bins, hist_percent too
   make_weight_observer(cfg.global().weight, cfg.observer_options);
   if (cfg.weight_bits != 0 && (cfg.weight_bits < 2 || cfg.weight_bits > 8))
     fail(ErrorKind::kInvalidArgument, "config file '" + path + "': weight_bits must be in [2, 8] (got " +

@@ -428,6 +428,39 @@ TEST_F(ImageListTest, Errors) {
                               "' must be positive and finite")) << e.what();
 }
 
+// A header that asks for a huge image is refused before OpenCV allocates it (found by
+// fuzz_image_list: a 30 B netpbm file claiming 30000x30000 took 2.7 GB), in each format whose
+// header is read: PNG (with a valid IHDR checksum), JPEG, BMP and netpbm.
+TEST_F(ImageListTest, HeadersAskingForHugeImagesAreRefusedBeforeDecoding) {
+  auto be32 = [](uint32_t v) {
+    return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+                       static_cast<char>(v)};
+  };
+  auto le32 = [](uint32_t v) {
+    return std::string{static_cast<char>(v), static_cast<char>(v >> 8), static_cast<char>(v >> 16),
+                       static_cast<char>(v >> 24)};
+  };
+  const std::string ihdr = "IHDR" + be32(30000) + be32(30000) + std::string("\x08\x02\x00\x00\x00", 5);
+  const std::string png = std::string("\x89PNG\r\n\x1a\n", 8) + be32(13) + ihdr +
+                          be32(static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(ihdr.data()), ihdr.size())));
+  const std::string jpeg = std::string("\xFF\xD8\xFF\xE0\x00\x04\x00\x00\xFF\xC0\x00\x11\x08", 13) +
+                           std::string("\x75\x30\x75\x30\x03", 5) + std::string(15, '\0');
+  const std::string bmp = "BM" + std::string(16, '\0') + le32(30000) + le32(static_cast<uint32_t>(-30000)) +
+                          std::string(28, '\0');
+  for (const auto& [name, bytes] : {std::pair<std::string, std::string>{"big.png", png},
+                                    {"big.jpg", jpeg},
+                                    {"big.bmp", bmp},
+                                    {"big.ppm", "P6\n# comment\n30000 30000\n255\n\x01\x02\x03"}}) {
+    write_text(name, bytes);
+    write_text("list.txt", name + " 1\n");
+    const Error e = error_of([&] { open_dataset({.spec = "images:" + path("list.txt")}); });
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidData) << name;
+    EXPECT_NE(std::string(e.what()).find(path("list.txt") + ":1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(name + "' declares 30000x30000 pixels, more than the limit"), std::string::npos)
+        << e.what();
+  }
+}
+
 // ---------------------------------------------------------------- npy:DIR
 
 TEST_F(DataTest, NpyBatchedFileWithLabels) {

@@ -237,6 +237,33 @@ TEST_F(NpyTest, ReadsNpzStoredAndCompressed) {
   EXPECT_NE(std::string(e.what()).find("CRC"), std::string::npos) << e.what();
 }
 
+// Sizes in the zip directory are checked before they are believed (found by fuzz_npy): a member
+// claiming 4 GiB inflated from 84 bytes is refused before anything is allocated, and directory
+// entries sharing one member (which would multiply what a small file inflates to) are refused.
+TEST_F(NpyTest, RejectsNpzDirectoriesThatLie) {
+  auto put_le32 = [](std::string& bytes, size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) bytes[at + i] = static_cast<char>(v >> (8 * i));
+  };
+  constexpr size_t kCompressedDirectory = 0x111, kStoredDirectory = 0x193;  // from the records
+  std::string inflated = kNpzCompressed;
+  put_le32(inflated, kCompressedDirectory + 24, 0xFFFFFFF0u);  // x.npy's uncompressed size
+  Error e = error_of([&] { read_npz(write_bytes("big.npz", inflated)); });
+  EXPECT_EQ(e.kind(), ErrorKind::kInvalidData);
+  EXPECT_NE(std::string(e.what()).find("member x.npy claims 4294967280 bytes inflated from 84, more than deflate "
+                                       "can produce"), std::string::npos) << e.what();
+
+  // labels.npy's directory entry pointed at x.npy's data (CRC and sizes too, so that it would
+  // read as a second copy of x).
+  std::string shared = kNpzStored;
+  const size_t second = kStoredDirectory + 46 + 5;
+  shared.replace(second + 16, 12, shared.substr(kStoredDirectory + 16, 12));
+  shared.replace(second + 42, 4, shared.substr(kStoredDirectory + 42, 4));
+  e = error_of([&] { read_npz(write_bytes("shared.npz", shared)); });
+  EXPECT_EQ(e.kind(), ErrorKind::kInvalidData);
+  EXPECT_NE(std::string(e.what()).find("member labels.npy overlaps the member before it"), std::string::npos)
+      << e.what();
+}
+
 TEST_F(NpyTest, MissingFileIsAnIoError) {
   const Error e = error_of([&] { read_npy(path("nope.npy")); });
   EXPECT_EQ(e.kind(), ErrorKind::kIo);

@@ -85,6 +85,29 @@ TEST(QuantConfig, YamlUsesSourceParameterNamesAndRejectsTypos) {
   EXPECT_THROW(quant::load_quant_config_yaml(tmp.path("badalgo.yaml")), Error);
 }
 
+// Found by fuzz_yaml_config: a non-scalar key next to ptq_config escaped as a yaml-cpp exception
+// (exit code 1); observer options out of range were accepted until calibration.
+TEST(QuantConfig, YamlErrorsAreInvalidArgumentsNamingTheFile) {
+  test::TempDir tmp("yaml_errors");
+  std::ofstream(tmp.path("key.yaml")) << "ptq_config: {algo: KL}\n? [1, 2]\n: 3\n";
+  try {
+    quant::load_quant_config_yaml(tmp.path("key.yaml"));
+    FAIL() << "a sequence as a key was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("config file '" + tmp.path("key.yaml") + "': "), std::string::npos)
+        << e.what();
+  }
+  std::ofstream(tmp.path("bins.yaml")) << "algo: hist\nbins: -5\n";
+  try {
+    quant::load_quant_config_yaml(tmp.path("bins.yaml"));
+    FAIL() << "bins: -5 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("bins must be in [16, 4194304] (got -5)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Ptq, WeightQuantizationIsPerChannelRoundHalfEvenSaturating) {
   Tensor w = Tensor::from_vector<float>({2, 3}, {0.5f, 1.5f, -2.5f, 10.f, -300.f, 4.f});
   Tensor q = quant::quantize_weight_s8(w, {1.f, 2.f}, 0);
