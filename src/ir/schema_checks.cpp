@@ -133,6 +133,14 @@ void check_window_op(const Node& n, const Graph& g, int weight_input) {
                           rank_from + ")");
     }
   }
+  // ONNX's inference also indexes the data input's dims by that rank unchecked (a rank-3 input to
+  // a Conv with a 2-D kernel read past its dims): a graph input of stated rank must match it.
+  if (rank < 0 || n.inputs.empty()) return;
+  for (const auto& in : g.inputs)
+    if (in.name == n.input(0) && in.dims && static_cast<int64_t>(in.dims->size()) != rank + 2)
+      fail(ErrorKind::kInvalidModel, n.describe() + ": input '" + in.name + "' has " +
+                                         std::to_string(in.dims->size()) + " dims, but " + std::to_string(rank) +
+                                         " spatial axes (from " + rank_from + ") need " + std::to_string(rank + 2));
 }
 
 // Range rules for the ops whose inference or kernels do arithmetic with their attributes.
