@@ -205,6 +205,20 @@ TEST_F(NpyTest, ReadsNumpyHeaderVersions1To3) {
   EXPECT_EQ(b.to_int64_vector(), (std::vector<int64_t>{1, 0, 1}));
 }
 
+// numpy.save of an object array: a pickle follows the header. It is refused by its dtype; nothing
+// is unpickled (the payload here would run a shell command if it were).
+TEST_F(NpyTest, ObjectArraysAreRefusedNeverUnpickled) {
+  std::string header = "{'descr': '|O', 'fortran_order': False, 'shape': (1,), }";
+  header.resize(117, ' ');
+  header += '\n';
+  const std::string pickle = "cos\nsystem\n(S'touch " + (dir_ / "pwned").string() + "'\ntR.";
+  const std::string bytes = std::string("\x93NUMPY\x01\x00", 8) + std::string("\x76\x00", 2) + header + pickle;
+  const Error e = error_of([&] { read_npy(write_bytes("object.npy", bytes)); });
+  EXPECT_EQ(e.kind(), ErrorKind::kInvalidData);
+  EXPECT_NE(std::string(e.what()).find("unsupported dtype '|O'"), std::string::npos) << e.what();
+  EXPECT_FALSE(fs::exists(dir_ / "pwned"));
+}
+
 TEST_F(NpyTest, HugeHeaderSwitchesToVersion2) {
   // 30000 unit dimensions make a header longer than version 1.0's 16-bit length allows.
   const Tensor t = Tensor::from_vector<float>(Shape(30000, 1), {4.25f});
