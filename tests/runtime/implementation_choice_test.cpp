@@ -81,13 +81,20 @@ std::vector<uint8_t> run_conv(const cf::primitive_desc& pd, Fill fill, uint32_t 
   return y;
 }
 
-std::function<dnnl::primitive_desc(size_t)> listing(const Int8Conv& conv) {
-  return [&conv](size_t steps) -> dnnl::primitive_desc {
-    cf::primitive_desc pd = conv.make();
+// oneDNN's list for a convolution: nth(i) is the descriptor i steps down from make()'s.
+std::function<dnnl::primitive_desc(size_t)> listing(std::function<cf::primitive_desc()> make) {
+  return [make = std::move(make)](size_t steps) -> dnnl::primitive_desc {
+    cf::primitive_desc pd = make();
     for (size_t i = 0; i < steps; ++i)
       if (!pd.next_impl()) return cf::primitive_desc();
     return pd;
   };
+}
+std::function<dnnl::primitive_desc(size_t)> listing(const Int8Conv& conv) {
+  return listing([&conv] { return conv.make(); });
+}
+std::function<dnnl::primitive_desc(size_t)> listing(const cf::desc& desc) {
+  return listing([&desc] { return cf::primitive_desc(desc, dnnl::primitive_attr(), dnnl_engine()); });
 }
 
 TEST(ImplementationChoice, NamesTheIsaOfAnImplementation) {
@@ -137,12 +144,7 @@ TEST(ImplementationChoice, FloatCandidatesAdoptedGiveTheFirstChoicesBits) {
       bias({32}, dt::f32, tag::a), dst({4, 32, 14, 14}, dt::f32, tag::any);
   const cf::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src, wei, bias, dst,
                       {1, 1}, {1, 1}, {1, 1});
-  auto nth = [&](size_t steps) -> dnnl::primitive_desc {
-    cf::primitive_desc pd(desc, dnnl::primitive_attr(), dnnl_engine());
-    for (size_t i = 0; i < steps; ++i)
-      if (!pd.next_impl()) return cf::primitive_desc();
-    return pd;
-  };
+  const auto nth = listing(desc);
   auto run = [](const cf::primitive_desc& pd) {
     std::mt19937 rng(12345);
     std::uniform_real_distribution<float> dist(-3.f, 3.f);
@@ -206,12 +208,7 @@ TEST(ImplementationChoice, LargeProblemsKeepTheFirstChoiceWithoutTiming) {
       dst({64, 64, 224, 224}, dt::f32, tag::any);
   const cf::desc desc(dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct, src, wei, dst,
                       {1, 1}, {1, 1}, {1, 1});
-  auto nth = [&](size_t steps) -> dnnl::primitive_desc {
-    cf::primitive_desc pd(desc, dnnl::primitive_attr(), dnnl_engine());
-    for (size_t i = 0; i < steps; ++i)
-      if (!pd.next_impl()) return cf::primitive_desc();
-    return pd;
-  };
+  const auto nth = listing(desc);
   EXPECT_EQ(fastest_implementation_name("test-f32-conv-huge", nth), "");
 }
 
