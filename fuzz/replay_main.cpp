@@ -19,8 +19,12 @@ int main(int argc, char** argv) {
   // The fuzzers' memory limit (-rss_limit_mb=2048): an input that makes the code allocate
   // gigabytes before checking sizes fails here too (bad_alloc, or an internal error) instead of
   // passing on a machine with enough memory.
+  // Not under AddressSanitizer, whose shadow memory is terabytes of private mappings that
+  // RLIMIT_DATA counts (every process would fail to start); the normal build keeps the limit.
+#if !defined(__SANITIZE_ADDRESS__)
   const rlimit data_limit{rlim_t{2} << 30, rlim_t{2} << 30};
   setrlimit(RLIMIT_DATA, &data_limit);
+#endif
   std::vector<fs::path> inputs;
   for (int i = 1; i < argc; ++i) {
     const fs::path arg(argv[i]);
