@@ -150,16 +150,8 @@ struct Candidate {
   double best = std::numeric_limits<double>::infinity();
 
   Candidate(std::string impl, const dnnl::primitive_desc& pd) : name(std::move(impl)), prim(pd) {
-    for (int arg : {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_BIAS, DNNL_ARG_DST, DNNL_ARG_SCRATCHPAD})
-      bind(arg, pd.query_md(dnnl::query::exec_arg_md, arg));
-    // get_post_ops() views the attribute's storage: keep the attribute alive while reading it.
-    const dnnl::primitive_attr attr = pd.get_primitive_attr();
-    const dnnl::post_ops ops = attr.get_post_ops();
-    for (int i = 0; i < ops.len(); ++i)
-      if (ops.kind(i) == dnnl::primitive::kind::binary) {
-        const int arg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(i) | DNNL_ARG_SRC_1;
-        bind(arg, pd.query_md(dnnl::query::exec_arg_md, arg));
-      }
+    for (int arg : input_args(pd)) bind(arg, pd.query_md(dnnl::query::exec_arg_md, arg));
+    bind(DNNL_ARG_SCRATCHPAD, pd.query_md(dnnl::query::exec_arg_md, DNNL_ARG_SCRATCHPAD));
     // Run-time zero points (a primitive that takes none ignores them).
     const dnnl::memory::desc zp_md({1}, dnnl::memory::data_type::s32, dnnl::memory::format_tag::x);
     for (int arg : {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST})
