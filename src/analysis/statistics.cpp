@@ -1,4 +1,5 @@
 #include "slimquant/analysis/statistics.h"
+#include "slimquant/core/atomic_file.h"
 
 #include <unistd.h>
 
@@ -96,27 +97,6 @@ std::string csv_field(const std::string& s) {
   std::string q = "\"";
   for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
   return q + "\"";
-}
-
-void write_atomically(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    SQ_CHECK(f.good(), ErrorKind::kIo, "cannot write '" + path + "': cannot create '" + tmp + "'");
-    f << content;
-    f.flush();
-    if (!f.good()) {
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      fail(ErrorKind::kIo, "cannot write '" + path + "': write failed (disk full?)");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    fail(ErrorKind::kIo, "cannot write '" + path + "': " + ec.message());
-  }
 }
 
 const ir::Node& find_node(const ir::Graph& g, const std::string& name) {
@@ -347,15 +327,15 @@ nlohmann::json run_layer_statistics(const quant::PTQ& ptq, const data::Dataset& 
   }
   j["layers"] = std::move(rows);
   const std::filesystem::path dir(save_dir);
-  write_atomically((dir / "statistics.csv").string(), csv.str());
+  write_file_atomic((dir / "statistics.csv").string(), csv.str());
   // Measured times apart, so the same command writes the same statistics.json.
   nlohmann::json results = j, timing;
   for (const char* key : {"wall_seconds", "setup_seconds"}) {
     timing[key] = j[key];
     results.erase(key);
   }
-  write_atomically((dir / "statistics.json").string(), results.dump(2) + "\n");
-  write_atomically((dir / "statistics_timing.json").string(), timing.dump(2) + "\n");
+  write_file_atomic((dir / "statistics.json").string(), results.dump(2) + "\n");
+  write_file_atomic((dir / "statistics_timing.json").string(), timing.dump(2) + "\n");
   return j;
 }
 
