@@ -1,14 +1,12 @@
 #include "slimquant/analysis/statistics.h"
 #include "slimquant/core/atomic_file.h"
 
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
