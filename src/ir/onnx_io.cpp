@@ -494,12 +494,48 @@ void save_onnx(const Graph& graph, const std::string& path) {
   write_file_atomic(path, serialize_onnx(graph));
 }
 
+namespace {
+// ONNX 1.12's data propagators (Shape, Gather, Slice, ...) dereference their inputs' types without
+// checking that inference found one: a Shape fed by a value of unknown type crashes the process.
+// Infer without propagation first; propagate only when every propagating node's inputs are typed.
+bool propagating_inputs_typed(const onnx::ModelProto& inferred) {
+  static const std::set<std::string> propagating = {"Shape", "Size",  "Cast", "Concat", "Gather", "Slice",
+                                                    "Squeeze", "Unsqueeze", "Add", "Sub", "Mul", "Div"};
+  std::set<std::string> typed;
+  const auto& g = inferred.graph();
+  for (const auto& v : g.input()) if (v.type().has_tensor_type()) typed.insert(v.name());
+  for (const auto& v : g.value_info()) if (v.type().has_tensor_type()) typed.insert(v.name());
+  for (const auto& v : g.output()) if (v.type().has_tensor_type()) typed.insert(v.name());
+  for (const auto& t : g.initializer()) typed.insert(t.name());
+  for (const auto& n : g.node()) {
+    if (!n.domain().empty() && n.domain() != "ai.onnx") continue;
+    if (!propagating.count(n.op_type())) continue;
+    for (const auto& in : n.input())
+      if (in.empty() || !typed.count(in)) return false;
+  }
+  return true;
+}
+
+// Throws what ONNX throws; the caller decides whether that is fatal.
+void infer_shapes_with_safe_propagation(onnx::ModelProto& model) {
+  onnx::ModelProto plain = model;
+  const onnx::ShapeInferenceOptions without(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/false);
+  onnx::shape_inference::InferShapes(plain, onnx::OpSchemaRegistry::Instance(), without);
+  if (!propagating_inputs_typed(plain)) {
+    model = std::move(plain);
+    return;
+  }
+  const onnx::ShapeInferenceOptions with(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
+
+  onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(), with);
+}
+}  // namespace
+
 void infer_shapes_onnx(Graph& graph) {
   check_node_attributes(graph);
   onnx::ModelProto m = to_model_proto(graph);
   try {
-    onnx::ShapeInferenceOptions options(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
-    onnx::shape_inference::InferShapes(m, onnx::OpSchemaRegistry::Instance(), options);
+    infer_shapes_with_safe_propagation(m);
   } catch (const std::exception& e) {
     fail(ErrorKind::kInvalidModel, std::string("ONNX shape inference failed: ") + e.what());
   }
@@ -611,8 +647,7 @@ void convert_opset(Graph& graph, int64_t target_opset) {
   onnx::ModelProto model = to_model_proto(source);
   // Some adapters need the shapes of the values they rewrite: infer what ONNX can.
   try {
-    const onnx::ShapeInferenceOptions options(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
-    onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(), options);
+    infer_shapes_with_safe_propagation(model);
   } catch (const std::exception&) {
   }
   onnx::ModelProto converted;

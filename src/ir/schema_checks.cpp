@@ -260,6 +260,9 @@ void check_inputs_against_schema(const Node& n, const Graph& g) {
   for (size_t i = 0; i < n.declared_inputs(); ++i) {
     if (i >= formals.size() && formals.back().GetOption() != onnx::OpSchema::Variadic) break;
     const auto& formal = formals[std::min(i, formals.size() - 1)];
+    if (n.inputs[i].empty() && formal.GetOption() != onnx::OpSchema::Optional)
+      fail(ErrorKind::kInvalidModel, n.describe() + ": input " + std::to_string(i) + " (" + formal.GetName() +
+                                         ") is required but the node leaves it empty");
     const DType dtype = n.inputs[i].empty() ? DType::kUndefined : stated_dtype(g, n.inputs[i]);
     if (dtype == DType::kUndefined) continue;
     const std::string type = onnx_type_string(dtype);

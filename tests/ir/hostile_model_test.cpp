@@ -451,6 +451,14 @@ TEST(HostileModel, NodesWithMoreInputsOrOutputsThanTheirOpTakesAreInvalidModel) 
   EXPECT_ERROR(outputs.parse(), ErrorKind::kInvalidModel, "the_relu", "2 outputs");
 }
 
+TEST(HostileModel, ARequiredInputLeftEmptyIsInvalidModel) {
+  ModelBuilder b;
+  b.input("x", {1, 2});
+  b.node("Shape", {""}, {"s"}, "the_shape");
+  b.output("s");
+  EXPECT_ERROR(b.parse(), ErrorKind::kInvalidModel, "the_shape", "input 0", "required");
+}
+
 TEST(HostileModel, FixtureModelsStillLoad) {
   int loaded = 0;
   for (const auto& entry : fs::recursive_directory_iterator(test::source_path("tests/fixtures/models"))) {
