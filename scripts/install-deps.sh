@@ -33,8 +33,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# ONNX Runtime is only a peer for benchmarks and the QDQ interoperability test.
-if command -v npm >/dev/null 2>&1 && [ ! -d bench/node_modules/onnxruntime-node ]; then
+# ONNX Runtime is only a peer for benchmarks and the QDQ interoperability tests: the pinned
+# onnxruntime-node and the latest (alias onnxruntime-node-latest), both CPU-only, no install scripts.
+if command -v npm >/dev/null 2>&1 && { [ ! -d bench/node_modules/onnxruntime-node ] || [ ! -d bench/node_modules/onnxruntime-node-latest ]; }; then
   (cd bench && npm install --ignore-scripts --no-audit --no-fund --loglevel=error) || \
     echo "warning: onnxruntime-node could not be installed; peer comparisons will be skipped" >&2
 fi

@@ -32,24 +32,20 @@ ir::Graph write_qdq_graph(const ir::Graph& float_graph, const std::vector<const 
     const std::string base = tensor;
     const std::string scale = g.unique_value_name(base + "_s");
     g.initializers[scale] = Tensor::scalar<float>(p.scale.at(0));
-    // QuantizeLinear without a zero point outputs uint8 with zero point 0: the default needs no
-    // input. int8 (and nonzero zero points) must be stated.
-    std::string zp;
-    if (p.dtype != QuantDType::kU8 || p.zero_point.at(0) != 0) {
-      zp = g.unique_value_name(base + "_zp");
-      g.initializers[zp] = scalar_tensor(p.dtype, p.zero_point.at(0));
-    }
+    // Zero points are always stated, even ONNX's default (uint8, 0): ONNX Runtime 1.30's
+    // extended optimizations fail on Conv -> Relu -> QuantizeLinear when the Q has none ("two
+    // nodes with same node name"), and ONNX Runtime's own quantizer always writes them.
+    const std::string zp = g.unique_value_name(base + "_zp");
+    g.initializers[zp] = scalar_tensor(p.dtype, p.zero_point.at(0));
     const std::string q_out = reserve(base + "_q");
     const std::string dq_out = reserve(base + "_dq");
     ir::Node q;
     q.op_type = "QuantizeLinear";
-    q.inputs = {tensor, scale};
-    if (!zp.empty()) q.inputs.push_back(zp);
+    q.inputs = {tensor, scale, zp};
     q.outputs = {q_out};
     ir::Node dq;
     dq.op_type = "DequantizeLinear";
-    dq.inputs = {q_out, scale};
-    if (!zp.empty()) dq.inputs.push_back(zp);
+    dq.inputs = {q_out, scale, zp};
     dq.outputs = {dq_out};
     qdq_nodes.push_back(std::move(q));
     qdq_nodes.push_back(std::move(dq));

@@ -2,8 +2,8 @@
 // The QDQ writer PTQ and QAT share: given a float graph, its quantized layers and the parameters
 // of every activation tensor and weight, writes the standard ONNX QDQ graph (activation
 // QuantizeLinear -> DequantizeLinear pairs, int8 weight initializers in [-127, 127] feeding
-// per-channel DequantizeLinear, float biases). Zero points equal to ONNX's default (uint8
-// activations with zero point 0, int8 weights) are left out; the graph carries no value_info.
+// per-channel DequantizeLinear, float biases). Activation zero points are always stated; weight
+// zero points (0, int8) are left to DequantizeLinear's default. The graph carries no value_info.
 #include <functional>
 #include <map>
 #include <string>
