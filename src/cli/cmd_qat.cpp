@@ -55,7 +55,7 @@ Action register_qat(CLI::App& app) {
   cmd->add_option("--lr-schedule", a->lr_schedule, "cosine (default, 5% warmup), step or constant");
   cmd->add_option("--weight-quanter", a->weight_quanter, "lsq_plus (default), pact or abs_max");
   cmd->add_option("--weight-bits", a->weight_bits,
-                  "weight bits, 2..8 (default: 8 on CPUs with VNNI, else 7, which lets INT8 run int8 kernels)")
+                  "weight bits, 2..8 (default 8)")
       ->check(non_negative_integer());  // 2..8 is checked with the config (exit 5)
   cmd->add_option("--act-quanter", a->act_quanter, "pact (default), lsq_plus or moving_abs_max");
   cmd->add_flag("--distill", a->distill, "learn from the FP32 model's outputs (KL divergence); no labels needed");

@@ -87,9 +87,8 @@ Action register_quantize(CLI::App& app) {
     const double calib_seconds = rep.seconds;
     const int weight_bits = config.effective_weight_bits();
     std::cout << "quantized " << ptq.ptq().layers().size() << " layers (" << config.global().activation << ", "
-              << config.global().weight << ", " << weight_bits << "-bit weights"
-              << (config.weight_bits == 0 ? weight_bits == 8 ? ": auto, this CPU has VNNI" : ": auto, 7 lets this CPU (no VNNI) run int8 kernels" : "")
-              << ") from " << rep.batches << " batches of " << batch_size << " in "
+              << config.global().weight << ", " << weight_bits << "-bit weights, for "
+              << quant::deploy_backend_name(config.deploy_backend) << ") from " << rep.batches << " batches of " << batch_size << " in "
               << std::fixed << std::setprecision(2) << calib_seconds << " s";
     if (rep.resumed_batches) std::cout << " (" << rep.resumed_batches << " batches resumed from the cache)";
     std::cout << " -> " << a->output << std::endl;
@@ -103,6 +102,7 @@ Action register_quantize(CLI::App& app) {
                      {"calib_seconds", calib_seconds},
                      {"calib_batches", rep.batches},
                      {"weight_bits", weight_bits},
+                     {"deploy_backend", quant::deploy_backend_name(config.deploy_backend)},
                      {"output", a->output},
                      {"fp32_bytes", fp32_bytes},
                      {"int8_bytes", int8_bytes}};

@@ -46,9 +46,13 @@ void add_ptq_flags(CLI::App* app, PtqFlags& f) {
       ->capture_default_str()
       ->check(non_negative_integer());
   app->add_option("--weight-quantize-type", f.weight_type, "abs_max, channel_wise_abs_max, mse_channel_wise");
-  app->add_option("--weight-bits", f.weight_bits,
-                  "weight bits, 2..8 (default: 8 on CPUs with VNNI, else 7, which lets INT8 run int8 kernels)")
+  app->add_option("--weight-bits", f.weight_bits, "weight bits, 2..8 (default 8)")
       ->check(non_negative_integer());  // 2..8 is checked with the config (exit 5)
+  app->add_option("--deploy-backend", f.deploy_backend,
+                  "runtime the QDQ model is shaped for: slimquant (default: fastest here, loads in ONNX Runtime), "
+                  "onnxruntime (the form its CPU provider fuses: QLinearConv, QLinearAdd, ...), tensorrt (symmetric "
+                  "int8, NVIDIA's Q/DQ placement)")
+      ->check(CLI::IsMember({"slimquant", "onnxruntime", "tensorrt"}));
   app->add_option("--quantizable-op-type", f.op_types, "op types to quantize, e.g. Conv,MatMul,Gemm");
   app->add_flag("--is-full-quantize", f.full, "also quantize pooling, Add, Concat, Softmax, Reshape, ...");
   app->add_option("--skip-tensor-list", f.skip_tensors, "tensors whose readers/writers stay float (a,b,...)");
@@ -60,6 +64,7 @@ void apply_ptq_flags(const PtqFlags& f, quant::QuantConfig& config) {
   if (!f.weight_type.empty()) config.global().weight = f.weight_type;
   if (f.hist_percent > 0) config.observer_options.hist_percent = f.hist_percent;
   if (f.weight_bits > 0) config.weight_bits = f.weight_bits;
+  if (!f.deploy_backend.empty()) config.deploy_backend = quant::parse_deploy_backend(f.deploy_backend);
   if (!f.op_types.empty()) config.quantizable_op_type = split_list(f.op_types);
   if (f.full) config.is_full_quantize = true;
   for (const auto& t : split_list(f.skip_tensors)) config.skip_tensor_list.push_back(t);

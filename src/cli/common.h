@@ -32,14 +32,14 @@ void add_data_flags(CLI::App* app, DataFlags& flags, std::string& positional);
 
 // The PTQ settings `quantize` and `analyze` share (seed parameter names as flags).
 struct PtqFlags {
-  std::string algo, weight_type, op_types, skip_tensors;
+  std::string algo, weight_type, op_types, skip_tensors, deploy_backend;
   std::vector<std::string> skip_nodes;
   size_t batch_size = 32, batch_nums = 10;
   bool full = false;
   float hist_percent = 0;
   int weight_bits = 0;
 };
-// --algo, --hist-percent, --batch-size, --batch-nums, --weight-quantize-type, --weight-bits,
+// --algo, --hist-percent, --batch-size, --batch-nums, --weight-quantize-type, --weight-bits, --deploy-backend,
 // --quantizable-op-type, --is-full-quantize, --skip-tensor-list, --skip-nodes.
 void add_ptq_flags(CLI::App* app, PtqFlags& flags);
 // The flags given override `config` (the YAML's settings); checks the observer names, weight_bits

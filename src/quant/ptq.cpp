@@ -60,6 +60,26 @@ Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales
 }
 
 PTQ::PTQ(QuantConfig config) : config_(std::move(config)) {}
+
+// TensorRT fuses an Add into the weighted op (Conv, Gemm, ...) that produces one of its inputs when
+// that op's output has no other reader and carries no Q/DQ; the other (residual) input must be
+// quantized. An Add with no such input is an int8 elementwise Add: both inputs are quantized.
+std::vector<int> PTQ::tensorrt_add_inputs_to_quantize(const ir::Node& add) const {
+  int fused = -1;
+  for (size_t i = 0; i < add.inputs.size() && fused < 0; ++i) {
+    const int p = float_graph_.producer(add.inputs[i]);
+    if (p < 0) continue;
+    const ir::Node& producer = float_graph_.nodes[static_cast<size_t>(p)];
+    const OpQuantSpec* spec = config_.spec_for(producer);
+    if (spec && spec->compute_op && float_graph_.consumers(add.inputs[i]).size() == 1 &&
+        !float_graph_.is_graph_output(add.inputs[i]))
+      fused = static_cast<int>(i);
+  }
+  std::vector<int> quantized;
+  for (size_t i = 0; i < add.inputs.size(); ++i)
+    if (static_cast<int>(i) != fused) quantized.push_back(static_cast<int>(i));
+  return quantized;
+}
 PTQ::~PTQ() = default;
 
 void PTQ::quantize(const ir::Graph& float_graph) {
@@ -117,6 +137,8 @@ void PTQ::quantize(const ir::Graph& float_graph) {
         continue;  // Conv/Gemm with a runtime weight: no per-channel weight to quantize
       }
     }
+    if (config_.deploy_backend == DeployBackend::kTensorRT && node.op_type == "Add")
+      act_inputs = tensorrt_add_inputs_to_quantize(node);
     for (int i : act_inputs) {
       const std::string& in = node.input(static_cast<size_t>(i));
       if (in.empty() || float_graph_.is_initializer(in)) continue;  // biases, shapes, constants
@@ -226,12 +248,18 @@ const Observer& PTQ::activation_observer(const std::string& tensor) const {
   return *it->second;
 }
 
+QuantScheme PTQ::activation_scheme(QuantScheme slimquant_default) const {
+  if (config_.deploy_backend == DeployBackend::kTensorRT) return QuantScheme::kSymmetric;
+  if (config_.deploy_backend == DeployBackend::kOnnxRuntime || config_.asymmetric_activations)
+    return QuantScheme::kAsymmetric;
+  return slimquant_default;
+}
+
 QuantParams PTQ::activation_params(const std::string& tensor) const {
   const Observer& obs = activation_observer(tensor);
   SQ_CHECK(obs.observed_count() > 0, ErrorKind::kInvalidData,
            "tensor '" + tensor + "' was never observed: calibrate with sample() before convert()");
-  QuantScheme scheme = config_.asymmetric_activations ? QuantScheme::kAsymmetric : obs.default_scheme();
-  return obs.params(scheme);
+  return obs.params(activation_scheme(obs.default_scheme()));
 }
 
 std::unique_ptr<Observer> PTQ::weight_observer(const Layer& layer) const {
@@ -275,9 +303,8 @@ ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) 
         ClipRange r = activation_observer(m).range();
         lo = std::min(lo, r.lo), hi = std::max(hi, r.hi);
       }
-      QuantScheme scheme = config_.asymmetric_activations ? QuantScheme::kAsymmetric
-                           : lo < 0                        ? QuantScheme::kSymmetric
-                                                           : QuantScheme::kUnsignedZeroPoint0;
+      const QuantScheme scheme =
+          activation_scheme(lo < 0 ? QuantScheme::kSymmetric : QuantScheme::kUnsignedZeroPoint0);
       for (const auto& m : members) act[m] = params_from_range({lo, hi}, scheme);
     } else if (kPassThroughOps.count(node.op_type) && !node.inputs.empty() && act.count(node.inputs[0])) {
       for (const auto& o : node.outputs)
@@ -285,8 +312,14 @@ ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) 
     }
   }
 
-  ir::Graph out = write_qdq_graph(float_graph_, chosen, act, [this](const Layer& l) { return weight_params(l); });
+  QdqExportOptions options;
+  options.quantize_bias = config_.deploy_backend == DeployBackend::kOnnxRuntime;
+  options.state_weight_zero_points = config_.deploy_backend != DeployBackend::kSlimquant;
+  ir::Graph out =
+      write_qdq_graph(float_graph_, chosen, act, [this](const Layer& l) { return weight_params(l); }, options);
+  if (config_.deploy_backend == DeployBackend::kOnnxRuntime) fold_activations_into_quantize(out);
   out.metadata["slimquant.weight_bits"] = std::to_string(config_.effective_weight_bits());
+  out.metadata["slimquant.deploy_backend"] = deploy_backend_name(config_.deploy_backend);
   return out;
 }
 

@@ -1,6 +1,8 @@
 #include "quant/qdq_export.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 
 namespace slimquant::quant {
 
@@ -8,6 +10,37 @@ namespace {
 Tensor scalar_tensor(QuantDType dtype, int32_t zp) {
   if (dtype == QuantDType::kU8) return Tensor::scalar<uint8_t>(static_cast<uint8_t>(zp));
   return Tensor::scalar<int8_t>(static_cast<int8_t>(zp));
+}
+
+// Bias input 2 of `node` (a float [channels] initializer) as int32 b / (x_scale * w_scale[c]),
+// saturated, through a per-channel DequantizeLinear; unchanged when the bias has another form.
+// The DequantizeLinear is appended to `new_nodes` (the caller is iterating over g.nodes).
+void quantize_bias_input(ir::Graph& g, ir::Node& node, const QuantParams& x, const QuantParams& w, int64_t channels,
+                         std::vector<ir::Node>& new_nodes) {
+  const std::string& bias = node.input(2);
+  const Tensor* b = bias.empty() ? nullptr : g.initializer(bias);
+  if (!b || b->dtype() != DType::kFloat32 || b->rank() != 1 || b->numel() != channels || x.scale.size() != 1) return;
+  Tensor q(DType::kInt32, {channels});
+  std::vector<float> scales(static_cast<size_t>(channels));
+  for (int64_t c = 0; c < channels; ++c) {
+    const float ws = w.scale.size() == 1 ? w.scale[0] : w.scale[static_cast<size_t>(c)];
+    scales[static_cast<size_t>(c)] = x.scale[0] * ws;
+    const double v = std::nearbyint(static_cast<double>(b->data<float>()[c]) / scales[static_cast<size_t>(c)]);
+    q.data<int32_t>()[c] = static_cast<int32_t>(std::clamp(v, -2147483648.0, 2147483647.0));
+  }
+  const std::string bq = g.unique_value_name(bias + "_q");
+  g.initializers[bq] = std::move(q);
+  const std::string bs = g.unique_value_name(bias + "_s");
+  g.initializers[bs] = Tensor::from_vector<float>({channels}, scales);
+  const std::string out = g.unique_value_name(bias + "_dq");
+  g.value_info[out] = {out, DType::kUndefined, std::nullopt};
+  ir::Node dq;
+  dq.op_type = "DequantizeLinear";
+  dq.inputs = {bq, bs};
+  dq.outputs = {out};
+  dq.attrs["axis"] = int64_t{0};
+  node.inputs[2] = out;
+  new_nodes.push_back(std::move(dq));
 }
 }  // namespace
 
@@ -78,11 +111,18 @@ ir::Graph write_qdq_graph(const ir::Graph& float_graph, const std::vector<const 
     ir::Node dq;
     dq.op_type = "DequantizeLinear";
     dq.inputs = {wq, scale};
+    if (options.state_weight_zero_points) {
+      const std::string zp = g.unique_value_name(base + "_zp");
+      g.initializers[zp] = channels > 1 || w.rank() > 1 ? Tensor(DType::kInt8, {channels}) : Tensor::scalar<int8_t>(0);
+      dq.inputs.push_back(zp);
+    }
     dq.outputs = {dq_out};
     if (channels > 1 || w.rank() > 1) dq.attrs["axis"] = layer.weight_axis;
     weight_nodes.push_back(std::move(dq));
     for (auto& in : node.inputs)
       if (in == layer.weight) in = dq_out;
+    if (options.quantize_bias && (node.op_type == "Conv" || node.op_type == "Gemm") && !layer.activations.empty())
+      quantize_bias_input(g, node, act.at(layer.activations[0]), wp, channels, weight_nodes);
   }
   for (auto& n : weight_nodes) g.nodes.push_back(std::move(n));
   for (auto& n : qdq_nodes) g.nodes.push_back(std::move(n));
@@ -96,6 +136,69 @@ ir::Graph write_qdq_graph(const ir::Graph& float_graph, const std::vector<const 
   g.producer_name = "slimquant";
   g.producer_version = "0.1.0";
   return g;
+}
+
+}  // namespace slimquant::quant
+
+namespace slimquant::quant {
+
+namespace {
+// The constant scalar a Clip input names, or `otherwise` when absent.
+std::optional<float> clip_bound(const ir::Graph& g, const ir::Node& clip, size_t i, float otherwise) {
+  if (clip.input(i).empty()) return otherwise;
+  const Tensor* t = g.initializer(clip.input(i));
+  if (!t || t->numel() != 1 || t->dtype() != DType::kFloat32) return std::nullopt;
+  return t->data<float>()[0];
+}
+
+// The float interval a QuantizeLinear's grid covers, [(qmin - zp) s, (qmax - zp) s].
+std::optional<std::pair<double, double>> grid_bounds(const ir::Graph& g, const ir::Node& q) {
+  const Tensor* scale = g.initializer(q.input(1));
+  const Tensor* zp = q.input(2).empty() ? nullptr : g.initializer(q.input(2));
+  if (!scale || scale->numel() != 1 || scale->dtype() != DType::kFloat32 || (!q.input(2).empty() && !zp)) return std::nullopt;
+  const double s = scale->data<float>()[0];
+  const bool s8 = zp && zp->dtype() == DType::kInt8;
+  const double z = !zp ? 0.0 : s8 ? zp->data<int8_t>()[0] : zp->data<uint8_t>()[0];
+  const double qmin = s8 ? -128 : 0, qmax = s8 ? 127 : 255;
+  return std::make_pair((qmin - z) * s, (qmax - z) * s);
+}
+}  // namespace
+
+int fold_activations_into_quantize(ir::Graph& g) {
+  int folded = 0;
+  std::vector<bool> removed(g.nodes.size(), false);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const ir::Node& act = g.nodes[i];
+    if (!act.domain.empty() || (act.op_type != "Relu" && act.op_type != "Clip")) continue;
+    const std::string& x = act.input(0);
+    const std::string& y = act.outputs.at(0);
+    if (x.empty() || g.is_graph_output(x) || g.is_graph_output(y) || g.producer(x) < 0) continue;
+    if (g.consumers(x).size() != 1) continue;  // x's other readers need it unclipped
+    const std::vector<int> readers = g.consumers(y);
+    std::optional<float> lo = 0.f, hi = INFINITY;
+    if (act.op_type == "Clip") lo = clip_bound(g, act, 1, -INFINITY), hi = clip_bound(g, act, 2, INFINITY);
+    if (readers.empty() || !lo || !hi) continue;
+    // Saturation reproduces the clip when the grid's ends are within half a step inside [lo, hi].
+    const bool covered = std::all_of(readers.begin(), readers.end(), [&](int r) {
+      const ir::Node& q = g.nodes[static_cast<size_t>(r)];
+      if (q.op_type != "QuantizeLinear" || !q.domain.empty()) return false;
+      const auto bounds = grid_bounds(g, q);
+      if (!bounds) return false;
+      const double half_step = (bounds->second - bounds->first) / 255.0 / 2.0;
+      return bounds->first + half_step >= *lo && bounds->second - half_step <= *hi;
+    });
+    if (!covered) continue;
+    for (int r : readers) g.nodes[static_cast<size_t>(r)].inputs[0] = x;
+    removed[i] = true;
+    ++folded;
+  }
+  std::vector<ir::Node> kept;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (!removed[i]) kept.push_back(std::move(g.nodes[i]));
+  g.nodes = std::move(kept);
+  g.remove_unused_initializers();
+  g.validate();
+  return folded;
 }
 
 }  // namespace slimquant::quant

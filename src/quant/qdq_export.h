@@ -20,6 +20,13 @@ struct QdqExportOptions {
   // keep the float tensor. true (QAT): every reader does, as in the training graph, where the
   // quanter sits on the tensor itself.
   bool rewire_all_readers = false;
+  // Conv / Gemm float biases become int32 initializers (scale = x scale * weight scale, per channel)
+  // read through a DequantizeLinear, as ONNX Runtime's quantizer writes them (its QLinearConv
+  // fusion takes the bias only in that form).
+  bool quantize_bias = false;
+  // Weight zero points written (int8 zeros, one per channel) instead of left to DequantizeLinear's
+  // default: ONNX Runtime 1.20's QGemm rejects a per-channel scale without a zero point of its shape.
+  bool state_weight_zero_points = false;
 };
 
 // `act` holds the parameters of every activation tensor to quantize (those the layers read);
@@ -29,5 +36,12 @@ ir::Graph write_qdq_graph(const ir::Graph& float_graph, const std::vector<const 
                           const std::map<std::string, QuantParams>& act,
                           const std::function<QuantParams(const Layer&)>& weight_params,
                           const QdqExportOptions& options = {});
+
+// ONNX Runtime's form of an activation: a Relu or Clip whose output is only quantized is removed
+// and its input quantized in its place, when the QuantizeLinear's grid already clips to the same
+// bounds (u8 with zero point 0 for Relu; a grid inside [min, max] for Clip): Q(x) then equals
+// Q(Relu(x)) for every x. The grid keeps the activation's calibrated range. Returns how many were
+// folded.
+int fold_activations_into_quantize(ir::Graph& qdq);
 
 }  // namespace slimquant::quant

@@ -1,6 +1,5 @@
 #include "slimquant/quant/quant_config.h"
 
-#include "runtime/kernels/int8_common.h"
 
 #include <fnmatch.h>
 #include <yaml-cpp/yaml.h>
@@ -60,6 +59,34 @@ bool QuantConfig::is_skipped(const ir::Node& node) const {
   return false;
 }
 
+DeployBackend parse_deploy_backend(const std::string& name) {
+  if (name == "slimquant") return DeployBackend::kSlimquant;
+  if (name == "onnxruntime") return DeployBackend::kOnnxRuntime;
+  if (name == "tensorrt") return DeployBackend::kTensorRT;
+  fail(ErrorKind::kInvalidArgument, "deploy_backend must be slimquant, onnxruntime or tensorrt, got '" + name + "'");
+}
+
+const char* deploy_backend_name(DeployBackend backend) {
+  switch (backend) {
+    case DeployBackend::kSlimquant: return "slimquant";
+    case DeployBackend::kOnnxRuntime: return "onnxruntime";
+    case DeployBackend::kTensorRT: return "tensorrt";
+  }
+  return "?";
+}
+
+namespace {
+// Ops ONNX Runtime's CPU provider runs in integers when their inputs and output are Q/DQ'd
+// (QLinear* kernels, or Q/DQ dropped around data movement), as its quantizer places them. Relu and
+// Clip are not here: they are folded into the QuantizeLinear that follows them.
+const std::set<std::string> kOnnxRuntimeQuantizedOps = {
+    "Add", "Mul", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool", "Sigmoid", "LeakyRelu", "Softmax",
+    "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Resize", "Split", "Gather"};
+// Besides the weighted ops, where TensorRT's explicit quantization wants Q/DQ: pooling inputs and
+// the residual input of an Add (PTQ picks which inputs of an Add).
+const std::set<std::string> kTensorRtQuantizedOps = {"Add", "MaxPool", "AveragePool", "GlobalAveragePool"};
+}  // namespace
+
 const OpQuantSpec* QuantConfig::spec_for(const ir::Node& node) const {
   if (!node.domain.empty() && !custom_specs_.count(node.op_type)) return nullptr;
   const OpQuantSpec* spec = nullptr;
@@ -69,15 +96,24 @@ const OpQuantSpec* QuantConfig::spec_for(const ir::Node& node) const {
   bool listed = false;
   for (const auto& t : quantizable_op_type)
     for (const auto& o : onnx_op_types_for(t)) listed |= o == node.op_type;
-  if (!listed && !is_full_quantize) return nullptr;
+  switch (deploy_backend) {
+    case DeployBackend::kSlimquant:
+      if (!listed && !is_full_quantize) return nullptr;
+      break;
+    case DeployBackend::kOnnxRuntime:
+      if (node.op_type == "Relu" || node.op_type == "Clip") return nullptr;  // folded into the next Q
+      if (!listed && !is_full_quantize && !kOnnxRuntimeQuantizedOps.count(node.op_type)) return nullptr;
+      break;
+    case DeployBackend::kTensorRT:
+      // Only where TensorRT fuses Q/DQ, whatever is_full_quantize says.
+      if (!(listed && spec->compute_op) && !kTensorRtQuantizedOps.count(node.op_type)) return nullptr;
+      break;
+  }
   if (is_skipped(node) || !rule_for(node).quantize) return nullptr;
   return spec;
 }
 
-int QuantConfig::effective_weight_bits() const {
-  if (weight_bits != 0) return weight_bits;
-  return runtime::int8::cpu_has_exact_int8_dot() ? 8 : 7;
-}
+int QuantConfig::effective_weight_bits() const { return weight_bits != 0 ? weight_bits : 8; }
 
 void QuantConfig::validate() const {
   if (weight_bits != 0 && (weight_bits < 2 || weight_bits > 8))
@@ -132,7 +168,7 @@ std::string QuantConfig::fingerprint() const {
   for (const auto& t : skip_tensor_list) os << t << ',';
   os << "|skipq:";
   for (const auto& t : skip_quant) os << t << ',';
-  os << "|asym:" << asymmetric_activations << "|hist:" << observer_options.hist_percent << ',' << observer_options.bins
+  os << "|backend:" << deploy_backend_name(deploy_backend) << "|asym:" << asymmetric_activations << "|hist:" << observer_options.hist_percent << ',' << observer_options.bins
      << "|wbits:" << effective_weight_bits();
   for (const auto& [op, spec] : custom_specs_) os << "|custom:" << op;
   return os.str();
@@ -208,6 +244,7 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
       else if (key == "hist_percent") cfg.observer_options.hist_percent = v.as<float>();
       else if (key == "bins") cfg.observer_options.bins = v.as<int>();
       else if (key == "weight_bits") cfg.weight_bits = v.as<int>();
+      else if (key == "deploy_backend") cfg.deploy_backend = parse_deploy_backend(v.as<std::string>());
       else if (key == "quantizable_op_type") cfg.quantizable_op_type = string_list(v, key);
       else if (key == "is_full_quantize") cfg.is_full_quantize = v.as<bool>();
       else if (key == "skip_tensor_list") cfg.skip_tensor_list = string_list(v, key);

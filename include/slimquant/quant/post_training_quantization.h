@@ -34,7 +34,8 @@ struct PostTrainingQuantizationOptions {
   std::optional<size_t> batch_nums;  // unset: every sample the data has
   std::string algo = "emd";  // the product default (docs/quantization.md), not the source's KL
   std::string weight_quantize_type = "channel_wise_abs_max";
-  int weight_bits = 0;  // 0 = auto (QuantConfig::weight_bits)
+  int weight_bits = 0;  // 0 = the default, 8 (QuantConfig::weight_bits)
+  std::string deploy_backend = "slimquant";  // slimquant, onnxruntime or tensorrt (QuantConfig::deploy_backend)
   std::vector<std::string> quantizable_op_type = {"Conv", "MatMul", "Gemm"};  // or conv2d, mul, ...
   bool is_full_quantize = false;
   float hist_percent = 0.99999f;

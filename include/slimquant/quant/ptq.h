@@ -68,6 +68,11 @@ class PTQ {
   std::unique_ptr<Observer> weight_observer(const Layer& layer) const;
 
  private:
+  // The activation grid the deploy backend (and asymmetric_activations) asks for; for the slimquant
+  // backend, `slimquant_default` (the observer's choice).
+  QuantScheme activation_scheme(QuantScheme slimquant_default) const;
+  std::vector<int> tensorrt_add_inputs_to_quantize(const ir::Node& add) const;
+
   QuantConfig config_;
   ir::Graph float_graph_;
   std::vector<Layer> layers_;

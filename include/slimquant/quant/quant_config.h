@@ -13,6 +13,21 @@
 
 namespace slimquant::quant {
 
+// The runtime the exported QDQ model is shaped for (`deploy_backend`, PaddleSlim's name; the forms
+// and the measurements are in docs/int8_execution.md):
+// - kSlimquant: what runs fastest in our runtime (per-tensor s8 / u8-with-zero-point-0 activations,
+//   Q/DQ on the inputs of the quantized ops); loads in ONNX Runtime too.
+// - kOnnxRuntime: the form ONNX Runtime's CPU provider fuses into QLinearConv / QLinearMatMul /
+//   QLinearAdd / QLinearGlobalAveragePool ...: asymmetric u8 activations, s8 per-channel weights,
+//   int32 biases, Relu/Clip folded into the QuantizeLinear, Add / Mul / pooling / Concat /
+//   data movement quantized.
+// - kTensorRT: NVIDIA's explicit-quantization rules: symmetric s8 activations (zero point 0),
+//   symmetric per-channel s8 weights, Q/DQ only on the inputs of weighted ops, pooling and the
+//   residual input of an Add that follows a weighted op.
+enum class DeployBackend { kSlimquant, kOnnxRuntime, kTensorRT };
+DeployBackend parse_deploy_backend(const std::string& name);  // throws kInvalidArgument naming the choices
+const char* deploy_backend_name(DeployBackend backend);
+
 struct QuantRule {
   std::string activation = "emd";  // activation observer (`algo`); default chosen in docs/quantization.md
   std::string weight = "channel_wise_abs_max";     // weight observer (`weight_quantize_type`)
@@ -43,10 +58,12 @@ class QuantConfig {
   std::vector<std::string> skip_quant;
   // Activations: asymmetric u8 instead of symmetric s8 / u8-with-zero-point-0.
   bool asymmetric_activations = false;
-  // Weight bits (`weight_bits`), 2..8; 0 = auto: 8 where the CPU has exact int8 dot products
-  // (VNNI), else 7, the widest that oneDNN's int8 kernels multiply exactly without VNNI, so that the
-  // INT8 model runs on int8 kernels instead of the f32 path (docs/int8_execution.md). The value
-  // used is recorded in the model's metadata (slimquant.weight_bits).
+  // The runtime the export is shaped for (see DeployBackend).
+  DeployBackend deploy_backend = DeployBackend::kSlimquant;
+  // Weight bits (`weight_bits`), 2..8; 0 = the default, 8: the exported file does not depend on
+  // the CPU that made it (on CPUs without VNNI our runtime still executes 8-bit weights exactly,
+  // docs/int8_execution.md). The value used is recorded in the model's metadata
+  // (slimquant.weight_bits).
   int weight_bits = 0;
   int effective_weight_bits() const;
   ObserverOptions observer_options;  // weight_bits there is set from the above per weight
@@ -73,7 +90,7 @@ class QuantConfig {
   std::map<std::string, OpQuantSpec> custom_specs_;
 };
 
-// Reads the source documents' keys from YAML into `base`: algo, hist_percent, bins,
+// Reads the source documents' keys from YAML into `base`: algo, hist_percent, bins, deploy_backend,
 // weight_quantize_type, quantizable_op_type, is_full_quantize, skip_tensor_list, skip_quant,
 // activation_quantize_type (symmetric|asymmetric), type_config / name_config / layer_config
 // (maps of key -> {algo, weight_quantize_type, quantize}). Unknown keys are an error naming the key
