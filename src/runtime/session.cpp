@@ -461,6 +461,11 @@ class Plan {
     };
     for (const auto& [name, t] : graph_.initializers) constants_.push_back({slot_of(name), t});
     for (const auto& name : fed) feed_slots_.push_back({name, slot_of(name)});
+    // Observed values that folded to constants for these input shapes (e.g. a class token Expand-ed
+    // to the batch) are still shown to the hook on every run: calibration must see them.
+    for (const auto& name : observed)
+      if (graph_.is_initializer(name) && !base.is_initializer(name) && !fed.count(name))
+        observed_constants_.push_back({name, slot_of(name)});
 
     // Nodes needed: walk back from the wanted values, stopping at fed values and constants.
     std::unordered_set<std::string> needed(wanted.begin(), wanted.end());
@@ -573,6 +578,8 @@ class Plan {
       values[slot] = feeds.at(name);
       if (hook) hook(name, values[slot]);
     }
+    if (hook)
+      for (const auto& [name, slot] : observed_constants_) hook(name, values[slot]);
     auto allocator = [&pool](DType t, const Shape& s) { return pool.allocate(t, s); };
     std::vector<const Tensor*> inputs;
     std::vector<Tensor> outputs;
@@ -723,6 +730,7 @@ class Plan {
   std::vector<std::string> slot_names_;
   std::vector<std::pair<int, Tensor>> constants_;
   std::vector<std::pair<std::string, int>> feed_slots_;
+  std::vector<std::pair<std::string, int>> observed_constants_;
   std::vector<int> wanted_slots_;
   std::vector<Step> steps_;
 };

@@ -1,5 +1,5 @@
-// Our QDQ export loads in ONNX Runtime and gives the same top-1 as our own execution.
-// Skips only when Node.js or onnxruntime-node is absent.
+// Our QDQ exports load in ONNX Runtime, pinned and latest, and give the same top-1 as our own
+// execution. Skips only when Node.js or onnxruntime-node is absent.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -17,14 +17,15 @@ using namespace slimquant;
 
 namespace {
 
-bool have_ort() {
+bool have_ort(const std::string& package) {
   return std::system("command -v node >/dev/null 2>&1") == 0 &&
-         std::filesystem::exists(test::source_path("bench/node_modules/onnxruntime-node/package.json"));
+         std::filesystem::exists(test::source_path("bench/node_modules/" + package + "/package.json"));
 }
 
-double ort_top1(const std::string& model) {
+// ONNX Runtime's top-1 on the Fashion-MNIST test set; `which` is "pinned" or "latest".
+double ort_top1(const std::string& model, const std::string& which) {
   std::string cmd = "NODE_PATH=" + test::source_path("bench/node_modules") + " node " +
-                    test::source_path("bench/ort_eval.js") + " " + model + " 2>&1";
+                    test::source_path("bench/ort_eval.js") + " " + model + " --ort " + which + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -36,11 +37,24 @@ double ort_top1(const std::string& model) {
   return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1))["top1"].get<double>();
 }
 
-TEST(OrtInterop, QdqModelTop1MatchesOnnxRuntime) {
-  if (!have_ort()) GTEST_SKIP() << "Node.js / onnxruntime-node not installed";
+struct InteropCase {
+  const char* model;
+  quant::DeployBackend backend;
+};
+
+class OrtInterop : public ::testing::TestWithParam<InteropCase> {};
+
+// Every deploy backend's export of every fixture loads in the pinned and the latest ONNX Runtime
+// with default session options (all graph optimizations) and gives our top-1 within 0.1 points.
+TEST_P(OrtInterop, ExportLoadsAndTop1MatchesInBothOnnxRuntimes) {
+  if (!have_ort("onnxruntime-node") || !have_ort("onnxruntime-node-latest"))
+    GTEST_SKIP() << "Node.js / onnxruntime-node not installed";
+  const InteropCase& c = GetParam();
   test::TempDir tmp("ort");
-  ir::Graph qdq = test::calibrated_qdq("resnet_small", 320);
-  const std::string path = tmp.path("resnet_small.int8.onnx");
+  quant::QuantConfig config;
+  config.deploy_backend = c.backend;
+  ir::Graph qdq = test::calibrated_qdq(c.model, 320, config);
+  const std::string path = tmp.path(std::string(c.model) + ".int8.onnx");
   ir::save_onnx(qdq, path);
 
   data::DataOptions test_opts;
@@ -49,8 +63,25 @@ TEST(OrtInterop, QdqModelTop1MatchesOnnxRuntime) {
   runtime::Session ours = quant::make_int8_session(ir::load_onnx(path));
   auto metric = analysis::make_metric("top1");
   const double our_top1 = analysis::evaluate(ours, *test_set, *metric).value;
-  const double ort = ort_top1(path);
-  EXPECT_NEAR(our_top1, ort, 0.001) << "slimquant " << our_top1 << " vs ONNX Runtime " << ort;
+  for (const char* which : {"pinned", "latest"}) {
+    const double ort = ort_top1(path, which);
+    EXPECT_NEAR(our_top1, ort, 0.001) << which << ": slimquant " << our_top1 << " vs ONNX Runtime " << ort;
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    FixturesAndBackends, OrtInterop,
+    ::testing::Values(InteropCase{"resnet_small", quant::DeployBackend::kSlimquant},
+                      InteropCase{"resnet_small", quant::DeployBackend::kOnnxRuntime},
+                      InteropCase{"resnet_small", quant::DeployBackend::kTensorRT},
+                      InteropCase{"mobilenetv2_small", quant::DeployBackend::kSlimquant},
+                      InteropCase{"mobilenetv2_small", quant::DeployBackend::kOnnxRuntime},
+                      InteropCase{"mobilenetv2_small", quant::DeployBackend::kTensorRT},
+                      InteropCase{"vit_small", quant::DeployBackend::kSlimquant},
+                      InteropCase{"vit_small", quant::DeployBackend::kOnnxRuntime},
+                      InteropCase{"vit_small", quant::DeployBackend::kTensorRT}),
+    [](const ::testing::TestParamInfo<InteropCase>& info) {
+      return std::string(info.param.model) + "_" + quant::deploy_backend_name(info.param.backend);
+    });
 
 }  // namespace
