@@ -7,8 +7,9 @@
 //   node bench/compare_runtimes.js [--runs 50] [--rounds 3] [--models resnet_small,...] [--int8-dir DIR]
 //                                  [--weight-bits 8|7] (default: quantize's auto) [--batches 1,32]
 //                                  [--calib DATA] [--calib-batch-size 32] [--calib-batches 10]
-//                                  [--ort latest|pinned] [--no-peer] [--no-accuracy]
+//                                  [--ort latest|pinned] [--no-peer] [--no-accuracy] [--build DIR]
 //
+// --build DIR measures another build's slimquant and slimquant_latency (default ROOT/build).
 // --ort picks the peer runtime: latest (default) is require('onnxruntime-node-latest') (1.30.0),
 // pinned is require('onnxruntime-node') (1.20.1); the version that ran is printed.
 //
@@ -17,7 +18,7 @@
 // MinMax calibration, per-channel, x86 defaults: uint8 asymmetric activations, int8 symmetric
 // per-channel weights, Relu/Clip folded into the Q, ORT's node placement), with
 // bench/ort_style_quantize.py on the same calibration data, cached in --int8-dir as
-// NAME.ort_style.onnx (rebuilt when the FP32 model or the script is newer). When
+// NAME.ort_style.onnx (rebuilt when the model, the calibration settings or the script change). When
 // `slimquant quantize` has --deploy-backend, it also exports NAME.int8.onnxruntime.onnx with
 // `--deploy-backend onnxruntime`. The peer table then shows, measured in the same run:
 //   ORT FP32 | ORT INT8 on the ORT-style model | ORT INT8 on our default export |
@@ -46,8 +47,10 @@ const path = require('path');
 const root = path.resolve(__dirname, '..');
 const args = process.argv.slice(2);
 const opt = (name, def) => { const i = args.indexOf(name); return i >= 0 ? args[i + 1] : def; };
-const cli = path.join(root, 'build', 'slimquant');
-const latencyBin = path.join(root, 'build', 'slimquant_latency');
+// --build DIR: the build whose slimquant and slimquant_latency are measured (default ROOT/build).
+const buildDir = path.resolve(opt('--build', path.join(root, 'build')));
+const cli = path.join(buildDir, 'slimquant');
+const latencyBin = path.join(buildDir, 'slimquant_latency');
 const ortStyleScript = path.join(__dirname, 'ort_style_quantize.py');
 const ortPackages = { latest: 'onnxruntime-node-latest', pinned: 'onnxruntime-node' };
 
@@ -113,14 +116,19 @@ function quantizeHasDeployBackend() {
 }
 
 // The ORT-quantizer-style QDQ model (bench/ort_style_quantize.py), same calibration data as ours.
-// Cached: a few seconds per model, rebuilt when the FP32 model or the script changed since.
+// Cached: reused while NAME.ort_style.json records the same FP32 model and calibration settings and
+// neither the model nor the script changed since.
 function makeOrtStyle(name, fp32, int8Dir, calib, ortChoice) {
   const file = path.join(int8Dir, name + '.ort_style.onnx');
+  const stamp = path.join(int8Dir, name + '.ort_style.json');
   fs.mkdirSync(int8Dir, { recursive: true });
+  const settings = JSON.stringify({ fp32, calib, batchSize: opt('--calib-batch-size', '32'), batches: opt('--calib-batches', '10') });
   const mtime = (f) => fs.statSync(f).mtimeMs;
-  if (fs.existsSync(file) && mtime(file) > mtime(fp32) && mtime(file) > mtime(ortStyleScript)) return file;
+  if (fs.existsSync(file) && fs.existsSync(stamp) && fs.readFileSync(stamp, 'utf8') === settings &&
+      mtime(file) > mtime(fp32) && mtime(file) > mtime(ortStyleScript)) return file;
   execFileSync('/usr/bin/python3', [ortStyleScript, fp32, calib, file, '--batch-size', opt('--calib-batch-size', '32'),
     '--batches', opt('--calib-batches', '10'), '--ort', ortChoice], { stdio: ['ignore', 'ignore', 'inherit'] });
+  fs.writeFileSync(stamp, settings);
   return file;
 }
 
