@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// Latency table: slimquant vs ONNX Runtime (onnxruntime-node 1.20) on the fixture models, FP32 and
+// Latency table: slimquant vs ONNX Runtime (onnxruntime-node) on the fixture models, FP32 and
 // INT8 (our exported QDQ model: slimquant runs it with integer kernels, ORT with its own QDQ
 // fusion), batch 1 and 32, one thread, median of N runs each, plus peak memory (max RSS of the
 // process that ran it) and model file sizes.
@@ -7,6 +7,27 @@
 //   node bench/compare_runtimes.js [--runs 50] [--rounds 3] [--models resnet_small,...] [--int8-dir DIR]
 //                                  [--weight-bits 8|7] (default: quantize's auto) [--batches 1,32]
 //                                  [--calib DATA] [--calib-batch-size 32] [--calib-batches 10]
+//                                  [--ort latest|pinned] [--no-peer] [--no-accuracy] [--build DIR]
+//
+// --build DIR measures another build's slimquant and slimquant_latency (default ROOT/build).
+// --ort picks the peer runtime: latest (default) is require('onnxruntime-node-latest') (1.30.0),
+// pinned is require('onnxruntime-node') (1.20.1); the version that ran is printed.
+//
+// Peer comparison (unless --no-peer): for each model the script also builds the model an ONNX
+// Runtime user would deploy, the QDQ model ORT's own quantizer writes (quantize_static, QDQ format,
+// MinMax calibration, per-channel, x86 defaults: uint8 asymmetric activations, int8 symmetric
+// per-channel weights, Relu/Clip folded into the Q, ORT's node placement), with
+// bench/ort_style_quantize.py on the same calibration data, cached in --int8-dir as
+// NAME.ort_style.onnx (rebuilt when the model, the calibration settings or the script change). When
+// `slimquant quantize` has --deploy-backend, it also exports NAME.int8.onnxruntime.onnx with
+// `--deploy-backend onnxruntime`. The peer table then shows, measured in the same run:
+//   ORT FP32 | ORT INT8 on the ORT-style model | ORT INT8 on our default export |
+//   ORT INT8 on our onnxruntime export | slimquant INT8 on our default export |
+//   sq vs ORT-style: ORT INT8 (ORT-style) / slimquant INT8 (ours)   (> 1: slimquant faster)
+//   ORT ours-ort vs ORT-style: ORT INT8 (ORT-style) / ORT INT8 (our onnxruntime export) (> 1: ours faster)
+//   ORT-style speedup: ORT FP32 / ORT INT8 (ORT-style)
+// and, for fixture models (unless --no-accuracy), top-1 on the Fashion-MNIST test set of each model
+// in ORT (bench/ort_eval.js with the same --ort), so accuracy is shown next to speed.
 //
 // --models takes fixture names or paths to any .onnx file with one float input whose first
 // dimension is the batch (the other dimensions are read with `slimquant info --json`). Models that
@@ -26,14 +47,18 @@ const path = require('path');
 const root = path.resolve(__dirname, '..');
 const args = process.argv.slice(2);
 const opt = (name, def) => { const i = args.indexOf(name); return i >= 0 ? args[i + 1] : def; };
-const cli = path.join(root, 'build', 'slimquant');
-const latencyBin = path.join(root, 'build', 'slimquant_latency');
+// --build DIR: the build whose slimquant and slimquant_latency are measured (default ROOT/build).
+const buildDir = path.resolve(opt('--build', path.join(root, 'build')));
+const cli = path.join(buildDir, 'slimquant');
+const latencyBin = path.join(buildDir, 'slimquant_latency');
+const ortStyleScript = path.join(__dirname, 'ort_style_quantize.py');
+const ortPackages = { latest: 'onnxruntime-node-latest', pinned: 'onnxruntime-node' };
 
 function median(xs) { const s = [...xs].sort((a, b) => a - b); const m = s.length >> 1; return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2; }
 
 // Worker mode: time ONNX Runtime on one model and shape, print {median_ms, max_rss_kb}.
-async function ortWorker(modelPath, shape, runs) {
-  const ort = require('onnxruntime-node');
+async function ortWorker(modelPath, shape, runs, ortPackage) {
+  const ort = require(ortPackage);
   const session = await ort.InferenceSession.create(modelPath, {
     intraOpNumThreads: 1, interOpNumThreads: 1, executionMode: 'sequential', graphOptimizationLevel: 'all',
   });
@@ -53,9 +78,9 @@ async function ortWorker(modelPath, shape, runs) {
   console.log(JSON.stringify({ median_ms: median(ms), cpu_median_ms: median(cpu), max_rss_kb: process.resourceUsage().maxRSS }));
 }
 
-function ortLatency(modelPath, shape, runs) {
-  const out = execFileSync(process.execPath, [__filename, '--ort-worker', modelPath, shape.join('x'), String(runs)],
-    { encoding: 'utf8' });
+function ortLatency(modelPath, shape, runs, ortPackage) {
+  const out = execFileSync(process.execPath, [__filename, '--ort-worker', modelPath, shape.join('x'), String(runs),
+    ortPackage], { encoding: 'utf8' });
   return JSON.parse(out.trim().split('\n').pop());
 }
 
@@ -73,14 +98,45 @@ function slimquantLatency(modelPath, shape, runs) {
 
 // Quantized afresh every time (a fraction of a second): a model left from an older build or other
 // settings would silently measure something else.
-function makeInt8(name, fp32, int8Dir, weightBits, calib) {
-  const file = path.join(int8Dir, name + '.int8.onnx');
+function makeInt8(name, fp32, int8Dir, weightBits, calib, deployBackend) {
+  const file = path.join(int8Dir, name + (deployBackend ? `.int8.${deployBackend}.onnx` : '.int8.onnx'));
   fs.mkdirSync(int8Dir, { recursive: true });
   const args = ['--quiet', 'quantize', fp32, calib, '--batch-size', opt('--calib-batch-size', '32'),
     '--batch-nums', opt('--calib-batches', '10'), '-o', file, '--no-eval'];
   if (weightBits) args.push('--weight-bits', weightBits);
+  if (deployBackend) args.push('--deploy-backend', deployBackend);
   execFileSync(cli, args, { stdio: 'inherit' });
   return file;
+}
+
+// Whether this build's `slimquant quantize` has --deploy-backend (being added for issue 15).
+function quantizeHasDeployBackend() {
+  const help = execFileSync(cli, ['quantize', '--help'], { encoding: 'utf8' });
+  return help.includes('--deploy-backend');
+}
+
+// The ORT-quantizer-style QDQ model (bench/ort_style_quantize.py), same calibration data as ours.
+// Cached: reused while NAME.ort_style.json records the same FP32 model and calibration settings and
+// neither the model nor the script changed since.
+function makeOrtStyle(name, fp32, int8Dir, calib, ortChoice) {
+  const file = path.join(int8Dir, name + '.ort_style.onnx');
+  const stamp = path.join(int8Dir, name + '.ort_style.json');
+  fs.mkdirSync(int8Dir, { recursive: true });
+  const settings = JSON.stringify({ fp32, calib, batchSize: opt('--calib-batch-size', '32'), batches: opt('--calib-batches', '10') });
+  const mtime = (f) => fs.statSync(f).mtimeMs;
+  if (fs.existsSync(file) && fs.existsSync(stamp) && fs.readFileSync(stamp, 'utf8') === settings &&
+      mtime(file) > mtime(fp32) && mtime(file) > mtime(ortStyleScript)) return file;
+  execFileSync('/usr/bin/python3', [ortStyleScript, fp32, calib, file, '--batch-size', opt('--calib-batch-size', '32'),
+    '--batches', opt('--calib-batches', '10'), '--ort', ortChoice], { stdio: ['ignore', 'ignore', 'inherit'] });
+  fs.writeFileSync(stamp, settings);
+  return file;
+}
+
+// Top-1 on the Fashion-MNIST test set in ORT (bench/ort_eval.js), for fixture models.
+function ortTop1(modelPath, ortChoice) {
+  const out = execFileSync(process.execPath, [path.join(__dirname, 'ort_eval.js'), modelPath, '--ort', ortChoice],
+    { encoding: 'utf8' });
+  return JSON.parse(out.trim().split('\n').pop()).top1;
 }
 
 // The model's one input without its batch dimension, e.g. [3, 224, 224].
@@ -98,7 +154,14 @@ async function main() {
   const models = opt('--models', 'resnet_small,mobilenetv2_small,vit_small').split(',');
   const int8Dir = path.resolve(opt('--int8-dir', path.join(root, 'build', 'bench_int8')));
   const batches = opt('--batches', '1,32').split(',').map(Number);
+  const ortChoice = opt('--ort', 'latest');
+  if (!ortPackages[ortChoice]) throw new Error(`--ort must be latest or pinned, got '${ortChoice}'`);
+  const ortPackage = ortPackages[ortChoice];
+  const ortVersion = require(`${ortPackage}/package.json`).version;
+  const peer = !args.includes('--no-peer');
+  const deployBackend = peer && quantizeHasDeployBackend();
   const cells = [];
+  const accuracy = [];
   for (const spec of models) {
     const external = spec.endsWith('.onnx');
     const name = external ? path.basename(spec, '.onnx') : spec;
@@ -106,16 +169,27 @@ async function main() {
     const calib = opt('--calib', external ? '' : 'fashion-mnist:train');
     if (!calib) throw new Error(`${spec}: models that are not fixtures need --calib DATA to be quantized`);
     const int8 = makeInt8(name, fp32, int8Dir, opt('--weight-bits', ''), calib);
+    // kind -> [file, time slimquant too]
+    const files = { FP32: [fp32, true], INT8: [int8, true] };
+    if (peer) {
+      files.ORT_STYLE = [makeOrtStyle(name, fp32, int8Dir, calib, ortChoice), false];
+      if (deployBackend) files.INT8_ORT = [makeInt8(name, fp32, int8Dir, opt('--weight-bits', ''), calib, 'onnxruntime'), false];
+      if (!external && !args.includes('--no-accuracy')) {
+        const top1 = {};
+        for (const [kind, [file]] of Object.entries(files)) top1[kind] = ortTop1(file, ortChoice);
+        accuracy.push({ model: name, top1 });
+      }
+    }
     const sampleShape = inputSampleShape(fp32);
     for (const batch of batches)
-      for (const [kind, file] of [['FP32', fp32], ['INT8', int8]])
-        cells.push({ model: name, kind, batch, file, sampleShape, size: fs.statSync(file).size, sq: [], ort: [] });
+      for (const [kind, [file, sq]] of Object.entries(files))
+        cells.push({ model: name, kind, batch, file, sampleShape, size: fs.statSync(file).size, timeSq: sq, sq: [], ort: [] });
   }
   for (let r = 0; r < rounds; r++)
     for (const c of cells) {
       const shape = [c.batch, ...c.sampleShape];
-      c.sq.push(slimquantLatency(c.file, shape, runs));
-      c.ort.push(ortLatency(c.file, shape, runs));
+      if (c.timeSq) c.sq.push(slimquantLatency(c.file, shape, runs));
+      c.ort.push(ortLatency(c.file, shape, runs, ortPackage));
     }
   const best = (xs) => ({ ms: Math.min(...xs.map((x) => x.median_ms)), cpu: Math.min(...xs.map((x) => x.cpu_median_ms)),
     rss: Math.max(...xs.map((x) => x.max_rss_kb)) });
@@ -125,12 +199,21 @@ async function main() {
     for (const batch of batches) {
       const f = find(name, 'FP32', batch), q = find(name, 'INT8', batch);
       const sf = best(f.sq), sq = best(q.sq), of = best(f.ort), oq = best(q.ort);
-      rows.push({ model: name, batch, sq_fp32_ms: sf.ms, sq_int8_ms: sq.ms, ort_fp32_ms: of.ms, ort_int8_ms: oq.ms,
+      const row = { model: name, batch, sq_fp32_ms: sf.ms, sq_int8_ms: sq.ms, ort_fp32_ms: of.ms, ort_int8_ms: oq.ms,
         sq_fp32_cpu: sf.cpu, sq_int8_cpu: sq.cpu, ort_fp32_cpu: of.cpu, ort_int8_cpu: oq.cpu,
         sq_fp32_rss_mb: sf.rss / 1024, sq_int8_rss_mb: sq.rss / 1024, ort_fp32_rss_mb: of.rss / 1024,
-        ort_int8_rss_mb: oq.rss / 1024, fp32_bytes: f.size, int8_bytes: q.size });
+        ort_int8_rss_mb: oq.rss / 1024, fp32_bytes: f.size, int8_bytes: q.size };
+      const os_ = find(name, 'ORT_STYLE', batch), oo = find(name, 'INT8_ORT', batch);
+      if (os_) Object.assign(row, { ort_style_ms: best(os_.ort).ms, ort_style_cpu: best(os_.ort).cpu,
+        ort_style_rss_mb: best(os_.ort).rss / 1024, ort_style_bytes: os_.size });
+      if (oo) Object.assign(row, { ort_ours_ort_ms: best(oo.ort).ms, ort_ours_ort_cpu: best(oo.ort).cpu,
+        ort_ours_ort_rss_mb: best(oo.ort).rss / 1024, ours_ort_bytes: oo.size });
+      rows.push(row);
     }
   const f3 = (x) => x.toFixed(3), f2 = (x) => x.toFixed(2);
+  const cpuModel = (fs.readFileSync('/proc/cpuinfo', 'utf8').match(/model name\s*:\s*(.*)/) || [])[1] || 'unknown CPU';
+  console.log(`Machine: ${cpuModel}, ${require('os').cpus().length} logical CPUs; ONNX Runtime: ${ortPackage} ${ortVersion}`);
+  console.log('');
   console.log('Wall-clock time per run (median, ms):');
   console.log('');
   console.log('| model | batch | slimquant FP32 ms | slimquant INT8 ms | ORT FP32 ms | ORT INT8 ms | ORT/sq FP32 | ORT/sq INT8 | sq INT8 speedup | ORT INT8 speedup |');
@@ -152,13 +235,42 @@ async function main() {
   for (const r of rows)
     console.log(`| ${r.model} | ${r.batch} | ${r.sq_fp32_rss_mb.toFixed(1)} / ${r.sq_int8_rss_mb.toFixed(1)} / ${r.ort_fp32_rss_mb.toFixed(1)} / ` +
       `${r.ort_int8_rss_mb.toFixed(1)} | ${(r.fp32_bytes / 1024).toFixed(0)} / ${(r.int8_bytes / 1024).toFixed(0)} (${f2(r.int8_bytes / r.fp32_bytes)}) |`);
-  console.log(`(best of ${rounds} rounds of median-of-${runs}, 1 thread, onnxruntime-node ` +
-    `${require('onnxruntime-node/package.json').version}; ratios > 1: slimquant faster / INT8 faster than FP32)`);
-  console.log(JSON.stringify(rows));
+  if (peer) {
+    const na = (x, fmt) => (x === undefined || Number.isNaN(x) ? 'n/a' : fmt(x));
+    for (const [title, unit] of [['Peer comparison, wall-clock time per run (median, ms)', 'ms'],
+      ['Peer comparison, CPU time per run (median, ms)', 'cpu']]) {
+      console.log('');
+      console.log(`${title}; "ours-ort" is our --deploy-backend onnxruntime export` +
+        `${deployBackend ? '' : ' (n/a: this build\'s `slimquant quantize` has no --deploy-backend)'}:`);
+      console.log('');
+      console.log('| model | batch | ORT FP32 | ORT INT8 ORT-style | ORT INT8 ours | ORT INT8 ours-ort | slimquant INT8 ours | ' +
+        'sq ours vs ORT ORT-style | ORT ours-ort vs ORT-style | ORT-style speedup over ORT FP32 |');
+      console.log('|---|---|---|---|---|---|---|---|---|---|');
+      for (const r of rows) {
+        const v = (k) => r[`${k}_${unit}`];
+        console.log(`| ${r.model} | ${r.batch} | ${f3(v('ort_fp32'))} | ${f3(v('ort_style'))} | ${f3(v('ort_int8'))} | ` +
+          `${na(v('ort_ours_ort'), f3)} | ${f3(v('sq_int8'))} | ${f2(v('ort_style') / v('sq_int8'))}x | ` +
+          `${na(v('ort_style') / v('ort_ours_ort'), (x) => f2(x) + 'x')} | ${f2(v('ort_fp32') / v('ort_style'))}x |`);
+      }
+    }
+    if (accuracy.length) {
+      console.log('');
+      console.log(`Top-1 on the Fashion-MNIST test set (10000 images) in ORT ${ortVersion}:`);
+      console.log('');
+      console.log('| model | FP32 | INT8 ORT-style | INT8 ours | INT8 ours-ort |');
+      console.log('|---|---|---|---|---|');
+      for (const a of accuracy)
+        console.log(`| ${a.model} | ${f3(a.top1.FP32 * 100)}% | ${f3(a.top1.ORT_STYLE * 100)}% | ${f3(a.top1.INT8 * 100)}% | ` +
+          `${a.top1.INT8_ORT === undefined ? 'n/a' : f3(a.top1.INT8_ORT * 100) + '%'} |`);
+    }
+  }
+  console.log(`(best of ${rounds} rounds of median-of-${runs}, 1 thread, ${ortPackage} ${ortVersion}; ` +
+    'ratios > 1: slimquant faster / INT8 faster than FP32 / ours faster than ORT-style)');
+  console.log(JSON.stringify({ ort_version: ortVersion, rows, accuracy }));
 }
 
 if (args[0] === '--ort-worker') {
-  ortWorker(args[1], args[2].split('x').map(Number), parseInt(args[3], 10)).catch((e) => { console.error(e); process.exit(1); });
+  ortWorker(args[1], args[2].split('x').map(Number), parseInt(args[3], 10), args[4]).catch((e) => { console.error(e); process.exit(1); });
 } else {
   main().catch((e) => { console.error(e); process.exit(1); });
 }

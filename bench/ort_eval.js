@@ -1,9 +1,10 @@
 #!/usr/bin/env node
 // Top-1 of an ONNX model on the Fashion-MNIST test set under ONNX Runtime (onnxruntime-node).
 // Reads Debian's dataset-fashion-mnist IDX files directly; inputs are pixels/255 (the fixtures'
-// preprocessing). Last line: {"top1": ..., "samples": ...}.
+// preprocessing). Last line: {"top1": ..., "samples": ..., "ort_version": ...}.
 //   node bench/ort_eval.js MODEL [--limit N] [--dir /usr/share/datasets/fashion-mnist] [--ort pinned|latest]
-// --ort: the pinned onnxruntime-node (default) or the latest (the onnxruntime-node-latest alias).
+// --ort: pinned (default) is require('onnxruntime-node') (1.20.1), latest is
+// require('onnxruntime-node-latest') (1.30.0).
 const fs = require('fs');
 const path = require('path');
 const zlib = require('zlib');
@@ -11,10 +12,12 @@ const zlib = require('zlib');
 const args = process.argv.slice(2);
 const opt = (name, def) => { const i = args.indexOf(name); return i >= 0 ? args[i + 1] : def; };
 const ortChoice = opt('--ort', 'pinned');
-if (!['pinned', 'latest'].includes(ortChoice)) { console.error(`error: --ort must be pinned or latest, got '${ortChoice}'`); process.exit(2); }
+if (!['pinned', 'latest'].includes(ortChoice)) {
+  console.error(`error: --ort must be pinned or latest, got '${ortChoice}'`);
+  process.exit(1);
+}
 const ortPackage = ortChoice === 'latest' ? 'onnxruntime-node-latest' : 'onnxruntime-node';
 const ort = require(ortPackage);
-const ortVersion = require(`${ortPackage}/package.json`).version;
 const model = args[0];
 const dir = opt('--dir', process.env.SLIMQUANT_FASHION_MNIST_DIR || '/usr/share/datasets/fashion-mnist');
 const limit = parseInt(opt('--limit', '0'), 10);
@@ -49,5 +52,5 @@ function readIdx(file) {
       if (best === labels.data[start + i]) correct++;
     }
   }
-  console.log(JSON.stringify({ top1: correct / n, samples: n, onnxruntime: ortVersion }));
+  console.log(JSON.stringify({ top1: correct / n, samples: n, ort_version: require(`${ortPackage}/package.json`).version }));
 })().catch((e) => { console.error('error:', e.message); process.exit(1); });
