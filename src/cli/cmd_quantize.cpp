@@ -25,6 +25,7 @@ Action register_quantize(CLI::App& app) {
     PtqFlags ptq;
     bool json = false, no_eval = false;
     int threads = 0;
+    double fallback_sqnr_db = 20.0;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("MODEL", a->model, "FP32 ONNX model (.onnx file, or a directory holding exactly one)")->required();
@@ -34,6 +35,11 @@ Action register_quantize(CLI::App& app) {
   cmd->add_flag("--is-use-cache-file", a->use_cache,
                 "keep the calibration state in --cache-dir while calibrating (resumes after a crash)");
   cmd->add_option("--cache-dir", a->cache_dir, "directory of the calibration cache")->capture_default_str();
+  cmd->add_option("--fallback-sqnr", a->fallback_sqnr_db,
+                  "precision fallback: when the INT8 outputs are below this SQNR (dB) against FP32 on the first "
+                  "calibration samples, the most damaging layers (at most 10%) stay in float; 0 disables")
+      ->capture_default_str()
+      ->check(number_range(0.0, 200.0));
   cmd->add_option("--config", a->config_path, "YAML file with the same settings (seed parameter names)");
   cmd->add_option("--metric", a->metric, "metric printed for FP32 and INT8 (top1/top5 need labels)");
   cmd->add_option("--eval-dataset", a->eval_data, "data set for the FP32/INT8 comparison (default: DATA)");
@@ -53,6 +59,9 @@ Action register_quantize(CLI::App& app) {
     if (extra.count("batch_nums") && !flag_given("--batch-nums")) batch_nums = parse_config_size(extra["batch_nums"], "batch_nums");
     if (extra.count("is_use_cache_file") && !flag_given("--is-use-cache-file")) use_cache = parse_config_bool(extra["is_use_cache_file"], "is_use_cache_file");
     if (extra.count("cache_dir") && !flag_given("--cache-dir")) cache_dir = extra["cache_dir"];
+    double fallback_sqnr_db = a->fallback_sqnr_db;
+    if (extra.count("fallback_sqnr_db") && !flag_given("--fallback-sqnr"))
+      fallback_sqnr_db = parse_config_double(extra["fallback_sqnr_db"], "fallback_sqnr_db");
     apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     SQ_CHECK(batch_size > 0, ErrorKind::kInvalidArgument, "--batch-size must be at least 1");
 
@@ -78,6 +87,7 @@ Action register_quantize(CLI::App& app) {
     po.config = config;
     po.is_use_cache_file = use_cache;
     po.cache_dir = cache_dir;
+    po.fallback_sqnr_db = fallback_sqnr_db;
     quant::PostTrainingQuantization ptq(po);
     const ir::Graph& qdq = ptq.quantize();
     for (const auto& w : ptq.warnings()) std::cerr << "warning: " << w << std::endl;
@@ -92,6 +102,18 @@ Action register_quantize(CLI::App& app) {
               << std::fixed << std::setprecision(2) << calib_seconds << " s";
     if (rep.resumed_batches) std::cout << " (" << rep.resumed_batches << " batches resumed from the cache)";
     std::cout << " -> " << a->output << std::endl;
+    const quant::PrecisionFallbackResult& fallback = ptq.fallback();
+    if (fallback.triggered) {
+      std::cout << "precision fallback: INT8 output SQNR " << std::setprecision(1) << fallback.sqnr_db_before
+                << " dB < " << fallback_sqnr_db << " dB on the first calibration samples; ";
+      if (fallback.float_layers.empty()) {
+        std::cout << "no layer left in float helps" << std::endl;
+      } else {
+        std::cout << fallback.float_layers.size() << " of " << ptq.ptq().layers().size() << " layers kept in float (";
+        for (size_t i = 0; i < fallback.float_layers.size(); ++i) std::cout << (i ? ", " : "") << fallback.float_layers[i];
+        std::cout << "): " << fallback.sqnr_db_after << " dB" << std::endl;
+      }
+    }
     const auto fp32_bytes = std::filesystem::file_size(model_file);
     const auto int8_bytes = std::filesystem::file_size(a->output);
     std::cout << "model size: fp32 " << fp32_bytes / 1024 << " KiB, int8 " << int8_bytes / 1024 << " KiB ("
@@ -103,6 +125,9 @@ Action register_quantize(CLI::App& app) {
                      {"calib_batches", rep.batches},
                      {"weight_bits", weight_bits},
                      {"deploy_backend", quant::deploy_backend_name(config.deploy_backend)},
+                     {"fallback_float_layers", fallback.float_layers},
+                     {"fallback_sqnr_db_before", fallback.sqnr_db_before},
+                     {"fallback_sqnr_db_after", fallback.sqnr_db_after},
                      {"output", a->output},
                      {"fp32_bytes", fp32_bytes},
                      {"int8_bytes", int8_bytes}};

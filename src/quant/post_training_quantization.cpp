@@ -12,6 +12,11 @@
 namespace slimquant::quant {
 
 namespace {
+// Calibration samples the precision fallback compares against FP32 (each candidate is one run).
+constexpr size_t kFallbackSamples = 8;
+}  // namespace
+
+namespace {
 
 // Stacks single samples (each input without a batch dimension, or with a batch dimension of 1)
 // into one batch per input; `ranks` holds each input's rank in the model (0 = unknown).
@@ -106,6 +111,8 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   warnings_ = ptq_->warnings();
   quantized_.reset();
   report_ = {};
+  fallback_ = {};
+  std::map<std::string, Tensor> fallback_samples;  // the first calibration samples
 
   // The cache directory must be usable before any work is done.
   bool created_cache_dir = false;
@@ -150,6 +157,8 @@ const ir::Graph& PostTrainingQuantization::quantize() {
              "calibration cache '" + cache_path() + "' holds more batches than this run asks for");
     Progress progress("calibrate", total, "batches");
     progress.advance(report_.resumed_batches);
+    if (o.fallback_sqnr_db > 0)
+      fallback_samples = loader.load_range(0, std::min<size_t>(kFallbackSamples, o.dataset->size())).feeds(main_input);
     for (size_t i = report_.resumed_batches; i < total; ++i) {
       data::Batch b = loader.batch(i);
       ptq_->sample(b.feeds(main_input));
@@ -178,6 +187,11 @@ const ir::Graph& PostTrainingQuantization::quantize() {
         samples.push_back(std::move(*s));
       }
       if (samples.empty()) break;
+      if (fallback_samples.empty() && o.fallback_sqnr_db > 0) {
+        const std::vector<std::map<std::string, Tensor>> first(
+            samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(std::min(kFallbackSamples, samples.size())));
+        fallback_samples = stack_samples(first, ranks);
+      }
       ptq_->sample(stack_samples(samples, ranks));
       report_.samples += samples.size();
       ++done;
@@ -193,7 +207,18 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   }
   report_.batches = ptq_->samples_seen();
   report_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  quantized_ = ptq_->convert();
+  if (!fallback_samples.empty()) {
+    PrecisionFallbackOptions fo;
+    fo.target_sqnr_db = o.fallback_sqnr_db;
+    fo.max_float_fraction = o.fallback_max_float_fraction;
+    fallback_ = choose_precision_fallback(*ptq_, fallback_samples, fo);
+  }
+  quantized_ = fallback_.float_layers.empty() ? ptq_->convert() : ptq_->convert(fallback_.quantized_layers(*ptq_));
+  if (!fallback_.float_layers.empty()) {
+    std::string names;
+    for (const auto& l : fallback_.float_layers) names += (names.empty() ? "" : ", ") + l;
+    quantized_->metadata["slimquant.float_layers"] = names;
+  }
 
   if (o.is_use_cache_file) {
     std::error_code ec;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "slimquant/data/dataset.h"
+#include "slimquant/quant/precision_fallback.h"
 #include "slimquant/quant/ptq.h"
 
 namespace slimquant::quant {
@@ -47,6 +48,11 @@ struct PostTrainingQuantizationOptions {
   // hold samples, so memory does not grow with the data either way.
   bool is_use_cache_file = false;
   std::string cache_dir = "./temp_post_training";
+  // Precision fallback (precision_fallback.h): when the quantized model's output SQNR against
+  // FP32 on the first calibration samples is below fallback_sqnr_db, the layers whose quantization
+  // costs the most stay in float, at most fallback_max_float_fraction of them. 0 disables.
+  double fallback_sqnr_db = 20.0;
+  double fallback_max_float_fraction = 0.1;
   // When set, used as is (per layer/name/type rules) instead of the fields algo ...
   // asymmetric_activations above.
   std::optional<QuantConfig> config;
@@ -75,6 +81,8 @@ class PostTrainingQuantization {
   const ir::Graph& quantized_graph() const;
   const PTQ& ptq() const { return *ptq_; }
   const CalibrationReport& report() const { return report_; }
+  // What the precision fallback measured and chose (float_layers empty when not needed).
+  const PrecisionFallbackResult& fallback() const { return fallback_; }
   // Non-fatal problems (skip entries matching nothing, batch_nums beyond the data).
   const std::vector<std::string>& warnings() const { return warnings_; }
   // Where the calibration cache lives while quantize() runs.
@@ -89,6 +97,7 @@ class PostTrainingQuantization {
   std::unique_ptr<PTQ> ptq_;
   std::optional<ir::Graph> quantized_;
   CalibrationReport report_;
+  PrecisionFallbackResult fallback_;
   std::vector<std::string> warnings_;
 };
 

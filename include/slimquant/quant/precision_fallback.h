@@ -1,0 +1,43 @@
+#pragma once
+// Precision fallback: after calibration, when the quantized model's outputs (the logits before a
+// final Softmax) drift too far from FP32 on calibration samples, keep the few layers whose quantization costs the most in float.
+// Some real models (PP-OCRv4 rec: HardSwish + affine activations over 38 convolutions, errors
+// compounding to 13.5 dB output SQNR) lose many points with every observer; a handful of early
+// layers in float recovers them (docs/quantization.md). Models that quantize well (the fixtures:
+// 36-43 dB) are left untouched at the cost of one evaluation.
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "slimquant/core/tensor.h"
+#include "slimquant/quant/ptq.h"
+
+namespace slimquant::quant {
+
+struct PrecisionFallbackOptions {
+  // Output SQNR (dB, all float outputs together, against FP32) the quantized model must reach;
+  // 0 disables the fallback.
+  double target_sqnr_db = 20.0;
+  // At most this fraction of the quantized layers (rounded up) stays in float.
+  double max_float_fraction = 0.1;
+};
+
+struct PrecisionFallbackResult {
+  double sqnr_db_before = 0, sqnr_db_after = 0;
+  std::vector<std::string> float_layers;  // layers left in float, in the order they were chosen
+  bool triggered = false;                 // the model was below the target
+  size_t evaluations = 0;                 // quantized models evaluated
+  std::set<std::string> quantized_layers(const PTQ& ptq) const;  // every layer but float_layers
+};
+
+// SQNR in dB of `quantized` against `reference` over every float output they share.
+double output_sqnr_db(const std::map<std::string, Tensor>& reference, const std::map<std::string, Tensor>& quantized);
+
+// `ptq` calibrated; `samples` a few calibration feeds (graph inputs by name). Ranks layers by the
+// output SQNR gained when each alone is left in float, then leaves the best ones in float one at a
+// time until the target is met or the budget is spent; keeps the best set seen.
+PrecisionFallbackResult choose_precision_fallback(const PTQ& ptq, const std::map<std::string, Tensor>& samples,
+                                                  const PrecisionFallbackOptions& options = {});
+
+}  // namespace slimquant::quant

@@ -1,0 +1,75 @@
+// Precision fallback: measured output drift, the layers left in float and the budget.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "quant/int8_test_util.h"
+#include "slimquant/quant/precision_fallback.h"
+
+using namespace slimquant;
+
+namespace {
+
+TEST(PrecisionFallback, OutputSqnrIsSignalOverNoiseOverSharedFloatOutputs) {
+  const std::map<std::string, Tensor> ref = {{"a", Tensor::from_vector<float>({4}, {1, 2, 3, 4})},
+                                             {"i", Tensor::from_vector<int64_t>({1}, {7})}};
+  const std::map<std::string, Tensor> q = {{"a", Tensor::from_vector<float>({4}, {1, 2, 3, 5})},
+                                           {"i", Tensor::from_vector<int64_t>({1}, {9})}};
+  EXPECT_NEAR(quant::output_sqnr_db(ref, q), 10 * std::log10(30.0), 1e-9);  // integer outputs ignored
+  EXPECT_EQ(quant::output_sqnr_db(ref, ref), 200.0);
+}
+
+struct Calibrated {
+  std::unique_ptr<quant::PTQ> ptq;
+  std::map<std::string, Tensor> samples;
+};
+
+Calibrated calibrate(const std::string& model, int weight_bits) {
+  quant::QuantConfig config;
+  config.weight_bits = weight_bits;
+  Calibrated c{std::make_unique<quant::PTQ>(config), {}};
+  c.ptq->quantize(ir::load_onnx(test::fixture_model(model)));
+  data::DataOptions o;
+  o.spec = "fashion-mnist:train";
+  o.limit = 64;
+  auto ds = data::open_dataset(o);
+  data::BatchLoader loader(*ds, 32);
+  for (const auto& b : loader) c.ptq->sample(b.inputs);
+  c.samples = {{"input", loader.load_range(0, 8).inputs}};
+  return c;
+}
+
+// A model that quantizes well is left alone after one evaluation.
+TEST(PrecisionFallback, AWellQuantizedModelKeepsEveryLayer) {
+  const Calibrated c = calibrate("resnet_small", 8);
+  const quant::PrecisionFallbackResult r = quant::choose_precision_fallback(*c.ptq, c.samples);
+  EXPECT_FALSE(r.triggered);
+  EXPECT_TRUE(r.float_layers.empty());
+  EXPECT_GT(r.sqnr_db_before, 25.0);
+  EXPECT_EQ(r.evaluations, 1u);
+}
+
+// 2-bit weights ruin the model: the fallback keeps the most damaging layers in float, within the
+// budget, and the model it chooses measures what it reports.
+TEST(PrecisionFallback, ADamagedModelGetsItsWorstLayersBackInFloatWithinTheBudget) {
+  const Calibrated c = calibrate("resnet_small", 2);
+  quant::PrecisionFallbackOptions options;
+  options.target_sqnr_db = 30.0;
+  options.max_float_fraction = 0.25;
+  const quant::PrecisionFallbackResult r = quant::choose_precision_fallback(*c.ptq, c.samples, options);
+  ASSERT_TRUE(r.triggered);
+  ASSERT_FALSE(r.float_layers.empty());
+  EXPECT_LE(r.float_layers.size(), static_cast<size_t>(std::ceil(0.25 * c.ptq->layers().size())));
+  EXPECT_GT(r.sqnr_db_after, r.sqnr_db_before + 1.0);
+  const std::set<std::string> quantized = r.quantized_layers(*c.ptq);
+  EXPECT_EQ(quantized.size() + r.float_layers.size(), c.ptq->layers().size());
+  // Re-measure the chosen model: the reported SQNR is its SQNR.
+  runtime::Session fp32(c.ptq->float_graph());
+  runtime::Session chosen(c.ptq->convert(quantized));
+  EXPECT_NEAR(quant::output_sqnr_db(fp32.run(c.samples), chosen.run(c.samples)), r.sqnr_db_after, 1e-6);
+
+  options.target_sqnr_db = 0;  // disabled
+  EXPECT_FALSE(quant::choose_precision_fallback(*c.ptq, c.samples, options).triggered);
+}
+
+}  // namespace
