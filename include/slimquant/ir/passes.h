@@ -14,12 +14,24 @@ namespace slimquant::ir {
 // Constant nodes become initializers (value, value_float(s), value_int(s) attributes).
 int constants_to_initializers(Graph& g);
 
+// Mul by a rank-0 float constant 1 (paddle2onnx writes swish as x * Sigmoid(x * 1)) becomes an
+// Identity, which remove_identity_ops then drops: exact (also for NaN, inf and -0). The other
+// operand must be an activation of type float. Returns nodes replaced.
+int neutral_elementwise_to_identity(Graph& g);
+
 // Removes Identity and inference-mode Dropout nodes, rewiring their readers. Returns nodes removed.
 int remove_identity_ops(Graph& g);
 
 // Folds BatchNormalization into a preceding Conv whose output only the BN reads and whose weight,
 // bias and the BN parameters are constants. Returns BN nodes removed.
 int fold_batchnorm_into_conv(Graph& g);
+
+// Folds Mul / Add / Sub / Div by a constant into a preceding Conv whose output only that node reads
+// and whose weight and bias are float32 constants: conv * k, conv / k (k != 0) scale the weights
+// and bias per output channel (any sign), conv + k and conv - k shift the bias. k is a scalar or
+// one value per output channel broadcast along the channel axis ([C,1,1], [1,C,1,1]). Chains
+// (PPLCNetV3's learnable affine blocks: Mul then Add) fold repeatedly. Returns nodes removed.
+int fold_affine_into_conv(Graph& g);
 
 // Execution-only: attaches an activation that is the sole reader of a Conv/ConvTranspose/Gemm
 // output to that node (`Node::fused`) and removes it. Values in `keep` (e.g. values a caller wants
@@ -53,6 +65,13 @@ int merge_hardswish(Graph& g, const std::function<bool(const std::string& x, con
 // Sigmoid's output is read by that Mul only and accept(x, sigmoid output) holds. Execution only:
 // the activation fusion and the INT8 lowering put it into the producing Conv / Gemm. Returns merges.
 int merge_swish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept);
+// LayerNorm as paddle2onnx (and older PyTorch exports) write it over the last axis:
+//   d = Sub(x, ReduceMean(x)); Div(d, Sqrt(Add(ReduceMean(Pow(d, 2)), eps))) * scale [+ bias]
+// becomes one LayerNormalization (axis -1, epsilon eps) at the last node's place, when every
+// intermediate is read inside the pattern only and is not in `keep`; scale and bias are 1-D
+// float constants. Execution only (LayerNormalization needs opset 17 to export). Returns merges.
+int merge_layernorm(Graph& g, const std::set<std::string>& keep = {});
+
 inline constexpr const char* kSlimquantDomain = "com.slimquant";
 
 // Sets the shapes of the given graph inputs (others keep their declared shapes), forgets inferred

@@ -42,6 +42,8 @@ struct QdqGroup {
   float output_factor = 1.f;   // that scalar
   int activation = -1;         // Relu / Clip / ... taken in, or -1
   std::vector<int> gelu_chain; // or the nodes of an erf GELU taken in as the activation
+  int post_mul = -1, post_add = -1;  // Mul / Add by a scalar constant after a real-units activation
+  float post_scale = 1.f, post_shift = 0.f;  // their combined act(v) * post_scale + post_shift
   int q_output = -1;           // the QuantizeLinear ending the group, or -1 (float32 output)
   std::string x_q, w_q;        // the integer values the fused node reads
   std::string output;          // the value it writes: Q's output, or the last float value of the group

@@ -130,7 +130,17 @@ struct EltwiseStep {
   float alpha, beta;
 };
 
+std::vector<EltwiseStep> activation_only_steps(const ir::Node& node);
+
 std::vector<EltwiseStep> activation_steps(const ir::Node& node) {
+  std::vector<EltwiseStep> steps = activation_only_steps(node);
+  const ir::FusedActivation& f = node.fused;
+  if (!steps.empty() && f.has_post_affine())
+    steps.push_back({dnnl::algorithm::eltwise_linear, f.post_scale, f.post_shift});
+  return steps;
+}
+
+std::vector<EltwiseStep> activation_only_steps(const ir::Node& node) {
   using alg = dnnl::algorithm;
   const ir::FusedActivation& f = node.fused;
   if (f.op.empty()) return {};

@@ -92,6 +92,14 @@ QLinearAttrs QLinearAttrs::parse(const ir::Node& node) {
   q.activation_max = node.attr_float(attr::kActivationMax, INFINITY);
   q.activation_alpha = node.attr_float(attr::kActivationAlpha, 0.f);
   q.activation_beta = node.attr_float(attr::kActivationBeta, 0.f);
+  q.post_scale = node.attr_float(attr::kPostScale, 1.f);
+  q.post_shift = node.attr_float(attr::kPostShift, 0.f);
+  if (!std::isfinite(q.post_scale) || !std::isfinite(q.post_shift))
+    fail(ErrorKind::kInvalidModel, node.describe() + ": post_scale and post_shift must be finite");
+  if (q.has_post_affine() && !q.real_units())
+    fail(ErrorKind::kInvalidModel, node.describe() + ": post_scale / post_shift need an activation computed in real "
+                                                     "units (Sigmoid, Tanh, HardSwish, Elu, Swish, Gelu), got '" +
+                                       act + "'");
   q.compute = parse_compute(node);
 
   auto positive = [&](float s, const char* what) {
@@ -129,6 +137,10 @@ void QLinearAttrs::write(ir::Node& node) const {
         activation == Activation::kSwish)
       node.attrs[attr::kActivationAlpha] = activation_alpha;
     if (activation == Activation::kHardSigmoid) node.attrs[attr::kActivationBeta] = activation_beta;
+  }
+  if (has_post_affine()) {
+    node.attrs[attr::kPostScale] = post_scale;
+    node.attrs[attr::kPostShift] = post_shift;
   }
   if (compute != Compute::kAuto) node.attrs[attr::kCompute] = std::string(compute_name(compute));
 }
@@ -229,7 +241,10 @@ dnnl::post_ops make_post_ops(const QLinearAttrs& q) {
     case Activation::kGelu: ops.append_eltwise(1.f, alg::eltwise_gelu_erf, 0.f, 0.f); break;
   }
   const float zp = q.quantized_output() ? static_cast<float>(q.y_zero_point) : 0.f;
-  if (q.quantized_output() && q.real_units()) ops.append_eltwise(1.f, alg::eltwise_linear, inv, zp);
+  // One linear step for the post affine map, 1 / s_y and z_y together (a second eltwise_linear in
+  // the chain would run with the first one's parameters, see above).
+  if (q.real_units() && (q.quantized_output() || q.has_post_affine()))
+    ops.append_eltwise(1.f, alg::eltwise_linear, q.post_scale * inv, q.post_shift * inv + zp);
   else if (zp != 0.f) ops.append_eltwise(1.f, alg::eltwise_linear, 1.f, zp);
   return ops;
 }

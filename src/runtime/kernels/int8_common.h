@@ -55,6 +55,8 @@ inline constexpr const char* kActivationMin = "activation_min";  // float: Clip'
 inline constexpr const char* kActivationMax = "activation_max";  // float: Clip's max (+inf when absent)
 inline constexpr const char* kActivationAlpha = "activation_alpha";  // float: LeakyRelu / HardSigmoid / Elu alpha
 inline constexpr const char* kActivationBeta = "activation_beta";    // float: HardSigmoid beta
+inline constexpr const char* kPostScale = "post_scale";    // float: act(v) * post_scale + post_shift (default 1)
+inline constexpr const char* kPostShift = "post_shift";    // float: (default 0); only after real-units activations
 inline constexpr const char* kCompute = "int8_compute";      // string: "auto" (default), "int8", "f32"
 }  // namespace attr
 
@@ -100,6 +102,9 @@ struct QLinearAttrs {
   Activation activation = Activation::kNone;
   float activation_min = -INFINITY, activation_max = INFINITY;
   float activation_alpha = 0.f, activation_beta = 0.f;  // LeakyRelu / HardSigmoid / Elu parameters
+  // A scalar affine map after the activation (PPLCNetV3's hard-swish -> Mul -> Add), in real units:
+  // y = act(v) * post_scale + post_shift, then quantized. Only with real_units() activations.
+  float post_scale = 1.f, post_shift = 0.f;
   Compute compute = Compute::kAuto;
 
   bool quantized_output() const { return y_type != DType::kFloat32; }
@@ -107,8 +112,10 @@ struct QLinearAttrs {
     return activation != Activation::kNone && activation != Activation::kRelu && activation != Activation::kClip &&
            activation != Activation::kLeakyRelu && activation != Activation::kHardSigmoid;
   }
-  // The activation applied to a real value (the reference kernels and the tests).
+  // The activation applied to a real value (the reference kernels and the tests), without the
+  // post affine map.
   float activate(float v) const;
+  bool has_post_affine() const { return post_scale != 1.f || post_shift != 0.f; }
   // Throws kInvalidModel naming the node for missing or inconsistent attributes.
   static QLinearAttrs parse(const ir::Node& node);
   void write(ir::Node& node) const;

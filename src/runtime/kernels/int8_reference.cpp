@@ -24,7 +24,7 @@ float OutputStage::value(int64_t acc, int64_t c) const {
   if (!r.bias.empty()) v += r.bias[c];
   v *= r.multiplier[c];
   if (q.real_units()) {  // the multiplier left 1 / s_y out: the activation sees real values
-    v = q.activate(v);
+    v = q.activate(v) * q.post_scale + q.post_shift;
     return q.quantized_output() ? v * (1.f / q.y_scale) : v;
   }
   if (q.activation == Activation::kLeakyRelu) return v >= 0.f ? v : q.activation_alpha * v;  // commutes with s_y

@@ -1,0 +1,176 @@
+// Folding constant Mul / Add / Sub / Div after a Conv into its weights and bias (runtime::optimize_graph),
+// and a scalar Mul / Add after a fused activation into the Conv's post-ops: the optimised and fused
+// session gives the unoptimised graph's outputs up to float rounding.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "slimquant/ir/passes.h"
+#include "slimquant/runtime/optimize.h"
+#include "slimquant/runtime/session.h"
+
+using namespace slimquant;
+
+namespace {
+
+Tensor random_tensor(const Shape& shape, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
+  Tensor t(DType::kFloat32, shape);
+  std::uniform_real_distribution<float> d(lo, hi);
+  for (auto& v : t.values<float>()) v = d(rng);
+  return t;
+}
+
+struct GraphBuilder {
+  ir::Graph g;
+  std::mt19937 rng{3};
+  GraphBuilder() {
+    g.opset = 13;
+    g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{1, ""}, {4, ""}, {7, ""}, {6, ""}}});
+  }
+  std::string constant(Tensor t) {
+    const std::string name = g.unique_value_name("c");
+    g.initializers[name] = std::move(t);
+    return name;
+  }
+  std::string node(const std::string& op, std::vector<std::string> in, std::map<std::string, ir::AttributeValue> attrs = {}) {
+    ir::Node n;
+    n.op_type = op;
+    n.name = op + std::to_string(g.nodes.size());
+    n.inputs = std::move(in);
+    n.outputs = {n.name + "_out"};
+    n.attrs = std::move(attrs);
+    g.nodes.push_back(n);
+    return n.outputs[0];
+  }
+  // A 3x3 Conv with padding 1 (4 -> 5 channels), with or without a bias.
+  std::string conv(const std::string& x, bool bias) {
+    std::vector<std::string> in = {x, constant(random_tensor({5, 4, 3, 3}, rng))};
+    if (bias) in.push_back(constant(random_tensor({5}, rng)));
+    return node("Conv", in, {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  }
+  ir::Graph finish(const std::string& y) {
+    g.outputs.push_back({y, DType::kFloat32, std::nullopt});
+    g.validate();
+    return g;
+  }
+};
+
+// Output of the graph as written (no optimisation, no fusion) and as the default session runs it.
+void expect_same_outputs(const ir::Graph& g) {
+  runtime::SessionOptions plain;
+  plain.optimize = false;
+  plain.fuse_activations = false;
+  std::mt19937 rng(9);
+  const Tensor x = random_tensor({1, 4, 7, 6}, rng, -2.f, 2.f);
+  const Tensor want = runtime::Session(g, plain).run_single(x), got = runtime::Session(g).run_single(x);
+  ASSERT_EQ(want.shape(), got.shape());
+  for (int64_t i = 0; i < want.numel(); ++i)
+    EXPECT_NEAR(got.data<float>()[i], want.data<float>()[i], 1e-5f * (1.f + std::fabs(want.data<float>()[i]))) << i;
+}
+
+int count_op(const ir::Graph& g, const std::string& op) {
+  int n = 0;
+  for (const auto& node : g.nodes) n += node.op_type == op;
+  return n;
+}
+
+}  // namespace
+
+TEST(FoldAffineIntoConv, ScalarAndPerChannelMulAddWithAndWithoutBiasFoldExactly) {
+  struct Case {
+    const char* name;
+    bool bias;
+    Shape mul_shape, add_shape;  // {} with numel 0 below: no such node; Shape{} is a scalar
+    bool mul, add;
+  };
+  const std::vector<Case> cases = {
+      {"scalar mul then add, bias", true, {1}, {1}, true, true},
+      {"scalar mul then add, no bias", false, {}, {}, true, true},
+      {"per-channel [1,C,1,1] mul then [C,1,1] add", true, {1, 5, 1, 1}, {5, 1, 1}, true, true},
+      {"per-channel mul only, no bias", false, {5, 1, 1}, {}, true, false},
+      {"scalar add only, no bias", false, {}, {1, 1, 1, 1}, false, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    GraphBuilder b;
+    std::string y = b.conv("x", c.bias);
+    if (c.mul) {
+      // Negative factors included: they flip whole output channels.
+      Tensor k = random_tensor(c.mul_shape, b.rng, -2.f, 2.f);
+      k.data<float>()[0] = -1.5f;
+      y = b.node("Mul", {b.constant(k), y});  // constant first, as paddle2onnx writes it
+    }
+    if (c.add) y = b.node("Add", {y, b.constant(random_tensor(c.add_shape, b.rng))});
+    const ir::Graph g = b.finish(y);
+    ir::Graph folded = g;
+    EXPECT_EQ(ir::fold_affine_into_conv(folded), int{c.mul} + int{c.add});
+    EXPECT_EQ(folded.nodes.size(), 1u);
+    EXPECT_EQ(folded.nodes[0].outputs[0], y);
+    expect_same_outputs(g);
+  }
+}
+
+TEST(FoldAffineIntoConv, SubAndDivByConstantsFold) {
+  GraphBuilder b;
+  std::string y = b.conv("x", true);
+  y = b.node("Div", {y, b.constant(Tensor::from_vector<float>({5, 1, 1}, {2.f, -4.f, 0.5f, 8.f, -0.25f}))});
+  y = b.node("Sub", {y, b.constant(Tensor::from_vector<float>({1}, {0.75f}))});
+  const ir::Graph g = b.finish(y);
+  ir::Graph folded = g;
+  EXPECT_EQ(ir::fold_affine_into_conv(folded), 2);
+  EXPECT_EQ(folded.nodes.size(), 1u);
+  expect_same_outputs(g);
+}
+
+TEST(FoldAffineIntoConv, LeavesWhatIsNotAPerChannelConstantOrIsReadElsewhere) {
+  // A constant that varies over space, c - conv (a negated Conv: not this fold), division by a zero,
+  // and a Conv output another node also reads.
+  GraphBuilder b;
+  const std::string c1 = b.conv("x", true);
+  const std::string spatial = b.node("Mul", {c1, b.constant(random_tensor({1, 5, 7, 6}, b.rng))});
+  const std::string c2 = b.conv("x", true);
+  const std::string reversed = b.node("Sub", {b.constant(Tensor::from_vector<float>({1}, {1.f})), c2});
+  const std::string c3 = b.conv("x", false);
+  const std::string by_zero = b.node("Div", {c3, b.constant(Tensor::from_vector<float>({1}, {0.f}))});
+  const std::string c4 = b.conv("x", true);
+  const std::string scaled = b.node("Mul", {c4, b.constant(Tensor::from_vector<float>({1}, {2.f}))});
+  const std::string shared = b.node("Add", {scaled, c4});
+  const std::string s1 = b.node("Add", {spatial, reversed});
+  const std::string s2 = b.node("Add", {by_zero, shared});
+  ir::Graph g = b.finish(b.node("Add", {s1, s2}));
+  EXPECT_EQ(ir::fold_affine_into_conv(g), 0);
+}
+
+// PPLCNetV3's block as paddle2onnx writes it: Conv -> Mul -> Add -> hard-swish (Add 3, Clip 0..6,
+// Mul, Div 6) -> Mul -> Add. The first pair folds into the Conv, the hard-swish merges and fuses
+// into it, and the second pair becomes its post affine map: one node left.
+TEST(FoldAffineIntoConv, PpLcNetV3BlockRunsAsOneConvWithPostOps) {
+  for (float post_scale : {0.42f, -0.9f}) {
+    GraphBuilder b;
+    auto scalar = [&](float v) { return b.constant(Tensor::from_vector<float>({1}, {v})); };
+    std::string y = b.conv("x", true);
+    y = b.node("Mul", {scalar(2.1f), y});
+    y = b.node("Add", {y, scalar(-0.4f)});
+    const std::string clip = b.node("Clip", {b.node("Add", {y, b.constant(Tensor::scalar<float>(3.f))}),
+                                             b.constant(Tensor::scalar<float>(0.f)), b.constant(Tensor::scalar<float>(6.f))});
+    y = b.node("Div", {b.node("Mul", {y, clip}), b.constant(Tensor::scalar<float>(6.f))});
+    y = b.node("Mul", {scalar(post_scale), y});
+    y = b.node("Add", {y, scalar(0.07f)});
+    const ir::Graph g = b.finish(y);
+    expect_same_outputs(g);
+
+    // The same passes the session runs on it, in order.
+    ir::Graph fused = g;
+    runtime::optimize_graph(fused);
+    EXPECT_EQ(count_op(fused, "Conv"), 1);
+    EXPECT_EQ(fused.nodes.size(), 7u);  // Conv, then hard-swish's Add Clip Mul Div, then Mul Add
+    ir::merge_hardswish(fused, [](const std::string&, const std::string&) { return true; });
+    ir::fuse_activations(fused);
+    ASSERT_EQ(fused.nodes.size(), 1u);
+    EXPECT_EQ(fused.nodes[0].fused.op, "HardSwish");
+    EXPECT_FLOAT_EQ(fused.nodes[0].fused.post_scale, post_scale);
+    EXPECT_FLOAT_EQ(fused.nodes[0].fused.post_shift, 0.07f);
+    EXPECT_EQ(fused.nodes[0].outputs[0], y);
+  }
+}

@@ -1,0 +1,60 @@
+// ConvTranspose with kernel == strides (DBNet's upsampling head) runs as one GEMM plus a scatter;
+// it must give oneDNN's deconvolution result (the path a run-time weight still takes).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "slimquant/runtime/session.h"
+
+using namespace slimquant;
+
+namespace {
+Tensor random_tensor(const Shape& shape, std::mt19937& rng) {
+  Tensor t(DType::kFloat32, shape);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  for (auto& v : t.values<float>()) v = d(rng);
+  return t;
+}
+
+// y = ConvTranspose(x, W, B) with W (and B) constants, or W fed at run time.
+ir::Graph conv_transpose_graph(const Tensor& w, const Tensor* b, bool constant_weight, int64_t k) {
+  ir::Graph g;
+  g.opset = 13;
+  g.inputs.push_back({"x", DType::kFloat32, std::nullopt});
+  if (!constant_weight) g.inputs.push_back({"w", DType::kFloat32, std::nullopt});
+  else g.initializers["w"] = w;
+  ir::Node n;
+  n.op_type = "ConvTranspose";
+  n.name = "up";
+  n.inputs = {"x", "w"};
+  if (b) {
+    g.initializers["b"] = *b;
+    n.inputs.push_back("b");
+  }
+  n.outputs = {"y"};
+  n.attrs["strides"] = std::vector<int64_t>{k, k};
+  n.attrs["kernel_shape"] = std::vector<int64_t>{k, k};
+  g.nodes.push_back(n);
+  g.outputs.push_back({"y", DType::kFloat32, std::nullopt});
+  return g;
+}
+}  // namespace
+
+TEST(ConvTransposeGemm, KernelSizedStrideMatchesTheDeconvolution) {
+  std::mt19937 rng(4);
+  struct Case {
+    int64_t n, c, m, k, h, w;
+    bool bias;
+  };
+  for (const Case& t : {Case{1, 24, 1, 2, 9, 11, true}, Case{2, 3, 5, 2, 4, 6, false}, Case{1, 4, 3, 3, 5, 4, true}}) {
+    SCOPED_TRACE(std::to_string(t.c) + "->" + std::to_string(t.m) + " k" + std::to_string(t.k));
+    const Tensor w = random_tensor({t.c, t.m, t.k, t.k}, rng), b = random_tensor({t.m}, rng);
+    const Tensor x = random_tensor({t.n, t.c, t.h, t.w}, rng);
+    const Tensor* bias = t.bias ? &b : nullptr;
+    runtime::Session gemm(conv_transpose_graph(w, bias, true, t.k)), deconv(conv_transpose_graph(w, bias, false, t.k));
+    const Tensor got = gemm.run({{"x", x}}).at("y"), want = deconv.run({{"x", x}, {"w", w}}).at("y");
+    ASSERT_EQ(got.shape(), (Shape{t.n, t.m, t.h * t.k, t.w * t.k}));
+    ASSERT_EQ(got.shape(), want.shape());
+    for (int64_t i = 0; i < got.numel(); ++i) EXPECT_NEAR(got.data<float>()[i], want.data<float>()[i], 1e-5f) << i;
+  }
+}
