@@ -208,12 +208,14 @@ class MaskIou : public Metric {
     SQ_CHECK(a.shape() == b.shape(), ErrorKind::kInvalidArgument,
              "mask_iou: output " + shape_str(a.shape()) + " and reference " + shape_str(b.shape()) + " shapes differ");
     const int64_t n = a.rank() ? a.dim(0) : 0, per = row_length(a);
+    // Compared in float, as PaddleOCR's float32 maps are (0.3f itself is not text).
+    const float threshold = static_cast<float>(threshold_);
     for (int64_t i = 0; i < n; ++i) {
       const float* x = a.data<float>() + i * per;
       const float* y = b.data<float>() + i * per;
       size_t both = 0, either = 0;
       for (int64_t j = 0; j < per; ++j) {
-        const bool p = x[j] > threshold_, q = y[j] > threshold_;
+        const bool p = x[j] > threshold, q = y[j] > threshold;
         both += p && q;
         either += p || q;
       }

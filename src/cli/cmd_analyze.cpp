@@ -265,7 +265,7 @@ Action register_analyze(CLI::App& app) {
     if (extra.count("batch_nums") && cmd->count("--batch-nums") == 0) batch_nums = parse_size(extra["batch_nums"], "batch_nums");
     apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     SQ_CHECK(batch_size > 0 && a->eval_batch_size > 0, ErrorKind::kInvalidArgument, "batch sizes must be at least 1");
-    auto metric = make_cli_metric(metric_name, from("keys", a->keys));  // unknown names fail before any work
+    auto metric = make_cli_metric(metric_name, a->keys);  // unknown names fail before any work
     check_save_dir(save_dir);
     // One process per save_dir: two analyses writing one checkpoint and report would mix or lose results.
     const analysis::DirectoryLock save_dir_lock(save_dir, "--save-dir");
@@ -449,7 +449,7 @@ Action register_analyze_qat(CLI::App& app) {
     o.num_threads = a->threads;
     SQ_CHECK(o.batch_size > 0, ErrorKind::kInvalidArgument, "--batch-size must be at least 1");
     const std::string metric_name = from("metric", a->metric).empty() ? "top1" : from("metric", a->metric);
-    auto metric = make_cli_metric(metric_name, from("keys", a->keys));
+    auto metric = make_cli_metric(metric_name, a->keys);
     check_save_dir(o.save_dir);
     const analysis::DirectoryLock save_dir_lock(o.save_dir, "--save-dir");
     if (!o.resume && !o.checkpoint_name.empty() &&
