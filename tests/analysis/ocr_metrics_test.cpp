@@ -294,7 +294,7 @@ TEST(OcrModels, RecognizerReadsRenderedLines) {
   if (!fs::exists(assets + "/ch_PP-OCRv4_rec_infer.onnx") || !fs::exists(sets + "/labels.txt"))
     GTEST_SKIP() << "PP-OCR models or rendered sets not present (bench/ocr/eval_ocr.sh)";
   auto r = test::run_cli("eval " + assets + "/ch_PP-OCRv4_rec_infer.onnx npy:" + sets +
-                         " --limit 8 --batch-size 1 --metric ctc_char --keys " + assets + "/ppocr_keys_v1.txt --json");
+                         " --limit 8 --batch-size 1 --threads 1 --metric ctc_char --keys " + assets + "/ppocr_keys_v1.txt --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const size_t at = r.output.rfind("\"ctc_char\":");
   ASSERT_NE(at, std::string::npos) << r.output;
