@@ -202,6 +202,15 @@ struct RecFixture {
     n.outputs = {"y"};
     g.nodes.push_back(n);
     ir::save_onnx(g, tmp.path("identity.onnx"));
+    // The same through a MatMul with an identity weight: a layer for quantize and analyze to
+    // quantize, exact in INT8 on one-hot inputs.
+    Tensor w(DType::kFloat32, {7, 7});
+    for (int64_t i = 0; i < 49; ++i) w.data<float>()[i] = i % 8 == 0 ? 1.f : 0.f;
+    g.initializers["w"] = w;
+    g.nodes[0].op_type = "MatMul";
+    g.nodes[0].name = "matmul";
+    g.nodes[0].inputs = {"x", "w"};
+    ir::save_onnx(g, tmp.path("matmul.onnx"));
   }
 };
 
@@ -272,6 +281,20 @@ TEST(OcrCli, EvalAndQuantizeScoreRecognitionWithKeys) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "\"fp32_ctc_exact\":0.6666666")) << r.output;
   EXPECT_TRUE(contains(r.output, "\"int8_ctc_char\":0.8333333")) << r.output;
+}
+
+TEST(OcrCli, AnalyzeRanksLayersByTextRecognitionMetrics) {
+  RecFixture f;
+  auto r = test::run_cli("analyze " + f.tmp.path("matmul.onnx") + " npy:" + f.tmp.path("data") +
+                         " --metric ctc_char --keys " + f.tmp.path("keys.txt") +
+                         " --eval-batch-size 2 --num-histogram-plots 0 --json --save-dir " + f.tmp.path("analysis"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "fp32 ctc_char 0.8333")) << r.output;
+  EXPECT_TRUE(contains(r.output, "matmul")) << r.output;
+  r = test::run_cli("quantize " + f.tmp.path("matmul.onnx") + " npy:" + f.tmp.path("data") + " --metric ctc_exact --keys " +
+                    f.tmp.path("keys.txt") + " --json -o " + f.tmp.path("q.onnx"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "\"int8_ctc_exact\":0.6666666")) << r.output;
 }
 
 TEST(OcrCli, EvalMaskIouAgainstAReferenceModel) {
