@@ -15,6 +15,8 @@ DEBIAN_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libonnx-testdata dataset-fashion-mnist
   python3-torch python3-onnx python3-numpy libopenblas0-pthread
+  # bench/ocr/render_ocr_sets.py: text rendering (Chinese and Latin fonts) and PaddleOCR's cv2 resize
+  python3-pil python3-opencv fonts-wqy-microhei fonts-wqy-zenhei fonts-dejavu-core
 )
 # Node.js runs ONNX Runtime for peer comparisons; keep an existing install (e.g. nodesource).
 command -v node >/dev/null 2>&1 || DEBIAN_PACKAGES+=(nodejs npm)

@@ -10,6 +10,9 @@ EvalResult evaluate(runtime::Session& session, const data::Dataset& dataset, Met
   SQ_CHECK(!metric.needs_labels() || dataset.has_labels(), ErrorKind::kInvalidArgument,
            "metric '" + metric.name() + "' needs labels, but data set '" + dataset.name() +
                "' has none (use a label-free metric: cosine, sqnr, top1_agreement)");
+  SQ_CHECK(!metric.needs_text_labels() || dataset.has_text_labels(), ErrorKind::kInvalidArgument,
+           "metric '" + metric.name() + "' needs text labels, but data set '" + dataset.name() +
+               "' has none (npy:DIR takes them from labels.txt, one line per sample)");
   SQ_CHECK(!metric.needs_reference() || options.reference, ErrorKind::kInvalidArgument,
            "metric '" + metric.name() + "' compares against the FP32 model, which was not given");
   SQ_CHECK(dataset.size() > 0, ErrorKind::kInvalidData, "data set '" + dataset.name() + "' is empty");
@@ -25,7 +28,7 @@ EvalResult evaluate(runtime::Session& session, const data::Dataset& dataset, Met
       runtime::Session& r = *options.reference;
       ref = r.run(batch.feeds(data::main_input_name(r.input_names(), dataset))).at(r.outputs().at(0).name);
     }
-    metric.update(out, batch.labels, ref);
+    metric.update(out, {batch.labels, batch.texts}, ref);
     progress.advance(batch.size());
   }
   progress.finish();

@@ -118,6 +118,9 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
   SQ_CHECK(!metric.needs_labels() || data.has_labels(), ErrorKind::kInvalidArgument,
            "metric '" + metric.name() + "' needs labels, but data set '" + data.name() +
                "' has none (use a label-free metric: cosine, sqnr, top1_agreement)");
+  SQ_CHECK(!metric.needs_text_labels() || data.has_text_labels(), ErrorKind::kInvalidArgument,
+           "metric '" + metric.name() + "' needs text labels, but data set '" + data.name() +
+               "' has none (npy:DIR takes them from labels.txt, one line per sample)");
   SQ_CHECK(data.size() > 0, ErrorKind::kInvalidData, "evaluation data set '" + data.name() + "' is empty");
   SQ_CHECK(options.batch_size > 0, ErrorKind::kInvalidArgument, "batch size must be at least 1");
   runtime::SessionOptions so;
@@ -201,7 +204,7 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
       ref = ref_session ? ref_session->run(batch.feeds(data::main_input_name(ref_session->input_names(), data)))
                               .at(ref_session->outputs().at(0).name)
                         : values.at(output);
-    base_metric->update(values.at(output), batch.labels, ref);
+    base_metric->update(values.at(output), {batch.labels, batch.texts}, ref);
     for (size_t i = 0; i < runners.size(); ++i) {
       Runner& r = runners[i];
       std::map<std::string, Tensor> feeds;
@@ -209,7 +212,7 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
       runtime::RunOptions vo;
       vo.outputs = {r.output};
       Tensor out = r.session->run(feeds, vo).at(r.output);
-      metrics[i]->update(out, batch.labels, ref);
+      metrics[i]->update(out, {batch.labels, batch.texts}, ref);
     }
     if (checkpoint) {
       nlohmann::json layers = nlohmann::json::array();
@@ -392,7 +395,7 @@ SensitivityReport analyze_ptq(const quant::PTQ& ptq, const std::function<double(
   struct Direction : Metric {
     explicit Direction(bool h) : h_(h) {}
     std::string name() const override { return "eval_function"; }
-    void update(const Tensor&, const std::vector<int64_t>&, const Tensor&) override {}
+    void update(const Tensor&, const BatchLabels&, const Tensor&) override {}
     double value() const override { return 0; }
     size_t samples() const override { return 0; }
     void reset() override {}

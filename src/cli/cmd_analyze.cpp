@@ -207,7 +207,7 @@ std::vector<std::string> write_plots(const quant::PTQ& ptq, const analysis::Sens
 Action register_analyze(CLI::App& app) {
   auto* cmd = app.add_subcommand("analyze", "PTQ sensitivity analysis: quantize one layer at a time and rank the layers");
   struct Args {
-    std::string model, data, eval_data, config_path, metric, save_dir, checkpoint_name, model_filename, params_filename;
+    std::string model, data, eval_data, config_path, metric, keys, save_dir, checkpoint_name, model_filename, params_filename;
     DataFlags flags;
     PtqFlags ptq;
     size_t eval_batch_size = 64;
@@ -219,7 +219,8 @@ Action register_analyze(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("MODEL", a->model, "FP32 ONNX model (.onnx file or directory; or model_dir in --config)");
   add_data_flags(cmd, a->flags, a->data);
-  cmd->add_option("--metric", a->metric, "top1, top5 (need labels), cosine, sqnr, top1_agreement (vs FP32); default top1");
+  cmd->add_option("--metric", a->metric, std::string(kMetricHelp) + "; default top1");
+  add_keys_flag(cmd, a->keys);
   cmd->add_option("--eval-dataset", a->eval_data, "data set the layers are evaluated on (default: DATA)");
   cmd->add_option("--eval-batch-size", a->eval_batch_size, "evaluation batch size")->capture_default_str()->check(positive_integer());
   cmd->add_option("--save-dir", a->save_dir, "output directory (default analysis_results)");
@@ -264,7 +265,7 @@ Action register_analyze(CLI::App& app) {
     if (extra.count("batch_nums") && cmd->count("--batch-nums") == 0) batch_nums = parse_size(extra["batch_nums"], "batch_nums");
     apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     SQ_CHECK(batch_size > 0 && a->eval_batch_size > 0, ErrorKind::kInvalidArgument, "batch sizes must be at least 1");
-    auto metric = analysis::make_metric(metric_name);  // unknown names fail before any work
+    auto metric = make_cli_metric(metric_name, a->keys);  // unknown names fail before any work
     check_save_dir(save_dir);
     // One process per save_dir: two analyses writing one checkpoint and report would mix or lose results.
     const analysis::DirectoryLock save_dir_lock(save_dir, "--save-dir");
@@ -283,9 +284,7 @@ Action register_analyze(CLI::App& app) {
       eval_owned = data::open_dataset(eval_flags.options(a->eval_data, &graph));
     }
     const data::Dataset& eval_set = eval_owned ? *eval_owned : *calib;
-    SQ_CHECK(!metric->needs_labels() || eval_set.has_labels(), ErrorKind::kInvalidArgument,
-             "metric '" + metric_name + "' needs labels, but data set '" + eval_set.name() +
-                 "' has none (use --metric cosine, sqnr or top1_agreement)");
+    check_metric_labels(*metric, eval_set);
 
     const std::string main_input = data::main_input_name(graph_input_names(graph), *calib);
     quant::PTQ ptq(config);
@@ -402,7 +401,7 @@ Action register_analyze(CLI::App& app) {
 Action register_analyze_qat(CLI::App& app) {
   auto* cmd = app.add_subcommand("analyze-qat", "QAT analysis: de-quantize one layer at a time of a QDQ model and rank the layers");
   struct Args {
-    std::string quant_model, float_model, data, config_path, metric, save_dir, checkpoint_name, op_types, model_filename,
+    std::string quant_model, float_model, data, config_path, metric, keys, save_dir, checkpoint_name, op_types, model_filename,
         params_filename;
     DataFlags flags;
     size_t batch_size = 64;
@@ -417,7 +416,8 @@ Action register_analyze_qat(CLI::App& app) {
   auto* qat_metric = cmd->add_option("--qat-metric", a->qat_metric, "the quantized model's metric (computed when not given)")
                          ->check(number_range(-1e300, 1e300));
   cmd->add_flag("--resume", a->resume, "continue from the checkpoint in save_dir");
-  cmd->add_option("--metric", a->metric, "top1, top5 (need labels), cosine, sqnr, top1_agreement (vs float); default top1");
+  cmd->add_option("--metric", a->metric, std::string(kMetricHelp) + "; default top1");
+  add_keys_flag(cmd, a->keys);
   cmd->add_option("--save-dir", a->save_dir, "output directory (default analysis_results)");
   cmd->add_option("--checkpoint-name", a->checkpoint_name, "checkpoint file in save_dir (default analysis_checkpoint.json)");
   cmd->add_option("--quantizable-op-type", a->op_types, "op types analysed (default Conv,MatMul,Gemm)");
@@ -449,7 +449,7 @@ Action register_analyze_qat(CLI::App& app) {
     o.num_threads = a->threads;
     SQ_CHECK(o.batch_size > 0, ErrorKind::kInvalidArgument, "--batch-size must be at least 1");
     const std::string metric_name = from("metric", a->metric).empty() ? "top1" : from("metric", a->metric);
-    auto metric = analysis::make_metric(metric_name);
+    auto metric = make_cli_metric(metric_name, a->keys);
     check_save_dir(o.save_dir);
     const analysis::DirectoryLock save_dir_lock(o.save_dir, "--save-dir");
     if (!o.resume && !o.checkpoint_name.empty() &&
@@ -466,9 +466,7 @@ Action register_analyze_qat(CLI::App& app) {
     ir::Graph quant = ir::load_model(quant_path, std::filesystem::is_directory(quant_path) ? mf : "", std::filesystem::is_directory(quant_path) ? pf : "");
     ir::Graph flt = ir::load_model(float_path, std::filesystem::is_directory(float_path) ? mf : "", std::filesystem::is_directory(float_path) ? pf : "");
     auto data = data::open_dataset(flags.options("fashion-mnist:test", &flt));
-    SQ_CHECK(!metric->needs_labels() || data->has_labels(), ErrorKind::kInvalidArgument,
-             "metric '" + metric_name + "' needs labels, but data set '" + data->name() +
-                 "' has none (use --metric cosine, sqnr or top1_agreement)");
+    check_metric_labels(*metric, *data);
     auto report = analysis::analyze_qat(quant, flt, *data, *metric, o);
     std::cout << "analyzed " << report.ranked.size() << " quantized layers on " << report.samples << " samples of "
               << data->name() << " in " << std::fixed << std::setprecision(2) << report.seconds << " s"

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -196,7 +197,7 @@ Action register_run(CLI::App& app) {
 Action register_eval(CLI::App& app) {
   auto* cmd = app.add_subcommand("eval", "evaluate a model on a data set");
   struct Args {
-    std::string model, data, metric = "top1";
+    std::string model, data, metric = "top1", keys, reference;
     DataFlags flags;
     bool json = false;
     size_t batch_size = 64;
@@ -206,7 +207,10 @@ Action register_eval(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("MODEL", a->model, "ONNX model file")->required();
   add_data_flags(cmd, a->flags, a->data);
-  cmd->add_option("--metric", a->metric, "top1 or top5 (needs labels)")->capture_default_str();
+  cmd->add_option("--metric", a->metric, kMetricHelp)->capture_default_str();
+  add_keys_flag(cmd, a->keys);
+  cmd->add_option("--reference", a->reference,
+                  "FP32 model the metrics cosine, sqnr, top1_agreement and mask_iou compare against (fed the same data)");
   cmd->add_option("--batch-size", a->batch_size, "samples per batch")->capture_default_str()->check(positive_integer());
   cmd->add_option("--threads", a->threads, "threads (0 = all cores)")->check(non_negative_integer());
   cmd->add_flag("--json", a->json, "print a JSON object as the last line");
@@ -214,18 +218,30 @@ Action register_eval(CLI::App& app) {
   return [=] {
     DataFlags flags = a->flags;
     if (!a->data.empty()) flags.dataset = a->data;
+    auto metric = make_cli_metric(a->metric, a->keys);  // before loading anything: bad names and key files fail fast
+    SQ_CHECK(!metric->needs_reference() || !a->reference.empty(), ErrorKind::kInvalidArgument,
+             "eval: metric '" + a->metric + "' compares against the FP32 model: give it with --reference FP32.onnx");
+    SQ_CHECK(metric->needs_reference() || a->reference.empty(), ErrorKind::kInvalidArgument,
+             "eval: --reference is only used by cosine, sqnr, top1_agreement and mask_iou, not by '" + a->metric + "'");
     ir::Graph model = load_model_arg(a->model);
     auto dataset = data::open_dataset(flags.options("fashion-mnist:test", &model));
+    check_metric_labels(*metric, *dataset);
     runtime::Session session = make_session(std::move(model), a->threads, a->simulate);
-    auto metric = analysis::make_metric(a->metric);
-    SQ_CHECK(!metric->needs_reference(), ErrorKind::kInvalidArgument,
-             "eval: metric '" + a->metric + "' compares two models; use top1 or top5 here");
+    std::optional<runtime::Session> reference;
     analysis::EvalOptions options;
     options.batch_size = a->batch_size;
+    if (!a->reference.empty()) {
+      // The reference is the FP32 model: a QDQ file given here runs as its float simulation.
+      reference.emplace(load_model_arg(a->reference), session_options(a->threads));
+      options.reference = &*reference;
+    }
     auto r = analysis::evaluate(session, *dataset, *metric, options);
-    std::cout << metric->name() << ": " << std::fixed << std::setprecision(4) << r.value << " (" << r.samples
-              << " samples, " << std::setprecision(2) << r.seconds << " s)" << std::endl;
-    if (a->json) print_json({{metric->name(), r.value}, {"samples", r.samples}, {"seconds", r.seconds}});
+    std::cout << metric->name() << ": " << std::fixed << std::setprecision(4) << r.value;
+    for (const auto& [name, v] : metric->extra_values()) std::cout << ", " << name << ": " << v;
+    std::cout << " (" << r.samples << " samples, " << std::setprecision(2) << r.seconds << " s)" << std::endl;
+    nlohmann::json j{{metric->name(), r.value}, {"samples", r.samples}, {"seconds", r.seconds}};
+    for (const auto& [name, v] : metric->extra_values()) j[name] = v;
+    if (a->json) print_json(j);
     return 0;
   };
 }

@@ -18,7 +18,7 @@ namespace slimquant::cli {
 Action register_quantize(CLI::App& app) {
   auto* cmd = app.add_subcommand("quantize", "post-training quantization to a QDQ ONNX model");
   struct Args {
-    std::string model, data, eval_data, output, config_path, metric = "top1";
+    std::string model, data, eval_data, output, config_path, metric = "top1", keys;
     std::string cache_dir = "./temp_post_training";
     bool use_cache = false;
     DataFlags flags;
@@ -26,6 +26,7 @@ Action register_quantize(CLI::App& app) {
     bool json = false, no_eval = false;
     int threads = 0;
     double fallback_sqnr_db = 20.0;
+    size_t eval_batch_size = 64;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("MODEL", a->model, "FP32 ONNX model (.onnx file, or a directory holding exactly one)")->required();
@@ -41,9 +42,13 @@ Action register_quantize(CLI::App& app) {
       ->capture_default_str()
       ->check(number_range(0.0, 200.0));
   cmd->add_option("--config", a->config_path, "YAML file with the same settings (seed parameter names)");
-  cmd->add_option("--metric", a->metric, "metric printed for FP32 and INT8 (top1/top5 need labels)");
+  cmd->add_option("--metric", a->metric, std::string("metric printed for FP32 and INT8: ") + kMetricHelp);
+  add_keys_flag(cmd, a->keys);
   cmd->add_option("--eval-dataset", a->eval_data, "data set for the FP32/INT8 comparison (default: DATA)");
   cmd->add_flag("--no-eval", a->no_eval, "skip the FP32/INT8 evaluation");
+  cmd->add_option("--eval-batch-size", a->eval_batch_size, "batch size of the FP32/INT8 evaluation")
+      ->capture_default_str()
+      ->check(positive_integer());
   cmd->add_option("--threads", a->threads, "threads (0 = all cores)")->check(non_negative_integer());
   cmd->add_flag("--json", a->json, "print a JSON object as the last line");
   return [=] {
@@ -64,6 +69,8 @@ Action register_quantize(CLI::App& app) {
       fallback_sqnr_db = parse_config_double(extra["fallback_sqnr_db"], "fallback_sqnr_db");
     apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     SQ_CHECK(batch_size > 0, ErrorKind::kInvalidArgument, "--batch-size must be at least 1");
+    // Bad metric names and key files fail before calibration.
+    std::unique_ptr<analysis::Metric> metric = a->no_eval ? nullptr : make_cli_metric(a->metric, a->keys);
 
     // MODEL may be a directory holding exactly one .onnx file (README); from here on, that file.
     const std::string model_file = resolve_model_file(a->model);
@@ -139,9 +146,9 @@ Action register_quantize(CLI::App& app) {
         eval_owned = data::open_dataset(eval_flags.options(a->eval_data, &model));
       }
       const data::Dataset& eval_set = eval_owned ? *eval_owned : *dataset;
-      auto metric = analysis::make_metric(a->metric);
-      if (metric->needs_labels() && !eval_set.has_labels()) {
-        std::cout << "data has no labels: skipping the " << a->metric << " comparison" << std::endl;
+      if ((metric->needs_labels() && !eval_set.has_labels()) || (metric->needs_text_labels() && !eval_set.has_text_labels())) {
+        std::cout << "data has no " << (metric->needs_text_labels() ? "text " : "") << "labels: skipping the "
+                  << a->metric << " comparison" << std::endl;
       } else {
         runtime::SessionOptions so;
         so.num_threads = a->threads;
@@ -150,19 +157,28 @@ Action register_quantize(CLI::App& app) {
         runtime::Session int8 = quant::make_int8_session(qdq, so);
         analysis::EvalOptions eo;
         eo.reference = &fp32;
+        eo.batch_size = a->eval_batch_size;
         eo.progress_label = "eval fp32";
         auto m_fp32 = metric->clone_empty();
         auto m_int8 = metric->clone_empty();
         double v_fp32 = metric->needs_reference() ? 0.0 : analysis::evaluate(fp32, eval_set, *m_fp32, eo).value;
         eo.progress_label = "eval int8";
         double v_int8 = analysis::evaluate(int8, eval_set, *m_int8, eo).value;
-        std::cout << "fp32 " << metric->name() << ": " << std::setprecision(4) << v_fp32 << "\nint8 " << metric->name()
-                  << ": "  << v_int8 << " (" << eval_set.size() << " samples)" << std::endl;
+        // A metric against the FP32 model has no FP32 figure of its own (the reference scores itself perfectly).
+        std::cout << "fp32 " << metric->name() << ": " << std::setprecision(4) << v_fp32;
+        if (!metric->needs_reference())
+          for (const auto& [name, v] : m_fp32->extra_values()) std::cout << ", " << name << ": " << v;
+        std::cout << "\nint8 " << metric->name() << ": " << v_int8;
+        for (const auto& [name, v] : m_int8->extra_values()) std::cout << ", " << name << ": " << v;
+        std::cout << " (" << eval_set.size() << " samples)" << std::endl;
         j["fp32_" + metric->name()] = v_fp32;
         j["int8_" + metric->name()] = v_int8;
+        if (!metric->needs_reference())
+          for (const auto& [name, v] : m_fp32->extra_values()) j["fp32_" + name] = v;
+        for (const auto& [name, v] : m_int8->extra_values()) j["int8_" + name] = v;
         j["samples"] = eval_set.size();
         // Latency of one evaluation-sized batch, both executions in the same process.
-        data::BatchLoader eval_loader(eval_set, std::min<size_t>(32, eval_set.size()));
+        data::BatchLoader eval_loader(eval_set, std::min<size_t>({32, a->eval_batch_size, eval_set.size()}));
         const std::map<std::string, Tensor> feeds =
             eval_loader.batch(0).feeds(data::main_input_name(fp32.input_names(), eval_set));
         const Timing t_fp32 = time_runs(fp32, feeds, 20), t_int8 = time_runs(int8, feeds, 20);

@@ -74,6 +74,33 @@ void apply_ptq_flags(const PtqFlags& f, quant::QuantConfig& config) {
   config.validate();
 }
 
+const char* const kMetricHelp =
+    "top1, top5 (class labels); ctc_exact, ctc_char (text recognition: text labels and --keys); cosine, sqnr, "
+    "top1_agreement, mask_iou (against the FP32 model; mask_iou: detection maps, IoU of prob > 0.3)";
+
+void add_keys_flag(CLI::App* app, std::string& keys) {
+  app->add_option("--keys", keys, "key file of a text recognition model (one character per line, e.g. ppocr_keys_v1.txt) "
+                                  "for --metric ctc_exact / ctc_char");
+}
+
+std::unique_ptr<analysis::Metric> make_cli_metric(const std::string& name, const std::string& keys_file) {
+  analysis::MetricOptions options;
+  options.keys_file = keys_file;
+  auto metric = analysis::make_metric(name, options);
+  SQ_CHECK(keys_file.empty() || metric->needs_text_labels(), ErrorKind::kInvalidArgument,
+           "--keys is only used by the text recognition metrics ctc_exact and ctc_char, not by '" + name + "'");
+  return metric;
+}
+
+void check_metric_labels(const analysis::Metric& metric, const data::Dataset& data) {
+  SQ_CHECK(!metric.needs_labels() || data.has_labels(), ErrorKind::kInvalidArgument,
+           "metric '" + metric.name() + "' needs labels, but data set '" + data.name() +
+               "' has none (use --metric cosine, sqnr or top1_agreement)");
+  SQ_CHECK(!metric.needs_text_labels() || data.has_text_labels(), ErrorKind::kInvalidArgument,
+           "metric '" + metric.name() + "' needs text labels, but data set '" + data.name() +
+               "' has none (npy:DIR reads them from labels.txt, one UTF-8 line per sample)");
+}
+
 void add_data_flags(CLI::App* app, DataFlags& flags, std::string& positional) {
   app->add_option("DATA", positional,
                   "data set: fashion-mnist[:train|:test], images:LIST_FILE, npy:DIR (same as --dataset)");

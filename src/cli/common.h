@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "slimquant/analysis/metric.h"
 #include "slimquant/data/dataset.h"
 #include "slimquant/ir/graph.h"
 #include "slimquant/quant/quant_config.h"
@@ -89,6 +90,16 @@ struct Timing {
   double median_ms = 0, min_ms = 0;
 };
 Timing time_runs(runtime::Session& session, const std::map<std::string, Tensor>& feeds, int runs, int warmup = 3);
+
+// --metric's help text, listing every metric and what it needs.
+extern const char* const kMetricHelp;
+// --keys FILE: the key file recognition metrics (ctc_exact, ctc_char) decode with.
+void add_keys_flag(CLI::App* app, std::string& keys);
+// The metric --metric names, with --keys; fails (exit 5, or 7 for an unreadable key file) before any work.
+std::unique_ptr<analysis::Metric> make_cli_metric(const std::string& name, const std::string& keys_file);
+// kInvalidArgument naming the metric, the data set and what is missing when `data` lacks the labels
+// `metric` reads (class labels or text labels).
+void check_metric_labels(const analysis::Metric& metric, const data::Dataset& data);
 
 // Subcommand registration; each returns the action to run after parsing.
 using Action = std::function<int()>;

@@ -77,6 +77,10 @@ Batch BatchLoader::load_range(size_t first, size_t count) const {
     b.labels.resize(count);
     for (size_t k = 0; k < count; ++k) b.labels[k] = dataset_.label(first + k);
   }
+  if (dataset_.has_text_labels()) {
+    b.texts.reserve(count);
+    for (size_t k = 0; k < count; ++k) b.texts.push_back(dataset_.text_label(first + k));
+  }
   return b;
 }
 

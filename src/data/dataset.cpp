@@ -16,6 +16,10 @@ Tensor Dataset::sample(size_t index) const {
   return t;
 }
 
+const std::string& Dataset::text_label(size_t) const {
+  fail(ErrorKind::kInvalidArgument, "data set '" + name() + "' has no text labels (npy:DIR with a labels.txt has them)");
+}
+
 std::string fashion_mnist_dir() {
   const char* env = std::getenv("SLIMQUANT_FASHION_MNIST_DIR");
   return env && *env ? std::string(env) : std::string("/usr/share/datasets/fashion-mnist");

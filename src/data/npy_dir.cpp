@@ -1,5 +1,6 @@
 // npy:DIR — either one batched array [N, ...] (any file name but labels.npy) or one .npy file per
-// sample (sorted by name, identical shapes), plus an optional labels.npy of N integers. Samples are
+// sample (sorted by name, identical shapes), plus an optional labels.npy of N integers and an
+// optional labels.txt of N text labels (one UTF-8 line per sample, for text recognition). Samples are
 // read from disk on demand (pread on the batched file), so large calibration sets need no RAM.
 #include <fcntl.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "data/preprocess.h"
 #include "slimquant/core/npy.h"
@@ -52,8 +54,9 @@ class NpyDir final : public Dataset {
     std::error_code ec;
     if (!fs::is_directory(dir, ec)) fail(ErrorKind::kIo, "npy directory " + dir + " not found");
     std::vector<std::string> files;
-    std::string labels_file;
+    std::string labels_file, text_labels_file;
     for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+      if (e.path().filename() == "labels.txt" && e.is_regular_file(ec)) text_labels_file = e.path().string();
       if (!e.is_regular_file(ec) || e.path().extension() != ".npy") continue;
       if (e.path().filename() == "labels.npy") labels_file = e.path().string();
       else files.push_back(e.path().string());
@@ -96,6 +99,7 @@ class NpyDir final : public Dataset {
                                         shape_str(stored_shape_) + " hold no values");
     size_ = options.limit ? std::min(total, options.limit) : total;
     if (!labels_file.empty()) load_labels(labels_file, total);
+    if (!text_labels_file.empty()) load_text_labels(text_labels_file, total);
 
     // Channels are the leading sample dimension of [C, H, W] data; other ranks have one channel.
     const bool chw = stored_shape_.size() == 3;
@@ -123,6 +127,14 @@ class NpyDir final : public Dataset {
   size_t size() const override { return size_; }
   const Shape& sample_shape() const override { return shape_; }
   bool has_labels() const override { return !labels_.empty(); }
+  bool has_text_labels() const override { return !texts_.empty(); }
+
+  const std::string& text_label(size_t index) const override {
+    check_index(index, size_, name_);
+    if (texts_.empty())
+      fail(ErrorKind::kInvalidArgument, "data set '" + name_ + "' has no text labels (no labels.txt)");
+    return texts_[index];
+  }
 
   int64_t label(size_t index) const override {
     check_index(index, size_, name_);
@@ -199,6 +211,22 @@ class NpyDir final : public Dataset {
     labels_.resize(size_);
   }
 
+  // One line per sample; "\r\n" line ends are accepted and a final line end is optional.
+  void load_text_labels(const std::string& file, size_t total) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) fail(ErrorKind::kIo, file + ": cannot open");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      texts_.push_back(line);
+    }
+    if (in.bad()) fail(ErrorKind::kIo, file + ": read failed");
+    if (texts_.size() != total)
+      fail(ErrorKind::kInvalidData, file + ": holds " + std::to_string(texts_.size()) + " text labels (lines) for " +
+                                        std::to_string(total) + " samples");
+    texts_.resize(size_);
+  }
+
   std::string name_;
   size_t size_ = 0;
   Shape stored_shape_;  // one sample as stored
@@ -220,6 +248,7 @@ class NpyDir final : public Dataset {
   // Per-sample mode.
   std::vector<std::string> sample_files_;
   std::vector<int64_t> labels_;
+  std::vector<std::string> texts_;
   bool resize_ = false;
   ImageSize from_, to_;
   Normalize norm_;

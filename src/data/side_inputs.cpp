@@ -71,6 +71,8 @@ class WithSideInputs final : public Dataset {
   void load(size_t index, float* dst) const override { base_->load(index, dst); }
   bool has_labels() const override { return base_->has_labels(); }
   int64_t label(size_t index) const override { return base_->label(index); }
+  bool has_text_labels() const override { return base_->has_text_labels(); }
+  const std::string& text_label(size_t index) const override { return base_->text_label(index); }
   const std::vector<SideInput>& side_inputs() const override { return infos_; }
 
   void load_side_input(size_t which, size_t index, void* dst) const override {

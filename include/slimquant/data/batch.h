@@ -17,6 +17,7 @@ namespace slimquant::data {
 struct Batch {
   Tensor inputs;                // [n, ...sample_shape], float32
   std::vector<int64_t> labels;  // n labels, or empty when the data set has none
+  std::vector<std::string> texts;  // n text labels, or empty when the data set has none
   size_t first_index = 0;       // data set index of inputs[0]
   // The data set's side inputs by model input name, each [n, ...its sample_shape].
   std::map<std::string, Tensor> side_inputs;

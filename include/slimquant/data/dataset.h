@@ -39,7 +39,7 @@ struct SideInputSpec {
 // Mirrors the CLI's data flags.
 struct DataOptions {
   // "fashion-mnist" (= test split), "fashion-mnist:train", "fashion-mnist:test",
-  // "images:LIST_FILE", "npy:DIR".
+  // "images:LIST_FILE", "npy:DIR" (with labels.npy for class labels, labels.txt for text labels).
   std::string spec = "fashion-mnist";
   // 1 or C values each, applied as (x - mean[c]) / stddev[c] after pixels are scaled to [0,1].
   // Empty: mean 0 / stddev 1.
@@ -80,6 +80,11 @@ class Dataset {
   virtual bool has_labels() const = 0;
   // Throws kInvalidArgument when the data set has no labels or index is out of range.
   virtual int64_t label(size_t index) const = 0;
+  // Text labels (recognition: the line's text, UTF-8), from npy:DIR's labels.txt. Independent of
+  // the class labels above. text_label throws kInvalidArgument when there are none or index is out
+  // of range.
+  virtual bool has_text_labels() const { return false; }
+  virtual const std::string& text_label(size_t index) const;
 
   // Further model inputs each sample carries (empty for single-input data).
   virtual const std::vector<SideInput>& side_inputs() const;
