@@ -24,9 +24,13 @@
 // Exit status: 1 if any export fails to quantize, load or run, or ORT disagrees with our runtime
 // beyond rounding (cosine below 0.99, or, for classifiers, top-1 agreement below 0.9 on rows whose
 // top two classes are at least 1% of the output's range apart), else 0.
+// Time on 2 cores: fixtures about 30 s, OCR 2 min, the small torchvision set 30-40 min, each of
+// the big four (convnext_tiny, swin_t, vit_b_16, fcn_resnet50) 5-10 min.
 const fs = require('fs');
 const path = require('path');
 const { execFileSync, spawnSync } = require('child_process');
+
+module.paths.unshift(path.join(__dirname, 'node_modules'));  // the two ORTs, without NODE_PATH
 
 const ORT_PACKAGES = { '1.20.1': 'onnxruntime-node', latest: 'onnxruntime-node-latest' };
 
