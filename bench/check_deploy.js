@@ -274,6 +274,9 @@ function checkExport(cli, m, backend, work, timeoutS) {
   const ourName = Object.keys(ours)[0];
   const qcos = agreement(m.fp32Outputs[ourName] || Object.values(m.fp32Outputs)[0], ours[ourName], m.argmaxAxis);
   row.q_cos = qcos.cosine;
+  // torchvision zero-initializes some heads (vit_b_16): a constant output agrees trivially.
+  const ref = m.fp32Outputs[ourName] || Object.values(m.fp32Outputs)[0];
+  row.constant_output = ref.data.every((v) => v === ref.data[0]);
   row.q_top1 = qcos.top1_agree;
   row.ort = {};
   for (const [label, pkg] of Object.entries(ORT_PACKAGES)) {
@@ -338,6 +341,7 @@ function printRow(row) {
     else if (r.run !== 'ok') notes.push(`  ${label} run error: ${firstLine(r.run)}`);
     else if (r.error) notes.push(`  ${label}: ${r.error}`);
   }
+  if (row.constant_output) notes.push('  our FP32 output is constant (zero-initialized head?): the agreement figures say nothing');
   const latest = row.ort.latest || {};
   cells.push(`| ${fmt(latest.unfused_vs_ours && latest.unfused_vs_ours.cosine, 5).padStart(16)} ${fmt(latest.unfused_vs_ort && latest.unfused_vs_ort.cosine, 5)}`);
   console.log(cells.join(' '));
