@@ -2,6 +2,9 @@
 # Installs every dependency slimquant needs from Debian packages, plus onnxruntime-node (npm,
 # --ignore-scripts) for the peer benchmarks. Idempotent; safe to rerun.
 #   --fuzz: also clang and libFuzzer for scripts/fuzz.sh (the normal build and tests need neither).
+#   --bench: also what only the benchmarks need: bench/ocr/render_ocr_sets.py's text rendering
+#            (Chinese and Latin fonts, PIL) and PaddleOCR's cv2 resize (python3-opencv pulls every
+#            OpenCV module, so it stays out of the default install).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,17 +14,16 @@ DEBIAN_PACKAGES=(
   libdnnl-dev ocl-icd-opencl-dev opencl-c-headers  # Debian's oneDNN cmake config requires OpenCL
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libcairo2-dev poppler-utils
-  libopencv-dev zlib1g-dev
+  libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libonnx-testdata dataset-fashion-mnist
   python3-torch python3-onnx python3-numpy libopenblas0-pthread
-  # bench/ocr/render_ocr_sets.py: text rendering (Chinese and Latin fonts) and PaddleOCR's cv2 resize
-  python3-pil python3-opencv fonts-wqy-microhei fonts-wqy-zenhei fonts-dejavu-core
 )
 # Node.js runs ONNX Runtime for peer comparisons; keep an existing install (e.g. nodesource).
 command -v node >/dev/null 2>&1 || DEBIAN_PACKAGES+=(nodejs npm)
 # The fuzz build: clang with its sanitizer and libFuzzer runtimes, and clang's OpenMP.
 [ "${1:-}" = "--fuzz" ] && DEBIAN_PACKAGES+=(clang libfuzzer-14-dev libclang-rt-14-dev libomp-14-dev)
+[ "${1:-}" = "--bench" ] && DEBIAN_PACKAGES+=(python3-pil python3-opencv fonts-wqy-microhei fonts-wqy-zenhei fonts-dejavu-core)
 
 missing=()
 for p in "${DEBIAN_PACKAGES[@]}"; do

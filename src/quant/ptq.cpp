@@ -306,6 +306,16 @@ ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) 
       const QuantScheme scheme =
           activation_scheme(lo < 0 ? QuantScheme::kSymmetric : QuantScheme::kUnsignedZeroPoint0);
       for (const auto& m : members) act[m] = params_from_range({lo, hi}, scheme);
+    } else if (node.op_type == "Softmax" && act.count(node.outputs[0]) &&
+               config_.deploy_backend != DeployBackend::kTensorRT) {
+      // Probabilities: the fixed u8 grid 1/256 with zero point 0, as ONNX Runtime's quantizer
+      // writes it. ORT's fused QLinearSoftmax returns 0 for large outputs when the scale is below
+      // 1/256 (1.20.1 and 1.30.0: a calibrated 0.00249 turned [0.54, 0.46] into [0, 0]).
+      QuantParams p;
+      p.dtype = QuantDType::kU8;
+      p.scale = {1.f / 256.f};
+      p.zero_point = {0};
+      act[node.outputs[0]] = p;
     } else if (kPassThroughOps.count(node.op_type) && !node.inputs.empty() && act.count(node.inputs[0])) {
       for (const auto& o : node.outputs)
         if (act.count(o)) act[o] = act[node.inputs[0]];

@@ -106,6 +106,25 @@ TEST(DeployBackend, OnnxRuntimeFormOnResnet) {
   EXPECT_GT(top1(g, 2000), 0.905);
 }
 
+// Quantized Softmax outputs use ORT's fixed grid (1/256, u8, zero point 0): its fused
+// QLinearSoftmax returns zeros for smaller calibrated scales.
+TEST(DeployBackend, SoftmaxOutputsGetTheFixedProbabilityGrid) {
+  const ir::Graph g = test::calibrated_qdq("vit_small", 64, config_for(quant::DeployBackend::kOnnxRuntime));
+  int softmax_outputs = 0;
+  for (const auto& n : g.nodes) {
+    if (n.op_type != "Softmax") continue;
+    for (int c : g.consumers(n.outputs[0])) {
+      const ir::Node& q = g.nodes[static_cast<size_t>(c)];
+      if (!is_q(q)) continue;
+      ++softmax_outputs;
+      EXPECT_EQ(g.initializer(q.inputs[1])->data<float>()[0], 1.f / 256.f) << q.describe();
+      EXPECT_EQ(g.initializer(q.inputs[2])->dtype(), DType::kUInt8) << q.describe();
+      EXPECT_EQ(g.initializer(q.inputs[2])->data<uint8_t>()[0], 0) << q.describe();
+    }
+  }
+  EXPECT_GT(softmax_outputs, 0);
+}
+
 // Folding a Relu / Clip into the QuantizeLinear changes no value, and is refused where the grid
 // does not clip at the activation's bounds.
 TEST(DeployBackend, FoldingAnActivationIntoQuantizeIsExactAndOnlyWhereTheGridClips) {
