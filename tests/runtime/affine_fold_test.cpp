@@ -9,39 +9,19 @@
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/optimize.h"
 #include "slimquant/runtime/session.h"
+#include "graph_builder.h"
 
 using namespace slimquant;
 
 namespace {
 
-Tensor random_tensor(const Shape& shape, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
-  Tensor t(DType::kFloat32, shape);
-  std::uniform_real_distribution<float> d(lo, hi);
-  for (auto& v : t.values<float>()) v = d(rng);
-  return t;
-}
+using test::random_tensor;
 
-struct GraphBuilder {
-  ir::Graph g;
+struct AffineGraph : test::GraphBuilder {
   std::mt19937 rng{3};
-  GraphBuilder() {
+  AffineGraph() {
     g.opset = 13;
     g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{1, ""}, {4, ""}, {7, ""}, {6, ""}}});
-  }
-  std::string constant(Tensor t) {
-    const std::string name = g.unique_value_name("c");
-    g.initializers[name] = std::move(t);
-    return name;
-  }
-  std::string node(const std::string& op, std::vector<std::string> in, std::map<std::string, ir::AttributeValue> attrs = {}) {
-    ir::Node n;
-    n.op_type = op;
-    n.name = op + std::to_string(g.nodes.size());
-    n.inputs = std::move(in);
-    n.outputs = {n.name + "_out"};
-    n.attrs = std::move(attrs);
-    g.nodes.push_back(n);
-    return n.outputs[0];
   }
   // A 3x3 Conv with padding 1 (4 -> 5 channels), with or without a bias.
   std::string conv(const std::string& x, bool bias) {
@@ -93,7 +73,7 @@ TEST(FoldAffineIntoConv, ScalarAndPerChannelMulAddWithAndWithoutBiasFoldExactly)
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    GraphBuilder b;
+    AffineGraph b;
     std::string y = b.conv("x", c.bias);
     if (c.mul) {
       // Negative factors included: they flip whole output channels.
@@ -112,7 +92,7 @@ TEST(FoldAffineIntoConv, ScalarAndPerChannelMulAddWithAndWithoutBiasFoldExactly)
 }
 
 TEST(FoldAffineIntoConv, SubAndDivByConstantsFold) {
-  GraphBuilder b;
+  AffineGraph b;
   std::string y = b.conv("x", true);
   y = b.node("Div", {y, b.constant(Tensor::from_vector<float>({5, 1, 1}, {2.f, -4.f, 0.5f, 8.f, -0.25f}))});
   y = b.node("Sub", {y, b.constant(Tensor::from_vector<float>({1}, {0.75f}))});
@@ -126,7 +106,7 @@ TEST(FoldAffineIntoConv, SubAndDivByConstantsFold) {
 TEST(FoldAffineIntoConv, LeavesWhatIsNotAPerChannelConstantOrIsReadElsewhere) {
   // A constant that varies over space, c - conv (a negated Conv: not this fold), division by a zero,
   // and a Conv output another node also reads.
-  GraphBuilder b;
+  AffineGraph b;
   const std::string c1 = b.conv("x", true);
   const std::string spatial = b.node("Mul", {c1, b.constant(random_tensor({1, 5, 7, 6}, b.rng))});
   const std::string c2 = b.conv("x", true);
@@ -147,7 +127,7 @@ TEST(FoldAffineIntoConv, LeavesWhatIsNotAPerChannelConstantOrIsReadElsewhere) {
 // into it, and the second pair becomes its post affine map: one node left.
 TEST(FoldAffineIntoConv, PpLcNetV3BlockRunsAsOneConvWithPostOps) {
   for (float post_scale : {0.42f, -0.9f}) {
-    GraphBuilder b;
+    AffineGraph b;
     auto scalar = [&](float v) { return b.constant(Tensor::from_vector<float>({1}, {v})); };
     std::string y = b.conv("x", true);
     y = b.node("Mul", {scalar(2.1f), y});

@@ -10,20 +10,15 @@
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/optimize.h"
 #include "slimquant/runtime/session.h"
+#include "graph_builder.h"
 
 using namespace slimquant;
 
 namespace {
 
-Tensor random_tensor(const Shape& shape, std::mt19937& rng, float lo, float hi) {
-  Tensor t(DType::kFloat32, shape);
-  std::uniform_real_distribution<float> d(lo, hi);
-  for (auto& v : t.values<float>()) v = d(rng);
-  return t;
-}
+using test::random_tensor;
 
-struct Builder {
-  ir::Graph g;
+struct Builder : test::GraphBuilder {
   std::mt19937 rng{5};
   explicit Builder(int64_t opset) { g.opset = opset; }
   std::string input(const Shape& shape) {
@@ -31,21 +26,6 @@ struct Builder {
     for (int64_t d : shape) vi.dims->push_back(ir::Dim{d, ""});
     g.inputs.push_back(vi);
     return "x";
-  }
-  std::string constant(Tensor t) {
-    const std::string name = g.unique_value_name("c");
-    g.initializers[name] = std::move(t);
-    return name;
-  }
-  std::string node(const std::string& op, std::vector<std::string> in, std::map<std::string, ir::AttributeValue> attrs = {}) {
-    ir::Node n;
-    n.op_type = op;
-    n.name = op + std::to_string(g.nodes.size());
-    n.inputs = std::move(in);
-    n.outputs = {n.name + "_out"};
-    n.attrs = std::move(attrs);
-    g.nodes.push_back(n);
-    return n.outputs[0];
   }
   std::string qdq(const std::string& x, float scale, int8_t zp) {
     const std::string s = constant(Tensor::scalar<float>(scale)), z = constant(Tensor::scalar<int8_t>(zp));

@@ -1,0 +1,41 @@
+#pragma once
+// Graphs built node by node for runtime tests, and random float tensors to feed them.
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "slimquant/core/tensor.h"
+#include "slimquant/ir/graph.h"
+
+namespace slimquant::test {
+
+inline Tensor random_tensor(const Shape& shape, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
+  Tensor t(DType::kFloat32, shape);
+  std::uniform_real_distribution<float> d(lo, hi);
+  for (auto& v : t.values<float>()) v = d(rng);
+  return t;
+}
+
+struct GraphBuilder {
+  ir::Graph g;
+  // A new initializer holding t; returns its name.
+  std::string constant(Tensor t) {
+    const std::string name = g.unique_value_name("c");
+    g.initializers[name] = std::move(t);
+    return name;
+  }
+  // Appends an op_type node named after its position, with one output; returns the output's name.
+  std::string node(const std::string& op, std::vector<std::string> in, std::map<std::string, ir::AttributeValue> attrs = {}) {
+    ir::Node n;
+    n.op_type = op;
+    n.name = op + std::to_string(g.nodes.size());
+    n.inputs = std::move(in);
+    n.outputs = {n.name + "_out"};
+    n.attrs = std::move(attrs);
+    g.nodes.push_back(n);
+    return n.outputs[0];
+  }
+};
+
+}  // namespace slimquant::test
