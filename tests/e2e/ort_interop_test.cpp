@@ -63,9 +63,14 @@ TEST_P(OrtInterop, ExportLoadsAndTop1MatchesInBothOnnxRuntimes) {
   runtime::Session ours = quant::make_int8_session(ir::load_onnx(path));
   auto metric = analysis::make_metric("top1");
   const double our_top1 = analysis::evaluate(ours, *test_set, *metric).value;
+  // ONNX Runtime documents that its u8 x s8 kernels may saturate on x86 CPUs without VNNI (its
+  // `reduce_range` advice); there its top-1 may move by more than rounding. This CPU, not oneDNN's
+  // ISA limit, decides what ORT runs.
+  const bool ort_exact = __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
+  const double tolerance = ort_exact ? 0.001 : 0.01;
   for (const char* which : {"pinned", "latest"}) {
     const double ort = ort_top1(path, which);
-    EXPECT_NEAR(our_top1, ort, 0.001) << which << ": slimquant " << our_top1 << " vs ONNX Runtime " << ort;
+    EXPECT_NEAR(our_top1, ort, tolerance) << which << ": slimquant " << our_top1 << " vs ONNX Runtime " << ort;
   }
 }
 
