@@ -111,9 +111,13 @@ Action register_quantize(CLI::App& app) {
     std::cout << " -> " << a->output << std::endl;
     const quant::PrecisionFallbackResult& fallback = ptq.fallback();
     if (fallback.triggered) {
-      std::cout << "precision fallback: INT8 output SQNR " << std::setprecision(1) << fallback.sqnr_db_before
+      std::cout << "precision fallback: INT8 output SQNR " << std::setprecision(1) << fallback.sqnr_db_per_tensor
                 << " dB < " << fallback_sqnr_db << " dB on the first calibration samples; ";
-      if (fallback.float_layers.empty()) {
+      if (fallback.channel_wise_conv_inputs)
+        std::cout << "convolution inputs quantized per channel: " << fallback.sqnr_db_before << " dB; ";
+      if (fallback.sqnr_db_before >= fallback_sqnr_db) {
+        std::cout << "no layer left in float" << std::endl;
+      } else if (fallback.float_layers.empty()) {
         std::cout << "no layer left in float helps" << std::endl;
       } else {
         std::cout << fallback.float_layers.size() << " of " << ptq.ptq().layers().size() << " layers kept in float (";
@@ -133,6 +137,8 @@ Action register_quantize(CLI::App& app) {
                      {"weight_bits", weight_bits},
                      {"deploy_backend", quant::deploy_backend_name(config.deploy_backend)},
                      {"fallback_float_layers", fallback.float_layers},
+                     {"fallback_channel_wise_conv_inputs", fallback.channel_wise_conv_inputs},
+                     {"fallback_sqnr_db_per_tensor", fallback.sqnr_db_per_tensor},
                      {"fallback_sqnr_db_before", fallback.sqnr_db_before},
                      {"fallback_sqnr_db_after", fallback.sqnr_db_after},
                      {"output", a->output},

@@ -69,6 +69,7 @@ QuantConfig PostTrainingQuantization::make_config() const {
   c.skip_tensor_list = options_.skip_tensor_list;
   c.skip_quant = options_.skip_quant;
   c.asymmetric_activations = options_.asymmetric_activations;
+  c.bias_correction = options_.bias_correction;
   c.deploy_backend = parse_deploy_backend(options_.deploy_backend);
   return c;
 }

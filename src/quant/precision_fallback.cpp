@@ -54,7 +54,7 @@ std::vector<std::string> compared_values(const ir::Graph& g) {
 }
 }  // namespace
 
-PrecisionFallbackResult choose_precision_fallback(const PTQ& ptq, const std::map<std::string, Tensor>& samples,
+PrecisionFallbackResult choose_precision_fallback(PTQ& ptq, const std::map<std::string, Tensor>& samples,
                                                   const PrecisionFallbackOptions& options) {
   PrecisionFallbackResult result;
   const auto& layers = ptq.layers();
@@ -75,23 +75,42 @@ PrecisionFallbackResult choose_precision_fallback(const PTQ& ptq, const std::map
   result.sqnr_db_before = result.sqnr_db_after = sqnr_without({});
   if (result.sqnr_db_before >= options.target_sqnr_db) return result;
   result.triggered = true;
+  result.sqnr_db_per_tensor = result.sqnr_db_before;
+  if (!ptq.channel_abs_max().empty() && !ptq.channel_wise_conv_inputs()) {
+    ptq.set_channel_wise_conv_inputs(true);
+    const double channel_wise = sqnr_without({});
+    if (channel_wise > result.sqnr_db_before) {
+      result.channel_wise_conv_inputs = true;
+      result.sqnr_db_before = result.sqnr_db_after = channel_wise;
+      if (channel_wise >= options.target_sqnr_db) return result;
+    } else {
+      ptq.set_channel_wise_conv_inputs(false);
+    }
+  }
 
-  // Rank: the SQNR each layer alone in float gives back.
-  std::vector<std::pair<double, std::string>> gains;
+  // Rank: the output SQNR with each layer alone quantized, most damaging first. Leave-one-out
+  // ranking (each layer alone in float) finds only the single worst layer on a model whose errors
+  // compound: with everything else quantized, one more float layer barely moves the output
+  // (PP-OCRv4 rec: it chose one layer, 80.5 exact; this ranking's five layers: within a point of FP32).
+  std::vector<std::pair<double, std::string>> damage;
   Progress progress("fallback", layers.size(), "layers");
   for (const auto& l : layers) {
-    gains.push_back({sqnr_without({l.name}), l.name});
+    PrecisionFallbackResult only;
+    for (const auto& other : layers)
+      if (other.name != l.name) only.float_layers.push_back(other.name);
+    ++result.evaluations;
+    runtime::Session session(ptq.convert(only.quantized_layers(ptq)), so);
+    damage.push_back({output_sqnr_db(reference, session.run(samples, compared)), l.name});
     progress.advance();
   }
   progress.finish();
-  std::stable_sort(gains.begin(), gains.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::stable_sort(damage.begin(), damage.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   const auto budget = static_cast<size_t>(std::ceil(options.max_float_fraction * static_cast<double>(layers.size())));
   std::vector<std::string> chosen;
   double best = result.sqnr_db_before;
-  for (size_t k = 0; k < std::min(budget, gains.size()); ++k) {
-    if (gains[k].first <= result.sqnr_db_before) break;  // leaving it in float does not help
-    chosen.push_back(gains[k].second);
-    const double s = chosen.size() == 1 ? gains[k].first : sqnr_without(chosen);
+  for (size_t k = 0; k < std::min(budget, damage.size()); ++k) {
+    chosen.push_back(damage[k].second);
+    const double s = sqnr_without(chosen);
     if (s > best) {
       best = s;
       result.float_layers = chosen;

@@ -36,9 +36,28 @@ std::string fnv1a_hex(std::string_view bytes) {
 
 std::string layer_name(const ir::Node& n) { return n.name.empty() ? n.outputs.at(0) : n.name; }
 
+// max |x| per channel (axis 1) of an [N, C, ...] value, merged into `abs_max` (sized on first use).
+// The observer has already refused NaN / Inf.
+void observe_channel_abs_max(const Tensor& x, std::vector<float>& abs_max) {
+  if (x.rank() < 2) return;
+  const int64_t n = x.shape()[0], c = x.shape()[1], inner = x.numel() / std::max<int64_t>(1, n * c);
+  if (abs_max.empty()) abs_max.assign(static_cast<size_t>(c), 0.f);
+  SQ_CHECK(static_cast<int64_t>(abs_max.size()) == c, ErrorKind::kInvalidData,
+           "the channel count changed between calibration batches (" + std::to_string(abs_max.size()) + " then " +
+               std::to_string(c) + ")");
+  const float* p = x.data<float>();
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t ch = 0; ch < c; ++ch) {
+      float m = abs_max[static_cast<size_t>(ch)];
+      for (int64_t i = 0; i < inner; ++i) m = std::max(m, std::fabs(p[(b * c + ch) * inner + i]));
+      abs_max[static_cast<size_t>(ch)] = m;
+    }
+}
+
 }  // namespace
 
-Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales, int64_t axis, int bits) {
+Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales, int64_t axis, int bits,
+                          bool bias_correction) {
   SQ_CHECK(weight.dtype() == DType::kFloat32, ErrorKind::kInvalidArgument, "weights to quantize must be float32");
   SQ_CHECK(bits >= 2 && bits <= 8, ErrorKind::kInvalidArgument, "weight bits must be in [2, 8]");
   const float qmax = static_cast<float>((1 << (bits - 1)) - 1);
@@ -54,6 +73,30 @@ Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales
   for (int64_t i = 0; i < weight.numel(); ++i) {
     const int64_t c = scales.size() == 1 ? 0 : (i / inner) % channels;
     const float v = std::nearbyint(w[i] / scales[c]);  // FE_TONEAREST: half to even
+    out[i] = static_cast<int8_t>(std::clamp(v, -qmax, qmax));
+  }
+  if (!bias_correction) return q;
+  // Per channel: mean and standard deviation of the float (w) and dequantized (d) values.
+  const auto n = static_cast<size_t>(scales.size() == 1 ? 1 : channels);
+  std::vector<double> sum_w(n), sum_w2(n), sum_d(n), sum_d2(n), count(n);
+  auto channel_of = [&](int64_t i) { return static_cast<size_t>(scales.size() == 1 ? 0 : (i / inner) % channels); };
+  for (int64_t i = 0; i < weight.numel(); ++i) {
+    const size_t c = channel_of(i);
+    const double d = static_cast<double>(out[i]) * scales[c];
+    sum_w[c] += w[i], sum_w2[c] += static_cast<double>(w[i]) * w[i];
+    sum_d[c] += d, sum_d2[c] += d * d, count[c] += 1;
+  }
+  std::vector<double> mean_w(n), mean_d(n), ratio(n, 1.0);
+  for (size_t c = 0; c < n; ++c) {
+    mean_w[c] = sum_w[c] / count[c], mean_d[c] = sum_d[c] / count[c];
+    const double var_w = std::max(0.0, sum_w2[c] / count[c] - mean_w[c] * mean_w[c]);
+    const double var_d = std::max(0.0, sum_d2[c] / count[c] - mean_d[c] * mean_d[c]);
+    if (var_d > 0) ratio[c] = std::sqrt(var_w / var_d);
+  }
+  for (int64_t i = 0; i < weight.numel(); ++i) {
+    const size_t c = channel_of(i);
+    const double corrected = (static_cast<double>(out[i]) * scales[c] - mean_d[c]) * ratio[c] + mean_w[c];
+    const float v = std::nearbyint(static_cast<float>(corrected / scales[c]));
     out[i] = static_cast<int8_t>(std::clamp(v, -qmax, qmax));
   }
   return q;
@@ -93,6 +136,7 @@ void PTQ::quantize(const ir::Graph& float_graph) {
   }
   layers_.clear();
   observers_.clear();
+  channel_abs_max_.clear();
   batches_ = 0;
   std::unordered_set<std::string> names;
   for (auto& node : float_graph_.nodes) {
@@ -149,6 +193,10 @@ void PTQ::quantize(const ir::Graph& float_graph) {
       }
     }
     if (layer.activations.empty() && layer.weight.empty()) continue;
+    // Convolution inputs also get per-channel maxima (set_channel_wise_conv_inputs).
+    if (node.op_type == "Conv" && !layer.weight.empty() && float_graph_.initializer(layer.weight)->rank() >= 3 &&
+        !layer.activations.empty() && layer.activations[0] == node.input(0))
+      channel_abs_max_[node.input(0)];
     layers_.push_back(std::move(layer));
   }
   warnings_ = config_.unmatched_skips(float_graph_);
@@ -171,14 +219,16 @@ void PTQ::sample(const std::map<std::string, Tensor>& feeds) {
   for (const auto& [name, obs] : observers_) wanted.push_back(name);
   run.observe = wanted;  // seen by the hook, then released: memory stays that of inference
   // Every activation observer depends only on each sample's multiset of values, so blocked
-  // activations are observed in place, without a plain copy.
-  run.observe_in_any_layout = true;
+  // activations could be observed in place, without a plain copy; the per-channel maxima need
+  // the channels where the plain layout has them.
+  run.observe_in_any_layout = channel_abs_max_.empty();
   run.on_value = [&](const std::string& name, const Tensor& value) {
     auto it = observers_.find(name);
     if (it == observers_.end()) return;
     if (value.dtype() != DType::kFloat32) return;
     try {
       it->second->observe(value);
+      if (auto ch = channel_abs_max_.find(name); ch != channel_abs_max_.end()) observe_channel_abs_max(value, ch->second);
     } catch (const Error& e) {
       throw Error(e.kind(), "calibration batch " + std::to_string(batches_) + ", tensor '" + name + "': " + e.what());
     }
@@ -194,7 +244,7 @@ void PTQ::sample(const Tensor& batch) {
 }
 
 namespace {
-constexpr char kCacheMagic[] = "slimquant-calibration-v1";
+constexpr char kCacheMagic[] = "slimquant-calibration-v2";
 }
 
 void PTQ::save_calibration_state(const std::string& path, const std::string& data_identity) const {
@@ -204,6 +254,11 @@ void PTQ::save_calibration_state(const std::string& path, const std::string& dat
   for (const auto& [tensor, obs] : observers_) {
     out << tensor << '\n';
     obs->save_state(out);
+  }
+  for (const auto& [tensor, abs_max] : channel_abs_max_) {
+    out << tensor << '\n' << abs_max.size() << std::hexfloat;
+    for (float v : abs_max) out << ' ' << v;
+    out << std::defaultfloat << '\n';
   }
   write_file_atomic(path, out.str());
 }
@@ -231,6 +286,22 @@ bool PTQ::load_calibration_state(const std::string& path, const std::string& dat
     } catch (const Error& e) {
       throw Error(e.kind(), "calibration cache '" + path + "', tensor '" + tensor + "': " + e.what());
     }
+  }
+  for (auto& [tensor, abs_max] : channel_abs_max_) {
+    std::string stored, values;
+    std::getline(in >> std::ws, stored);
+    std::getline(in, values);
+    std::istringstream line(values);
+    size_t count = 0;
+    line >> count;
+    abs_max.assign(count, 0.f);
+    for (float& v : abs_max) {
+      std::string word;
+      line >> word;
+      v = std::strtof(word.c_str(), nullptr);  // hexfloat: exact
+    }
+    SQ_CHECK(stored == tensor && !line.fail(), ErrorKind::kInvalidData,
+             "calibration cache '" + path + "' is corrupt: expected the channel maxima of '" + tensor + "'");
   }
   batches_ = std::stoul(batches);
   return true;
@@ -262,18 +333,18 @@ QuantParams PTQ::activation_params(const std::string& tensor) const {
   return obs.params(activation_scheme(obs.default_scheme()));
 }
 
-std::unique_ptr<Observer> PTQ::weight_observer(const Layer& layer) const {
+std::unique_ptr<Observer> PTQ::weight_observer(const Layer& layer, const Tensor* weight) const {
   ObserverOptions options = config_.observer_options;
   options.channel_axis = layer.weight_axis;
   options.weight_bits = config_.effective_weight_bits();
   auto obs = make_weight_observer(layer.weight_observer, options);
-  obs->observe(*float_graph_.initializer(layer.weight));
+  obs->observe(weight ? *weight : *float_graph_.initializer(layer.weight));
   return obs;
 }
 
-QuantParams PTQ::weight_params(const Layer& layer) const {
+QuantParams PTQ::weight_params(const Layer& layer, const Tensor* weight) const {
   SQ_CHECK(!layer.weight.empty(), ErrorKind::kInvalidArgument, "layer '" + layer.name + "' has no weight");
-  return weight_observer(layer)->params(QuantScheme::kSymmetric);
+  return weight_observer(layer, weight)->params(QuantScheme::kSymmetric);
 }
 
 ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) const {
@@ -325,12 +396,99 @@ ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) 
   QdqExportOptions options;
   options.quantize_bias = config_.deploy_backend == DeployBackend::kOnnxRuntime;
   options.state_weight_zero_points = config_.deploy_backend != DeployBackend::kSlimquant;
+  options.bias_correction = config_.bias_correction;
   ir::Graph out =
       write_qdq_graph(float_graph_, chosen, act, [this](const Layer& l) { return weight_params(l); }, options);
+  if (channel_wise_conv_inputs_ && config_.deploy_backend == DeployBackend::kSlimquant)
+    rewrite_channel_wise_conv_inputs(out, chosen, act);
   if (config_.deploy_backend == DeployBackend::kOnnxRuntime) fold_activations_into_quantize(out);
   out.metadata["slimquant.weight_bits"] = std::to_string(config_.effective_weight_bits());
   out.metadata["slimquant.deploy_backend"] = deploy_backend_name(config_.deploy_backend);
   return out;
+}
+
+void PTQ::rewrite_channel_wise_conv_inputs(ir::Graph& g, const std::vector<const Layer*>& chosen,
+                                           const std::map<std::string, QuantParams>& act) const {
+  std::map<std::string, std::string> integers;            // conv input -> its DequantizeLinear(1) output
+  std::map<std::string, std::vector<float>> scales_of;   // conv input -> s_c
+  std::vector<ir::Node> added;
+  for (const Layer* l : chosen) {
+    if (l->op_type != "Conv" || l->weight.empty() || l->activations.empty()) continue;
+    const std::string& x = l->activations[0];
+    const auto stats = channel_abs_max_.find(x);
+    const auto p = act.find(x);
+    if (stats == channel_abs_max_.end() || stats->second.empty() || p == act.end() || p->second.scale.size() != 1 ||
+        p->second.zero_point[0] != 0)
+      continue;
+    auto node = std::find_if(g.nodes.begin(), g.nodes.end(), [&](const ir::Node& n) { return n.name == l->name; });
+    if (node == g.nodes.end()) continue;
+    const Tensor& w = *float_graph_.initializer(l->weight);
+    const int64_t out_channels = w.shape()[0], group_in = w.shape()[1];
+    const int64_t group = node->attr_int("group", 1);
+    if (group <= 0 || out_channels % group != 0 || group * group_in != static_cast<int64_t>(stats->second.size())) continue;
+
+    if (!integers.count(x)) {
+      const bool u8 = p->second.dtype == QuantDType::kU8;
+      const float qmax = u8 ? 255.f : 127.f;
+      std::vector<float> s(stats->second.size());
+      for (size_t c = 0; c < s.size(); ++c)
+        s[c] = stats->second[c] > 0.f && std::isfinite(stats->second[c]) ? stats->second[c] / qmax : p->second.scale[0];
+      const auto channels = static_cast<int64_t>(s.size());
+      const std::string scale = g.unique_value_name(x + "_cs");
+      g.initializers[scale] = Tensor::from_vector<float>({channels}, s);
+      const std::string zp = g.unique_value_name(x + "_czp");
+      g.initializers[zp] = u8 ? Tensor(DType::kUInt8, {channels}) : Tensor(DType::kInt8, {channels});
+      const std::string one = g.unique_value_name(x + "_one");
+      g.initializers[one] = Tensor::scalar<float>(1.f);
+      const std::string zp0 = g.unique_value_name(x + "_czp0");
+      g.initializers[zp0] = u8 ? Tensor::scalar<uint8_t>(0) : Tensor::scalar<int8_t>(0);
+      ir::Node q, dq;
+      q.op_type = "QuantizeLinear";
+      q.inputs = {x, scale, zp};
+      q.outputs = {g.unique_value_name(x + "_cq")};
+      q.attrs["axis"] = int64_t{1};
+      g.value_info[q.outputs[0]] = {q.outputs[0], DType::kUndefined, std::nullopt};
+      dq.op_type = "DequantizeLinear";
+      dq.inputs = {q.outputs[0], one, zp0};
+      dq.outputs = {g.unique_value_name(x + "_cdq")};
+      g.value_info[dq.outputs[0]] = {dq.outputs[0], DType::kUndefined, std::nullopt};
+      integers[x] = dq.outputs[0];
+      scales_of[x] = std::move(s);
+      added.push_back(std::move(q));
+      added.push_back(std::move(dq));
+    }
+    // W'[o, i] = W[o, i] s_c with c = (o / (O / group)) * (C / group) + i, quantized per output channel.
+    const std::vector<float>& s = scales_of[x];
+    Tensor scaled = w.clone();
+    const int64_t inner = w.numel() / (out_channels * group_in);
+    float* pw = scaled.data<float>();
+    for (int64_t o = 0; o < out_channels; ++o)
+      for (int64_t i = 0; i < group_in; ++i) {
+        const float sc = s[static_cast<size_t>((o / (out_channels / group)) * group_in + i)];
+        for (int64_t k = 0; k < inner; ++k) pw[(o * group_in + i) * inner + k] *= sc;
+      }
+    const QuantParams wp = weight_params(*l, &scaled);
+    const std::string wq = g.unique_value_name(l->weight + "_cq");
+    g.initializers[wq] = quantize_weight_s8(scaled, wp.scale, l->weight_axis, wp.bits, config_.bias_correction);
+    const std::string ws = g.unique_value_name(l->weight + "_cs");
+    g.initializers[ws] = Tensor::from_vector<float>({static_cast<int64_t>(wp.scale.size())}, wp.scale);
+    ir::Node dqw;
+    dqw.op_type = "DequantizeLinear";
+    dqw.inputs = {wq, ws};
+    dqw.outputs = {g.unique_value_name(l->weight + "_cdq")};
+    g.value_info[dqw.outputs[0]] = {dqw.outputs[0], DType::kUndefined, std::nullopt};
+    dqw.attrs["axis"] = l->weight_axis;
+    node->inputs[0] = integers[x];
+    node->inputs[1] = dqw.outputs[0];
+    added.push_back(std::move(dqw));
+  }
+  if (added.empty()) return;
+  for (auto& n : added) g.nodes.push_back(std::move(n));
+  g.value_info.clear();
+  g.topological_sort();
+  g.remove_dead_nodes();  // the per-tensor Q/DQ and weight DQ no reader needs any more
+  g.validate();
+  g.metadata["slimquant.channel_wise_inputs"] = std::to_string(scales_of.size());
 }
 
 }  // namespace slimquant::quant

@@ -102,7 +102,7 @@ ir::Graph write_qdq_graph(const ir::Graph& float_graph, const std::vector<const 
     const Tensor& w = *float_graph.initializer(layer.weight);
     const std::string base = layer.weight;
     const std::string wq = g.unique_value_name(base + "_q");
-    g.initializers[wq] = quantize_weight_s8(w, wp.scale, layer.weight_axis, wp.bits);
+    g.initializers[wq] = quantize_weight_s8(w, wp.scale, layer.weight_axis, wp.bits, options.bias_correction);
     const std::string scale = g.unique_value_name(base + "_s");
     const int64_t channels = static_cast<int64_t>(wp.scale.size());
     g.initializers[scale] = Tensor::from_vector<float>({channels}, wp.scale);

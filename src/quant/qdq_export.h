@@ -20,6 +20,8 @@ struct QdqExportOptions {
   // keep the float tensor. true (QAT): every reader does, as in the training graph, where the
   // quanter sits on the tensor itself.
   bool rewire_all_readers = false;
+  // QuantConfig::bias_correction for the weights.
+  bool bias_correction = false;
   // Conv / Gemm float biases become int32 initializers (scale = x scale * weight scale, per channel)
   // read through a DequantizeLinear, as ONNX Runtime's quantizer writes them (its QLinearConv
   // fusion takes the bias only in that form).

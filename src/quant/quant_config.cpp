@@ -170,6 +170,7 @@ std::string QuantConfig::fingerprint() const {
   for (const auto& t : skip_quant) os << t << ',';
   os << "|backend:" << deploy_backend_name(deploy_backend) << "|asym:" << asymmetric_activations << "|hist:" << observer_options.hist_percent << ',' << observer_options.bins
      << "|wbits:" << effective_weight_bits();
+  if (bias_correction) os << "|bias_correction";
   for (const auto& [op, spec] : custom_specs_) os << "|custom:" << op;
   return os.str();
 }
@@ -222,7 +223,7 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
   static const std::set<std::string> kFlowKeys = {
       "batch_size", "batch_nums", "is_use_cache_file", "cache_dir", "model_dir", "model_filename",
       "params_filename", "save_dir", "checkpoint_name", "num_histogram_plots", "onnx_format", "optimize_model",
-      "round_type", "bias_correction", "save_model_filename", "save_params_filename", "quant_model_dir",
+      "save_model_filename", "save_params_filename", "quant_model_dir",
       "float_model_dir", "fallback_sqnr_db", "qat_metric", "resume", "data", "dataset", "metric", "target_metric", "epochs", "lr",
       "optimizer", "weight_quanter", "act_quanter", "distill", "mean", "std", "resize", "channel_order", "limit",
       "temperature", "steps_per_epoch", "weight_decay", "momentum", "nesterov", "lr_schedule", "seed", "checkpoint"};
@@ -247,6 +248,16 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
       else if (key == "deploy_backend") cfg.deploy_backend = parse_deploy_backend(v.as<std::string>());
       else if (key == "quantizable_op_type") cfg.quantizable_op_type = string_list(v, key);
       else if (key == "is_full_quantize") cfg.is_full_quantize = v.as<bool>();
+      else if (key == "bias_correction") cfg.bias_correction = v.as<bool>();
+      else if (key == "round_type") {
+        const auto t = v.as<std::string>();
+        if (t == "adaround")
+          fail(ErrorKind::kUnsupported, "config file '" + path + "': round_type: adaround is not implemented (weights are "
+                                        "rounded to nearest, round_type: round); for a model that loses accuracy, "
+                                        "quantize's precision recovery (fallback_sqnr_db) and bias_correction: true are "
+                                        "the remedies slimquant has (docs/quantization.md)");
+        if (t != "round") fail(ErrorKind::kInvalidArgument, "config file '" + path + "': round_type must be round (got '" + t + "')");
+      }
       else if (key == "skip_tensor_list") cfg.skip_tensor_list = string_list(v, key);
       else if (key == "skip_quant") cfg.skip_quant = string_list(v, key);
       else if (key == "activation_quantize_type") {

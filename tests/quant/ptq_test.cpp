@@ -118,6 +118,35 @@ TEST(Ptq, WeightQuantizationIsPerChannelRoundHalfEvenSaturating) {
   EXPECT_EQ(quant::quantize_weight_s8(w7, {1.f}, 0, 7).to_int64_vector(), (std::vector<int64_t>{62, 63, -63, -63}));
 }
 
+// bias_correction: the rounded channel's mean and spread are matched to the float one, then rounded
+// again: [0.45 x6, 2.3, -1.2] rounds to [0 x6, 2, -1] (mean 0.125 against 0.475); matched, 2 moves to
+// 2.58 and rounds to 3 (mean 0.25).
+TEST(Ptq, BiasCorrectionMatchesChannelMeanAndSpreadBeforeRoundingAgain) {
+  const Tensor w = Tensor::from_vector<float>({1, 8}, {0.45f, 0.45f, 0.45f, 0.45f, 0.45f, 0.45f, 2.3f, -1.2f});
+  EXPECT_EQ(quant::quantize_weight_s8(w, {1.f}, 0).to_int64_vector(), (std::vector<int64_t>{0, 0, 0, 0, 0, 0, 2, -1}));
+  EXPECT_EQ(quant::quantize_weight_s8(w, {1.f}, 0, 8, true).to_int64_vector(),
+            (std::vector<int64_t>{0, 0, 0, 0, 0, 0, 3, -1}));
+  // A channel the grid already represents exactly stays as it is.
+  const Tensor exact = Tensor::from_vector<float>({2, 2}, {1.f, -2.f, 4.f, 6.f});
+  EXPECT_EQ(quant::quantize_weight_s8(exact, {1.f, 2.f}, 0, 8, true).to_int64_vector(),
+            (std::vector<int64_t>{1, -2, 2, 3}));
+}
+
+TEST(QuantConfig, YamlBiasCorrectionIsReadAndAdaroundIsRefusedByName) {
+  test::TempDir tmp("yaml_rounding");
+  std::ofstream(tmp.path("bc.yaml")) << "bias_correction: true\nround_type: round\n";
+  EXPECT_TRUE(quant::load_quant_config_yaml(tmp.path("bc.yaml")).bias_correction);
+  EXPECT_FALSE(quant::QuantConfig().bias_correction);
+  std::ofstream(tmp.path("ada.yaml")) << "round_type: adaround\n";
+  try {
+    quant::load_quant_config_yaml(tmp.path("ada.yaml"));
+    FAIL() << "round_type: adaround was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("round_type: adaround is not implemented"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Ptq, SevenBitWeightsStayWithinPlusMinus63AndLowerToExactInt8) {
   quant::QuantConfig cfg;
   cfg.weight_bits = 7;

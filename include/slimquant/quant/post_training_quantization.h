@@ -43,6 +43,7 @@ struct PostTrainingQuantizationOptions {
   std::vector<std::string> skip_tensor_list;
   std::vector<std::string> skip_quant;  // op types, node names or globs
   bool asymmetric_activations = false;
+  bool bias_correction = false;  // QuantConfig::bias_correction
   // Keep the calibration state on disk in cache_dir (written as batches complete, deleted when
   // quantize() finishes): an interrupted calibration resumes where it stopped. Observers never
   // hold samples, so memory does not grow with the data either way.

@@ -27,6 +27,10 @@ struct PrecisionFallbackResult {
   double sqnr_db_before = 0, sqnr_db_after = 0;
   std::vector<std::string> float_layers;  // layers left in float, in the order they were chosen
   bool triggered = false;                 // the model was below the target
+  // Convolution inputs quantized per channel (PTQ::set_channel_wise_conv_inputs), the first
+  // remedy: left on when it raised the output SQNR (sqnr_db_per_tensor: before it).
+  bool channel_wise_conv_inputs = false;
+  double sqnr_db_per_tensor = 0;
   size_t evaluations = 0;                 // quantized models evaluated
   std::set<std::string> quantized_layers(const PTQ& ptq) const;  // every layer but float_layers
 };
@@ -34,10 +38,12 @@ struct PrecisionFallbackResult {
 // SQNR in dB of `quantized` against `reference` over every float output they share.
 double output_sqnr_db(const std::map<std::string, Tensor>& reference, const std::map<std::string, Tensor>& quantized);
 
-// `ptq` calibrated; `samples` a few calibration feeds (graph inputs by name). Ranks layers by the
-// output SQNR gained when each alone is left in float, then leaves the best ones in float one at a
-// time until the target is met or the budget is spent; keeps the best set seen.
-PrecisionFallbackResult choose_precision_fallback(const PTQ& ptq, const std::map<std::string, Tensor>& samples,
+// `ptq` calibrated; `samples` a few calibration feeds (graph inputs by name). Below the target, first
+// quantizes convolution inputs per channel (kept when that raises the SQNR; `ptq` is left set
+// accordingly), then ranks layers by the output SQNR with each alone quantized and leaves the most
+// damaging ones in float one at a time until the target is met or the budget is spent; keeps the
+// best set seen.
+PrecisionFallbackResult choose_precision_fallback(PTQ& ptq, const std::map<std::string, Tensor>& samples,
                                                   const PrecisionFallbackOptions& options = {});
 
 }  // namespace slimquant::quant

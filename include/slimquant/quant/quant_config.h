@@ -66,6 +66,10 @@ class QuantConfig {
   // (slimquant.weight_bits).
   int weight_bits = 0;
   int effective_weight_bits() const;
+  // PaddleSlim's `bias_correction`: after rounding, each weight channel's dequantized values are
+  // shifted and scaled so that their mean and standard deviation equal the float channel's, then
+  // rounded again on the same grid (removes the systematic part of the rounding error; data-free).
+  bool bias_correction = false;
   ObserverOptions observer_options;  // weight_bits there is set from the above per weight
 
   QuantRule& global() { return global_; }
@@ -93,7 +97,8 @@ class QuantConfig {
 // Reads the source documents' keys from YAML into `base`: algo, hist_percent, bins, deploy_backend,
 // weight_quantize_type, quantizable_op_type, is_full_quantize, skip_tensor_list, skip_quant,
 // activation_quantize_type (symmetric|asymmetric), type_config / name_config / layer_config
-// (maps of key -> {algo, weight_quantize_type, quantize}). Unknown keys are an error naming the key
+// (maps of key -> {algo, weight_quantize_type, quantize}), bias_correction, round_type (round; adaround
+// is refused as not implemented). Unknown keys are an error naming the key
 // (typos must not silently change nothing); keys for the calibration flow (batch_size, batch_nums,
 // is_use_cache_file, cache_dir, model_dir, ...) are returned in `extra`.
 QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig base = QuantConfig(),
