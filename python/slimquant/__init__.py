@@ -10,7 +10,7 @@ from ._slimquant import (  # noqa: F401  (re-exported)
     InvalidArgumentError,
     InvalidDataError,
     InvalidModelError,
-    IOError,
+    IoError,
     Model,
     Session,
     UnsupportedError,

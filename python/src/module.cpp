@@ -354,7 +354,7 @@ void register_errors(py::module_& m) {
   static PyObject* unsupported = sub("UnsupportedError", PyExc_NotImplementedError);
   static PyObject* invalid_argument = sub("InvalidArgumentError", PyExc_ValueError);
   static PyObject* invalid_data = sub("InvalidDataError", PyExc_ValueError);
-  static PyObject* io = sub("IOError", nullptr);
+  static PyObject* io = sub("IoError", nullptr);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

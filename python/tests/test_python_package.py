@@ -84,7 +84,7 @@ def test_analysis_with_eval_function_matches_cli(tmp_path, model_path, fashion, 
     analyzer = analysis_quant(model_path, fashion, tmp_path, top1_eval(*fashion), num_histogram_plots=2)
     report = analyzer.metric_error_analyse()
     cli = json.loads((cli_analysis / "analysis.json").read_text())
-    assert report["baseline"] == cli["baseline"]
+    assert report["fp32_metric"] == cli["fp32_metric"] > 0.85
     assert [(l["name"], l["metric"]) for l in report["layers"]] == [(l["name"], l["metric"]) for l in cli["layers"]]
     assert (tmp_path / "analysis.txt").read_text() == (cli_analysis / "analysis.txt").read_text()
     assert len(report["layers"]) == cli["layers_total"] > 10
