@@ -5,6 +5,7 @@ histogram PDFs, target search, statistics) is the library's, as in `slimquant an
 """
 import itertools
 import os
+import warnings
 
 from . import _slimquant as _sq
 from .quantization import PostTrainingQuantization, _model
@@ -146,6 +147,9 @@ class AnalysisQAT:
 
     def metric_error_analyse(self):
         """Ranks the quantized layers; returns the report (also in save_dir/analysis.json)."""
+        checkpoint = os.path.join(self.save_dir, self.checkpoint_name) if self.checkpoint_name else None
+        if not self.resume and checkpoint and os.path.exists(checkpoint):
+            warnings.warn(f"starting over without resume=True: checkpoint '{checkpoint}' is replaced", stacklevel=2)
         report = _sq.analyze_qat(self.quant_model, self.float_model, self.eval_function, self.higher_is_better,
                                  self.save_dir, self.checkpoint_name, self.resume, self.qat_metric,
                                  self.quantizable_op_type, self.num_threads)
