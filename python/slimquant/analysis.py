@@ -75,6 +75,11 @@ class AnalysisQuant:
         self._report = None
 
     @property
+    def layers(self):
+        """The quantizable layers (name, op_type, activations, weight), in model order."""
+        return self._ptq.layers
+
+    @property
     def _ptq(self):
         return self._calibration._impl.ptq
 

@@ -91,6 +91,10 @@ def test_analysis_with_eval_function_matches_cli(tmp_path, model_path, fashion, 
     for pdf in ("best_weight_hist_result.pdf", "worst_act_hist_result.pdf"):
         assert (tmp_path / pdf).read_bytes().startswith(b"%PDF")
 
+    statistics = analyzer.statistical_analyse()  # on the calibration batches
+    assert [l["layer"] for l in statistics["layers"]] == [l["name"] for l in analyzer.layers]
+    assert (tmp_path / "statistics.csv").exists()
+
 
 def test_eval_function_exception_stops_analysis_and_keeps_checkpoint(tmp_path, model_path, fashion, cli_analysis):
     evaluate = top1_eval(*fashion)
@@ -137,8 +141,10 @@ def test_lent_session_cannot_outlive_eval_function(tmp_path, model_path, fashion
 
 
 def test_gil_is_released_during_calibration(tmp_path, model_path, fashion):
-    """A Python thread keeps running while C++ calibrates (the GIL is not held over C++ work)."""
-    images, _ = fashion
+    """A Python thread keeps running while C++ calibrates. The batches come from a list, whose
+    iteration runs no Python code: without the GIL released around the C++ work, the other thread
+    could not run at all until quantize() returned."""
+    images, labels = fashion
     ticks, done = [], threading.Event()
 
     def ticker():
@@ -146,20 +152,17 @@ def test_gil_is_released_during_calibration(tmp_path, model_path, fashion):
             ticks.append(1)
             done.wait(0.001)
 
-    def slow_samples():
-        for image in images:
-            yield image
-
+    ptq = slimquant.PostTrainingQuantization(data_loader=batches(images, labels), model_dir=model_path, algo="mse")
     thread = threading.Thread(target=ticker)
     thread.start()
     try:
-        ptq = slimquant.PostTrainingQuantization(sample_generator=slow_samples, model_dir=model_path,
-                                                 batch_size=BATCH_SIZE, algo="mse")
+        started = len(ticks)
         ptq.quantize()
+        during = len(ticks) - started
     finally:
         done.set()
         thread.join()
-    assert len(ticks) > 5
+    assert during > 5
 
 
 def test_seed_002_example_runs_with_executor_and_scope_none(tmp_path, model_path, fashion):
