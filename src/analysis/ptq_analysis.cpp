@@ -346,6 +346,21 @@ SensitivityReport analyze_ptq(const quant::PTQ& ptq, const data::Dataset& data, 
   return report;
 }
 
+std::unique_ptr<Metric> eval_function_metric(bool higher_is_better) {
+  struct Direction : Metric {
+    explicit Direction(bool h) : h_(h) {}
+    std::string name() const override { return "eval_function"; }
+    void update(const Tensor&, const BatchLabels&, const Tensor&) override {}
+    double value() const override { return 0; }
+    size_t samples() const override { return 0; }
+    void reset() override {}
+    bool higher_is_better() const override { return h_; }
+    std::unique_ptr<Metric> clone_empty() const override { return std::make_unique<Direction>(h_); }
+    bool h_;
+  };
+  return std::make_unique<Direction>(higher_is_better);
+}
+
 SensitivityReport analyze_ptq(const quant::PTQ& ptq, const std::function<double(runtime::Session&)>& eval_function,
                               bool higher_is_better, const PtqAnalysisOptions& options) {
   ensure_dir(options.save_dir);
@@ -392,18 +407,7 @@ SensitivityReport analyze_ptq(const quant::PTQ& ptq, const std::function<double(
   progress.finish();
   sweep.seconds = progress.elapsed_seconds();
   sweep.batches_resumed = resumed;
-  struct Direction : Metric {
-    explicit Direction(bool h) : h_(h) {}
-    std::string name() const override { return "eval_function"; }
-    void update(const Tensor&, const BatchLabels&, const Tensor&) override {}
-    double value() const override { return 0; }
-    size_t samples() const override { return 0; }
-    void reset() override {}
-    bool higher_is_better() const override { return h_; }
-    std::unique_ptr<Metric> clone_empty() const override { return std::make_unique<Direction>(h_); }
-    bool h_;
-  } direction(higher_is_better);
-  SensitivityReport report = rank_layers("ptq", variants, sweep, direction, sweep.base_metric);
+  SensitivityReport report = rank_layers("ptq", variants, sweep, *eval_function_metric(higher_is_better), sweep.base_metric);
   report.extra["layers_total"] = layers.size();
   write_report(report, options.save_dir);
   return report;

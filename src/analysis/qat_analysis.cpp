@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "slimquant/analysis/checkpoint.h"
+#include "slimquant/core/progress.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/quant/op_spec.h"
@@ -217,53 +218,130 @@ ir::Graph dequantize_layers(const ir::Graph& quant, const ir::Graph& float_graph
   return g;
 }
 
-SensitivityReport analyze_qat(const ir::Graph& quant, const ir::Graph& float_model, const data::Dataset& data,
-                              const Metric& metric, const QatAnalysisOptions& options) {
+namespace {
+
+// What both forms of the QAT analysis start from: the prepared graphs, one variant per quantized
+// layer, and the checkpoint fingerprint.
+struct QatSetup {
+  ir::Graph quant, float_model;
+  std::vector<LayerVariant> variants;
+  nlohmann::json restored = nlohmann::json::object();
+  nlohmann::json fingerprint;
+  std::string checkpoint_path;
+};
+
+QatSetup prepare_qat(const ir::Graph& quant, const ir::Graph& float_model, const QatAnalysisOptions& options) {
   {
     std::error_code ec;
     std::filesystem::create_directories(options.save_dir, ec);
     SQ_CHECK(std::filesystem::is_directory(options.save_dir), ErrorKind::kIo,
              "cannot create save_dir '" + options.save_dir + "'" + (ec ? ": " + ec.message() : std::string()));
   }
-  ir::Graph q = quant;
-  ir::constants_to_initializers(q);
-  name_nodes(q);
-  ir::Graph f = float_model;
-  runtime::optimize_graph(f);  // BatchNorm folded, as PTQ folds it before quantizing
-  check_same_interface(q, f);  // a wrong --float-model fails here or by its first mismatching weight
-  std::vector<QatLayer> layers = find_quantized_layers(q, options.quantizable_op_type);
+  QatSetup s;
+  s.quant = quant;
+  ir::constants_to_initializers(s.quant);
+  name_nodes(s.quant);
+  s.float_model = float_model;
+  runtime::optimize_graph(s.float_model);  // BatchNorm folded, as PTQ folds it before quantizing
+  check_same_interface(s.quant, s.float_model);  // a wrong --float-model fails here or by its first mismatching weight
+  std::vector<QatLayer> layers = find_quantized_layers(s.quant, options.quantizable_op_type);
   std::string types;
   for (const auto& t : options.quantizable_op_type) types += (types.empty() ? "" : ",") + t;
   SQ_CHECK(!layers.empty(), ErrorKind::kInvalidArgument,
            "the quantized model has no quantized layer of types " + types +
                " (a layer is quantized when it reads a DequantizeLinear output): is it a QDQ model?");
-  std::vector<LayerVariant> variants;
-  nlohmann::json restored = nlohmann::json::object();
   for (const auto& l : layers) {
     std::vector<QatLayer> info;
-    variants.push_back({l.name, l.op_type, dequantize_layers(q, f, {l.name}, &info)});
-    restored[l.name] = info.at(0).restored;
+    s.variants.push_back({l.name, l.op_type, dequantize_layers(s.quant, s.float_model, {l.name}, &info)});
+    s.restored[l.name] = info.at(0).restored;
   }
+  s.checkpoint_path = options.checkpoint_name.empty()
+                          ? std::string()
+                          : (std::filesystem::path(options.save_dir) / options.checkpoint_name).string();
+  s.fingerprint = {{"kind", "qat"},
+                   {"quant_model", hash_hex(ir::serialize_onnx(s.quant))},
+                   {"float_model", hash_hex(ir::serialize_onnx(s.float_model))},
+                   {"quantizable_op_type", types}};
+  return s;
+}
+
+}  // namespace
+
+SensitivityReport analyze_qat(const ir::Graph& quant, const ir::Graph& float_model, const data::Dataset& data,
+                              const Metric& metric, const QatAnalysisOptions& options) {
+  QatSetup setup = prepare_qat(quant, float_model, options);
   SweepOptions so;
   so.batch_size = options.batch_size;
-  so.checkpoint_path = options.checkpoint_name.empty()
-                           ? std::string()
-                           : (std::filesystem::path(options.save_dir) / options.checkpoint_name).string();
-  so.fingerprint = {{"kind", "qat"},
-                    {"quant_model", hash_hex(ir::serialize_onnx(q))},
-                    {"float_model", hash_hex(ir::serialize_onnx(f))},
-                    {"quantizable_op_type", types}};
+  so.checkpoint_path = setup.checkpoint_path;
+  so.fingerprint = setup.fingerprint;
   so.resume = options.resume;
   so.num_threads = options.num_threads;
   so.progress_label = "analyze-qat";
-  SweepResult sweep = sweep_layers(q, variants, data, metric, &f, so);
+  SweepResult sweep = sweep_layers(setup.quant, setup.variants, data, metric, &setup.float_model, so);
   const double baseline = options.qat_metric.value_or(sweep.base_metric);
-  SensitivityReport report = rank_layers("qat", variants, sweep, metric, baseline);
+  SensitivityReport report = rank_layers("qat", setup.variants, sweep, metric, baseline);
   report.extra["quant_model_metric"] = sweep.base_metric;
   report.extra["qat_metric_given"] = options.qat_metric.has_value();
-  report.extra["layers_total"] = variants.size();
+  report.extra["layers_total"] = setup.variants.size();
   report.extra["data"] = data.name();
-  report.extra["restored_weights"] = restored;
+  report.extra["restored_weights"] = setup.restored;
+  write_report(report, options.save_dir);
+  return report;
+}
+
+SensitivityReport analyze_qat(const ir::Graph& quant, const ir::Graph& float_model,
+                              const std::function<double(runtime::Session&)>& eval_function, bool higher_is_better,
+                              const QatAnalysisOptions& options) {
+  SQ_CHECK(static_cast<bool>(eval_function), ErrorKind::kInvalidArgument, "eval_function is empty");
+  QatSetup setup = prepare_qat(quant, float_model, options);
+  setup.fingerprint["metric"] = "eval_function";
+  std::optional<Checkpoint> checkpoint;
+  nlohmann::json state{{"quant", nullptr}, {"done", nlohmann::json::object()}};
+  if (!setup.checkpoint_path.empty()) {
+    checkpoint.emplace(setup.checkpoint_path, setup.fingerprint);
+    if (options.resume) {  // seed 001: an earlier run's results are used only when asked
+      nlohmann::json saved = checkpoint->load();
+      if (!saved.is_null()) state = saved;
+    }
+  }
+  auto save = [&] {
+    if (checkpoint) checkpoint->save(state);
+  };
+  Progress progress("analyze-qat", setup.variants.size() + (options.qat_metric ? 0 : 1), "models");
+  const size_t resumed = state["done"].size();
+  SweepResult sweep;
+  if (!options.qat_metric) {
+    if (state["quant"].is_null()) {
+      ir::Graph g = setup.quant;
+      prepare_for_sweep(g);
+      runtime::Session s(std::move(g));
+      state["quant"] = eval_function(s);
+      save();
+    }
+    progress.advance();
+    sweep.base_metric = state["quant"].get<double>();
+  }
+  for (const auto& v : setup.variants) {
+    if (!state["done"].contains(v.layer)) {
+      ir::Graph g = v.graph;
+      prepare_for_sweep(g);
+      runtime::Session s(std::move(g));
+      state["done"][v.layer] = eval_function(s);
+      save();
+    }
+    sweep.layer_metric.push_back(state["done"][v.layer].get<double>());
+    progress.advance();
+  }
+  progress.finish();
+  sweep.seconds = progress.elapsed_seconds();
+  sweep.batches_resumed = resumed;
+  const double baseline = options.qat_metric.value_or(sweep.base_metric);
+  SensitivityReport report =
+      rank_layers("qat", setup.variants, sweep, *eval_function_metric(higher_is_better), baseline);
+  report.extra["quant_model_metric"] = options.qat_metric ? nlohmann::json(nullptr) : nlohmann::json(sweep.base_metric);
+  report.extra["qat_metric_given"] = options.qat_metric.has_value();
+  report.extra["layers_total"] = setup.variants.size();
+  report.extra["restored_weights"] = setup.restored;
   write_report(report, options.save_dir);
   return report;
 }

@@ -118,8 +118,15 @@ std::string TargetSearchResult::table() const {
   return os.str();
 }
 
-TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport& ranking, const data::Dataset& data,
-                                 const Metric& metric, const TargetSearchOptions& options) {
+namespace {
+
+// The search itself; `evaluate_model` gives a candidate's (or, with the FP32 session, the
+// baseline's) metric, `timing_feeds` is the batch latencies are measured on (none: not measured).
+TargetSearchResult search(const quant::PTQ& ptq, const SensitivityReport& ranking, const std::string& metric_name,
+                          bool higher_is_better,
+                          const std::function<double(runtime::Session&, const std::string& label)>& evaluate_model,
+                          const std::map<std::string, Tensor>* timing_feeds, runtime::Session& fp32,
+                          const TargetSearchOptions& options) {
   namespace fs = std::filesystem;
   SQ_CHECK(std::isfinite(options.target), ErrorKind::kInvalidArgument, "--target-metric must be a finite number");
   std::error_code ec;
@@ -127,29 +134,17 @@ TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport&
   SQ_CHECK(fs::is_directory(options.save_dir), ErrorKind::kIo, "cannot create save_dir '" + options.save_dir + "'");
   TargetSearchResult r;
   r.target = options.target;
-  r.metric = metric.name();
-  r.higher_is_better = metric.higher_is_better();
+  r.metric = metric_name;
+  r.higher_is_better = higher_is_better;
   r.model_path = (fs::path(options.save_dir) / options.model_name).string();
   auto meets = [&](double m) { return r.higher_is_better ? m >= r.target : m <= r.target; };
   auto better = [&](double a, double b) { return r.higher_is_better ? a > b : a < b; };
 
   runtime::SessionOptions so;
   so.num_threads = options.num_threads;
-  runtime::Session fp32(ptq.float_graph(), so);
-  data::BatchLoader loader(data, options.batch_size);
-  SQ_CHECK(loader.num_batches() > 0, ErrorKind::kInvalidData, "evaluation data set '" + data.name() + "' is empty");
-  const std::map<std::string, Tensor> timing_batch =
-      loader.batch(0).feeds(data::main_input_name(fp32.input_names(), data));
-  EvalOptions eo;
-  eo.batch_size = options.batch_size;
-  eo.reference = &fp32;
-  eo.progress_label = "target fp32";
-  {
-    auto m = metric.clone_empty();
-    r.fp32_metric = evaluate(fp32, data, *m, eo).value;
-    r.fp32_latency_ms = median_latency_ms(fp32, timing_batch, options.latency_runs);
-    r.fp32_model_bytes = ir::serialize_onnx(ptq.float_graph()).size();
-  }
+  r.fp32_metric = evaluate_model(fp32, "target fp32");
+  if (timing_feeds) r.fp32_latency_ms = median_latency_ms(fp32, *timing_feeds, options.latency_runs);
+  r.fp32_model_bytes = ir::serialize_onnx(ptq.float_graph()).size();
 
   std::vector<std::string> order;
   for (const auto& l : ranking.ranked) order.push_back(l.name);
@@ -171,11 +166,9 @@ TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport&
     c.skipped = std::move(skipped);
     c.stage = stage;
     runtime::Session int8 = quant::make_int8_session(g, so);
-    auto m = metric.clone_empty();
-    eo.progress_label = "target skip " + std::to_string(c.skipped.size());
-    c.metric = evaluate(int8, data, *m, eo).value;
+    c.metric = evaluate_model(int8, "target skip " + std::to_string(c.skipped.size()));
     c.meets = meets(c.metric);
-    c.latency_ms = median_latency_ms(int8, timing_batch, options.latency_runs);
+    if (timing_feeds) c.latency_ms = median_latency_ms(int8, *timing_feeds, options.latency_runs);
     const std::string bytes = ir::serialize_onnx(g);
     c.model_bytes = bytes.size();
     r.candidates.push_back(c);
@@ -234,6 +227,39 @@ TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport&
   r.skip_tensor_list = equivalent_skip_tensors(ptq, r.candidates[r.best].skipped);
   save_outputs();
   return r;
+}
+
+}  // namespace
+
+TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport& ranking, const data::Dataset& data,
+                                 const Metric& metric, const TargetSearchOptions& options) {
+  runtime::SessionOptions so;
+  so.num_threads = options.num_threads;
+  runtime::Session fp32(ptq.float_graph(), so);
+  data::BatchLoader loader(data, options.batch_size);
+  SQ_CHECK(loader.num_batches() > 0, ErrorKind::kInvalidData, "evaluation data set '" + data.name() + "' is empty");
+  const std::map<std::string, Tensor> timing_batch =
+      loader.batch(0).feeds(data::main_input_name(fp32.input_names(), data));
+  EvalOptions eo;
+  eo.batch_size = options.batch_size;
+  eo.reference = &fp32;
+  auto evaluate_model = [&](runtime::Session& s, const std::string& label) {
+    auto m = metric.clone_empty();
+    eo.progress_label = label;
+    return evaluate(s, data, *m, eo).value;
+  };
+  return search(ptq, ranking, metric.name(), metric.higher_is_better(), evaluate_model, &timing_batch, fp32, options);
+}
+
+TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport& ranking,
+                                 const std::function<double(runtime::Session&)>& eval_function, bool higher_is_better,
+                                 const TargetSearchOptions& options, const std::map<std::string, Tensor>* timing_feeds) {
+  SQ_CHECK(static_cast<bool>(eval_function), ErrorKind::kInvalidArgument, "eval_function is empty");
+  runtime::SessionOptions so;
+  so.num_threads = options.num_threads;
+  runtime::Session fp32(ptq.float_graph(), so);
+  return search(ptq, ranking, "eval_function", higher_is_better,
+                [&](runtime::Session& s, const std::string&) { return eval_function(s); }, timing_feeds, fp32, options);
 }
 
 }  // namespace slimquant::analysis

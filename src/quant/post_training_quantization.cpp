@@ -53,6 +53,37 @@ std::map<std::string, Tensor> stack_samples(const std::vector<std::map<std::stri
   return batch;
 }
 
+// Gives the entry named "" (a bare array from a generator) the name of the model's only input.
+std::map<std::string, Tensor> name_inputs(std::map<std::string, Tensor> feeds, const std::vector<ir::ValueInfo>& inputs,
+                                          const char* source) {
+  auto unnamed = feeds.find("");
+  if (unnamed == feeds.end()) return feeds;
+  SQ_CHECK(inputs.size() == 1 && feeds.size() == 1, ErrorKind::kInvalidArgument,
+           std::string(source) + " gave an unnamed array, but the model has " + std::to_string(inputs.size()) +
+               " inputs: give a dict of input name -> array");
+  Tensor t = std::move(unnamed->second);
+  feeds.clear();
+  feeds[inputs[0].name] = std::move(t);
+  return feeds;
+}
+
+// The first `count` rows (along axis 0) of every tensor of a batch.
+std::map<std::string, Tensor> leading_rows(const std::map<std::string, Tensor>& batch, size_t count) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, t] : batch) {
+    SQ_CHECK(t.rank() >= 1, ErrorKind::kInvalidArgument,
+             "batch_generator: input '" + name + "' has no batch dimension (a scalar)");
+    Shape shape = t.shape();
+    const size_t rows = std::min<size_t>(count, static_cast<size_t>(shape[0]));
+    const size_t row_bytes = shape[0] ? t.nbytes() / static_cast<size_t>(shape[0]) : 0;
+    shape[0] = static_cast<int64_t>(rows);
+    Tensor r(t.dtype(), shape);
+    std::memcpy(r.raw(), t.raw(), rows * row_bytes);
+    out[name] = std::move(r);
+  }
+  return out;
+}
+
 }  // namespace
 
 PostTrainingQuantization::PostTrainingQuantization(PostTrainingQuantizationOptions options)
@@ -80,8 +111,10 @@ std::string PostTrainingQuantization::data_identity() const {
     id += ";data=" + options_.dataset->name() + ";n=" + std::to_string(options_.dataset->size());
     for (const auto& side : options_.dataset->side_inputs()) id += ";side=" + side.name;
   }
-  else
+  else if (options_.sample_generator)
     id += ";data=sample_generator";
+  else
+    id += ";data=batch_generator";
   return id;
 }
 
@@ -96,8 +129,12 @@ const ir::Graph& PostTrainingQuantization::quantized_graph() const {
 
 const ir::Graph& PostTrainingQuantization::quantize() {
   const auto& o = options_;
-  SQ_CHECK((o.dataset != nullptr) != static_cast<bool>(o.sample_generator), ErrorKind::kInvalidArgument,
-           "PostTrainingQuantization: give exactly one calibration source, dataset or sample_generator");
+  SQ_CHECK((o.dataset != nullptr) + static_cast<int>(static_cast<bool>(o.sample_generator)) +
+                   static_cast<int>(static_cast<bool>(o.batch_generator)) ==
+               1,
+           ErrorKind::kInvalidArgument,
+           "PostTrainingQuantization: give exactly one calibration source, dataset, sample_generator or "
+           "batch_generator (data_loader)");
   SQ_CHECK(o.batch_size > 0, ErrorKind::kInvalidArgument, "batch_size must be at least 1");
   SQ_CHECK(!o.batch_nums || *o.batch_nums > 0, ErrorKind::kInvalidArgument,
            "batch_nums must be at least 1 (leave it unset to use every sample)");
@@ -168,6 +205,32 @@ const ir::Graph& PostTrainingQuantization::quantize() {
       after_batch(i + 1, total);
     }
     progress.finish();
+  } else if (o.batch_generator) {
+    // Resuming: the generator replays from the start; batches already observed are skipped.
+    for (size_t i = 0; i < report_.resumed_batches; ++i)
+      SQ_CHECK(o.batch_generator().has_value(), ErrorKind::kInvalidData,
+               "batch_generator ended before the " + std::to_string(report_.resumed_batches) +
+                   " batches the calibration cache holds");
+    const size_t total = o.batch_nums.value_or(0);  // 0: until the generator ends
+    Progress progress("calibrate", total, "batches");
+    progress.advance(report_.resumed_batches);
+    size_t done = report_.resumed_batches;
+    while (!o.batch_nums || done < *o.batch_nums) {
+      auto batch = o.batch_generator();
+      if (!batch) break;
+      std::map<std::string, Tensor> feeds = name_inputs(std::move(*batch), float_graph_.inputs, "batch_generator");
+      if (fallback_samples.empty() && o.fallback_sqnr_db > 0) fallback_samples = leading_rows(feeds, kFallbackSamples);
+      ptq_->sample(feeds);
+      report_.samples += feeds.empty() || feeds.begin()->second.rank() == 0 ? 0 : static_cast<size_t>(feeds.begin()->second.dim(0));
+      ++done;
+      progress.advance();
+      after_batch(done, total);
+    }
+    progress.finish();
+    SQ_CHECK(done > 0, ErrorKind::kInvalidData, "batch_generator (data_loader) gave no calibration batches");
+    if (o.batch_nums && done < *o.batch_nums)
+      warnings_.push_back("batch_nums is " + std::to_string(*o.batch_nums) + " but the data_loader ended after " +
+                          std::to_string(done) + " batches: calibrated on those");
   } else {
     std::map<std::string, size_t> ranks;
     for (const auto& in : float_graph_.inputs) ranks[in.name] = in.dims ? in.dims->size() : 0;
@@ -185,7 +248,7 @@ const ir::Graph& PostTrainingQuantization::quantize() {
       while (samples.size() < o.batch_size) {
         auto s = o.sample_generator();
         if (!s) break;
-        samples.push_back(std::move(*s));
+        samples.push_back(name_inputs(std::move(*s), float_graph_.inputs, "sample_generator"));
       }
       if (samples.empty()) break;
       if (fallback_samples.empty() && o.fallback_sqnr_db > 0) {

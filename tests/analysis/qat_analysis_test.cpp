@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
+#include <stdexcept>
 
 #include "analysis/analysis_test_util.h"
 #include "slimquant/analysis/evaluate.h"
@@ -146,6 +148,50 @@ TEST(QatAnalysis, GainsMatchWholeModelEvaluation) {
   auto given = analysis::analyze_qat(q, f, *data, *metric, o);
   EXPECT_EQ(given.baseline, 0.5);
   for (const auto& l : given.ranked) EXPECT_NEAR(l.delta, 0.5 - l.metric, 1e-12);
+}
+
+TEST(QatAnalysis, EvalFunctionPathMatchesTheMetricAndResumesAfterAnException) {
+  test::SingleThread single_thread;
+  auto ptq = test::calibrated_ptq("resnet_small", "abs_max");
+  const ir::Graph q = ptq->convert();
+  const ir::Graph f = ir::load_onnx(test::fixture_model("resnet_small"));
+  auto data = data::open_dataset(test::fmnist("test", 128));
+  test::TempDir tmp("qat_fn");
+  auto metric = analysis::make_metric("top1");
+  analysis::QatAnalysisOptions o;
+  o.save_dir = tmp.path("metric");
+  o.batch_size = 64;
+  auto by_metric = analysis::analyze_qat(q, f, *data, *metric, o);
+
+  size_t calls = 0, fail_at = 0;
+  auto fn = [&](runtime::Session& s) {
+    if (++calls == fail_at) throw std::runtime_error("eval_function failed");
+    auto m = analysis::make_metric("top1");
+    analysis::EvalOptions eo;
+    eo.batch_size = 64;
+    return analysis::evaluate(s, *data, *m, eo).value;
+  };
+  o.save_dir = tmp.path("fn");
+  fail_at = 4;  // the quantized model and two layers done
+  EXPECT_THROW(analysis::analyze_qat(q, f, fn, true, o), std::runtime_error);
+  ASSERT_TRUE(std::filesystem::exists(tmp.path("fn/analysis_checkpoint.json")));
+  calls = 0;
+  fail_at = 0;
+  o.resume = true;
+  auto by_fn = analysis::analyze_qat(q, f, fn, true, o);
+  EXPECT_EQ(calls, ptq->layers().size() - 2) << "only the unfinished layers are evaluated again";
+  EXPECT_EQ(by_fn.baseline, by_metric.baseline);
+  ASSERT_EQ(by_fn.ranked.size(), by_metric.ranked.size());
+  // top-1 of whole models and of the sweep's fed values agree (float rounding never flips 128 argmaxes here).
+  for (size_t i = 0; i < by_fn.ranked.size(); ++i) {
+    EXPECT_EQ(by_fn.ranked[i].name, by_metric.ranked[i].name);
+    EXPECT_EQ(by_fn.ranked[i].metric, by_metric.ranked[i].metric);
+  }
+  // Without resume the run starts over.
+  calls = 0;
+  o.resume = false;
+  analysis::analyze_qat(q, f, fn, true, o);
+  EXPECT_EQ(calls, ptq->layers().size() + 1);
 }
 
 TEST(QatAnalysis, FloatModelAsQuantModelIsRejected) {

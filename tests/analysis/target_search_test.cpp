@@ -81,6 +81,26 @@ TEST(TargetSearch, ReachesATargetBetweenInt8AndFp32) {
     t.quantize(ir::load_onnx(test::fixture_model("resnet_small")));
     EXPECT_EQ(t.layers().size(), ptq->layers().size() - best.skipped.size());
   }
+
+  // The eval_function form (the Python package's) computing the same metric makes the same search.
+  runtime::Session fp32(ptq->float_graph());
+  auto eval_function = [&](runtime::Session& s) {
+    auto m = analysis::make_metric("sqnr");
+    analysis::EvalOptions eo;
+    eo.reference = &fp32;
+    return analysis::evaluate(s, *data, *m, eo).value;
+  };
+  to.save_dir = tmp.path("eval_function");
+  auto by_function = analysis::search_target(*ptq, report, eval_function, true, to);
+  ASSERT_EQ(by_function.candidates.size(), r.candidates.size());
+  for (size_t i = 0; i < r.candidates.size(); ++i) {
+    EXPECT_EQ(by_function.candidates[i].skipped, r.candidates[i].skipped);
+    EXPECT_EQ(by_function.candidates[i].metric, r.candidates[i].metric);
+    EXPECT_EQ(by_function.candidates[i].latency_ms, 0.0) << "no timing batch given";
+  }
+  EXPECT_EQ(by_function.best, r.best);
+  EXPECT_EQ(by_function.metric, "eval_function");
+  EXPECT_TRUE(std::filesystem::exists(by_function.model_path));
 }
 
 TEST(TargetSearch, UnreachableTargetStillSavesTheBestModel) {

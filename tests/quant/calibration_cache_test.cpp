@@ -165,6 +165,21 @@ TEST_F(CalibrationCache, WrapperDeletesItsCacheAndMatchesPlainPtq) {
   quant::PostTrainingQuantization from_generator(g);
   EXPECT_EQ(ir::serialize_onnx(from_generator.quantize()), ir::serialize_onnx(qdq));
   EXPECT_EQ(from_generator.report().batches, 3u);
+
+  // The same batches through batch_generator (the documents' data_loader), as unnamed arrays.
+  size_t next_batch = 0;
+  quant::PostTrainingQuantizationOptions bg = g;
+  bg.sample_generator = nullptr;
+  bg.batch_size = 1;  // does not apply to whole batches
+  bg.batch_generator = [&]() -> std::optional<std::map<std::string, Tensor>> {
+    data::BatchLoader loader(*data_, 32);
+    if (next_batch == loader.num_batches()) return std::nullopt;
+    return std::map<std::string, Tensor>{{"", loader.batch(next_batch++).inputs}};
+  };
+  quant::PostTrainingQuantization from_batches(bg);
+  EXPECT_EQ(ir::serialize_onnx(from_batches.quantize()), ir::serialize_onnx(qdq));
+  EXPECT_EQ(from_batches.report().batches, 3u);
+  EXPECT_EQ(from_batches.report().samples, 96u);
 }
 
 TEST_F(CalibrationCache, WrapperResumesFromALeftoverCache) {

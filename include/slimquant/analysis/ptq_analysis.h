@@ -116,6 +116,10 @@ SensitivityReport analyze_ptq(const quant::PTQ& ptq, const data::Dataset& data, 
 SensitivityReport analyze_ptq(const quant::PTQ& ptq, const std::function<double(runtime::Session&)>& eval_function,
                               bool higher_is_better, const PtqAnalysisOptions& options = {});
 
+// The stand-in Metric that ranks a user evaluation function's results: name "eval_function", only
+// the direction (update/value are no-ops).
+std::unique_ptr<Metric> eval_function_metric(bool higher_is_better);
+
 // The variant graphs the PTQ analysis evaluates (one per layer, weights' DequantizeLinear folded
 // into float constants for speed: the values are the ones the QDQ graph computes).
 std::vector<LayerVariant> ptq_variants(const quant::PTQ& ptq);

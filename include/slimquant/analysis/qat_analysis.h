@@ -4,6 +4,7 @@
 // with the float weights restored from the float model), evaluate, and rank by the gain. Works on
 // slimquant PTQ/QAT output and ONNX Runtime-style QDQ (int8 weights + DequantizeLinear, or float
 // weights with QuantizeLinear -> DequantizeLinear, int32 biases).
+#include <functional>
 #include <optional>
 #include <set>
 #include <string>
@@ -51,5 +52,13 @@ struct QatAnalysisOptions {
 // metrics compare against the float model.
 SensitivityReport analyze_qat(const ir::Graph& quant, const ir::Graph& float_model, const data::Dataset& data,
                               const Metric& metric, const QatAnalysisOptions& options = {});
+
+// Same with a user evaluation function (seed 001's `eval_function`: any double(Session&)), called
+// once for the quantized model (unless options.qat_metric is given) and once per layer on the
+// whole de-quantized model. The checkpoint records finished layers after each one, so an exception
+// thrown by eval_function leaves every finished layer saved (options.resume continues from them).
+SensitivityReport analyze_qat(const ir::Graph& quant, const ir::Graph& float_model,
+                              const std::function<double(runtime::Session&)>& eval_function, bool higher_is_better,
+                              const QatAnalysisOptions& options = {});
 
 }  // namespace slimquant::analysis

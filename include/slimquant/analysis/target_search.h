@@ -5,6 +5,8 @@
 // target, then try to quantize again each skipped layer, least damaging first. Candidates are
 // evaluated with slimquant's integer execution (the model users deploy); the best model so far is
 // always saved, even when the target cannot be met.
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -61,6 +63,15 @@ struct TargetSearchResult {
 // table (target_candidates.txt) and target_search.json into save_dir after every evaluation.
 TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport& ranking, const data::Dataset& data,
                                  const Metric& metric, const TargetSearchOptions& options);
+
+// Same search with a user evaluation function (the Python package's eval_function) called on each
+// candidate's INT8 session (and the FP32 one); latencies are measured on `timing_feeds` when given
+// (0 otherwise). An exception from eval_function ends the search; the best model so far and the
+// candidates table are already saved.
+TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport& ranking,
+                                 const std::function<double(runtime::Session&)>& eval_function, bool higher_is_better,
+                                 const TargetSearchOptions& options,
+                                 const std::map<std::string, Tensor>* timing_feeds = nullptr);
 
 // Tensors whose `skip_tensor_list` entry makes `config` skip exactly `layers` of ptq (one tensor per
 // layer, read or written by no other layer), or empty when some layer has none.

@@ -1,0 +1,40 @@
+"""slimquant: ONNX -> INT8 post-training quantization, sensitivity analysis and an INT8 CPU runtime.
+
+The names and parameters are the source documents' (PaddleSlim's), adapted to ONNX files; see
+docs/python.md for a walkthrough and the table of PaddleSlim names.
+
+    from slimquant import PostTrainingQuantization, AnalysisQuant, Session
+"""
+from ._slimquant import (  # noqa: F401  (re-exported)
+    Error,
+    InvalidArgumentError,
+    InvalidDataError,
+    InvalidModelError,
+    IoError,
+    Model,
+    Session,
+    UnsupportedError,
+    load_model,
+    set_progress,
+)
+from ._types import ValueInfo  # noqa: F401
+from .quantization import (  # noqa: F401
+    AbsmaxObserver,
+    AbsMaxChannelWiseWeightObserver,
+    ActLSQplusQuanter,
+    AVGObserver,
+    EMDObserver,
+    FakeQuanterWithAbsMaxObserver,
+    HistObserver,
+    KLObserver,
+    MSEChannelWiseWeightObserver,
+    MSEObserver,
+    PACTQuanter,
+    PostTrainingQuantization,
+    PTQ,
+    QuantConfig,
+    WeightLSQplusQuanter,
+)
+from .analysis import AnalysisPTQ, AnalysisQAT, AnalysisQuant  # noqa: F401
+
+__version__ = "0.1.0"

@@ -1,0 +1,230 @@
+"""The Python package against the command line: the same data and settings must give the same
+quantized model, the same evaluation and the same layer ranking; eval_function exceptions must
+reach the caller with the checkpoint kept; seed 002's example must run as written."""
+import json
+import pathlib
+import threading
+
+import numpy as np
+import pytest
+
+import slimquant
+from conftest import MODELS, run_cli, top1_eval
+
+BATCH_SIZE = 32
+BATCH_NUMS = 4
+
+
+def sample_generator(images):
+    """Seed 002's sample_generator: one sample per call, without the batch dimension."""
+    def reader():
+        for image in images:
+            yield image
+    return reader
+
+
+def batches(images, labels, batch_size=BATCH_SIZE):
+    """A data_loader: (batch, labels) tuples, as a paddle DataLoader yields them."""
+    return [(images[i:i + batch_size], labels[i:i + batch_size]) for i in range(0, len(images), batch_size)]
+
+
+def test_session_runs_the_fixture_as_pytorch_did(model_path):
+    session = slimquant.Session(model_path)
+    assert not session.is_int8
+    assert session.input_names == ["input"] and session.output_names == ["logits"]
+    (info,) = session.inputs
+    assert info.dtype == "float32" and info.shape == ["batch", 1, 28, 28]
+    images = np.load(MODELS / "resnet_small.input.npy")
+    logits = session.run(images)["logits"]
+    np.testing.assert_allclose(logits, np.load(MODELS / "resnet_small.logits.npy"), rtol=1e-4, atol=1e-4)
+    # Outputs share the library's buffer and keep it alive without the session.
+    del session
+    np.testing.assert_allclose(logits, np.load(MODELS / "resnet_small.logits.npy"), rtol=1e-4, atol=1e-4)
+    with pytest.raises(slimquant.InvalidArgumentError, match="dtype float64"):
+        slimquant.Session(model_path).run(images.astype(np.float64))
+
+
+def test_quantize_from_generator_matches_cli(tmp_path, model_path, fashion, npy_dir):
+    images, labels = fashion
+    ptq = slimquant.PostTrainingQuantization(
+        executor=None, sample_generator=sample_generator(images), model_dir=model_path, batch_size=BATCH_SIZE,
+        batch_nums=BATCH_NUMS, scope=None, algo="KL")
+    ptq.quantize()
+    py_model = ptq.save_quantized_model(tmp_path / "py.onnx")
+    cli_model = tmp_path / "cli.onnx"
+    run_cli("quantize", model_path, f"npy:{npy_dir}", "-o", cli_model, "--batch-size", BATCH_SIZE,
+            "--batch-nums", BATCH_NUMS, "--algo", "KL", "--no-eval")
+    assert ptq.report["batches"] == BATCH_NUMS and ptq.report["samples"] == BATCH_SIZE * BATCH_NUMS
+    assert pathlib.Path(py_model).read_bytes() == cli_model.read_bytes()
+
+    # Evaluated with the Python Session (integer execution of the QDQ model) = `slimquant eval`.
+    session = slimquant.Session(py_model)
+    assert session.is_int8
+    py_top1 = top1_eval(images, labels)(session)
+    cli = json.loads(run_cli("eval", cli_model, f"npy:{npy_dir}", "--json").strip().splitlines()[-1])
+    assert py_top1 == cli["top1"]
+    assert py_top1 > 0.8
+
+
+def analysis_quant(model_path, fashion, save_dir, eval_function, **kwargs):
+    images, labels = fashion
+    return slimquant.AnalysisQuant(model_path, eval_function=eval_function, data_loader=batches(images, labels),
+                                   save_dir=save_dir, ptq_config={"algo": "KL", "batch_nums": BATCH_NUMS}, **kwargs)
+
+
+def ranking_lines(save_dir, layers):
+    """analysis.txt's layer lines (name, op type, metric), whatever header the file has."""
+    lines = (save_dir / "analysis.txt").read_text().splitlines()
+    assert len(lines) >= layers
+    return lines[-layers:]
+
+
+@pytest.fixture(scope="module")
+def cli_analysis(tmp_path_factory, model_path, npy_dir):
+    save_dir = tmp_path_factory.mktemp("cli_analysis")
+    run_cli("analyze", model_path, f"npy:{npy_dir}", "--metric", "top1", "--algo", "KL", "--batch-size", BATCH_SIZE,
+            "--batch-nums", BATCH_NUMS, "--num-histogram-plots", "0", "--save-dir", save_dir)
+    return save_dir
+
+
+def test_analysis_with_eval_function_matches_cli(tmp_path, model_path, fashion, cli_analysis):
+    analyzer = analysis_quant(model_path, fashion, tmp_path, top1_eval(*fashion), num_histogram_plots=2)
+    report = analyzer.metric_error_analyse()
+    cli = json.loads((cli_analysis / "analysis.json").read_text())
+    assert report["fp32_metric"] == cli["fp32_metric"] > 0.85
+    assert [(l["name"], l["metric"]) for l in report["layers"]] == [(l["name"], l["metric"]) for l in cli["layers"]]
+    assert ranking_lines(tmp_path, len(cli["layers"])) == ranking_lines(cli_analysis, len(cli["layers"]))
+    assert len(report["layers"]) == cli["layers_total"] > 10
+    for pdf in ("best_weight_hist_result.pdf", "worst_act_hist_result.pdf"):
+        assert (tmp_path / pdf).read_bytes().startswith(b"%PDF")
+
+    statistics = analyzer.statistical_analyse()  # on the calibration batches
+    assert [l["layer"] for l in statistics["layers"]] == [l["name"] for l in analyzer.layers]
+    assert (tmp_path / "statistics.csv").exists()
+
+
+def test_eval_function_exception_stops_analysis_and_keeps_checkpoint(tmp_path, model_path, fashion, cli_analysis):
+    evaluate = top1_eval(*fashion)
+    calls = []
+
+    class Interrupted(Exception):
+        pass
+
+    def failing(session):
+        calls.append(1)
+        if len(calls) == 6:  # FP32 and four layers finished
+            raise Interrupted("stop here")
+        return evaluate(session)
+
+    analyzer = analysis_quant(model_path, fashion, tmp_path, failing, num_histogram_plots=0)
+    with pytest.raises(Interrupted, match="stop here"):
+        analyzer.metric_error_analyse()
+    assert (tmp_path / "analysis_checkpoint.json").exists()
+    assert not (tmp_path / "analysis.txt").exists()
+
+    # The rerun evaluates only the layers the first run did not finish, and ranks as the CLI does.
+    resumed = []
+
+    def counting(session):
+        resumed.append(1)
+        return evaluate(session)
+
+    report = analysis_quant(model_path, fashion, tmp_path, counting, num_histogram_plots=0).metric_error_analyse()
+    assert len(resumed) == len(report["layers"]) - 4
+    assert ranking_lines(tmp_path, len(report["layers"])) == ranking_lines(cli_analysis, len(report["layers"]))
+
+
+def test_lent_session_cannot_outlive_eval_function(tmp_path, model_path, fashion):
+    kept = []
+
+    def keep(session):
+        kept.append(session)
+        return 1.0
+
+    analyzer = analysis_quant(model_path, fashion, tmp_path, keep, num_histogram_plots=0, checkpoint_name="")
+    analyzer.metric_error_analyse()
+    with pytest.raises(slimquant.InvalidArgumentError, match="lent to one eval_function call"):
+        kept[0].run(fashion[0][:1])
+
+
+def test_gil_is_released_during_calibration(tmp_path, model_path, fashion):
+    """A Python thread keeps running while C++ calibrates. The batches come from a list, whose
+    iteration runs no Python code: without the GIL released around the C++ work, the other thread
+    could not run at all until quantize() returned."""
+    images, labels = fashion
+    ticks, done = [], threading.Event()
+
+    def ticker():
+        while not done.is_set():
+            ticks.append(1)
+            done.wait(0.001)
+
+    ptq = slimquant.PostTrainingQuantization(data_loader=batches(images, labels), model_dir=model_path, algo="mse")
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    try:
+        started = len(ticks)
+        ptq.quantize()
+        during = len(ticks) - started
+    finally:
+        done.set()
+        thread.join()
+    assert during > 5
+
+
+def test_seed_002_example_runs_with_executor_and_scope_none(tmp_path, model_path, fashion):
+    # Seed 002's code with the model path and the data changed (exe = None: no Paddle executor).
+    exe = None
+    images, labels = fashion
+
+    def val():  # reader.val(data_dir=...): a reader, each call a generator of samples
+        def reader():
+            for image, label in zip(images[:64], labels[:64]):
+                yield image, int(label)
+        return reader
+
+    sample_generator = val()
+    ptq = slimquant.PostTrainingQuantization(
+        executor=exe,
+        sample_generator=sample_generator,
+        model_dir=model_path,
+        model_filename=None,
+        params_filename=None,
+        batch_size=16,
+        batch_nums=2,
+        algo="KL",
+        is_full_quantize="False" == "True")
+    quantized_program = ptq.quantize()
+    path = ptq.save_quantized_model(tmp_path / "mobilenetv1_int8_model")
+    assert pathlib.Path(path) == tmp_path / "mobilenetv1_int8_model" / "model.onnx"
+    assert quantized_program.num_nodes > 0 and slimquant.Session(path).is_int8
+
+
+def test_quant_config_rules_and_ptq_flow(model_path, fashion):
+    images, _ = fashion
+    config = slimquant.QuantConfig(activation=slimquant.KLObserver(), weight=slimquant.AbsMaxChannelWiseWeightObserver())
+    config.add_type_config("Gemm", activation=None, weight=None)  # the classifier head stays in float
+    ptq = slimquant.PTQ(config)
+    observed = ptq.quantize(model_path)
+    for start in range(0, 128, BATCH_SIZE):
+        observed({"input": images[start:start + BATCH_SIZE]})
+    assert observed.samples_seen == 4
+    types = {layer["op_type"] for layer in ptq.layers}
+    assert types == {"Conv"}
+    quantized = ptq.convert(observed)
+    logits = slimquant.Session(quantized).run(images[:8])["logits"]
+    fp32 = slimquant.Session(model_path).run(images[:8])["logits"]
+    assert (logits.argmax(1) == fp32.argmax(1)).mean() >= 0.75
+
+
+def test_analysis_qat_ranks_quantized_layers(tmp_path, model_path, fashion):
+    images, labels = fashion
+    ptq = slimquant.PostTrainingQuantization(sample_generator=sample_generator(images), model_dir=model_path,
+                                             batch_size=BATCH_SIZE, batch_nums=2, algo="abs_max",
+                                             fallback_sqnr_db=0)
+    quant_path = ptq.save_quantized_model(tmp_path / "q.onnx") if ptq.quantize() else None
+    analyzer = slimquant.AnalysisQAT(quant_model_dir=quant_path, float_model_dir=model_path,
+                                     eval_function=top1_eval(images[:128], labels[:128]), save_dir=tmp_path / "qat")
+    report = analyzer.metric_error_analyse()
+    assert len(report["layers"]) == len(ptq.layers)
+    assert (tmp_path / "qat" / "analysis.txt").exists()
