@@ -6,6 +6,7 @@
 #include "cli/common.h"
 #include "slimquant/analysis/evaluate.h"
 #include "slimquant/core/atomic_file.h"
+#include "slimquant/core/distributed.h"
 #include "slimquant/core/progress.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
@@ -121,8 +122,9 @@ Action register_quantize(CLI::App& app) {
         std::cout << "): " << fallback.sqnr_db_after << " dB" << std::endl;
       }
     }
+    // Distributed: the output exists where rank 0 wrote it (the others print nothing).
     const auto fp32_bytes = std::filesystem::file_size(model_file);
-    const auto int8_bytes = std::filesystem::file_size(a->output);
+    const auto int8_bytes = distributed::is_root() ? std::filesystem::file_size(a->output) : fp32_bytes;
     std::cout << "model size: fp32 " << fp32_bytes / 1024 << " KiB, int8 " << int8_bytes / 1024 << " KiB ("
               << std::setprecision(2) << static_cast<double>(int8_bytes) / static_cast<double>(fp32_bytes) << "x)"
               << std::endl;

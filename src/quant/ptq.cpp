@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "slimquant/core/atomic_file.h"
+#include "slimquant/core/distributed.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/runtime/optimize.h"
 #include "quant/qdq_export.h"
@@ -234,6 +235,38 @@ bool PTQ::load_calibration_state(const std::string& path, const std::string& dat
   }
   batches_ = std::stoul(batches);
   return true;
+}
+
+void PTQ::merge_calibration_across_ranks() {
+  if (distributed::size() == 1) return;
+  SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::merge_calibration_across_ranks called before quantize()");
+  auto serialise = [&] {
+    std::ostringstream out(std::ios::binary);
+    out << batches_ << '\n';
+    for (const auto& [tensor, obs] : observers_) obs->save_state(out);
+    return out.str();
+  };
+  const std::vector<std::string> states = distributed::gather(serialise());
+  if (distributed::is_root()) {
+    for (size_t r = 1; r < states.size(); ++r) {
+      std::istringstream in(states[r], std::ios::binary);
+      std::string batches;
+      std::getline(in, batches);
+      batches_ += std::stoul(batches);
+      for (auto& [tensor, obs] : observers_) {
+        try {
+          obs->merge_state(in);
+        } catch (const Error& e) {
+          throw Error(e.kind(), "merging rank " + std::to_string(r) + "'s calibration of tensor '" + tensor + "': " + e.what());
+        }
+      }
+    }
+  }
+  std::istringstream merged(distributed::broadcast(distributed::is_root() ? serialise() : std::string()), std::ios::binary);
+  std::string batches;
+  std::getline(merged, batches);
+  batches_ = std::stoul(batches);
+  for (auto& [tensor, obs] : observers_) obs->load_state(merged);
 }
 
 std::vector<std::string> PTQ::observed_tensors() const {
