@@ -46,7 +46,9 @@ echo "sanitizer build: $((SECONDS - build_start)) s"
 export OMP_NUM_THREADS=1
 test_start=$SECONDS
 status=0
-(cd "$build_dir" && ctest --output-on-failure -j"$jobs" "$@") 2>&1 | tee "$report_dir/../ctest.log" ||
+# -LE mpi: the MPI scale-out test (label mpi) runs Open MPI, whose own allocations LeakSanitizer
+# reports as leaks; scripts/test.sh runs it in the normal build.
+(cd "$build_dir" && ctest --output-on-failure -j"$jobs" -LE mpi "$@") 2>&1 | tee "$report_dir/../ctest.log" ||
   status=$?
 echo "sanitizer test run: $((SECONDS - test_start)) s"
 # GCC's UBSan prints to stderr despite log_path when linked with ASan: look for its reports too.

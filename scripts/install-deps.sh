@@ -18,6 +18,7 @@ DEBIAN_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libonnx-testdata dataset-fashion-mnist
   python3-torch python3-onnx python3-numpy libopenblas0-pthread
+  libopenmpi-dev openmpi-bin  # optional MPI scale-out (docs/scale-out.md); the build works without
 )
 # Node.js runs ONNX Runtime for peer comparisons; keep an existing install (e.g. nodesource).
 command -v node >/dev/null 2>&1 || DEBIAN_PACKAGES+=(nodejs npm)

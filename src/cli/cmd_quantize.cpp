@@ -98,7 +98,8 @@ Action register_quantize(CLI::App& app) {
     po.fallback_sqnr_db = fallback_sqnr_db;
     quant::PostTrainingQuantization ptq(po);
     const ir::Graph& qdq = ptq.quantize();
-    for (const auto& w : ptq.warnings()) std::cerr << "warning: " << w << std::endl;
+    if (distributed::is_root())
+      for (const auto& w : ptq.warnings()) std::cerr << "warning: " << w << std::endl;
     ptq.save_quantized_model(a->output);
     const ir::Graph& model = ptq.float_graph();
     const auto& rep = ptq.report();
