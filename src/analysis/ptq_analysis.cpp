@@ -141,15 +141,22 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
   };
   // Distributed: the variants are dealt to the ranks round-robin (neighbouring layers cost about
   // the same, so every rank gets a similar mix of long and short suffixes); each rank runs the
-  // base graph's prefix itself and only its own variants.
+  // base graph's prefix itself and only its own variants. Dealing starts at rank 1: rank 0 also
+  // runs the whole base graph for the base metric, so it gets the last (cheapest) share.
   const size_t ranks = static_cast<size_t>(distributed::size()), my_rank = static_cast<size_t>(distributed::rank());
   std::vector<Runner> runners;
-  std::set<std::string> wanted_set{output};
+  // The base graph's own output: for the base metric (rank 0 scores it; the others receive the
+  // result) and as the reference of fidelity metrics in the PTQ analysis. Without it a rank's base
+  // run stops at the deepest value its layers read.
+  const bool own_reference = metric.needs_reference() && !reference;
+  const bool score_base = my_rank == 0;
+  std::set<std::string> wanted_set;
+  if (score_base || own_reference) wanted_set.insert(output);
   // The per-layer sessions run one after another: one set of buffers between them, not one each
   // (measured: 6.1 GB peak for MobileNetV2 at 224x224, batch 16, without).
   runtime::SessionOptions runner_options = so;
   runner_options.buffer_pool = runtime::make_shared_buffer_pool();
-  for (size_t vi = my_rank; vi < variants.size(); vi += ranks) {
+  for (size_t vi = (my_rank + ranks - 1) % ranks; vi < variants.size(); vi += ranks) {
     ir::Graph g = variants[vi].graph;
     prepare_for_sweep(g);
     Runner r;
@@ -202,26 +209,30 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
   result.batches_resumed = start;
   Progress progress(options.progress_label, total - start, "batches");
   progress.set_note(std::to_string(variants.size()) + " layers");
+  // A rank with no layer (more ranks than layers) only takes part in the collectives.
+  const bool idle = runners.empty() && !score_base;
   for (size_t bi = start; bi < total; ++bi) {
-    data::Batch batch = loader.batch(bi);
-    runtime::RunOptions ro;
-    ro.outputs = wanted;
-    const std::map<std::string, Tensor> feeds = batch.feeds(input);
-    std::map<std::string, Tensor> values = base_session.run(feeds, ro);
-    values.insert(feeds.begin(), feeds.end());
-    Tensor ref;
-    if (metric.needs_reference())
-      ref = ref_session ? ref_session->run(batch.feeds(data::main_input_name(ref_session->input_names(), data)))
-                              .at(ref_session->outputs().at(0).name)
-                        : values.at(output);
-    base_metric->update(values.at(output), {batch.labels, batch.texts}, ref);
-    for (Runner& r : runners) {
-      std::map<std::string, Tensor> feeds;
-      for (const auto& f : r.feeds) feeds[f] = values.at(f);
-      runtime::RunOptions vo;
-      vo.outputs = {r.output};
-      Tensor out = r.session->run(feeds, vo).at(r.output);
-      metrics[r.variant]->update(out, {batch.labels, batch.texts}, ref);
+    if (!idle) {
+      data::Batch batch = loader.batch(bi);
+      runtime::RunOptions ro;
+      ro.outputs = wanted;
+      const std::map<std::string, Tensor> feeds = batch.feeds(input);
+      std::map<std::string, Tensor> values = wanted.empty() ? std::map<std::string, Tensor>() : base_session.run(feeds, ro);
+      values.insert(feeds.begin(), feeds.end());
+      Tensor ref;
+      if (metric.needs_reference())
+        ref = ref_session ? ref_session->run(batch.feeds(data::main_input_name(ref_session->input_names(), data)))
+                                .at(ref_session->outputs().at(0).name)
+                          : values.at(output);
+      if (score_base) base_metric->update(values.at(output), {batch.labels, batch.texts}, ref);
+      for (Runner& r : runners) {
+        std::map<std::string, Tensor> feeds;
+        for (const auto& f : r.feeds) feeds[f] = values.at(f);
+        runtime::RunOptions vo;
+        vo.outputs = {r.output};
+        Tensor out = r.session->run(feeds, vo).at(r.output);
+        metrics[r.variant]->update(out, {batch.labels, batch.texts}, ref);
+      }
     }
     // Rank 0 collects the other ranks' layer states: after every batch when checkpointing (the
     // checkpoint always holds every layer at the same batch), else once at the end.
