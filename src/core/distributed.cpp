@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <iostream>
 #include <thread>
 
 #include "slimquant/core/error.h"
@@ -74,6 +75,11 @@ void init(int* argc, char*** argv) {
 #else
   (void)argc;
   (void)argv;
+  // Each process would run the whole job on its own and all but one would stop at the save_dir lock.
+  const char* ranks = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (ranks && std::atoi(ranks) > 1)
+    std::cerr << "warning: started by mpirun, but this slimquant was built without MPI "
+                 "(-DSLIMQUANT_WITH_MPI=OFF): every process runs the whole job alone" << std::endl;
 #endif
 }
 
