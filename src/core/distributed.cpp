@@ -34,6 +34,7 @@ bool launched_by_mpi() {
   return false;
 }
 
+#if SLIMQUANT_WITH_MPI
 // Ranks sharing this machine, from the launcher's environment (1 when it does not say).
 int local_ranks() {
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
@@ -44,7 +45,6 @@ int local_ranks() {
   return 1;
 }
 
-#if SLIMQUANT_WITH_MPI
 int checked_count(size_t n, const char* what) {
   SQ_CHECK(n <= static_cast<size_t>(INT_MAX), ErrorKind::kUnsupported,
            std::string("distributed ") + what + " of " + std::to_string(n) + " bytes: MPI messages are limited to 2 GiB");
@@ -162,6 +162,7 @@ std::vector<std::string> gather(const std::string& bytes, int root) {
   for (size_t r = 0; r < sizes.size(); ++r) out.push_back(all.substr(static_cast<size_t>(offsets[r]), static_cast<size_t>(sizes[r])));
   return out;
 #else
+  (void)root;
   return {bytes};
 #endif
 }
@@ -175,6 +176,7 @@ std::string broadcast(const std::string& bytes, int root) {
   check(MPI_Bcast(out.data(), n, MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
   return out;
 #else
+  (void)root;
   return bytes;
 #endif
 }
