@@ -180,16 +180,19 @@ Action register_quantize(CLI::App& app) {
           for (const auto& [name, v] : m_fp32->extra_values()) j["fp32_" + name] = v;
         for (const auto& [name, v] : m_int8->extra_values()) j["int8_" + name] = v;
         j["samples"] = eval_set.size();
-        // Latency of one evaluation-sized batch, both executions in the same process.
-        data::BatchLoader eval_loader(eval_set, std::min<size_t>({32, a->eval_batch_size, eval_set.size()}));
-        const std::map<std::string, Tensor> feeds =
-            eval_loader.batch(0).feeds(data::main_input_name(fp32.input_names(), eval_set));
-        const Timing t_fp32 = time_runs(fp32, feeds, 20), t_int8 = time_runs(int8, feeds, 20);
-        std::cout << "latency (batch " << eval_loader.batch_size() << ", median of 20): fp32 " << std::setprecision(3)
-                  << t_fp32.median_ms << " ms, int8 " << t_int8.median_ms << " ms (" << std::setprecision(2)
-                  << t_fp32.median_ms / t_int8.median_ms << "x)" << std::endl;
-        j["fp32_latency_ms"] = t_fp32.median_ms;
-        j["int8_latency_ms"] = t_int8.median_ms;
+        // Latency of one evaluation-sized batch, both executions in the same process; distributed,
+        // rank 0 alone (the other ranks would compete for its cores).
+        if (distributed::is_root()) {
+          data::BatchLoader eval_loader(eval_set, std::min<size_t>({32, a->eval_batch_size, eval_set.size()}));
+          const std::map<std::string, Tensor> feeds =
+              eval_loader.batch(0).feeds(data::main_input_name(fp32.input_names(), eval_set));
+          const Timing t_fp32 = time_runs(fp32, feeds, 20), t_int8 = time_runs(int8, feeds, 20);
+          std::cout << "latency (batch " << eval_loader.batch_size() << ", median of 20): fp32 " << std::setprecision(3)
+                    << t_fp32.median_ms << " ms, int8 " << t_int8.median_ms << " ms (" << std::setprecision(2)
+                    << t_fp32.median_ms / t_int8.median_ms << "x)" << std::endl;
+          j["fp32_latency_ms"] = t_fp32.median_ms;
+          j["int8_latency_ms"] = t_int8.median_ms;
+        }
       }
     }
     if (a->json) print_json(j);

@@ -15,11 +15,14 @@ rm -rf "$work" && mkdir -p "$work"
 # CI runs as root; loopback TCP only (containers often have no other usable interface).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo
+# One OpenMP thread per process (as scripts/test.sh): ranks and concurrent tests share the cores,
+# and spinning OpenMP threads on a busy machine are many times slower.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 mpi() { local n=$1; shift; "$mpiexec" -np "$n" --oversubscribe "$@"; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# 16 evaluation batches of 8: long enough to kill a rank in the middle.
-analyze=(--quiet analyze "$model" fashion-mnist:test --limit 128 --batch-size 32 --batch-nums 4 --eval-batch-size 8
+# 32 evaluation batches of 4: long enough to kill a rank in the middle.
+analyze=(--quiet analyze "$model" fashion-mnist:test --limit 128 --batch-size 32 --batch-nums 4 --eval-batch-size 4
          --num-histogram-plots 0)
 "$slimquant" "${analyze[@]}" --save-dir "$work/a1" > "$work/a1.log"
 mpi 2 "$slimquant" "${analyze[@]}" --save-dir "$work/a2" > "$work/a2.log"
@@ -41,14 +44,14 @@ for algo in emd avg; do
   echo "ok: quantize --algo $algo, 2 ranks = 1 rank ($(cat "$work/q2_$algo.top1"))"
 done
 
-# Kill rank 1 once the checkpoint holds 2 batches.
+# Kill rank 1 once the checkpoint holds a batch.
 checkpoint=$work/k/analysis_checkpoint.json
 batches_done() { grep -o '"batches_done":[0-9]*' "$checkpoint" 2>/dev/null | cut -d: -f2 || true; }
 "$mpiexec" -np 2 --oversubscribe "$slimquant" "${analyze[@]}" --save-dir "$work/k" > "$work/k_killed.log" 2>&1 &
 launcher=$!
 killed=
 for _ in $(seq 1 1200); do
-  if [ "$(batches_done)" ] && [ "$(batches_done)" -ge 2 ]; then
+  if [ -n "$(batches_done)" ]; then
     for pid in $(pgrep -P "$launcher" || true); do
       if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1; then
         kill -KILL "$pid" && killed=$pid
@@ -62,9 +65,9 @@ done
 [ -n "$killed" ] || fail "could not kill rank 1 midway (the analysis ended first?)"
 if wait "$launcher"; then fail "the job went on after rank 1 was killed"; fi
 done_at_kill=$(batches_done)
-[ "$done_at_kill" -ge 2 ] && [ "$done_at_kill" -lt 16 ] || fail "checkpoint after the kill holds $done_at_kill batches"
+[ "$done_at_kill" -ge 1 ] && [ "$done_at_kill" -lt 32 ] || fail "checkpoint after the kill holds $done_at_kill batches"
 cp -r "$work/k" "$work/k1"
-echo "ok: killed rank 1 (pid $killed), the job stopped with $done_at_kill of 16 batches in the checkpoint"
+echo "ok: killed rank 1 (pid $killed), the job stopped with $done_at_kill of 32 batches in the checkpoint"
 
 # Rerun with 2 ranks and, from the same checkpoint, with 1 rank.
 mpi 2 "$slimquant" "${analyze[@]}" --save-dir "$work/k" > "$work/k_rerun.log"
