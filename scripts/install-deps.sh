@@ -19,6 +19,7 @@ DEBIAN_PACKAGES=(
   libonnx-testdata dataset-fashion-mnist
   python3-torch python3-onnx python3-numpy libopenblas0-pthread
   python3-dev pybind11-dev python3-pybind11 python3-pytest  # the Python package (python/) and its tests
+  libopenmpi-dev openmpi-bin  # optional MPI scale-out (docs/scale-out.md); the build works without
 )
 # Node.js runs ONNX Runtime for peer comparisons; keep an existing install (e.g. nodesource).
 command -v node >/dev/null 2>&1 || DEBIAN_PACKAGES+=(nodejs npm)

@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "slimquant/analysis/checkpoint.h"
+#include "slimquant/core/distributed.h"
 #include "slimquant/core/progress.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
@@ -133,20 +134,33 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
   const std::string output = base_session.outputs().at(0).name;
 
   struct Runner {
+    size_t variant;  // index into variants
     std::unique_ptr<runtime::Session> session;
     std::vector<std::string> feeds;
     std::string output;
   };
+  // Distributed: the variants are dealt to the ranks round-robin (neighbouring layers cost about
+  // the same, so every rank gets a similar mix of long and short suffixes); each rank runs the
+  // base graph's prefix itself and only its own variants. Dealing starts at rank 1: rank 0 also
+  // runs the whole base graph for the base metric, so it gets the last (cheapest) share.
+  const size_t ranks = static_cast<size_t>(distributed::size()), my_rank = static_cast<size_t>(distributed::rank());
   std::vector<Runner> runners;
-  std::set<std::string> wanted_set{output};
+  // The base graph's own output: for the base metric (rank 0 scores it; the others receive the
+  // result) and as the reference of fidelity metrics in the PTQ analysis. Without it a rank's base
+  // run stops at the deepest value its layers read.
+  const bool own_reference = metric.needs_reference() && !reference;
+  const bool score_base = my_rank == 0;
+  std::set<std::string> wanted_set;
+  if (score_base || own_reference) wanted_set.insert(output);
   // The per-layer sessions run one after another: one set of buffers between them, not one each
   // (measured: 6.1 GB peak for MobileNetV2 at 224x224, batch 16, without).
   runtime::SessionOptions runner_options = so;
   runner_options.buffer_pool = runtime::make_shared_buffer_pool();
-  for (const auto& var : variants) {
-    ir::Graph g = var.graph;
+  for (size_t vi = (my_rank + ranks - 1) % ranks; vi < variants.size(); vi += ranks) {
+    ir::Graph g = variants[vi].graph;
     prepare_for_sweep(g);
     Runner r;
+    r.variant = vi;
     r.session = std::make_unique<runtime::Session>(std::move(g), runner_options);
     r.feeds = boundary_values(base_session.graph(), r.session->graph());
     r.output = r.session->outputs().at(0).name;
@@ -177,7 +191,10 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
     fp["layers_hash"] = hash_hex(names.dump());
     checkpoint.emplace(options.checkpoint_path, fp);
     // Without resume the checkpoint is simply overwritten; with it, a foreign one is refused.
-    nlohmann::json state = options.resume ? checkpoint->load() : nlohmann::json();
+    // Distributed: rank 0 reads it and hands it to the others (any number of ranks resumes it:
+    // it holds every layer's state whoever computed it).
+    nlohmann::json state = options.resume && distributed::is_root() ? checkpoint->load() : nlohmann::json();
+    state = nlohmann::json::parse(distributed::broadcast(state.dump()));
     if (!state.is_null()) {
       start = state.at("batches_done").get<size_t>();
       SQ_CHECK(start <= total && state.at("layers").size() == variants.size(), ErrorKind::kInvalidData,
@@ -192,29 +209,43 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
   result.batches_resumed = start;
   Progress progress(options.progress_label, total - start, "batches");
   progress.set_note(std::to_string(variants.size()) + " layers");
+  // A rank with no layer (more ranks than layers) only takes part in the collectives.
+  const bool idle = runners.empty() && !score_base;
   for (size_t bi = start; bi < total; ++bi) {
-    data::Batch batch = loader.batch(bi);
-    runtime::RunOptions ro;
-    ro.outputs = wanted;
-    const std::map<std::string, Tensor> feeds = batch.feeds(input);
-    std::map<std::string, Tensor> values = base_session.run(feeds, ro);
-    values.insert(feeds.begin(), feeds.end());
-    Tensor ref;
-    if (metric.needs_reference())
-      ref = ref_session ? ref_session->run(batch.feeds(data::main_input_name(ref_session->input_names(), data)))
-                              .at(ref_session->outputs().at(0).name)
-                        : values.at(output);
-    base_metric->update(values.at(output), {batch.labels, batch.texts}, ref);
-    for (size_t i = 0; i < runners.size(); ++i) {
-      Runner& r = runners[i];
-      std::map<std::string, Tensor> feeds;
-      for (const auto& f : r.feeds) feeds[f] = values.at(f);
-      runtime::RunOptions vo;
-      vo.outputs = {r.output};
-      Tensor out = r.session->run(feeds, vo).at(r.output);
-      metrics[i]->update(out, {batch.labels, batch.texts}, ref);
+    if (!idle) {
+      data::Batch batch = loader.batch(bi);
+      runtime::RunOptions ro;
+      ro.outputs = wanted;
+      const std::map<std::string, Tensor> feeds = batch.feeds(input);
+      std::map<std::string, Tensor> values = wanted.empty() ? std::map<std::string, Tensor>() : base_session.run(feeds, ro);
+      values.insert(feeds.begin(), feeds.end());
+      Tensor ref;
+      if (metric.needs_reference())
+        ref = ref_session ? ref_session->run(batch.feeds(data::main_input_name(ref_session->input_names(), data)))
+                                .at(ref_session->outputs().at(0).name)
+                          : values.at(output);
+      if (score_base) base_metric->update(values.at(output), {batch.labels, batch.texts}, ref);
+      for (Runner& r : runners) {
+        std::map<std::string, Tensor> feeds;
+        for (const auto& f : r.feeds) feeds[f] = values.at(f);
+        runtime::RunOptions vo;
+        vo.outputs = {r.output};
+        Tensor out = r.session->run(feeds, vo).at(r.output);
+        metrics[r.variant]->update(out, {batch.labels, batch.texts}, ref);
+      }
     }
-    if (checkpoint) {
+    // Rank 0 collects the other ranks' layer states: after every batch when checkpointing (the
+    // checkpoint always holds every layer at the same batch), else once at the end.
+    if (ranks > 1 && (checkpoint || bi + 1 == total)) {
+      nlohmann::json mine = nlohmann::json::object();
+      for (const Runner& r : runners) mine[std::to_string(r.variant)] = metrics[r.variant]->state();
+      const std::vector<std::string> all = distributed::gather(mine.dump());
+      for (size_t from = 1; from < all.size(); ++from) {
+        const nlohmann::json theirs = nlohmann::json::parse(all[from]);
+        for (const auto& [index, layer_state] : theirs.items()) metrics.at(std::stoul(index))->load_state(layer_state);
+      }
+    }
+    if (checkpoint && distributed::is_root()) {
       nlohmann::json layers = nlohmann::json::array();
       for (const auto& m : metrics) layers.push_back(m->state());
       checkpoint->save({{"batches_done", bi + 1}, {"batches_total", total}, {"base", base_metric->state()},
@@ -223,6 +254,14 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
     progress.advance();
   }
   progress.finish();
+  if (ranks > 1) {  // every rank returns the whole result (a resumed, complete checkpoint included)
+    nlohmann::json layers = nlohmann::json::array();
+    for (const auto& m : metrics) layers.push_back(m->state());
+    const nlohmann::json all = nlohmann::json::parse(
+        distributed::broadcast(nlohmann::json{{"base", base_metric->state()}, {"layers", layers}}.dump()));
+    base_metric->load_state(all.at("base"));
+    for (size_t i = 0; i < metrics.size(); ++i) metrics[i]->load_state(all.at("layers")[i]);
+  }
   result.seconds = progress.elapsed_seconds();
   result.base_metric = base_metric->value();
   result.samples = base_metric->samples();
@@ -289,6 +328,7 @@ std::string SensitivityReport::to_text() const {
 }
 
 void write_report(const SensitivityReport& report, const std::string& save_dir) {
+  if (!distributed::is_root()) return;  // one report per job
   ensure_dir(save_dir);
   write_file_atomic((std::filesystem::path(save_dir) / "analysis.txt").string(), report.to_text());
   write_file_atomic((std::filesystem::path(save_dir) / "analysis.json").string(), report.to_json().dump(2) + "\n");

@@ -9,6 +9,7 @@
 
 #include "slimquant/analysis/checkpoint.h"
 #include "slimquant/analysis/evaluate.h"
+#include "slimquant/core/distributed.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/lowering.h"
@@ -149,7 +150,10 @@ TargetSearchResult search(const quant::PTQ& ptq, const SensitivityReport& rankin
   std::vector<std::string> order;
   for (const auto& l : ranking.ranked) order.push_back(l.name);
   std::map<std::set<std::string>, size_t> done;  // skip set -> candidate index
+  // Distributed: every evaluation is sharded over the ranks (evaluate()), so they all take the same
+  // path through the search; rank 0 alone writes.
   auto save_outputs = [&] {
+    if (!distributed::is_root()) return;
     write_file_atomic((fs::path(options.save_dir) / "target_candidates.txt").string(), r.table());
     write_file_atomic((fs::path(options.save_dir) / "target_search.json").string(), r.to_json().dump(2) + "\n");
     write_file_atomic((fs::path(options.save_dir) / "target_search_timing.json").string(),
@@ -187,7 +191,7 @@ TargetSearchResult search(const quant::PTQ& ptq, const SensitivityReport& rankin
     if (is_best) {
       r.best = idx;
       r.met = c.meets;
-      ir::save_onnx(g, r.model_path);
+      if (distributed::is_root()) ir::save_onnx(g, r.model_path);
     }
     save_outputs();
     return r.candidates[idx];

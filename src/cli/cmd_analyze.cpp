@@ -15,6 +15,7 @@
 #include "slimquant/analysis/qat_analysis.h"
 #include "slimquant/analysis/statistics.h"
 #include "slimquant/analysis/target_search.h"
+#include "slimquant/core/distributed.h"
 #include "slimquant/core/progress.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
@@ -144,9 +145,10 @@ Action register_analyze(CLI::App& app) {
     apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     SQ_CHECK(batch_size > 0 && a->eval_batch_size > 0, ErrorKind::kInvalidArgument, "batch sizes must be at least 1");
     auto metric = make_cli_metric(metric_name, a->keys);  // unknown names fail before any work
-    check_save_dir(save_dir);
     // One process per save_dir: two analyses writing one checkpoint and report would mix or lose results.
-    const analysis::DirectoryLock save_dir_lock(save_dir, "--save-dir");
+    // Distributed: rank 0 alone writes there.
+    std::optional<analysis::DirectoryLock> save_dir_lock;
+    if (distributed::is_root()) check_save_dir(save_dir), save_dir_lock.emplace(save_dir, "--save-dir");
 
     DataFlags flags = a->flags;
     if (!data_spec.empty()) flags.dataset = data_spec;
@@ -170,12 +172,15 @@ Action register_analyze(CLI::App& app) {
     data::BatchLoader loader(*calib, batch_size);
     const size_t batches = batch_nums == 0 ? loader.num_batches() : std::min(batch_nums, loader.num_batches());
     SQ_CHECK(batches > 0, ErrorKind::kInvalidData, "calibration data set '" + calib->name() + "' is empty");
-    Progress progress("calibrate", batches, "batches");
-    for (size_t i = 0; i < batches; ++i) {
+    // Distributed: every rank calibrates on its block of batches, then the observers are merged.
+    const distributed::Range my_batches = distributed::block_of(batches);
+    Progress progress("calibrate", my_batches.end - my_batches.begin, "batches");
+    for (size_t i = my_batches.begin; i < my_batches.end; ++i) {
       ptq.sample(loader.batch(i).feeds(main_input));
       progress.advance();
     }
     progress.finish();
+    ptq.merge_calibration_across_ranks();
     const double calib_seconds = progress.elapsed_seconds();
 
     analysis::PtqAnalysisOptions po;
@@ -207,7 +212,7 @@ Action register_analyze(CLI::App& app) {
     for (size_t i = 0; i < report.ranked.size() && i < 5; ++i) j["top"].push_back(report.ranked[i].name);
     j["save_dir"] = save_dir;
 
-    if (num_plots > 0) {
+    if (num_plots > 0 && distributed::is_root()) {
       data::BatchLoader plot_loader(*calib, batch_size);
       auto calibration_batches = [&](const auto& visit) {
         for (size_t b = 0; b < std::min(batches, plot_loader.num_batches()); ++b) visit(plot_loader.batch(b).feeds(main_input));
@@ -216,7 +221,7 @@ Action register_analyze(CLI::App& app) {
       std::cout << "histograms -> " << pdfs.size() << " PDFs in " << save_dir << std::endl;
       j["pdfs"] = pdfs;
     }
-    if (a->statistics) {
+    if (a->statistics && distributed::is_root()) {
       analysis::StatisticsOptions so;
       so.batch_size = a->eval_batch_size;
       analysis::run_layer_statistics(ptq, eval_set, save_dir, so);
@@ -332,8 +337,8 @@ Action register_analyze_qat(CLI::App& app) {
     SQ_CHECK(o.batch_size > 0, ErrorKind::kInvalidArgument, "--batch-size must be at least 1");
     const std::string metric_name = from("metric", a->metric).empty() ? "top1" : from("metric", a->metric);
     auto metric = make_cli_metric(metric_name, a->keys);
-    check_save_dir(o.save_dir);
-    const analysis::DirectoryLock save_dir_lock(o.save_dir, "--save-dir");
+    std::optional<analysis::DirectoryLock> save_dir_lock;
+    if (distributed::is_root()) check_save_dir(o.save_dir), save_dir_lock.emplace(o.save_dir, "--save-dir");
     if (!o.resume && !o.checkpoint_name.empty() &&
         std::filesystem::exists(std::filesystem::path(o.save_dir) / o.checkpoint_name))
       std::cerr << "note: starting over without --resume: checkpoint '"

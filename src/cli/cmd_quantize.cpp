@@ -6,6 +6,7 @@
 #include "cli/common.h"
 #include "slimquant/analysis/evaluate.h"
 #include "slimquant/core/atomic_file.h"
+#include "slimquant/core/distributed.h"
 #include "slimquant/core/progress.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
@@ -97,7 +98,8 @@ Action register_quantize(CLI::App& app) {
     po.fallback_sqnr_db = fallback_sqnr_db;
     quant::PostTrainingQuantization ptq(po);
     const ir::Graph& qdq = ptq.quantize();
-    for (const auto& w : ptq.warnings()) std::cerr << "warning: " << w << std::endl;
+    if (distributed::is_root())
+      for (const auto& w : ptq.warnings()) std::cerr << "warning: " << w << std::endl;
     ptq.save_quantized_model(a->output);
     const ir::Graph& model = ptq.float_graph();
     const auto& rep = ptq.report();
@@ -125,8 +127,9 @@ Action register_quantize(CLI::App& app) {
         std::cout << "): " << fallback.sqnr_db_after << " dB" << std::endl;
       }
     }
+    // Distributed: the output exists where rank 0 wrote it (the others print nothing).
     const auto fp32_bytes = std::filesystem::file_size(model_file);
-    const auto int8_bytes = std::filesystem::file_size(a->output);
+    const auto int8_bytes = distributed::is_root() ? std::filesystem::file_size(a->output) : fp32_bytes;
     std::cout << "model size: fp32 " << fp32_bytes / 1024 << " KiB, int8 " << int8_bytes / 1024 << " KiB ("
               << std::setprecision(2) << static_cast<double>(int8_bytes) / static_cast<double>(fp32_bytes) << "x)"
               << std::endl;
@@ -183,16 +186,19 @@ Action register_quantize(CLI::App& app) {
           for (const auto& [name, v] : m_fp32->extra_values()) j["fp32_" + name] = v;
         for (const auto& [name, v] : m_int8->extra_values()) j["int8_" + name] = v;
         j["samples"] = eval_set.size();
-        // Latency of one evaluation-sized batch, both executions in the same process.
-        data::BatchLoader eval_loader(eval_set, std::min<size_t>({32, a->eval_batch_size, eval_set.size()}));
-        const std::map<std::string, Tensor> feeds =
-            eval_loader.batch(0).feeds(data::main_input_name(fp32.input_names(), eval_set));
-        const Timing t_fp32 = time_runs(fp32, feeds, 20), t_int8 = time_runs(int8, feeds, 20);
-        std::cout << "latency (batch " << eval_loader.batch_size() << ", median of 20): fp32 " << std::setprecision(3)
-                  << t_fp32.median_ms << " ms, int8 " << t_int8.median_ms << " ms (" << std::setprecision(2)
-                  << t_fp32.median_ms / t_int8.median_ms << "x)" << std::endl;
-        j["fp32_latency_ms"] = t_fp32.median_ms;
-        j["int8_latency_ms"] = t_int8.median_ms;
+        // Latency of one evaluation-sized batch, both executions in the same process; distributed,
+        // rank 0 alone (the other ranks would compete for its cores).
+        if (distributed::is_root()) {
+          data::BatchLoader eval_loader(eval_set, std::min<size_t>({32, a->eval_batch_size, eval_set.size()}));
+          const std::map<std::string, Tensor> feeds =
+              eval_loader.batch(0).feeds(data::main_input_name(fp32.input_names(), eval_set));
+          const Timing t_fp32 = time_runs(fp32, feeds, 20), t_int8 = time_runs(int8, feeds, 20);
+          std::cout << "latency (batch " << eval_loader.batch_size() << ", median of 20): fp32 " << std::setprecision(3)
+                    << t_fp32.median_ms << " ms, int8 " << t_int8.median_ms << " ms (" << std::setprecision(2)
+                    << t_fp32.median_ms / t_int8.median_ms << "x)" << std::endl;
+          j["fp32_latency_ms"] = t_fp32.median_ms;
+          j["int8_latency_ms"] = t_int8.median_ms;
+        }
       }
     }
     if (a->json) print_json(j);

@@ -3,10 +3,20 @@
 #include <iostream>
 
 #include "cli/common.h"
+#include "slimquant/core/distributed.h"
 #include "slimquant/core/progress.h"
 
 int main(int argc, char** argv) {
   using namespace slimquant;
+  // Under mpirun every rank runs the command; rank 0 alone prints and writes (docs/scale-out.md).
+  distributed::init(&argc, &argv);
+  struct Finalize {
+    ~Finalize() { distributed::finalize(); }
+  } finalize;
+  if (!distributed::is_root()) {
+    std::cout.rdbuf(nullptr);
+    Progress::set_enabled(false);
+  }
   CLI::App app{"slimquant: INT8 quantization, analysis and inference for ONNX models"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "slimquant 0.1.0");
@@ -40,7 +50,10 @@ int main(int argc, char** argv) {
     for (auto& [sub, action] : commands)
       if (sub->parsed()) return action();
   } catch (...) {
-    return cli::report_exception(std::current_exception());
+    const int code = cli::report_exception(std::current_exception());
+    // The other ranks may be waiting in a collective: stop the whole job with this exit code.
+    if (distributed::size() > 1) distributed::abort(code);
+    return code;
   }
   return 0;
 }

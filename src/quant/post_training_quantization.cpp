@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "slimquant/core/atomic_file.h"
+#include "slimquant/core/distributed.h"
 #include "slimquant/core/progress.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
@@ -162,13 +163,19 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     const std::string probe = cache_path() + ".probe";
     write_file_atomic(probe, "");
     std::filesystem::remove(probe, ec);
-    if (ptq_->load_calibration_state(cache_path(), data_identity())) report_.resumed_batches = ptq_->samples_seen();
+    // Distributed: rank 0 alone keeps the cache (it holds the first batches, the others are merged
+    // after them), and the others skip what it resumed.
+    if (distributed::is_root() && ptq_->load_calibration_state(cache_path(), data_identity()))
+      report_.resumed_batches = ptq_->samples_seen();
+    report_.resumed_batches = std::stoul(distributed::broadcast(std::to_string(report_.resumed_batches)));
   }
 
   const auto start = std::chrono::steady_clock::now();
   auto last_save = start;
   auto after_batch = [&](size_t done, size_t total) {
-    if (!o.is_use_cache_file || done == total) return;
+    // A rank's own share is not a prefix of the batches: a sharded calibration is cached only once
+    // merged (nothing to save here), and resumes from a one-process cache.
+    if (!o.is_use_cache_file || done == total || distributed::size() > 1) return;
     // At most about once a second: the state is small, but a model with hundreds of observed
     // tensors and tiny batches should not spend its time writing.
     const auto now = std::chrono::steady_clock::now();
@@ -193,11 +200,14 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     }
     SQ_CHECK(report_.resumed_batches <= total, ErrorKind::kInvalidData,
              "calibration cache '" + cache_path() + "' holds more batches than this run asks for");
-    Progress progress("calibrate", total, "batches");
+    // Distributed: each rank samples one contiguous block of the remaining batches, and the
+    // observers are merged in rank order, which is batch order (the result is the one-process one).
+    const distributed::Range mine = distributed::block_of(total - report_.resumed_batches);
+    Progress progress("calibrate", report_.resumed_batches + mine.end - mine.begin, "batches");
     progress.advance(report_.resumed_batches);
     if (o.fallback_sqnr_db > 0)
       fallback_samples = loader.load_range(0, std::min<size_t>(kFallbackSamples, o.dataset->size())).feeds(main_input);
-    for (size_t i = report_.resumed_batches; i < total; ++i) {
+    for (size_t i = report_.resumed_batches + mine.begin; i < report_.resumed_batches + mine.end; ++i) {
       data::Batch b = loader.batch(i);
       ptq_->sample(b.feeds(main_input));
       report_.samples += b.size();
@@ -205,6 +215,8 @@ const ir::Graph& PostTrainingQuantization::quantize() {
       after_batch(i + 1, total);
     }
     progress.finish();
+    ptq_->merge_calibration_across_ranks();
+    report_.samples = static_cast<size_t>(distributed::all_reduce_sum(static_cast<int64_t>(report_.samples)));
   } else if (o.batch_generator) {
     // Resuming: the generator replays from the start; batches already observed are skipped.
     for (size_t i = 0; i < report_.resumed_batches; ++i)
@@ -284,7 +296,7 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     quantized_->metadata["slimquant.float_layers"] = names;
   }
 
-  if (o.is_use_cache_file) {
+  if (o.is_use_cache_file && distributed::is_root()) {
     std::error_code ec;
     std::filesystem::remove(cache_path(), ec);
     if (created_cache_dir && std::filesystem::is_empty(o.cache_dir, ec)) std::filesystem::remove(o.cache_dir, ec);
@@ -293,7 +305,9 @@ const ir::Graph& PostTrainingQuantization::quantize() {
 }
 
 void PostTrainingQuantization::save_quantized_model(const std::string& path) const {
-  ir::save_onnx(quantized_graph(), path);
+  // One file per job: rank 0 writes it; the barrier lets every rank read it afterwards.
+  if (distributed::is_root()) ir::save_onnx(quantized_graph(), path);
+  distributed::barrier();
 }
 
 }  // namespace slimquant::quant

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "slimquant/core/atomic_file.h"
+#include "slimquant/core/distributed.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/runtime/optimize.h"
 #include "quant/qdq_export.h"
@@ -35,6 +36,41 @@ std::string fnv1a_hex(std::string_view bytes) {
 }
 
 std::string layer_name(const ir::Node& n) { return n.name.empty() ? n.outputs.at(0) : n.name; }
+
+// The per-channel maxima as text lines `tensor` / `count v0 v1 ...` (hexfloat: exact).
+void save_channel_abs_max(std::ostream& out, const std::map<std::string, std::vector<float>>& maxima) {
+  for (const auto& [tensor, abs_max] : maxima) {
+    out << tensor << '\n' << abs_max.size() << std::hexfloat;
+    for (float v : abs_max) out << ' ' << v;
+    out << std::defaultfloat << '\n';
+  }
+}
+
+// Reads what save_channel_abs_max wrote for the same tensors; `merge` keeps the larger value of
+// each channel (another rank's share of the calibration), otherwise replaces.
+void load_channel_abs_max(std::istream& in, std::map<std::string, std::vector<float>>& maxima, bool merge) {
+  for (auto& [tensor, abs_max] : maxima) {
+    std::string stored, values;
+    std::getline(in >> std::ws, stored);
+    std::getline(in, values);
+    std::istringstream line(values);
+    size_t count = 0;
+    line >> count;
+    std::vector<float> read(count);
+    for (float& v : read) {
+      std::string word;
+      line >> word;
+      v = std::strtof(word.c_str(), nullptr);
+    }
+    SQ_CHECK(stored == tensor && !line.fail(), ErrorKind::kInvalidData, "expected the channel maxima of '" + tensor + "'");
+    if (!merge || abs_max.empty()) {
+      abs_max = std::move(read);
+    } else if (!read.empty()) {
+      SQ_CHECK(read.size() == abs_max.size(), ErrorKind::kInvalidData, "the channel counts of '" + tensor + "' differ");
+      for (size_t c = 0; c < read.size(); ++c) abs_max[c] = std::max(abs_max[c], read[c]);
+    }
+  }
+}
 
 // max |x| per channel (axis 1) of an [N, C, ...] value, merged into `abs_max` (sized on first use).
 // The observer has already refused NaN / Inf.
@@ -255,11 +291,7 @@ void PTQ::save_calibration_state(const std::string& path, const std::string& dat
     out << tensor << '\n';
     obs->save_state(out);
   }
-  for (const auto& [tensor, abs_max] : channel_abs_max_) {
-    out << tensor << '\n' << abs_max.size() << std::hexfloat;
-    for (float v : abs_max) out << ' ' << v;
-    out << std::defaultfloat << '\n';
-  }
+  save_channel_abs_max(out, channel_abs_max_);
   write_file_atomic(path, out.str());
 }
 
@@ -287,24 +319,48 @@ bool PTQ::load_calibration_state(const std::string& path, const std::string& dat
       throw Error(e.kind(), "calibration cache '" + path + "', tensor '" + tensor + "': " + e.what());
     }
   }
-  for (auto& [tensor, abs_max] : channel_abs_max_) {
-    std::string stored, values;
-    std::getline(in >> std::ws, stored);
-    std::getline(in, values);
-    std::istringstream line(values);
-    size_t count = 0;
-    line >> count;
-    abs_max.assign(count, 0.f);
-    for (float& v : abs_max) {
-      std::string word;
-      line >> word;
-      v = std::strtof(word.c_str(), nullptr);  // hexfloat: exact
-    }
-    SQ_CHECK(stored == tensor && !line.fail(), ErrorKind::kInvalidData,
-             "calibration cache '" + path + "' is corrupt: expected the channel maxima of '" + tensor + "'");
+  try {
+    load_channel_abs_max(in, channel_abs_max_, false);
+  } catch (const Error& e) {
+    throw Error(e.kind(), "calibration cache '" + path + "' is corrupt: " + e.what());
   }
   batches_ = std::stoul(batches);
   return true;
+}
+
+void PTQ::merge_calibration_across_ranks() {
+  if (distributed::size() == 1) return;
+  SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::merge_calibration_across_ranks called before quantize()");
+  auto serialise = [&] {
+    std::ostringstream out(std::ios::binary);
+    out << batches_ << '\n';
+    for (const auto& [tensor, obs] : observers_) obs->save_state(out);
+    save_channel_abs_max(out, channel_abs_max_);
+    return out.str();
+  };
+  const std::vector<std::string> states = distributed::gather(serialise());
+  if (distributed::is_root()) {
+    for (size_t r = 1; r < states.size(); ++r) {
+      std::istringstream in(states[r], std::ios::binary);
+      std::string batches;
+      std::getline(in, batches);
+      batches_ += std::stoul(batches);
+      for (auto& [tensor, obs] : observers_) {
+        try {
+          obs->merge_state(in);
+        } catch (const Error& e) {
+          throw Error(e.kind(), "merging rank " + std::to_string(r) + "'s calibration of tensor '" + tensor + "': " + e.what());
+        }
+      }
+      load_channel_abs_max(in, channel_abs_max_, true);
+    }
+  }
+  std::istringstream merged(distributed::broadcast(distributed::is_root() ? serialise() : std::string()), std::ios::binary);
+  std::string batches;
+  std::getline(merged, batches);
+  batches_ = std::stoul(batches);
+  for (auto& [tensor, obs] : observers_) obs->load_state(merged);
+  load_channel_abs_max(merged, channel_abs_max_, false);
 }
 
 std::vector<std::string> PTQ::observed_tensors() const {

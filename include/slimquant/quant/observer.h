@@ -118,6 +118,12 @@ class Observer {
   // of an observer with the same name and options (kInvalidData otherwise, or when truncated).
   void save_state(std::ostream& out) const;
   void load_state(std::istream& in);
+  // Adds the saved state of the same observer (name and options) that observed the batches right
+  // after this one's, e.g. another rank's share of a sharded calibration: afterwards this observer
+  // is exactly the one that observed both runs' batches in order (extremes combine, counts and
+  // histograms add, avg's per-batch sums are appended). Activation observers only: weight observers
+  // describe one tensor (kInvalidArgument). kInvalidData as load_state().
+  void merge_state(std::istream& later);
 
  protected:
   // accumulate = false: every observe() starts afresh (weight observers).
@@ -145,6 +151,8 @@ class Observer {
   // What an algorithm accumulates beyond the base class's extremes and counts.
   virtual void save_algo_state(std::ostream&) const {}
   virtual void load_algo_state(std::istream&) {}
+  // Merges what save_algo_state() wrote for the later batches (merge_state()).
+  virtual void merge_algo_state(std::istream&) {}
 
   int bits_;  // of the grid params() builds (ObserverOptions::weight_bits for weight observers)
   // observe() then scans each sample on its own and hands the per-sample max |x| to on_observe()

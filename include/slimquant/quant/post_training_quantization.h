@@ -84,6 +84,8 @@ class PostTrainingQuantization {
   // unwritable cache_dir, kInvalidArgument for unknown algo / op type names.
   const ir::Graph& quantize();
   // Writes the QDQ model (atomically; checked by onnx::checker). quantize() must have run.
+  // Distributed (docs/scale-out.md): quantize() shards the data set's calibration batches over the
+  // ranks; save_quantized_model() is collective: rank 0 writes, every rank returns once it has.
   void save_quantized_model(const std::string& path) const;
 
   const ir::Graph& float_graph() const { return float_graph_; }

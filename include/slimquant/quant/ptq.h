@@ -49,6 +49,12 @@ class PTQ {
   // same batches); it is part of the check.
   void save_calibration_state(const std::string& path, const std::string& data_identity = "") const;
   bool load_calibration_state(const std::string& path, const std::string& data_identity = "");
+  // Sharded calibration (docs/scale-out.md): each rank of a distributed run sampled its own block of
+  // batches, rank r's block right after rank r-1's (distributed::block_of). Merges every rank's
+  // observers in rank order (Observer::merge_state), so that every rank ends with exactly the
+  // observers, scales and samples_seen() of one process that sampled all the batches in order.
+  // Collective: every rank calls it. Nothing to do in a one-process run.
+  void merge_calibration_across_ranks();
 
   // Problems that do not stop quantization but that a user wants to hear about (e.g. a skip
   // pattern that matches no node). Filled by quantize().

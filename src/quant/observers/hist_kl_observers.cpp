@@ -25,6 +25,11 @@ class AbsHistogramObserver : public Observer {
   }
   void save_algo_state(std::ostream& out) const override { hist_.save(out); }
   void load_algo_state(std::istream& in) override { hist_.load(in); }
+  void merge_algo_state(std::istream& in) override {
+    Pow2Histogram later(hist_);
+    later.load(in);
+    hist_.merge_from(later);
+  }
 
   ObserverOptions options_;
   Pow2Histogram hist_;

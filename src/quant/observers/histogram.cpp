@@ -80,6 +80,26 @@ void Pow2Histogram::load(std::istream& in) {
   exponent_ = read_pod<int32_t>(in);
 }
 
+void Pow2Histogram::merge_from(const Pow2Histogram& other) {
+  SQ_CHECK(other.kind_ == kind_ && other.bins_ == bins_, ErrorKind::kInvalidData,
+           "cannot merge histograms of different kinds or bin counts");
+  if (other.has_range_) {
+    Pow2Histogram wider = other;
+    if (!has_range_) {
+      has_range_ = true;
+      exponent_ = other.exponent_;
+    } else if (other.exponent_ > exponent_) {
+      merge(other.exponent_ - exponent_);
+    } else if (other.exponent_ < exponent_) {
+      wider.merge(exponent_ - other.exponent_);
+    }
+    for (size_t j = 0; j < counts_.size(); ++j) counts_[j] += wider.counts_[j];
+  } else {
+    for (size_t j = static_cast<size_t>(bins_); j < counts_.size(); ++j) counts_[j] += other.counts_[j];
+  }
+  zeros_ += other.zeros_;
+}
+
 double Pow2Histogram::range() const { return std::ldexp(1.0, exponent_); }
 
 double Pow2Histogram::bin_width() const {

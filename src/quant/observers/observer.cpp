@@ -195,6 +195,25 @@ void Observer::load_state(std::istream& in) {
   load_algo_state(in);
 }
 
+void Observer::merge_state(std::istream& later) {
+  SQ_CHECK(accumulate_, ErrorKind::kInvalidArgument,
+           "observer " + name() + " describes a single weight tensor: there is no state to merge");
+  const std::string n = name();
+  std::vector<char> stored;
+  detail::read_vector(later, stored, n.size());
+  SQ_CHECK(std::string(stored.begin(), stored.end()) == n, ErrorKind::kInvalidData,
+           "cannot merge the state of another observer into '" + n + "'");
+  const float later_min = detail::read_pod<float>(later), later_max = detail::read_pod<float>(later);
+  const int64_t later_count = detail::read_pod<int64_t>(later), later_batches = detail::read_pod<int64_t>(later);
+  merge_algo_state(later);
+  if (later_count > 0) {
+    min_ = count_ > 0 ? std::min(min_, later_min) : later_min;
+    max_ = count_ > 0 ? std::max(max_, later_max) : later_max;
+  }
+  count_ += later_count;
+  batches_ += later_batches;
+}
+
 ClipRange Observer::range() const {
   check_usable(default_scheme());
   return clip_range(default_scheme());

@@ -86,6 +86,9 @@ class Pow2Histogram {
 
   void save(std::ostream& out) const;
   void load(std::istream& in);
+  // Adds another histogram of the same kind and bins: the result is the histogram of both value
+  // multisets (the narrower one's bins merge up to the wider range first, as add() would).
+  void merge_from(const Pow2Histogram& other);
 
  private:
   void ensure_range(float abs_max);

@@ -92,6 +92,11 @@ class SearchObserver final : public Observer {
   }
   void save_algo_state(std::ostream& out) const override { hist_.save(out); }
   void load_algo_state(std::istream& in) override { hist_.load(in); }
+  void merge_algo_state(std::istream& in) override {
+    Pow2Histogram later(hist_);
+    later.load(in);
+    hist_.merge_from(later);
+  }
 
   ClipRange clip_range(QuantScheme scheme) const override {
     const double abs_max = observed_abs_max();

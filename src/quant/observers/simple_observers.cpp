@@ -35,8 +35,7 @@ class MinMaxObserver final : public Observer {
 // T = mean over all observed samples of the per-sample max |x|, a sample being one slice along
 // axis 0 (the batch axis) of a rank >= 2 tensor, or the whole tensor for rank 0/1. PaddleSlim's
 // AVG observer averages per batch the per-sample maxima and then averages the batches; weighting
-// by samples instead gives the same value for equal batch sizes and does not depend on how the
-// samples are split into batches.
+// by samples instead gives the same value for equal batch sizes (up to the rounding of the sums).
 class AvgObserver final : public Observer {
  public:
   AvgObserver() : Observer(/*accumulate=*/true) { per_sample_abs_max_ = true; }
@@ -45,27 +44,40 @@ class AvgObserver final : public Observer {
  protected:
   void on_observe(const Tensor&, const float*, int64_t, const BatchStats& b) override {
     if (b.sample_abs_max.empty()) {  // rank < 2 or one sample: the whole tensor is the sample
-      sum_ += b.abs_max;
+      batch_sums_.push_back(b.abs_max);
       samples_ += 1;
       return;
     }
-    for (float m : b.sample_abs_max) sum_ += m;
+    double sum = 0.0;
+    for (float m : b.sample_abs_max) sum += m;
+    batch_sums_.push_back(sum);
     samples_ += static_cast<int64_t>(b.sample_abs_max.size());
   }
   ClipRange clip_range(QuantScheme) const override {
-    return clip_to_observed(sum_ / static_cast<double>(samples_));
+    // Summed in batch order at the end, not into one running sum: a sharded calibration appends
+    // the other ranks' batch sums (merge_algo_state) and gets the same double, bit for bit.
+    double sum = 0.0;
+    for (double s : batch_sums_) sum += s;
+    return clip_to_observed(sum / static_cast<double>(samples_));
   }
   void save_algo_state(std::ostream& out) const override {
-    write_pod(out, sum_);
+    write_pod<uint64_t>(out, batch_sums_.size());
+    write_vector(out, batch_sums_);
     write_pod(out, samples_);
   }
   void load_algo_state(std::istream& in) override {
-    sum_ = read_pod<double>(in);
+    read_vector(in, batch_sums_, read_pod<uint64_t>(in));
     samples_ = read_pod<int64_t>(in);
+  }
+  void merge_algo_state(std::istream& in) override {
+    std::vector<double> later;
+    read_vector(in, later, read_pod<uint64_t>(in));
+    batch_sums_.insert(batch_sums_.end(), later.begin(), later.end());
+    samples_ += read_pod<int64_t>(in);
   }
 
  private:
-  double sum_ = 0.0;
+  std::vector<double> batch_sums_;  // one per observed batch: one double per batch, never samples
   int64_t samples_ = 0;
 };
 
