@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <unordered_set>
 
 #include "slimquant/analysis/checkpoint.h"
+#include "analysis/model_sweep.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/quant/op_spec.h"
@@ -217,53 +219,93 @@ ir::Graph dequantize_layers(const ir::Graph& quant, const ir::Graph& float_graph
   return g;
 }
 
-SensitivityReport analyze_qat(const ir::Graph& quant, const ir::Graph& float_model, const data::Dataset& data,
-                              const Metric& metric, const QatAnalysisOptions& options) {
+namespace {
+
+// What both forms of the QAT analysis start from: the graphs as compared, the layers, their
+// de-quantized variants and the checkpoint fingerprint.
+struct QatSetup {
+  ir::Graph quant, float_model;
+  std::vector<LayerVariant> variants;
+  nlohmann::json restored = nlohmann::json::object();
+  SweepOptions sweep;
+};
+
+QatSetup prepare_qat(const ir::Graph& quant, const ir::Graph& float_model, const QatAnalysisOptions& options) {
   {
     std::error_code ec;
     std::filesystem::create_directories(options.save_dir, ec);
     SQ_CHECK(std::filesystem::is_directory(options.save_dir), ErrorKind::kIo,
              "cannot create save_dir '" + options.save_dir + "'" + (ec ? ": " + ec.message() : std::string()));
   }
-  ir::Graph q = quant;
-  ir::constants_to_initializers(q);
-  name_nodes(q);
-  ir::Graph f = float_model;
-  runtime::optimize_graph(f);  // BatchNorm folded, as PTQ folds it before quantizing
-  check_same_interface(q, f);  // a wrong --float-model fails here or by its first mismatching weight
-  std::vector<QatLayer> layers = find_quantized_layers(q, options.quantizable_op_type);
+  QatSetup s;
+  s.quant = quant;
+  ir::constants_to_initializers(s.quant);
+  name_nodes(s.quant);
+  s.float_model = float_model;
+  runtime::optimize_graph(s.float_model);  // BatchNorm folded, as PTQ folds it before quantizing
+  check_same_interface(s.quant, s.float_model);  // a wrong --float-model fails here or by its first mismatching weight
+  std::vector<QatLayer> layers = find_quantized_layers(s.quant, options.quantizable_op_type);
   std::string types;
   for (const auto& t : options.quantizable_op_type) types += (types.empty() ? "" : ",") + t;
   SQ_CHECK(!layers.empty(), ErrorKind::kInvalidArgument,
            "the quantized model has no quantized layer of types " + types +
                " (a layer is quantized when it reads a DequantizeLinear output): is it a QDQ model?");
-  std::vector<LayerVariant> variants;
-  nlohmann::json restored = nlohmann::json::object();
   for (const auto& l : layers) {
     std::vector<QatLayer> info;
-    variants.push_back({l.name, l.op_type, dequantize_layers(q, f, {l.name}, &info)});
-    restored[l.name] = info.at(0).restored;
+    s.variants.push_back({l.name, l.op_type, dequantize_layers(s.quant, s.float_model, {l.name}, &info)});
+    s.restored[l.name] = info.at(0).restored;
   }
-  SweepOptions so;
-  so.batch_size = options.batch_size;
-  so.checkpoint_path = options.checkpoint_name.empty()
-                           ? std::string()
-                           : (std::filesystem::path(options.save_dir) / options.checkpoint_name).string();
-  so.fingerprint = {{"kind", "qat"},
-                    {"quant_model", hash_hex(ir::serialize_onnx(q))},
-                    {"float_model", hash_hex(ir::serialize_onnx(f))},
-                    {"quantizable_op_type", types}};
-  so.resume = options.resume;
-  so.num_threads = options.num_threads;
-  so.progress_label = "analyze-qat";
-  SweepResult sweep = sweep_layers(q, variants, data, metric, &f, so);
+  s.sweep.batch_size = options.batch_size;
+  s.sweep.checkpoint_path = options.checkpoint_name.empty()
+                                ? std::string()
+                                : (std::filesystem::path(options.save_dir) / options.checkpoint_name).string();
+  s.sweep.fingerprint = {{"kind", "qat"},
+                         {"quant_model", hash_hex(ir::serialize_onnx(s.quant))},
+                         {"float_model", hash_hex(ir::serialize_onnx(s.float_model))},
+                         {"quantizable_op_type", types}};
+  for (const auto& [k, v] : options.fingerprint_extra.items()) s.sweep.fingerprint[k] = v;
+  s.sweep.resume = options.resume;
+  s.sweep.num_threads = options.num_threads;
+  s.sweep.progress_label = "analyze-qat";
+  return s;
+}
+
+SensitivityReport qat_report(const QatSetup& s, const SweepResult& sweep, const Metric& metric,
+                             const QatAnalysisOptions& options) {
   const double baseline = options.qat_metric.value_or(sweep.base_metric);
-  SensitivityReport report = rank_layers("qat", variants, sweep, metric, baseline);
-  report.extra["quant_model_metric"] = sweep.base_metric;
+  SensitivityReport report = rank_layers("qat", s.variants, sweep, metric, baseline);
   report.extra["qat_metric_given"] = options.qat_metric.has_value();
-  report.extra["layers_total"] = variants.size();
+  report.extra["layers_total"] = s.variants.size();
+  report.extra["restored_weights"] = s.restored;
+  return report;
+}
+
+}  // namespace
+
+SensitivityReport analyze_qat(const ir::Graph& quant, const ir::Graph& float_model, const data::Dataset& data,
+                              const Metric& metric, const QatAnalysisOptions& options) {
+  QatSetup s = prepare_qat(quant, float_model, options);
+  SweepResult sweep = sweep_layers(s.quant, s.variants, data, metric, &s.float_model, s.sweep);
+  SensitivityReport report = qat_report(s, sweep, metric, options);
+  report.extra["quant_model_metric"] = sweep.base_metric;
   report.extra["data"] = data.name();
-  report.extra["restored_weights"] = restored;
+  write_report(report, options.save_dir);
+  return report;
+}
+
+SensitivityReport analyze_qat(const ir::Graph& quant, const ir::Graph& float_model, const UserMetric& metric,
+                              const QatAnalysisOptions& options) {
+  SQ_CHECK(static_cast<bool>(metric.evaluate), ErrorKind::kInvalidArgument, "the user metric has no evaluate function");
+  QatSetup s = prepare_qat(quant, float_model, options);
+  s.sweep.fingerprint["metric"] = metric.name;
+  std::vector<ModelSweepLayer> layers;
+  for (const auto& v : s.variants) layers.push_back({v.layer, v.op_type, [&v] { return v.graph; }});
+  // The quantized model itself is evaluated only when its metric is not given.
+  std::function<ir::Graph()> base;
+  if (!options.qat_metric) base = [&s] { return s.quant; };
+  SweepResult sweep = sweep_models(base, layers, [&](const ir::Graph& model, bool) { return metric.evaluate(model); }, s.sweep);
+  SensitivityReport report = qat_report(s, sweep, *direction_only_metric(metric.name, metric.higher_is_better), options);
+  report.extra["quant_model_metric"] = base ? nlohmann::json(sweep.base_metric) : nlohmann::json();
   write_report(report, options.save_dir);
   return report;
 }

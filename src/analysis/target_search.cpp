@@ -4,7 +4,10 @@
 #include <chrono>
 #include <filesystem>
 #include <iomanip>
+#include <functional>
 #include <map>
+#include <tuple>
+#include <utility>
 #include <sstream>
 
 #include "slimquant/analysis/checkpoint.h"
@@ -118,8 +121,19 @@ std::string TargetSearchResult::table() const {
   return os.str();
 }
 
-TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport& ranking, const data::Dataset& data,
-                                 const Metric& metric, const TargetSearchOptions& options) {
+namespace {
+
+// How the search scores models: the built-in metric on a data set, or a user's evaluation.
+struct CandidateScorer {
+  std::string metric;
+  bool higher_is_better = true;
+  // Metric and latency (0 when not measured) of the FP32 model, and of a QDQ candidate.
+  std::function<std::pair<double, double>()> fp32;
+  std::function<std::pair<double, double>(const ir::Graph& qdq, size_t skipped)> candidate;
+};
+
+TargetSearchResult search_with(const quant::PTQ& ptq, const SensitivityReport& ranking, const CandidateScorer& scorer,
+                               const TargetSearchOptions& options) {
   namespace fs = std::filesystem;
   SQ_CHECK(std::isfinite(options.target), ErrorKind::kInvalidArgument, "--target-metric must be a finite number");
   std::error_code ec;
@@ -127,29 +141,13 @@ TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport&
   SQ_CHECK(fs::is_directory(options.save_dir), ErrorKind::kIo, "cannot create save_dir '" + options.save_dir + "'");
   TargetSearchResult r;
   r.target = options.target;
-  r.metric = metric.name();
-  r.higher_is_better = metric.higher_is_better();
+  r.metric = scorer.metric;
+  r.higher_is_better = scorer.higher_is_better;
   r.model_path = (fs::path(options.save_dir) / options.model_name).string();
   auto meets = [&](double m) { return r.higher_is_better ? m >= r.target : m <= r.target; };
   auto better = [&](double a, double b) { return r.higher_is_better ? a > b : a < b; };
-
-  runtime::SessionOptions so;
-  so.num_threads = options.num_threads;
-  runtime::Session fp32(ptq.float_graph(), so);
-  data::BatchLoader loader(data, options.batch_size);
-  SQ_CHECK(loader.num_batches() > 0, ErrorKind::kInvalidData, "evaluation data set '" + data.name() + "' is empty");
-  const std::map<std::string, Tensor> timing_batch =
-      loader.batch(0).feeds(data::main_input_name(fp32.input_names(), data));
-  EvalOptions eo;
-  eo.batch_size = options.batch_size;
-  eo.reference = &fp32;
-  eo.progress_label = "target fp32";
-  {
-    auto m = metric.clone_empty();
-    r.fp32_metric = evaluate(fp32, data, *m, eo).value;
-    r.fp32_latency_ms = median_latency_ms(fp32, timing_batch, options.latency_runs);
-    r.fp32_model_bytes = ir::serialize_onnx(ptq.float_graph()).size();
-  }
+  std::tie(r.fp32_metric, r.fp32_latency_ms) = scorer.fp32();
+  r.fp32_model_bytes = ir::serialize_onnx(ptq.float_graph()).size();
 
   std::vector<std::string> order;
   for (const auto& l : ranking.ranked) order.push_back(l.name);
@@ -170,12 +168,8 @@ TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport&
     TargetCandidate c;
     c.skipped = std::move(skipped);
     c.stage = stage;
-    runtime::Session int8 = quant::make_int8_session(g, so);
-    auto m = metric.clone_empty();
-    eo.progress_label = "target skip " + std::to_string(c.skipped.size());
-    c.metric = evaluate(int8, data, *m, eo).value;
+    std::tie(c.metric, c.latency_ms) = scorer.candidate(g, c.skipped.size());
     c.meets = meets(c.metric);
-    c.latency_ms = median_latency_ms(int8, timing_batch, options.latency_runs);
     const std::string bytes = ir::serialize_onnx(g);
     c.model_bytes = bytes.size();
     r.candidates.push_back(c);
@@ -234,6 +228,52 @@ TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport&
   r.skip_tensor_list = equivalent_skip_tensors(ptq, r.candidates[r.best].skipped);
   save_outputs();
   return r;
+}
+
+}  // namespace
+
+TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport& ranking, const data::Dataset& data,
+                                 const Metric& metric, const TargetSearchOptions& options) {
+  runtime::SessionOptions so;
+  so.num_threads = options.num_threads;
+  runtime::Session fp32(ptq.float_graph(), so);
+  data::BatchLoader loader(data, options.batch_size);
+  SQ_CHECK(loader.num_batches() > 0, ErrorKind::kInvalidData, "evaluation data set '" + data.name() + "' is empty");
+  const std::map<std::string, Tensor> timing_batch =
+      loader.batch(0).feeds(data::main_input_name(fp32.input_names(), data));
+  EvalOptions eo;
+  eo.batch_size = options.batch_size;
+  eo.reference = &fp32;
+  CandidateScorer scorer;
+  scorer.metric = metric.name();
+  scorer.higher_is_better = metric.higher_is_better();
+  scorer.fp32 = [&] {
+    auto m = metric.clone_empty();
+    eo.progress_label = "target fp32";
+    const double value = evaluate(fp32, data, *m, eo).value;
+    return std::pair(value, median_latency_ms(fp32, timing_batch, options.latency_runs));
+  };
+  // Candidates run with slimquant's integer execution: the model users deploy.
+  scorer.candidate = [&](const ir::Graph& qdq, size_t skipped) {
+    runtime::Session int8 = quant::make_int8_session(qdq, so);
+    auto m = metric.clone_empty();
+    eo.progress_label = "target skip " + std::to_string(skipped);
+    const double value = evaluate(int8, data, *m, eo).value;
+    return std::pair(value, median_latency_ms(int8, timing_batch, options.latency_runs));
+  };
+  return search_with(ptq, ranking, scorer, options);
+}
+
+TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport& ranking, const UserMetric& metric,
+                                 const TargetSearchOptions& options) {
+  SQ_CHECK(static_cast<bool>(metric.evaluate), ErrorKind::kInvalidArgument, "the user metric has no evaluate function");
+  CandidateScorer scorer;
+  scorer.metric = metric.name;
+  scorer.higher_is_better = metric.higher_is_better;
+  // No data here to time a batch with: latencies stay 0 (target_search_timing.json).
+  scorer.fp32 = [&] { return std::pair(metric.evaluate(ptq.float_graph()), 0.0); };
+  scorer.candidate = [&](const ir::Graph& qdq, size_t) { return std::pair(metric.evaluate(qdq), 0.0); };
+  return search_with(ptq, ranking, scorer, options);
 }
 
 }  // namespace slimquant::analysis

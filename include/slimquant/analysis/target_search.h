@@ -62,6 +62,11 @@ struct TargetSearchResult {
 TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport& ranking, const data::Dataset& data,
                                  const Metric& metric, const TargetSearchOptions& options);
 
+// Same with a UserMetric (user_metric.h: e.g. --eval-command): the FP32 model and each candidate QDQ
+// model are given to it whole; latencies are not measured (0).
+TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport& ranking, const UserMetric& metric,
+                                 const TargetSearchOptions& options);
+
 // Tensors whose `skip_tensor_list` entry makes `config` skip exactly `layers` of ptq (one tensor per
 // layer, read or written by no other layer), or empty when some layer has none.
 std::vector<std::string> equivalent_skip_tensors(const quant::PTQ& ptq, const std::vector<std::string>& layers);
