@@ -322,6 +322,10 @@ Action register_analyze(CLI::App& app) {
     report.timings["calibration_seconds"] = calib_seconds;
     report.timings["analysis_seconds"] = analysis_seconds;
     report.extra["model"] = model;
+    if (user_metric) {
+      report.extra["eval_command"] = a->eval_command.command;
+      report.extra["calibration"] = calib->name();
+    }
     analysis::write_report(report, save_dir);
     if (user_metric)
       std::cout << "analyzed " << report.ranked.size() << " layers with --eval-command in " << std::fixed
