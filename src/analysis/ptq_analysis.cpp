@@ -6,12 +6,14 @@
 #include <filesystem>
 #include <iomanip>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "slimquant/analysis/checkpoint.h"
 #include "slimquant/core/distributed.h"
+#include "analysis/model_sweep.h"
 #include "slimquant/core/progress.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
@@ -323,6 +325,11 @@ nlohmann::json SensitivityReport::timing_json() const {
 std::string SensitivityReport::to_text() const {
   std::ostringstream os;
   os << std::setprecision(6) << std::fixed;
+  // The header names the metric: a ranking file read on its own says what its numbers are.
+  const bool qat = kind == "qat";
+  os << "# " << kind << " analysis, metric " << metric << " (" << (higher_is_better ? "higher" : "lower")
+     << " is better), " << (qat ? "qat " : "fp32 ") << baseline << "; columns: name, op_type, metric with only this layer "
+     << (qat ? "de-quantized" : "quantized") << '\n';
   for (const auto& l : ranked) os << l.name << '\t' << l.op_type << '\t' << l.metric << '\n';
   return os.str();
 }
@@ -386,71 +393,115 @@ SensitivityReport analyze_ptq(const quant::PTQ& ptq, const data::Dataset& data, 
   return report;
 }
 
-std::unique_ptr<Metric> eval_function_metric(bool higher_is_better) {
+SweepResult sweep_models(const std::function<ir::Graph()>& build_base, const std::vector<ModelSweepLayer>& layers,
+                         const std::function<double(const ir::Graph& model, bool is_base)>& evaluate,
+                         const SweepOptions& options) {
+  std::optional<Checkpoint> checkpoint;
+  nlohmann::json state{{"base", nullptr}, {"done", nlohmann::json::object()}};
+  if (!options.checkpoint_path.empty()) {
+    checkpoint.emplace(options.checkpoint_path, options.fingerprint);
+    if (options.resume) {
+      nlohmann::json saved = checkpoint->load();
+      if (!saved.is_null()) state = saved;
+    }
+  }
+  SQ_CHECK(state.contains("base") && state.contains("done") && state["done"].is_object(), ErrorKind::kInvalidData,
+           "checkpoint '" + options.checkpoint_path + "' does not hold a model-by-model analysis");
+  auto save = [&] {
+    if (checkpoint) checkpoint->save(state);
+  };
+  Progress progress(options.progress_label, layers.size() + (build_base ? 1 : 0), "models");
+  SweepResult sweep;
+  sweep.batches_resumed = state["done"].size();
+  if (build_base) {
+    if (state["base"].is_null()) {
+      state["base"] = evaluate(build_base(), true);
+      save();
+    }
+    sweep.base_metric = state["base"].get<double>();
+    progress.advance();
+  }
+  for (const auto& layer : layers) {
+    if (!state["done"].contains(layer.name)) {
+      state["done"][layer.name] = evaluate(layer.build(), false);
+      save();
+    }
+    sweep.layer_metric.push_back(state["done"][layer.name].get<double>());
+    progress.advance();
+  }
+  progress.finish();
+  sweep.seconds = progress.elapsed_seconds();
+  sweep.batches = layers.size();
+  return sweep;
+}
+
+std::unique_ptr<Metric> direction_only_metric(const std::string& name, bool higher_is_better) {
   struct Direction : Metric {
-    explicit Direction(bool h) : h_(h) {}
-    std::string name() const override { return "eval_function"; }
+    Direction(std::string n, bool h) : name_(std::move(n)), h_(h) {}
+    std::string name() const override { return name_; }
     void update(const Tensor&, const BatchLabels&, const Tensor&) override {}
     double value() const override { return 0; }
     size_t samples() const override { return 0; }
     void reset() override {}
     bool higher_is_better() const override { return h_; }
-    std::unique_ptr<Metric> clone_empty() const override { return std::make_unique<Direction>(h_); }
+    std::unique_ptr<Metric> clone_empty() const override { return std::make_unique<Direction>(name_, h_); }
+    std::string name_;
     bool h_;
   };
-  return std::make_unique<Direction>(higher_is_better);
+  return std::make_unique<Direction>(name, higher_is_better);
 }
 
-SensitivityReport analyze_ptq(const quant::PTQ& ptq, const std::function<double(runtime::Session&)>& eval_function,
-                              bool higher_is_better, const PtqAnalysisOptions& options) {
+namespace {
+
+// Both user-evaluation forms of the PTQ analysis: `evaluate(model, is_fp32)`.
+SensitivityReport analyze_ptq_models(const quant::PTQ& ptq, const std::string& metric_name, bool higher_is_better,
+                                     const std::function<double(const ir::Graph&, bool)>& evaluate,
+                                     const PtqAnalysisOptions& options) {
   ensure_dir(options.save_dir);
-  SQ_CHECK(static_cast<bool>(eval_function), ErrorKind::kInvalidArgument, "eval_function is empty");
   const auto& layers = ptq.layers();
   SQ_CHECK(!layers.empty(), ErrorKind::kInvalidArgument,
            "the model has no quantizable layer (quantizable_op_type: check the op types)");
-  nlohmann::json fp = ptq_fingerprint(ptq);
-  fp["metric"] = "eval_function";
-  for (const auto& [k, v] : options.fingerprint_extra.items()) fp[k] = v;
-  std::optional<Checkpoint> checkpoint;
-  nlohmann::json state{{"fp32", nullptr}, {"done", nlohmann::json::object()}};
-  if (!options.checkpoint_name.empty()) {
-    checkpoint.emplace(checkpoint_path(options), fp);
-    nlohmann::json saved = checkpoint->load();
-    if (!saved.is_null()) state = saved;
-  }
-  auto save = [&] {
-    if (checkpoint) checkpoint->save(state);
-  };
-  Progress progress("analyze", layers.size() + 1, "models");
-  const size_t resumed = state["done"].size();
-  if (state["fp32"].is_null()) {
-    runtime::Session fp32(ptq.float_graph());
-    state["fp32"] = eval_function(fp32);
-    save();
-  }
-  progress.advance();
-  SweepResult sweep;
-  sweep.base_metric = state["fp32"].get<double>();
+  SweepOptions so;
+  so.checkpoint_path = checkpoint_path(options);
+  so.fingerprint = ptq_fingerprint(ptq);
+  so.fingerprint["metric"] = metric_name;
+  for (const auto& [k, v] : options.fingerprint_extra.items()) so.fingerprint[k] = v;
+  so.progress_label = "analyze";
+  std::vector<ModelSweepLayer> sweep_layers;
   std::vector<LayerVariant> variants;
   for (const auto& layer : layers) {
-    if (!state["done"].contains(layer.name)) {
-      ir::Graph g = ptq.convert(std::set<std::string>{layer.name});
-      prepare_for_sweep(g);
-      runtime::Session s(std::move(g));
-      state["done"][layer.name] = eval_function(s);
-      save();
-    }
-    sweep.layer_metric.push_back(state["done"][layer.name].get<double>());
+    sweep_layers.push_back({layer.name, layer.op_type, [&ptq, name = layer.name] { return ptq.convert(std::set<std::string>{name}); }});
     variants.push_back({layer.name, layer.op_type, ir::Graph()});
-    progress.advance();
   }
-  progress.finish();
-  sweep.seconds = progress.elapsed_seconds();
-  sweep.batches_resumed = resumed;
-  SensitivityReport report = rank_layers("ptq", variants, sweep, *eval_function_metric(higher_is_better), sweep.base_metric);
+  SweepResult sweep = sweep_models([&ptq] { return ptq.float_graph(); }, sweep_layers, evaluate, so);
+  SensitivityReport report =
+      rank_layers("ptq", variants, sweep, *direction_only_metric(metric_name, higher_is_better), sweep.base_metric);
   report.extra["layers_total"] = layers.size();
   write_report(report, options.save_dir);
   return report;
+}
+
+}  // namespace
+
+SensitivityReport analyze_ptq(const quant::PTQ& ptq, const std::function<double(runtime::Session&)>& eval_function,
+                              bool higher_is_better, const PtqAnalysisOptions& options) {
+  SQ_CHECK(static_cast<bool>(eval_function), ErrorKind::kInvalidArgument, "eval_function is empty");
+  return analyze_ptq_models(
+      ptq, "eval_function", higher_is_better,
+      [&](const ir::Graph& model, bool is_fp32) {
+        ir::Graph g = model;
+        if (!is_fp32) prepare_for_sweep(g);  // weight DequantizeLinear folded, as the built-in metrics run it
+        runtime::Session session(std::move(g));
+        return eval_function(session);
+      },
+      options);
+}
+
+SensitivityReport analyze_ptq(const quant::PTQ& ptq, const UserMetric& metric, const PtqAnalysisOptions& options) {
+  SQ_CHECK(static_cast<bool>(metric.evaluate), ErrorKind::kInvalidArgument, "the user metric has no evaluate function");
+  return analyze_ptq_models(
+      ptq, metric.name, metric.higher_is_better, [&](const ir::Graph& model, bool) { return metric.evaluate(model); },
+      options);
 }
 
 }  // namespace slimquant::analysis

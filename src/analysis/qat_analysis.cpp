@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <unordered_set>
 
 #include "slimquant/analysis/checkpoint.h"
-#include "slimquant/core/progress.h"
+#include "analysis/model_sweep.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/quant/op_spec.h"
@@ -220,14 +221,13 @@ ir::Graph dequantize_layers(const ir::Graph& quant, const ir::Graph& float_graph
 
 namespace {
 
-// What both forms of the QAT analysis start from: the prepared graphs, one variant per quantized
-// layer, and the checkpoint fingerprint.
+// What both forms of the QAT analysis start from: the graphs as compared, the layers, their
+// de-quantized variants and the checkpoint fingerprint.
 struct QatSetup {
   ir::Graph quant, float_model;
   std::vector<LayerVariant> variants;
   nlohmann::json restored = nlohmann::json::object();
-  nlohmann::json fingerprint;
-  std::string checkpoint_path;
+  SweepOptions sweep;
 };
 
 QatSetup prepare_qat(const ir::Graph& quant, const ir::Graph& float_model, const QatAnalysisOptions& options) {
@@ -255,36 +255,57 @@ QatSetup prepare_qat(const ir::Graph& quant, const ir::Graph& float_model, const
     s.variants.push_back({l.name, l.op_type, dequantize_layers(s.quant, s.float_model, {l.name}, &info)});
     s.restored[l.name] = info.at(0).restored;
   }
-  s.checkpoint_path = options.checkpoint_name.empty()
-                          ? std::string()
-                          : (std::filesystem::path(options.save_dir) / options.checkpoint_name).string();
-  s.fingerprint = {{"kind", "qat"},
-                   {"quant_model", hash_hex(ir::serialize_onnx(s.quant))},
-                   {"float_model", hash_hex(ir::serialize_onnx(s.float_model))},
-                   {"quantizable_op_type", types}};
+  s.sweep.batch_size = options.batch_size;
+  s.sweep.checkpoint_path = options.checkpoint_name.empty()
+                                ? std::string()
+                                : (std::filesystem::path(options.save_dir) / options.checkpoint_name).string();
+  s.sweep.fingerprint = {{"kind", "qat"},
+                         {"quant_model", hash_hex(ir::serialize_onnx(s.quant))},
+                         {"float_model", hash_hex(ir::serialize_onnx(s.float_model))},
+                         {"quantizable_op_type", types}};
+  for (const auto& [k, v] : options.fingerprint_extra.items()) s.sweep.fingerprint[k] = v;
+  s.sweep.resume = options.resume;
+  s.sweep.num_threads = options.num_threads;
+  s.sweep.progress_label = "analyze-qat";
   return s;
+}
+
+SensitivityReport qat_report(const QatSetup& s, const SweepResult& sweep, const Metric& metric,
+                             const QatAnalysisOptions& options) {
+  const double baseline = options.qat_metric.value_or(sweep.base_metric);
+  SensitivityReport report = rank_layers("qat", s.variants, sweep, metric, baseline);
+  report.extra["qat_metric_given"] = options.qat_metric.has_value();
+  report.extra["layers_total"] = s.variants.size();
+  report.extra["restored_weights"] = s.restored;
+  return report;
 }
 
 }  // namespace
 
 SensitivityReport analyze_qat(const ir::Graph& quant, const ir::Graph& float_model, const data::Dataset& data,
                               const Metric& metric, const QatAnalysisOptions& options) {
-  QatSetup setup = prepare_qat(quant, float_model, options);
-  SweepOptions so;
-  so.batch_size = options.batch_size;
-  so.checkpoint_path = setup.checkpoint_path;
-  so.fingerprint = setup.fingerprint;
-  so.resume = options.resume;
-  so.num_threads = options.num_threads;
-  so.progress_label = "analyze-qat";
-  SweepResult sweep = sweep_layers(setup.quant, setup.variants, data, metric, &setup.float_model, so);
-  const double baseline = options.qat_metric.value_or(sweep.base_metric);
-  SensitivityReport report = rank_layers("qat", setup.variants, sweep, metric, baseline);
+  QatSetup s = prepare_qat(quant, float_model, options);
+  SweepResult sweep = sweep_layers(s.quant, s.variants, data, metric, &s.float_model, s.sweep);
+  SensitivityReport report = qat_report(s, sweep, metric, options);
   report.extra["quant_model_metric"] = sweep.base_metric;
-  report.extra["qat_metric_given"] = options.qat_metric.has_value();
-  report.extra["layers_total"] = setup.variants.size();
   report.extra["data"] = data.name();
-  report.extra["restored_weights"] = setup.restored;
+  write_report(report, options.save_dir);
+  return report;
+}
+
+SensitivityReport analyze_qat(const ir::Graph& quant, const ir::Graph& float_model, const UserMetric& metric,
+                              const QatAnalysisOptions& options) {
+  SQ_CHECK(static_cast<bool>(metric.evaluate), ErrorKind::kInvalidArgument, "the user metric has no evaluate function");
+  QatSetup s = prepare_qat(quant, float_model, options);
+  s.sweep.fingerprint["metric"] = metric.name;
+  std::vector<ModelSweepLayer> layers;
+  for (const auto& v : s.variants) layers.push_back({v.layer, v.op_type, [&v] { return v.graph; }});
+  // The quantized model itself is evaluated only when its metric is not given.
+  std::function<ir::Graph()> base;
+  if (!options.qat_metric) base = [&s] { return s.quant; };
+  SweepResult sweep = sweep_models(base, layers, [&](const ir::Graph& model, bool) { return metric.evaluate(model); }, s.sweep);
+  SensitivityReport report = qat_report(s, sweep, *direction_only_metric(metric.name, metric.higher_is_better), options);
+  report.extra["quant_model_metric"] = base ? nlohmann::json(sweep.base_metric) : nlohmann::json();
   write_report(report, options.save_dir);
   return report;
 }
@@ -293,57 +314,15 @@ SensitivityReport analyze_qat(const ir::Graph& quant, const ir::Graph& float_mod
                               const std::function<double(runtime::Session&)>& eval_function, bool higher_is_better,
                               const QatAnalysisOptions& options) {
   SQ_CHECK(static_cast<bool>(eval_function), ErrorKind::kInvalidArgument, "eval_function is empty");
-  QatSetup setup = prepare_qat(quant, float_model, options);
-  setup.fingerprint["metric"] = "eval_function";
-  std::optional<Checkpoint> checkpoint;
-  nlohmann::json state{{"quant", nullptr}, {"done", nlohmann::json::object()}};
-  if (!setup.checkpoint_path.empty()) {
-    checkpoint.emplace(setup.checkpoint_path, setup.fingerprint);
-    if (options.resume) {  // seed 001: an earlier run's results are used only when asked
-      nlohmann::json saved = checkpoint->load();
-      if (!saved.is_null()) state = saved;
-    }
-  }
-  auto save = [&] {
-    if (checkpoint) checkpoint->save(state);
+  UserMetric metric;
+  metric.higher_is_better = higher_is_better;
+  metric.evaluate = [&](const ir::Graph& model) {
+    ir::Graph g = model;
+    prepare_for_sweep(g);
+    runtime::Session session(std::move(g));
+    return eval_function(session);
   };
-  Progress progress("analyze-qat", setup.variants.size() + (options.qat_metric ? 0 : 1), "models");
-  const size_t resumed = state["done"].size();
-  SweepResult sweep;
-  if (!options.qat_metric) {
-    if (state["quant"].is_null()) {
-      ir::Graph g = setup.quant;
-      prepare_for_sweep(g);
-      runtime::Session s(std::move(g));
-      state["quant"] = eval_function(s);
-      save();
-    }
-    progress.advance();
-    sweep.base_metric = state["quant"].get<double>();
-  }
-  for (const auto& v : setup.variants) {
-    if (!state["done"].contains(v.layer)) {
-      ir::Graph g = v.graph;
-      prepare_for_sweep(g);
-      runtime::Session s(std::move(g));
-      state["done"][v.layer] = eval_function(s);
-      save();
-    }
-    sweep.layer_metric.push_back(state["done"][v.layer].get<double>());
-    progress.advance();
-  }
-  progress.finish();
-  sweep.seconds = progress.elapsed_seconds();
-  sweep.batches_resumed = resumed;
-  const double baseline = options.qat_metric.value_or(sweep.base_metric);
-  SensitivityReport report =
-      rank_layers("qat", setup.variants, sweep, *eval_function_metric(higher_is_better), baseline);
-  report.extra["quant_model_metric"] = options.qat_metric ? nlohmann::json(nullptr) : nlohmann::json(sweep.base_metric);
-  report.extra["qat_metric_given"] = options.qat_metric.has_value();
-  report.extra["layers_total"] = setup.variants.size();
-  report.extra["restored_weights"] = setup.restored;
-  write_report(report, options.save_dir);
-  return report;
+  return analyze_qat(quant, float_model, metric, options);
 }
 
 }  // namespace slimquant::analysis

@@ -4,7 +4,10 @@
 #include <chrono>
 #include <filesystem>
 #include <iomanip>
+#include <functional>
 #include <map>
+#include <tuple>
+#include <utility>
 #include <sstream>
 
 #include "slimquant/analysis/checkpoint.h"
@@ -121,13 +124,17 @@ std::string TargetSearchResult::table() const {
 
 namespace {
 
-// The search itself; `evaluate_model` gives a candidate's (or, with the FP32 session, the
-// baseline's) metric, `timing_feeds` is the batch latencies are measured on (none: not measured).
-TargetSearchResult search(const quant::PTQ& ptq, const SensitivityReport& ranking, const std::string& metric_name,
-                          bool higher_is_better,
-                          const std::function<double(runtime::Session&, const std::string& label)>& evaluate_model,
-                          const std::map<std::string, Tensor>* timing_feeds, runtime::Session& fp32,
-                          const TargetSearchOptions& options) {
+// How the search scores models: the built-in metric on a data set, or a user's evaluation.
+struct CandidateScorer {
+  std::string metric;
+  bool higher_is_better = true;
+  // Metric and latency (0 when not measured) of the FP32 model, and of a QDQ candidate.
+  std::function<std::pair<double, double>()> fp32;
+  std::function<std::pair<double, double>(const ir::Graph& qdq, size_t skipped)> candidate;
+};
+
+TargetSearchResult search_with(const quant::PTQ& ptq, const SensitivityReport& ranking, const CandidateScorer& scorer,
+                               const TargetSearchOptions& options) {
   namespace fs = std::filesystem;
   SQ_CHECK(std::isfinite(options.target), ErrorKind::kInvalidArgument, "--target-metric must be a finite number");
   std::error_code ec;
@@ -135,16 +142,12 @@ TargetSearchResult search(const quant::PTQ& ptq, const SensitivityReport& rankin
   SQ_CHECK(fs::is_directory(options.save_dir), ErrorKind::kIo, "cannot create save_dir '" + options.save_dir + "'");
   TargetSearchResult r;
   r.target = options.target;
-  r.metric = metric_name;
-  r.higher_is_better = higher_is_better;
+  r.metric = scorer.metric;
+  r.higher_is_better = scorer.higher_is_better;
   r.model_path = (fs::path(options.save_dir) / options.model_name).string();
   auto meets = [&](double m) { return r.higher_is_better ? m >= r.target : m <= r.target; };
   auto better = [&](double a, double b) { return r.higher_is_better ? a > b : a < b; };
-
-  runtime::SessionOptions so;
-  so.num_threads = options.num_threads;
-  r.fp32_metric = evaluate_model(fp32, "target fp32");
-  if (timing_feeds) r.fp32_latency_ms = median_latency_ms(fp32, *timing_feeds, options.latency_runs);
+  std::tie(r.fp32_metric, r.fp32_latency_ms) = scorer.fp32();
   r.fp32_model_bytes = ir::serialize_onnx(ptq.float_graph()).size();
 
   std::vector<std::string> order;
@@ -169,10 +172,8 @@ TargetSearchResult search(const quant::PTQ& ptq, const SensitivityReport& rankin
     TargetCandidate c;
     c.skipped = std::move(skipped);
     c.stage = stage;
-    runtime::Session int8 = quant::make_int8_session(g, so);
-    c.metric = evaluate_model(int8, "target skip " + std::to_string(c.skipped.size()));
+    std::tie(c.metric, c.latency_ms) = scorer.candidate(g, c.skipped.size());
     c.meets = meets(c.metric);
-    if (timing_feeds) c.latency_ms = median_latency_ms(int8, *timing_feeds, options.latency_runs);
     const std::string bytes = ir::serialize_onnx(g);
     c.model_bytes = bytes.size();
     r.candidates.push_back(c);
@@ -247,12 +248,36 @@ TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport&
   EvalOptions eo;
   eo.batch_size = options.batch_size;
   eo.reference = &fp32;
-  auto evaluate_model = [&](runtime::Session& s, const std::string& label) {
+  CandidateScorer scorer;
+  scorer.metric = metric.name();
+  scorer.higher_is_better = metric.higher_is_better();
+  scorer.fp32 = [&] {
     auto m = metric.clone_empty();
-    eo.progress_label = label;
-    return evaluate(s, data, *m, eo).value;
+    eo.progress_label = "target fp32";
+    const double value = evaluate(fp32, data, *m, eo).value;
+    return std::pair(value, median_latency_ms(fp32, timing_batch, options.latency_runs));
   };
-  return search(ptq, ranking, metric.name(), metric.higher_is_better(), evaluate_model, &timing_batch, fp32, options);
+  // Candidates run with slimquant's integer execution: the model users deploy.
+  scorer.candidate = [&](const ir::Graph& qdq, size_t skipped) {
+    runtime::Session int8 = quant::make_int8_session(qdq, so);
+    auto m = metric.clone_empty();
+    eo.progress_label = "target skip " + std::to_string(skipped);
+    const double value = evaluate(int8, data, *m, eo).value;
+    return std::pair(value, median_latency_ms(int8, timing_batch, options.latency_runs));
+  };
+  return search_with(ptq, ranking, scorer, options);
+}
+
+TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport& ranking, const UserMetric& metric,
+                                 const TargetSearchOptions& options) {
+  SQ_CHECK(static_cast<bool>(metric.evaluate), ErrorKind::kInvalidArgument, "the user metric has no evaluate function");
+  CandidateScorer scorer;
+  scorer.metric = metric.name;
+  scorer.higher_is_better = metric.higher_is_better;
+  // No data here to time a batch with: latencies stay 0 (target_search_timing.json).
+  scorer.fp32 = [&] { return std::pair(metric.evaluate(ptq.float_graph()), 0.0); };
+  scorer.candidate = [&](const ir::Graph& qdq, size_t) { return std::pair(metric.evaluate(qdq), 0.0); };
+  return search_with(ptq, ranking, scorer, options);
 }
 
 TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport& ranking,
@@ -262,8 +287,16 @@ TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport&
   runtime::SessionOptions so;
   so.num_threads = options.num_threads;
   runtime::Session fp32(ptq.float_graph(), so);
-  return search(ptq, ranking, "eval_function", higher_is_better,
-                [&](runtime::Session& s, const std::string&) { return eval_function(s); }, timing_feeds, fp32, options);
+  CandidateScorer scorer;
+  scorer.metric = "eval_function";
+  scorer.higher_is_better = higher_is_better;
+  auto latency = [&](runtime::Session& s) { return timing_feeds ? median_latency_ms(s, *timing_feeds, options.latency_runs) : 0.0; };
+  scorer.fp32 = [&] { return std::pair(eval_function(fp32), latency(fp32)); };
+  scorer.candidate = [&](const ir::Graph& qdq, size_t) {
+    runtime::Session int8 = quant::make_int8_session(qdq, so);
+    return std::pair(eval_function(int8), latency(int8));
+  };
+  return search_with(ptq, ranking, scorer, options);
 }
 
 }  // namespace slimquant::analysis

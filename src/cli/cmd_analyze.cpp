@@ -89,6 +89,7 @@ Action register_analyze(CLI::App& app) {
     std::string model, data, eval_data, config_path, metric, keys, save_dir, checkpoint_name, model_filename, params_filename;
     DataFlags flags;
     PtqFlags ptq;
+    EvalCommandFlags eval_command;
     size_t eval_batch_size = 64;
     long num_plots = -1;
     double target = 0;
@@ -98,7 +99,8 @@ Action register_analyze(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("MODEL", a->model, "FP32 ONNX model (.onnx file or directory; or model_dir in --config)");
   add_data_flags(cmd, a->flags, a->data);
-  cmd->add_option("--metric", a->metric, std::string(kMetricHelp) + "; default top1");
+  auto* metric_flag = cmd->add_option("--metric", a->metric, std::string(kMetricHelp) + "; default top1");
+  add_eval_command_flags(cmd, a->eval_command, metric_flag);
   add_keys_flag(cmd, a->keys);
   cmd->add_option("--eval-dataset", a->eval_data, "data set the layers are evaluated on (default: DATA)");
   cmd->add_option("--eval-batch-size", a->eval_batch_size, "evaluation batch size")->capture_default_str()->check(positive_integer());
@@ -144,7 +146,12 @@ Action register_analyze(CLI::App& app) {
     if (extra.count("batch_nums") && cmd->count("--batch-nums") == 0) batch_nums = parse_size(extra["batch_nums"], "batch_nums");
     apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     SQ_CHECK(batch_size > 0 && a->eval_batch_size > 0, ErrorKind::kInvalidArgument, "batch sizes must be at least 1");
-    auto metric = make_cli_metric(metric_name, a->keys);  // unknown names fail before any work
+    // The user's evaluation program, or a built-in metric; unknown names fail before any work.
+    std::optional<analysis::UserMetric> user_metric;
+    std::unique_ptr<analysis::Metric> metric;
+    if (a->eval_command.given()) user_metric = analysis::command_metric(a->eval_command.options());
+    else metric = make_cli_metric(metric_name, a->keys);
+    const std::string metric_shown = user_metric ? user_metric->name : metric_label(metric->name());
     // One process per save_dir: two analyses writing one checkpoint and report would mix or lose results.
     // Distributed: rank 0 alone writes there.
     std::optional<analysis::DirectoryLock> save_dir_lock;
@@ -156,15 +163,15 @@ Action register_analyze(CLI::App& app) {
     if (flags.limit == 0 && extra.count("limit")) flags.limit = parse_size(extra["limit"], "limit");
     resolve_model_file(model, from("model_filename", a->model_filename));  // a clear error for devices, FIFOs, ambiguous folders
     ir::Graph graph = ir::load_model(model, from("model_filename", a->model_filename), from("params_filename", a->params_filename));
-    auto calib = data::open_dataset(flags.options("fashion-mnist:train", &graph));
+    auto calib = data::open_dataset(flags.options("analyze: the calibration", &graph));
     std::unique_ptr<data::Dataset> eval_owned;
     if (!a->eval_data.empty()) {
       DataFlags eval_flags = flags;
       eval_flags.dataset = a->eval_data;
-      eval_owned = data::open_dataset(eval_flags.options(a->eval_data, &graph));
+      eval_owned = data::open_dataset(eval_flags.options("analyze: --eval-dataset", &graph));
     }
     const data::Dataset& eval_set = eval_owned ? *eval_owned : *calib;
-    check_metric_labels(*metric, eval_set);
+    if (metric) check_metric_labels(*metric, eval_set);
 
     const std::string main_input = data::main_input_name(graph_input_names(graph), *calib);
     quant::PTQ ptq(config);
@@ -190,17 +197,28 @@ Action register_analyze(CLI::App& app) {
     po.num_threads = a->threads;
     po.fingerprint_extra = {{"calibration", calib->name() + " x" + std::to_string(calib->size())},
                             {"calibration_batches", std::to_string(batches) + "x" + std::to_string(batch_size)}};
+    if (user_metric) po.fingerprint_extra["eval_command"] = {{"command", a->eval_command.command}, {"key", a->eval_command.key}};
     auto t0 = std::chrono::steady_clock::now();
-    analysis::SensitivityReport report = analysis::analyze_ptq(ptq, eval_set, *metric, po);
+    analysis::SensitivityReport report = user_metric ? analysis::analyze_ptq(ptq, *user_metric, po)
+                                                     : analysis::analyze_ptq(ptq, eval_set, *metric, po);
     const double analysis_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     report.timings["calibration_seconds"] = calib_seconds;
     report.timings["analysis_seconds"] = analysis_seconds;
     report.extra["model"] = model;
+    if (user_metric) {
+      report.extra["eval_command"] = a->eval_command.command;
+      report.extra["calibration"] = calib->name();
+    }
     analysis::write_report(report, save_dir);
-    std::cout << "analyzed " << report.ranked.size() << " layers on " << report.samples << " samples of "
-              << eval_set.name() << " in " << std::fixed << std::setprecision(2) << analysis_seconds << " s"
-              << (report.batches_resumed ? " (resumed after " + std::to_string(report.batches_resumed) + " batches)" : "")
-              << "; fp32 " << metric_label(metric->name()) << " " << format_metric(report.baseline) << "\n";
+    if (user_metric)
+      std::cout << "analyzed " << report.ranked.size() << " layers with --eval-command in " << std::fixed
+                << std::setprecision(2) << analysis_seconds << " s"
+                << (report.batches_resumed ? " (resumed after " + std::to_string(report.batches_resumed) + " layers)" : "");
+    else
+      std::cout << "analyzed " << report.ranked.size() << " layers on " << report.samples << " samples of "
+                << eval_set.name() << " in " << std::fixed << std::setprecision(2) << analysis_seconds << " s"
+                << (report.batches_resumed ? " (resumed after " + std::to_string(report.batches_resumed) + " batches)" : "");
+    std::cout << "; fp32 " << metric_shown << " " << format_metric(report.baseline) << "\n";
     std::cout.unsetf(std::ios::floatfield);
     std::cout << "most damaging layers:\n";
     print_ranking(report, 5);
@@ -234,9 +252,10 @@ Action register_analyze(CLI::App& app) {
       to.batch_size = a->eval_batch_size;
       to.save_dir = save_dir;
       to.num_threads = a->threads;
-      auto r = analysis::search_target(ptq, report, eval_set, *metric, to);
+      auto r = user_metric ? analysis::search_target(ptq, report, *user_metric, to)
+                           : analysis::search_target(ptq, report, eval_set, *metric, to);
       const auto& best = r.candidates[r.best];
-      std::cout << (r.met ? "target met" : "target NOT met (best model saved anyway)") << ": " << metric->name() << ' '
+      std::cout << (r.met ? "target met" : "target NOT met (best model saved anyway)") << ": " << r.metric << ' '
                 << best.metric << " (target " << target_value << ", fp32 " << r.fp32_metric << ", all INT8 "
                 << r.candidates.front().metric << ") with " << best.skipped.size() << " of " << report.ranked.size()
                 << " layers in float, " << r.candidates.size() << " candidates -> " << r.model_path << "\n"
@@ -291,6 +310,7 @@ Action register_analyze_qat(CLI::App& app) {
     std::string quant_model, float_model, data, config_path, metric, keys, save_dir, checkpoint_name, op_types, model_filename,
         params_filename;
     DataFlags flags;
+    EvalCommandFlags eval_command;
     size_t batch_size = 64;
     double qat_metric = 0;
     bool resume = false, json = false;
@@ -303,7 +323,8 @@ Action register_analyze_qat(CLI::App& app) {
   auto* qat_metric = cmd->add_option("--qat-metric", a->qat_metric, "the quantized model's metric (computed when not given)")
                          ->check(number_range(-1e300, 1e300));
   cmd->add_flag("--resume", a->resume, "continue from the checkpoint in save_dir");
-  cmd->add_option("--metric", a->metric, std::string(kMetricHelp) + "; default top1");
+  auto* metric_flag = cmd->add_option("--metric", a->metric, std::string(kMetricHelp) + "; default top1");
+  add_eval_command_flags(cmd, a->eval_command, metric_flag);
   add_keys_flag(cmd, a->keys);
   cmd->add_option("--save-dir", a->save_dir, "output directory (default analysis_results)");
   cmd->add_option("--checkpoint-name", a->checkpoint_name, "checkpoint file in save_dir (default analysis_checkpoint.json)");
@@ -336,7 +357,14 @@ Action register_analyze_qat(CLI::App& app) {
     o.num_threads = a->threads;
     SQ_CHECK(o.batch_size > 0, ErrorKind::kInvalidArgument, "--batch-size must be at least 1");
     const std::string metric_name = from("metric", a->metric).empty() ? "top1" : from("metric", a->metric);
-    auto metric = make_cli_metric(metric_name, a->keys);
+    std::optional<analysis::UserMetric> user_metric;
+    std::unique_ptr<analysis::Metric> metric;
+    if (a->eval_command.given()) {
+      user_metric = analysis::command_metric(a->eval_command.options());
+      o.fingerprint_extra["eval_command"] = {{"command", a->eval_command.command}, {"key", a->eval_command.key}};
+    } else {
+      metric = make_cli_metric(metric_name, a->keys);
+    }
     std::optional<analysis::DirectoryLock> save_dir_lock;
     if (distributed::is_root()) check_save_dir(o.save_dir), save_dir_lock.emplace(o.save_dir, "--save-dir");
     if (!o.resume && !o.checkpoint_name.empty() &&
@@ -352,13 +380,25 @@ Action register_analyze_qat(CLI::App& app) {
     resolve_model_file(float_path, std::filesystem::is_directory(float_path) ? mf : "");
     ir::Graph quant = ir::load_model(quant_path, std::filesystem::is_directory(quant_path) ? mf : "", std::filesystem::is_directory(quant_path) ? pf : "");
     ir::Graph flt = ir::load_model(float_path, std::filesystem::is_directory(float_path) ? mf : "", std::filesystem::is_directory(float_path) ? pf : "");
-    auto data = data::open_dataset(flags.options("fashion-mnist:test", &flt));
-    check_metric_labels(*metric, *data);
-    auto report = analysis::analyze_qat(quant, flt, *data, *metric, o);
-    std::cout << "analyzed " << report.ranked.size() << " quantized layers on " << report.samples << " samples of "
-              << data->name() << " in " << std::fixed << std::setprecision(2) << report.seconds << " s"
-              << (report.batches_resumed ? " (resumed after " + std::to_string(report.batches_resumed) + " batches)" : "")
-              << "; qat " << metric_label(metric->name()) << " " << format_metric(report.baseline)
+    analysis::SensitivityReport report;
+    if (user_metric) {
+      // The user's program reads its own data: DATA is not used.
+      SQ_CHECK(flags.dataset.empty(), ErrorKind::kInvalidArgument,
+               "analyze-qat: --eval-command evaluates the models itself; DATA is not used with it");
+      report = analysis::analyze_qat(quant, flt, *user_metric, o);
+      std::cout << "analyzed " << report.ranked.size() << " quantized layers with --eval-command in " << std::fixed
+                << std::setprecision(2) << report.seconds << " s"
+                << (report.batches_resumed ? " (resumed after " + std::to_string(report.batches_resumed) + " layers)" : "");
+    } else {
+      auto data = data::open_dataset(flags.options("analyze-qat: the evaluation", &flt));
+      check_metric_labels(*metric, *data);
+      report = analysis::analyze_qat(quant, flt, *data, *metric, o);
+      std::cout << "analyzed " << report.ranked.size() << " quantized layers on " << report.samples << " samples of "
+                << data->name() << " in " << std::fixed << std::setprecision(2) << report.seconds << " s"
+                << (report.batches_resumed ? " (resumed after " + std::to_string(report.batches_resumed) + " batches)" : "");
+    }
+    std::cout << "; qat " << (user_metric ? user_metric->name : metric_label(metric->name())) << " "
+              << format_metric(report.baseline)
               << (o.qat_metric ? " (given)" : " (computed)") << "\n";
     std::cout.unsetf(std::ios::floatfield);
     std::cout << "layers whose quantization costs most:\n";

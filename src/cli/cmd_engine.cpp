@@ -224,7 +224,7 @@ Action register_eval(CLI::App& app) {
     SQ_CHECK(metric->needs_reference() || a->reference.empty(), ErrorKind::kInvalidArgument,
              "eval: --reference is only used by cosine, sqnr, top1_agreement and mask_iou, not by '" + a->metric + "'");
     ir::Graph model = load_model_arg(a->model);
-    auto dataset = data::open_dataset(flags.options("fashion-mnist:test", &model));
+    auto dataset = data::open_dataset(flags.options("eval", &model));
     check_metric_labels(*metric, *dataset);
     runtime::Session session = make_session(std::move(model), a->threads, a->simulate);
     std::optional<runtime::Session> reference;

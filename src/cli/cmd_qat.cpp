@@ -170,7 +170,7 @@ Action register_qat(CLI::App& app) {
     if (!a->data.empty()) flags.dataset = a->data;
     SQ_CHECK(flags.side_inputs.empty(), ErrorKind::kInvalidArgument,
              "qat trains single-input models; --side-input is for quantize, analyze and eval");
-    auto train_set = data::open_dataset(flags.options("fashion-mnist:train"));
+    auto train_set = data::open_dataset(flags.options("qat: the training"));
     SQ_CHECK(o.distill || train_set->has_labels(), ErrorKind::kInvalidArgument,
              "training data '" + train_set->name() + "' has no labels: pass --distill to train against the FP32 model's outputs");
     ir::Graph model = ir::load_model(model_file);
@@ -206,7 +206,7 @@ Action register_qat(CLI::App& app) {
       DataFlags eval_flags = flags;
       if (!a->eval_data.empty()) eval_flags.dataset = a->eval_data;
       eval_flags.limit = a->eval_limit;
-      auto eval_set = data::open_dataset(eval_flags.options(eval_flags.dataset));
+      auto eval_set = data::open_dataset(eval_flags.options("qat: --eval-dataset"));
       if (!eval_set->has_labels()) {
         std::cout << "evaluation data '" << eval_set->name() << "' has no labels: no top-1 figures" << std::endl;
       } else {

@@ -24,6 +24,7 @@ Action register_quantize(CLI::App& app) {
     bool use_cache = false;
     DataFlags flags;
     PtqFlags ptq;
+    EvalCommandFlags eval_command;
     bool json = false, no_eval = false;
     int threads = 0;
     double fallback_sqnr_db = 20.0;
@@ -43,7 +44,8 @@ Action register_quantize(CLI::App& app) {
       ->capture_default_str()
       ->check(number_range(0.0, 200.0));
   cmd->add_option("--config", a->config_path, "YAML file with the same settings (seed parameter names)");
-  cmd->add_option("--metric", a->metric, std::string("metric printed for FP32 and INT8: ") + kMetricHelp);
+  auto* metric_flag = cmd->add_option("--metric", a->metric, std::string("metric printed for FP32 and INT8: ") + kMetricHelp);
+  add_eval_command_flags(cmd, a->eval_command, metric_flag);
   add_keys_flag(cmd, a->keys);
   cmd->add_option("--eval-dataset", a->eval_data, "data set for the FP32/INT8 comparison (default: DATA)");
   cmd->add_flag("--no-eval", a->no_eval, "skip the FP32/INT8 evaluation");
@@ -71,7 +73,12 @@ Action register_quantize(CLI::App& app) {
     apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     SQ_CHECK(batch_size > 0, ErrorKind::kInvalidArgument, "--batch-size must be at least 1");
     // Bad metric names and key files fail before calibration.
-    std::unique_ptr<analysis::Metric> metric = a->no_eval ? nullptr : make_cli_metric(a->metric, a->keys);
+    SQ_CHECK(!a->no_eval || !a->eval_command.given(), ErrorKind::kInvalidArgument,
+             "--no-eval skips the evaluation that --eval-command runs: give one of them");
+    std::optional<analysis::UserMetric> user_metric;  // only to check the command before calibrating
+    if (a->eval_command.given()) user_metric = analysis::command_metric(a->eval_command.options());
+    std::unique_ptr<analysis::Metric> metric =
+        a->no_eval || user_metric ? nullptr : make_cli_metric(a->metric, a->keys);
 
     // MODEL may be a directory holding exactly one .onnx file (README); from here on, that file.
     const std::string model_file = resolve_model_file(a->model);
@@ -85,7 +92,7 @@ Action register_quantize(CLI::App& app) {
     std::optional<ir::Graph> model_inputs;
     if (!flags.side_inputs.empty()) model_inputs = ir::load_model(model_file);
     const ir::Graph* for_ranks = model_inputs ? &*model_inputs : nullptr;
-    auto dataset = data::open_dataset(flags.options("fashion-mnist:train", for_ranks));
+    auto dataset = data::open_dataset(flags.options("quantize: the calibration", for_ranks));
 
     quant::PostTrainingQuantizationOptions po;
     po.model_dir = model_file;
@@ -147,12 +154,20 @@ Action register_quantize(CLI::App& app) {
                      {"output", a->output},
                      {"fp32_bytes", fp32_bytes},
                      {"int8_bytes", int8_bytes}};
-    if (!a->no_eval) {
+    if (user_metric) {
+      // The user's program scores the model files themselves: the FP32 input and the QDQ output.
+      const double v_fp32 = analysis::run_metric_command(a->eval_command.options(), model_file);
+      const double v_int8 = analysis::run_metric_command(a->eval_command.options(), a->output);
+      std::cout << "fp32 " << user_metric->name << ": " << std::setprecision(4) << v_fp32 << "\nint8 "
+                << user_metric->name << ": " << v_int8 << " (--eval-command)" << std::endl;
+      j["fp32_" + user_metric->name] = v_fp32;
+      j["int8_" + user_metric->name] = v_int8;
+    } else if (!a->no_eval) {
       std::unique_ptr<data::Dataset> eval_owned;
       if (!a->eval_data.empty()) {
         DataFlags eval_flags = flags;
         eval_flags.dataset = a->eval_data;
-        eval_owned = data::open_dataset(eval_flags.options(a->eval_data, &model));
+        eval_owned = data::open_dataset(eval_flags.options("quantize: --eval-dataset", &model));
       }
       const data::Dataset& eval_set = eval_owned ? *eval_owned : *dataset;
       if ((metric->needs_labels() && !eval_set.has_labels()) || (metric->needs_text_labels() && !eval_set.has_text_labels())) {

@@ -18,9 +18,14 @@
 
 namespace slimquant::cli {
 
-data::DataOptions DataFlags::options(const std::string& default_spec, const ir::Graph* model) const {
+data::DataOptions DataFlags::options(const std::string& needed_by, const ir::Graph* model) const {
+  // No silent default data set: a model calibrated or scored on data it was never meant for
+  // (Fashion-MNIST) gives numbers that look valid and mean nothing.
+  SQ_CHECK(!dataset.empty(), ErrorKind::kInvalidArgument,
+           needed_by + " needs DATA: fashion-mnist[:train|:test], images:LIST_FILE or npy:DIR, as the DATA argument "
+                       "or with --dataset");
   data::DataOptions o;
-  o.spec = dataset.empty() ? default_spec : dataset;
+  o.spec = dataset;
   if (!mean.empty()) o.mean = data::parse_float_list(mean, "--mean");
   if (!stddev.empty()) o.stddev = data::parse_float_list(stddev, "--std");
   if (!resize.empty()) o.resize = data::parse_image_size(resize, "--resize");
@@ -99,6 +104,29 @@ void check_metric_labels(const analysis::Metric& metric, const data::Dataset& da
   SQ_CHECK(!metric.needs_text_labels() || data.has_text_labels(), ErrorKind::kInvalidArgument,
            "metric '" + metric.name() + "' needs text labels, but data set '" + data.name() +
                "' has none (npy:DIR reads them from labels.txt, one UTF-8 line per sample)");
+}
+
+void add_eval_command_flags(CLI::App* app, EvalCommandFlags& flags, CLI::Option* metric_flag) {
+  flags.option = app->add_option("--eval-command", flags.command,
+                                 "rank by your own evaluation: a shell command run on each candidate model, {model} "
+                                 "replaced by its .onnx path; its last output line is the metric, a number or a JSON "
+                                 "object (see --eval-key)");
+  if (metric_flag) flags.option->excludes(metric_flag);
+  app->add_option("--eval-key", flags.key, "field of --eval-command's JSON output holding the metric")
+      ->capture_default_str()
+      ->needs(flags.option);
+  app->add_option("--metric-direction", flags.direction, "whether --eval-command's metric is better higher or lower")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"higher", "lower"}))
+      ->needs(flags.option);
+}
+
+analysis::CommandMetricOptions EvalCommandFlags::options() const {
+  analysis::CommandMetricOptions o;
+  o.command = command;
+  o.key = key;
+  o.higher_is_better = direction != "lower";
+  return o;
 }
 
 void add_data_flags(CLI::App* app, DataFlags& flags, std::string& positional) {

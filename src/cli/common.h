@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "slimquant/analysis/metric.h"
+#include "slimquant/analysis/user_metric.h"
 #include "slimquant/data/dataset.h"
 #include "slimquant/ir/graph.h"
 #include "slimquant/quant/quant_config.h"
@@ -24,7 +25,9 @@ struct DataFlags {
   int channels = 0;
   std::vector<std::string> side_inputs;  // NAME=FILE.npy
   // `model` supplies the side inputs' ranks (without it, side arrays must be [N, ...] or [1, ...]).
-  data::DataOptions options(const std::string& default_spec, const ir::Graph* model = nullptr) const;
+  // Throws kInvalidArgument when no data set is given, naming `needed_by` (e.g. "quantize: the
+  // calibration"): there is no default data set.
+  data::DataOptions options(const std::string& needed_by, const ir::Graph* model = nullptr) const;
 };
 
 // --dataset, --mean, --std, --resize, --channel-order, --limit, --channels, --side-input; also accepts the data
@@ -100,6 +103,17 @@ std::unique_ptr<analysis::Metric> make_cli_metric(const std::string& name, const
 // kInvalidArgument naming the metric, the data set and what is missing when `data` lacks the labels
 // `metric` reads (class labels or text labels).
 void check_metric_labels(const analysis::Metric& metric, const data::Dataset& data);
+
+// --eval-command CMD, --eval-key NAME, --metric-direction higher|lower: the user's own evaluation
+// program instead of a built-in --metric (analysis::command_metric).
+struct EvalCommandFlags {
+  std::string command, key = "metric", direction = "higher";
+  CLI::Option* option = nullptr;  // --eval-command, once added
+  bool given() const { return !command.empty(); }
+  analysis::CommandMetricOptions options() const;
+};
+// Adds the three flags; --eval-key and --metric-direction need --eval-command, which excludes `metric_flag`.
+void add_eval_command_flags(CLI::App* app, EvalCommandFlags& flags, CLI::Option* metric_flag);
 
 // Subcommand registration; each returns the action to run after parsing.
 using Action = std::function<int()>;

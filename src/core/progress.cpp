@@ -3,18 +3,19 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <optional>
 
 namespace slimquant {
 
 namespace {
-int& enabled_state() {
-  static int state = -1;  // -1: decide from isatty
+std::optional<Progress::Mode>& mode_state() {
+  static std::optional<Progress::Mode> state;  // unset: decide from isatty
   return state;
 }
-bool enabled() {
-  int& s = enabled_state();
-  if (s < 0) s = isatty(STDERR_FILENO) ? 1 : 0;
-  return s == 1;
+Progress::Mode mode() {
+  auto& s = mode_state();
+  if (!s) s = isatty(STDERR_FILENO) ? Progress::Mode::kTerminal : Progress::Mode::kOff;
+  return *s;
 }
 std::string format_duration(double seconds) {
   char buf[32];
@@ -25,7 +26,8 @@ std::string format_duration(double seconds) {
 }
 }  // namespace
 
-void Progress::set_enabled(bool e) { enabled_state() = e ? 1 : 0; }
+void Progress::set_mode(Mode m) { mode_state() = m; }
+void Progress::set_enabled(bool e) { set_mode(e ? Mode::kTerminal : Mode::kOff); }
 
 Progress::Progress(std::string label, size_t total, std::string unit)
     : label_(std::move(label)), unit_(std::move(unit)), total_(total), start_(std::chrono::steady_clock::now()) {}
@@ -39,7 +41,8 @@ double Progress::elapsed_seconds() const {
 void Progress::advance(size_t n) {
   done_ += n;
   auto now = std::chrono::steady_clock::now();
-  if (now - last_draw_ > std::chrono::milliseconds(200)) {
+  const std::chrono::milliseconds interval = mode() == Mode::kPlain ? kPlainInterval : std::chrono::milliseconds(200);
+  if (now - last_draw_ > interval) {
     last_draw_ = now;
     draw(false);
   }
@@ -52,13 +55,16 @@ void Progress::finish() {
 }
 
 void Progress::draw(bool final) {
-  if (!enabled()) return;
+  const Mode m = mode();
+  if (m == Mode::kOff) return;
   const double t = elapsed_seconds();
   const double rate = t > 0 ? done_ / t : 0;
   std::string eta = rate > 0 && total_ > done_ ? format_duration((total_ - done_) / rate) + " left" : "";
-  std::fprintf(stderr, "\r\033[K%s %zu/%zu %s (%.1f/s%s%s)%s%s", label_.c_str(), done_, total_, unit_.c_str(), rate,
+  std::fprintf(stderr, "%s%s %zu/%zu %s (%.1f/s%s%s)%s%s", m == Mode::kTerminal ? "\r\033[K" : "", label_.c_str(),
+               done_, total_, unit_.c_str(), rate,
                eta.empty() ? "" : ", ", eta.c_str(), note_.empty() ? "" : "  ", note_.c_str());
   if (final) std::fprintf(stderr, " in %s\n", format_duration(t).c_str());
+  else if (m == Mode::kPlain) std::fprintf(stderr, "\n");
   std::fflush(stderr);
 }
 

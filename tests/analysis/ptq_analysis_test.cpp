@@ -64,9 +64,11 @@ TEST(PtqAnalysis, MatchesBruteForcePerLayerEvaluation) {
       const double slack = name == "sqnr" ? 1e-4 * std::abs(cur) : 0.0;
       EXPECT_LE(prev, cur + slack) << "rank " << i;  // higher is better for both: worst (lowest) first
     }
-    // analysis.txt: one line per layer in rank order.
+    // analysis.txt: a header naming the metric, then one line per layer in rank order.
     std::ifstream txt(tmp.path(name + "/analysis.txt"));
     std::string line;
+    ASSERT_TRUE(std::getline(txt, line));
+    EXPECT_EQ(line.rfind("# ptq analysis, metric " + report.metric + " (", 0), 0u) << line;
     size_t lines = 0;
     while (std::getline(txt, line)) {
       ASSERT_LT(lines, report.ranked.size());

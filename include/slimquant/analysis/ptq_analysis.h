@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "slimquant/analysis/metric.h"
+#include "slimquant/analysis/user_metric.h"
 #include "slimquant/data/dataset.h"
 #include "slimquant/ir/graph.h"
 #include "slimquant/quant/ptq.h"
@@ -82,7 +83,8 @@ struct SensitivityReport {
   nlohmann::json to_json() const;
   // analysis_timing.json: "seconds" and the caller's timings.
   nlohmann::json timing_json() const;
-  // analysis.txt: one line per layer in rank order: name, op type, metric (tab separated).
+  // analysis.txt: a header line ("# ptq analysis, metric top1 (higher is better), fp32 0.9...")
+  // naming the metric, then one line per layer in rank order: name, op type, metric (tab separated).
   std::string to_text() const;
 };
 
@@ -116,9 +118,10 @@ SensitivityReport analyze_ptq(const quant::PTQ& ptq, const data::Dataset& data, 
 SensitivityReport analyze_ptq(const quant::PTQ& ptq, const std::function<double(runtime::Session&)>& eval_function,
                               bool higher_is_better, const PtqAnalysisOptions& options = {});
 
-// The stand-in Metric that ranks a user evaluation function's results: name "eval_function", only
-// the direction (update/value are no-ops).
-std::unique_ptr<Metric> eval_function_metric(bool higher_is_better);
+// Same with a UserMetric (user_metric.h: e.g. --eval-command), given each candidate as an ONNX
+// graph: the FP32 model, then the QDQ model with only that layer quantized. The checkpoint records
+// finished layers; a failing evaluation keeps them and propagates its exception.
+SensitivityReport analyze_ptq(const quant::PTQ& ptq, const UserMetric& metric, const PtqAnalysisOptions& options = {});
 
 // The variant graphs the PTQ analysis evaluates (one per layer, weights' DequantizeLinear folded
 // into float constants for speed: the values are the ones the QDQ graph computes).

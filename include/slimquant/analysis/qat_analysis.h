@@ -45,6 +45,9 @@ struct QatAnalysisOptions {
   std::optional<double> qat_metric;        // the quantized model's metric; computed when not given
   std::vector<std::string> quantizable_op_type = {"Conv", "MatMul", "Gemm"};
   int num_threads = 0;
+  // Extra checkpoint fingerprint entries (e.g. the evaluation command), so a checkpoint is only
+  // reused for the same evaluation.
+  nlohmann::json fingerprint_extra = nlohmann::json::object();
 };
 
 // Runs the analysis (reusing the quantized model's values upstream of each layer, see
@@ -59,6 +62,12 @@ SensitivityReport analyze_qat(const ir::Graph& quant, const ir::Graph& float_mod
 // thrown by eval_function leaves every finished layer saved (options.resume continues from them).
 SensitivityReport analyze_qat(const ir::Graph& quant, const ir::Graph& float_model,
                               const std::function<double(runtime::Session&)>& eval_function, bool higher_is_better,
+                              const QatAnalysisOptions& options = {});
+
+// Same with a UserMetric (user_metric.h: e.g. --eval-command), given each candidate as an ONNX graph:
+// the quantized model (only when qat_metric is not given), then the quantized model with that one layer
+// de-quantized. The checkpoint records finished layers; a failing evaluation keeps them.
+SensitivityReport analyze_qat(const ir::Graph& quant, const ir::Graph& float_model, const UserMetric& metric,
                               const QatAnalysisOptions& options = {});
 
 }  // namespace slimquant::analysis

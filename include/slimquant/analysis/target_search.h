@@ -73,6 +73,11 @@ TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport&
                                  const TargetSearchOptions& options,
                                  const std::map<std::string, Tensor>* timing_feeds = nullptr);
 
+// Same with a UserMetric (user_metric.h: e.g. --eval-command): the FP32 model and each candidate QDQ
+// model are given to it whole; latencies are not measured (0).
+TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport& ranking, const UserMetric& metric,
+                                 const TargetSearchOptions& options);
+
 // Tensors whose `skip_tensor_list` entry makes `config` skip exactly `layers` of ptq (one tensor per
 // layer, read or written by no other layer), or empty when some layer has none.
 std::vector<std::string> equivalent_skip_tensors(const quant::PTQ& ptq, const std::vector<std::string>& layers);
