@@ -404,8 +404,10 @@ void optimize_graph(ir::Graph& g, const FoldOptions& options) {
   ir::neutral_elementwise_to_identity(g);
   ir::remove_identity_ops(g);
   fold_constants(g, options);
-  ir::fold_batchnorm_into_conv(g);
-  ir::fold_affine_into_conv(g);
+  // Again while either folds: a BatchNorm can follow an Add that folds first (DBNet's head:
+  // ConvTranspose -> Add(bias) -> BatchNormalization).
+  while (ir::fold_batchnorm_into_conv(g) + ir::fold_affine_into_conv(g) > 0) {
+  }
   g.remove_dead_nodes();
 }
 

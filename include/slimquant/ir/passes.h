@@ -22,12 +22,12 @@ int neutral_elementwise_to_identity(Graph& g);
 // Removes Identity and inference-mode Dropout nodes, rewiring their readers. Returns nodes removed.
 int remove_identity_ops(Graph& g);
 
-// Folds BatchNormalization into a preceding Conv whose output only the BN reads and whose weight,
-// bias and the BN parameters are constants. Returns BN nodes removed.
+// Folds BatchNormalization into a preceding Conv or ConvTranspose whose output only the BN reads and
+// whose weight, bias and the BN parameters are constants. Returns BN nodes removed.
 int fold_batchnorm_into_conv(Graph& g);
 
-// Folds Mul / Add / Sub / Div by a constant into a preceding Conv whose output only that node reads
-// and whose weight and bias are float32 constants: conv * k, conv / k (k != 0) scale the weights
+// Folds Mul / Add / Sub / Div by a constant into a preceding Conv or ConvTranspose whose output only
+// that node reads and whose weight and bias are float32 constants: conv * k, conv / k (k != 0) scale the weights
 // and bias per output channel (any sign), conv + k and conv - k shift the bias. k is a scalar or
 // one value per output channel broadcast along the channel axis ([C,1,1], [1,C,1,1]). Chains
 // (PPLCNetV3's learnable affine blocks: Mul then Add) fold repeatedly. Returns nodes removed.
