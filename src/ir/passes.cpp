@@ -662,4 +662,50 @@ int merge_swish(Graph& g, const std::function<bool(const std::string& x, const s
   return merge_gated_mul(g, [](const Node& n) { return n.op_type == "Sigmoid"; }, swish, accept);
 }
 
+int merge_residual_gate(Graph& g, const std::set<std::string>& keep) {
+  int merged = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& add = g.nodes[i];
+    if (add.op_type != "Add" || !add.domain.empty() || add.inputs.size() != 2 || add.outputs.size() != 1 ||
+        !add.fused.op.empty() || !add.attrs.empty())
+      continue;
+    for (size_t side = 0; side < 2; ++side) {
+      const std::string x = add.inputs[1 - side], gated = add.inputs[side];
+      const int m = g.producer(gated);
+      if (m < 0 || keep.count(gated) || g.is_graph_output(gated) || g.consumers(gated).size() != 1) continue;
+      const Node& mul = g.nodes[static_cast<size_t>(m)];
+      if (mul.op_type != "Mul" || !mul.domain.empty() || mul.inputs.size() != 2 || !mul.fused.op.empty() ||
+          !mul.attrs.empty())
+        continue;
+      const int xi = mul.inputs[0] == x ? 0 : mul.inputs[1] == x ? 1 : -1;
+      if (xi < 0 || mul.inputs[static_cast<size_t>(1 - xi)] == x) continue;
+      const std::string gate = mul.inputs[static_cast<size_t>(1 - xi)];
+      const ValueInfo* gate_info = g.find_value_info(gate);
+      if (!gate_info || gate_info->dtype != DType::kFloat32) continue;
+      // x * (gate + 1) has the shape of x + x * gate (a scalar 1 broadcasts to nothing larger).
+      Tensor one(DType::kFloat32, {});
+      one.data<float>()[0] = 1.f;
+      const std::string one_name = g.unique_value_name(gate + "_one");
+      g.initializers[one_name] = std::move(one);
+      Node plus_one;
+      plus_one.op_type = "Add";
+      plus_one.name = (mul.name.empty() ? gated : mul.name) + "_gate_plus_one";
+      plus_one.inputs = {gate, one_name};
+      plus_one.outputs = {g.unique_value_name(gate + "_plus_one")};
+      g.value_info[plus_one.outputs[0]] = ValueInfo{plus_one.outputs[0], DType::kFloat32, gate_info->dims};
+      Node scaled = mul;
+      scaled.name = add.name;
+      scaled.inputs = {x, plus_one.outputs[0]};
+      scaled.outputs = add.outputs;
+      // Both at the Add's place (x and the gate exist there); the old Mul (before it) goes.
+      g.nodes[i] = std::move(scaled);
+      g.nodes.insert(g.nodes.begin() + static_cast<std::ptrdiff_t>(i), std::move(plus_one));
+      g.nodes.erase(g.nodes.begin() + m);
+      ++merged;
+      break;
+    }
+  }
+  return merged;
+}
+
 }  // namespace slimquant::ir

@@ -452,6 +452,7 @@ class Plan {
       ir::merge_hardswish(graph_, [&](const std::string&, const std::string& s) { return !keep.count(s); });
       ir::merge_swish(graph_, [&](const std::string&, const std::string& s) { return !keep.count(s); });
       ir::merge_layernorm(graph_, keep);
+      ir::merge_residual_gate(graph_, keep);
       ir::fuse_activations(graph_, keep);
       fuse_residual_adds(graph_, keep);
       fold_quantize_into_residual_qconvs(graph_, keep);

@@ -72,6 +72,13 @@ int merge_swish(Graph& g, const std::function<bool(const std::string& x, const s
 // float constants. Execution only (LayerNormalization needs opset 17 to export). Returns merges.
 int merge_layernorm(Graph& g, const std::set<std::string>& keep = {});
 
+// Add(x, Mul(x, gate)), a gated map added back to the map (the residual squeeze-excitation of
+// PP-OCRv4 det's RSE-FPN: x + x * HardSigmoid(...)), becomes Mul(x, Add(gate, 1)) at the Add's
+// place when the gate is float32 and the product is read by that Add only and not in `keep`: the
+// + 1 runs on the gate (one value per channel there) and the full-size map is read once and
+// written once instead of twice each. Equal up to float rounding. Execution only. Returns merges.
+int merge_residual_gate(Graph& g, const std::set<std::string>& keep = {});
+
 inline constexpr const char* kSlimquantDomain = "com.slimquant";
 
 // Sets the shapes of the given graph inputs (others keep their declared shapes), forgets inferred
