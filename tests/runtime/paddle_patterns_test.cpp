@@ -194,3 +194,33 @@ TEST(PaddlePatterns, ResidualGateRunsAsOneMul) {
     EXPECT_LE(differ, wq.numel() / 100);
   }
 }
+
+// paddle2onnx's GELU (GeluMapper, approximate=False): Mul(Mul(x, Add(Erf(Div(x, [sqrt 2])), [1])),
+// [0.5]) with one-element [1] constants. It is the erf chain match_erf_gelu knows, so it runs as one
+// Gelu; the quantized form (Q/DQ before and a Q after) agrees with the unfused simulation within one
+// step.
+TEST(PaddlePatterns, Paddle2OnnxGeluRunsAsOneGelu) {
+  Builder b(13);
+  const std::string x = b.qdq(b.input({2, 7, 24}), 0.04f, 0);
+  auto one_element = [&](float v) { return b.constant(Tensor::from_vector<float>({1}, {v})); };
+  const std::string erf = b.node("Erf", {b.node("Div", {x, one_element(1.4142135623730951f)})});
+  const std::string inner = b.node("Mul", {x, b.node("Add", {erf, one_element(1.f)})});
+  const std::string gelu = b.node("Mul", {inner, one_element(0.5f)});
+  const std::string s = b.constant(Tensor::scalar<float>(0.02f)), z = b.constant(Tensor::scalar<int8_t>(-40));
+  const ir::Graph g = b.finish(b.node("QuantizeLinear", {gelu, s, z}));
+  std::string out;
+  EXPECT_EQ(ir::match_erf_gelu(g, x, {}, out).size(), 5u);
+  EXPECT_EQ(out, gelu);
+
+  std::mt19937 rng(11);
+  const Tensor in = random_tensor({2, 7, 24}, rng, -4.f, 4.f);
+  const Tensor want = runtime::Session(g, unfused()).run_single(in), got = runtime::Session(g).run_single(in);
+  ASSERT_EQ(got.dtype(), DType::kInt8);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const int d = std::abs(int{want.data<int8_t>()[i]} - int{got.data<int8_t>()[i]});
+    EXPECT_LE(d, 1) << i;
+    differ += d != 0;
+  }
+  EXPECT_LE(differ, want.numel() / 100);
+}
