@@ -108,6 +108,43 @@ int remove_identity_ops(Graph& g) {
   return removed;
 }
 
+namespace {
+// Conv weights are [M, C/group, k...]; ConvTranspose weights are [C, M/group, k...] (C input, M
+// output channels). The number of output channels of a Conv or ConvTranspose with weights w.
+int64_t output_channels(const Node& conv, const Tensor& w) {
+  if (conv.op_type == "Conv") return w.dim(0);
+  return w.dim(1) * conv.attr_int("group", 1);
+}
+
+// Multiplies every weight by k[its output channel], in place.
+void scale_weights_per_output_channel(const Node& conv, Tensor& w, const std::vector<float>& k) {
+  float* wd = w.data<float>();
+  const int64_t cout = output_channels(conv, w);
+  if (conv.op_type == "Conv") {
+    const int64_t per_channel = w.numel() / cout;
+    for (int64_t c = 0; c < cout; ++c)
+      for (int64_t j = 0; j < per_channel; ++j) wd[c * per_channel + j] *= k[static_cast<size_t>(c)];
+    return;
+  }
+  const int64_t group = conv.attr_int("group", 1), cin = w.dim(0), cin_g = cin / group, cout_g = w.dim(1);
+  const int64_t window = w.numel() / (cin * cout_g);
+  for (int64_t ci = 0; ci < cin; ++ci)
+    for (int64_t j = 0; j < cout_g; ++j) {
+      const float f = k[static_cast<size_t>((ci / cin_g) * cout_g + j)];
+      for (int64_t e = 0; e < window; ++e) wd[(ci * cout_g + j) * window + e] *= f;
+    }
+}
+
+// A Conv, or a ConvTranspose whose weights divide into its groups (what the folds below handle).
+bool is_foldable_conv(const Node& n, const Tensor& w) {
+  if (!n.domain.empty() || w.rank() < 3) return false;
+  if (n.op_type == "Conv") return true;
+  if (n.op_type != "ConvTranspose") return false;
+  const int64_t group = n.attr_int("group", 1);
+  return group >= 1 && w.dim(0) % group == 0;
+}
+}  // namespace
+
 int fold_batchnorm_into_conv(Graph& g) {
   int folded = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
@@ -125,29 +162,31 @@ int fold_batchnorm_into_conv(Graph& g) {
     int p = g.producer(x);
     if (p < 0) continue;
     Node& conv = g.nodes[p];
-    if (conv.op_type != "Conv" || !conv.domain.empty() || conv.outputs.size() != 1) continue;
+    if ((conv.op_type != "Conv" && conv.op_type != "ConvTranspose") || conv.outputs.size() != 1 ||
+        !conv.fused.op.empty())
+      continue;
     if (g.consumers(x).size() != 1 || g.is_graph_output(x)) continue;
     const Tensor* w = g.initializer(conv.input(1));
     const Tensor* b = conv.input(2).empty() ? nullptr : g.initializer(conv.input(2));
-    if (!w || w->dtype() != DType::kFloat32 || (!conv.input(2).empty() && !b)) continue;
+    if (!w || w->dtype() != DType::kFloat32 || (!conv.input(2).empty() && !b) || !is_foldable_conv(conv, *w)) continue;
     const Tensor *scale = g.initializer(bn.inputs[1]), *shift = g.initializer(bn.inputs[2]),
                  *mean = g.initializer(bn.inputs[3]), *var = g.initializer(bn.inputs[4]);
     if (!scale || !shift || !mean || !var) continue;
-    const int64_t cout = w->dim(0);
+    const int64_t cout = output_channels(conv, *w);
+    if (b && (b->dtype() != DType::kFloat32 || b->numel() != cout)) continue;
     if (scale->numel() != cout || shift->numel() != cout || mean->numel() != cout || var->numel() != cout) continue;
     const float eps = bn.attr_float("epsilon", 1e-5f);
     auto sc = scale->to_float_vector(), sh = shift->to_float_vector(), mu = mean->to_float_vector(),
          vr = var->to_float_vector();
     Tensor new_w = w->clone();
     Tensor new_b(DType::kFloat32, {cout});
-    const int64_t per_channel = w->numel() / cout;
-    float* wd = new_w.data<float>();
+    std::vector<float> k(static_cast<size_t>(cout));
     for (int64_t c = 0; c < cout; ++c) {
-      const float k = sc[c] / std::sqrt(vr[c] + eps);
-      for (int64_t j = 0; j < per_channel; ++j) wd[c * per_channel + j] *= k;
+      k[c] = sc[c] / std::sqrt(vr[c] + eps);
       const float bias = b ? b->data<float>()[c] : 0.f;
-      new_b.data<float>()[c] = (bias - mu[c]) * k + sh[c];
+      new_b.data<float>()[c] = (bias - mu[c]) * k[c] + sh[c];
     }
+    scale_weights_per_output_channel(conv, new_w, k);
     // The folded tensors replace the originals under their names where only this Conv reads them
     // (what an exported model then shows is the source's weight names); shared ones stay, and the
     // folded copies get fresh names.
@@ -202,12 +241,15 @@ int fold_affine_into_conv(Graph& g) {
       const int p = g.producer(y);
       if (p < 0 || y == c || g.is_graph_output(y) || g.consumers(y).size() != 1) continue;
       Node& conv = g.nodes[static_cast<size_t>(p)];
-      if (conv.op_type != "Conv" || !conv.domain.empty() || conv.outputs.size() != 1 || !conv.fused.op.empty()) continue;
+      if ((conv.op_type != "Conv" && conv.op_type != "ConvTranspose") || conv.outputs.size() != 1 ||
+          !conv.fused.op.empty())
+        continue;
       const Tensor* w = g.initializer(conv.input(1));
       const Tensor* b = conv.input(2).empty() ? nullptr : g.initializer(conv.input(2));
-      if (!w || w->dtype() != DType::kFloat32 || w->rank() < 3 || (!conv.input(2).empty() && (!b || b->dtype() != DType::kFloat32)))
+      if (!w || w->dtype() != DType::kFloat32 || !is_foldable_conv(conv, *w) ||
+          (!conv.input(2).empty() && (!b || b->dtype() != DType::kFloat32)))
         continue;
-      const int64_t cout = w->dim(0);
+      const int64_t cout = output_channels(conv, *w);
       if (b && b->numel() != cout) continue;
       std::optional<std::vector<float>> k = per_channel_constant(g, c, cout, w->rank());
       if (!k) continue;
@@ -223,12 +265,8 @@ int fold_affine_into_conv(Graph& g) {
       std::optional<Tensor> new_w;
       if (mul || div) {
         new_w = w->clone();
-        const int64_t per_channel = w->numel() / cout;
-        float* wd = new_w->data<float>();
-        for (int64_t ch = 0; ch < cout; ++ch) {
-          for (int64_t j = 0; j < per_channel; ++j) wd[ch * per_channel + j] *= (*k)[static_cast<size_t>(ch)];
-          new_b.data<float>()[ch] *= (*k)[static_cast<size_t>(ch)];
-        }
+        scale_weights_per_output_channel(conv, *new_w, *k);
+        for (int64_t ch = 0; ch < cout; ++ch) new_b.data<float>()[ch] *= (*k)[static_cast<size_t>(ch)];
       } else {
         for (int64_t ch = 0; ch < cout; ++ch) new_b.data<float>()[ch] += (*k)[static_cast<size_t>(ch)];
       }
@@ -622,6 +660,52 @@ int merge_swish(Graph& g, const std::function<bool(const std::string& x, const s
   swish.domain = kSlimquantDomain;
   swish.attrs["alpha"] = 1.f;
   return merge_gated_mul(g, [](const Node& n) { return n.op_type == "Sigmoid"; }, swish, accept);
+}
+
+int merge_residual_gate(Graph& g, const std::set<std::string>& keep) {
+  int merged = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& add = g.nodes[i];
+    if (add.op_type != "Add" || !add.domain.empty() || add.inputs.size() != 2 || add.outputs.size() != 1 ||
+        !add.fused.op.empty() || !add.attrs.empty())
+      continue;
+    for (size_t side = 0; side < 2; ++side) {
+      const std::string x = add.inputs[1 - side], gated = add.inputs[side];
+      const int m = g.producer(gated);
+      if (m < 0 || keep.count(gated) || g.is_graph_output(gated) || g.consumers(gated).size() != 1) continue;
+      const Node& mul = g.nodes[static_cast<size_t>(m)];
+      if (mul.op_type != "Mul" || !mul.domain.empty() || mul.inputs.size() != 2 || !mul.fused.op.empty() ||
+          !mul.attrs.empty())
+        continue;
+      const int xi = mul.inputs[0] == x ? 0 : mul.inputs[1] == x ? 1 : -1;
+      if (xi < 0 || mul.inputs[static_cast<size_t>(1 - xi)] == x) continue;
+      const std::string gate = mul.inputs[static_cast<size_t>(1 - xi)];
+      const ValueInfo* gate_info = g.find_value_info(gate);
+      if (!gate_info || gate_info->dtype != DType::kFloat32) continue;
+      // x * (gate + 1) has the shape of x + x * gate (a scalar 1 broadcasts to nothing larger).
+      Tensor one(DType::kFloat32, {});
+      one.data<float>()[0] = 1.f;
+      const std::string one_name = g.unique_value_name(gate + "_one");
+      g.initializers[one_name] = std::move(one);
+      Node plus_one;
+      plus_one.op_type = "Add";
+      plus_one.name = (mul.name.empty() ? gated : mul.name) + "_gate_plus_one";
+      plus_one.inputs = {gate, one_name};
+      plus_one.outputs = {g.unique_value_name(gate + "_plus_one")};
+      g.value_info[plus_one.outputs[0]] = ValueInfo{plus_one.outputs[0], DType::kFloat32, gate_info->dims};
+      Node scaled = mul;
+      scaled.name = add.name;
+      scaled.inputs = {x, plus_one.outputs[0]};
+      scaled.outputs = add.outputs;
+      // Both at the Add's place (x and the gate exist there); the old Mul (before it) goes.
+      g.nodes[i] = std::move(scaled);
+      g.nodes.insert(g.nodes.begin() + static_cast<std::ptrdiff_t>(i), std::move(plus_one));
+      g.nodes.erase(g.nodes.begin() + m);
+      ++merged;
+      break;
+    }
+  }
+  return merged;
 }
 
 }  // namespace slimquant::ir

@@ -404,8 +404,10 @@ void optimize_graph(ir::Graph& g, const FoldOptions& options) {
   ir::neutral_elementwise_to_identity(g);
   ir::remove_identity_ops(g);
   fold_constants(g, options);
-  ir::fold_batchnorm_into_conv(g);
-  ir::fold_affine_into_conv(g);
+  // Again while either folds: a BatchNorm can follow an Add that folds first (DBNet's head:
+  // ConvTranspose -> Add(bias) -> BatchNormalization).
+  while (ir::fold_batchnorm_into_conv(g) + ir::fold_affine_into_conv(g) > 0) {
+  }
   g.remove_dead_nodes();
 }
 
@@ -450,6 +452,7 @@ class Plan {
       ir::merge_hardswish(graph_, [&](const std::string&, const std::string& s) { return !keep.count(s); });
       ir::merge_swish(graph_, [&](const std::string&, const std::string& s) { return !keep.count(s); });
       ir::merge_layernorm(graph_, keep);
+      ir::merge_residual_gate(graph_, keep);
       ir::fuse_activations(graph_, keep);
       fuse_residual_adds(graph_, keep);
       fold_quantize_into_residual_qconvs(graph_, keep);

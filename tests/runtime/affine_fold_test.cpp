@@ -154,3 +154,29 @@ TEST(FoldAffineIntoConv, PpLcNetV3BlockRunsAsOneConvWithPostOps) {
     EXPECT_EQ(fused.nodes[0].outputs[0], y);
   }
 }
+
+// DBNet's head as paddle2onnx writes it: ConvTranspose (no bias) -> Add(per-channel bias) ->
+// BatchNormalization -> Relu. The Add and the BatchNorm fold into the ConvTranspose (the BatchNorm
+// only once the Add has folded), with groups (weights [C, M/group, k, k]) and without.
+TEST(FoldAffineIntoConv, ConvTransposeBiasAddAndBatchNormFold) {
+  for (const int64_t group : {1, 2}) {
+    SCOPED_TRACE("group " + std::to_string(group));
+    AffineGraph b;
+    const int64_t m = 6;  // output channels
+    std::string y = b.node("ConvTranspose", {"x", b.constant(random_tensor({4, m / group, 2, 2}, b.rng))},
+                           {{"strides", std::vector<int64_t>{2, 2}}, {"group", int64_t{group}}});
+    y = b.node("Add", {y, b.constant(random_tensor({1, m, 1, 1}, b.rng))});
+    Tensor var = random_tensor({m}, b.rng, 0.2f, 2.f);
+    y = b.node("BatchNormalization", {y, b.constant(random_tensor({m}, b.rng, -2.f, 2.f)),
+                                      b.constant(random_tensor({m}, b.rng)), b.constant(random_tensor({m}, b.rng)),
+                                      b.constant(var)});
+    y = b.node("Relu", {y});
+    const ir::Graph g = b.finish(y);
+    ir::Graph optimized = g;
+    runtime::optimize_graph(optimized);
+    EXPECT_EQ(count_op(optimized, "Add"), 0);
+    EXPECT_EQ(count_op(optimized, "BatchNormalization"), 0);
+    EXPECT_EQ(count_op(optimized, "ConvTranspose"), 1);
+    expect_same_outputs(g);
+  }
+}

@@ -138,3 +138,89 @@ TEST(PaddlePatterns, SwishWithAMulByOneRunsAsOneSwish) {
   ir::Graph kept = r.finish(r.node("Mul", {rx, r.constant(Tensor::from_vector<float>({1}, {1.f}))}));
   EXPECT_EQ(ir::neutral_elementwise_to_identity(kept), 0);
 }
+
+// PP-OCRv4 det's residual squeeze-excitation (RSE-FPN): y = x + x * HardSigmoid(Conv(GAP(x))),
+// paddle2onnx writing the Mul as Mul(x, gate) or Mul(gate, x), becomes x * (gate + 1): one
+// full-size Mul instead of a Mul and an Add, with the unfused outputs up to float rounding; the
+// quantized form (Q after the Add, as the INT8 export has before the next Conv) agrees with the
+// unfused simulation within one step.
+TEST(PaddlePatterns, ResidualGateRunsAsOneMul) {
+  for (const bool gate_first : {false, true}) {
+    SCOPED_TRACE(gate_first ? "Mul(gate, x)" : "Mul(x, gate)");
+    Builder b(13);
+    const std::string x = b.input({1, 8, 12, 10});
+    const std::string pooled = b.node("GlobalAveragePool", {x});
+    const std::string gate = b.node(
+        "HardSigmoid", {b.node("Conv", {pooled, b.constant(random_tensor({8, 8, 1, 1}, b.rng, -2.f, 2.f))})},
+        {{"alpha", 0.2f}, {"beta", 0.5f}});
+    const std::string product = gate_first ? b.node("Mul", {gate, x}) : b.node("Mul", {x, gate});
+    const std::string y = b.node("Add", {x, product});
+    const std::string s = b.constant(Tensor::scalar<float>(0.02f)), z = b.constant(Tensor::scalar<int8_t>(0));
+    const std::string yq = b.node("QuantizeLinear", {y, s, z});
+    ir::Graph g = b.finish(y);
+    g.outputs.push_back({yq, DType::kInt8, std::nullopt});
+
+    ir::Graph merged = g;
+    ir::bind_input_shapes(merged, {{"x", {1, 8, 12, 10}}});
+    EXPECT_EQ(ir::merge_residual_gate(merged, {product}), 0);  // a kept product blocks it
+    EXPECT_EQ(ir::merge_residual_gate(merged), 1);
+    EXPECT_EQ(count_op(merged, "Mul"), 1);
+    EXPECT_EQ(count_op(merged, "Add"), 1);  // gate + 1, on [1, 8, 1, 1]
+    for (const auto& n : merged.nodes)
+      if (n.op_type == "Mul") EXPECT_EQ(n.outputs[0], y);
+    merged.validate();
+
+    std::mt19937 rng(7);
+    const Tensor in = random_tensor({1, 8, 12, 10}, rng, -2.f, 2.f);
+    runtime::RunOptions both;
+    both.outputs = {y, yq};
+    auto want = runtime::Session(g, unfused()).run({{"x", in}}, both);
+    auto got = runtime::Session(g).run({{"x", in}}, both);
+    const Tensor &wy = want.at(y), &gy = got.at(y);
+    for (int64_t i = 0; i < wy.numel(); ++i)
+      EXPECT_NEAR(gy.data<float>()[i], wy.data<float>()[i], 1e-5f * (1.f + std::fabs(wy.data<float>()[i]))) << i;
+    // Requested as an output, y is kept: the quantized value is checked with y not requested.
+    runtime::RunOptions only_q;
+    only_q.outputs = {yq};
+    const Tensor wq = runtime::Session(g, unfused()).run({{"x", in}}, only_q).at(yq);
+    const Tensor gq = runtime::Session(g).run({{"x", in}}, only_q).at(yq);
+    ASSERT_EQ(gq.dtype(), DType::kInt8);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < wq.numel(); ++i) {
+      const int d = std::abs(int{wq.data<int8_t>()[i]} - int{gq.data<int8_t>()[i]});
+      EXPECT_LE(d, 1) << i;
+      differ += d != 0;
+    }
+    EXPECT_LE(differ, wq.numel() / 100);
+  }
+}
+
+// paddle2onnx's GELU (GeluMapper, approximate=False): Mul(Mul(x, Add(Erf(Div(x, [sqrt 2])), [1])),
+// [0.5]) with one-element [1] constants. It is the erf chain match_erf_gelu knows, so it runs as one
+// Gelu; the quantized form (Q/DQ before and a Q after) agrees with the unfused simulation within one
+// step.
+TEST(PaddlePatterns, Paddle2OnnxGeluRunsAsOneGelu) {
+  Builder b(13);
+  const std::string x = b.qdq(b.input({2, 7, 24}), 0.04f, 0);
+  auto one_element = [&](float v) { return b.constant(Tensor::from_vector<float>({1}, {v})); };
+  const std::string erf = b.node("Erf", {b.node("Div", {x, one_element(1.4142135623730951f)})});
+  const std::string inner = b.node("Mul", {x, b.node("Add", {erf, one_element(1.f)})});
+  const std::string gelu = b.node("Mul", {inner, one_element(0.5f)});
+  const std::string s = b.constant(Tensor::scalar<float>(0.02f)), z = b.constant(Tensor::scalar<int8_t>(-40));
+  const ir::Graph g = b.finish(b.node("QuantizeLinear", {gelu, s, z}));
+  std::string out;
+  EXPECT_EQ(ir::match_erf_gelu(g, x, {}, out).size(), 5u);
+  EXPECT_EQ(out, gelu);
+
+  std::mt19937 rng(11);
+  const Tensor in = random_tensor({2, 7, 24}, rng, -4.f, 4.f);
+  const Tensor want = runtime::Session(g, unfused()).run_single(in), got = runtime::Session(g).run_single(in);
+  ASSERT_EQ(got.dtype(), DType::kInt8);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const int d = std::abs(int{want.data<int8_t>()[i]} - int{got.data<int8_t>()[i]});
+    EXPECT_LE(d, 1) << i;
+    differ += d != 0;
+  }
+  EXPECT_LE(differ, want.numel() / 100);
+}

@@ -22,12 +22,12 @@ int neutral_elementwise_to_identity(Graph& g);
 // Removes Identity and inference-mode Dropout nodes, rewiring their readers. Returns nodes removed.
 int remove_identity_ops(Graph& g);
 
-// Folds BatchNormalization into a preceding Conv whose output only the BN reads and whose weight,
-// bias and the BN parameters are constants. Returns BN nodes removed.
+// Folds BatchNormalization into a preceding Conv or ConvTranspose whose output only the BN reads and
+// whose weight, bias and the BN parameters are constants. Returns BN nodes removed.
 int fold_batchnorm_into_conv(Graph& g);
 
-// Folds Mul / Add / Sub / Div by a constant into a preceding Conv whose output only that node reads
-// and whose weight and bias are float32 constants: conv * k, conv / k (k != 0) scale the weights
+// Folds Mul / Add / Sub / Div by a constant into a preceding Conv or ConvTranspose whose output only
+// that node reads and whose weight and bias are float32 constants: conv * k, conv / k (k != 0) scale the weights
 // and bias per output channel (any sign), conv + k and conv - k shift the bias. k is a scalar or
 // one value per output channel broadcast along the channel axis ([C,1,1], [1,C,1,1]). Chains
 // (PPLCNetV3's learnable affine blocks: Mul then Add) fold repeatedly. Returns nodes removed.
@@ -71,6 +71,13 @@ int merge_swish(Graph& g, const std::function<bool(const std::string& x, const s
 // intermediate is read inside the pattern only and is not in `keep`; scale and bias are 1-D
 // float constants. Execution only (LayerNormalization needs opset 17 to export). Returns merges.
 int merge_layernorm(Graph& g, const std::set<std::string>& keep = {});
+
+// Add(x, Mul(x, gate)), a gated map added back to the map (the residual squeeze-excitation of
+// PP-OCRv4 det's RSE-FPN: x + x * HardSigmoid(...)), becomes Mul(x, Add(gate, 1)) at the Add's
+// place when the gate is float32 and the product is read by that Add only and not in `keep`: the
+// + 1 runs on the gate (one value per channel there) and the full-size map is read once and
+// written once instead of twice each. Equal up to float rounding. Execution only. Returns merges.
+int merge_residual_gate(Graph& g, const std::set<std::string>& keep = {});
 
 inline constexpr const char* kSlimquantDomain = "com.slimquant";
 
