@@ -167,7 +167,9 @@ TEST(PaddlePatterns, ResidualGateRunsAsOneMul) {
     EXPECT_EQ(count_op(merged, "Mul"), 1);
     EXPECT_EQ(count_op(merged, "Add"), 1);  // gate + 1, on [1, 8, 1, 1]
     for (const auto& n : merged.nodes)
-      if (n.op_type == "Mul") EXPECT_EQ(n.outputs[0], y);
+      if (n.op_type == "Mul") {
+        EXPECT_EQ(n.outputs[0], y);
+      }
     merged.validate();
 
     std::mt19937 rng(7);
