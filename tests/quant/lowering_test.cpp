@@ -997,3 +997,87 @@ TEST(Int8Reference, PostAffineMapFollowsTheRealUnitsActivation) {
   q.write(n);
   EXPECT_THROW(i8::QLinearAttrs::parse(n), Error);
 }
+
+namespace {
+// Conv [-> activation [-> Mul -> Add]] -> QuantizeLinear per output channel (axis 1, zero point 0)
+// -> DequantizeLinear(scale 1): the channel-wise input of a next convolution
+// (PTQ::set_channel_wise_conv_inputs), here read as the integers themselves.
+enum class ChannelWiseTail { kNone, kRelu, kClip, kHardSwishAffine };
+ir::Graph conv_to_channel_wise_quantize(ChannelWiseTail tail, DType y_type) {
+  QdqBuilder b(11);
+  const std::string x = b.input("x", {2, 8, 9, 9});
+  // 7-bit weights: the int8 primitives are exact on every CPU (int8_common.h).
+  const std::string c = b.node("Conv", {b.qdq(x, 1.f / 127.f, 0, kU8), b.weight({12, 8, 3, 3}, 0, 0, 63), b.bias(12)},
+                               {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  auto scalar = [&](float v) { return b.constant("k", Tensor::from_vector<float>({}, {v})); };
+  std::string y = c;
+  if (tail == ChannelWiseTail::kRelu) y = b.node("Relu", {c});
+  if (tail == ChannelWiseTail::kClip) y = b.node("Clip", {c, scalar(-0.1f), scalar(0.15f)});
+  if (tail == ChannelWiseTail::kHardSwishAffine) {
+    const std::string clip = b.node("Clip", {b.node("Add", {c, scalar(3.f)}), scalar(0.f), scalar(6.f)});
+    y = b.node("Div", {b.node("Mul", {c, clip}), scalar(6.f)});
+    y = b.node("Mul", {b.constant("s", Tensor::from_vector<float>({1}, {-0.8f})), y});
+    y = b.node("Add", {y, b.constant("t", Tensor::from_vector<float>({1}, {0.05f}))});
+  }
+  // Scales 0.01 to 0.34: channels land on very different grids.
+  std::vector<float> scales(12);
+  for (size_t m = 0; m < scales.size(); ++m) scales[m] = 0.01f * static_cast<float>(1 << (m % 5)) * (1.f + 0.1f * m);
+  const std::string s = b.constant("ys", Tensor::from_vector<float>({12}, scales));
+  const std::string z = b.constant("yz", y_type == kU8 ? Tensor(kU8, {12}) : Tensor(kS8, {12}));
+  const std::string q = b.node("QuantizeLinear", {y, s, z}, {{"axis", int64_t{1}}});
+  return b.finish(b.node("DequantizeLinear", {q, b.constant("one", Tensor::scalar<float>(1.f)),
+                                              b.constant("z0", b.zero_point(y_type, 0))}));
+}
+}  // namespace
+
+// A QuantizeLinear per output channel after a QConv folds into it (y_channel_scale): the QConv
+// writes the integers, no QuantizeLinear pass is left for that tensor, and every compute path
+// (int8 primitives, the exact f32 path, the plain-loop reference) gives the simulation's integers
+// up to rare one-step ties. Relu folds 1 / s_y[m] into the output scales; Clip and the hard-swish
+// with its affine map multiply by it after the activation.
+TEST(Lowering, PerChannelQuantizeAfterConvFoldsIntoTheQConv) {
+  for (const ChannelWiseTail tail :
+       {ChannelWiseTail::kNone, ChannelWiseTail::kRelu, ChannelWiseTail::kClip, ChannelWiseTail::kHardSwishAffine})
+    for (const DType y_type : {kU8, kS8})
+      for (const char* compute : {"auto", "int8", "f32"}) {
+        SCOPED_TRACE(std::to_string(static_cast<int>(tail)) + " " + dtype_name(y_type) + " " + compute);
+        const ir::Graph g = conv_to_channel_wise_quantize(tail, y_type);
+        quant::LoweringOptions options;
+        options.compute = compute;
+        quant::LoweringReport report;
+        const ir::Graph lowered = quant::lower_to_int8(g, options, &report);
+        ASSERT_EQ(report.conv, 1) << (report.skipped.empty() ? "" : report.skipped[0].reason);
+        EXPECT_EQ(count_op(lowered, "QuantizeLinear"), 1);  // x's only
+        const ir::Node& fused = *std::find_if(lowered.nodes.begin(), lowered.nodes.end(),
+                                              [](const ir::Node& n) { return n.op_type == "QConv"; });
+        const i8::QLinearAttrs q = i8::QLinearAttrs::parse(fused);
+        EXPECT_EQ(q.y_type, y_type);
+        ASSERT_EQ(q.y_channel_scale.size(), 12u);
+        EXPECT_FLOAT_EQ(q.y_channel_scale[3], 0.01f * 8.f * 1.3f);
+        EXPECT_EQ(q.folds_y_channel_scale(), tail == ChannelWiseTail::kNone || tail == ChannelWiseTail::kRelu);
+        QdqBuilder data(5);
+        const Tensor input = data.random_input({2, 8, 9, 9}, 0.f, 2.f);
+        expect_lowered_matches_simulation(g, lowered, g.outputs[0].name, {{"x", input}}, 1.f);
+
+        // The reference kernel on the session's integers.
+        runtime::Session integer(lowered);
+        runtime::RunOptions wanted;
+        wanted.outputs = {fused.inputs[0], fused.outputs[0]};
+        auto values = integer.run({{"x", input}}, wanted);
+        const Tensor& xq = values.at(fused.inputs[0]);
+        const Tensor& yq = values.at(fused.outputs[0]);
+        ASSERT_EQ(yq.dtype(), y_type);
+        const i8::Requant r = i8::make_requant(fused, q, 12, lowered.initializer(fused.inputs.at(2)));
+        const i8::ConvProblem p{2, 8, 12, 1, {9, 9}, {9, 9}, {3, 3}, {1, 1}, {1, 1}, {1, 1}};
+        Tensor ref(y_type, yq.shape());
+        i8::reference_qconv(q, r, p, xq, *lowered.initializer(fused.inputs[1]), ref);
+        int64_t differ = 0;
+        for (int64_t i = 0; i < ref.numel(); ++i) {
+          const int a = y_type == kU8 ? ref.data<uint8_t>()[i] : ref.data<int8_t>()[i];
+          const int e = y_type == kU8 ? yq.data<uint8_t>()[i] : yq.data<int8_t>()[i];
+          EXPECT_LE(std::abs(a - e), 1) << "element " << i;
+          differ += a != e;
+        }
+        EXPECT_LE(differ, ref.numel() / 100);
+      }
+}

@@ -81,6 +81,12 @@ QLinearAttrs QLinearAttrs::parse(const ir::Node& node) {
     require(attr::kYScale);
     q.y_scale = node.attr_float(attr::kYScale, 1.f);
     q.y_zero_point = static_cast<int32_t>(node.attr_int(attr::kYZeroPoint, 0));
+    if (node.has_attr(attr::kYChannelScale)) {
+      q.y_channel_scale = node.attr_floats(attr::kYChannelScale);
+      if (q.y_channel_scale.empty() || q.y_scale != 1.f || q.y_zero_point != 0)
+        fail(ErrorKind::kInvalidModel, node.describe() + ": y_channel_scale needs at least one scale, y_scale 1 and "
+                                                         "y_zero_point 0");
+    }
   }
   const std::string act = node.attr_string(attr::kActivation, "");
   const std::optional<Activation> a = activation_from_name(act);
@@ -111,6 +117,7 @@ QLinearAttrs QLinearAttrs::parse(const ir::Node& node) {
   if (q.quantized_output()) positive(q.y_scale, "y_scale");
   if (q.w_scale.empty()) fail(ErrorKind::kInvalidModel, node.describe() + ": w_scale is empty");
   for (float s : q.w_scale) positive(s, "w_scale");
+  for (float s : q.y_channel_scale) positive(s, "y_channel_scale");
   const int32_t lo = q.y_type == DType::kUInt8 ? 0 : -128, hi = q.y_type == DType::kUInt8 ? 255 : 127;
   if (q.quantized_output() && (q.y_zero_point < lo || q.y_zero_point > hi))
     fail(ErrorKind::kInvalidModel, node.describe() + ": y_zero_point " + std::to_string(q.y_zero_point) +
@@ -126,6 +133,7 @@ void QLinearAttrs::write(ir::Node& node) const {
   if (quantized_output()) {
     node.attrs[attr::kYScale] = y_scale;
     node.attrs[attr::kYZeroPoint] = static_cast<int64_t>(y_zero_point);
+    if (!y_channel_scale.empty()) node.attrs[attr::kYChannelScale] = y_channel_scale;
   }
   if (activation != Activation::kNone) {
     node.attrs[attr::kActivation] = std::string(activation_name(activation));
@@ -195,20 +203,39 @@ Requant make_requant(const ir::Node& node, const QLinearAttrs& q, int64_t channe
                                        std::to_string(channels) + " output channels");
   if (!(alpha != 0.f) || !std::isfinite(alpha))
     fail(ErrorKind::kUnsupported, node.describe() + ": alpha must be finite and non-zero for integer execution");
+  if (q.y_per_channel() && static_cast<int64_t>(q.y_channel_scale.size()) != channels)
+    fail(ErrorKind::kInvalidModel, node.describe() + ": " + std::to_string(q.y_channel_scale.size()) +
+                                       " output scales (y_channel_scale) for " + std::to_string(channels) +
+                                       " output channels");
   Requant r;
-  r.per_channel = ws > 1;
+  r.per_channel = ws > 1 || q.folds_y_channel_scale();
   r.multiplier.resize(static_cast<size_t>(channels));
-  // Activations that need real values get them: 1 / s_y comes after them (make_post_ops).
+  // Activations that need real values get them: 1 / s_y comes after them (make_post_ops); so does a
+  // per-channel 1 / s_y[c] that the activation does not commute with.
   const float y_scale = q.quantized_output() && !q.real_units() ? q.y_scale : 1.f;
   for (int64_t c = 0; c < channels; ++c) {
     const float acc_scale = alpha * q.x_scale * q.w_scale[ws == 1 ? 0 : c];  // value of one accumulator unit
-    r.multiplier[c] = acc_scale / y_scale;
+    r.multiplier[c] = acc_scale / (q.folds_y_channel_scale() ? q.y_channel_scale[c] : y_scale);
     if (bias) r.bias.push_back(beta * bias->data<float>()[c] / acc_scale);
   }
   return r;
 }
 
-dnnl::post_ops make_post_ops(const QLinearAttrs& q) {
+dnnl::memory::desc channel_multiply_md(const QLinearAttrs& q, int dst_rank) {
+  if (dst_rank < 2)
+    fail(ErrorKind::kInternal, "a per-channel output scale needs an output of rank >= 2, got " + std::to_string(dst_rank));
+  memory::dims dims(static_cast<size_t>(dst_rank), 1);
+  dims[1] = static_cast<memory::dim>(q.y_channel_scale.size());
+  return memory::desc(dims, dt::f32, plain_tag(dims.size()));
+}
+
+int channel_multiply_arg(const QLinearAttrs& q, int dst_rank) {
+  return DNNL_ARG_ATTR_MULTIPLE_POST_OP(make_post_ops(q, dst_rank).len() - 1) | DNNL_ARG_SRC_1;
+}
+
+namespace {
+// The post-ops before the per-channel multiply of a per-channel quantized output.
+dnnl::post_ops make_activation_post_ops(const QLinearAttrs& q) {
   using alg = dnnl::algorithm;
   dnnl::post_ops ops;
   const float inv = q.quantized_output() ? 1.f / q.y_scale : 1.f;
@@ -248,13 +275,20 @@ dnnl::post_ops make_post_ops(const QLinearAttrs& q) {
   else if (zp != 0.f) ops.append_eltwise(1.f, alg::eltwise_linear, 1.f, zp);
   return ops;
 }
+}  // namespace
 
-dnnl::primitive_attr make_attr(const QLinearAttrs& q, const Requant& r, int channel_mask) {
+dnnl::post_ops make_post_ops(const QLinearAttrs& q, int dst_rank) {
+  dnnl::post_ops ops = make_activation_post_ops(q);  // y_scale 1, z_y 0: real units throughout
+  if (q.needs_channel_multiply()) ops.append_binary(dnnl::algorithm::binary_mul, channel_multiply_md(q, dst_rank));
+  return ops;
+}
+
+dnnl::primitive_attr make_attr(const QLinearAttrs& q, const Requant& r, int channel_mask, int dst_rank) {
   dnnl::primitive_attr a;
   a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (r.per_channel) a.set_output_scales(channel_mask, r.multiplier);
   else a.set_output_scales(0, {r.multiplier.at(0)});
-  a.set_post_ops(make_post_ops(q));
+  a.set_post_ops(make_post_ops(q, dst_rank));
   return a;
 }
 

@@ -47,6 +47,9 @@ inline constexpr const char* kXScale = "x_scale";            // float
 inline constexpr const char* kXZeroPoint = "x_zero_point";   // int
 inline constexpr const char* kWScale = "w_scale";            // floats: 1 (per tensor) or one per output channel
 inline constexpr const char* kYScale = "y_scale";            // float (absent for a float32 output)
+// floats, QConv only: one scale per output channel (a folded QuantizeLinear with axis 1 and zero
+// point 0, e.g. a channel-wise convolution input); y_scale is then 1 and y_zero_point 0.
+inline constexpr const char* kYChannelScale = "y_channel_scale";
 inline constexpr const char* kYZeroPoint = "y_zero_point";   // int
 inline constexpr const char* kYType = "y_type";              // int: ONNX TensorProto type of y (1 f32, 2 u8, 3 s8)
 inline constexpr const char* kActivation = "activation";     // string: "", "Relu", "Clip", "LeakyRelu", "Sigmoid",
@@ -99,6 +102,11 @@ struct QLinearAttrs {
   DType y_type = DType::kFloat32;
   float y_scale = 1.f;
   int32_t y_zero_point = 0;
+  // Per-output-channel y scales s_y[m] (empty: per tensor, y_scale). With Relu, LeakyRelu or no
+  // activation, 1 / s_y[m] is one more factor of the output scale M[m] (they commute with a
+  // positive per-channel factor); otherwise the activation and post affine map run in real units
+  // and a per-channel multiply by 1 / s_y[m] follows them (needs_channel_multiply()).
+  std::vector<float> y_channel_scale;
   Activation activation = Activation::kNone;
   float activation_min = -INFINITY, activation_max = INFINITY;
   float activation_alpha = 0.f, activation_beta = 0.f;  // LeakyRelu / HardSigmoid / Elu parameters
@@ -116,6 +124,14 @@ struct QLinearAttrs {
   // post affine map.
   float activate(float v) const;
   bool has_post_affine() const { return post_scale != 1.f || post_shift != 0.f; }
+  bool y_per_channel() const { return quantized_output() && !y_channel_scale.empty(); }
+  // 1 / s_y[m] folded into the output scales (see y_channel_scale).
+  bool folds_y_channel_scale() const {
+    return y_per_channel() &&
+           (activation == Activation::kNone || activation == Activation::kRelu || activation == Activation::kLeakyRelu);
+  }
+  // 1 / s_y[m] applied after the activation and post affine map (make_post_ops' binary multiply).
+  bool needs_channel_multiply() const { return y_per_channel() && !folds_y_channel_scale(); }
   // Throws kInvalidModel naming the node for missing or inconsistent attributes.
   static QLinearAttrs parse(const ir::Node& node);
   void write(ir::Node& node) const;
@@ -132,10 +148,16 @@ Requant make_requant(const ir::Node& node, const QLinearAttrs& q, int64_t channe
                      float alpha = 1.f, float beta = 1.f);
 
 // Post-ops for act(v) and + z_y, appended in that order (oneDNN applies them after the output scale).
-dnnl::post_ops make_post_ops(const QLinearAttrs& q);
+// With q.needs_channel_multiply() the last one is a binary multiply by channel_multiply_md() (dst
+// rank `dst_rank`, channels on dim 1), whose memory the kernel binds (channel_multiply_arg()).
+dnnl::post_ops make_post_ops(const QLinearAttrs& q, int dst_rank = 0);
+// {1, C, 1, ...} float32: the per-channel 1 / s_y[m] factors of a per-channel quantized output.
+dnnl::memory::desc channel_multiply_md(const QLinearAttrs& q, int dst_rank);
+// The execution argument of that binary post-op (the last one of make_post_ops(q, rank)).
+int channel_multiply_arg(const QLinearAttrs& q, int dst_rank);
 // Primitive attributes: user scratchpad, output scales M (mask selects the channel dim of dst; a
 // per-tensor M uses mask 0), post-ops. Callers add the src zero point where the primitive takes it.
-dnnl::primitive_attr make_attr(const QLinearAttrs& q, const Requant& r, int channel_mask);
+dnnl::primitive_attr make_attr(const QLinearAttrs& q, const Requant& r, int channel_mask, int dst_rank = 0);
 
 using dt = dnnl::memory::data_type;
 dt dnnl_type(DType t);

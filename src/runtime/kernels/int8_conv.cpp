@@ -56,7 +56,11 @@ class QConvKernel final : public Kernel {
     q_ = QLinearAttrs::parse(node_);
     // A fused residual Add followed by a folded QuantizeLinear: the convolution itself works in
     // real units (q_ with a float32 output) and the output parameters apply after the addend.
-    if (node_.inputs.size() > kSum && !node_.inputs[kSum].empty() && q_.quantized_output()) {
+    const bool has_sum = node_.inputs.size() > kSum && !node_.inputs[kSum].empty();
+    if (has_sum && q_.y_per_channel())
+      fail(ErrorKind::kUnsupported, node_.describe() + ": a fused residual addend with a per-channel quantized "
+                                                       "output (y_channel_scale)");
+    if (has_sum && q_.quantized_output()) {
       output_ = {q_.y_type, q_.y_scale, q_.y_zero_point};
       q_.y_type = DType::kFloat32;
       q_.y_scale = 1.f;
@@ -78,6 +82,10 @@ class QConvKernel final : public Kernel {
                                          std::to_string(m) + " output channels");
     const Tensor* b = constant_bias(init, kB, m, "bias B");
     requant_ = make_requant(node_, q_, m, b);
+    if (q_.needs_channel_multiply()) {
+      channel_multiplier_ = Tensor(DType::kFloat32, {m});
+      for (int64_t c = 0; c < m; ++c) channel_multiplier_.data<float>()[c] = 1.f / q_.y_channel_scale[c];
+    }
     const int w_max = max_abs_int8(w_);
     compute_ = resolve_compute(q_.compute, w_max);
     if (compute_ == Compute::kInt8) {
@@ -227,6 +235,7 @@ class QConvKernel final : public Kernel {
     // Completes p with an int8 or f32 primitive; false when oneDNN has none (or, for int8, only its
     // reference implementation, orders of magnitude slower).
     const ConvPlan base = p;
+    const int dst_rank = static_cast<int>(p.prim.out_shape.size());
     auto try_primitive = [&](bool int8) -> bool {
       p = base;
       // What the primitive multiplies: the int8 weights (doubled for s8 sources without VNNI) or
@@ -238,11 +247,11 @@ class QConvKernel final : public Kernel {
       const memory::desc wei_md = weights_md(int8 ? dt::s8 : dt::f32, any);
       dnnl::primitive_attr attr;
       if (int8) {
-        attr = make_attr(q_, pw.requant, 1 << 1);
+        attr = make_attr(q_, pw.requant, 1 << 1, dst_rank);
         if (q_.x_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
       } else {
         attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-        attr.set_post_ops(make_post_ops(q_));
+        attr.set_post_ops(make_post_ops(q_, dst_rank));
       }
       int binary_index = -1;
       const memory::desc sum_md = sum ? dnnl_kernels::input_desc(sum_layout, sum->shape()) : memory::desc();
@@ -297,6 +306,9 @@ class QConvKernel final : public Kernel {
                                                    : PrimitivePlan::ZeroPointAt::kSrcReorder);
         if (sum && binary_index >= 0) p.prim.bind_binary_addend(DNNL_ARG_ATTR_MULTIPLE_POST_OP(binary_index) | DNNL_ARG_SRC_1, sum_md);
         else if (sum) p.prim.bind_sum(sum_md);
+        if (q_.needs_channel_multiply())
+          p.prim.args[channel_multiply_arg(q_, dst_rank)] =
+              memory(channel_multiply_md(q_, dst_rank), dnnl_engine(), channel_multiplier_.raw());
       } catch (const dnnl::error&) {
         return false;  // e.g. an int8 configuration oneDNN does not implement on this CPU
       }
@@ -337,6 +349,7 @@ class QConvKernel final : public Kernel {
   };
   PrimitiveWeights int8_, f32_;  // f32_ also prepared lazily as the fallback of int8_
   Tensor bias_;                  // the float bias B (empty when absent), for prepare_f32
+  Tensor channel_multiplier_;    // 1 / s_y[m] when q_.needs_channel_multiply() (a binary post-op reads it)
   std::optional<PrimitiveWeights> int8_s8_src_;  // kInt8 without VNNI, s8 sources: 2*w
   PlanCache<ConvPlan> plans_;
 };
