@@ -1081,3 +1081,62 @@ TEST(Lowering, PerChannelQuantizeAfterConvFoldsIntoTheQConv) {
         EXPECT_LE(differ, ref.numel() / 100);
       }
 }
+
+// The channel-wise input of a next QConv, which takes the producer's blocked layout: on the kF32
+// path the host requantization applies 1 / s_y[m] in that layout (requantize_f32_per_channel)
+// instead of a binary post-op. The chain still equals the simulation.
+TEST(Lowering, PerChannelQuantizeBetweenTwoQConvsMatchesTheSimulation) {
+  for (const char* compute : {"auto", "int8", "f32"}) {
+    SCOPED_TRACE(compute);
+    QdqBuilder b(13);
+    const std::string x = b.input("x", {1, 8, 10, 12});
+    const std::string c = b.node("Conv", {b.qdq(x, 1.f / 127.f, 0, kU8), b.weight({32, 8, 3, 3}, 0, 0, 63), b.bias(32)},
+                                 {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+    auto scalar = [&](float v) { return b.constant("k", Tensor::from_vector<float>({}, {v})); };
+    const std::string clip = b.node("Clip", {b.node("Add", {c, scalar(3.f)}), scalar(0.f), scalar(6.f)});
+    std::string y = b.node("Div", {b.node("Mul", {c, clip}), scalar(6.f)});
+    y = b.node("Add", {b.node("Mul", {y, b.constant("s", Tensor::from_vector<float>({1}, {0.6f}))}),
+                       b.constant("t", Tensor::from_vector<float>({1}, {0.1f}))});
+    std::vector<float> scales(32);
+    for (size_t m = 0; m < scales.size(); ++m) scales[m] = 0.004f * static_cast<float>(1 + m % 7);
+    const std::string q = b.node("QuantizeLinear", {y, b.constant("ys", Tensor::from_vector<float>({32}, scales)),
+                                                    b.constant("yz", Tensor(kS8, {32}))}, {{"axis", int64_t{1}}});
+    const std::string dq = b.node("DequantizeLinear", {q, b.constant("one", Tensor::scalar<float>(1.f)),
+                                                       b.constant("z0", b.zero_point(kS8, 0))});
+    // The second convolution's weights are small where the channel-wise scales are large.
+    const std::string c2 = b.node("Conv", {dq, b.weight({16, 32, 1, 1}, 0, 0, 63)});
+    const float step = 0.05f;
+    const ir::Graph g = b.finish(b.qdq(c2, step, 0, kS8));
+    quant::LoweringOptions options;
+    options.compute = compute;
+    quant::LoweringReport report;
+    const ir::Graph lowered = quant::lower_to_int8(g, options, &report);
+    ASSERT_EQ(report.conv, 2) << (report.skipped.empty() ? "" : report.skipped[0].reason);
+    EXPECT_EQ(count_op(lowered, "QuantizeLinear"), 1);  // x's only
+    QdqBuilder data(3);
+    expect_lowered_matches_simulation(g, lowered, g.outputs[0].name,
+                                      {{"x", data.random_input({1, 8, 10, 12}, 0.f, 2.f)}}, step);
+  }
+}
+
+// The host requantization's channel of each element, plain and blocked.
+TEST(Int8Requantize, PerChannelFactorFollowsTheLayout) {
+  const int64_t outer = 2, channels = 16, inner = 3;
+  std::vector<float> factor(channels);
+  for (int64_t c = 0; c < channels; ++c) factor[c] = 1.f + static_cast<float>(c);
+  for (const int64_t block : {int64_t{1}, int64_t{8}, channels}) {
+    SCOPED_TRACE(block);
+    const int64_t n = outer * channels * inner;
+    std::vector<float> v(static_cast<size_t>(n), 0.5f);
+    std::vector<int8_t> y(static_cast<size_t>(n));
+    i8::requantize_f32_per_channel(v.data(), y.data(), DType::kInt8, n, factor.data(), channels, inner, block);
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t c = 0; c < channels; ++c)
+        for (int64_t s = 0; s < inner; ++s) {
+          const int64_t i = ((o * (channels / block) + c / block) * inner + s) * block + c % block;
+          // 0.5 * (1 + c), rounded half to even, saturated at 127.
+          const float expect = std::min(std::nearbyint(0.5f * factor[c]), 127.f);
+          EXPECT_EQ(y[static_cast<size_t>(i)], static_cast<int8_t>(expect)) << o << " " << c << " " << s;
+        }
+  }
+}

@@ -1,5 +1,7 @@
 #include "runtime/kernels/int8_common.h"
 
+#include "runtime/kernels/dnnl_common.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -233,9 +235,7 @@ int channel_multiply_arg(const QLinearAttrs& q, int dst_rank) {
   return DNNL_ARG_ATTR_MULTIPLE_POST_OP(make_post_ops(q, dst_rank).len() - 1) | DNNL_ARG_SRC_1;
 }
 
-namespace {
-// The post-ops before the per-channel multiply of a per-channel quantized output.
-dnnl::post_ops make_activation_post_ops(const QLinearAttrs& q) {
+dnnl::post_ops make_post_ops_before_channel_multiply(const QLinearAttrs& q) {
   using alg = dnnl::algorithm;
   dnnl::post_ops ops;
   const float inv = q.quantized_output() ? 1.f / q.y_scale : 1.f;
@@ -275,10 +275,10 @@ dnnl::post_ops make_activation_post_ops(const QLinearAttrs& q) {
   else if (zp != 0.f) ops.append_eltwise(1.f, alg::eltwise_linear, 1.f, zp);
   return ops;
 }
-}  // namespace
 
 dnnl::post_ops make_post_ops(const QLinearAttrs& q, int dst_rank) {
-  dnnl::post_ops ops = make_activation_post_ops(q);  // y_scale 1, z_y 0: real units throughout
+  // A per-channel y has y_scale 1 and z_y 0: real units up to the binary multiply.
+  dnnl::post_ops ops = make_post_ops_before_channel_multiply(q);
   if (q.needs_channel_multiply()) ops.append_binary(dnnl::algorithm::binary_mul, channel_multiply_md(q, dst_rank));
   return ops;
 }
@@ -337,7 +337,12 @@ void PrimitivePlan::bind_common(const memory::desc& scratchpad, const memory& we
   }
   const memory::desc plain_f32(dst_user.dims(), dt::f32, plain_tag(dst_user.dims().size()));
   const bool quantized_user = dst_user.data_type() == dt::u8 || dst_user.data_type() == dt::s8;
-  if (quantized_user && dst_desc == plain_f32) {
+  // Also for a blocked y in the primitive's own blocking (the kF32 convolution handing its layout
+  // to the next one): element i of the f32 dst is element i of y, and oneDNN 2.6's f32 -> u8/s8
+  // reorder costs more than the vectorised loop.
+  const bool same_blocking_f32 =
+      quantized_user && dst_desc == dnnl_kernels::retyped_layout(Layout{dst_user}, DType::kFloat32)->desc;
+  if (quantized_user && (dst_desc == plain_f32 || same_blocking_f32)) {
     requant_to = dst_user.data_type() == dt::u8 ? DType::kUInt8 : DType::kInt8;
   } else if (dst_desc != dst_user) {
     dst_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), dst_desc, dnnl_engine(), dst_user));
@@ -357,6 +362,29 @@ void PrimitivePlan::bind_common(const memory::desc& scratchpad, const memory& we
     zero_point_mem = memory({{1}, dt::s32, memory::format_tag::a}, dnnl_engine(), zero_point_value.get());
     (zp_in_reorder ? src_reorder_args : args).emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zero_point_mem);
   }
+}
+
+bool PrimitivePlan::set_requant_channel_factor(const float* factor) {
+  if (requant_to == DType::kUndefined) return false;
+  const memory::dims dims = dst_desc.dims();
+  if (dims.size() < 3 || dims.size() > 5) return false;
+  int64_t inner = 1;
+  for (size_t d = 2; d < dims.size(); ++d) inner *= dims[d];
+  using tag = memory::format_tag;
+  const tag by8[] = {tag::aBc8b, tag::aBcd8b, tag::aBcde8b}, by16[] = {tag::aBc16b, tag::aBcd16b, tag::aBcde16b};
+  const tag channels_last[] = {tag::acb, tag::acdb, tag::acdeb};  // one block of all channels
+  const size_t r = dims.size() - 3;
+  int64_t block = 0;
+  if (dst_desc == memory::desc(dims, dt::f32, plain_tag(dims.size()))) block = 1;
+  else if (dst_desc == memory::desc(dims, dt::f32, channels_last[r])) block = dims[1];
+  else if (dims[1] % 8 == 0 && dst_desc == memory::desc(dims, dt::f32, by8[r])) block = 8;
+  else if (dims[1] % 16 == 0 && dst_desc == memory::desc(dims, dt::f32, by16[r])) block = 16;
+  if (block == 0) return false;
+  requant_channel_factor = factor;
+  requant_channels = dims[1];
+  requant_inner = inner;
+  requant_block = block;
+  return true;
 }
 
 void PrimitivePlan::bind_runtime_weights(const memory::desc& user, const memory::desc& wanted) {
@@ -431,9 +459,13 @@ void PrimitivePlan::run(const void* x, void* y, const void* w, const void* sum) 
   prim.execute(s, args);
   if (dst_reorder) dst_reorder->execute(s, dst_reorder_args);
   s.wait();
-  if (requant_to != DType::kUndefined)
-    requantize_f32(static_cast<const float*>(dst_mem.get_data_handle()), y, requant_to,
-                   static_cast<int64_t>(dst_desc.get_size() / sizeof(float)));
+  auto* v = static_cast<float*>(dst_mem.get_data_handle());  // scratch: requantize_f32_per_channel scales it in place
+  const auto n = static_cast<int64_t>(dst_desc.get_size() / sizeof(float));
+  if (requant_to != DType::kUndefined && requant_channel_factor)
+    requantize_f32_per_channel(v, y, requant_to, n, requant_channel_factor, requant_channels, requant_inner,
+                               requant_block);
+  else if (requant_to != DType::kUndefined)
+    requantize_f32(v, y, requant_to, n);
 }
 
 namespace {
@@ -450,6 +482,43 @@ void requantize_typed(const float* __restrict v, T* __restrict y, int64_t n, flo
   }
 }
 }  // namespace
+
+namespace {
+// v[i] *= factor of i's channel, in place (the rounding loop that follows is requantize_typed's).
+// Separate from the rounding so that both loops vectorise: GCC keeps the clamp's branches when the
+// multiply is in the same loop.
+template <int B>  // a compile-time channel block, or 0: `block` at run time
+void scale_runs(float* __restrict v, int64_t runs, int64_t block, const float* __restrict factor) {
+  const int64_t n = B > 0 ? B : block;
+  for (int64_t r = 0; r < runs; ++r)
+    for (int64_t b = 0; b < n; ++b) v[r * n + b] *= factor[b];
+}
+
+void scale_per_channel(float* v, int64_t n, const float* factor, int64_t channels, int64_t inner, int64_t block) {
+  const int64_t blocks = channels / block, outer = n / (channels * inner);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t cb = 0; cb < blocks; ++cb) {
+      const float* f = factor + cb * block;
+      float* run = v + (o * blocks + cb) * inner * block;
+      if (block == 1) {  // plain: `inner` values of one channel
+        const float g = f[0];
+        for (int64_t i = 0; i < inner; ++i) run[i] *= g;
+      } else if (block == 8) {  // oneDNN's channel blocks: `inner` runs of `block` channels
+        scale_runs<8>(run, inner, 8, f);
+      } else if (block == 16) {
+        scale_runs<16>(run, inner, 16, f);
+      } else {
+        scale_runs<0>(run, inner, block, f);
+      }
+    }
+}
+}  // namespace
+
+void requantize_f32_per_channel(float* v, void* y, DType y_type, int64_t n, const float* factor, int64_t channels,
+                                int64_t inner, int64_t block) {
+  scale_per_channel(v, n, factor, channels, inner, block);
+  requantize_f32(v, y, y_type, n);
+}
 
 namespace {
 template <typename T>

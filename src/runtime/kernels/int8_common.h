@@ -151,6 +151,9 @@ Requant make_requant(const ir::Node& node, const QLinearAttrs& q, int64_t channe
 // With q.needs_channel_multiply() the last one is a binary multiply by channel_multiply_md() (dst
 // rank `dst_rank`, channels on dim 1), whose memory the kernel binds (channel_multiply_arg()).
 dnnl::post_ops make_post_ops(const QLinearAttrs& q, int dst_rank = 0);
+// The same without that binary multiply: for a kernel that applies 1 / s_y[m] itself
+// (PrimitivePlan::requant_channel_factor).
+dnnl::post_ops make_post_ops_before_channel_multiply(const QLinearAttrs& q);
 // {1, C, 1, ...} float32: the per-channel 1 / s_y[m] factors of a per-channel quantized output.
 dnnl::memory::desc channel_multiply_md(const QLinearAttrs& q, int dst_rank);
 // The execution argument of that binary post-op (the last one of make_post_ops(q, rank)).
@@ -196,6 +199,13 @@ struct PrimitivePlan {
   // Plain f32 dst -> plain u8/s8 y (Compute::kF32 matmul) is converted by requantize_f32: oneDNN
   // 2.6 has only a slow generic reorder (rnn_data_reorder, ~15x slower) for that pair.
   DType requant_to = DType::kUndefined;  // set by finish()
+  // With requant_to: y = saturate(round_half_even(v * factor[c])) for a per-channel quantized
+  // output whose 1 / s_y[c] the primitive left out (on CPUs without VNNI, oneDNN 2.6's f32
+  // convolutions run markedly slower with a per-channel binary post-op than this loop costs).
+  // Set with set_requant_channel_factor() after finish(); false when dst's layout is not one it reads.
+  bool set_requant_channel_factor(const float* factor);
+  const float* requant_channel_factor = nullptr;
+  int64_t requant_channels = 0, requant_inner = 1, requant_block = 1;  // dst: [N, C/block, inner, block]
   // Plain u8/s8 -> plain f32 (Compute::kF32 matmul inputs) is converted by integers_to_f32, not a
   // reorder primitive: the same speed on large tensors, none of a primitive's call overhead on the
   // small ones (attention at batch 1).
@@ -236,6 +246,11 @@ dnnl::memory::desc plain_md(const Shape& shape, dt type);
 dnnl::memory unbound(const dnnl::memory::desc& desc);
 // y = saturate(round_half_even(v)) for n values into u8 or s8 (v already holds + z_y).
 void requantize_f32(const float* v, void* y, DType y_type, int64_t n);
+// The same with a per-channel factor first (v is scaled in place): v laid out [n / (channels *
+// inner), channels / block, inner, block] (block 1: plain NC...; 8 or 16: oneDNN's aBcd8b /
+// aBcd16b; channels: NHWC).
+void requantize_f32_per_channel(float* v, void* y, DType y_type, int64_t n, const float* factor, int64_t channels,
+                                int64_t inner, int64_t block);
 // y = float(x - zero_point) for n u8 or s8 values.
 void integers_to_f32(const void* x, DType x_type, float* y, int64_t n, int32_t zero_point);
 
