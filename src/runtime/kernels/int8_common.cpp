@@ -1,12 +1,12 @@
 #include "runtime/kernels/int8_common.h"
 
-#include "runtime/kernels/dnnl_common.h"
-
 #include <algorithm>
 #include <cstring>
 
 #include <cfloat>
 #include <cstdlib>
+
+#include "runtime/kernels/dnnl_common.h"
 
 namespace slimquant::runtime::int8 {
 
