@@ -89,8 +89,9 @@ class GraphIndex {
 // Errors are values inside the selector: each check returns a reason, or nothing when it passes.
 using Why = std::optional<std::string>;
 
-// Scale / zero point / axis of a QuantizeLinear or DequantizeLinear node.
-Why read_qparams(const GraphIndex& ix, const ir::Node& n, QuantParam& p) {
+// Scale / zero point / axis of a QuantizeLinear or DequantizeLinear node. known_rank: the rank of
+// its input when the caller knows it better than the graph's value infos (-1: look it up).
+Why read_qparams(const GraphIndex& ix, const ir::Node& n, QuantParam& p, int64_t known_rank = -1) {
   const ir::Graph& g = ix.graph();
   const std::string who = n.describe();
   const Tensor* scale = g.initializer(n.input(1));
@@ -115,7 +116,7 @@ Why read_qparams(const GraphIndex& ix, const ir::Node& n, QuantParam& p) {
   }
   p.axis = n.attr_int("axis", 1);
   if (!p.per_tensor()) {
-    const int64_t r = ix.rank(n.inputs.at(0));
+    const int64_t r = known_rank >= 0 ? known_rank : ix.rank(n.inputs.at(0));
     if (r < 0) return "the rank of " + who + "'s input is unknown";
     if (p.axis < -r || p.axis >= r) return who + " has axis " + std::to_string(p.axis) + " for rank " + std::to_string(r);
     if (p.axis < 0) p.axis += r;
@@ -230,14 +231,22 @@ void take_post_affine(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
   }
 }
 
-// Takes the QuantizeLinear that alone reads the group's output into the group (integer output).
+// Takes the QuantizeLinear that alone reads the group's output into the group (integer output):
+// per tensor, or for a Conv also per output channel (axis 1) with zero point 0, the channel-wise
+// input of the next convolution (PTQ::set_channel_wise_conv_inputs).
 Why end_in_quantize(const GraphIndex& ix, const LoweringOptions& options, QdqGroup& grp) {
   if (!options.fuse_output_quantize) return std::nullopt;
   const ir::Graph& g = ix.graph();
   const int c = ix.sole_consumer(grp.output);
   if (c < 0 || !is_op(g.nodes[c], "QuantizeLinear") || g.nodes[c].inputs[0] != grp.output) return std::nullopt;
   QuantParam y;
-  if (read_qparams(ix, g.nodes[c], y) || !y.per_tensor() || !is_8bit(y.dtype)) return std::nullopt;
+  // A Conv's output has the rank of its weight.
+  const Tensor* w = grp.op == LoweredOp::kConv ? g.initializer(grp.w_q) : nullptr;
+  if (read_qparams(ix, g.nodes[c], y, w ? static_cast<int64_t>(w->rank()) : -1) || !is_8bit(y.dtype)) return std::nullopt;
+  if (!y.per_tensor()) {
+    const bool zero = std::all_of(y.zero_point.begin(), y.zero_point.end(), [](int32_t z) { return z == 0; });
+    if (!w || y.axis != 1 || !zero || static_cast<int64_t>(y.scale.size()) != w->dim(0)) return std::nullopt;
+  }
   grp.y = y;
   grp.q_output = c;
   grp.output = g.nodes[c].outputs.at(0);
@@ -439,8 +448,9 @@ ir::Node make_fused_node(ir::Graph& g, const QdqGroup& grp, const LoweringOption
   for (float& s : q.w_scale) s *= grp.output_factor;
   if (grp.q_output >= 0) {
     q.y_type = grp.y.dtype;
-    q.y_scale = grp.y.scale[0];
+    q.y_scale = grp.y.per_tensor() ? grp.y.scale[0] : 1.f;
     q.y_zero_point = grp.y.zero_point[0];
+    if (!grp.y.per_tensor()) q.y_channel_scale = grp.y.scale;
   }
   if (grp.activation >= 0) read_activation(g, g.nodes[grp.activation], q);
   if (!grp.gelu_chain.empty()) q.activation = i8::Activation::kGelu;

@@ -89,6 +89,19 @@ TEST(ChannelWiseInputs, ScalesAreChannelMaximaFoldedIntoTheWeightsAndBeatOneScal
   quant::LoweringReport report;
   const ir::Graph lowered = quant::lower_to_int8(channel_wise, {}, &report);
   EXPECT_EQ(report.conv, 3);
+  // The per-channel QuantizeLinear after the first two convolutions folded into them: only x's
+  // is left, and those QConvs write the integers of the next one's channel-wise input.
+  int quantize = 0, per_channel_outputs = 0;
+  for (const auto& n : lowered.nodes) {
+    quantize += n.op_type == "QuantizeLinear";
+    if (n.op_type == "QConv" && n.has_attr("y_channel_scale")) {
+      ++per_channel_outputs;
+      EXPECT_EQ(n.attr_floats("y_channel_scale").size(), 3u);
+      EXPECT_NE(n.attr_int("y_type", 1), 1);
+    }
+  }
+  EXPECT_EQ(quantize, 1);
+  EXPECT_EQ(per_channel_outputs, 2);
   const auto simulated_outputs = run(channel_wise, m.x);
   const auto integer_outputs = runtime::Session(lowered).run({{"x", m.x}});
   const Tensor& simulated = simulated_outputs.begin()->second;

@@ -997,3 +997,146 @@ TEST(Int8Reference, PostAffineMapFollowsTheRealUnitsActivation) {
   q.write(n);
   EXPECT_THROW(i8::QLinearAttrs::parse(n), Error);
 }
+
+namespace {
+// Conv [-> activation [-> Mul -> Add]] -> QuantizeLinear per output channel (axis 1, zero point 0)
+// -> DequantizeLinear(scale 1): the channel-wise input of a next convolution
+// (PTQ::set_channel_wise_conv_inputs), here read as the integers themselves.
+enum class ChannelWiseTail { kNone, kRelu, kClip, kHardSwishAffine };
+ir::Graph conv_to_channel_wise_quantize(ChannelWiseTail tail, DType y_type) {
+  QdqBuilder b(11);
+  const std::string x = b.input("x", {2, 8, 9, 9});
+  // 7-bit weights: the int8 primitives are exact on every CPU (int8_common.h).
+  const std::string c = b.node("Conv", {b.qdq(x, 1.f / 127.f, 0, kU8), b.weight({12, 8, 3, 3}, 0, 0, 63), b.bias(12)},
+                               {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  auto scalar = [&](float v) { return b.constant("k", Tensor::from_vector<float>({}, {v})); };
+  std::string y = c;
+  if (tail == ChannelWiseTail::kRelu) y = b.node("Relu", {c});
+  if (tail == ChannelWiseTail::kClip) y = b.node("Clip", {c, scalar(-0.1f), scalar(0.15f)});
+  if (tail == ChannelWiseTail::kHardSwishAffine) {
+    const std::string clip = b.node("Clip", {b.node("Add", {c, scalar(3.f)}), scalar(0.f), scalar(6.f)});
+    y = b.node("Div", {b.node("Mul", {c, clip}), scalar(6.f)});
+    y = b.node("Mul", {b.constant("s", Tensor::from_vector<float>({1}, {-0.8f})), y});
+    y = b.node("Add", {y, b.constant("t", Tensor::from_vector<float>({1}, {0.05f}))});
+  }
+  // Scales 0.01 to 0.34: channels land on very different grids.
+  std::vector<float> scales(12);
+  for (size_t m = 0; m < scales.size(); ++m) scales[m] = 0.01f * static_cast<float>(1 << (m % 5)) * (1.f + 0.1f * m);
+  const std::string s = b.constant("ys", Tensor::from_vector<float>({12}, scales));
+  const std::string z = b.constant("yz", y_type == kU8 ? Tensor(kU8, {12}) : Tensor(kS8, {12}));
+  const std::string q = b.node("QuantizeLinear", {y, s, z}, {{"axis", int64_t{1}}});
+  return b.finish(b.node("DequantizeLinear", {q, b.constant("one", Tensor::scalar<float>(1.f)),
+                                              b.constant("z0", b.zero_point(y_type, 0))}));
+}
+}  // namespace
+
+// A QuantizeLinear per output channel after a QConv folds into it (y_channel_scale): the QConv
+// writes the integers, no QuantizeLinear pass is left for that tensor, and every compute path
+// (int8 primitives, the exact f32 path, the plain-loop reference) gives the simulation's integers
+// up to rare one-step ties. Relu folds 1 / s_y[m] into the output scales; Clip and the hard-swish
+// with its affine map multiply by it after the activation.
+TEST(Lowering, PerChannelQuantizeAfterConvFoldsIntoTheQConv) {
+  for (const ChannelWiseTail tail :
+       {ChannelWiseTail::kNone, ChannelWiseTail::kRelu, ChannelWiseTail::kClip, ChannelWiseTail::kHardSwishAffine})
+    for (const DType y_type : {kU8, kS8})
+      for (const char* compute : {"auto", "int8", "f32"}) {
+        SCOPED_TRACE(std::to_string(static_cast<int>(tail)) + " " + dtype_name(y_type) + " " + compute);
+        const ir::Graph g = conv_to_channel_wise_quantize(tail, y_type);
+        quant::LoweringOptions options;
+        options.compute = compute;
+        quant::LoweringReport report;
+        const ir::Graph lowered = quant::lower_to_int8(g, options, &report);
+        ASSERT_EQ(report.conv, 1) << (report.skipped.empty() ? "" : report.skipped[0].reason);
+        EXPECT_EQ(count_op(lowered, "QuantizeLinear"), 1);  // x's only
+        const ir::Node& fused = *std::find_if(lowered.nodes.begin(), lowered.nodes.end(),
+                                              [](const ir::Node& n) { return n.op_type == "QConv"; });
+        const i8::QLinearAttrs q = i8::QLinearAttrs::parse(fused);
+        EXPECT_EQ(q.y_type, y_type);
+        ASSERT_EQ(q.y_channel_scale.size(), 12u);
+        EXPECT_FLOAT_EQ(q.y_channel_scale[3], 0.01f * 8.f * 1.3f);
+        EXPECT_EQ(q.folds_y_channel_scale(), tail == ChannelWiseTail::kNone || tail == ChannelWiseTail::kRelu);
+        QdqBuilder data(5);
+        const Tensor input = data.random_input({2, 8, 9, 9}, 0.f, 2.f);
+        expect_lowered_matches_simulation(g, lowered, g.outputs[0].name, {{"x", input}}, 1.f);
+
+        // The reference kernel on the session's integers.
+        runtime::Session integer(lowered);
+        runtime::RunOptions wanted;
+        wanted.outputs = {fused.inputs[0], fused.outputs[0]};
+        auto values = integer.run({{"x", input}}, wanted);
+        const Tensor& xq = values.at(fused.inputs[0]);
+        const Tensor& yq = values.at(fused.outputs[0]);
+        ASSERT_EQ(yq.dtype(), y_type);
+        const i8::Requant r = i8::make_requant(fused, q, 12, lowered.initializer(fused.inputs.at(2)));
+        const i8::ConvProblem p{2, 8, 12, 1, {9, 9}, {9, 9}, {3, 3}, {1, 1}, {1, 1}, {1, 1}};
+        Tensor ref(y_type, yq.shape());
+        i8::reference_qconv(q, r, p, xq, *lowered.initializer(fused.inputs[1]), ref);
+        int64_t differ = 0;
+        for (int64_t i = 0; i < ref.numel(); ++i) {
+          const int a = y_type == kU8 ? ref.data<uint8_t>()[i] : ref.data<int8_t>()[i];
+          const int e = y_type == kU8 ? yq.data<uint8_t>()[i] : yq.data<int8_t>()[i];
+          EXPECT_LE(std::abs(a - e), 1) << "element " << i;
+          differ += a != e;
+        }
+        EXPECT_LE(differ, ref.numel() / 100);
+      }
+}
+
+// The channel-wise input of a next QConv, which takes the producer's blocked layout: on the kF32
+// path the host requantization applies 1 / s_y[m] in that layout (requantize_f32_per_channel)
+// instead of a binary post-op. The chain still equals the simulation.
+TEST(Lowering, PerChannelQuantizeBetweenTwoQConvsMatchesTheSimulation) {
+  for (const char* compute : {"auto", "int8", "f32"}) {
+    SCOPED_TRACE(compute);
+    QdqBuilder b(13);
+    const std::string x = b.input("x", {1, 8, 10, 12});
+    const std::string c = b.node("Conv", {b.qdq(x, 1.f / 127.f, 0, kU8), b.weight({32, 8, 3, 3}, 0, 0, 63), b.bias(32)},
+                                 {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+    auto scalar = [&](float v) { return b.constant("k", Tensor::from_vector<float>({}, {v})); };
+    const std::string clip = b.node("Clip", {b.node("Add", {c, scalar(3.f)}), scalar(0.f), scalar(6.f)});
+    std::string y = b.node("Div", {b.node("Mul", {c, clip}), scalar(6.f)});
+    y = b.node("Add", {b.node("Mul", {y, b.constant("s", Tensor::from_vector<float>({1}, {0.6f}))}),
+                       b.constant("t", Tensor::from_vector<float>({1}, {0.1f}))});
+    std::vector<float> scales(32);
+    for (size_t m = 0; m < scales.size(); ++m) scales[m] = 0.004f * static_cast<float>(1 + m % 7);
+    const std::string q = b.node("QuantizeLinear", {y, b.constant("ys", Tensor::from_vector<float>({32}, scales)),
+                                                    b.constant("yz", Tensor(kS8, {32}))}, {{"axis", int64_t{1}}});
+    const std::string dq = b.node("DequantizeLinear", {q, b.constant("one", Tensor::scalar<float>(1.f)),
+                                                       b.constant("z0", b.zero_point(kS8, 0))});
+    // The second convolution's weights are small where the channel-wise scales are large.
+    const std::string c2 = b.node("Conv", {dq, b.weight({16, 32, 1, 1}, 0, 0, 63)});
+    const float step = 0.05f;
+    const ir::Graph g = b.finish(b.qdq(c2, step, 0, kS8));
+    quant::LoweringOptions options;
+    options.compute = compute;
+    quant::LoweringReport report;
+    const ir::Graph lowered = quant::lower_to_int8(g, options, &report);
+    ASSERT_EQ(report.conv, 2) << (report.skipped.empty() ? "" : report.skipped[0].reason);
+    EXPECT_EQ(count_op(lowered, "QuantizeLinear"), 1);  // x's only
+    QdqBuilder data(3);
+    expect_lowered_matches_simulation(g, lowered, g.outputs[0].name,
+                                      {{"x", data.random_input({1, 8, 10, 12}, 0.f, 2.f)}}, step);
+  }
+}
+
+// The host requantization's channel of each element, plain and blocked.
+TEST(Int8Requantize, PerChannelFactorFollowsTheLayout) {
+  const int64_t outer = 2, channels = 16, inner = 3;
+  std::vector<float> factor(channels);
+  for (int64_t c = 0; c < channels; ++c) factor[c] = 1.f + static_cast<float>(c);
+  for (const int64_t block : {int64_t{1}, int64_t{8}, channels}) {
+    SCOPED_TRACE(block);
+    const int64_t n = outer * channels * inner;
+    std::vector<float> v(static_cast<size_t>(n), 0.5f);
+    std::vector<int8_t> y(static_cast<size_t>(n));
+    i8::requantize_f32_per_channel(v.data(), y.data(), DType::kInt8, n, factor.data(), channels, inner, block);
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t c = 0; c < channels; ++c)
+        for (int64_t s = 0; s < inner; ++s) {
+          const int64_t i = ((o * (channels / block) + c / block) * inner + s) * block + c % block;
+          // 0.5 * (1 + c), rounded half to even, saturated at 127.
+          const float expect = std::min(std::nearbyint(0.5f * factor[c]), 127.f);
+          EXPECT_EQ(y[static_cast<size_t>(i)], static_cast<int8_t>(expect)) << o << " " << c << " " << s;
+        }
+  }
+}

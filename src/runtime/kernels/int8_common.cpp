@@ -6,6 +6,8 @@
 #include <cfloat>
 #include <cstdlib>
 
+#include "runtime/kernels/dnnl_common.h"
+
 namespace slimquant::runtime::int8 {
 
 using dnnl::memory;
@@ -81,6 +83,12 @@ QLinearAttrs QLinearAttrs::parse(const ir::Node& node) {
     require(attr::kYScale);
     q.y_scale = node.attr_float(attr::kYScale, 1.f);
     q.y_zero_point = static_cast<int32_t>(node.attr_int(attr::kYZeroPoint, 0));
+    if (node.has_attr(attr::kYChannelScale)) {
+      q.y_channel_scale = node.attr_floats(attr::kYChannelScale);
+      if (q.y_channel_scale.empty() || q.y_scale != 1.f || q.y_zero_point != 0)
+        fail(ErrorKind::kInvalidModel, node.describe() + ": y_channel_scale needs at least one scale, y_scale 1 and "
+                                                         "y_zero_point 0");
+    }
   }
   const std::string act = node.attr_string(attr::kActivation, "");
   const std::optional<Activation> a = activation_from_name(act);
@@ -111,6 +119,7 @@ QLinearAttrs QLinearAttrs::parse(const ir::Node& node) {
   if (q.quantized_output()) positive(q.y_scale, "y_scale");
   if (q.w_scale.empty()) fail(ErrorKind::kInvalidModel, node.describe() + ": w_scale is empty");
   for (float s : q.w_scale) positive(s, "w_scale");
+  for (float s : q.y_channel_scale) positive(s, "y_channel_scale");
   const int32_t lo = q.y_type == DType::kUInt8 ? 0 : -128, hi = q.y_type == DType::kUInt8 ? 255 : 127;
   if (q.quantized_output() && (q.y_zero_point < lo || q.y_zero_point > hi))
     fail(ErrorKind::kInvalidModel, node.describe() + ": y_zero_point " + std::to_string(q.y_zero_point) +
@@ -126,6 +135,7 @@ void QLinearAttrs::write(ir::Node& node) const {
   if (quantized_output()) {
     node.attrs[attr::kYScale] = y_scale;
     node.attrs[attr::kYZeroPoint] = static_cast<int64_t>(y_zero_point);
+    if (!y_channel_scale.empty()) node.attrs[attr::kYChannelScale] = y_channel_scale;
   }
   if (activation != Activation::kNone) {
     node.attrs[attr::kActivation] = std::string(activation_name(activation));
@@ -195,20 +205,37 @@ Requant make_requant(const ir::Node& node, const QLinearAttrs& q, int64_t channe
                                        std::to_string(channels) + " output channels");
   if (!(alpha != 0.f) || !std::isfinite(alpha))
     fail(ErrorKind::kUnsupported, node.describe() + ": alpha must be finite and non-zero for integer execution");
+  if (q.y_per_channel() && static_cast<int64_t>(q.y_channel_scale.size()) != channels)
+    fail(ErrorKind::kInvalidModel, node.describe() + ": " + std::to_string(q.y_channel_scale.size()) +
+                                       " output scales (y_channel_scale) for " + std::to_string(channels) +
+                                       " output channels");
   Requant r;
-  r.per_channel = ws > 1;
+  r.per_channel = ws > 1 || q.folds_y_channel_scale();
   r.multiplier.resize(static_cast<size_t>(channels));
-  // Activations that need real values get them: 1 / s_y comes after them (make_post_ops).
+  // Activations that need real values get them: 1 / s_y comes after them (make_post_ops); so does a
+  // per-channel 1 / s_y[c] that the activation does not commute with.
   const float y_scale = q.quantized_output() && !q.real_units() ? q.y_scale : 1.f;
   for (int64_t c = 0; c < channels; ++c) {
     const float acc_scale = alpha * q.x_scale * q.w_scale[ws == 1 ? 0 : c];  // value of one accumulator unit
-    r.multiplier[c] = acc_scale / y_scale;
+    r.multiplier[c] = acc_scale / (q.folds_y_channel_scale() ? q.y_channel_scale[c] : y_scale);
     if (bias) r.bias.push_back(beta * bias->data<float>()[c] / acc_scale);
   }
   return r;
 }
 
-dnnl::post_ops make_post_ops(const QLinearAttrs& q) {
+dnnl::memory::desc channel_multiply_md(const QLinearAttrs& q, int dst_rank) {
+  if (dst_rank < 2)
+    fail(ErrorKind::kInternal, "a per-channel output scale needs an output of rank >= 2, got " + std::to_string(dst_rank));
+  memory::dims dims(static_cast<size_t>(dst_rank), 1);
+  dims[1] = static_cast<memory::dim>(q.y_channel_scale.size());
+  return memory::desc(dims, dt::f32, plain_tag(dims.size()));
+}
+
+int channel_multiply_arg(const QLinearAttrs& q, int dst_rank) {
+  return DNNL_ARG_ATTR_MULTIPLE_POST_OP(make_post_ops(q, dst_rank).len() - 1) | DNNL_ARG_SRC_1;
+}
+
+dnnl::post_ops make_post_ops_before_channel_multiply(const QLinearAttrs& q) {
   using alg = dnnl::algorithm;
   dnnl::post_ops ops;
   const float inv = q.quantized_output() ? 1.f / q.y_scale : 1.f;
@@ -249,12 +276,19 @@ dnnl::post_ops make_post_ops(const QLinearAttrs& q) {
   return ops;
 }
 
-dnnl::primitive_attr make_attr(const QLinearAttrs& q, const Requant& r, int channel_mask) {
+dnnl::post_ops make_post_ops(const QLinearAttrs& q, int dst_rank) {
+  // A per-channel y has y_scale 1 and z_y 0: real units up to the binary multiply.
+  dnnl::post_ops ops = make_post_ops_before_channel_multiply(q);
+  if (q.needs_channel_multiply()) ops.append_binary(dnnl::algorithm::binary_mul, channel_multiply_md(q, dst_rank));
+  return ops;
+}
+
+dnnl::primitive_attr make_attr(const QLinearAttrs& q, const Requant& r, int channel_mask, int dst_rank) {
   dnnl::primitive_attr a;
   a.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (r.per_channel) a.set_output_scales(channel_mask, r.multiplier);
   else a.set_output_scales(0, {r.multiplier.at(0)});
-  a.set_post_ops(make_post_ops(q));
+  a.set_post_ops(make_post_ops(q, dst_rank));
   return a;
 }
 
@@ -303,7 +337,12 @@ void PrimitivePlan::bind_common(const memory::desc& scratchpad, const memory& we
   }
   const memory::desc plain_f32(dst_user.dims(), dt::f32, plain_tag(dst_user.dims().size()));
   const bool quantized_user = dst_user.data_type() == dt::u8 || dst_user.data_type() == dt::s8;
-  if (quantized_user && dst_desc == plain_f32) {
+  // Also for a blocked y in the primitive's own blocking (the kF32 convolution handing its layout
+  // to the next one): element i of the f32 dst is element i of y, and oneDNN 2.6's f32 -> u8/s8
+  // reorder costs more than the vectorised loop.
+  const bool same_blocking_f32 =
+      quantized_user && dst_desc == dnnl_kernels::retyped_layout(Layout{dst_user}, DType::kFloat32)->desc;
+  if (quantized_user && (dst_desc == plain_f32 || same_blocking_f32)) {
     requant_to = dst_user.data_type() == dt::u8 ? DType::kUInt8 : DType::kInt8;
   } else if (dst_desc != dst_user) {
     dst_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), dst_desc, dnnl_engine(), dst_user));
@@ -323,6 +362,29 @@ void PrimitivePlan::bind_common(const memory::desc& scratchpad, const memory& we
     zero_point_mem = memory({{1}, dt::s32, memory::format_tag::a}, dnnl_engine(), zero_point_value.get());
     (zp_in_reorder ? src_reorder_args : args).emplace(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zero_point_mem);
   }
+}
+
+bool PrimitivePlan::set_requant_channel_factor(const float* factor) {
+  if (requant_to == DType::kUndefined) return false;
+  const memory::dims dims = dst_desc.dims();
+  if (dims.size() < 3 || dims.size() > 5) return false;
+  int64_t inner = 1;
+  for (size_t d = 2; d < dims.size(); ++d) inner *= dims[d];
+  using tag = memory::format_tag;
+  const tag by8[] = {tag::aBc8b, tag::aBcd8b, tag::aBcde8b}, by16[] = {tag::aBc16b, tag::aBcd16b, tag::aBcde16b};
+  const tag channels_last[] = {tag::acb, tag::acdb, tag::acdeb};  // one block of all channels
+  const size_t r = dims.size() - 3;
+  int64_t block = 0;
+  if (dst_desc == memory::desc(dims, dt::f32, plain_tag(dims.size()))) block = 1;
+  else if (dst_desc == memory::desc(dims, dt::f32, channels_last[r])) block = dims[1];
+  else if (dims[1] % 8 == 0 && dst_desc == memory::desc(dims, dt::f32, by8[r])) block = 8;
+  else if (dims[1] % 16 == 0 && dst_desc == memory::desc(dims, dt::f32, by16[r])) block = 16;
+  if (block == 0) return false;
+  requant_channel_factor = factor;
+  requant_channels = dims[1];
+  requant_inner = inner;
+  requant_block = block;
+  return true;
 }
 
 void PrimitivePlan::bind_runtime_weights(const memory::desc& user, const memory::desc& wanted) {
@@ -397,9 +459,13 @@ void PrimitivePlan::run(const void* x, void* y, const void* w, const void* sum) 
   prim.execute(s, args);
   if (dst_reorder) dst_reorder->execute(s, dst_reorder_args);
   s.wait();
-  if (requant_to != DType::kUndefined)
-    requantize_f32(static_cast<const float*>(dst_mem.get_data_handle()), y, requant_to,
-                   static_cast<int64_t>(dst_desc.get_size() / sizeof(float)));
+  auto* v = static_cast<float*>(dst_mem.get_data_handle());  // scratch: requantize_f32_per_channel scales it in place
+  const auto n = static_cast<int64_t>(dst_desc.get_size() / sizeof(float));
+  if (requant_to != DType::kUndefined && requant_channel_factor)
+    requantize_f32_per_channel(v, y, requant_to, n, requant_channel_factor, requant_channels, requant_inner,
+                               requant_block);
+  else if (requant_to != DType::kUndefined)
+    requantize_f32(v, y, requant_to, n);
 }
 
 namespace {
@@ -416,6 +482,43 @@ void requantize_typed(const float* __restrict v, T* __restrict y, int64_t n, flo
   }
 }
 }  // namespace
+
+namespace {
+// v[i] *= factor of i's channel, in place (the rounding loop that follows is requantize_typed's).
+// Separate from the rounding so that both loops vectorise: GCC keeps the clamp's branches when the
+// multiply is in the same loop.
+template <int B>  // a compile-time channel block, or 0: `block` at run time
+void scale_runs(float* __restrict v, int64_t runs, int64_t block, const float* __restrict factor) {
+  const int64_t n = B > 0 ? B : block;
+  for (int64_t r = 0; r < runs; ++r)
+    for (int64_t b = 0; b < n; ++b) v[r * n + b] *= factor[b];
+}
+
+void scale_per_channel(float* v, int64_t n, const float* factor, int64_t channels, int64_t inner, int64_t block) {
+  const int64_t blocks = channels / block, outer = n / (channels * inner);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t cb = 0; cb < blocks; ++cb) {
+      const float* f = factor + cb * block;
+      float* run = v + (o * blocks + cb) * inner * block;
+      if (block == 1) {  // plain: `inner` values of one channel
+        const float g = f[0];
+        for (int64_t i = 0; i < inner; ++i) run[i] *= g;
+      } else if (block == 8) {  // oneDNN's channel blocks: `inner` runs of `block` channels
+        scale_runs<8>(run, inner, 8, f);
+      } else if (block == 16) {
+        scale_runs<16>(run, inner, 16, f);
+      } else {
+        scale_runs<0>(run, inner, block, f);
+      }
+    }
+}
+}  // namespace
+
+void requantize_f32_per_channel(float* v, void* y, DType y_type, int64_t n, const float* factor, int64_t channels,
+                                int64_t inner, int64_t block) {
+  scale_per_channel(v, n, factor, channels, inner, block);
+  requantize_f32(v, y, y_type, n);
+}
 
 namespace {
 template <typename T>

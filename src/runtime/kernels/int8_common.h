@@ -47,6 +47,9 @@ inline constexpr const char* kXScale = "x_scale";            // float
 inline constexpr const char* kXZeroPoint = "x_zero_point";   // int
 inline constexpr const char* kWScale = "w_scale";            // floats: 1 (per tensor) or one per output channel
 inline constexpr const char* kYScale = "y_scale";            // float (absent for a float32 output)
+// floats, QConv only: one scale per output channel (a folded QuantizeLinear with axis 1 and zero
+// point 0, e.g. a channel-wise convolution input); y_scale is then 1 and y_zero_point 0.
+inline constexpr const char* kYChannelScale = "y_channel_scale";
 inline constexpr const char* kYZeroPoint = "y_zero_point";   // int
 inline constexpr const char* kYType = "y_type";              // int: ONNX TensorProto type of y (1 f32, 2 u8, 3 s8)
 inline constexpr const char* kActivation = "activation";     // string: "", "Relu", "Clip", "LeakyRelu", "Sigmoid",
@@ -99,6 +102,11 @@ struct QLinearAttrs {
   DType y_type = DType::kFloat32;
   float y_scale = 1.f;
   int32_t y_zero_point = 0;
+  // Per-output-channel y scales s_y[m] (empty: per tensor, y_scale). With Relu, LeakyRelu or no
+  // activation, 1 / s_y[m] is one more factor of the output scale M[m] (they commute with a
+  // positive per-channel factor); otherwise the activation and post affine map run in real units
+  // and a per-channel multiply by 1 / s_y[m] follows them (needs_channel_multiply()).
+  std::vector<float> y_channel_scale;
   Activation activation = Activation::kNone;
   float activation_min = -INFINITY, activation_max = INFINITY;
   float activation_alpha = 0.f, activation_beta = 0.f;  // LeakyRelu / HardSigmoid / Elu parameters
@@ -116,6 +124,14 @@ struct QLinearAttrs {
   // post affine map.
   float activate(float v) const;
   bool has_post_affine() const { return post_scale != 1.f || post_shift != 0.f; }
+  bool y_per_channel() const { return quantized_output() && !y_channel_scale.empty(); }
+  // 1 / s_y[m] folded into the output scales (see y_channel_scale).
+  bool folds_y_channel_scale() const {
+    return y_per_channel() &&
+           (activation == Activation::kNone || activation == Activation::kRelu || activation == Activation::kLeakyRelu);
+  }
+  // 1 / s_y[m] applied after the activation and post affine map (make_post_ops' binary multiply).
+  bool needs_channel_multiply() const { return y_per_channel() && !folds_y_channel_scale(); }
   // Throws kInvalidModel naming the node for missing or inconsistent attributes.
   static QLinearAttrs parse(const ir::Node& node);
   void write(ir::Node& node) const;
@@ -132,10 +148,19 @@ Requant make_requant(const ir::Node& node, const QLinearAttrs& q, int64_t channe
                      float alpha = 1.f, float beta = 1.f);
 
 // Post-ops for act(v) and + z_y, appended in that order (oneDNN applies them after the output scale).
-dnnl::post_ops make_post_ops(const QLinearAttrs& q);
+// With q.needs_channel_multiply() the last one is a binary multiply by channel_multiply_md() (dst
+// rank `dst_rank`, channels on dim 1), whose memory the kernel binds (channel_multiply_arg()).
+dnnl::post_ops make_post_ops(const QLinearAttrs& q, int dst_rank = 0);
+// The same without that binary multiply: for a kernel that applies 1 / s_y[m] itself
+// (PrimitivePlan::requant_channel_factor).
+dnnl::post_ops make_post_ops_before_channel_multiply(const QLinearAttrs& q);
+// {1, C, 1, ...} float32: the per-channel 1 / s_y[m] factors of a per-channel quantized output.
+dnnl::memory::desc channel_multiply_md(const QLinearAttrs& q, int dst_rank);
+// The execution argument of that binary post-op (the last one of make_post_ops(q, rank)).
+int channel_multiply_arg(const QLinearAttrs& q, int dst_rank);
 // Primitive attributes: user scratchpad, output scales M (mask selects the channel dim of dst; a
 // per-tensor M uses mask 0), post-ops. Callers add the src zero point where the primitive takes it.
-dnnl::primitive_attr make_attr(const QLinearAttrs& q, const Requant& r, int channel_mask);
+dnnl::primitive_attr make_attr(const QLinearAttrs& q, const Requant& r, int channel_mask, int dst_rank = 0);
 
 using dt = dnnl::memory::data_type;
 dt dnnl_type(DType t);
@@ -174,6 +199,13 @@ struct PrimitivePlan {
   // Plain f32 dst -> plain u8/s8 y (Compute::kF32 matmul) is converted by requantize_f32: oneDNN
   // 2.6 has only a slow generic reorder (rnn_data_reorder, ~15x slower) for that pair.
   DType requant_to = DType::kUndefined;  // set by finish()
+  // With requant_to: y = saturate(round_half_even(v * factor[c])) for a per-channel quantized
+  // output whose 1 / s_y[c] the primitive left out (on CPUs without VNNI, oneDNN 2.6's f32
+  // convolutions run markedly slower with a per-channel binary post-op than this loop costs).
+  // Set with set_requant_channel_factor() after finish(); false when dst's layout is not one it reads.
+  bool set_requant_channel_factor(const float* factor);
+  const float* requant_channel_factor = nullptr;
+  int64_t requant_channels = 0, requant_inner = 1, requant_block = 1;  // dst: [N, C/block, inner, block]
   // Plain u8/s8 -> plain f32 (Compute::kF32 matmul inputs) is converted by integers_to_f32, not a
   // reorder primitive: the same speed on large tensors, none of a primitive's call overhead on the
   // small ones (attention at batch 1).
@@ -214,6 +246,11 @@ dnnl::memory::desc plain_md(const Shape& shape, dt type);
 dnnl::memory unbound(const dnnl::memory::desc& desc);
 // y = saturate(round_half_even(v)) for n values into u8 or s8 (v already holds + z_y).
 void requantize_f32(const float* v, void* y, DType y_type, int64_t n);
+// The same with a per-channel factor first (v is scaled in place): v laid out [n / (channels *
+// inner), channels / block, inner, block] (block 1: plain NC...; 8 or 16: oneDNN's aBcd8b /
+// aBcd16b; channels: NHWC).
+void requantize_f32_per_channel(float* v, void* y, DType y_type, int64_t n, const float* factor, int64_t channels,
+                                int64_t inner, int64_t block);
 // y = float(x - zero_point) for n u8 or s8 values.
 void integers_to_f32(const void* x, DType x_type, float* y, int64_t n, int32_t zero_point);
 

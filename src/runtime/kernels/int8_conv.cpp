@@ -14,6 +14,10 @@
 // Compute::kF32: x_q - z_x converted to float32 by the src reorder, weights prepacked as
 // w_q * M[m] (f32 convolutions take no per-channel output scale), bias M[m] * B'[m], the same
 // post-ops, and the f32 -> u8/s8 dst reorder rounding half to even and saturating.
+// A per-channel quantized y (y_channel_scale, a folded channel-wise input of the next convolution):
+// 1 / s_y[m] is a factor of M[m] after Relu / LeakyRelu / no activation; after the others it is a
+// binary_mul post-op by a {1, M, 1, ...} vector, except on the kF32 path where the host
+// requantization multiplies (PrimitivePlan::set_requant_channel_factor) when dst's layout allows it.
 // Where oneDNN has no fast int8 implementation for a shape (none, or only its reference one), the
 // exact kF32 path runs instead; with no f32 implementation either, the plain-loop reference
 // (int8_reference.cpp).
@@ -56,7 +60,11 @@ class QConvKernel final : public Kernel {
     q_ = QLinearAttrs::parse(node_);
     // A fused residual Add followed by a folded QuantizeLinear: the convolution itself works in
     // real units (q_ with a float32 output) and the output parameters apply after the addend.
-    if (node_.inputs.size() > kSum && !node_.inputs[kSum].empty() && q_.quantized_output()) {
+    const bool has_sum = node_.inputs.size() > kSum && !node_.inputs[kSum].empty();
+    if (has_sum && q_.y_per_channel())
+      fail(ErrorKind::kUnsupported, node_.describe() + ": a fused residual addend with a per-channel quantized "
+                                                       "output (y_channel_scale)");
+    if (has_sum && q_.quantized_output()) {
       output_ = {q_.y_type, q_.y_scale, q_.y_zero_point};
       q_.y_type = DType::kFloat32;
       q_.y_scale = 1.f;
@@ -78,6 +86,10 @@ class QConvKernel final : public Kernel {
                                          std::to_string(m) + " output channels");
     const Tensor* b = constant_bias(init, kB, m, "bias B");
     requant_ = make_requant(node_, q_, m, b);
+    if (q_.needs_channel_multiply()) {
+      channel_multiplier_ = Tensor(DType::kFloat32, {m});
+      for (int64_t c = 0; c < m; ++c) channel_multiplier_.data<float>()[c] = 1.f / q_.y_channel_scale[c];
+    }
     const int w_max = max_abs_int8(w_);
     compute_ = resolve_compute(q_.compute, w_max);
     if (compute_ == Compute::kInt8) {
@@ -227,7 +239,10 @@ class QConvKernel final : public Kernel {
     // Completes p with an int8 or f32 primitive; false when oneDNN has none (or, for int8, only its
     // reference implementation, orders of magnitude slower).
     const ConvPlan base = p;
-    auto try_primitive = [&](bool int8) -> bool {
+    const int dst_rank = static_cast<int>(p.prim.out_shape.size());
+    // host_channel_multiply (kF32, q_.needs_channel_multiply()): 1 / s_y[m] applied by the host
+    // requantization instead of a binary post-op; false when dst's layout does not allow it.
+    auto try_primitive = [&](bool int8, bool host_channel_multiply) -> bool {
       p = base;
       // What the primitive multiplies: the int8 weights (doubled for s8 sources without VNNI) or
       // the multiplier-folded float ones.
@@ -238,11 +253,12 @@ class QConvKernel final : public Kernel {
       const memory::desc wei_md = weights_md(int8 ? dt::s8 : dt::f32, any);
       dnnl::primitive_attr attr;
       if (int8) {
-        attr = make_attr(q_, pw.requant, 1 << 1);
+        attr = make_attr(q_, pw.requant, 1 << 1, dst_rank);
         if (q_.x_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
       } else {
         attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-        attr.set_post_ops(make_post_ops(q_));
+        attr.set_post_ops(host_channel_multiply ? make_post_ops_before_channel_multiply(q_)
+                                                : make_post_ops(q_, dst_rank));
       }
       int binary_index = -1;
       const memory::desc sum_md = sum ? dnnl_kernels::input_desc(sum_layout, sum->shape()) : memory::desc();
@@ -297,6 +313,12 @@ class QConvKernel final : public Kernel {
                                                    : PrimitivePlan::ZeroPointAt::kSrcReorder);
         if (sum && binary_index >= 0) p.prim.bind_binary_addend(DNNL_ARG_ATTR_MULTIPLE_POST_OP(binary_index) | DNNL_ARG_SRC_1, sum_md);
         else if (sum) p.prim.bind_sum(sum_md);
+        if (host_channel_multiply) {
+          if (!p.prim.set_requant_channel_factor(channel_multiplier_.data<float>())) return false;
+        } else if (q_.needs_channel_multiply()) {
+          p.prim.args[channel_multiply_arg(q_, dst_rank)] =
+              memory(channel_multiply_md(q_, dst_rank), dnnl_engine(), channel_multiplier_.raw());
+        }
       } catch (const dnnl::error&) {
         return false;  // e.g. an int8 configuration oneDNN does not implement on this CPU
       }
@@ -304,9 +326,10 @@ class QConvKernel final : public Kernel {
     };
     // int8 primitives where chosen, else (or when oneDNN has no fast int8 kernel for this shape on
     // this CPU) the exact f32 path; the plain-loop reference only when neither exists.
-    if (compute_ == Compute::kInt8 && try_primitive(true)) return p;
+    if (compute_ == Compute::kInt8 && try_primitive(true, false)) return p;
     prepare_f32(bias_.defined() ? &bias_ : nullptr);
-    if (try_primitive(false)) return p;
+    if (q_.needs_channel_multiply() && try_primitive(false, true)) return p;
+    if (try_primitive(false, false)) return p;
     p = base;
     p.reference = true;
     return p;
@@ -337,6 +360,7 @@ class QConvKernel final : public Kernel {
   };
   PrimitiveWeights int8_, f32_;  // f32_ also prepared lazily as the fallback of int8_
   Tensor bias_;                  // the float bias B (empty when absent), for prepare_f32
+  Tensor channel_multiplier_;    // 1 / s_y[m] when q_.needs_channel_multiply() (a binary post-op reads it)
   std::optional<PrimitiveWeights> int8_s8_src_;  // kInt8 without VNNI, s8 sources: 2*w
   PlanCache<ConvPlan> plans_;
 };

@@ -40,6 +40,9 @@ class QLinearMatMulKernel final : public Kernel {
   // gemm: QGemm semantics (transA/transB/alpha/beta); otherwise QMatMul.
   QLinearMatMulKernel(const KernelInit& init, bool gemm) : node_(init.node), gemm_(gemm) {
     q_ = QLinearAttrs::parse(node_);
+    if (q_.y_per_channel())
+      fail(ErrorKind::kUnsupported, node_.describe() + ": a per-channel quantized output (y_channel_scale) is "
+                                                       "implemented for QConv only");
     float alpha = 1.f, beta = 1.f;
     if (gemm_) {
       trans_x_ = node_.attr_int("transA", 0) != 0;

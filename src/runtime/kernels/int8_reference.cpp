@@ -20,6 +20,12 @@ OutputStage::OutputStage(const QLinearAttrs& qa, const Requant& ra) : q(qa), r(r
 }
 
 float OutputStage::value(int64_t acc, int64_t c) const {
+  const float v = value_before_channel_multiply(acc, c);
+  // A per-channel output scale the activation does not commute with (make_post_ops' binary multiply).
+  return q.needs_channel_multiply() ? v * (1.f / q.y_channel_scale[c]) : v;
+}
+
+float OutputStage::value_before_channel_multiply(int64_t acc, int64_t c) const {
   float v = static_cast<float>(acc);
   if (!r.bias.empty()) v += r.bias[c];
   v *= r.multiplier[c];

@@ -34,6 +34,7 @@ struct OutputStage {
   float act_lo, act_hi;  // activation bounds in v's units
   explicit OutputStage(const QLinearAttrs& q, const Requant& r);
   float value(int64_t acc, int64_t c) const;  // v after the activation (before rounding / zero point)
+  float value_before_channel_multiply(int64_t acc, int64_t c) const;  // without a per-channel 1 / s_y[c]
   void store(int64_t acc, int64_t c, void* y, int64_t index) const;
 };
 

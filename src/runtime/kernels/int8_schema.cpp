@@ -118,6 +118,8 @@ OpSchema base_schema(const char* name, const char* doc, const char* bias_name) {
       .Attr(attr::kYType, "TensorProto type of y: 1 float, 2 uint8, 3 int8", AttributeProto::INT, static_cast<int64_t>(1))
       .Attr(attr::kYScale, "scale of y_q (quantized y only)", AttributeProto::FLOAT, false)
       .Attr(attr::kYZeroPoint, "zero point of y_q", AttributeProto::INT, static_cast<int64_t>(0))
+      .Attr(attr::kYChannelScale, "QConv: scales of y_q per output channel (y_scale 1, y_zero_point 0)",
+            AttributeProto::FLOATS, false)
       .Attr(attr::kActivation,
             "fused activation: Relu, Clip, LeakyRelu, Sigmoid, Tanh, HardSigmoid, HardSwish, Elu, Swish or Gelu (erf)",
             AttributeProto::STRING, false)
