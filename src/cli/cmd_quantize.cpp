@@ -189,7 +189,9 @@ Action register_quantize(CLI::App& app) {
         eo.progress_label = "eval int8";
         double v_int8 = analysis::evaluate(int8, eval_set, *m_int8, eo).value;
         // A metric against the FP32 model has no FP32 figure of its own (the reference scores itself perfectly).
-        std::cout << "fp32 " << metric->name() << ": " << std::setprecision(4) << v_fp32;
+        std::cout << "fp32 " << metric->name() << ": " << std::setprecision(4);
+        if (metric->needs_reference()) std::cout << "(the reference)";
+        else std::cout << v_fp32;
         if (!metric->needs_reference())
           for (const auto& [name, v] : m_fp32->extra_values()) std::cout << ", " << name << ": " << v;
         std::cout << "\nint8 " << metric->name() << ": " << v_int8;
