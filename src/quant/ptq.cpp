@@ -173,6 +173,7 @@ void PTQ::quantize(const ir::Graph& float_graph) {
   layers_.clear();
   observers_.clear();
   channel_abs_max_.clear();
+  channel_wise_conv_inputs_ = config_.channel_wise_conv_inputs;
   batches_ = 0;
   std::unordered_set<std::string> names;
   for (auto& node : float_graph_.nodes) {

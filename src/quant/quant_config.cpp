@@ -171,6 +171,7 @@ std::string QuantConfig::fingerprint() const {
   os << "|backend:" << deploy_backend_name(deploy_backend) << "|asym:" << asymmetric_activations << "|hist:" << observer_options.hist_percent << ',' << observer_options.bins
      << "|wbits:" << effective_weight_bits();
   if (bias_correction) os << "|bias_correction";
+  if (channel_wise_conv_inputs) os << "|channel_wise_conv_inputs";
   for (const auto& [op, spec] : custom_specs_) os << "|custom:" << op;
   return os.str();
 }
@@ -249,6 +250,7 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
       else if (key == "quantizable_op_type") cfg.quantizable_op_type = string_list(v, key);
       else if (key == "is_full_quantize") cfg.is_full_quantize = v.as<bool>();
       else if (key == "bias_correction") cfg.bias_correction = v.as<bool>();
+      else if (key == "channel_wise_conv_inputs") cfg.channel_wise_conv_inputs = v.as<bool>();
       else if (key == "round_type") {
         const auto t = v.as<std::string>();
         if (t == "adaround")

@@ -3,12 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <random>
 
 #include "graph_builder.h"
+#include "test_util.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/lowering.h"
 #include "slimquant/quant/precision_fallback.h"
+#include "slimquant/quant/quant_config.h"
 #include "slimquant/quant/ptq.h"
 #include "slimquant/runtime/session.h"
 
@@ -113,6 +116,22 @@ TEST(ChannelWiseInputs, ScalesAreChannelMaximaFoldedIntoTheWeightsAndBeatOneScal
     worst = std::max(worst, std::fabs(simulated.data<float>()[i] - integer.data<float>()[i]));
   }
   EXPECT_LT(worst, 1e-3f * peak);
+}
+
+// The YAML key turns them on from the start (analyze then ranks the model as it will be exported).
+TEST(ChannelWiseInputs, ConfigKeyEnablesThemForEveryConvert) {
+  test::TempDir tmp("channel_wise_yaml");
+  std::ofstream(tmp.path("cw.yaml")) << "channel_wise_conv_inputs: true\n";
+  const quant::QuantConfig config = quant::load_quant_config_yaml(tmp.path("cw.yaml"));
+  EXPECT_TRUE(config.channel_wise_conv_inputs);
+  EXPECT_NE(config.fingerprint(), quant::QuantConfig().fingerprint());
+  const Model m = uneven_channels_model();
+  quant::PTQ ptq(config);
+  ptq.quantize(m.g);
+  ptq.sample({{"x", m.x}});
+  EXPECT_TRUE(ptq.channel_wise_conv_inputs());
+  EXPECT_EQ(ptq.convert().metadata.at("slimquant.channel_wise_inputs"), "3");
+  EXPECT_EQ(ptq.convert(std::set<std::string>{ptq.layers().at(0).name}).metadata.at("slimquant.channel_wise_inputs"), "1");
 }
 
 // Calibration caches keep the channel maxima (an interrupted calibration resumes to the same model).

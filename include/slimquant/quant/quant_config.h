@@ -70,6 +70,10 @@ class QuantConfig {
   // shifted and scaled so that their mean and standard deviation equal the float channel's, then
   // rounded again on the same grid (removes the systematic part of the rounding error; data-free).
   bool bias_correction = false;
+  // Convolution inputs quantized per channel from the start (PTQ::set_channel_wise_conv_inputs);
+  // otherwise quantize's precision recovery turns them on only for models whose output drifts.
+  // Set it for `analyze` to rank layers as such a model is exported.
+  bool channel_wise_conv_inputs = false;
   ObserverOptions observer_options;  // weight_bits there is set from the above per weight
 
   QuantRule& global() { return global_; }
@@ -97,7 +101,7 @@ class QuantConfig {
 // Reads the source documents' keys from YAML into `base`: algo, hist_percent, bins, deploy_backend,
 // weight_quantize_type, quantizable_op_type, is_full_quantize, skip_tensor_list, skip_quant,
 // activation_quantize_type (symmetric|asymmetric), type_config / name_config / layer_config
-// (maps of key -> {algo, weight_quantize_type, quantize}), bias_correction, round_type (round; adaround
+// (maps of key -> {algo, weight_quantize_type, quantize}), bias_correction, channel_wise_conv_inputs, round_type (round; adaround
 // is refused as not implemented). Unknown keys are an error naming the key
 // (typos must not silently change nothing); keys for the calibration flow (batch_size, batch_nums,
 // is_use_cache_file, cache_dir, model_dir, ...) are returned in `extra`.
