@@ -112,6 +112,13 @@ void check(int rc, const char* call) {
   MPI_Error_string(rc, text, &len);
   fail(ErrorKind::kIo, std::string(call) + " failed on rank " + std::to_string(g_rank) + ": " + std::string(text, len));
 }
+
+template <typename T>
+T sum_over_ranks(T value, MPI_Datatype type) {
+  T out{};
+  check(MPI_Allreduce(&value, &out, 1, type, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+  return out;
+}
 }  // namespace
 #endif
 
@@ -123,22 +130,14 @@ void barrier() {
 
 double all_reduce_sum(double value) {
 #if SLIMQUANT_WITH_MPI
-  if (g_size > 1) {
-    double out = 0;
-    check(MPI_Allreduce(&value, &out, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
-    return out;
-  }
+  if (g_size > 1) return sum_over_ranks(value, MPI_DOUBLE);
 #endif
   return value;
 }
 
 int64_t all_reduce_sum(int64_t value) {
 #if SLIMQUANT_WITH_MPI
-  if (g_size > 1) {
-    int64_t out = 0;
-    check(MPI_Allreduce(&value, &out, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
-    return out;
-  }
+  if (g_size > 1) return sum_over_ranks(value, MPI_INT64_T);
 #endif
   return value;
 }
