@@ -2,8 +2,12 @@
 // Shared setup for the analysis tests: small calibrated PTQs on the fixture models.
 #include <omp.h>
 
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
@@ -11,6 +15,22 @@
 #include "test_util.h"
 
 namespace slimquant::test {
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The last line of a command's output that starts with '{', parsed (null when there is none).
+inline nlohmann::json last_json_line(const std::string& output) {
+  std::istringstream in(output);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty() && line[0] == '{') last = line;
+  return last.empty() ? nlohmann::json() : nlohmann::json::parse(last);
+}
 
 // One OpenMP thread while a test runs (restored after): these tests check numbers, not speed, and
 // on a shared, overloaded machine OpenMP's spinning worker threads make them over ten times slower.

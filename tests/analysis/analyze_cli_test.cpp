@@ -16,23 +16,10 @@
 #include "analysis/analysis_test_util.h"
 
 using namespace slimquant;
+using test::last_json_line;
+using test::read_file;
 
 namespace {
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-nlohmann::json last_json_line(const std::string& output) {
-  std::istringstream in(output);
-  std::string line, last;
-  while (std::getline(in, line))
-    if (!line.empty() && line[0] == '{') last = line;
-  return last.empty() ? nlohmann::json() : nlohmann::json::parse(last);
-}
 
 test::CommandResult run(const std::string& args) { return test::run_cli(args, test::kSingleThreadEnv); }
 
