@@ -24,4 +24,7 @@ int fold_constants(ir::Graph& g, const FoldOptions& options = {});
 // constant folding, BatchNorm folding, dead node removal.
 void optimize_graph(ir::Graph& g, const FoldOptions& options = {});
 
+// Throws kUnsupported naming the first node (op and name) that has no kernel.
+void check_supported(const ir::Graph& graph);
+
 }  // namespace slimquant::runtime

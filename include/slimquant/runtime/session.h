@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "slimquant/ir/graph.h"
+#include "slimquant/runtime/optimize.h"  // check_supported
 
 namespace slimquant::runtime {
 
@@ -86,8 +87,5 @@ class Session {
   struct PlanEntry;
   std::vector<std::unique_ptr<PlanEntry>> plans_;  // most recently used last
 };
-
-// Throws kUnsupported naming the first node (op and name) that has no kernel.
-void check_supported(const ir::Graph& graph);
 
 }  // namespace slimquant::runtime

@@ -1,0 +1,155 @@
+// Layout planning: which values may stay in the blocked layout oneDNN computes in (only where every
+// reader accepts it), when a residual addend's buffer may become its Conv's output, and, at run
+// time, the plain copies and inherited layouts each step needs.
+#include <algorithm>
+
+#include "runtime/kernels/dnnl_common.h"
+#include "runtime/kernels/dnnl_kernels.h"
+#include "runtime/session_internal.h"
+
+namespace slimquant::runtime::plan {
+
+LayoutRole layout_role(const ir::Node& n) {
+  if (n.domain.empty() && n.op_type == "Conv") return LayoutRole::kAware;
+  if (n.domain == "com.slimquant" && n.op_type == "QConv") return LayoutRole::kAware;
+  if (n.domain.empty() && (n.op_type == "MaxPool" || n.op_type == "AveragePool")) return LayoutRole::kAware;
+  static const std::set<std::string> kElementwise = {"Add", "Sub", "Mul", "Div", "Relu", "Clip",
+                                                      "QuantizeLinear", "DequantizeLinear"};
+  if (n.domain.empty() && kElementwise.count(n.op_type)) return LayoutRole::kPassthrough;
+  if (n.domain == dnnl_kernels::kGeluDomain && n.op_type == "Gelu") return LayoutRole::kPassthrough;
+  return LayoutRole::kPlain;
+}
+
+// X, and the fused residual addend.
+bool aware_input(const ir::Node&, size_t input) { return input == 0 || input == kResidualAddendInput; }
+
+// True when a blocked layout keeps every sample (slice along axis 0) contiguous and unpadded, at
+// the place the plain layout has it: each sample's elements are then only permuted.
+bool samples_stay_contiguous(const Layout& layout) {
+  const dnnl_memory_desc_t& d = layout.desc.data;
+  if (d.format_kind != dnnl_blocked || d.ndims < 1 || d.offset0 != 0) return false;
+  int64_t per_sample = 1;
+  for (int i = 0; i < d.ndims; ++i) {
+    if (d.padded_dims[i] != d.dims[i] || d.padded_offsets[i] != 0) return false;
+    if (i > 0) per_sample *= d.dims[i];
+  }
+  for (int k = 0; k < d.format_desc.blocking.inner_nblks; ++k)
+    if (d.format_desc.blocking.inner_idxs[k] == 0) return false;
+  return d.format_desc.blocking.strides[0] == per_sample;
+}
+
+namespace {
+
+// Values that may stay in a blocked layout: written by an aware or passthrough step, read only
+// where blocked is accepted, not returned. A passthrough step accepts blocked inputs only when its
+// output may stay blocked, so walk the steps backwards (readers come after writers). Hooks get
+// plain copies (see Plan::run).
+void mark_blocked_outputs(std::vector<Step>& steps, size_t slot_count, const std::unordered_set<int>& pinned,
+                          bool blocked_layouts) {
+  std::vector<bool> plain_only(slot_count, false);
+  for (int p : pinned) plain_only[p] = true;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    Step& step = *it;
+    step.role = blocked_layouts ? layout_role(*step.node) : LayoutRole::kPlain;
+    if (step.role != LayoutRole::kPlain)
+      for (size_t k = 0; k < step.outputs.size() && k < 32; ++k)
+        if (step.outputs[k] >= 0 && !plain_only[step.outputs[k]]) step.blocked_outputs |= 1u << k;
+    for (size_t k = 0; k < step.inputs.size(); ++k) {
+      const bool accepts = (step.role == LayoutRole::kAware && aware_input(*step.node, k)) ||
+                           (step.role == LayoutRole::kPassthrough && step.blocked_outputs != 0);
+      if (step.inputs[k] >= 0 && !accepts) plain_only[step.inputs[k]] = true;
+    }
+  }
+}
+
+// A fused residual addend that dies at its Conv and was written by another aware step (so its
+// buffer comes from the pool) may become the Conv's output buffer.
+void mark_addend_donations(std::vector<Step>& steps, size_t slot_count) {
+  std::vector<int> producer_role(slot_count, -1);
+  for (const auto& step : steps)
+    for (int o : step.outputs)
+      if (o >= 0) producer_role[o] = static_cast<int>(step.role);
+  for (auto& step : steps) {
+    if (step.role != LayoutRole::kAware || step.inputs.size() <= kResidualAddendInput ||
+        step.inputs[kResidualAddendInput] < 0)
+      continue;
+    const int addend = step.inputs[kResidualAddendInput];
+    const bool dies_here = std::count(step.release.begin(), step.release.end(), addend) > 0;
+    const bool read_once = std::count(step.inputs.begin(), step.inputs.end(), addend) == 1;
+    step.donate_addend = dies_here && read_once && producer_role[addend] == static_cast<int>(LayoutRole::kAware);
+  }
+}
+
+// The layout shared by a passthrough step's data inputs (all with one shape, besides
+// single-element scalars of no higher rank), or null when they are plain, differ, broadcast, or
+// the output must be plain.
+LayoutPtr common_layout(const Step& step, const SlotValues& slots) {
+  if (!(step.blocked_outputs & 1u)) return nullptr;
+  LayoutPtr common;
+  const Shape* shape = nullptr;
+  size_t max_scalar_rank = 0;
+  for (int in : step.inputs) {
+    if (in < 0 || !slots.values[in].defined()) continue;
+    const Tensor& t = slots.values[in];
+    if (t.numel() == 1 && !slots.layouts[in]) {
+      max_scalar_rank = std::max(max_scalar_rank, t.rank());
+      continue;
+    }
+    if (!slots.layouts[in]) return nullptr;
+    if (!shape) {
+      shape = &t.shape();
+      common = slots.layouts[in];
+    } else if (t.shape() != *shape || !dnnl_kernels::same_blocking(*slots.layouts[in], *common)) {
+      return nullptr;
+    }
+  }
+  if (!shape || max_scalar_rank > shape->size()) return nullptr;
+  return common;
+}
+
+}  // namespace
+
+void plan_layouts(std::vector<Step>& steps, size_t slot_count, const std::unordered_set<int>& pinned,
+                  bool blocked_layouts) {
+  mark_blocked_outputs(steps, slot_count, pinned, blocked_layouts);
+  mark_addend_donations(steps, slot_count);
+}
+
+const Tensor* PlainCopies::make(const Tensor& t, const LayoutPtr& layout, BufferPool& pool) {
+  copies_.push_back(pool.allocate(t.dtype(), t.shape()));
+  dnnl_kernels::reorder_to_plain(t, *layout, copies_.back());
+  return &copies_.back();
+}
+
+void bind_step_inputs(const Step& step, const SlotValues& slots, StepIo& io, PlainCopies& copies, BufferPool& pool) {
+  io.inputs.clear();
+  for (int in : step.inputs) io.inputs.push_back(in >= 0 && slots.values[in].defined() ? &slots.values[in] : nullptr);
+  io.outputs.assign(step.outputs.size(), Tensor());
+  io.passthrough = nullptr;
+  if (step.role == LayoutRole::kAware) {
+    io.in_layouts.clear();
+    for (size_t k = 0; k < step.inputs.size(); ++k) {
+      const int in = step.inputs[k];
+      const bool accepted = aware_input(*step.node, k);
+      if (in >= 0 && slots.layouts[in] && !accepted) io.inputs[k] = copies.make(slots.values[in], slots.layouts[in], pool);
+      io.in_layouts.push_back(in >= 0 && accepted ? slots.layouts[in] : nullptr);
+    }
+    io.out_layouts.assign(step.outputs.size(), nullptr);
+    return;
+  }
+  if (step.role == LayoutRole::kPassthrough) io.passthrough = common_layout(step, slots);
+  if (!io.passthrough)
+    for (size_t k = 0; k < step.inputs.size(); ++k)
+      if (const int in = step.inputs[k]; in >= 0 && slots.layouts[in])
+        io.inputs[k] = copies.make(slots.values[in], slots.layouts[in], pool);
+}
+
+void store_step_output(const Step& step, size_t k, int slot, StepIo& io, SlotValues& slots) {
+  slots.values[slot] = std::move(io.outputs[k]);
+  if (step.role == LayoutRole::kAware)
+    slots.layouts[slot] = (step.blocked_outputs >> k & 1u) ? io.out_layouts[k] : nullptr;
+  else if (io.passthrough && slots.values[slot].defined())
+    slots.layouts[slot] = dnnl_kernels::retyped_layout(*io.passthrough, slots.values[slot].dtype());
+}
+
+}  // namespace slimquant::runtime::plan
