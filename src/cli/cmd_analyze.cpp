@@ -141,9 +141,7 @@ Action register_analyze(CLI::App& app) {
     const std::string metric_name = from("metric", a->metric).empty() ? "top1" : from("metric", a->metric);
     const bool has_target = a->has_target || !yaml_string(extra, "target_metric").empty();
     const double target_value = a->has_target ? a->target : has_target ? parse_double(extra["target_metric"], "target_metric") : 0;
-    size_t batch_size = a->ptq.batch_size, batch_nums = a->ptq.batch_nums;
-    if (extra.count("batch_size") && cmd->count("--batch-size") == 0) batch_size = parse_size(extra["batch_size"], "batch_size");
-    if (extra.count("batch_nums") && cmd->count("--batch-nums") == 0) batch_nums = parse_size(extra["batch_nums"], "batch_nums");
+    const auto [batch_size, batch_nums] = calibration_batches(a->ptq, *cmd, extra);
     apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     SQ_CHECK(batch_size > 0 && a->eval_batch_size > 0, ErrorKind::kInvalidArgument, "batch sizes must be at least 1");
     // The user's evaluation program, or a built-in metric; unknown names fail before any work.

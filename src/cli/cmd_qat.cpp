@@ -14,6 +14,7 @@
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/lowering.h"
 #include "slimquant/train/qat.h"
+#include "slimquant/train/qat_config.h"
 
 namespace slimquant::cli {
 
@@ -31,120 +32,72 @@ double top1(runtime::Session& session, const data::Dataset& data, const std::str
 Action register_qat(CLI::App& app) {
   auto* cmd = app.add_subcommand("qat", "quantization-aware training to a QDQ ONNX model");
   struct Args {
-    std::string model, data, output, config_path, eval_data, checkpoint;
-    std::string weight_quanter, act_quanter, optimizer, lr_schedule, algo, op_types, skip_tensors;
-    std::vector<std::string> skip_nodes;
+    std::string model, data, output, config_path, eval_data;
     DataFlags flags;
-    int epochs = -1, threads = 0, weight_bits = 0;
-    float lr = -1, weight_decay = -1, momentum = -1, temperature = -1;
-    size_t batch_size = 0, steps_per_epoch = 0, calib_batches = 8, eval_limit = 0;
-    uint64_t seed = 0;
-    bool distill = false, nesterov = false, json = false, no_eval = false;
+    PtqFlags ptq;
+    OptionsFlags<train::QATOptions> training;
+    size_t eval_limit = 0;
+    bool json = false, no_eval = false;
   };
+  using O = train::QATOptions;
   auto a = std::make_shared<Args>();
+  auto& t = a->training;
   cmd->add_option("MODEL", a->model, "FP32 ONNX model")->required();
   add_data_flags(cmd, a->flags, a->data);
   cmd->add_option("-o,--output", a->output, "where to write the QDQ model")->required();
-  cmd->add_option("--epochs", a->epochs, "training epochs (default 1)")->check(non_negative_integer());
-  cmd->add_option("--lr", a->lr, "peak learning rate (default 1e-3 for sgd, 1e-4 for adam)")->check(positive_number());
-  cmd->add_option("--optimizer", a->optimizer, "sgd (default, momentum 0.9), adam or adamw");
-  cmd->add_option("--momentum", a->momentum, "sgd momentum (default 0.9)")->check(number_range(0.0, 1.0));
-  cmd->add_flag("--nesterov", a->nesterov, "sgd with Nesterov momentum");
-  cmd->add_option("--weight-decay", a->weight_decay, "weight decay on weight tensors (default 0; decoupled for adamw)")
+  t.add_option(cmd, "--epochs", [](O& o) -> auto& { return o.epochs; }, "training epochs")->check(non_negative_integer());
+  // 0 in QATOptions: the optimizer's own default, not a rate to show.
+  t.add_option(cmd, "--lr", [](O& o) -> auto& { return o.lr; }, "peak learning rate (default 1e-3 for sgd, 1e-4 for adam)")
+      ->default_str("")
+      ->check(positive_number());
+  t.add_option(cmd, "--optimizer", [](O& o) -> auto& { return o.optimizer.type; }, "sgd, adam or adamw");
+  t.add_option(cmd, "--momentum", [](O& o) -> auto& { return o.optimizer.momentum; }, "sgd momentum")
+      ->check(number_range(0.0, 1.0));
+  t.add_flag(cmd, "--nesterov", [](O& o) -> auto& { return o.optimizer.nesterov; }, "sgd with Nesterov momentum");
+  t.add_option(cmd, "--weight-decay", [](O& o) -> auto& { return o.optimizer.weight_decay; },
+               "weight decay on weight tensors (decoupled for adamw)")
       ->check(non_negative_number());
-  cmd->add_option("--lr-schedule", a->lr_schedule, "cosine (default, 5% warmup), step or constant");
-  cmd->add_option("--weight-quanter", a->weight_quanter, "lsq_plus (default), pact or abs_max");
-  cmd->add_option("--weight-bits", a->weight_bits,
-                  "weight bits, 2..8 (default 8)")
-      ->check(non_negative_integer());  // 2..8 is checked with the config (exit 5)
-  cmd->add_option("--act-quanter", a->act_quanter, "pact (default), lsq_plus or moving_abs_max");
-  cmd->add_flag("--distill", a->distill, "learn from the FP32 model's outputs (KL divergence); no labels needed");
-  cmd->add_option("--temperature", a->temperature, "distillation temperature (default 1)")->check(positive_number());
-  cmd->add_option("--batch-size", a->batch_size, "training batch size (default 32)")->check(positive_integer());
-  cmd->add_option("--steps-per-epoch", a->steps_per_epoch, "optimizer steps per epoch, each epoch a new random subset (0 = all data)")
+  t.add_option(cmd, "--lr-schedule", [](O& o) -> auto& { return o.lr_schedule; },
+               "cosine (with warmup), step or constant");
+  t.add_option(cmd, "--weight-quanter", [](O& o) -> auto& { return o.weight_quanter; }, "lsq_plus, pact or abs_max");
+  t.add_option(cmd, "--act-quanter", [](O& o) -> auto& { return o.act_quanter; }, "pact, lsq_plus or moving_abs_max");
+  t.add_flag(cmd, "--distill", [](O& o) -> auto& { return o.distill; },
+             "learn from the FP32 model's outputs (KL divergence); no labels needed");
+  t.add_option(cmd, "--temperature", [](O& o) -> auto& { return o.temperature; }, "distillation temperature")
+      ->check(positive_number());
+  t.add_option(cmd, "--batch-size", [](O& o) -> auto& { return o.batch_size; }, "training batch size")
+      ->check(positive_integer());
+  t.add_option(cmd, "--steps-per-epoch", [](O& o) -> auto& { return o.steps_per_epoch; },
+               "optimizer steps per epoch, each epoch a new random subset (0 = all data)")
       ->check(non_negative_integer());
-  cmd->add_option("--calib-batches", a->calib_batches, "PTQ calibration batches that initialise activation scales (0 = none)")
-      ->capture_default_str()
+  t.add_option(cmd, "--calib-batches", [](O& o) -> auto& { return o.calib_batches; },
+               "PTQ calibration batches that initialise activation scales (0 = none)")
       ->check(non_negative_integer());
-  cmd->add_option("--algo", a->algo, "calibration observer for that initialisation (default emd)");
-  cmd->add_option("--quantizable-op-type", a->op_types, "op types to quantize, e.g. Conv,MatMul,Gemm");
-  cmd->add_option("--skip-tensor-list", a->skip_tensors, "tensors whose readers/writers stay float (a,b,...)");
-  cmd->add_option("--skip-nodes", a->skip_nodes, "op types, node names or globs that stay float (repeatable)");
+  add_ptq_flags(cmd, a->ptq, PtqFlagSet::kQat);
   cmd->add_option("--config", a->config_path, "YAML with the same settings (seed names; act_quanter/weight_quanter per rule)");
-  cmd->add_option("--checkpoint", a->checkpoint, "checkpoint file written after every epoch and resumed from (default OUT.ckpt)");
+  t.add_option(cmd, "--checkpoint", [](O& o) -> auto& { return o.checkpoint; },
+               "checkpoint file written after every epoch and resumed from (default OUT.ckpt)");
   cmd->add_option("--eval-dataset", a->eval_data, "data set for the FP32 / PTQ / QAT top-1 (default: DATA)");
   cmd->add_option("--eval-limit", a->eval_limit, "evaluate on the first N samples only (0 = all)")->check(non_negative_integer());
   cmd->add_flag("--no-eval", a->no_eval, "skip the FP32 / PTQ / QAT evaluation");
-  cmd->add_option("--seed", a->seed, "shuffling seed")->capture_default_str()->check(non_negative_integer());
-  cmd->add_option("--threads", a->threads, "threads for training and evaluation (0 = all cores; 1 avoids OpenMP spinning on a busy machine)")
+  t.add_option(cmd, "--seed", [](O& o) -> auto& { return o.seed; }, "shuffling seed")->check(non_negative_integer());
+  t.add_option(cmd, "--threads", [](O& o) -> auto& { return o.num_threads; },
+               "threads for training and evaluation (0 = all cores; 1 avoids OpenMP spinning on a busy machine)")
       ->check(non_negative_integer());
   cmd->add_flag("--json", a->json, "print a JSON object as the last line");
   return [=] {
     quant::QuantConfig config;
-    std::map<std::string, std::string> extra;
-    if (!a->config_path.empty()) config = quant::load_quant_config_yaml(a->config_path, config, &extra);
     train::QATOptions o;
-    // The YAML's flow keys first, then flags given explicitly.
-    auto get = [&](const char* key) { return extra.count(key) ? extra[key] : std::string(); };
-    // Checked like the flags: a negative count never wraps, text that is not a number names its key.
-    auto positive = [&](const char* key) {
-      const size_t v = parse_config_size(get(key), key);
-      SQ_CHECK(v > 0, ErrorKind::kInvalidArgument, std::string("config key '") + key + "' must be at least 1");
-      return v;
-    };
-    auto finite_at_least = [&](const char* key, double lo, bool inclusive) {
-      const double v = parse_config_double(get(key), key);
-      SQ_CHECK(inclusive ? v >= lo : v > lo, ErrorKind::kInvalidArgument,
-               std::string("config key '") + key + "' must be " + (inclusive ? "at least " : "greater than ") +
-                   std::to_string(lo) + ", got '" + get(key) + "'");
-      return static_cast<float>(v);
-    };
-    if (!get("epochs").empty()) {
-      const size_t epochs = parse_config_size(get("epochs"), "epochs");
-      SQ_CHECK(epochs <= 1000000, ErrorKind::kInvalidArgument, "config key 'epochs' is too large");
-      o.epochs = static_cast<int>(epochs);
+    // The config file's settings first, then the flags given explicitly.
+    if (!a->config_path.empty()) {
+      train::QATConfigFile file = train::load_qat_config_yaml(a->config_path, config);
+      config = std::move(file.quant);
+      file.training.apply_to(o);
     }
-    if (!get("lr").empty()) o.lr = finite_at_least("lr", 0, false);
-    if (!get("batch_size").empty()) o.batch_size = positive("batch_size");
-    if (!get("batch_nums").empty() && !cmd->count("--calib-batches")) a->calib_batches = parse_config_size(get("batch_nums"), "batch_nums");
-    if (!get("temperature").empty()) o.temperature = finite_at_least("temperature", 0, false);
-    if (!get("steps_per_epoch").empty() && !cmd->count("--steps-per-epoch"))
-      a->steps_per_epoch = parse_config_size(get("steps_per_epoch"), "steps_per_epoch");
-    if (!get("weight_decay").empty()) o.optimizer.weight_decay = finite_at_least("weight_decay", 0, true);
-    if (!get("momentum").empty()) o.optimizer.momentum = finite_at_least("momentum", 0, true);
-    if (!get("seed").empty() && !cmd->count("--seed")) a->seed = parse_config_size(get("seed"), "seed");
-    if (!get("lr_schedule").empty()) o.lr_schedule = get("lr_schedule");
-    if (get("nesterov") == "true") o.optimizer.nesterov = true;
-    if (!get("checkpoint").empty() && a->checkpoint.empty()) a->checkpoint = get("checkpoint");
-    if (!get("optimizer").empty()) o.optimizer.type = get("optimizer");
-    if (!get("weight_quanter").empty()) o.weight_quanter = get("weight_quanter");
-    if (!get("act_quanter").empty()) o.act_quanter = get("act_quanter");
-    if (get("distill") == "true") o.distill = true;
-    if (a->epochs >= 0) o.epochs = a->epochs;
-    if (!a->optimizer.empty()) o.optimizer.type = a->optimizer;
-    if (a->lr > 0) o.lr = a->lr;
-    if (a->momentum >= 0) o.optimizer.momentum = a->momentum;
-    if (a->nesterov) o.optimizer.nesterov = true;
-    if (a->weight_decay >= 0) o.optimizer.weight_decay = a->weight_decay;
-    if (!a->lr_schedule.empty()) o.lr_schedule = a->lr_schedule;
-    if (!a->weight_quanter.empty()) o.weight_quanter = a->weight_quanter;
-    if (!a->act_quanter.empty()) o.act_quanter = a->act_quanter;
-    if (a->distill) o.distill = true;
-    if (a->temperature > 0) o.temperature = a->temperature;
-    if (a->batch_size > 0) o.batch_size = a->batch_size;
-    o.steps_per_epoch = a->steps_per_epoch;
-    o.calib_batches = a->calib_batches;
-    o.seed = a->seed;
-    o.num_threads = a->threads;
-    if (a->threads > 0) omp_set_num_threads(a->threads);  // training kernels too, not only the sessions
-    if (!a->algo.empty()) config.global().activation = a->algo;
-    if (a->weight_bits > 0) config.weight_bits = a->weight_bits;
-    if (!a->op_types.empty()) config.quantizable_op_type = split_list(a->op_types);
-    config.validate();  // a bad --weight-bits or op type fails before any work
-    for (const auto& t : split_list(a->skip_tensors)) config.skip_tensor_list.push_back(t);
-    for (const auto& p : a->skip_nodes) config.skip_quant.push_back(p);
-    quant::make_activation_observer(config.global().activation);  // a bad --algo fails before any work
-    o.checkpoint = a->checkpoint.empty() ? a->output + ".ckpt" : a->checkpoint;
+    a->training.apply(o);
+    if (o.num_threads > 0) omp_set_num_threads(o.num_threads);  // training kernels too, not only the sessions
+    apply_ptq_flags(a->ptq, config);  // a bad --algo, --weight-bits or op type fails before any work
+    if (o.checkpoint.empty()) o.checkpoint = a->output + ".ckpt";
     train::QAT qat(config, o);  // validates quanter and optimizer names
 
     // Before any training: the output and the checkpoint must be writable files that are none of
@@ -211,7 +164,7 @@ Action register_qat(CLI::App& app) {
         std::cout << "evaluation data '" << eval_set->name() << "' has no labels: no top-1 figures" << std::endl;
       } else {
         runtime::SessionOptions so;
-        so.num_threads = a->threads;
+        so.num_threads = o.num_threads;
         runtime::Session fp32(model, so);
         const double f = top1(fp32, *eval_set, "eval fp32");
         j["fp32_top1"] = f;

@@ -58,13 +58,11 @@ Action register_quantize(CLI::App& app) {
     quant::QuantConfig config;
     std::map<std::string, std::string> extra;
     if (!a->config_path.empty()) config = quant::load_quant_config_yaml(a->config_path, config, &extra);
-    size_t batch_size = a->ptq.batch_size, batch_nums = a->ptq.batch_nums;
+    const auto [batch_size, batch_nums] = calibration_batches(a->ptq, *cmd, extra);
     bool use_cache = a->use_cache;
     std::string cache_dir = a->cache_dir;
     auto flag_given = [&](const char* name) { return cmd->count(name) > 0; };
     // The config file's flow keys apply unless the same setting is given as a flag.
-    if (extra.count("batch_size") && !flag_given("--batch-size")) batch_size = parse_config_size(extra["batch_size"], "batch_size");
-    if (extra.count("batch_nums") && !flag_given("--batch-nums")) batch_nums = parse_config_size(extra["batch_nums"], "batch_nums");
     if (extra.count("is_use_cache_file") && !flag_given("--is-use-cache-file")) use_cache = parse_config_bool(extra["is_use_cache_file"], "is_use_cache_file");
     if (extra.count("cache_dir") && !flag_given("--cache-dir")) cache_dir = extra["cache_dir"];
     double fallback_sqnr_db = a->fallback_sqnr_db;

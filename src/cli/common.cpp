@@ -42,24 +42,42 @@ data::DataOptions DataFlags::options(const std::string& needed_by, const ir::Gra
   return o;
 }
 
-void add_ptq_flags(CLI::App* app, PtqFlags& f) {
-  app->add_option("--algo", f.algo, "activation observer: emd (default), mse, KL, hist, abs_max (direct), min_max, avg");
-  app->add_option("--hist-percent", f.hist_percent, "percentile for algo hist (default 0.99999)")
-      ->check(number_range(0.0, 1.0));
-  app->add_option("--batch-size", f.batch_size, "calibration batch size")->capture_default_str()->check(positive_integer());
-  app->add_option("--batch-nums", f.batch_nums, "calibration batches (0 = the whole data set)")
-      ->capture_default_str()
-      ->check(non_negative_integer());
-  app->add_option("--weight-quantize-type", f.weight_type, "abs_max, channel_wise_abs_max, mse_channel_wise");
-  app->add_option("--weight-bits", f.weight_bits, "weight bits, 2..8 (default 8)")
+// A default for the help text, as short as the number allows (0.99999, not 0.999990).
+static std::string shortest_text(float value) {
+  std::ostringstream os;
+  os << value;
+  return os.str();
+}
+
+void add_ptq_flags(CLI::App* app, PtqFlags& f, PtqFlagSet set) {
+  const bool calibration = set == PtqFlagSet::kCalibration;
+  app->add_option("--algo", f.algo, "activation observer: emd, mse, KL, hist, abs_max (direct), min_max, avg")
+      ->default_str(quant::QuantRule().activation);
+  if (calibration) {
+    app->add_option("--hist-percent", f.hist_percent, "percentile for algo hist")
+        ->default_str(shortest_text(quant::ObserverOptions().hist_percent))
+        ->check(number_range(0.0, 1.0));
+    app->add_option("--batch-size", f.batch_size, "calibration batch size")->capture_default_str()->check(positive_integer());
+    app->add_option("--batch-nums", f.batch_nums, "calibration batches (0 = the whole data set)")
+        ->capture_default_str()
+        ->check(non_negative_integer());
+    app->add_option("--weight-quantize-type", f.weight_type, "abs_max, channel_wise_abs_max, mse_channel_wise")
+        ->default_str(quant::QuantRule().weight);
+  }
+  app->add_option("--weight-bits", f.weight_bits, "weight bits, 2..8")
+      ->default_str(std::to_string(quant::QuantConfig().effective_weight_bits()))
       ->check(non_negative_integer());  // 2..8 is checked with the config (exit 5)
-  app->add_option("--deploy-backend", f.deploy_backend,
-                  "runtime the QDQ model is shaped for: slimquant (default: fastest here, loads in ONNX Runtime), "
-                  "onnxruntime (the form its CPU provider fuses: QLinearConv, QLinearAdd, ...), tensorrt (symmetric "
-                  "int8, NVIDIA's Q/DQ placement)")
-      ->check(CLI::IsMember({"slimquant", "onnxruntime", "tensorrt"}));
-  app->add_option("--quantizable-op-type", f.op_types, "op types to quantize, e.g. Conv,MatMul,Gemm");
-  app->add_flag("--is-full-quantize", f.full, "also quantize pooling, Add, Concat, Softmax, Reshape, ...");
+  if (calibration)
+    app->add_option("--deploy-backend", f.deploy_backend,
+                    "runtime the QDQ model is shaped for: slimquant (fastest here, loads in ONNX Runtime), "
+                    "onnxruntime (the form its CPU provider fuses: QLinearConv, QLinearAdd, ...), tensorrt (symmetric "
+                    "int8, NVIDIA's Q/DQ placement)")
+        ->default_str(quant::deploy_backend_name(quant::QuantConfig().deploy_backend))
+        ->check(CLI::IsMember({"slimquant", "onnxruntime", "tensorrt"}));
+  app->add_option("--quantizable-op-type", f.op_types, "op types to quantize (a,b,...)")
+      ->default_str(CLI::detail::join(quant::QuantConfig().quantizable_op_type, ","));
+  if (calibration)
+    app->add_flag("--is-full-quantize", f.full, "also quantize pooling, Add, Concat, Softmax, Reshape, ...");
   app->add_option("--skip-tensor-list", f.skip_tensors, "tensors whose readers/writers stay float (a,b,...)");
   app->add_option("--skip-nodes", f.skip_nodes, "op types, node names or globs that stay float (repeatable)");
 }
@@ -77,6 +95,16 @@ void apply_ptq_flags(const PtqFlags& f, quant::QuantConfig& config) {
   quant::make_activation_observer(config.global().activation);  // early, clear errors for bad names
   quant::make_weight_observer(config.global().weight, config.observer_options);
   config.validate();
+}
+
+CalibrationBatches calibration_batches(const PtqFlags& flags, const CLI::App& cmd,
+                                       const std::map<std::string, std::string>& config_extra) {
+  CalibrationBatches b{flags.batch_size, flags.batch_nums};
+  if (const auto it = config_extra.find("batch_size"); it != config_extra.end() && cmd.count("--batch-size") == 0)
+    b.batch_size = parse_config_size(it->second, "batch_size");
+  if (const auto it = config_extra.find("batch_nums"); it != config_extra.end() && cmd.count("--batch-nums") == 0)
+    b.batch_nums = parse_config_size(it->second, "batch_nums");
+  return b;
 }
 
 const char* const kMetricHelp =
@@ -309,24 +337,6 @@ std::string data_spec_path(const std::string& spec) {
   if (colon == std::string::npos) return "";
   const std::string kind = spec.substr(0, colon);
   return kind == "images" || kind == "npy" ? spec.substr(colon + 1) : "";
-}
-
-size_t parse_config_size(const std::string& v, const std::string& key) {
-  long long x = 0;
-  if (parse_integer(v, x) && x >= 0) return static_cast<size_t>(x);
-  fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be a non-negative integer, got '" + v + "'");
-}
-
-double parse_config_double(const std::string& v, const std::string& key) {
-  double x = 0;
-  if (parse_number(v, x)) return x;
-  fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be a finite number, got '" + v + "'");
-}
-
-bool parse_config_bool(const std::string& v, const std::string& key) {
-  if (v == "true" || v == "True" || v == "1" || v == "yes") return true;
-  if (v == "false" || v == "False" || v == "0" || v == "no") return false;
-  fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be true or false, got '" + v + "'");
 }
 
 std::string resolve_model_file(const std::string& model, const std::string& model_filename) {

@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "slimquant/analysis/metric.h"
@@ -34,7 +35,8 @@ struct DataFlags {
 // set as a positional DATA argument (same syntax as --dataset).
 void add_data_flags(CLI::App* app, DataFlags& flags, std::string& positional);
 
-// The PTQ settings `quantize` and `analyze` share (seed parameter names as flags).
+// The PTQ settings `quantize`, `analyze` and `qat` share (seed parameter names as flags). Empty or
+// zero: not given, the config file's (or quant::QuantConfig's default) value stays.
 struct PtqFlags {
   std::string algo, weight_type, op_types, skip_tensors, deploy_backend;
   std::vector<std::string> skip_nodes;
@@ -43,12 +45,61 @@ struct PtqFlags {
   float hist_percent = 0;
   int weight_bits = 0;
 };
+// Which of the PTQ flags a command takes.
+enum class PtqFlagSet {
+  kCalibration,  // all (quantize, analyze)
+  kQat,          // what QAT's initial calibration and layer selection use: --algo, --weight-bits,
+                 // --quantizable-op-type, --skip-tensor-list, --skip-nodes
+};
 // --algo, --hist-percent, --batch-size, --batch-nums, --weight-quantize-type, --weight-bits, --deploy-backend,
 // --quantizable-op-type, --is-full-quantize, --skip-tensor-list, --skip-nodes.
-void add_ptq_flags(CLI::App* app, PtqFlags& flags);
+void add_ptq_flags(CLI::App* app, PtqFlags& flags, PtqFlagSet set = PtqFlagSet::kCalibration);
 // The flags given override `config` (the YAML's settings); checks the observer names, weight_bits
 // and op types before any work.
 void apply_ptq_flags(const PtqFlags& flags, quant::QuantConfig& config);
+// Calibration batch size and count: the flag when given on `cmd`, else the config file's
+// batch_size / batch_nums (its flow keys, `config_extra`), else the flag's default.
+struct CalibrationBatches {
+  size_t batch_size, batch_nums;
+};
+CalibrationBatches calibration_batches(const PtqFlags& flags, const CLI::App& cmd,
+                                       const std::map<std::string, std::string>& config_extra);
+
+// Flags bound to the fields of a staged copy of a library options struct, so that the help text
+// shows the struct's own defaults (CLI11's default capture) and no default is restated here.
+// apply() copies into the real options only the flags given on the command line: a config file's
+// settings stay where no flag overrides them. `field` names the field, e.g.
+// [](train::QATOptions& o) -> auto& { return o.epochs; }.
+template <class Options>
+class OptionsFlags {
+ public:
+  template <class Field>
+  CLI::Option* add_option(CLI::App* app, const std::string& name, Field field, const std::string& help) {
+    CLI::Option* option = app->add_option(name, field(staged_), help)->capture_default_str();
+    appliers_.push_back([option, field](Options& given, Options& to) {
+      using T = std::decay_t<decltype(field(given))>;
+      if constexpr (std::is_same_v<T, std::string>)
+        if (field(given).empty()) return;  // an empty text is no setting
+      if (option->count() > 0) field(to) = field(given);
+    });
+    return option;
+  }
+  template <class Field>
+  CLI::Option* add_flag(CLI::App* app, const std::string& name, Field field, const std::string& help) {
+    CLI::Option* option = app->add_flag(name, field(staged_), help);
+    appliers_.push_back([option, field](Options&, Options& to) {
+      if (option->count() > 0) field(to) = true;
+    });
+    return option;
+  }
+  void apply(Options& to) {
+    for (const auto& apply_flag : appliers_) apply_flag(staged_, to);
+  }
+
+ private:
+  Options staged_;  // CLI11 parses into its fields
+  std::vector<std::function<void(Options&, Options&)>> appliers_;
+};
 
 ir::Graph load_model_arg(const std::string& path);
 std::vector<std::string> graph_input_names(const ir::Graph& g);
@@ -75,10 +126,10 @@ CLI::Validator number_range(double lo, double hi);
 // built-in data sets: outputs are checked against it.
 std::string data_spec_path(const std::string& spec);
 
-// Config-file (YAML) values, checked like the flags: kInvalidArgument naming the key on bad text.
-size_t parse_config_size(const std::string& value, const std::string& key);
-double parse_config_double(const std::string& value, const std::string& key);
-bool parse_config_bool(const std::string& value, const std::string& key);
+// Config-file (YAML) values, checked like the flags (quant_config.h).
+using quant::parse_config_bool;
+using quant::parse_config_double;
+using quant::parse_config_size;
 
 // The model file a MODEL argument names: an .onnx file, or a directory holding exactly one .onnx
 // file (or `model_filename`). Throws kIo when it does not exist, kInvalidArgument naming what was

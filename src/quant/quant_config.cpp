@@ -5,6 +5,9 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 #include <sstream>
@@ -291,6 +294,31 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
     fail(ErrorKind::kInvalidArgument, "config file '" + path + "': weight_bits must be in [2, 8] (got " +
                                           std::to_string(cfg.weight_bits) + ")");
   return cfg;
+}
+
+size_t parse_config_size(const std::string& v, const std::string& key) {
+  if (!v.empty()) {
+    errno = 0;
+    char* end = nullptr;
+    const long long x = std::strtoll(v.c_str(), &end, 10);
+    if (errno == 0 && end == v.c_str() + v.size() && x >= 0) return static_cast<size_t>(x);
+  }
+  fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be a non-negative integer, got '" + v + "'");
+}
+
+double parse_config_double(const std::string& v, const std::string& key) {
+  if (!v.empty()) {
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (end == v.c_str() + v.size() && std::isfinite(x)) return x;
+  }
+  fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be a finite number, got '" + v + "'");
+}
+
+bool parse_config_bool(const std::string& v, const std::string& key) {
+  if (v == "true" || v == "True" || v == "1" || v == "yes") return true;
+  if (v == "false" || v == "False" || v == "0" || v == "no") return false;
+  fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must be true or false, got '" + v + "'");
 }
 
 }  // namespace slimquant::quant

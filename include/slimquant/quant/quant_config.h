@@ -108,4 +108,10 @@ class QuantConfig {
 QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig base = QuantConfig(),
                                    std::map<std::string, std::string>* extra = nullptr);
 
+// The flow keys' values (`extra` holds them as text), checked like the command-line flags:
+// kInvalidArgument naming the key on bad text.
+size_t parse_config_size(const std::string& value, const std::string& key);  // a non-negative integer
+double parse_config_double(const std::string& value, const std::string& key);  // a finite number
+bool parse_config_bool(const std::string& value, const std::string& key);  // true/True/1/yes, false/False/0/no
+
 }  // namespace slimquant::quant
