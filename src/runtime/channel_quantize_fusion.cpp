@@ -48,7 +48,8 @@ int fold_channel_quantize_into_elementwise(ir::Graph& g, const std::set<std::str
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     ir::Node& op = g.nodes[i];
     const bool arithmetic = op.op_type == "Add" || op.op_type == "Sub" || op.op_type == "Mul" || op.op_type == "Div";
-    if (!arithmetic || !op.domain.empty() || op.inputs.size() != 2 || op.outputs.size() != 1 ||
+    const bool concat = op.op_type == "Concat" && !op.inputs.empty();
+    if (!(arithmetic || concat) || !op.domain.empty() || (arithmetic && op.inputs.size() != 2) || op.outputs.size() != 1 ||
         op.attrs.count(kFoldedQuantizeScale) || op.attrs.count(kFoldedQuantizeChannelScale))
       continue;
     const std::string& y = op.outputs[0];

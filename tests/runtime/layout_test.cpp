@@ -373,7 +373,8 @@ TEST(SessionFusion, QuantizeLinearFoldsIntoTheElementwiseOpItAloneReads) {
 // that channel's scale and zero point, bit-identical to running the two ops. Covered: a squeeze-
 // excitation scaling x * s[C, 1, 1] (u8), the sum of two Conv -> Relu whose outputs oneDNN would
 // leave blocked (s8; the fused op must read them in plain order to know each element's channel),
-// a negative axis, and an axis whose slabs are too short (the op, then the Q as it was).
+// a negative axis, an axis whose slabs are too short (the op, then the Q as it was), and Concat
+// along the quantization axis and along another.
 TEST(SessionFusion, PerChannelQuantizeLinearFoldsIntoTheElementwiseOpItAloneReads) {
   constexpr int64_t kC = 6;
   auto channel_scales = [](float base) {
@@ -409,18 +410,30 @@ TEST(SessionFusion, PerChannelQuantizeLinearFoldsIntoTheElementwiseOpItAloneRead
   last.attrs["axis"] = int64_t{3};
   b.op("Mul", {"x", "x"}, "kept");  // also requested: its Q must stay a separate pass
   b.op("QuantizeLinear", {"kept", "qs", "qz"}, "kept_q");
-  for (const char* o : {"scaled_q", "sum_q", "shifted_q", "kept_q", "kept"}) b.output(o);
-  b.g.outputs[0].dtype = b.g.outputs[2].dtype = b.g.outputs[3].dtype = DType::kUInt8;
-  b.g.outputs[1].dtype = DType::kInt8;
+  // Concat quantizes every input into its place (along the axis), or joins first (another axis).
+  b.op("Neg", {"x"}, "negated");
+  b.op("Concat", {"x", "negated"}, "joined");
+  b.g.nodes.back().attrs["axis"] = int64_t{1};
+  std::vector<uint8_t> joined_zero_points(2 * kC);
+  for (int64_t c = 0; c < 2 * kC; ++c) joined_zero_points[c] = static_cast<uint8_t>(20 * c);
+  b.op("QuantizeLinear", {"joined", b.scalar("js", Tensor::from_vector<float>({2 * kC}, std::vector<float>(2 * kC, 0.03f))),
+                          b.scalar("jz", Tensor::from_vector<uint8_t>({2 * kC}, joined_zero_points))}, "joined_q");
+  b.op("Concat", {"x", "negated"}, "stacked");
+  b.g.nodes.back().attrs["axis"] = int64_t{2};
+  b.op("QuantizeLinear", {"stacked", "ss", "sz"}, "stacked_q");
+  for (const char* o : {"scaled_q", "sum_q", "shifted_q", "kept_q", "joined_q", "stacked_q", "kept"}) b.output(o);
+  b.g.outputs[0].dtype = b.g.outputs[2].dtype = b.g.outputs[3].dtype = b.g.outputs[4].dtype = DType::kUInt8;
+  b.g.outputs[1].dtype = b.g.outputs[5].dtype = DType::kInt8;
   runtime::Session fast(b.g), ref = reference_session(b.g);
   Tensor x = random_tensor({2, kC, 40, 40}, 51, -6.f, 6.f);
   x.data<float>()[0] = 0.5f * 0.02f;  // an exact tie
   x.data<float>()[1] = std::nanf("");
   const Tensor s = random_tensor({kC, 1, 1}, 52, -2.f, 2.f);
   const auto got = run_hooked(fast, {{"x", x}, {"s", s}}), want = run_hooked(ref, {{"x", x}, {"s", s}});
-  for (const char* gone : {"scaled", "sum", "shifted"}) EXPECT_FALSE(got.count(gone)) << gone;
+  for (const char* gone : {"scaled", "sum", "shifted", "joined", "stacked"}) EXPECT_FALSE(got.count(gone)) << gone;
   EXPECT_TRUE(got.count("kept"));
-  for (const char* v : {"scaled_q", "sum_q", "shifted_q", "kept_q"}) expect_close(got.at(v), want.at(v), v);
+  for (const char* v : {"scaled_q", "sum_q", "shifted_q", "kept_q", "joined_q", "stacked_q"})
+    expect_close(got.at(v), want.at(v), v);
   // Both ends of every channel's range are reached, so saturation is compared too.
   const Tensor& scaled = want.at("scaled_q");
   const auto [lo, hi] = std::minmax_element(scaled.data<uint8_t>(), scaled.data<uint8_t>() + scaled.numel());
