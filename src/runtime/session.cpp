@@ -16,8 +16,10 @@
 #include "runtime/channel_quantize_fusion.h"
 #include "runtime/kernels/dnnl_common.h"
 #include "runtime/kernels/dnnl_kernels.h"
+#include "runtime/kernels/elementwise_common.h"
 #include "runtime/kernels/elementwise_qdq.h"
 #include "runtime/kernels/int8_common.h"
+#include "runtime/upsample_fusion.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/kernel.h"
 #include "slimquant/runtime/optimize.h"
@@ -307,8 +309,8 @@ LayoutRole layout_role(const ir::Node& n) {
   if (n.domain.empty() && (n.op_type == "MaxPool" || n.op_type == "AveragePool")) return LayoutRole::kAware;
   static const std::set<std::string> kElementwise = {"Add", "Sub", "Mul", "Div", "Relu", "Clip",
                                                       "QuantizeLinear", "DequantizeLinear"};
-  // A folded per-channel QuantizeLinear needs each element's channel: plain order.
-  if (n.attrs.count(kFoldedQuantizeChannelScale)) return LayoutRole::kPlain;
+  // A folded per-channel QuantizeLinear or nearest upsampling needs each element's position: plain.
+  if (n.attrs.count(kFoldedQuantizeChannelScale) || n.attrs.count(ew::kNearestUpsampledInput)) return LayoutRole::kPlain;
   if (n.domain.empty() && kElementwise.count(n.op_type)) return LayoutRole::kPassthrough;
   if (n.domain == dnnl_kernels::kGeluDomain && n.op_type == "Gelu") return LayoutRole::kPassthrough;
   return LayoutRole::kPlain;
@@ -461,6 +463,7 @@ class Plan {
       fold_quantize_into_residual_qconvs(graph_, keep);
       fuse_matmul_bias_gelu(graph_, keep);
       fold_quantize_into_elementwise(graph_, keep);
+      fold_nearest_upsample_into_elementwise(graph_, keep);
       fold_channel_quantize_into_elementwise(graph_, keep);
     }
 

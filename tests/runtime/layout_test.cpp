@@ -444,3 +444,44 @@ TEST(SessionFusion, PerChannelQuantizeLinearFoldsIntoTheElementwiseOpItAloneRead
   EXPECT_EQ(*slo, -128);
   EXPECT_EQ(*shi, 127);
 }
+
+// FPN top-down sums: Add(a, Resize(r)) with a nearest, asymmetric, floor Resize by integer factors
+// reads r directly, with a folded per-channel Q (u8), a per-tensor Q (s8) or a float32 result, the
+// small operand on either side, and equal or unequal factors; a half_pixel Resize stays separate.
+TEST(SessionFusion, NearestUpsampleFoldsIntoTheElementwiseOpItAloneFeeds) {
+  constexpr int64_t kC = 3;
+  Builder b({2, kC, 24, 20});
+  b.g.opset = 13;
+  b.g.inputs.push_back({"r", DType::kFloat32, std::vector<ir::Dim>{{2, ""}, {kC, ""}, {12, ""}, {10, ""}}});
+  b.g.inputs.push_back({"t", DType::kFloat32, std::vector<ir::Dim>{{2, ""}, {kC, ""}, {6, ""}, {10, ""}}});
+  auto resize = [&](const std::string& in, std::vector<float> scales, const std::string& out,
+                    const std::string& coordinates) {
+    b.op("Resize", {in, "", b.scalar(out + "_scales", Tensor::from_vector<float>({4}, scales))}, out);
+    b.g.nodes.back().attrs = {{"mode", std::string("nearest")},
+                              {"coordinate_transformation_mode", coordinates},
+                              {"nearest_mode", std::string("floor")}};
+  };
+  resize("r", {1, 1, 2, 2}, "r_up", "asymmetric");
+  b.op("Add", {"x", "r_up"}, "sum");
+  b.op("QuantizeLinear", {"sum", b.scalar("cs", Tensor::from_vector<float>({kC}, {0.01f, 0.02f, 0.03f})),
+                          b.scalar("cz", Tensor::from_vector<uint8_t>({kC}, {0, 128, 250}))}, "sum_q");
+  resize("t", {1, 1, 4, 2}, "t_up", "asymmetric");
+  b.op("Sub", {"t_up", "x"}, "difference");  // the small operand first
+  b.op("QuantizeLinear", {"difference", b.scalar("ds", Tensor::scalar(0.015f)), b.scalar("dz", Tensor::scalar<int8_t>(-3))},
+       "difference_q");
+  resize("r", {1, 1, 2, 2}, "r_up2", "asymmetric");
+  b.op("Mul", {"x", "r_up2"}, "product");  // float32 result
+  resize("r", {1, 1, 2, 2}, "r_centred", "half_pixel");
+  b.op("Add", {"x", "r_centred"}, "centred");
+  for (const char* o : {"sum_q", "difference_q", "product", "centred"}) b.output(o);
+  b.g.outputs[0].dtype = DType::kUInt8;
+  b.g.outputs[1].dtype = DType::kInt8;
+  runtime::Session fast(b.g), ref = reference_session(b.g);
+  const std::map<std::string, Tensor> feeds = {{"x", random_tensor({2, kC, 24, 20}, 61, -3.f, 3.f)},
+                                               {"r", random_tensor({2, kC, 12, 10}, 62, -3.f, 3.f)},
+                                               {"t", random_tensor({2, kC, 6, 10}, 63, -3.f, 3.f)}};
+  const auto got = run_hooked(fast, feeds), want = run_hooked(ref, feeds);
+  for (const char* gone : {"r_up", "t_up", "r_up2", "sum", "difference"}) EXPECT_FALSE(got.count(gone)) << gone;
+  EXPECT_TRUE(got.count("r_centred"));
+  for (const char* v : {"sum_q", "difference_q", "product", "centred"}) expect_close(got.at(v), want.at(v), v, 0.f);
+}

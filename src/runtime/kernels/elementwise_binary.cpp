@@ -263,6 +263,13 @@ class BinaryKernel final : public Kernel {
         channel_quantize_(folded_channel_quantize(init.node)) {
     if (fusable) act_ = resolve_fused_activation(node_);
     else reject_fused_activation(node_);
+    upsampled_input_ = node_.attr_int(kNearestUpsampledInput, -1);
+    if (upsampled_input_ >= 0) {
+      factors_ = node_.attr_ints(kNearestUpsampleFactors);
+      if (upsampled_input_ > 1 || mode_ != Broadcast::kMulti || factors_.size() != 2 || factors_[0] < 1 ||
+          factors_[1] < 1)
+        fail(ErrorKind::kInvalidModel, node_.describe() + ": invalid folded nearest upsampling attributes");
+    }
     if (channel_quantize_) {
       const int64_t channels = static_cast<int64_t>(channel_quantize_->scale.size());
       channel_scale_ = Tensor::from_vector<float>({channels}, channel_quantize_->scale);
@@ -276,6 +283,10 @@ class BinaryKernel final : public Kernel {
   }
 
   void run(KernelContext& ctx) override {
+    if (upsampled_input_ >= 0) {
+      run_upsampled(ctx);
+      return;
+    }
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
     check_same_dtype(node_, a, b, 1);
@@ -330,12 +341,86 @@ class BinaryKernel final : public Kernel {
   }
 
  private:
+  // One operand read through a folded nearest Resize (see kNearestUpsampledInput): each
+  // (n, c) slab is computed row by row, reading the small map's row y / kh with every element
+  // repeated kw times, then activated and quantized (a folded Q) while in cache.
+  void run_upsampled(KernelContext& ctx) {
+    const std::string who = node_.describe();
+    if constexpr (Op::template kAccepts<float> && std::is_same_v<typename Op::template Out<float>, float>) {
+      const Tensor& small = ctx.input(static_cast<size_t>(upsampled_input_));
+      const Tensor& full = ctx.input(static_cast<size_t>(1 - upsampled_input_));
+      const int64_t kh = factors_[0], kw = factors_[1];
+      SQ_CHECK(small.dtype() == DType::kFloat32 && full.dtype() == DType::kFloat32 && small.rank() == 4 &&
+                   full.rank() == 4 && full.dim(0) == small.dim(0) && full.dim(1) == small.dim(1) &&
+                   full.dim(2) == small.dim(2) * kh && full.dim(3) == small.dim(3) * kw,
+               ErrorKind::kInternal,
+               who + ": operands " + shape_str(full.shape()) + " and " + shape_str(small.shape()) +
+                   " do not match the folded nearest upsampling");
+      const Shape& shape = full.shape();
+      const int64_t channels = shape[1], height = shape[2], width = shape[3], w = small.dim(3);
+      const int64_t slab = height * width, slabs = shape[0] * channels;
+      const bool channel_slabs = channel_quantize_ && channel_quantize_->axis == 1 &&
+                                 static_cast<int64_t>(channel_quantize_->scale.size()) == channels;
+      // A per-channel Q along another axis: float32 first, then the Q as it was.
+      const bool separate_quantize = channel_quantize_ && !channel_slabs;
+      const DType out_type = channel_quantize_ ? channel_quantize_->type : quantize_ ? quantize_->type : DType::kFloat32;
+      Tensor& out = ctx.allocate_output(0, out_type, shape);
+      Tensor values = out_type == DType::kFloat32 ? out : separate_quantize ? Tensor(DType::kFloat32, shape) : Tensor();
+      const float* pf = full.data<float>();
+      const float* ps = small.data<float>();
+      const bool small_first = upsampled_input_ == 0;
+      const int nt = std::max(1, std::min(threads_for(full.numel()), static_cast<int>(slabs)));
+#pragma omp parallel for num_threads(nt) schedule(static)
+      for (int64_t s = 0; s < slabs; ++s) {
+        thread_local std::vector<float> buffer;
+        float* v;
+        if (values.defined()) {
+          v = values.data<float>() + s * slab;
+        } else {
+          if (buffer.size() < static_cast<size_t>(slab)) buffer.resize(static_cast<size_t>(slab));
+          v = buffer.data();
+        }
+        const float* f = pf + s * slab;
+        const float* sm = ps + s * small.dim(2) * w;
+        // The small map's row, widened once per kh output rows; each output row is then one
+        // vectorised binary_row.
+        thread_local std::vector<float> widened;
+        if (widened.size() < static_cast<size_t>(width)) widened.resize(static_cast<size_t>(width));
+        float* wide = widened.data();
+        for (int64_t y = 0; y < height; ++y) {
+          if (y % kh == 0) {
+            const float* srow = sm + (y / kh) * w;
+            for (int64_t xs = 0; xs < w; ++xs)
+              for (int64_t j = 0; j < kw; ++j) wide[xs * kw + j] = srow[xs];
+          }
+          const float* frow = f + y * width;
+          float* vrow = v + y * width;
+          if (small_first) binary_row(wide, 1, frow, 1, vrow, width, op_);
+          else binary_row(frow, 1, wide, 1, vrow, width, op_);
+        }
+        if (act_) apply_activation(act_, v, slab);
+        auto* q = static_cast<std::byte*>(out.raw()) + s * slab;  // 1-byte elements when quantized
+        if (channel_slabs) {
+          const size_t c = static_cast<size_t>(s % channels);
+          quantize_floats(v, slab, channel_quantize_->scale[c], channel_quantize_->zero_point[c], out_type, q);
+        } else if (quantize_ && !channel_quantize_) {
+          quantize_floats(v, slab, quantize_->scale, quantize_->zero_point, out_type, q);
+        }
+      }
+      if (separate_quantize) quantize_linear(values, channel_scale_, &channel_zero_point_, channel_quantize_->axis, out, who);
+    } else {
+      fail(ErrorKind::kInternal, who + ": a folded nearest upsampling needs float32 arithmetic");
+    }
+  }
+
   const ir::Node& node_;
   Op op_;
   Broadcast mode_;
   std::optional<FoldedQuantize> quantize_;  // a QuantizeLinear the plan folded into this op
   std::optional<FoldedChannelQuantize> channel_quantize_;  // a per-channel one
   Tensor channel_scale_, channel_zero_point_;              // its parameters as tensors (for short slabs)
+  int64_t upsampled_input_ = -1;  // the operand read through a folded nearest Resize, if any
+  std::vector<int64_t> factors_;   // its {kh, kw}
   Activation act_;
 };
 
