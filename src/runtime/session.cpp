@@ -13,11 +13,14 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "runtime/channel_quantize_fusion.h"
 #include "runtime/kernels/dnnl_common.h"
 #include "runtime/kernels/dnnl_kernels.h"
+#include "runtime/kernels/elementwise_common.h"
 #include "runtime/kernels/elementwise_qdq.h"
 #include "runtime/kernels/int8_common.h"
 #include "runtime/session_internal.h"
+#include "runtime/upsample_fusion.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/kernel.h"
 #include "slimquant/runtime/optimize.h"
@@ -251,6 +254,8 @@ void apply_execution_fusions(ir::Graph& graph, const std::set<std::string>& keep
   fold_quantize_into_residual_qconvs(graph, keep);
   fuse_matmul_bias_gelu(graph, keep);
   fold_quantize_into_elementwise(graph, keep);
+  fold_nearest_upsample_into_elementwise(graph, keep);
+  fold_channel_quantize_into_elementwise(graph, keep);
 }
 
 // SLIMQUANT_PROFILE=1: per-node wall time, printed to stderr when the plan is dropped (a

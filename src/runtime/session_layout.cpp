@@ -5,6 +5,8 @@
 
 #include "runtime/kernels/dnnl_common.h"
 #include "runtime/kernels/dnnl_kernels.h"
+#include "runtime/kernels/elementwise_common.h"
+#include "runtime/kernels/elementwise_qdq.h"
 #include "runtime/session_internal.h"
 
 namespace slimquant::runtime::plan {
@@ -15,6 +17,9 @@ LayoutRole layout_role(const ir::Node& n) {
   if (n.domain.empty() && (n.op_type == "MaxPool" || n.op_type == "AveragePool")) return LayoutRole::kAware;
   static const std::set<std::string> kElementwise = {"Add", "Sub", "Mul", "Div", "Relu", "Clip",
                                                       "QuantizeLinear", "DequantizeLinear"};
+  // A folded per-channel QuantizeLinear or nearest upsampling needs each element's position: plain.
+  if (n.attrs.count(kFoldedQuantizeChannelScale) || n.attrs.count(ew::kNearestUpsampledInput))
+    return LayoutRole::kPlain;
   if (n.domain.empty() && kElementwise.count(n.op_type)) return LayoutRole::kPassthrough;
   if (n.domain == dnnl_kernels::kGeluDomain && n.op_type == "Gelu") return LayoutRole::kPassthrough;
   return LayoutRole::kPlain;

@@ -367,3 +367,121 @@ TEST(SessionFusion, QuantizeLinearFoldsIntoTheElementwiseOpItAloneReads) {
   // (x + 10) / 2 rounded half to even, + 1, saturated: -145 -> -128, -1.5 -> -2, 5.5 -> 6, 7.5 -> 8, 205 -> 127.
   EXPECT_EQ(y.to_int64_vector(), (std::vector<int64_t>{-128, -1, 7, 9, 127}));
 }
+
+// A per-channel QuantizeLinear (1-D scale along an axis, as channel-wise convolution inputs have)
+// folds into the Add / Sub / Mul / Div it alone reads: the op quantizes each channel's slab with
+// that channel's scale and zero point, bit-identical to running the two ops. Covered: a squeeze-
+// excitation scaling x * s[C, 1, 1] (u8), the sum of two Conv -> Relu whose outputs oneDNN would
+// leave blocked (s8; the fused op must read them in plain order to know each element's channel),
+// a negative axis, an axis whose slabs are too short (the op, then the Q as it was), and Concat
+// along the quantization axis and along another.
+TEST(SessionFusion, PerChannelQuantizeLinearFoldsIntoTheElementwiseOpItAloneReads) {
+  constexpr int64_t kC = 6;
+  auto channel_scales = [](float base) {
+    std::vector<float> s(kC);
+    for (int64_t c = 0; c < kC; ++c) s[c] = base * static_cast<float>(c + 1);
+    return Tensor::from_vector<float>({kC}, s);
+  };
+  Builder b({2, kC, 40, 40});
+  b.g.inputs.push_back({"s", DType::kFloat32, std::vector<ir::Dim>{{kC, ""}, {1, ""}, {1, ""}}});
+  b.op("Mul", {"x", "s"}, "scaled");
+  b.op("QuantizeLinear", {"scaled", b.scalar("qs", channel_scales(0.004f)),
+                          b.scalar("qz", Tensor::from_vector<uint8_t>({kC}, {0, 3, 128, 255, 7, 40}))}, "scaled_q");
+  b.conv("x", kC, kC, 3, "c1");
+  b.conv("x", kC, kC, 1, "c2");
+  b.op("Relu", {"c1"}, "r1");  // activations keep the Add out of the convolutions (sum post-op)
+  b.op("Relu", {"c2"}, "r2");
+  b.op("Add", {"r1", "r2"}, "sum");
+  b.g.nodes.push_back(b.g.nodes.back());  // QuantizeLinear with axis -3 (= 1 for this rank-4 value)
+  ir::Node& q = b.g.nodes.back();
+  q.op_type = "QuantizeLinear";
+  q.name = "sum_q_QuantizeLinear";
+  q.inputs = {"sum", b.scalar("ss", channel_scales(0.01f)),
+              b.scalar("sz", Tensor::from_vector<int8_t>({kC}, {-128, -5, 0, 5, 127, 1}))};
+  q.outputs = {"sum_q"};
+  q.attrs["axis"] = int64_t{-3};
+  b.op("Sub", {"x", b.scalar("third", Tensor::scalar(0.3f))}, "shifted");  // slabs of 1 element
+  b.g.nodes.push_back(b.g.nodes.back());
+  ir::Node& last = b.g.nodes.back();
+  last.op_type = "QuantizeLinear";
+  last.name = "shifted_q_QuantizeLinear";
+  last.inputs = {"shifted", b.scalar("ls", Tensor::from_vector<float>({40}, std::vector<float>(40, 0.02f)))};
+  last.outputs = {"shifted_q"};
+  last.attrs["axis"] = int64_t{3};
+  b.op("Mul", {"x", "x"}, "kept");  // also requested: its Q must stay a separate pass
+  b.op("QuantizeLinear", {"kept", "qs", "qz"}, "kept_q");
+  // Concat quantizes every input into its place (along the axis), or joins first (another axis).
+  b.op("Neg", {"x"}, "negated");
+  b.op("Concat", {"x", "negated"}, "joined");
+  b.g.nodes.back().attrs["axis"] = int64_t{1};
+  std::vector<uint8_t> joined_zero_points(2 * kC);
+  for (int64_t c = 0; c < 2 * kC; ++c) joined_zero_points[c] = static_cast<uint8_t>(20 * c);
+  b.op("QuantizeLinear", {"joined", b.scalar("js", Tensor::from_vector<float>({2 * kC}, std::vector<float>(2 * kC, 0.03f))),
+                          b.scalar("jz", Tensor::from_vector<uint8_t>({2 * kC}, joined_zero_points))}, "joined_q");
+  b.op("Concat", {"x", "negated"}, "stacked");
+  b.g.nodes.back().attrs["axis"] = int64_t{2};
+  b.op("QuantizeLinear", {"stacked", "ss", "sz"}, "stacked_q");
+  for (const char* o : {"scaled_q", "sum_q", "shifted_q", "kept_q", "joined_q", "stacked_q", "kept"}) b.output(o);
+  b.g.outputs[0].dtype = b.g.outputs[2].dtype = b.g.outputs[3].dtype = b.g.outputs[4].dtype = DType::kUInt8;
+  b.g.outputs[1].dtype = b.g.outputs[5].dtype = DType::kInt8;
+  runtime::Session fast(b.g), ref = reference_session(b.g);
+  Tensor x = random_tensor({2, kC, 40, 40}, 51, -6.f, 6.f);
+  x.data<float>()[0] = 0.5f * 0.02f;  // an exact tie
+  x.data<float>()[1] = std::nanf("");
+  const Tensor s = random_tensor({kC, 1, 1}, 52, -2.f, 2.f);
+  const auto got = run_hooked(fast, {{"x", x}, {"s", s}}), want = run_hooked(ref, {{"x", x}, {"s", s}});
+  for (const char* gone : {"scaled", "sum", "shifted", "joined", "stacked"}) EXPECT_FALSE(got.count(gone)) << gone;
+  EXPECT_TRUE(got.count("kept"));
+  for (const char* v : {"scaled_q", "sum_q", "shifted_q", "kept_q", "joined_q", "stacked_q"})
+    expect_close(got.at(v), want.at(v), v);
+  // Both ends of every channel's range are reached, so saturation is compared too.
+  const Tensor& scaled = want.at("scaled_q");
+  const auto [lo, hi] = std::minmax_element(scaled.data<uint8_t>(), scaled.data<uint8_t>() + scaled.numel());
+  EXPECT_EQ(*lo, 0);
+  EXPECT_EQ(*hi, 255);
+  const Tensor& sum = want.at("sum_q");
+  const auto [slo, shi] = std::minmax_element(sum.data<int8_t>(), sum.data<int8_t>() + sum.numel());
+  EXPECT_EQ(*slo, -128);
+  EXPECT_EQ(*shi, 127);
+}
+
+// FPN top-down sums: Add(a, Resize(r)) with a nearest, asymmetric, floor Resize by integer factors
+// reads r directly, with a folded per-channel Q (u8), a per-tensor Q (s8) or a float32 result, the
+// small operand on either side, and equal or unequal factors; a half_pixel Resize stays separate.
+TEST(SessionFusion, NearestUpsampleFoldsIntoTheElementwiseOpItAloneFeeds) {
+  constexpr int64_t kC = 3;
+  Builder b({2, kC, 24, 20});
+  b.g.opset = 13;
+  b.g.inputs.push_back({"r", DType::kFloat32, std::vector<ir::Dim>{{2, ""}, {kC, ""}, {12, ""}, {10, ""}}});
+  b.g.inputs.push_back({"t", DType::kFloat32, std::vector<ir::Dim>{{2, ""}, {kC, ""}, {6, ""}, {10, ""}}});
+  auto resize = [&](const std::string& in, std::vector<float> scales, const std::string& out,
+                    const std::string& coordinates) {
+    b.op("Resize", {in, "", b.scalar(out + "_scales", Tensor::from_vector<float>({4}, scales))}, out);
+    b.g.nodes.back().attrs = {{"mode", std::string("nearest")},
+                              {"coordinate_transformation_mode", coordinates},
+                              {"nearest_mode", std::string("floor")}};
+  };
+  resize("r", {1, 1, 2, 2}, "r_up", "asymmetric");
+  b.op("Add", {"x", "r_up"}, "sum");
+  b.op("QuantizeLinear", {"sum", b.scalar("cs", Tensor::from_vector<float>({kC}, {0.01f, 0.02f, 0.03f})),
+                          b.scalar("cz", Tensor::from_vector<uint8_t>({kC}, {0, 128, 250}))}, "sum_q");
+  resize("t", {1, 1, 4, 2}, "t_up", "asymmetric");
+  b.op("Sub", {"t_up", "x"}, "difference");  // the small operand first
+  b.op("QuantizeLinear", {"difference", b.scalar("ds", Tensor::scalar(0.015f)), b.scalar("dz", Tensor::scalar<int8_t>(-3))},
+       "difference_q");
+  resize("r", {1, 1, 2, 2}, "r_up2", "asymmetric");
+  b.op("Mul", {"x", "r_up2"}, "product");  // float32 result
+  resize("r", {1, 1, 2, 2}, "r_centred", "half_pixel");
+  b.op("Add", {"x", "r_centred"}, "centred");
+  for (const char* o : {"sum_q", "difference_q", "product", "centred"}) b.output(o);
+  b.g.outputs[0].dtype = DType::kUInt8;
+  b.g.outputs[1].dtype = DType::kInt8;
+  runtime::Session fast(b.g), ref = reference_session(b.g);
+  const std::map<std::string, Tensor> feeds = {{"x", random_tensor({2, kC, 24, 20}, 61, -3.f, 3.f)},
+                                               {"r", random_tensor({2, kC, 12, 10}, 62, -3.f, 3.f)},
+                                               {"t", random_tensor({2, kC, 6, 10}, 63, -3.f, 3.f)}};
+  const auto got = run_hooked(fast, feeds), want = run_hooked(ref, feeds);
+  for (const char* gone : {"r_up", "t_up", "r_up2", "sum", "difference"}) EXPECT_FALSE(got.count(gone)) << gone;
+  EXPECT_TRUE(got.count("r_centred"));
+  for (const char* v : {"sum_q", "difference_q", "product", "centred"}) expect_close(got.at(v), want.at(v), v, 0.f);
+}

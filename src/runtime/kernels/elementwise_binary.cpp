@@ -1,6 +1,8 @@
 // Binary and n-ary elementwise ops with numpy broadcasting: arithmetic (Add Sub Mul Div Pow Mod
 // PRelu BitShift), variadic (Max Min Sum Mean), comparison (Equal Less Greater LessOrEqual
 // GreaterOrEqual), logic (And Or Xor) and Where.
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -83,6 +85,84 @@ void broadcast_binary_quantized(const Tensor& a, const Tensor& b, Tensor& out, c
   parallel_range(p.numel, [&](int64_t begin, int64_t end) {
     quantize_floats(v + begin, end - begin, q.scale, q.zero_point, q.type, po + begin);
   });
+}
+
+// The element offset of every row of `p` (rows in order), per input: fn(in_offsets, out_offset, len).
+// Sequential, for work that is already split across threads.
+template <typename Fn>
+void for_each_row_sequential(const BroadcastPlan& p, Fn&& fn) {
+  const int nd = static_cast<int>(p.dims.size());
+  const int64_t len = p.row_len(), rows = p.rows();
+  for (int64_t r = 0; r < rows; ++r) {
+    std::array<int64_t, kMaxInputs> off{};
+    int64_t rem = r;
+    for (int d = nd - 2; d >= 0; --d) {
+      const int64_t i = rem % p.dims[d];
+      rem /= p.dims[d];
+      for (int k = 0; k < p.num_inputs; ++k) off[k] += i * p.strides[k][d];
+    }
+    fn(off.data(), r * len, len);
+  }
+}
+
+// The same for float32 a and b with a folded per-channel QuantizeLinear into `out` (uint8 or
+// int8): the output is split into slabs, one per (index before the axis, channel), each computed
+// (and activated) into a per-thread buffer that stays in cache and quantized with its channel's
+// scale and zero point. Every input is broadcast within a slab by a plan over the dims after the
+// axis, and picks its slab by a plan over the dims up to the axis. False (nothing written) when
+// slabs are too short to pay for that (the caller computes, then quantizes in a second pass).
+template <typename Op>
+bool broadcast_binary_channel_quantized(const Tensor& a, const Tensor& b, Tensor& out, const Op& op,
+                                        const Activation& act, const FoldedChannelQuantize& q, const std::string& who) {
+  constexpr int64_t kMinSlab = 64;  // elements
+  const Shape& shape = out.shape();
+  const size_t rank = shape.size(), axis = static_cast<size_t>(q.axis);
+  if (axis >= rank || shape[axis] != static_cast<int64_t>(q.scale.size())) return false;
+  const Shape lead_out(shape.begin(), shape.begin() + axis + 1), trail_out(shape.begin() + axis + 1, shape.end());
+  if (shape_numel(trail_out) < kMinSlab) return false;
+  // Inputs padded with leading 1s to out's rank (numpy alignment), split at the axis.
+  std::array<Shape, 2> lead, trail;
+  std::array<int64_t, 2> slab_elements{};
+  const std::array<const Tensor*, 2> in = {&a, &b};
+  for (size_t k = 0; k < 2; ++k) {
+    if (in[k]->rank() > rank) return false;  // the broadcast check below names the problem
+    Shape padded(rank - in[k]->rank(), 1);
+    padded.insert(padded.end(), in[k]->shape().begin(), in[k]->shape().end());
+    lead[k].assign(padded.begin(), padded.begin() + axis + 1);
+    trail[k].assign(padded.begin() + axis + 1, padded.end());
+    slab_elements[k] = shape_numel(trail[k]);
+  }
+  const BroadcastPlan slabs = make_broadcast_plan(lead_out, {&lead[0], &lead[1]}, who);
+  const BroadcastPlan rows = make_broadcast_plan(trail_out, {&trail[0], &trail[1]}, who);
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  auto* po = static_cast<std::byte*>(out.raw());  // 1-byte elements
+  const int64_t slab_len = rows.numel, channels = shape[axis];
+  const int64_t sa = rows.inner_stride(0), sb = rows.inner_stride(1);
+  const int nd = static_cast<int>(slabs.dims.size());
+  // Whole slabs per thread: a slab is at least kMinSlab elements, and usually thousands.
+  const int64_t num_slabs = slabs.numel;
+  const int nt = std::max(1, std::min(threads_for(out.numel()), static_cast<int>(num_slabs)));
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t s = 0; s < num_slabs; ++s) {
+    thread_local std::vector<float> values;
+    if (values.size() < static_cast<size_t>(slab_len)) values.resize(static_cast<size_t>(slab_len));
+    std::array<int64_t, 2> base{};
+    int64_t rem = s;
+    for (int d = nd - 1; d >= 0; --d) {
+      const int64_t i = rem % slabs.dims[d];
+      rem /= slabs.dims[d];
+      for (int k = 0; k < 2; ++k) base[k] += i * slabs.strides[k][d];
+    }
+    float* v = values.data();
+    for_each_row_sequential(rows, [&](const int64_t* off, int64_t o, int64_t n) {
+      binary_row(pa + base[0] * slab_elements[0] + off[0], sa, pb + base[1] * slab_elements[1] + off[1], sb, v + o, n, op);
+    });
+    if (act) apply_activation(act, v, slab_len);
+    const int64_t c = s % channels;
+    quantize_floats(v, slab_len, q.scale[c], q.zero_point[c], q.type, po + s * slab_len);
+  }
+  return true;
 }
 
 [[noreturn]] void fail_dtype(const ir::Node& node, DType t) {
@@ -179,17 +259,55 @@ template <typename Op>
 class BinaryKernel final : public Kernel {
  public:
   BinaryKernel(const KernelInit& init, Op op, bool fusable, Broadcast mode = Broadcast::kMulti)
-      : node_(init.node), op_(op), mode_(mode), quantize_(folded_quantize(init.node)) {
+      : node_(init.node), op_(op), mode_(mode), quantize_(folded_quantize(init.node)),
+        channel_quantize_(folded_channel_quantize(init.node)) {
     if (fusable) act_ = resolve_fused_activation(node_);
     else reject_fused_activation(node_);
+    upsampled_input_ = node_.attr_int(kNearestUpsampledInput, -1);
+    if (upsampled_input_ >= 0) {
+      factors_ = node_.attr_ints(kNearestUpsampleFactors);
+      if (upsampled_input_ > 1 || mode_ != Broadcast::kMulti || factors_.size() != 2 || factors_[0] < 1 ||
+          factors_[1] < 1)
+        fail(ErrorKind::kInvalidModel, node_.describe() + ": invalid folded nearest upsampling attributes");
+    }
+    if (channel_quantize_) {
+      const int64_t channels = static_cast<int64_t>(channel_quantize_->scale.size());
+      channel_scale_ = Tensor::from_vector<float>({channels}, channel_quantize_->scale);
+      channel_zero_point_ = Tensor(channel_quantize_->type, {channels});
+      for (int64_t c = 0; c < channels; ++c) {
+        const int32_t z = channel_quantize_->zero_point[static_cast<size_t>(c)];
+        if (channel_quantize_->type == DType::kUInt8) channel_zero_point_.data<uint8_t>()[c] = static_cast<uint8_t>(z);
+        else channel_zero_point_.data<int8_t>()[c] = static_cast<int8_t>(z);
+      }
+    }
   }
 
   void run(KernelContext& ctx) override {
+    if (upsampled_input_ >= 0) {
+      run_upsampled(ctx);
+      return;
+    }
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
     check_same_dtype(node_, a, b, 1);
     const std::string who = node_.describe();
     const Shape out_shape = mode_ == Broadcast::kToFirst ? a.shape() : broadcast_all({&a.shape(), &b.shape()}, who);
+    if (channel_quantize_) {
+      if constexpr (Op::template kAccepts<float> && std::is_same_v<typename Op::template Out<float>, float>) {
+        if (a.dtype() == DType::kFloat32) {
+          Tensor& out = ctx.allocate_output(0, channel_quantize_->type, out_shape);
+          if (mode_ == Broadcast::kMulti &&
+              broadcast_binary_channel_quantized(a, b, out, op_, act_, *channel_quantize_, who))
+            return;
+          // Short slabs (the axis is last, or nearly): the op, then the Q as it was.
+          Tensor result(DType::kFloat32, out_shape);
+          broadcast_binary<float, float, float>(a, b, result, op_, act_, who);
+          quantize_linear(result, channel_scale_, &channel_zero_point_, channel_quantize_->axis, out, who);
+          return;
+        }
+      }
+      fail(ErrorKind::kInternal, who + ": a folded per-channel QuantizeLinear needs float32 arithmetic");
+    }
     if (quantize_ && a.dtype() == DType::kFloat32) {
       if constexpr (Op::template kAccepts<float> && std::is_same_v<typename Op::template Out<float>, float>) {
         Tensor& out = ctx.allocate_output(0, quantize_->type, out_shape);
@@ -223,10 +341,86 @@ class BinaryKernel final : public Kernel {
   }
 
  private:
+  // One operand read through a folded nearest Resize (see kNearestUpsampledInput): each
+  // (n, c) slab is computed row by row, reading the small map's row y / kh with every element
+  // repeated kw times, then activated and quantized (a folded Q) while in cache.
+  void run_upsampled(KernelContext& ctx) {
+    const std::string who = node_.describe();
+    if constexpr (Op::template kAccepts<float> && std::is_same_v<typename Op::template Out<float>, float>) {
+      const Tensor& small = ctx.input(static_cast<size_t>(upsampled_input_));
+      const Tensor& full = ctx.input(static_cast<size_t>(1 - upsampled_input_));
+      const int64_t kh = factors_[0], kw = factors_[1];
+      SQ_CHECK(small.dtype() == DType::kFloat32 && full.dtype() == DType::kFloat32 && small.rank() == 4 &&
+                   full.rank() == 4 && full.dim(0) == small.dim(0) && full.dim(1) == small.dim(1) &&
+                   full.dim(2) == small.dim(2) * kh && full.dim(3) == small.dim(3) * kw,
+               ErrorKind::kInternal,
+               who + ": operands " + shape_str(full.shape()) + " and " + shape_str(small.shape()) +
+                   " do not match the folded nearest upsampling");
+      const Shape& shape = full.shape();
+      const int64_t channels = shape[1], height = shape[2], width = shape[3], w = small.dim(3);
+      const int64_t slab = height * width, slabs = shape[0] * channels;
+      const bool channel_slabs = channel_quantize_ && channel_quantize_->axis == 1 &&
+                                 static_cast<int64_t>(channel_quantize_->scale.size()) == channels;
+      // A per-channel Q along another axis: float32 first, then the Q as it was.
+      const bool separate_quantize = channel_quantize_ && !channel_slabs;
+      const DType out_type = channel_quantize_ ? channel_quantize_->type : quantize_ ? quantize_->type : DType::kFloat32;
+      Tensor& out = ctx.allocate_output(0, out_type, shape);
+      Tensor values = out_type == DType::kFloat32 ? out : separate_quantize ? Tensor(DType::kFloat32, shape) : Tensor();
+      const float* pf = full.data<float>();
+      const float* ps = small.data<float>();
+      const bool small_first = upsampled_input_ == 0;
+      const int nt = std::max(1, std::min(threads_for(full.numel()), static_cast<int>(slabs)));
+#pragma omp parallel for num_threads(nt) schedule(static)
+      for (int64_t s = 0; s < slabs; ++s) {
+        thread_local std::vector<float> buffer;
+        float* v;
+        if (values.defined()) {
+          v = values.data<float>() + s * slab;
+        } else {
+          if (buffer.size() < static_cast<size_t>(slab)) buffer.resize(static_cast<size_t>(slab));
+          v = buffer.data();
+        }
+        const float* f = pf + s * slab;
+        const float* sm = ps + s * small.dim(2) * w;
+        // The small map's row, widened once per kh output rows; each output row is then one
+        // vectorised binary_row.
+        thread_local std::vector<float> widened;
+        if (widened.size() < static_cast<size_t>(width)) widened.resize(static_cast<size_t>(width));
+        float* wide = widened.data();
+        for (int64_t y = 0; y < height; ++y) {
+          if (y % kh == 0) {
+            const float* srow = sm + (y / kh) * w;
+            for (int64_t xs = 0; xs < w; ++xs)
+              for (int64_t j = 0; j < kw; ++j) wide[xs * kw + j] = srow[xs];
+          }
+          const float* frow = f + y * width;
+          float* vrow = v + y * width;
+          if (small_first) binary_row(wide, 1, frow, 1, vrow, width, op_);
+          else binary_row(frow, 1, wide, 1, vrow, width, op_);
+        }
+        if (act_) apply_activation(act_, v, slab);
+        auto* q = static_cast<std::byte*>(out.raw()) + s * slab;  // 1-byte elements when quantized
+        if (channel_slabs) {
+          const size_t c = static_cast<size_t>(s % channels);
+          quantize_floats(v, slab, channel_quantize_->scale[c], channel_quantize_->zero_point[c], out_type, q);
+        } else if (quantize_ && !channel_quantize_) {
+          quantize_floats(v, slab, quantize_->scale, quantize_->zero_point, out_type, q);
+        }
+      }
+      if (separate_quantize) quantize_linear(values, channel_scale_, &channel_zero_point_, channel_quantize_->axis, out, who);
+    } else {
+      fail(ErrorKind::kInternal, who + ": a folded nearest upsampling needs float32 arithmetic");
+    }
+  }
+
   const ir::Node& node_;
   Op op_;
   Broadcast mode_;
   std::optional<FoldedQuantize> quantize_;  // a QuantizeLinear the plan folded into this op
+  std::optional<FoldedChannelQuantize> channel_quantize_;  // a per-channel one
+  Tensor channel_scale_, channel_zero_point_;              // its parameters as tensors (for short slabs)
+  int64_t upsampled_input_ = -1;  // the operand read through a folded nearest Resize, if any
+  std::vector<int64_t> factors_;   // its {kh, kw}
   Activation act_;
 };
 

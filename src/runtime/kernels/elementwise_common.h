@@ -45,6 +45,12 @@ BroadcastPlan make_broadcast_plan(const Shape& out, const std::vector<const Shap
 // Output shape of numpy multidirectional broadcasting over all inputs; errors name `who`.
 Shape broadcast_all(const std::vector<const Shape*>& shapes, const std::string& who);
 
+// Attributes of an Add / Sub / Mul / Div that reads one operand through a nearest Resize the plan
+// folded in (execution only, see upsample_fusion.h): operand kNearestUpsampledInput is [N, C, h, w]
+// and stands for [N, C, h * kh, w * kw] with element [n, c, y / kh, x / kw].
+inline constexpr const char* kNearestUpsampledInput = "nearest_upsampled_input";    // int: 0 or 1
+inline constexpr const char* kNearestUpsampleFactors = "nearest_upsample_factors";  // ints: {kh, kw}
+
 // Work below this many elements runs on the calling thread: forking a team costs more.
 constexpr int64_t kParallelGrain = 1 << 15;
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "slimquant/core/tensor.h"
 #include "slimquant/ir/graph.h"
@@ -48,5 +49,21 @@ struct FoldedQuantize {
 };
 // The node's folded QuantizeLinear, if any (kInvalidModel naming the node for bad attributes).
 std::optional<FoldedQuantize> folded_quantize(const ir::Node& node);
+
+// A per-channel QuantizeLinear (a 1-D scale along `axis`, as channel-wise convolution inputs
+// have) folded the same way: the op quantizes each channel's slab with that channel's parameters.
+// Attributes on the op's node (the type as above, in kFoldedQuantizeType):
+inline constexpr const char* kFoldedQuantizeChannelScale = "folded_quantize_channel_scale";            // floats
+inline constexpr const char* kFoldedQuantizeChannelZeroPoint = "folded_quantize_channel_zero_point";  // ints
+inline constexpr const char* kFoldedQuantizeAxis = "folded_quantize_axis";                            // int, >= 0
+struct FoldedChannelQuantize {
+  std::vector<float> scale;
+  std::vector<int32_t> zero_point;  // one per channel
+  DType type = DType::kUInt8;
+  int64_t axis = 1;
+};
+// The node's folded per-channel QuantizeLinear, if any (kInvalidModel naming the node for bad
+// attributes).
+std::optional<FoldedChannelQuantize> folded_channel_quantize(const ir::Node& node);
 
 }  // namespace slimquant::runtime

@@ -252,6 +252,23 @@ std::optional<FoldedQuantize> folded_quantize(const ir::Node& node) {
   return f;
 }
 
+std::optional<FoldedChannelQuantize> folded_channel_quantize(const ir::Node& node) {
+  if (!node.attrs.count(kFoldedQuantizeChannelScale)) return std::nullopt;
+  FoldedChannelQuantize f;
+  f.scale = node.attr_floats(kFoldedQuantizeChannelScale);
+  const std::vector<int64_t> zero_points = node.attr_ints(kFoldedQuantizeChannelZeroPoint);
+  const int64_t type = node.attr_int(kFoldedQuantizeType, 2);
+  f.type = type == 3 ? DType::kInt8 : DType::kUInt8;
+  f.axis = node.attr_int(kFoldedQuantizeAxis, 1);
+  const int64_t lo = f.type == DType::kUInt8 ? 0 : -128, hi = f.type == DType::kUInt8 ? 255 : 127;
+  bool valid = (type == 2 || type == 3) && f.axis >= 0 && !f.scale.empty() && zero_points.size() == f.scale.size();
+  for (size_t c = 0; valid && c < f.scale.size(); ++c)
+    valid = f.scale[c] > 0.f && std::isfinite(f.scale[c]) && zero_points[c] >= lo && zero_points[c] <= hi;
+  if (!valid) fail(ErrorKind::kInvalidModel, node.describe() + ": invalid folded per-channel QuantizeLinear attributes");
+  f.zero_point.assign(zero_points.begin(), zero_points.end());
+  return f;
+}
+
 void quantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_point, int64_t axis, Tensor& y,
                      const std::string& who) {
   const QuantParams p = quant_params(x, scale, zero_point, axis, who);

@@ -2,6 +2,8 @@
 // move is one memcpy of a contiguous block per (outer index, piece), never per element.
 #include <algorithm>
 
+#include "runtime/kernels/elementwise_common.h"
+#include "runtime/kernels/elementwise_qdq.h"
 #include "runtime/kernels/shape_common.h"
 
 namespace slimquant::runtime::shape {
@@ -10,7 +12,7 @@ namespace {
 
 class ConcatKernel : public Kernel {
  public:
-  explicit ConcatKernel(const KernelInit& init) {
+  explicit ConcatKernel(const KernelInit& init) : quantize_(folded_channel_quantize(init.node)) {
     // Concat-1 had axis default 1; from opset 4 it is required.
     if (!init.node.has_attr("axis") && init.opset >= 4)
       fail(ErrorKind::kInvalidModel, init.node.describe() + ": attribute 'axis' is required");
@@ -37,18 +39,48 @@ class ConcatKernel : public Kernel {
                                               shape_str(first.shape()) + " along axis " + std::to_string(axis));
       out_shape[axis] += t->dim(axis);
     }
-    if (ins.size() == 1) {  // nothing to join: a view
-      ctx.set_output(0, first);
-      return;
-    }
-    Tensor& y = ctx.allocate_output(0, first.dtype(), out_shape);
     int64_t outer = 1, inner = 1;
     for (size_t d = 0; d < first.rank(); ++d) {
       if (d < axis) outer *= first.dim(d);
       if (d > axis) inner *= first.dim(d);
     }
+    if (quantize_) {
+      SQ_CHECK(first.dtype() == DType::kFloat32, ErrorKind::kInternal,
+               node.describe() + ": a folded per-channel QuantizeLinear needs float32 inputs");
+      Tensor& y = ctx.allocate_output(0, quantize_->type, out_shape);
+      if (static_cast<size_t>(quantize_->axis) == axis && static_cast<int64_t>(quantize_->scale.size()) == out_shape[axis]) {
+        concat_quantized(ins, outer, inner, out_shape[axis], y);
+        return;
+      }
+      // Quantized along another axis: join, then quantize as the QuantizeLinear would.
+      Tensor joined(DType::kFloat32, out_shape);
+      join(ins, axis, outer, inner, out_shape[axis], joined);
+      const int64_t channels = static_cast<int64_t>(quantize_->scale.size());
+      Tensor zero_point(quantize_->type, {channels});
+      for (int64_t c = 0; c < channels; ++c) {
+        const int32_t z = quantize_->zero_point[static_cast<size_t>(c)];
+        if (quantize_->type == DType::kUInt8) zero_point.data<uint8_t>()[c] = static_cast<uint8_t>(z);
+        else zero_point.data<int8_t>()[c] = static_cast<int8_t>(z);
+      }
+      quantize_linear(joined, Tensor::from_vector<float>({channels}, quantize_->scale), &zero_point, quantize_->axis, y,
+                      node.describe());
+      return;
+    }
+    if (ins.size() == 1) {  // nothing to join: a view
+      ctx.set_output(0, first);
+      return;
+    }
+    Tensor& y = ctx.allocate_output(0, first.dtype(), out_shape);
+    join(ins, axis, outer, inner, out_shape[axis], y);
+  }
+
+ private:
+  // y = the inputs joined along the axis, each seen as [outer, its axis * inner].
+  static void join(const std::vector<const Tensor*>& ins, size_t axis, int64_t outer, int64_t inner, int64_t axis_total,
+                   Tensor& y) {
+    const Tensor& first = *ins[0];
     const size_t es = dtype_size(first.dtype());
-    const size_t row = static_cast<size_t>(out_shape[axis] * inner) * es;
+    const size_t row = static_cast<size_t>(axis_total * inner) * es;
     auto* dst = static_cast<std::byte*>(y.raw());
     size_t offset = 0;
     // Input-major order: each input is read once, front to back.
@@ -60,8 +92,34 @@ class ConcatKernel : public Kernel {
     }
   }
 
- private:
+  // A per-channel QuantizeLinear along the concatenation axis folded in (see
+  // channel_quantize_fusion.h): each input's channels are quantized straight into their place in
+  // y with their own scale and zero point, instead of joining floats for a separate pass.
+  void concat_quantized(const std::vector<const Tensor*>& ins, int64_t outer, int64_t inner, int64_t channels,
+                        Tensor& y) const {
+    auto* dst = static_cast<std::byte*>(y.raw());  // 1-byte elements
+    int64_t first_channel = 0;
+    for (const Tensor* t : ins) {
+      const int64_t own = t->dim(static_cast<size_t>(quantize_->axis));
+      const float* src = t->data<float>();
+      ew::parallel_range(outer * own * inner, [&](int64_t begin, int64_t end) {
+        // [begin, end) in t's elements, cut at channel boundaries.
+        while (begin < end) {
+          const int64_t block = begin / inner, o = block / own, c = block % own;
+          const int64_t n = std::min(end, (block + 1) * inner) - begin;
+          const int64_t g = first_channel + c;
+          quantize_floats(src + begin, n, quantize_->scale[static_cast<size_t>(g)],
+                          quantize_->zero_point[static_cast<size_t>(g)], quantize_->type,
+                          dst + (o * channels + g) * inner + (begin - block * inner));
+          begin += n;
+        }
+      });
+      first_channel += own;
+    }
+  }
+
   int64_t axis_;
+  std::optional<FoldedChannelQuantize> quantize_;  // a per-channel QuantizeLinear the plan folded in
 };
 
 class SplitKernel : public Kernel {

@@ -1,0 +1,20 @@
+#pragma once
+// Execution-only plan fusion (called from the Plan's fusion block in session.cpp).
+#include <set>
+#include <string>
+
+#include "slimquant/ir/graph.h"
+
+namespace slimquant::runtime {
+
+// Add / Sub / Mul / Div with a float32 result read only by a per-channel QuantizeLinear (a 1-D
+// scale along one axis, e.g. the channel-wise input of the next convolution) compute and quantize
+// each channel's slab while it is in cache (the elementwise kernel reads the
+// folded_quantize_channel_* attributes of elementwise_qdq.h), instead of writing float32 for a
+// separate pass to read back: PP-OCRv4 det's FPN sums and squeeze-excitation scalings. Values that
+// are kept (hooks, outputs) block the fusion. A Concat takes such a QuantizeLinear too (PP-OCRv4
+// det's head input): it quantizes every input into its place. Returns how many QuantizeLinear
+// nodes were folded.
+int fold_channel_quantize_into_elementwise(ir::Graph& g, const std::set<std::string>& keep);
+
+}  // namespace slimquant::runtime
