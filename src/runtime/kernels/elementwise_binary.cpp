@@ -91,16 +91,9 @@ void broadcast_binary_quantized(const Tensor& a, const Tensor& b, Tensor& out, c
 // Sequential, for work that is already split across threads.
 template <typename Fn>
 void for_each_row_sequential(const BroadcastPlan& p, Fn&& fn) {
-  const int nd = static_cast<int>(p.dims.size());
   const int64_t len = p.row_len(), rows = p.rows();
   for (int64_t r = 0; r < rows; ++r) {
-    std::array<int64_t, kMaxInputs> off{};
-    int64_t rem = r;
-    for (int d = nd - 2; d >= 0; --d) {
-      const int64_t i = rem % p.dims[d];
-      rem /= p.dims[d];
-      for (int k = 0; k < p.num_inputs; ++k) off[k] += i * p.strides[k][d];
-    }
+    std::array<int64_t, kMaxInputs> off = row_start_offsets(p, r);
     fn(off.data(), r * len, len);
   }
 }

@@ -76,6 +76,17 @@ void parallel_range(int64_t n, Fn&& fn) {
   }
 }
 
+// Element offset of each input at the start of output row r (one division per dim).
+inline std::array<int64_t, kMaxInputs> row_start_offsets(const BroadcastPlan& p, int64_t r) {
+  std::array<int64_t, kMaxInputs> off{};
+  for (int d = static_cast<int>(p.dims.size()) - 2; d >= 0; --d) {
+    const int64_t i = r % p.dims[d];
+    r /= p.dims[d];
+    for (int k = 0; k < p.num_inputs; ++k) off[k] += i * p.strides[k][d];
+  }
+  return off;
+}
+
 // Visits every output row of the plan: fn(in_offsets, out_offset, len) where in_offsets[k] is
 // the element offset of input k at the row start and len the number of elements (a whole row or,
 // when rows are few and long, a piece of one). Offsets advance by an odometer, not by division.
@@ -95,13 +106,7 @@ void for_each_row(const BroadcastPlan& p, Fn&& fn) {
     for (int64_t u = 0; u < units; ++u) {
       const int64_t r = u / pieces, start = (u % pieces) * piece_len;
       if (start >= len) continue;
-      std::array<int64_t, kMaxInputs> off{};
-      int64_t rem = r;
-      for (int d = nd - 2; d >= 0; --d) {
-        const int64_t i = rem % p.dims[d];
-        rem /= p.dims[d];
-        for (int k = 0; k < p.num_inputs; ++k) off[k] += i * p.strides[k][d];
-      }
+      std::array<int64_t, kMaxInputs> off = row_start_offsets(p, r);
       for (int k = 0; k < p.num_inputs; ++k) off[k] += start * p.strides[k][nd - 1];
       fn(off.data(), r * len + start, std::min(piece_len, len - start));
     }
