@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "runtime/kernels/dnnl_kernels.h"
+#include "runtime/fused_ops/gelu_erf.h"
 #include "runtime/kernels/int8_common.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/optimize.h"

@@ -2,7 +2,7 @@
 // shape), Gemm and MatMul (oneDNN sgemm).
 #include <numeric>
 
-#include "runtime/kernels/dnnl_common.h"
+#include "runtime/kernels/dnnl_descriptors.h"
 #include "train/op_base.h"
 #include "train/tensor_ops.h"
 
@@ -90,16 +90,7 @@ class ConvOp final : public KernelOp {
 
  private:
   memory::desc weights_desc(const Shape& w, tag t) const {
-    memory::dims dims;
-    if (group_ > 1) {
-      dims.push_back(group_);
-      dims.push_back(w[0] / group_);
-    } else {
-      dims.push_back(w[0]);
-    }
-    dims.insert(dims.end(), w.begin() + 1, w.end());
-    if (t == tag::undef) t = runtime::plain_tag(dims.size());
-    return memory::desc(dims, memory::data_type::f32, t);
+    return dk::conv_weights_desc(w, group_, memory::data_type::f32, t);
   }
 
   ConvBwdPlan make_plan(const Shape& xs, const Shape& ws) {
@@ -219,28 +210,7 @@ class ConvTransposeOp final : public KernelOp {
  private:
   // ONNX ConvTranspose weights [C_in, M/G, k...] as oneDNN's [G, M/G, C_in/G, k...] (strides over
   // the ONNX bytes, as the runtime's forward describes them).
-  memory::desc onnx_weights_desc(const Shape& w) const {
-    const int64_t g = group_, ic_g = w[0] / g, oc_g = w[1];
-    int64_t k = 1;
-    for (size_t i = 2; i < w.size(); ++i) k *= w[i];
-    memory::dims kernel(w.begin() + 2, w.end()), kernel_strides(kernel.size());
-    int64_t stride = 1;
-    for (size_t i = kernel.size(); i-- > 0;) {
-      kernel_strides[i] = stride;
-      stride *= kernel[i];
-    }
-    memory::dims dims, strides;
-    if (g > 1) {
-      dims = {g, oc_g, ic_g};
-      strides = {ic_g * oc_g * k, k, oc_g * k};
-    } else {
-      dims = {oc_g, ic_g};
-      strides = {k, oc_g * k};
-    }
-    dims.insert(dims.end(), kernel.begin(), kernel.end());
-    strides.insert(strides.end(), kernel_strides.begin(), kernel_strides.end());
-    return memory::desc(dims, memory::data_type::f32, strides);
-  }
+  memory::desc onnx_weights_desc(const Shape& w) const { return dk::conv_transpose_weights_desc(w, group_); }
 
   DeconvBwdPlan make_plan(const Shape& xs, const Shape& ws, const Shape& ys) {
     SQ_CHECK(xs.size() >= 3 && xs.size() <= 5 && ws.size() == xs.size(), ErrorKind::kUnsupported,

@@ -1,7 +1,8 @@
 #pragma once
-// Pieces shared by the oneDNN FP32 kernels: window geometry (Conv, ConvTranspose, pools), fused
-// activations as eltwise post-ops, a small per-shape primitive cache, weights prepacked per
-// layout, and thin execution helpers. Kernel inputs and outputs are always plain row-major tensors.
+// Pieces shared by the oneDNN FP32 kernels: fused activations as eltwise post-ops, blocked
+// layouts, weights prepacked per layout, and thin execution helpers (window geometry, descriptors
+// and the per-shape primitive cache, which training shares, are in dnnl_descriptors.h). Kernel
+// inputs and outputs are always plain row-major tensors.
 #include <omp.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "runtime/dnnl_context.h"
+#include "runtime/kernels/dnnl_descriptors.h"
 #include "slimquant/ir/graph.h"
 #include "slimquant/runtime/kernel.h"
 
@@ -30,39 +32,6 @@ struct Layout {
 
 namespace slimquant::runtime::dnnl_kernels {
 
-using dnnl::memory;
-using Dims = memory::dims;
-using dt = memory::data_type;
-
-enum class AutoPad { kNotSet, kSameUpper, kSameLower, kValid };
-
-// Spatial attributes of windowed ops, parsed once at kernel creation. Vectors stay empty when the
-// attribute is absent; resolved() fills defaults once the number of spatial dims is known.
-struct WindowAttrs {
-  std::vector<int64_t> kernel;     // kernel_shape
-  std::vector<int64_t> strides;    // default 1
-  std::vector<int64_t> dilations;  // default 1
-  std::vector<int64_t> pads;       // begin..., end...; default 0
-  AutoPad auto_pad = AutoPad::kNotSet;
-
-  static WindowAttrs parse(const ir::Node& node);
-  // Returns a copy with defaults for `spatial` dims; throws kInvalidModel naming the node when an
-  // attribute has the wrong length or a non-positive stride/dilation/kernel, or a negative pad.
-  WindowAttrs resolved(const ir::Node& node, size_t spatial) const;
-};
-
-// Geometry of one forward window op (Conv or pool) for concrete input dims, in oneDNN's terms.
-struct WindowGeometry {
-  Dims out;                   // output spatial dims
-  Dims pad_begin, pad_end;    // pad_end includes any ceil_mode overhang (see explicit_pad_end)
-  Dims explicit_pad_end;      // the model's own end pads (AveragePool count_include_pad needs them)
-  Dims strides, kernel;
-  Dims dilations;             // oneDNN convention: ONNX dilation - 1
-};
-// `a` must be resolved. ceil_mode applies to pools only (Conv always floors).
-WindowGeometry forward_geometry(const ir::Node& node, const WindowAttrs& a, const Shape& in_spatial,
-                                bool ceil_mode);
-
 // Fused activations (set by the execution-only fusion pass on node.fused).
 // Throws kUnsupported naming the node for an activation oneDNN post-ops cannot express.
 void check_fused_activation(const ir::Node& node);
@@ -74,20 +43,6 @@ std::vector<dnnl::eltwise_forward> make_activation_primitives(const ir::Node& no
 // For kernels without post-op support: throws kUnsupported if the node carries an activation.
 void reject_fused_activation(const ir::Node& node);
 
-// Runs f() (which builds a oneDNN primitive descriptor) and turns oneDNN's errors (typically
-// "unimplemented" for a configuration it has no kernel for) into kUnsupported naming the node.
-template <class F>
-auto make_pd(const ir::Node& node, const std::string& what, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const dnnl::error& e) {
-    fail(ErrorKind::kUnsupported,
-         node.describe() + ": oneDNN has no implementation for " + what + " (" + e.what() + ")");
-  }
-}
-
-// A plain row-major f32 (or `type`) descriptor; rank 0 becomes {1}.
-memory::desc plain_desc(const Shape& shape, dt type = dt::f32);
 // Channel-blocked activation layout oneDNN's JIT kernels use on this CPU (nChw16c with AVX-512,
 // nChw8c otherwise) for a tensor of `rank` 3 to 5.
 memory::format_tag blocked_channel_tag(size_t rank);
@@ -108,10 +63,6 @@ inline memory::desc input_desc(const Layout* layout, const Shape& shape, dt type
   return layout ? layout->desc : plain_desc(shape, type);
 }
 
-// A oneDNN memory over existing data (oneDNN takes a non-const pointer even for inputs).
-memory wrap(const memory::desc& desc, const void* data);
-// Executes on the shared stream and waits.
-void execute(const dnnl::primitive& p, const std::unordered_map<int, memory>& args);
 // The attribute every kernel uses: user-managed scratchpad (a shared per-thread buffer, see
 // DnnlScratch::kScratchpad) so primitives do not each hold their own.
 dnnl::primitive_attr base_attr();
@@ -138,52 +89,6 @@ void require_float32(const ir::Node& node, const Tensor& t, const char* what);
 // Output i exists in the node (non-empty name) and the caller wants it.
 bool output_requested(const KernelContext& ctx, size_t i);
 
-// Primitives and their descriptors cached by the input shapes they were built for: shapes
-// change rarely (batch size), so a linear scan over a handful of entries is the cheapest lookup,
-// and a hit allocates nothing. A null shape stands for an absent optional input; `tag` carries
-// anything else the plan depends on (a dtype, a flag).
-template <class V>
-class ShapeCache {
- public:
-  template <class Make>
-  V& get(std::initializer_list<const Shape*> shapes, Make&& make, int64_t tag = 0) {
-    if (last_ < entries_.size() && matches(entries_[last_], shapes, tag)) return *entries_[last_].value;
-    for (size_t i = 0; i < entries_.size(); ++i)
-      if (matches(entries_[i], shapes, tag)) {
-        last_ = i;
-        return *entries_[i].value;
-      }
-    if (entries_.size() >= kMaxEntries) entries_.erase(entries_.begin());
-    Entry e;
-    for (const Shape* s : shapes) e.shapes.push_back(s ? std::optional<Shape>(*s) : std::nullopt);
-    e.tag = tag;
-    e.value = std::make_unique<V>(make());
-    entries_.push_back(std::move(e));
-    last_ = entries_.size() - 1;
-    return *entries_.back().value;
-  }
-  size_t size() const { return entries_.size(); }
-
- private:
-  struct Entry {
-    std::vector<std::optional<Shape>> shapes;
-    int64_t tag = 0;
-    std::unique_ptr<V> value;
-  };
-  static bool matches(const Entry& e, std::initializer_list<const Shape*> shapes, int64_t tag) {
-    if (e.tag != tag || e.shapes.size() != shapes.size()) return false;
-    size_t i = 0;
-    for (const Shape* s : shapes) {
-      const std::optional<Shape>& have = e.shapes[i++];
-      if (have.has_value() != (s != nullptr) || (s && *have != *s)) return false;
-    }
-    return true;
-  }
-  static constexpr size_t kMaxEntries = 8;
-  std::vector<Entry> entries_;
-  size_t last_ = 0;
-};
-
 // Constant weights reordered once into each layout a primitive asks for (the layout oneDNN picks
 // with format_tag::any may differ between cached primitives, e.g. across batch sizes).
 class PackedWeights {
@@ -199,9 +104,6 @@ class PackedWeights {
   memory::desc user_desc_;
   std::vector<std::pair<memory::desc, memory>> packed_;
 };
-
-// A reorder primitive from one layout to another, or nullopt when they are the same.
-std::optional<dnnl::reorder> make_reorder(const memory::desc& from, const memory::desc& to);
 
 // A oneDNN memory made once for a plan (no data yet); run() points it at each call's data with
 // set_data_handle, which is much cheaper than creating memory objects per call.

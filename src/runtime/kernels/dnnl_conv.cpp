@@ -103,19 +103,9 @@ class ConvKernel final : public Kernel {
   }
 
  private:
-  // Weights as oneDNN sees them: [G, M/G, C/G, k...] for grouped convolutions (the same bytes as
-  // ONNX's [M, C/G, k...]), [M, C, k...] otherwise. format_tag::undef means plain.
+  // Weights as oneDNN sees them (conv_weights_desc); format_tag::undef means plain.
   memory::desc weights_desc(const Shape& w, memory::format_tag tag) const {
-    Dims dims;
-    if (attrs_.group > 1) {
-      dims.push_back(attrs_.group);
-      dims.push_back(w[0] / attrs_.group);
-    } else {
-      dims.push_back(w[0]);
-    }
-    dims.insert(dims.end(), w.begin() + 1, w.end());
-    if (tag == memory::format_tag::undef) tag = plain_tag(dims.size());
-    return memory::desc(dims, dt::f32, tag);
+    return conv_weights_desc(w, attrs_.group, dt::f32, tag);
   }
 
   ConvLikePlan make_plan(const Shape& xs, const Shape& ws, const Shape* bs, const Layout* x_layout, bool out_blocked,

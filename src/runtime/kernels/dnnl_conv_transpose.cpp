@@ -160,29 +160,7 @@ class ConvTransposeKernel final : public Kernel {
   // oneDNN's deconvolution weights are [G, OC/G, IC/G, k...] (or [OC, IC, k...]); ONNX stores
   // [IC, OC/G, k...] with IC = G * IC/G. Described with strides over the ONNX bytes, so one reorder
   // both transposes and blocks them.
-  memory::desc onnx_weights_desc(const Shape& w) const {
-    const int64_t g = attrs_.group, ic_g = w[0] / g, oc_g = w[1];
-    int64_t k = 1;
-    for (size_t i = 2; i < w.size(); ++i) k *= w[i];
-    Dims kernel(w.begin() + 2, w.end());
-    Dims kernel_strides(kernel.size());
-    int64_t stride = 1;
-    for (size_t i = kernel.size(); i-- > 0;) {
-      kernel_strides[i] = stride;
-      stride *= kernel[i];
-    }
-    Dims dims, strides;
-    if (g > 1) {
-      dims = {g, oc_g, ic_g};
-      strides = {ic_g * oc_g * k, k, oc_g * k};
-    } else {
-      dims = {oc_g, ic_g};
-      strides = {k, oc_g * k};
-    }
-    dims.insert(dims.end(), kernel.begin(), kernel.end());
-    strides.insert(strides.end(), kernel_strides.begin(), kernel_strides.end());
-    return memory::desc(dims, dt::f32, strides);
-  }
+  memory::desc onnx_weights_desc(const Shape& w) const { return conv_transpose_weights_desc(w, attrs_.group); }
 
   ConvLikePlan make_plan(const Shape& xs, const Shape& ws, const Shape* bs) {
     const std::string what = node_.describe();

@@ -3,6 +3,7 @@
 // dnnl_register.cpp registers them.
 #include <memory>
 
+#include "runtime/fused_ops/gelu_erf.h"
 #include "slimquant/runtime/kernel.h"
 
 namespace slimquant::runtime::dnnl_kernels {
@@ -26,9 +27,8 @@ inline constexpr const char* kSumActivationAttr = "slimquant.sum_activation";
 inline constexpr const char* kSumActivationAlphaAttr = "slimquant.sum_activation_alpha";
 inline constexpr const char* kSumActivationBetaAttr = "slimquant.sum_activation_beta";
 
-// Execution-only Gelu (erf form) on oneDNN's JIT eltwise, for GELUs the plan recognises in
-// exported graphs (session.cpp); its own domain so it never meets ONNX's Gelu schema or kernel.
-inline constexpr const char* kGeluDomain = "com.slimquant.exec";
+// Execution-only Gelu (erf form, domain kGeluDomain) on oneDNN's JIT eltwise, for GELUs the plan
+// recognises in exported graphs (session.cpp).
 std::unique_ptr<Kernel> make_gelu_erf(const KernelInit& init);
 
 // How Conv hands activations to oneDNN. kAuto picks per primitive (see dnnl_conv.cpp); the others

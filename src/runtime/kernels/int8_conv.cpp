@@ -166,17 +166,7 @@ class QConvKernel final : public Kernel {
 
   // oneDNN's view of the weights: [G, M/G, C/G, k...] when grouped (same bytes as ONNX's layout).
   memory::desc weights_md(dt type, memory::format_tag tag) const {
-    const Shape& w = w_.shape();
-    Dims dims;
-    if (group_ > 1) {
-      dims.push_back(group_);
-      dims.push_back(w[0] / group_);
-    } else {
-      dims.push_back(w[0]);
-    }
-    dims.insert(dims.end(), w.begin() + 1, w.end());
-    if (tag == memory::format_tag::undef) tag = plain_tag(dims.size());
-    return memory::desc(dims, type, tag);
+    return dnnl_kernels::conv_weights_desc(w_.shape(), group_, type, tag);
   }
 
   // A quantized output after a fused residual Add (see kSum).

@@ -1,0 +1,16 @@
+# ctest layering_no_parent_includes: a quoted include with ".." would reach another layer's folder
+# relative to the including file, around the layer views; none is allowed under src/.
+file(GLOB_RECURSE files ${SOURCE_DIR}/src/*.h ${SOURCE_DIR}/src/*.cpp)
+set(offenders)
+foreach(file IN LISTS files)
+  file(STRINGS ${file} lines REGEX "^[ \t]*#[ \t]*include[ \t]*\"[^\"]*\\.\\.")
+  foreach(line IN LISTS lines)
+    file(RELATIVE_PATH rel ${SOURCE_DIR} ${file})
+    list(APPEND offenders "${rel}: ${line}")
+  endforeach()
+endforeach()
+if(offenders)
+  list(JOIN offenders "\n" text)
+  message(FATAL_ERROR "includes with '..' bypass the layering (include \"<layer>/...\" instead):\n${text}")
+endif()
+message(STATUS "no include with '..' in ${SOURCE_DIR}/src")
