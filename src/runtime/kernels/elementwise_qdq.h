@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "slimquant/core/quant_param.h"
 #include "slimquant/core/tensor.h"
 #include "slimquant/ir/graph.h"
 
@@ -41,11 +42,8 @@ void quantize_floats(const float* x, int64_t n, float scale, int32_t zero_point,
 inline constexpr const char* kFoldedQuantizeScale = "folded_quantize_scale";            // float
 inline constexpr const char* kFoldedQuantizeZeroPoint = "folded_quantize_zero_point";  // int
 inline constexpr const char* kFoldedQuantizeType = "folded_quantize_type";              // int: ONNX type, 2 u8 / 3 s8
-struct FoldedQuantize {
-  float scale = 1.f;
-  int32_t zero_point = 0;
-  DType type = DType::kUInt8;
-};
+// Per tensor (one scale and zero point), dtype uint8 or int8.
+struct FoldedQuantize : QuantParam {};
 // The node's folded QuantizeLinear, if any (kInvalidModel naming the node for bad attributes).
 std::optional<FoldedQuantize> folded_quantize(const ir::Node& node);
 
