@@ -13,7 +13,6 @@
 // saturate-after-round, keeps |v| small enough for the exact add-magic rounding, and needs no
 // integer overflow care. NaN quantizes to the lowest code, as in MLAS. The functions are inline and
 // branch-free so the kernels' loops over them vectorise (runtime/kernels/quantize_linear.cpp).
-#include <bit>
 #include <cstdint>
 #include <vector>
 
@@ -46,16 +45,12 @@ namespace quant_math {
 // SSE4.1's roundps, unlike std::nearbyint).
 inline constexpr float kRoundHalfEvenMagic = 12582912.f;
 
-// Branch-free c ? a : b: with GCC's -ftrapping-math a float `?:` would not vectorise.
-inline float select(bool c, float a, float b) {
-  const uint32_t m = 0u - static_cast<uint32_t>(c);
-  return std::bit_cast<float>((std::bit_cast<uint32_t>(a) & m) | (std::bit_cast<uint32_t>(b) & ~m));
-}
-
 // v clamped to [lo, hi] (integers, |lo|, |hi| < 2^22), then rounded half to even; NaN gives lo.
+// Both arms of each ?: are plain values, so x86 compiles them to one maxps / minps (whose operand
+// order gives exactly this NaN rule) and loops over it vectorise.
 inline float saturate_round(float v, float lo, float hi) {
-  v = select(v > lo, v, lo);
-  v = select(v < hi, v, hi);
+  v = v > lo ? v : lo;
+  v = v < hi ? v : hi;
   return (v + kRoundHalfEvenMagic) - kRoundHalfEvenMagic;
 }
 
