@@ -1,13 +1,7 @@
 #pragma once
-// QuantizeLinear / DequantizeLinear arithmetic, callable outside the kernels (observers, QAT
-// fake quantization, lowering tests) so every part of slimquant rounds the same way.
-//
-//   quantize:     q = saturate(round_half_even(x / scale) + zero_point)      (x / scale in float)
-//   dequantize:   y = float(q - zero_point) * scale
-//   fake quant:   y = dequantize(quantize(x)), bit-identical to running the two ops
-//
-// Division (not multiplication by 1/scale) and ties-to-even match the ONNX reference and ONNX
-// Runtime's MLAS kernels bit for bit. NaN inputs quantize to the lowest code, as in MLAS.
+// QuantizeLinear / DequantizeLinear over tensors, callable outside the kernels (analysis, lowering
+// tests), with the per-value arithmetic of slimquant/core/quant_param.h (quant_math):
+//   quantize: q = saturate(round_half_even(x / scale) + zero_point); dequantize: float(q - zp) * scale.
 // Scale and zero point: one element (per tensor) or a 1-D tensor of x.dim(axis) elements
 // (per axis); zero point dtype = quantized dtype (uint8, int8, uint16, int16; int32 for
 // dequantize, where it must be 0).
