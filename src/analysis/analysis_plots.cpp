@@ -80,7 +80,7 @@ std::vector<std::string> write_analysis_histograms(const quant::PTQ& ptq, const 
     std::span<const float> x(w.data<float>(), static_cast<size_t>(w.numel()));
     auto plot = make_histogram(x, 256, l.name + " (" + l.op_type + ")",
                                          "weight " + l.weight + " " + shape_str(w.shape()) + ", FP32");
-    quant::QuantParams p = ptq.weight_params(l);
+    QuantParam p = ptq.weight_params(l);
     auto [mn, mx] = std::minmax_element(p.scale.begin(), p.scale.end());
     plot.thresholds.push_back({"clip - (widest channel)", -127.0 * *mx});
     plot.thresholds.push_back({"clip + (widest channel)", 127.0 * *mx});
@@ -102,7 +102,7 @@ std::vector<std::string> write_analysis_histograms(const quant::PTQ& ptq, const 
     const std::string& t = l.activations[0];
     auto plot = hist.at(t).plot(l.name + " (" + l.op_type + ")", "input activation " + t + " (calibration data)");
     const quant::ClipRange cr = ptq.activation_observer(t).range();
-    const quant::QuantParams p = ptq.activation_params(t);
+    const QuantParam p = ptq.activation_params(t);
     plot.thresholds = {{"clip -", cr.lo}, {"clip +", cr.hi}};
     const auto& c = clipped.at(t);
     plot.facts = {{"rank", std::to_string(&ls - report.ranked.data() + 1) + " of " + std::to_string(report.ranked.size())},

@@ -359,7 +359,7 @@ nlohmann::json ptq_fingerprint(const quant::PTQ& ptq) {
   scales << std::setprecision(9);
   for (const auto& t : ptq.observed_tensors()) {
     if (ptq.activation_observer(t).observed_count() == 0) continue;
-    quant::QuantParams p = ptq.activation_params(t);
+    QuantParam p = ptq.activation_params(t);
     scales << t << ':' << static_cast<int>(p.dtype);
     for (size_t i = 0; i < p.scale.size(); ++i) scales << ',' << p.scale[i] << '/' << p.zero_point[i];
     scales << ';';

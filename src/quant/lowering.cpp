@@ -12,6 +12,7 @@
 #include "runtime/fused_ops/gelu_erf.h"
 #include "runtime/kernels/int8_common.h"
 #include "slimquant/ir/passes.h"
+#include "slimquant/ir/qdq_params.h"
 #include "slimquant/runtime/optimize.h"
 
 namespace slimquant::quant {
@@ -89,39 +90,12 @@ class GraphIndex {
 // Errors are values inside the selector: each check returns a reason, or nothing when it passes.
 using Why = std::optional<std::string>;
 
-// Scale / zero point / axis of a QuantizeLinear or DequantizeLinear node. known_rank: the rank of
-// its input when the caller knows it better than the graph's value infos (-1: look it up).
+// Scale / zero point / axis of a QuantizeLinear or DequantizeLinear node (ir::read_qdq_params, with
+// the input's element type as the index traces it). known_rank: the rank of its input when the
+// caller knows it better than the graph's value infos (-1: look it up).
 Why read_qparams(const GraphIndex& ix, const ir::Node& n, QuantParam& p, int64_t known_rank = -1) {
-  const ir::Graph& g = ix.graph();
-  const std::string who = n.describe();
-  const Tensor* scale = g.initializer(n.input(1));
-  if (!scale || scale->dtype() != DType::kFloat32) return "the scale of " + who + " is not a float32 constant";
-  if (scale->rank() > 1) return "the scale of " + who + " has shape " + shape_str(scale->shape());
-  p.scale = scale->to_float_vector();
-  for (float s : p.scale)
-    if (!(s > 0.f) || !std::isfinite(s)) return who + " has a scale that is not positive and finite";
-  p.zero_point.assign(p.scale.size(), 0);
-  if (const std::string& zp_name = n.input(2); !zp_name.empty()) {
-    const Tensor* zp = g.initializer(zp_name);
-    if (!zp) return "the zero point of " + who + " is not a constant";
-    if (zp->numel() != static_cast<int64_t>(p.scale.size())) return "the zero point of " + who + " does not match its scale";
-    const auto v = zp->to_int64_vector();
-    for (size_t i = 0; i < v.size(); ++i) p.zero_point[i] = static_cast<int32_t>(v[i]);
-    p.dtype = zp->dtype();
-  } else if (n.op_type == "QuantizeLinear") {
-    p.dtype = DType::kUInt8;
-  } else {
-    p.dtype = ix.dtype(n.inputs.at(0));
-    if (p.dtype == DType::kUndefined) return "the integer type of " + who + "'s input is unknown";
-  }
-  p.axis = n.attr_int("axis", 1);
-  if (!p.per_tensor()) {
-    const int64_t r = known_rank >= 0 ? known_rank : ix.rank(n.inputs.at(0));
-    if (r < 0) return "the rank of " + who + "'s input is unknown";
-    if (p.axis < -r || p.axis >= r) return who + " has axis " + std::to_string(p.axis) + " for rank " + std::to_string(r);
-    if (p.axis < 0) p.axis += r;
-  }
-  return std::nullopt;
+  const std::string& x = n.inputs.at(0);
+  return ir::read_qdq_params(ix.graph(), n, p, {ix.dtype(x), known_rank >= 0 ? known_rank : ix.rank(x)});
 }
 
 bool is_8bit(DType t) { return t == DType::kUInt8 || t == DType::kInt8; }

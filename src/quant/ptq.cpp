@@ -9,6 +9,7 @@
 
 #include "slimquant/core/atomic_file.h"
 #include "slimquant/core/distributed.h"
+#include "slimquant/core/quant_param.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/runtime/optimize.h"
 #include "quant/qdq_export.h"
@@ -108,8 +109,7 @@ Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales
   int8_t* out = q.data<int8_t>();
   for (int64_t i = 0; i < weight.numel(); ++i) {
     const int64_t c = scales.size() == 1 ? 0 : (i / inner) % channels;
-    const float v = std::nearbyint(w[i] / scales[c]);  // FE_TONEAREST: half to even
-    out[i] = static_cast<int8_t>(std::clamp(v, -qmax, qmax));
+    out[i] = static_cast<int8_t>(quant_math::quantize_offset(w[i], scales[c], -qmax, qmax));  // zero point 0
   }
   if (!bias_correction) return q;
   // Per channel: mean and standard deviation of the float (w) and dequantized (d) values.
@@ -132,8 +132,7 @@ Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales
   for (int64_t i = 0; i < weight.numel(); ++i) {
     const size_t c = channel_of(i);
     const double corrected = (static_cast<double>(out[i]) * scales[c] - mean_d[c]) * ratio[c] + mean_w[c];
-    const float v = std::nearbyint(static_cast<float>(corrected / scales[c]));
-    out[i] = static_cast<int8_t>(std::clamp(v, -qmax, qmax));
+    out[i] = static_cast<int8_t>(quant_math::saturate_round(static_cast<float>(corrected / scales[c]), -qmax, qmax));
   }
   return q;
 }
@@ -383,7 +382,7 @@ QuantScheme PTQ::activation_scheme(QuantScheme slimquant_default) const {
   return slimquant_default;
 }
 
-QuantParams PTQ::activation_params(const std::string& tensor) const {
+QuantParam PTQ::activation_params(const std::string& tensor) const {
   const Observer& obs = activation_observer(tensor);
   SQ_CHECK(obs.observed_count() > 0, ErrorKind::kInvalidData,
            "tensor '" + tensor + "' was never observed: calibrate with sample() before convert()");
@@ -399,7 +398,7 @@ std::unique_ptr<Observer> PTQ::weight_observer(const Layer& layer, const Tensor*
   return obs;
 }
 
-QuantParams PTQ::weight_params(const Layer& layer, const Tensor* weight) const {
+QuantParam PTQ::weight_params(const Layer& layer, const Tensor* weight) const {
   SQ_CHECK(!layer.weight.empty(), ErrorKind::kInvalidArgument, "layer '" + layer.name + "' has no weight");
   return weight_observer(layer, weight)->params(QuantScheme::kSymmetric);
 }
@@ -414,7 +413,7 @@ ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) 
     if (!only_layers || only_layers->count(l.name)) chosen.push_back(&l);
 
   // Activation parameters, made consistent where integer tensors must share a scale.
-  std::map<std::string, QuantParams> act;
+  std::map<std::string, QuantParam> act;
   for (const Layer* l : chosen)
     for (const auto& t : l->activations)
       if (!act.count(t)) act[t] = activation_params(t);
@@ -439,8 +438,8 @@ ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) 
       // Probabilities: the fixed u8 grid 1/256 with zero point 0, as ONNX Runtime's quantizer
       // writes it. ORT's fused QLinearSoftmax returns 0 for large outputs when the scale is below
       // 1/256 (1.20.1 and 1.30.0: a calibrated 0.00249 turned [0.54, 0.46] into [0, 0]).
-      QuantParams p;
-      p.dtype = QuantDType::kU8;
+      QuantParam p;
+      p.dtype = DType::kUInt8;
       p.scale = {1.f / 256.f};
       p.zero_point = {0};
       act[node.outputs[0]] = p;
@@ -465,7 +464,7 @@ ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) 
 }
 
 void PTQ::rewrite_channel_wise_conv_inputs(ir::Graph& g, const std::vector<const Layer*>& chosen,
-                                           const std::map<std::string, QuantParams>& act) const {
+                                           const std::map<std::string, QuantParam>& act) const {
   std::map<std::string, std::string> integers;            // conv input -> its DequantizeLinear(1) output
   std::map<std::string, std::vector<float>> scales_of;   // conv input -> s_c
   std::vector<ir::Node> added;
@@ -485,7 +484,7 @@ void PTQ::rewrite_channel_wise_conv_inputs(ir::Graph& g, const std::vector<const
     if (group <= 0 || out_channels % group != 0 || group * group_in != static_cast<int64_t>(stats->second.size())) continue;
 
     if (!integers.count(x)) {
-      const bool u8 = p->second.dtype == QuantDType::kU8;
+      const bool u8 = p->second.dtype == DType::kUInt8;
       const float qmax = u8 ? 255.f : 127.f;
       std::vector<float> s(stats->second.size());
       for (size_t c = 0; c < s.size(); ++c)
@@ -524,7 +523,7 @@ void PTQ::rewrite_channel_wise_conv_inputs(ir::Graph& g, const std::vector<const
         const float sc = s[static_cast<size_t>((o / (out_channels / group)) * group_in + i)];
         for (int64_t k = 0; k < inner; ++k) pw[(o * group_in + i) * inner + k] *= sc;
       }
-    const QuantParams wp = weight_params(*l, &scaled);
+    const QuantParam wp = weight_params(*l, &scaled);
     const std::string wq = g.unique_value_name(l->weight + "_cq");
     g.initializers[wq] = quantize_weight_s8(scaled, wp.scale, l->weight_axis, wp.bits, config_.bias_correction);
     const std::string ws = g.unique_value_name(l->weight + "_cs");

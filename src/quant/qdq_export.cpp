@@ -4,18 +4,20 @@
 #include <cmath>
 #include <optional>
 
+#include "slimquant/ir/qdq_params.h"
+
 namespace slimquant::quant {
 
 namespace {
-Tensor scalar_tensor(QuantDType dtype, int32_t zp) {
-  if (dtype == QuantDType::kU8) return Tensor::scalar<uint8_t>(static_cast<uint8_t>(zp));
+Tensor scalar_tensor(DType dtype, int32_t zp) {
+  if (dtype == DType::kUInt8) return Tensor::scalar<uint8_t>(static_cast<uint8_t>(zp));
   return Tensor::scalar<int8_t>(static_cast<int8_t>(zp));
 }
 
 // Bias input 2 of `node` (a float [channels] initializer) as int32 b / (x_scale * w_scale[c]),
 // saturated, through a per-channel DequantizeLinear; unchanged when the bias has another form.
 // The DequantizeLinear is appended to `new_nodes` (the caller is iterating over g.nodes).
-void quantize_bias_input(ir::Graph& g, ir::Node& node, const QuantParams& x, const QuantParams& w, int64_t channels,
+void quantize_bias_input(ir::Graph& g, ir::Node& node, const QuantParam& x, const QuantParam& w, int64_t channels,
                          std::vector<ir::Node>& new_nodes) {
   const std::string& bias = node.input(2);
   const Tensor* b = bias.empty() ? nullptr : g.initializer(bias);
@@ -45,8 +47,8 @@ void quantize_bias_input(ir::Graph& g, ir::Node& node, const QuantParams& x, con
 }  // namespace
 
 ir::Graph write_qdq_graph(const ir::Graph& float_graph, const std::vector<const Layer*>& chosen,
-                          const std::map<std::string, QuantParams>& act,
-                          const std::function<QuantParams(const Layer&)>& weight_params,
+                          const std::map<std::string, QuantParam>& act,
+                          const std::function<QuantParam(const Layer&)>& weight_params,
                           const QdqExportOptions& options) {
   ir::Graph g = float_graph;
   // Activation Q/DQ pairs, one per tensor, read by the chosen layers only. Names are short
@@ -98,7 +100,7 @@ ir::Graph write_qdq_graph(const ir::Graph& float_graph, const std::vector<const 
       if (std::find(layer.activations.begin(), layer.activations.end(), in) != layer.activations.end())
         in = dequantized.at(in);
     if (layer.weight.empty()) continue;
-    QuantParams wp = weight_params(layer);
+    QuantParam wp = weight_params(layer);
     const Tensor& w = *float_graph.initializer(layer.weight);
     const std::string base = layer.weight;
     const std::string wq = g.unique_value_name(base + "_q");
@@ -151,16 +153,13 @@ std::optional<float> clip_bound(const ir::Graph& g, const ir::Node& clip, size_t
   return t->data<float>()[0];
 }
 
-// The float interval a QuantizeLinear's grid covers, [(qmin - zp) s, (qmax - zp) s].
+// The float interval a per-tensor QuantizeLinear's grid covers, [(qmin - zp) s, (qmax - zp) s].
 std::optional<std::pair<double, double>> grid_bounds(const ir::Graph& g, const ir::Node& q) {
-  const Tensor* scale = g.initializer(q.input(1));
-  const Tensor* zp = q.input(2).empty() ? nullptr : g.initializer(q.input(2));
-  if (!scale || scale->numel() != 1 || scale->dtype() != DType::kFloat32 || (!q.input(2).empty() && !zp)) return std::nullopt;
-  const double s = scale->data<float>()[0];
-  const bool s8 = zp && zp->dtype() == DType::kInt8;
-  const double z = !zp ? 0.0 : s8 ? zp->data<int8_t>()[0] : zp->data<uint8_t>()[0];
-  const double qmin = s8 ? -128 : 0, qmax = s8 ? 127 : 255;
-  return std::make_pair((qmin - z) * s, (qmax - z) * s);
+  QuantParam p;
+  if (ir::read_qdq_params(g, q, p) || !p.per_tensor() || (p.dtype != DType::kUInt8 && p.dtype != DType::kInt8))
+    return std::nullopt;
+  const double s = p.scale[0], z = p.zero_point[0];
+  return std::make_pair((p.qmin() - z) * s, (p.qmax() - z) * s);
 }
 }  // namespace
 

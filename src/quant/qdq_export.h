@@ -35,8 +35,8 @@ struct QdqExportOptions {
 // weight_params gives a layer's per-channel weight parameters (called for layers with a weight,
 // whose float values are taken from float_graph).
 ir::Graph write_qdq_graph(const ir::Graph& float_graph, const std::vector<const Layer*>& layers,
-                          const std::map<std::string, QuantParams>& act,
-                          const std::function<QuantParams(const Layer&)>& weight_params,
+                          const std::map<std::string, QuantParam>& act,
+                          const std::function<QuantParam(const Layer&)>& weight_params,
                           const QdqExportOptions& options = {});
 
 // ONNX Runtime's form of an activation: a Relu or Clip whose output is only quantized is removed

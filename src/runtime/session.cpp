@@ -22,6 +22,7 @@
 #include "runtime/session_internal.h"
 #include "runtime/upsample_fusion.h"
 #include "slimquant/ir/passes.h"
+#include "slimquant/ir/qdq_params.h"
 #include "slimquant/runtime/kernel.h"
 #include "slimquant/runtime/optimize.h"
 
@@ -104,23 +105,12 @@ int fuse_residual_adds(ir::Graph& g, const std::set<std::string>& keep) {
 
 // A per-tensor QuantizeLinear with constant u8/s8 parameters (the ones a producer can take over).
 std::optional<FoldedQuantize> foldable_quantize(const ir::Graph& g, const ir::Node& q) {
-  if (q.op_type != "QuantizeLinear" || !q.domain.empty() || q.inputs.size() < 2 || q.outputs.size() != 1 ||
-      q.attrs.count("output_dtype"))
+  if (q.op_type != "QuantizeLinear" || !q.domain.empty() || q.outputs.size() != 1 || q.attrs.count("output_dtype"))
     return std::nullopt;
-  const Tensor* scale = g.initializer(q.input(1));
-  const Tensor* zero_point = q.input(2).empty() ? nullptr : g.initializer(q.input(2));
-  if (!scale || scale->numel() != 1 || scale->dtype() != DType::kFloat32 || (!q.input(2).empty() && !zero_point) ||
-      (zero_point && (zero_point->numel() != 1 ||
-                      (zero_point->dtype() != DType::kUInt8 && zero_point->dtype() != DType::kInt8))))
+  QuantParam p;
+  if (ir::read_qdq_params(g, q, p) || !p.per_tensor() || (p.dtype != DType::kUInt8 && p.dtype != DType::kInt8))
     return std::nullopt;
-  FoldedQuantize f;
-  f.scale = scale->data<float>()[0];
-  if (!(f.scale > 0.f) || !std::isfinite(f.scale)) return std::nullopt;
-  f.type = zero_point ? zero_point->dtype() : DType::kUInt8;
-  f.zero_point = !zero_point ? 0
-                 : f.type == DType::kUInt8 ? zero_point->data<uint8_t>()[0]
-                                           : zero_point->data<int8_t>()[0];
-  return f;
+  return FoldedQuantize{std::move(p)};
 }
 
 // The QuantizeLinear that alone reads value v (not kept, not a graph output), or -1.
@@ -146,9 +136,9 @@ int fold_quantize_into_residual_qconvs(ir::Graph& g, const std::set<std::string>
     if (reader < 0) continue;
     const FoldedQuantize q = *foldable_quantize(g, g.nodes[reader]);
     ir::Node fused = conv;
-    fused.attrs[qattr::kYType] = static_cast<int64_t>(q.type);
-    fused.attrs[qattr::kYScale] = q.scale;
-    fused.attrs[qattr::kYZeroPoint] = static_cast<int64_t>(q.zero_point);
+    fused.attrs[qattr::kYType] = static_cast<int64_t>(q.dtype);
+    fused.attrs[qattr::kYScale] = q.scale[0];
+    fused.attrs[qattr::kYZeroPoint] = static_cast<int64_t>(q.zero_point[0]);
     fused.outputs[0] = g.nodes[reader].outputs[0];
     // The QConv moves to the Q's place (after it, every value it reads exists too).
     g.nodes[static_cast<size_t>(reader)] = std::move(fused);
@@ -172,9 +162,9 @@ int fold_quantize_into_elementwise(ir::Graph& g, const std::set<std::string>& ke
     const int reader = sole_quantize_reader(g, op.outputs[0], keep);
     if (reader < 0) continue;
     const FoldedQuantize q = *foldable_quantize(g, g.nodes[reader]);
-    op.attrs[kFoldedQuantizeScale] = q.scale;
-    op.attrs[kFoldedQuantizeZeroPoint] = static_cast<int64_t>(q.zero_point);
-    op.attrs[kFoldedQuantizeType] = static_cast<int64_t>(q.type);
+    op.attrs[kFoldedQuantizeScale] = q.scale[0];
+    op.attrs[kFoldedQuantizeZeroPoint] = static_cast<int64_t>(q.zero_point[0]);
+    op.attrs[kFoldedQuantizeType] = static_cast<int64_t>(q.dtype);
     op.outputs[0] = g.nodes[reader].outputs[0];
     g.nodes.erase(g.nodes.begin() + reader);  // after op: indices up to i stay valid
     ++folded;

@@ -316,7 +316,7 @@ Tensor QAT::simulate(const Tensor& input) {
 ir::Graph QAT::convert() {
   SQ_CHECK(graph_ != nullptr, ErrorKind::kInvalidArgument, "QAT: call prepare() before convert()");
   ir::Graph trained = graph_->float_graph_with_parameters();
-  std::map<std::string, quant::QuantParams> act;
+  std::map<std::string, QuantParam> act;
   std::vector<const quant::Layer*> chosen;
   for (const auto& layer : ptq_->layers()) {
     chosen.push_back(&layer);
@@ -328,7 +328,7 @@ ir::Graph QAT::convert() {
     }
   }
   auto weight_params = [&](const quant::Layer& layer) {
-    quant::QuantParams p = quanters_.at(layer.weight)->export_params();
+    QuantParam p = quanters_.at(layer.weight)->export_params();
     const Tensor& w = *trained.initializer(layer.weight);
     const int64_t channels = w.rank() ? w.dim(static_cast<size_t>(layer.weight_axis)) : 1;
     if (p.scale.size() == 1 && channels > 1) {

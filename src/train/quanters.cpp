@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "slimquant/core/quant_param.h"
+
 namespace slimquant::train {
 
 namespace {
@@ -33,13 +35,10 @@ const Tensor& single_grad(const std::vector<Tensor>& grads, const Tensor& cached
   return grads[0];
 }
 
-// Round half to even, as QuantizeLinear does (the default FE_TONEAREST mode).
-inline float round_even(float v) { return std::nearbyint(v); }
-
-// QuantizeLinear -> DequantizeLinear of one value: the runtime's arithmetic (x / s, saturate, round).
-inline float fake_quant(float x, float s, float zp, float qmin, float qmax) {
-  const float q = std::clamp(round_even(x / s) + zp, qmin, qmax);
-  return (q - zp) * s;
+// QuantizeLinear -> DequantizeLinear of one value with zero point 0 (every fake_quant caller's):
+// the runtime's arithmetic (x / s, saturate, round half to even), from core/quant_param.h.
+inline float fake_quant(float x, float s, float qmin, float qmax) {
+  return quant_math::quantize_offset(x, s, qmin, qmax) * s;
 }
 
 float abs_max_of(const Tensor& x) {
@@ -71,8 +70,8 @@ ChannelView channel_view(const Tensor& w, int64_t axis, bool per_channel) {
   return v;
 }
 
-quant::QuantParams per_tensor_params(quant::QuantDType dtype, float scale, int32_t zp) {
-  quant::QuantParams p;
+QuantParam per_tensor_params(DType dtype, float scale, int32_t zp) {
+  QuantParam p;
   p.dtype = dtype;
   p.scale = {std::max(scale, quant::kMinScale)};
   p.zero_point = {zp};
@@ -172,7 +171,7 @@ std::vector<Tensor> PACTQuanter::forward(const std::vector<Tensor>& inputs, bool
   }
   for (int64_t i = 0; i < n; ++i) {
     const float v = std::clamp(xp[i], lo, alpha);
-    yp[i] = fake_quant(v, s, 0.0f, signed_ ? -qmax : 0.0f, qmax);
+    yp[i] = fake_quant(v, s, signed_ ? -qmax : 0.0f, qmax);
     if (region) region[i] = xp[i] >= alpha ? 1 : (xp[i] <= lo ? -1 : 0);
   }
   return {y};
@@ -199,14 +198,14 @@ std::vector<Tensor> PACTQuanter::backward(const std::vector<Tensor>& grads) {
   return {dx};
 }
 
-quant::QuantParams PACTQuanter::export_params() const {
+QuantParam PACTQuanter::export_params() const {
   SQ_CHECK(initialised_, ErrorKind::kInvalidData, "PACT quanter '" + alpha_.name + "' has seen no data");
   const float alpha = std::max(alpha_.value.data<float>()[0], quant::kMinScale);
   if (!init_.is_weight) {
-    return signed_ ? per_tensor_params(quant::QuantDType::kS8, alpha / 127.0f, 0)
-                   : per_tensor_params(quant::QuantDType::kU8, alpha / 255.0f, 0);
+    return signed_ ? per_tensor_params(DType::kInt8, alpha / 127.0f, 0)
+                   : per_tensor_params(DType::kUInt8, alpha / 255.0f, 0);
   }
-  quant::QuantParams p = per_tensor_params(quant::QuantDType::kS8, alpha / weight_qmax(), 0);
+  QuantParam p = per_tensor_params(DType::kInt8, alpha / weight_qmax(), 0);
   p.bits = init_.bits;
   return p;  // one scale: the exporter repeats it per channel
 }
@@ -265,7 +264,7 @@ std::vector<Tensor> WeightLSQplusQuanter::forward(const std::vector<Tensor>& inp
   for (int64_t i = 0; i < w.numel(); ++i) {
     const float sc = s[view.channel_of(i)];
     const float u = wp[i] / sc;
-    const float r = std::clamp(round_even(u), -q, q);
+    const float r = quant_math::saturate_round(u, -q, q);
     yp[i] = r * sc;
     if (ds) {
       const bool in = u >= -q && u <= q;
@@ -296,10 +295,10 @@ std::vector<Tensor> WeightLSQplusQuanter::backward(const std::vector<Tensor>& gr
   return {dw};
 }
 
-quant::QuantParams WeightLSQplusQuanter::export_params() const {
+QuantParam WeightLSQplusQuanter::export_params() const {
   SQ_CHECK(initialised_, ErrorKind::kInvalidData, "lsq_plus quanter '" + scale_.name + "' has seen no weights");
-  quant::QuantParams p;
-  p.dtype = quant::QuantDType::kS8;
+  QuantParam p;
+  p.dtype = DType::kInt8;
   for (float s : scale_.value.values<float>()) p.scale.push_back(std::max(s, quant::kMinScale));
   p.zero_point.assign(p.scale.size(), 0);
   p.axis = init_.per_channel ? init_.channel_axis : -1;
@@ -334,7 +333,7 @@ std::vector<Tensor> ActLSQplusQuanter::forward(const std::vector<Tensor>& inputs
     initialised_ = true;
   }
   s = std::max(s, quant::kMinScale);
-  const float zp = std::clamp(round_even(-beta / s), 0.0f, 255.0f);
+  const float zp = quant_math::saturate_round(-beta / s, 0.0f, 255.0f);
   Tensor y(DType::kFloat32, x.shape());
   float* yp = y.data<float>();
   float* ds = nullptr;
@@ -348,7 +347,7 @@ std::vector<Tensor> ActLSQplusQuanter::forward(const std::vector<Tensor>& inputs
   }
   for (int64_t i = 0; i < x.numel(); ++i) {
     const float u = xp[i] / s + zp;
-    const float r = std::clamp(round_even(u), 0.0f, 255.0f);
+    const float r = quant_math::saturate_round(u, 0.0f, 255.0f);
     yp[i] = (r - zp) * s;
     if (ds) {
       const int8_t reg = u < 0.0f ? -1 : (u > 255.0f ? 1 : 0);
@@ -379,11 +378,11 @@ std::vector<Tensor> ActLSQplusQuanter::backward(const std::vector<Tensor>& grads
   return {dx};
 }
 
-quant::QuantParams ActLSQplusQuanter::export_params() const {
+QuantParam ActLSQplusQuanter::export_params() const {
   SQ_CHECK(initialised_, ErrorKind::kInvalidData, "lsq_plus quanter '" + scale_.name + "' has seen no data");
   const float s = std::max(scale_.value.data<float>()[0], quant::kMinScale);
-  const float zp = std::clamp(round_even(-beta_.value.data<float>()[0] / s), 0.0f, 255.0f);
-  return per_tensor_params(quant::QuantDType::kU8, s, static_cast<int32_t>(zp));
+  const float zp = quant_math::saturate_round(-beta_.value.data<float>()[0] / s, 0.0f, 255.0f);
+  return per_tensor_params(DType::kUInt8, s, static_cast<int32_t>(zp));
 }
 
 // ---- moving-average abs max -----------------------------------------------------------------------
@@ -426,7 +425,7 @@ std::vector<Tensor> MovingAbsMaxQuanter::forward(const std::vector<Tensor>& inpu
     inside = inside_.data<uint8_t>();
   }
   for (int64_t i = 0; i < x.numel(); ++i) {
-    yp[i] = fake_quant(xp[i], s, 0.0f, qmin, qmax);
+    yp[i] = fake_quant(xp[i], s, qmin, qmax);
     if (inside) inside[i] = xp[i] <= t && xp[i] >= (signed_ ? -t : 0.0f);
   }
   return {y};
@@ -443,16 +442,16 @@ std::vector<Tensor> MovingAbsMaxQuanter::backward(const std::vector<Tensor>& gra
   return {dx};
 }
 
-quant::QuantParams MovingAbsMaxQuanter::export_params() const {
+QuantParam MovingAbsMaxQuanter::export_params() const {
   SQ_CHECK(state_.data<float>()[0] > 0.0f, ErrorKind::kInvalidData, "moving_abs_max quanter has seen no data");
   const float t = threshold();
   if (init_.is_weight) {
-    quant::QuantParams p = per_tensor_params(quant::QuantDType::kS8, t / weight_qmax(), 0);
+    QuantParam p = per_tensor_params(DType::kInt8, t / weight_qmax(), 0);
     p.bits = init_.bits;
     return p;
   }
-  return signed_ ? per_tensor_params(quant::QuantDType::kS8, t / 127.0f, 0)
-                 : per_tensor_params(quant::QuantDType::kU8, t / 255.0f, 0);
+  return signed_ ? per_tensor_params(DType::kInt8, t / 127.0f, 0)
+                 : per_tensor_params(DType::kUInt8, t / 255.0f, 0);
 }
 
 // ---- abs_max (weights) ------------------------------------------------------------------------------
@@ -479,7 +478,7 @@ std::vector<Tensor> AbsMaxWeightQuanter::forward(const std::vector<Tensor>& inpu
   const float* wp = w.data<float>();
   float* yp = y.data<float>();
   const float qmax = weight_qmax();
-  for (int64_t i = 0; i < w.numel(); ++i) yp[i] = fake_quant(wp[i], scales_[view.channel_of(i)], 0.0f, -qmax, qmax);
+  for (int64_t i = 0; i < w.numel(); ++i) yp[i] = fake_quant(wp[i], scales_[view.channel_of(i)], -qmax, qmax);
   return {y};
 }
 
@@ -488,10 +487,10 @@ std::vector<Tensor> AbsMaxWeightQuanter::backward(const std::vector<Tensor>& gra
   return {grads[0]};  // nothing is clipped: max|w| is inside the range by construction
 }
 
-quant::QuantParams AbsMaxWeightQuanter::export_params() const {
+QuantParam AbsMaxWeightQuanter::export_params() const {
   SQ_CHECK(!scales_.empty(), ErrorKind::kInvalidData, "abs_max weight quanter has seen no weights");
-  quant::QuantParams p;
-  p.dtype = quant::QuantDType::kS8;
+  QuantParam p;
+  p.dtype = DType::kInt8;
   p.scale = scales_;
   p.zero_point.assign(scales_.size(), 0);
   p.axis = init_.per_channel ? init_.channel_axis : -1;

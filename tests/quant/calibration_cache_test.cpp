@@ -29,7 +29,7 @@ Tensor random_tensor(Shape shape, uint32_t seed, float scale) {
   return t;
 }
 
-void expect_same_params(const quant::QuantParams& a, const quant::QuantParams& b) {
+void expect_same_params(const QuantParam& a, const QuantParam& b) {
   ASSERT_EQ(a.scale.size(), b.scale.size());
   for (size_t i = 0; i < a.scale.size(); ++i) {
     EXPECT_EQ(a.scale[i], b.scale[i]);

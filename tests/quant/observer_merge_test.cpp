@@ -57,7 +57,7 @@ TEST(ObserverMerge, EveryActivationObserverEqualsTheSequentialOneForEverySplit) 
         EXPECT_EQ(first->observed_min(), sequential->observed_min());
         EXPECT_EQ(first->observed_max(), sequential->observed_max());
         for (QuantScheme scheme : {QuantScheme::kSymmetric, QuantScheme::kAsymmetric}) {
-          const QuantParams merged = first->params(scheme), expected = sequential->params(scheme);
+          const QuantParam merged = first->params(scheme), expected = sequential->params(scheme);
           EXPECT_EQ(merged.scale, expected.scale) << "cuts " << cut1 << ", " << cut2;
           EXPECT_EQ(merged.zero_point, expected.zero_point);
         }
@@ -73,7 +73,7 @@ TEST(ObserverMerge, AnEmptyShareChangesNothing) {
     SCOPED_TRACE(algo);
     auto seen = make_activation_observer(algo), empty = make_activation_observer(algo);
     for (const Tensor& b : batches) seen->observe(b);
-    const QuantParams before = seen->params(QuantScheme::kSymmetric);
+    const QuantParam before = seen->params(QuantScheme::kSymmetric);
     std::istringstream in(saved(*empty), std::ios::binary);
     seen->merge_state(in);
     EXPECT_EQ(seen->params(QuantScheme::kSymmetric).scale, before.scale);

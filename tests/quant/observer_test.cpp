@@ -53,7 +53,7 @@ std::vector<float> uniform(size_t n, float lo, float hi, uint32_t seed) {
 // The threshold T the observer chose under `scheme`, read back from the symmetric extent of
 // its range (T is at most max|x|, so the range is [-T, T] cut to the observed extremes).
 float threshold_of(const Observer& obs, QuantScheme scheme) {
-  const QuantParams p = obs.params(scheme);
+  const QuantParam p = obs.params(scheme);
   switch (scheme) {
     case QuantScheme::kSymmetric: return p.scale[0] * 127.0f;
     case QuantScheme::kUnsignedZeroPoint0: return p.scale[0] * 255.0f;
@@ -63,22 +63,22 @@ float threshold_of(const Observer& obs, QuantScheme scheme) {
 }
 
 // Independent fake quantization: QuantizeLinear (round half to even, saturate) then dequantize.
-float fake_quant(float x, float scale, int32_t zp, QuantDType dtype) {
-  const float qmin = dtype == QuantDType::kS8 ? -128.0f : 0.0f;
-  const float qmax = dtype == QuantDType::kS8 ? 127.0f : 255.0f;
+float fake_quant(float x, float scale, int32_t zp, DType dtype) {
+  const float qmin = dtype == DType::kInt8 ? -128.0f : 0.0f;
+  const float qmax = dtype == DType::kInt8 ? 127.0f : 255.0f;
   const float q = std::clamp(std::nearbyint(x / scale) + static_cast<float>(zp), qmin, qmax);
   return (q - static_cast<float>(zp)) * scale;
 }
 
 // The per-tensor params for threshold t over data with extremes [mn, mx] (the observers' rule:
 // [-t, t] cut to the extremes widened to include 0).
-QuantParams params_for(double t, float mn, float mx, QuantScheme scheme) {
+QuantParam params_for(double t, float mn, float mx, QuantScheme scheme) {
   const double lo = std::min(mn, 0.0f), hi = std::max(mx, 0.0f);
   return params_from_range(
       {static_cast<float>(std::max(-t, lo)), static_cast<float>(std::min(t, hi))}, scheme);
 }
 
-double brute_mse(const std::vector<float>& x, const QuantParams& p) {
+double brute_mse(const std::vector<float>& x, const QuantParam& p) {
   double s = 0.0;
   for (float v : x) {
     const double d = v - fake_quant(v, p.scale[0], p.zero_point[0], p.dtype);
@@ -87,7 +87,7 @@ double brute_mse(const std::vector<float>& x, const QuantParams& p) {
   return s / static_cast<double>(x.size());
 }
 
-double brute_emd(const std::vector<float>& x, const QuantParams& p) {
+double brute_emd(const std::vector<float>& x, const QuantParam& p) {
   double s1 = 0, s2 = 0, q1 = 0, q2 = 0;
   for (float v : x) {
     const double q = fake_quant(v, p.scale[0], p.zero_point[0], p.dtype);
@@ -105,20 +105,20 @@ double brute_emd(const std::vector<float>& x, const QuantParams& p) {
 // ---- scheme arithmetic ----------------------------------------------------------------------
 
 TEST(ObserverParams, SchemeFormulas) {
-  QuantParams p = params_from_range({-1.0f, 0.5f}, QuantScheme::kSymmetric);
-  EXPECT_EQ(p.dtype, QuantDType::kS8);
+  QuantParam p = params_from_range({-1.0f, 0.5f}, QuantScheme::kSymmetric);
+  EXPECT_EQ(p.dtype, DType::kInt8);
   EXPECT_FLOAT_EQ(p.scale[0], 1.0f / 127.0f);
   EXPECT_EQ(p.zero_point[0], 0);
   EXPECT_EQ(p.axis, -1);
 
   p = params_from_range({0.25f, 2.0f}, QuantScheme::kUnsignedZeroPoint0);
-  EXPECT_EQ(p.dtype, QuantDType::kU8);
+  EXPECT_EQ(p.dtype, DType::kUInt8);
   EXPECT_FLOAT_EQ(p.scale[0], 2.0f / 255.0f);
   EXPECT_EQ(p.zero_point[0], 0);
 
   // Asymmetric: [-3, 4] -> scale 7/255, zero point round(3 / (7/255)) = round(109.29) = 109.
   p = params_from_range({-3.0f, 4.0f}, QuantScheme::kAsymmetric);
-  EXPECT_EQ(p.dtype, QuantDType::kU8);
+  EXPECT_EQ(p.dtype, DType::kUInt8);
   EXPECT_FLOAT_EQ(p.scale[0], 7.0f / 255.0f);
   EXPECT_EQ(p.zero_point[0], 109);
   // Widened to include 0: [0.5, 2] -> [0, 2]; [-2, -1] -> [-2, 0] (zero point at the top).
@@ -168,8 +168,8 @@ TEST(ObserverAbsMax, ExactOnKnownTensors) {
     const ClipRange r = obs->range();
     EXPECT_EQ(r.lo, -3.0f);
     EXPECT_EQ(r.hi, 4.0f);
-    QuantParams p = obs->params(QuantScheme::kSymmetric);
-    EXPECT_EQ(p.dtype, QuantDType::kS8);
+    QuantParam p = obs->params(QuantScheme::kSymmetric);
+    EXPECT_EQ(p.dtype, DType::kInt8);
     EXPECT_FLOAT_EQ(p.scale[0], 4.0f / 127.0f);
     EXPECT_EQ(p.zero_point[0], 0);
     p = obs->params(QuantScheme::kAsymmetric);
@@ -188,8 +188,8 @@ TEST(ObserverMinMax, ExactOnKnownTensors) {
   const ClipRange r = obs->range();
   EXPECT_EQ(r.lo, 0.25f);
   EXPECT_EQ(r.hi, 5.1f);
-  QuantParams p = obs->params(QuantScheme::kUnsignedZeroPoint0);
-  EXPECT_EQ(p.dtype, QuantDType::kU8);
+  QuantParam p = obs->params(QuantScheme::kUnsignedZeroPoint0);
+  EXPECT_EQ(p.dtype, DType::kUInt8);
   EXPECT_FLOAT_EQ(p.scale[0], 5.1f / 255.0f);
   EXPECT_EQ(p.zero_point[0], 0);
   p = obs->params(QuantScheme::kSymmetric);
@@ -292,7 +292,7 @@ TEST(ObserverErrors, AllZeroTensorsGiveTheSmallestScale) {
     obs->observe(Tensor(DType::kFloat32, {3}));
     for (QuantScheme s : {QuantScheme::kSymmetric, QuantScheme::kUnsignedZeroPoint0,
                           QuantScheme::kAsymmetric}) {
-      const QuantParams p = obs->params(s);
+      const QuantParam p = obs->params(s);
       EXPECT_EQ(p.scale[0], kMinScale) << algo << " " << scheme_name(s);
       EXPECT_EQ(p.zero_point[0], 0) << algo;
     }
@@ -411,7 +411,7 @@ TEST_P(ObserverSearch, MatchesBruteForceOverAllSamples) {
   const std::vector<double> f = search_fractions(opts.search_steps, opts.search_min_fraction);
   const bool mse = std::string(c.algo) == "mse";
   auto loss = [&](const std::vector<float>& x, size_t k, float lo, float hi) {
-    const QuantParams p = params_for(f[k] * std::max(-lo, hi), lo, hi, c.scheme);
+    const QuantParam p = params_for(f[k] * std::max(-lo, hi), lo, hi, c.scheme);
     return mse ? brute_mse(x, p) : brute_emd(x, p);
   };
   auto argmin = [&](const std::vector<float>& x) {
@@ -424,11 +424,11 @@ TEST_P(ObserverSearch, MatchesBruteForceOverAllSamples) {
   const auto [k_bf, losses] = argmin(all);
 
   // The observer's threshold, as a grid index.
-  const QuantParams p = obs->params(c.scheme);
-  const QuantParams want = params_for(f[k_bf] * abs_max, mn, mx, c.scheme);
+  const QuantParam p = obs->params(c.scheme);
+  const QuantParam want = params_for(f[k_bf] * abs_max, mn, mx, c.scheme);
   int64_t k_obs = -1;
   for (size_t k = 0; k < f.size(); ++k) {
-    const QuantParams pk = params_for(f[k] * abs_max, mn, mx, c.scheme);
+    const QuantParam pk = params_for(f[k] * abs_max, mn, mx, c.scheme);
     if (pk.scale[0] == p.scale[0] && pk.zero_point[0] == p.zero_point[0]) k_obs = k;
   }
   ASSERT_GE(k_obs, 0) << "the observer's scale " << p.scale[0] << " is not on the grid";
@@ -451,7 +451,7 @@ TEST_P(ObserverSearch, MatchesBruteForceOverAllSamples) {
   const std::vector<float>& last = batches.back();
   const float last_lo = *std::min_element(last.begin(), last.end());
   const float last_hi = *std::max_element(last.begin(), last.end());
-  const QuantParams p_last =
+  const QuantParam p_last =
       params_for(f[k_last] * std::max(-last_lo, last_hi), mn, mx, c.scheme);
   const double loss_last = mse ? brute_mse(all, p_last) : brute_emd(all, p_last);
   EXPECT_GT(loss_last, 2.0 * losses[k_bf]);
@@ -522,9 +522,9 @@ TEST(ObserverWeights, ChannelWiseAbsMaxExactPerChannel) {
   const Tensor w = tensor({1, -4, 2, 3, 0.5f, 0.25f, -0.5f, 0, 9, 1, 1, -8}, {3, 2, 2});
   auto obs = make_weight_observer("channel_wise_abs_max");
   obs->observe(w);
-  QuantParams p = obs->params(QuantScheme::kSymmetric);
+  QuantParam p = obs->params(QuantScheme::kSymmetric);
   EXPECT_EQ(p.axis, 0);
-  EXPECT_EQ(p.dtype, QuantDType::kS8);
+  EXPECT_EQ(p.dtype, DType::kInt8);
   ASSERT_EQ(p.scale.size(), 3u);
   EXPECT_EQ(p.scale, (std::vector<float>{4.0f / 127, 0.5f / 127, 9.0f / 127}));
   EXPECT_EQ(p.zero_point, (std::vector<int32_t>{0, 0, 0}));
@@ -585,16 +585,16 @@ TEST(ObserverWeights, MseChannelWiseNeverWorseThanAbsMax) {
     auto amax = make_weight_observer("channel_wise_abs_max", {.channel_axis = axis});
     mse->observe(w);
     amax->observe(w);
-    const QuantParams pm = mse->params(QuantScheme::kSymmetric);
-    const QuantParams pa = amax->params(QuantScheme::kSymmetric);
+    const QuantParam pm = mse->params(QuantScheme::kSymmetric);
+    const QuantParam pa = amax->params(QuantScheme::kSymmetric);
     ASSERT_EQ(pm.scale.size(), static_cast<size_t>(channels));
     EXPECT_EQ(pm.axis, axis);
     for (int64_t c = 0; c < channels; ++c) {
       double em = 0, ea = 0;
       for (int64_t i = 0; i < per; ++i) {
         const float x = at(c, i);
-        em += std::pow(x - fake_quant(x, pm.scale[c], 0, QuantDType::kS8), 2);
-        ea += std::pow(x - fake_quant(x, pa.scale[c], 0, QuantDType::kS8), 2);
+        em += std::pow(x - fake_quant(x, pm.scale[c], 0, DType::kInt8), 2);
+        ea += std::pow(x - fake_quant(x, pa.scale[c], 0, DType::kInt8), 2);
       }
       EXPECT_LE(em, ea * (1 + 1e-6)) << "axis " << axis << " channel " << c;
       if (c % 3 == 0) {  // the heavy-tailed channels gain from clipping
@@ -611,7 +611,7 @@ TEST(ObserverWeights, MseChannelWiseNeverWorseThanAbsMax) {
     double best = std::numeric_limits<double>::infinity();
     float best_scale = 0;
     for (auto k = f.rbegin(); k != f.rend(); ++k) {
-      const QuantParams p = params_for(*k * std::max(-cmin, cmax), cmin, cmax,
+      const QuantParam p = params_for(*k * std::max(-cmin, cmax), cmin, cmax,
                                        QuantScheme::kSymmetric);
       const double e = brute_mse(ch, p);
       if (e < best) best = e, best_scale = p.scale[0];

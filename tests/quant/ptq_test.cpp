@@ -207,7 +207,7 @@ TEST_F(PtqOnResnet, ReluOutputsUseUnsignedZeroPointZero) {
     auto p = ptq_->activation_params(t);
     ASSERT_EQ(p.scale.size(), 1u);
     EXPECT_GT(p.scale[0], 0.f);
-    if (p.dtype == quant::QuantDType::kU8) {
+    if (p.dtype == DType::kUInt8) {
       ++unsigned_tensors;
       EXPECT_EQ(p.zero_point[0], 0);
       EXPECT_GE(ptq_->activation_observer(t).observed_min(), 0.f);
@@ -262,11 +262,11 @@ TEST_F(PtqOnResnet, ExportStatesActivationZeroPointsOmitsValueInfoAndRoundTrips)
       continue;
     }
     if (n.op_type != "QuantizeLinear") continue;
-    const quant::QuantParams p = ptq_->activation_params(n.inputs[0]);
-    const bool u8_zero = p.dtype == quant::QuantDType::kU8 && p.zero_point.at(0) == 0;
+    const QuantParam p = ptq_->activation_params(n.inputs[0]);
+    const bool u8_zero = p.dtype == DType::kUInt8 && p.zero_point.at(0) == 0;
     ASSERT_EQ(n.inputs.size(), 3u) << n.describe();
     const Tensor& zp = *qdq.initializer(n.inputs[2]);
-    EXPECT_EQ(zp.dtype(), p.dtype == quant::QuantDType::kU8 ? DType::kUInt8 : DType::kInt8) << n.describe();
+    EXPECT_EQ(zp.dtype(), p.dtype == DType::kUInt8 ? DType::kUInt8 : DType::kInt8) << n.describe();
     for (int c : qdq.consumers(n.outputs[0])) {
       EXPECT_EQ(qdq.nodes[c].op_type, "DequantizeLinear");
       EXPECT_EQ(qdq.nodes[c].inputs.size(), n.inputs.size()) << qdq.nodes[c].describe();
@@ -386,18 +386,18 @@ TEST(QdqExport, StatesEveryActivationZeroPointAndNoWeightZeroPoint) {
                                             {"y_node", "Conv", {"b"}, "w3", 0, ""}};
   std::vector<const quant::Layer*> chosen;
   for (const auto& l : layers) chosen.push_back(&l);
-  auto per_tensor = [](quant::QuantDType t, float scale, int32_t zp) {
-    quant::QuantParams p;
+  auto per_tensor = [](DType t, float scale, int32_t zp) {
+    QuantParam p;
     p.dtype = t;
     p.scale = {scale};
     p.zero_point = {zp};
     return p;
   };
-  const std::map<std::string, quant::QuantParams> act = {{"x", per_tensor(quant::QuantDType::kU8, 1.f / 255, 0)},
-                                                          {"a", per_tensor(quant::QuantDType::kU8, 0.01f, 128)},
-                                                          {"b", per_tensor(quant::QuantDType::kS8, 0.01f, 0)}};
+  const std::map<std::string, QuantParam> act = {{"x", per_tensor(DType::kUInt8, 1.f / 255, 0)},
+                                                          {"a", per_tensor(DType::kUInt8, 0.01f, 128)},
+                                                          {"b", per_tensor(DType::kInt8, 0.01f, 0)}};
   auto weight_params = [](const quant::Layer&) {
-    quant::QuantParams p;
+    QuantParam p;
     p.scale = {0.2f / 127, 0.4f / 127};
     p.zero_point = {0, 0};
     p.axis = 0;

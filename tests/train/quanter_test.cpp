@@ -37,7 +37,7 @@ TEST(QuanterPACT, SignedClipQuantizeAndGradients) {
   // d/dalpha: -1 for x <= -alpha (g = 1), +1 for x >= alpha (g = 4): 3.
   EXPECT_NEAR(q.alpha().grad.data<float>()[0], 3.0f, 1e-6);
   auto p = q.export_params();
-  EXPECT_EQ(p.dtype, quant::QuantDType::kS8);
+  EXPECT_EQ(p.dtype, DType::kInt8);
   EXPECT_FLOAT_EQ(p.scale.at(0), 1.0f / 127);
   EXPECT_EQ(p.zero_point.at(0), 0);
 }
@@ -53,7 +53,7 @@ TEST(QuanterPACT, UnsignedForNeverNegativeInputs) {
   expect_near(values(dx[0]), {0, 1, 0});
   EXPECT_NEAR(q.alpha().grad.data<float>()[0], 1.0f, 1e-6);  // the lower bound 0 does not move with alpha
   auto p = q.export_params();
-  EXPECT_EQ(p.dtype, quant::QuantDType::kU8);
+  EXPECT_EQ(p.dtype, DType::kUInt8);
   EXPECT_FLOAT_EQ(p.scale.at(0), 2.0f / 255);
 }
 
@@ -99,7 +99,7 @@ TEST(QuanterActLSQplus, AsymmetricForwardAndGradients) {
   const double s = 4.0 / 255;
   EXPECT_NEAR(q.scale().value.data<float>()[0], s, 1e-9);
   auto p = q.export_params();
-  EXPECT_EQ(p.dtype, quant::QuantDType::kU8);
+  EXPECT_EQ(p.dtype, DType::kUInt8);
   EXPECT_EQ(p.zero_point.at(0), 64);
   // u = x/s + 64: -2 -> -63.5 (below, 0); 0 -> 64; 1 -> 127.75 -> 128; 5 -> 382.75 (above, 255).
   auto y = q.forward({vec({1, 4}, {-2.0f, 0.0f, 1.0f, 5.0f})}, true);
@@ -126,7 +126,7 @@ TEST(QuanterMovingAbsMax, MovingAverageInTrainingFrozenInEval) {
   q.forward({vec({1}, {100.0f})}, false);  // evaluation does not move the threshold
   EXPECT_NEAR(q.threshold(), t, 1e-5);
   auto p = q.export_params();
-  EXPECT_EQ(p.dtype, quant::QuantDType::kS8);
+  EXPECT_EQ(p.dtype, DType::kInt8);
   EXPECT_NEAR(p.scale.at(0), s, 1e-7);
 }
 

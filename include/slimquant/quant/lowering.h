@@ -14,19 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "slimquant/core/quant_param.h"
 #include "slimquant/ir/graph.h"
 #include "slimquant/runtime/session.h"
 
 namespace slimquant::quant {
-
-// Quantization parameters of one value, as a QuantizeLinear / DequantizeLinear states them.
-struct QuantParam {
-  std::vector<float> scale;         // one value = per tensor
-  std::vector<int32_t> zero_point;  // as many as scale
-  int64_t axis = 1;                 // normalised per-channel axis (meaningful when scale.size() > 1)
-  DType dtype = DType::kUndefined;  // uint8 / int8 (int32 for a quantized bias)
-  bool per_tensor() const { return scale.size() == 1; }
-};
 
 enum class LoweredOp { kConv, kGemm, kMatMul };
 const char* lowered_op_type(LoweredOp op);  // "QConv", "QGemm", "QMatMul"
@@ -47,7 +39,7 @@ struct QdqGroup {
   int q_output = -1;           // the QuantizeLinear ending the group, or -1 (float32 output)
   std::string x_q, w_q;        // the integer values the fused node reads
   std::string output;          // the value it writes: Q's output, or the last float value of the group
-  QuantParam x, w, y;          // y is empty (no scale) for a float32 output
+  QuantParam x, w, y;          // as read_qdq_params gives them; y is empty (no scale) for a float32 output
   bool quantized_bias = false; // the bias is DequantizeLinear(int32 constant): the action makes it float
   bool runtime_weight = false; // MatMul of two activations: w_q is a run-time s8 tensor (per tensor)
 };

@@ -7,7 +7,7 @@
 // Typical use (PTQ):
 //   auto obs = make_activation_observer("KL");
 //   for (batch : calibration set) obs->observe(activation_of(batch));
-//   QuantParams p = obs->params(obs->seen_negative() ? QuantScheme::kSymmetric
+//   QuantParam p = obs->params(obs->seen_negative() ? QuantScheme::kSymmetric
 //                                                    : QuantScheme::kUnsignedZeroPoint0);
 #include <algorithm>
 #include <cstdint>
@@ -17,11 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "slimquant/core/quant_param.h"
 #include "slimquant/core/tensor.h"
 
 namespace slimquant::quant {
-
-enum class QuantDType { kS8, kU8 };
 
 // How a clipping range becomes scale / zero point (params_from_range below). Every scheme first
 // widens the range to include 0 so that 0 (padding, ReLU) is represented exactly.
@@ -34,13 +33,9 @@ enum class QuantScheme {
 };
 const char* scheme_name(QuantScheme s);  // "symmetric", "unsigned_zp0", "asymmetric"
 
-struct QuantParams {
-  QuantDType dtype = QuantDType::kS8;
-  std::vector<float> scale;         // one per tensor, or one per channel along `axis`
-  std::vector<int32_t> zero_point;  // same length as scale
-  int64_t axis = -1;                // -1: per tensor; otherwise the channel axis (non-negative)
-  int bits = 8;                     // < 8: a symmetric grid within +-(2^(bits-1) - 1) (weights)
-};
+// Observers give slimquant::QuantParam (core/quant_param.h): dtype kInt8 or kUInt8, axis
+// kPerTensor or the (non-negative) channel axis, bits < 8 for a narrower symmetric weight grid.
+using slimquant::QuantParam;
 
 // The clipping range an observer chose, in real units (for reports, plots and params).
 struct ClipRange {
@@ -55,7 +50,7 @@ inline constexpr float kMinScale = 1e-8f;
 // Per-tensor parameters of `range` under `scheme`. kUnsignedZeroPoint0 fails (kInvalidArgument)
 // when lo < 0: it cannot represent negative values.
 // `bits` < 8 uses fewer levels of the same type: kSymmetric scale = T / (2^(bits-1) - 1).
-QuantParams params_from_range(ClipRange range, QuantScheme scheme, int bits = 8);
+QuantParam params_from_range(ClipRange range, QuantScheme scheme, int bits = 8);
 
 struct ObserverOptions {
   // hist: the fraction of |x| values kept below the threshold.
@@ -99,7 +94,7 @@ class Observer {
   virtual ClipRange range() const;
   // Quantization parameters under `scheme`. Threshold searches (KL, mse, emd) depend on the
   // scheme's number of levels, so they are run for the scheme asked for.
-  virtual QuantParams params(QuantScheme scheme) const;
+  virtual QuantParam params(QuantScheme scheme) const;
 
   bool seen_negative() const { return min_ < 0.0f; }
   // kSymmetric when negatives were seen, else kUnsignedZeroPoint0.

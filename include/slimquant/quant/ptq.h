@@ -68,10 +68,10 @@ class PTQ {
   // Activation tensors observed, their observers and the parameters convert() uses.
   std::vector<std::string> observed_tensors() const;
   const Observer& activation_observer(const std::string& tensor) const;
-  QuantParams activation_params(const std::string& tensor) const;
+  QuantParam activation_params(const std::string& tensor) const;
   // Per-channel parameters and observer of a layer's weight (layer must have one); `weight`
   // replaces the model's weight tensor when given (same shape).
-  QuantParams weight_params(const Layer& layer, const Tensor* weight = nullptr) const;
+  QuantParam weight_params(const Layer& layer, const Tensor* weight = nullptr) const;
   std::unique_ptr<Observer> weight_observer(const Layer& layer, const Tensor* weight = nullptr) const;
 
   // Channel-wise convolution inputs. A convolution's input quantized with one scale per channel
@@ -101,7 +101,7 @@ class PTQ {
   std::map<std::string, std::vector<float>> channel_abs_max_;     // conv inputs: max |x| per channel
   bool channel_wise_conv_inputs_ = false;
   void rewrite_channel_wise_conv_inputs(ir::Graph& qdq, const std::vector<const Layer*>& chosen,
-                                        const std::map<std::string, QuantParams>& act) const;
+                                        const std::map<std::string, QuantParam>& act) const;
   std::unique_ptr<runtime::Session> session_;
   size_t batches_ = 0;
   std::string fingerprint_;

@@ -56,7 +56,7 @@ class Quanter : public TrainOp {
   // The QuantizeLinear / DequantizeLinear parameters the export writes: per tensor for
   // activations, per channel (along the init's channel axis) for weights. Throws kInvalidData
   // before the quanter has seen data when it initialises lazily.
-  virtual quant::QuantParams export_params() const = 0;
+  virtual QuantParam export_params() const = 0;
   // Non-trainable state a checkpoint must keep (moving averages), by short name.
   virtual std::vector<std::pair<std::string, Tensor*>> buffers() { return {}; }
   // Weight quanters whose scale follows the weights (abs_max) recompute it from the final weights
@@ -91,7 +91,7 @@ class PACTQuanter : public Quanter {
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs, bool training) override;
   std::vector<Tensor> backward(const std::vector<Tensor>& grad_outputs) override;
   std::vector<Parameter*> parameters() override { return {&alpha_}; }
-  quant::QuantParams export_params() const override;
+  QuantParam export_params() const override;
   Parameter& alpha() { return alpha_; }
   bool is_signed() const { return signed_; }
 
@@ -108,7 +108,7 @@ class WeightLSQplusQuanter : public Quanter {
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs, bool training) override;
   std::vector<Tensor> backward(const std::vector<Tensor>& grad_outputs) override;
   std::vector<Parameter*> parameters() override { return {&scale_}; }
-  quant::QuantParams export_params() const override;
+  QuantParam export_params() const override;
   Parameter& scale() { return scale_; }
 
  private:
@@ -127,7 +127,7 @@ class ActLSQplusQuanter : public Quanter {
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs, bool training) override;
   std::vector<Tensor> backward(const std::vector<Tensor>& grad_outputs) override;
   std::vector<Parameter*> parameters() override { return {&scale_, &beta_}; }
-  quant::QuantParams export_params() const override;
+  QuantParam export_params() const override;
   Parameter& scale() { return scale_; }
   Parameter& beta() { return beta_; }
 
@@ -145,7 +145,7 @@ class MovingAbsMaxQuanter : public Quanter {
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs, bool training) override;
   std::vector<Tensor> backward(const std::vector<Tensor>& grad_outputs) override;
   std::vector<std::pair<std::string, Tensor*>> buffers() override { return {{"accum", &accum_}, {"state", &state_}}; }
-  quant::QuantParams export_params() const override;
+  QuantParam export_params() const override;
   float threshold() const;
 
  private:
@@ -161,7 +161,7 @@ class AbsMaxWeightQuanter : public Quanter {
   std::string name() const override { return "abs_max"; }
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs, bool training) override;
   std::vector<Tensor> backward(const std::vector<Tensor>& grad_outputs) override;
-  quant::QuantParams export_params() const override;
+  QuantParam export_params() const override;
   void observe_final(const Tensor& value) override { scales_ = channel_scales(value); }
 
  private:

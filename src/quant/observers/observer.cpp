@@ -62,44 +62,37 @@ ScanResult scan_min_max(const float* p, int64_t n) {
   return ScanResult{lo, hi, !std::isnan(check)};
 }
 
-AffineGrid affine_grid(double lo, double hi, QuantScheme scheme, int bits) {
+QuantParam affine_grid(double lo, double hi, QuantScheme scheme, int bits) {
   const int32_t sym_max = (1 << (bits - 1)) - 1;  // 127 for 8 bits
   lo = std::min(lo, 0.0);
   hi = std::max(hi, 0.0);
-  AffineGrid g{};
+  float scale = 0.f;
+  int32_t zero_point = 0;
+  DType dtype = DType::kInt8;
   switch (scheme) {
     case QuantScheme::kSymmetric: {
-      g.dtype = QuantDType::kS8;
-      g.scale = static_cast<float>(std::max(-lo, hi) / sym_max);
-      g.zero_point = 0;
+      scale = static_cast<float>(std::max(-lo, hi) / sym_max);
       break;
     }
     case QuantScheme::kUnsignedZeroPoint0: {
-      g.dtype = QuantDType::kU8;
-      g.scale = static_cast<float>(hi / 255.0);
-      g.zero_point = 0;
+      dtype = DType::kUInt8;
+      scale = static_cast<float>(hi / 255.0);
       break;
     }
     case QuantScheme::kAsymmetric: {
-      g.dtype = QuantDType::kU8;
-      g.scale = std::max(static_cast<float>((hi - lo) / 255.0), kMinScale);
-      const double zp = std::nearbyint(-lo / static_cast<double>(g.scale));
-      g.zero_point = static_cast<int32_t>(std::clamp(zp, 0.0, 255.0));
+      dtype = DType::kUInt8;
+      scale = std::max(static_cast<float>((hi - lo) / 255.0), kMinScale);
+      const double zp = std::nearbyint(-lo / static_cast<double>(scale));
+      zero_point = static_cast<int32_t>(std::clamp(zp, 0.0, 255.0));
       break;
     }
   }
-  g.scale = std::max(g.scale, kMinScale);
-  // 8-bit s8 keeps -128 (activations); fewer bits are a symmetric grid (weights).
-  const int32_t qmin = g.dtype == QuantDType::kS8 ? (bits == 8 ? -128 : -sym_max) : 0;
-  const int32_t qmax = g.dtype == QuantDType::kS8 ? sym_max : 255;
-  g.kmin = qmin - g.zero_point;
-  g.kmax = qmax - g.zero_point;
-  return g;
+  return QuantParam{dtype, {std::max(scale, kMinScale)}, {zero_point}, QuantParam::kPerTensor, bits};
 }
 
 }  // namespace detail
 
-QuantParams params_from_range(ClipRange range, QuantScheme scheme, int bits) {
+QuantParam params_from_range(ClipRange range, QuantScheme scheme, int bits) {
   SQ_CHECK(bits >= 2 && bits <= 8, ErrorKind::kInvalidArgument,
            "params_from_range: bits must be in [2, 8] (got " + std::to_string(bits) + ")");
   SQ_CHECK(std::isfinite(range.lo) && std::isfinite(range.hi) && range.lo <= range.hi,
@@ -110,8 +103,7 @@ QuantParams params_from_range(ClipRange range, QuantScheme scheme, int bits) {
            ErrorKind::kInvalidArgument,
            "params_from_range: scheme unsigned_zp0 cannot represent negative values (range starts "
            "at " + std::to_string(range.lo) + ")");
-  const detail::AffineGrid g = detail::affine_grid(range.lo, range.hi, scheme, bits);
-  return QuantParams{g.dtype, {g.scale}, {g.zero_point}, -1, bits};
+  return detail::affine_grid(range.lo, range.hi, scheme, bits);
 }
 
 std::vector<double> search_fractions(int steps, double min_fraction) {
@@ -219,7 +211,7 @@ ClipRange Observer::range() const {
   return clip_range(default_scheme());
 }
 
-QuantParams Observer::params(QuantScheme scheme) const {
+QuantParam Observer::params(QuantScheme scheme) const {
   check_usable(scheme);
   return params_from_range(clip_range(scheme), scheme, bits_);
 }

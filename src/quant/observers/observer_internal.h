@@ -49,18 +49,14 @@ void read_vector(std::istream& in, std::vector<T>& v, size_t expected_size) {
   SQ_CHECK(in.good() || n == 0, ErrorKind::kInvalidData, "calibration cache is truncated");
 }
 
-// The integer grid a scheme quantizes onto: x_hat = k * scale for k in [kmin, kmax], where
-// k = clamp(round(x / scale), kmin, kmax) (kmin = qmin - zero_point, kmax = qmax - zero_point),
-// exactly what QuantizeLinear followed by DequantizeLinear computes.
-struct AffineGrid {
-  float scale;
-  int32_t zero_point;
-  QuantDType dtype;
-  int32_t kmin, kmax;
-};
+// The per-tensor grid a scheme quantizes [lo, hi] onto: x_hat = k * scale for k in [kmin, kmax],
+// k = clamp(round(x / scale), kmin, kmax) with kmin = qmin() - zero_point, kmax = qmax() - zero_point
+// (grid_kmin / grid_kmax), exactly what QuantizeLinear followed by DequantizeLinear computes.
 // No checks: callers make sure kUnsignedZeroPoint0 only sees lo >= 0.
 // bits < 8: kSymmetric uses [-(2^(bits-1) - 1), 2^(bits-1) - 1] (weights only).
-AffineGrid affine_grid(double lo, double hi, QuantScheme scheme, int bits = 8);
+QuantParam affine_grid(double lo, double hi, QuantScheme scheme, int bits = 8);
+inline int32_t grid_kmin(const QuantParam& g) { return g.qmin() - g.zero_point[0]; }
+inline int32_t grid_kmax(const QuantParam& g) { return g.qmax() - g.zero_point[0]; }
 
 // Histogram whose range is a power of two R strictly above every |x| added: kAbs bins |x| over
 // [0, R), kSigned bins x over [-R, R) (bins even). Exact zeros are counted apart (zeros()), never

@@ -113,12 +113,13 @@ class SearchObserver final : public Observer {
     for (auto f = fractions_.rbegin(); f != fractions_.rend(); ++f) {
       const double t = *f * abs_max;
       const ClipRange r = clip_to_observed(t);
-      const AffineGrid g = affine_grid(r.lo, r.hi, scheme);
-      const double s = g.scale;
+      const QuantParam g = affine_grid(r.lo, r.hi, scheme);
+      const double s = g.scale[0];
+      const int32_t kmin = grid_kmin(g), kmax = grid_kmax(g);
       double sq_err = 0.0, sum_q = 0.0, sum_q2 = 0.0;
       Moments prev;
-      for (int32_t k = g.kmin; k <= g.kmax; ++k) {
-        const Moments cur = k == g.kmax ? all : moments.below((k + 0.5) * s);
+      for (int32_t k = kmin; k <= kmax; ++k) {
+        const Moments cur = k == kmax ? all : moments.below((k + 0.5) * s);
         const Moments cell = cur - prev;
         prev = cur;
         if (cell.m0 == 0.0) continue;

@@ -32,19 +32,19 @@ class ChannelWiseObserver : public Observer {
       : Observer(/*accumulate=*/false, o.weight_bits), requested_axis_(o.channel_axis) {}
   std::string name() const override { return "channel_wise_abs_max"; }
 
-  QuantParams params(QuantScheme scheme) const override {
+  QuantParam params(QuantScheme scheme) const override {
     check_usable(scheme);
     const std::vector<ClipRange> ranges = channel_ranges(scheme);
-    QuantParams p;
+    QuantParam p;
     p.axis = axis_;
     p.bits = bits_;
     p.scale.reserve(ranges.size());
     p.zero_point.reserve(ranges.size());
     for (const ClipRange& r : ranges) {
-      const AffineGrid g = affine_grid(r.lo, r.hi, scheme, bits_);
+      const QuantParam g = affine_grid(r.lo, r.hi, scheme, bits_);
       p.dtype = g.dtype;
-      p.scale.push_back(g.scale);
-      p.zero_point.push_back(g.zero_point);
+      p.scale.push_back(g.scale[0]);
+      p.zero_point.push_back(g.zero_point[0]);
     }
     return p;
   }
@@ -100,16 +100,14 @@ class ChannelWiseObserver : public Observer {
   std::vector<float> mins_, maxs_;
 };
 
-// Sum of (x - x_hat)^2 over n values for the grid g, x_hat = clamp(round(x / s), kmin, kmax) * s
-// with round half to even (as QuantizeLinear). Lanes of float partial sums, flushed to double
-// every block, keep it vectorised and accurate.
-double squared_error(const float* x, int64_t n, const AffineGrid& g) {
-  // Adding then subtracting 1.5 * 2^23 rounds a float of magnitude < 2^22 to the nearest integer,
-  // ties to even, with plain SSE2 arithmetic (std::nearbyint does not vectorise without SSE4.1).
-  constexpr float kRound = 12582912.0f;
+// Sum of (x - x_hat)^2 over n values (finite: observers reject NaN / Inf) for the grid g,
+// x_hat = clamp(round(x / s), kmin, kmax) * s with round half to even (quant_math, as
+// QuantizeLinear). Lanes of float partial sums, flushed to double every block, keep it vectorised
+// and accurate.
+double squared_error(const float* x, int64_t n, const QuantParam& g) {
   constexpr int64_t kLanes = 16, kBlock = 1024;
-  const float s = g.scale;
-  const float kmin = static_cast<float>(g.kmin), kmax = static_cast<float>(g.kmax);
+  const float s = g.scale[0];
+  const float kmin = static_cast<float>(grid_kmin(g)), kmax = static_cast<float>(grid_kmax(g));
   double total = 0.0;
   for (int64_t b = 0; b < n; b += kBlock) {
     const int64_t end = std::min(n, b + kBlock);
@@ -118,16 +116,14 @@ double squared_error(const float* x, int64_t n, const AffineGrid& g) {
     for (; i + kLanes <= end; i += kLanes) {
       for (int64_t l = 0; l < kLanes; ++l) {
         const float v = x[i + l];
-        float k = std::min(std::max(v / s, kmin), kmax);
-        k = (k + kRound) - kRound;
+        const float k = quant_math::quantize_offset(v, s, kmin, kmax);
         const float d = v - k * s;
         acc[l] += d * d;
       }
     }
     for (int64_t l = 0; i < end; ++i, ++l) {
       const float v = x[i];
-      float k = std::min(std::max(v / s, kmin), kmax);
-      k = (k + kRound) - kRound;
+      const float k = quant_math::quantize_offset(v, s, kmin, kmax);
       const float d = v - k * s;
       acc[l] += d * d;
     }

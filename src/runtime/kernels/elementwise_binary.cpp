@@ -71,7 +71,7 @@ void broadcast_binary_quantized(const Tensor& a, const Tensor& b, Tensor& out, c
       if (row.size() < static_cast<size_t>(n)) row.resize(static_cast<size_t>(n));
       binary_row(pa + off[0], sa, pb + off[1], sb, row.data(), n, op);
       if (act) apply_activation(act, row.data(), n);
-      quantize_floats(row.data(), n, q.scale, q.zero_point, q.type, po + o);
+      quantize_floats(row.data(), n, q.scale[0], q.zero_point[0], q.dtype, po + o);
     });
     return;
   }
@@ -83,7 +83,7 @@ void broadcast_binary_quantized(const Tensor& a, const Tensor& b, Tensor& out, c
     if (act) apply_activation(act, v + o, n);
   });
   parallel_range(p.numel, [&](int64_t begin, int64_t end) {
-    quantize_floats(v + begin, end - begin, q.scale, q.zero_point, q.type, po + begin);
+    quantize_floats(v + begin, end - begin, q.scale[0], q.zero_point[0], q.dtype, po + begin);
   });
 }
 
@@ -303,7 +303,7 @@ class BinaryKernel final : public Kernel {
     }
     if (quantize_ && a.dtype() == DType::kFloat32) {
       if constexpr (Op::template kAccepts<float> && std::is_same_v<typename Op::template Out<float>, float>) {
-        Tensor& out = ctx.allocate_output(0, quantize_->type, out_shape);
+        Tensor& out = ctx.allocate_output(0, quantize_->dtype, out_shape);
         broadcast_binary_quantized(a, b, out, op_, act_, *quantize_, who);
         return;
       }
@@ -322,11 +322,11 @@ class BinaryKernel final : public Kernel {
         // Other input types (an int32 sum before a QuantizeLinear): the op, then the Q as it was.
         Tensor result(dtype_of<O>, out_shape);
         broadcast_binary<T, T, O>(a, b, result, op_, act_, who);
-        Tensor zero_point(quantize_->type, {});
-        if (quantize_->type == DType::kUInt8) zero_point.data<uint8_t>()[0] = static_cast<uint8_t>(quantize_->zero_point);
-        else zero_point.data<int8_t>()[0] = static_cast<int8_t>(quantize_->zero_point);
-        Tensor& out = ctx.allocate_output(0, quantize_->type, out_shape);
-        quantize_linear(result, Tensor::scalar<float>(quantize_->scale), &zero_point, 1, out, who);
+        Tensor zero_point(quantize_->dtype, {});
+        if (quantize_->dtype == DType::kUInt8) zero_point.data<uint8_t>()[0] = static_cast<uint8_t>(quantize_->zero_point[0]);
+        else zero_point.data<int8_t>()[0] = static_cast<int8_t>(quantize_->zero_point[0]);
+        Tensor& out = ctx.allocate_output(0, quantize_->dtype, out_shape);
+        quantize_linear(result, Tensor::scalar<float>(quantize_->scale[0]), &zero_point, 1, out, who);
       } else {
         fail_dtype(node_, a.dtype());
       }

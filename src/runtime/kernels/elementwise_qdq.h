@@ -1,13 +1,7 @@
 #pragma once
-// QuantizeLinear / DequantizeLinear arithmetic, callable outside the kernels (observers, QAT
-// fake quantization, lowering tests) so every part of slimquant rounds the same way.
-//
-//   quantize:     q = saturate(round_half_even(x / scale) + zero_point)      (x / scale in float)
-//   dequantize:   y = float(q - zero_point) * scale
-//   fake quant:   y = dequantize(quantize(x)), bit-identical to running the two ops
-//
-// Division (not multiplication by 1/scale) and ties-to-even match the ONNX reference and ONNX
-// Runtime's MLAS kernels bit for bit. NaN inputs quantize to the lowest code, as in MLAS.
+// QuantizeLinear / DequantizeLinear over tensors, callable outside the kernels (analysis, lowering
+// tests), with the per-value arithmetic of slimquant/core/quant_param.h (quant_math):
+//   quantize: q = saturate(round_half_even(x / scale) + zero_point); dequantize: float(q - zp) * scale.
 // Scale and zero point: one element (per tensor) or a 1-D tensor of x.dim(axis) elements
 // (per axis); zero point dtype = quantized dtype (uint8, int8, uint16, int16; int32 for
 // dequantize, where it must be 0).
@@ -16,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "slimquant/core/quant_param.h"
 #include "slimquant/core/tensor.h"
 #include "slimquant/ir/graph.h"
 
@@ -42,11 +37,8 @@ void quantize_floats(const float* x, int64_t n, float scale, int32_t zero_point,
 inline constexpr const char* kFoldedQuantizeScale = "folded_quantize_scale";            // float
 inline constexpr const char* kFoldedQuantizeZeroPoint = "folded_quantize_zero_point";  // int
 inline constexpr const char* kFoldedQuantizeType = "folded_quantize_type";              // int: ONNX type, 2 u8 / 3 s8
-struct FoldedQuantize {
-  float scale = 1.f;
-  int32_t zero_point = 0;
-  DType type = DType::kUInt8;
-};
+// Per tensor (one scale and zero point), dtype uint8 or int8.
+struct FoldedQuantize : QuantParam {};
 // The node's folded QuantizeLinear, if any (kInvalidModel naming the node for bad attributes).
 std::optional<FoldedQuantize> folded_quantize(const ir::Node& node);
 

@@ -469,17 +469,12 @@ void PrimitivePlan::run(const void* x, void* y, const void* w, const void* sum) 
 }
 
 namespace {
-// Saturation before rounding (rounding is monotone and the bounds are integers, so this equals
-// saturate-after-round), then round half to even with the add-magic trick. Vectorises.
+// Saturation before rounding, then round half to even (quant_math::saturate_round; NaN gives lo).
+// Vectorises.
 template <typename T>
 void requantize_typed(const float* __restrict v, T* __restrict y, int64_t n, float lo, float hi) {
-  constexpr float kRoundMagic = 12582912.f;  // 1.5 * 2^23: (c + m) - m rounds |c| < 2^22 half to even
 #pragma omp parallel for if (n > (int64_t{1} << 16)) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    float c = v[i] > lo ? v[i] : lo;  // also maps NaN to lo
-    c = c < hi ? c : hi;
-    y[i] = static_cast<T>(static_cast<int32_t>((c + kRoundMagic) - kRoundMagic));
-  }
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(static_cast<int32_t>(quant_math::saturate_round(v[i], lo, hi)));
 }
 }  // namespace
 

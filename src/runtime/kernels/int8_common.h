@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "runtime/dnnl_context.h"
+#include "slimquant/core/quant_param.h"
 #include "slimquant/ir/graph.h"
 #include "slimquant/runtime/kernel.h"
 

@@ -47,6 +47,15 @@ using dnnl_kernels::WindowAttrs;
 // (the kF32 fallback: a sum post-op into float32, then the same scaling and the dst reorder).
 enum ConvInput : size_t { kX = 0, kW = 1, kB = 2, kSum = 3 };
 
+// y's type and per-tensor parameters as q states them (dtype kFloat32 for a float32 output).
+QuantParam output_param(const QLinearAttrs& q) {
+  QuantParam y;
+  y.dtype = q.y_type;
+  y.scale = {q.y_scale};
+  y.zero_point = {q.y_zero_point};
+  return y;
+}
+
 struct ConvPlan {
   PrimitivePlan prim;
   ConvProblem problem;
@@ -65,12 +74,12 @@ class QConvKernel final : public Kernel {
       fail(ErrorKind::kUnsupported, node_.describe() + ": a fused residual addend with a per-channel quantized "
                                                        "output (y_channel_scale)");
     if (has_sum && q_.quantized_output()) {
-      output_ = {q_.y_type, q_.y_scale, q_.y_zero_point};
+      output_ = output_param(q_);
       q_.y_type = DType::kFloat32;
       q_.y_scale = 1.f;
       q_.y_zero_point = 0;
     } else {
-      output_ = {q_.y_type, q_.y_scale, q_.y_zero_point};
+      output_ = output_param(q_);
     }
     window_ = WindowAttrs::parse(node_);
     group_ = node_.attr_int("group", 1);
@@ -129,7 +138,7 @@ class QConvKernel final : public Kernel {
     ConvPlan& p = plans_.get(
         x.shape(), x.dtype(), [&] { return make_plan(x.shape(), x.dtype(), x_layout, out_blocked, sum, sum_layout); },
         tag);
-    Tensor& y = ctx.allocate_output(0, output_.type, p.prim.out_shape);
+    Tensor& y = ctx.allocate_output(0, output_.dtype, p.prim.out_shape);
     if (y.numel() == 0) return;
     if (p.reference) {
       const Tensor xp = x_layout ? dnnl_kernels::to_plain(x, *x_layout) : x;
@@ -170,16 +179,17 @@ class QConvKernel final : public Kernel {
   }
 
   // A quantized output after a fused residual Add (see kSum).
-  bool requantizes_sum() const { return output_.type != q_.y_type; }
+  bool requantizes_sum() const { return output_.dtype != q_.y_type; }
 
   // y_q = saturate(round_half_even(v / s_y) + z_y): the folded QuantizeLinear on the reference path.
   void quantize_reference(const Tensor& v, Tensor& y) const {
-    const float lo = output_.type == DType::kUInt8 ? 0.f : -128.f, hi = output_.type == DType::kUInt8 ? 255.f : 127.f;
+    const int32_t lo = output_.qmin(), hi = output_.qmax(), z = output_.zero_point[0];
+    const float s = output_.scale[0];
     const float* in = v.data<float>();
+    // NaN gives the low end, as the primitives' conversion saturates it.
     for (int64_t i = 0; i < v.numel(); ++i) {
-      float q = std::clamp(std::nearbyint(in[i] / output_.scale) + static_cast<float>(output_.zero_point), lo, hi);
-      if (std::isnan(q)) q = lo;  // as the primitives' conversion saturates NaN to the low end
-      if (output_.type == DType::kUInt8) y.data<uint8_t>()[i] = static_cast<uint8_t>(q);
+      const int32_t q = quant_math::quantize(in[i], s, z, lo, hi);
+      if (output_.dtype == DType::kUInt8) y.data<uint8_t>()[i] = static_cast<uint8_t>(q);
       else y.data<int8_t>()[i] = static_cast<int8_t>(q);
     }
   }
@@ -224,7 +234,7 @@ class QConvKernel final : public Kernel {
     p.problem = {xs[0], c, m, group_, Shape(xs.begin() + 2, xs.end()), Shape(g.out.begin(), g.out.end()), kernel,
                  a.strides, a.dilations, Shape(g.pad_begin.begin(), g.pad_begin.end())};
     p.prim.src_user = x_layout ? x_layout->desc : plain_md(xs, dnnl_type(x_type));
-    p.prim.dst_user = plain_md(p.prim.out_shape, dnnl_type(output_.type));
+    p.prim.dst_user = plain_md(p.prim.out_shape, dnnl_type(output_.dtype));
 
     // Completes p with an int8 or f32 primitive; false when oneDNN has none (or, for int8, only its
     // reference implementation, orders of magnitude slower).
@@ -239,7 +249,7 @@ class QConvKernel final : public Kernel {
       PrimitiveWeights& pw = !int8 ? f32_ : (x_type == DType::kInt8 && int8_s8_src_) ? *int8_s8_src_ : int8_;
       const auto any = memory::format_tag::any;
       const memory::desc src_md(to_dnnl_dims(xs), int8 ? dnnl_type(x_type) : dt::f32, any);
-      const memory::desc dst_md(to_dnnl_dims(p.prim.out_shape), int8 ? dnnl_type(output_.type) : dt::f32, any);
+      const memory::desc dst_md(to_dnnl_dims(p.prim.out_shape), int8 ? dnnl_type(output_.dtype) : dt::f32, any);
       const memory::desc wei_md = weights_md(int8 ? dt::s8 : dt::f32, any);
       dnnl::primitive_attr attr;
       if (int8) {
@@ -272,8 +282,8 @@ class QConvKernel final : public Kernel {
         // To the output's units; the dst conversion (int8 primitive or kF32's dst reorder) rounds
         // half to even and saturates.
         if (requantizes_sum())
-          ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / output_.scale,
-                             static_cast<float>(output_.zero_point));
+          ops.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, 1.f / output_.scale[0],
+                             static_cast<float>(output_.zero_point[0]));
         attr.set_post_ops(ops);
       }
       using cf = dnnl::convolution_forward;
@@ -295,8 +305,8 @@ class QConvKernel final : public Kernel {
         if (int8 && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return false;
         // y in the primitive's layout (as y's dtype) when readers take it: no dst layout reorder.
         const Layout chosen{pd.dst_desc()};
-        p.out_layout = dnnl_kernels::output_layout_for(dnnl_kernels::retyped_layout(chosen, output_.type)->desc,
-                                                       p.prim.out_shape, output_.type, out_blocked);
+        p.out_layout = dnnl_kernels::output_layout_for(dnnl_kernels::retyped_layout(chosen, output_.dtype)->desc,
+                                                       p.prim.out_shape, output_.dtype, out_blocked);
         if (p.out_layout) p.prim.dst_user = p.out_layout->desc;
         p.prim.finish<cf::primitive_desc, cf>(pd, pw.weights.get(pd.weights_desc()), pw.bias_mem, q_.x_zero_point,
                                               int8 ? PrimitivePlan::ZeroPointAt::kPrimitive
@@ -327,11 +337,9 @@ class QConvKernel final : public Kernel {
 
   const ir::Node node_;
   QLinearAttrs q_;  // what the convolution computes (real units when requantizes_sum())
-  struct Output {
-    DType type;
-    float scale;
-    int32_t zero_point;
-  } output_{};  // y's type and quantization (q_'s, or the folded QuantizeLinear's)
+  // y's type and per-tensor quantization (q_'s, or the folded QuantizeLinear's); dtype kFloat32 for
+  // a float32 output.
+  QuantParam output_;
   Compute compute_ = Compute::kInt8;
   WindowAttrs window_;
   int64_t group_ = 1;

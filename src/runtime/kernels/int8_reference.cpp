@@ -47,11 +47,11 @@ void OutputStage::store(int64_t acc, int64_t c, void* y, int64_t index) const {
     static_cast<float*>(y)[index] = v;
     return;
   }
-  const float lo = q.y_type == DType::kUInt8 ? 0.f : -128.f, hi = q.y_type == DType::kUInt8 ? 255.f : 127.f;
-  const float rounded = std::nearbyint(v) + static_cast<float>(q.y_zero_point);  // default FE_TONEAREST: half to even
-  const float sat = std::min(std::max(rounded, lo), hi);
-  if (q.y_type == DType::kUInt8) static_cast<uint8_t*>(y)[index] = static_cast<uint8_t>(sat);
-  else static_cast<int8_t*>(y)[index] = static_cast<int8_t>(sat);
+  const int32_t z = q.y_zero_point;
+  const float lo = static_cast<float>(qmin_of(q.y_type) - z), hi = static_cast<float>(qmax_of(q.y_type) - z);
+  const int32_t code = static_cast<int32_t>(quant_math::saturate_round(v, lo, hi)) + z;  // half to even
+  if (q.y_type == DType::kUInt8) static_cast<uint8_t*>(y)[index] = static_cast<uint8_t>(code);
+  else static_cast<int8_t*>(y)[index] = static_cast<int8_t>(code);
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "runtime/kernels/cpu_clones.h"
+#include "slimquant/core/quant_param.h"
 
 namespace slimquant::runtime::integer {
 
@@ -89,16 +90,11 @@ void widen(const Q* src, int64_t n, int32_t zero_point, int16_t* dst) {
 
 namespace {
 
-constexpr float kRoundMagic = 12582912.f;  // 1.5 * 2^23: (v + m) - m rounds |v| < 2^22 half to even
-
-// Saturation happens before rounding, on v against [qmin - z, qmax - z]: rounding is monotone and
-// the bounds are integers, so this equals saturate-after-round and keeps v in the magic's range.
-// NaN (a zero y_scale) goes to lo, as in MLAS.
+// quant_math::saturate_round on v against [qmin - z, qmax - z], then + z. NaN (a zero y_scale)
+// goes to lo, as in MLAS.
 template <typename Y>
 inline Y requantize_one(float v, float lo, float hi, int32_t zero_point) {
-  v = v > lo ? v : lo;
-  v = v < hi ? v : hi;
-  return static_cast<Y>(static_cast<int32_t>((v + kRoundMagic) - kRoundMagic) + zero_point);
+  return static_cast<Y>(static_cast<int32_t>(quant_math::saturate_round(v, lo, hi)) + zero_point);
 }
 
 template <typename Y>

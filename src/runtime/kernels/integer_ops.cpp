@@ -726,8 +726,7 @@ class DynamicQuantizeLinearKernel final : public Kernel {
       hi = std::max(hi, xd[i]);
     }
     const float scale = hi == lo ? 1.f : (hi - lo) / 255.f;
-    float zero_point = 0.f - lo / scale;
-    zero_point = std::nearbyint(zero_point > 0.f ? std::min(zero_point, 255.f) : 0.f);  // NaN (infinite x) -> 0
+    const float zero_point = quant_math::saturate_round(0.f - lo / scale, 0.f, 255.f);  // NaN (infinite x) -> 0
     const Tensor scale_t = Tensor::scalar(scale);
     const Tensor zero_point_t = Tensor::scalar(static_cast<uint8_t>(zero_point));
     Tensor& y = ctx.allocate_output(0, DType::kUInt8, x.shape());

@@ -1,9 +1,7 @@
 // QuantizeLinear / DequantizeLinear (opsets 10 and 13: per tensor, and per axis from 13) and the
-// fused fake-quantization used by simulation. Arithmetic (see elementwise_qdq.h):
+// fused fake-quantization used by simulation, with core/quant_param.h's arithmetic:
 //   q = saturate(round_half_even(x / s) + z)        y = float(q - z) * s
-// Saturation is done before rounding, on v = x / s against [qmin - z, qmax - z]: rounding is
-// monotone and the bounds are integers, so this equals saturate-after-round, keeps v small enough
-// for the exact add-magic rounding, and needs no int overflow care. Every loop vectorises.
+// (saturation before rounding, on v = x / s against [qmin - z, qmax - z]). Every loop vectorises.
 #include "runtime/kernels/elementwise_qdq.h"
 
 #include <cmath>
@@ -20,18 +18,17 @@
 namespace slimquant::runtime {
 namespace {
 
-// x = outer x channels x inner; scale/zero point per channel (channels = 1 per tensor).
-struct QuantParams {
+// The parameters of one call, with x viewed as outer x channels x inner (channels = 1 per tensor).
+struct BlockedParams {
+  QuantParam q;
   int64_t outer = 1, channels = 1, inner = 1;
-  std::vector<float> scale;
-  std::vector<int32_t> zero_point;
 };
 
-QuantParams quant_params(const Tensor& x, const Tensor& scale, const Tensor* zp, int64_t axis,
-                         const std::string& who) {
+BlockedParams quant_params(const Tensor& x, const Tensor& scale, const Tensor* zp, int64_t axis, DType qtype,
+                           const std::string& who) {
   SQ_CHECK(scale.dtype() == DType::kFloat32, ErrorKind::kInvalidArgument,
            who + ": scale must be float32, got " + dtype_name(scale.dtype()));
-  QuantParams p;
+  BlockedParams p;
   if (zp) {
     SQ_CHECK(zp->numel() == scale.numel(), ErrorKind::kInvalidArgument,
              who + ": zero point shape " + shape_str(zp->shape()) + " does not match scale shape " +
@@ -47,23 +44,25 @@ QuantParams quant_params(const Tensor& x, const Tensor& scale, const Tensor* zp,
              who + ": " + std::to_string(scale.dim(0)) + " scales for axis " + std::to_string(ax) + " of size " +
                  std::to_string(x.dim(ax)) + " (input shape " + shape_str(x.shape()) + ")");
     p.channels = x.dim(ax);
+    p.q.axis = ax;
     for (int64_t d = 0; d < ax; ++d) p.outer *= x.dim(d);
     for (int64_t d = ax + 1; d < static_cast<int64_t>(x.rank()); ++d) p.inner *= x.dim(d);
   }
   const float* s = scale.data<float>();
-  p.scale.assign(s, s + p.channels);
-  p.zero_point.assign(static_cast<size_t>(p.channels), 0);
+  p.q.scale.assign(s, s + p.channels);
+  p.q.zero_point.assign(static_cast<size_t>(p.channels), 0);
   if (zp) {
     const std::vector<int64_t> z = zp->to_int64_vector();
-    for (int64_t c = 0; c < p.channels; ++c) p.zero_point[c] = static_cast<int32_t>(z[c]);
+    for (int64_t c = 0; c < p.channels; ++c) p.q.zero_point[c] = static_cast<int32_t>(z[c]);
   }
+  p.q.dtype = qtype;
   return p;
 }
 
 // Runs fn(channel, first_element, count) over the (outer, channel) blocks, in parallel when large.
 // With inner == 1 (axis is the last dim) a "block" is a whole row of channels: fn(-1, start, n).
 template <typename Fn>
-void for_each_block(const QuantParams& p, Fn&& fn) {
+void for_each_block(const BlockedParams& p, Fn&& fn) {
   if (p.inner == 1 && p.channels > 1) {
     ew::parallel_range(p.outer, [&](int64_t o0, int64_t o1) {
       for (int64_t o = o0; o < o1; ++o) fn(int64_t{-1}, o * p.channels, p.channels);
@@ -80,20 +79,13 @@ void for_each_block(const QuantParams& p, Fn&& fn) {
   });
 }
 
-constexpr float kRoundMagic = 12582912.f;  // 1.5 * 2^23: (v + m) - m rounds |v| < 2^22 half to even
-
-// v = x / s clamped to [lo, hi] and rounded; NaN becomes lo (the comparison order makes it so).
-inline float quantize_value(float x, float s, float lo, float hi) {
-  float v = x / s;
-  v = ew::select(v > lo, v, lo);
-  v = ew::select(v < hi, v, hi);
-  return (v + kRoundMagic) - kRoundMagic;
-}
+using quant_math::quantize_offset;  // x / s saturated to [lo, hi] = [qmin - z, qmax - z], rounded
+using quant_math::saturate_round;
 
 template <typename Q>
-constexpr int32_t qmin_of() { return static_cast<int32_t>(std::numeric_limits<Q>::min()); }
+constexpr int32_t lowest_code() { return static_cast<int32_t>(std::numeric_limits<Q>::min()); }
 template <typename Q>
-constexpr int32_t qmax_of() { return static_cast<int32_t>(std::numeric_limits<Q>::max()); }
+constexpr int32_t highest_code() { return static_cast<int32_t>(std::numeric_limits<Q>::max()); }
 
 // The hot loops over one block of one (scale, zero point): compiled for AVX2 and AVX-512 too,
 // where they run several times faster than the baseline's SSE2 (the narrowing float -> int -> 8-bit
@@ -101,11 +93,11 @@ constexpr int32_t qmax_of() { return static_cast<int32_t>(std::numeric_limits<Q>
 template <typename X, typename Q>
 SQ_AVX512_AVX2_CLONES void quantize_span_dividing(const X* x, Q* y, int64_t n, float s, float lo, float hi, int32_t z) {
   for (int64_t i = 0; i < n; ++i)
-    y[i] = static_cast<Q>(static_cast<int32_t>(quantize_value(static_cast<float>(x[i]), s, lo, hi)) + z);
+    y[i] = static_cast<Q>(static_cast<int32_t>(quantize_offset(static_cast<float>(x[i]), s, lo, hi)) + z);
 }
 
 SQ_AVX512_AVX2_CLONES void fake_quantize_span_dividing(const float* x, float* y, int64_t n, float s, float lo, float hi) {
-  for (int64_t i = 0; i < n; ++i) y[i] = quantize_value(x[i], s, lo, hi) * s;
+  for (int64_t i = 0; i < n; ++i) y[i] = quantize_offset(x[i], s, lo, hi) * s;
 }
 
 // x / s exactly as the division rounds it, from r = 1 / s (Markstein's theorem: q = x * r is within
@@ -131,22 +123,16 @@ inline float divide_by_reciprocal(float x, float s, const Reciprocal& rc) {
   return std::fma(std::fma(-q, s, x), rc.r, q);
 }
 
-inline float round_clamped(float v, float lo, float hi) {
-  v = ew::select(v > lo, v, lo);
-  v = ew::select(v < hi, v, hi);
-  return (v + kRoundMagic) - kRoundMagic;
-}
-
 template <typename X, typename Q>
 SQ_AVX512_AVX2_CLONES void quantize_span_multiplying(const X* x, Q* y, int64_t n, float s, Reciprocal rc, float lo,
                                                      float hi, int32_t z) {
   for (int64_t i = 0; i < n; ++i)
-    y[i] = static_cast<Q>(static_cast<int32_t>(round_clamped(divide_by_reciprocal(static_cast<float>(x[i]), s, rc), lo, hi)) + z);
+    y[i] = static_cast<Q>(static_cast<int32_t>(saturate_round(divide_by_reciprocal(static_cast<float>(x[i]), s, rc), lo, hi)) + z);
 }
 
 SQ_AVX512_AVX2_CLONES void fake_quantize_span_multiplying(const float* x, float* y, int64_t n, float s, Reciprocal rc,
                                                           float lo, float hi) {
-  for (int64_t i = 0; i < n; ++i) y[i] = round_clamped(divide_by_reciprocal(x[i], s, rc), lo, hi) * s;
+  for (int64_t i = 0; i < n; ++i) y[i] = saturate_round(divide_by_reciprocal(x[i], s, rc), lo, hi) * s;
 }
 
 template <typename X, typename Q>
@@ -166,59 +152,59 @@ void fake_quantize_span(const float* x, float* y, int64_t n, float s, float lo, 
 }
 
 template <typename X, typename Q>
-void quantize_typed(const X* x, Q* y, const QuantParams& p) {
-  constexpr int32_t kMin = qmin_of<Q>(), kMax = qmax_of<Q>();
+void quantize_typed(const X* x, Q* y, const BlockedParams& p) {
+  constexpr int32_t kMin = lowest_code<Q>(), kMax = highest_code<Q>();
   const size_t nc = static_cast<size_t>(p.channels);
   std::vector<float> lo(nc), hi(nc);
   for (size_t c = 0; c < nc; ++c) {
-    lo[c] = static_cast<float>(kMin - p.zero_point[c]);
-    hi[c] = static_cast<float>(kMax - p.zero_point[c]);
+    lo[c] = static_cast<float>(kMin - p.q.zero_point[c]);
+    hi[c] = static_cast<float>(kMax - p.q.zero_point[c]);
   }
   for_each_block(p, [&](int64_t c, int64_t start, int64_t n) {
     const X* xs = x + start;
     Q* ys = y + start;
     if (c < 0) {
-      const float* s = p.scale.data();
-      const int32_t* z = p.zero_point.data();
+      const float* s = p.q.scale.data();
+      const int32_t* z = p.q.zero_point.data();
       for (int64_t i = 0; i < n; ++i)
-        ys[i] = static_cast<Q>(static_cast<int32_t>(quantize_value(static_cast<float>(xs[i]), s[i], lo[i], hi[i])) + z[i]);
+        ys[i] = static_cast<Q>(static_cast<int32_t>(quantize_offset(static_cast<float>(xs[i]), s[i], lo[i], hi[i])) + z[i]);
       return;
     }
-    quantize_span(xs, ys, n, p.scale[c], lo[c], hi[c], p.zero_point[c]);
+    quantize_span(xs, ys, n, p.q.scale[c], lo[c], hi[c], p.q.zero_point[c]);
   });
 }
 
 template <typename Q>
-void dequantize_typed(const Q* x, float* y, const QuantParams& p) {
+void dequantize_typed(const Q* x, float* y, const BlockedParams& p) {
   for_each_block(p, [&](int64_t c, int64_t start, int64_t n) {
     const Q* xs = x + start;
     float* ys = y + start;
     if (c < 0) {
-      const float* s = p.scale.data();
-      const int32_t* z = p.zero_point.data();
+      const float* s = p.q.scale.data();
+      const int32_t* z = p.q.zero_point.data();
       for (int64_t i = 0; i < n; ++i) ys[i] = static_cast<float>(static_cast<int32_t>(xs[i]) - z[i]) * s[i];
       return;
     }
-    dequantize_span(xs, ys, n, p.scale[c], p.zero_point[c]);
+    dequantize_span(xs, ys, n, p.q.scale[c], p.q.zero_point[c]);
   });
 }
 
-void fake_quantize_typed(const float* x, float* y, const QuantParams& p, int32_t kMin, int32_t kMax) {
+void fake_quantize_typed(const float* x, float* y, const BlockedParams& p, int32_t kMin, int32_t kMax) {
   const size_t nc = static_cast<size_t>(p.channels);
   std::vector<float> lo(nc), hi(nc);
   for (size_t c = 0; c < nc; ++c) {
-    lo[c] = static_cast<float>(kMin - p.zero_point[c]);
-    hi[c] = static_cast<float>(kMax - p.zero_point[c]);
+    lo[c] = static_cast<float>(kMin - p.q.zero_point[c]);
+    hi[c] = static_cast<float>(kMax - p.q.zero_point[c]);
   }
   for_each_block(p, [&](int64_t c, int64_t start, int64_t n) {
     const float* xs = x + start;
     float* ys = y + start;
     if (c < 0) {
-      const float* s = p.scale.data();
-      for (int64_t i = 0; i < n; ++i) ys[i] = quantize_value(xs[i], s[i], lo[i], hi[i]) * s[i];
+      const float* s = p.q.scale.data();
+      for (int64_t i = 0; i < n; ++i) ys[i] = quantize_offset(xs[i], s[i], lo[i], hi[i]) * s[i];
       return;
     }
-    fake_quantize_span(xs, ys, n, p.scale[c], lo[c], hi[c]);
+    fake_quantize_span(xs, ys, n, p.q.scale[c], lo[c], hi[c]);
   });
 }
 
@@ -229,11 +215,11 @@ template <typename Q> inline constexpr bool kIsQuantType =
 
 void quantize_floats(const float* x, int64_t n, float scale, int32_t zero_point, DType type, void* y) {
   if (type == DType::kUInt8) {
-    quantize_span(x, static_cast<uint8_t*>(y), n, scale, static_cast<float>(qmin_of<uint8_t>() - zero_point),
-                  static_cast<float>(qmax_of<uint8_t>() - zero_point), zero_point);
+    quantize_span(x, static_cast<uint8_t*>(y), n, scale, static_cast<float>(lowest_code<uint8_t>() - zero_point),
+                  static_cast<float>(highest_code<uint8_t>() - zero_point), zero_point);
   } else if (type == DType::kInt8) {
-    quantize_span(x, static_cast<int8_t*>(y), n, scale, static_cast<float>(qmin_of<int8_t>() - zero_point),
-                  static_cast<float>(qmax_of<int8_t>() - zero_point), zero_point);
+    quantize_span(x, static_cast<int8_t*>(y), n, scale, static_cast<float>(lowest_code<int8_t>() - zero_point),
+                  static_cast<float>(highest_code<int8_t>() - zero_point), zero_point);
   } else {
     fail(ErrorKind::kInternal, std::string("quantize_floats: unsupported type ") + dtype_name(type));
   }
@@ -242,12 +228,14 @@ void quantize_floats(const float* x, int64_t n, float scale, int32_t zero_point,
 std::optional<FoldedQuantize> folded_quantize(const ir::Node& node) {
   if (!node.attrs.count(kFoldedQuantizeScale)) return std::nullopt;
   FoldedQuantize f;
-  f.scale = node.attr_float(kFoldedQuantizeScale, 1.f);
-  f.zero_point = static_cast<int32_t>(node.attr_int(kFoldedQuantizeZeroPoint, 0));
+  const float scale = node.attr_float(kFoldedQuantizeScale, 1.f);
+  const auto zero_point = static_cast<int32_t>(node.attr_int(kFoldedQuantizeZeroPoint, 0));
   const int64_t type = node.attr_int(kFoldedQuantizeType, 2);
-  f.type = type == 3 ? DType::kInt8 : DType::kUInt8;
-  const int32_t lo = f.type == DType::kUInt8 ? 0 : -128, hi = f.type == DType::kUInt8 ? 255 : 127;
-  if ((type != 2 && type != 3) || !(f.scale > 0.f) || !std::isfinite(f.scale) || f.zero_point < lo || f.zero_point > hi)
+  f.dtype = type == 3 ? DType::kInt8 : DType::kUInt8;
+  f.scale = {scale};
+  f.zero_point = {zero_point};
+  if ((type != 2 && type != 3) || !(scale > 0.f) || !std::isfinite(scale) || zero_point < f.qmin() ||
+      zero_point > f.qmax())
     fail(ErrorKind::kInvalidModel, node.describe() + ": invalid folded QuantizeLinear attributes");
   return f;
 }
@@ -271,8 +259,8 @@ std::optional<FoldedChannelQuantize> folded_channel_quantize(const ir::Node& nod
 
 void quantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_point, int64_t axis, Tensor& y,
                      const std::string& who) {
-  const QuantParams p = quant_params(x, scale, zero_point, axis, who);
   const DType qtype = zero_point ? zero_point->dtype() : DType::kUInt8;
+  const BlockedParams p = quant_params(x, scale, zero_point, axis, qtype, who);
   SQ_CHECK(y.dtype() == qtype && y.shape() == x.shape(), ErrorKind::kInternal,
            who + ": output must be " + dtype_name(qtype) + " " + shape_str(x.shape()));
   dispatch_dtype(qtype, [&](auto qtag) {
@@ -294,7 +282,7 @@ void dequantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_
     SQ_CHECK(zero_point->dtype() == x.dtype(), ErrorKind::kInvalidArgument,
              who + ": zero point dtype " + dtype_name(zero_point->dtype()) + " differs from input dtype " +
                  dtype_name(x.dtype()));
-  const QuantParams p = quant_params(x, scale, zero_point, axis, who);
+  const BlockedParams p = quant_params(x, scale, zero_point, axis, x.dtype(), who);
   SQ_CHECK(y.dtype() == DType::kFloat32 && y.shape() == x.shape(), ErrorKind::kInternal,
            who + ": output must be float32 " + shape_str(x.shape()));
   dispatch_dtype(x.dtype(), [&](auto qtag) {
@@ -302,7 +290,7 @@ void dequantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_
     if constexpr (kIsQuantType<Q>) {
       dequantize_typed(x.data<Q>(), y.data<float>(), p);
     } else if constexpr (std::is_same_v<Q, int32_t>) {
-      for (int32_t z : p.zero_point)
+      for (int32_t z : p.q.zero_point)
         SQ_CHECK(z == 0, ErrorKind::kInvalidArgument, who + ": int32 input needs a zero point of 0, got " + std::to_string(z));
       dequantize_typed(x.data<int32_t>(), y.data<float>(), p);
     } else {
@@ -318,11 +306,11 @@ void fake_quantize_linear(const Tensor& x, const Tensor& scale, const Tensor* ze
            who + ": input dtype " + dtype_name(x.dtype()) + " is not supported (float32)");
   SQ_CHECK(y.dtype() == DType::kFloat32 && y.shape() == x.shape(), ErrorKind::kInternal,
            who + ": output must be float32 " + shape_str(x.shape()));
-  const QuantParams p = quant_params(x, scale, zero_point, axis, who);
+  const BlockedParams p = quant_params(x, scale, zero_point, axis, qtype, who);
   dispatch_dtype(qtype, [&](auto qtag) {
     using Q = decltype(qtag);
     if constexpr (kIsQuantType<Q>) {
-      fake_quantize_typed(x.data<float>(), y.data<float>(), p, qmin_of<Q>(), qmax_of<Q>());
+      fake_quantize_typed(x.data<float>(), y.data<float>(), p, lowest_code<Q>(), highest_code<Q>());
     } else {
       fail(ErrorKind::kUnsupported, who + ": quantized dtype " + dtype_name(qtype) + " is not supported");
     }
