@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "runtime/kernels/elementwise_qdq.h"
+#include "slimquant/ir/qdq_params.h"
 
 namespace slimquant::runtime {
 namespace {
@@ -14,31 +15,11 @@ std::optional<FoldedChannelQuantize> foldable_channel_quantize(const ir::Graph& 
   if (q.op_type != "QuantizeLinear" || !q.domain.empty() || q.inputs.size() < 2 || q.outputs.size() != 1 ||
       q.attrs.count("output_dtype") || q.attrs.count("block_size"))
     return std::nullopt;
-  const Tensor* scale = g.initializer(q.input(1));
-  const Tensor* zero_point = q.input(2).empty() ? nullptr : g.initializer(q.input(2));
-  if (!scale || scale->dtype() != DType::kFloat32 || scale->rank() != 1 || scale->numel() < 2 ||
-      (!q.input(2).empty() && !zero_point))
+  QuantParam p;
+  if (ir::read_qdq_params(g, q, p, {.rank = rank}) || p.per_tensor() ||
+      (p.dtype != DType::kUInt8 && p.dtype != DType::kInt8))
     return std::nullopt;
-  if (zero_point && (zero_point->numel() != scale->numel() ||
-                     (zero_point->dtype() != DType::kUInt8 && zero_point->dtype() != DType::kInt8)))
-    return std::nullopt;
-  FoldedChannelQuantize f;
-  f.axis = q.attr_int("axis", 1);
-  if (f.axis < 0) {
-    if (rank < 0) return std::nullopt;
-    f.axis += rank;
-  }
-  if (f.axis < 0 || (rank >= 0 && f.axis >= rank)) return std::nullopt;
-  f.type = zero_point ? zero_point->dtype() : DType::kUInt8;
-  f.scale = scale->to_float_vector();
-  for (float s : f.scale)
-    if (!(s > 0.f) || !std::isfinite(s)) return std::nullopt;
-  f.zero_point.assign(f.scale.size(), 0);
-  if (zero_point) {
-    const std::vector<int64_t> z = zero_point->to_int64_vector();
-    f.zero_point.assign(z.begin(), z.end());
-  }
-  return f;
+  return FoldedChannelQuantize{std::move(p)};
 }
 
 }  // namespace
@@ -63,7 +44,7 @@ int fold_channel_quantize_into_elementwise(ir::Graph& g, const std::set<std::str
     if (!q) continue;
     op.attrs[kFoldedQuantizeChannelScale] = q->scale;
     op.attrs[kFoldedQuantizeChannelZeroPoint] = std::vector<int64_t>(q->zero_point.begin(), q->zero_point.end());
-    op.attrs[kFoldedQuantizeType] = static_cast<int64_t>(q->type);
+    op.attrs[kFoldedQuantizeType] = static_cast<int64_t>(q->dtype);
     op.attrs[kFoldedQuantizeAxis] = q->axis;
     op.outputs[0] = g.nodes[readers[0]].outputs[0];
     g.nodes.erase(g.nodes.begin() + readers[0]);  // after op: indices up to i stay valid

@@ -153,7 +153,7 @@ bool broadcast_binary_channel_quantized(const Tensor& a, const Tensor& b, Tensor
     });
     if (act) apply_activation(act, v, slab_len);
     const int64_t c = s % channels;
-    quantize_floats(v, slab_len, q.scale[c], q.zero_point[c], q.type, po + s * slab_len);
+    quantize_floats(v, slab_len, q.scale[c], q.zero_point[c], q.dtype, po + s * slab_len);
   }
   return true;
 }
@@ -266,10 +266,10 @@ class BinaryKernel final : public Kernel {
     if (channel_quantize_) {
       const int64_t channels = static_cast<int64_t>(channel_quantize_->scale.size());
       channel_scale_ = Tensor::from_vector<float>({channels}, channel_quantize_->scale);
-      channel_zero_point_ = Tensor(channel_quantize_->type, {channels});
+      channel_zero_point_ = Tensor(channel_quantize_->dtype, {channels});
       for (int64_t c = 0; c < channels; ++c) {
         const int32_t z = channel_quantize_->zero_point[static_cast<size_t>(c)];
-        if (channel_quantize_->type == DType::kUInt8) channel_zero_point_.data<uint8_t>()[c] = static_cast<uint8_t>(z);
+        if (channel_quantize_->dtype == DType::kUInt8) channel_zero_point_.data<uint8_t>()[c] = static_cast<uint8_t>(z);
         else channel_zero_point_.data<int8_t>()[c] = static_cast<int8_t>(z);
       }
     }
@@ -288,7 +288,7 @@ class BinaryKernel final : public Kernel {
     if (channel_quantize_) {
       if constexpr (Op::template kAccepts<float> && std::is_same_v<typename Op::template Out<float>, float>) {
         if (a.dtype() == DType::kFloat32) {
-          Tensor& out = ctx.allocate_output(0, channel_quantize_->type, out_shape);
+          Tensor& out = ctx.allocate_output(0, channel_quantize_->dtype, out_shape);
           if (mode_ == Broadcast::kMulti &&
               broadcast_binary_channel_quantized(a, b, out, op_, act_, *channel_quantize_, who))
             return;
@@ -356,7 +356,7 @@ class BinaryKernel final : public Kernel {
                                  static_cast<int64_t>(channel_quantize_->scale.size()) == channels;
       // A per-channel Q along another axis: float32 first, then the Q as it was.
       const bool separate_quantize = channel_quantize_ && !channel_slabs;
-      const DType out_type = channel_quantize_ ? channel_quantize_->type : quantize_ ? quantize_->type : DType::kFloat32;
+      const DType out_type = channel_quantize_ ? channel_quantize_->dtype : quantize_ ? quantize_->dtype : DType::kFloat32;
       Tensor& out = ctx.allocate_output(0, out_type, shape);
       Tensor values = out_type == DType::kFloat32 ? out : separate_quantize ? Tensor(DType::kFloat32, shape) : Tensor();
       const float* pf = full.data<float>();
@@ -397,7 +397,7 @@ class BinaryKernel final : public Kernel {
           const size_t c = static_cast<size_t>(s % channels);
           quantize_floats(v, slab, channel_quantize_->scale[c], channel_quantize_->zero_point[c], out_type, q);
         } else if (quantize_ && !channel_quantize_) {
-          quantize_floats(v, slab, quantize_->scale, quantize_->zero_point, out_type, q);
+          quantize_floats(v, slab, quantize_->scale[0], quantize_->zero_point[0], out_type, q);
         }
       }
       if (separate_quantize) quantize_linear(values, channel_scale_, &channel_zero_point_, channel_quantize_->axis, out, who);

@@ -48,12 +48,8 @@ std::optional<FoldedQuantize> folded_quantize(const ir::Node& node);
 inline constexpr const char* kFoldedQuantizeChannelScale = "folded_quantize_channel_scale";            // floats
 inline constexpr const char* kFoldedQuantizeChannelZeroPoint = "folded_quantize_channel_zero_point";  // ints
 inline constexpr const char* kFoldedQuantizeAxis = "folded_quantize_axis";                            // int, >= 0
-struct FoldedChannelQuantize {
-  std::vector<float> scale;
-  std::vector<int32_t> zero_point;  // one per channel
-  DType type = DType::kUInt8;
-  int64_t axis = 1;
-};
+// Per channel along `axis` (non-negative), dtype uint8 or int8.
+struct FoldedChannelQuantize : QuantParam {};
 // The node's folded per-channel QuantizeLinear, if any (kInvalidModel naming the node for bad
 // attributes).
 std::optional<FoldedChannelQuantize> folded_channel_quantize(const ir::Node& node);

@@ -246,9 +246,9 @@ std::optional<FoldedChannelQuantize> folded_channel_quantize(const ir::Node& nod
   f.scale = node.attr_floats(kFoldedQuantizeChannelScale);
   const std::vector<int64_t> zero_points = node.attr_ints(kFoldedQuantizeChannelZeroPoint);
   const int64_t type = node.attr_int(kFoldedQuantizeType, 2);
-  f.type = type == 3 ? DType::kInt8 : DType::kUInt8;
+  f.dtype = type == 3 ? DType::kInt8 : DType::kUInt8;
   f.axis = node.attr_int(kFoldedQuantizeAxis, 1);
-  const int64_t lo = f.type == DType::kUInt8 ? 0 : -128, hi = f.type == DType::kUInt8 ? 255 : 127;
+  const int64_t lo = f.dtype == DType::kUInt8 ? 0 : -128, hi = f.dtype == DType::kUInt8 ? 255 : 127;
   bool valid = (type == 2 || type == 3) && f.axis >= 0 && !f.scale.empty() && zero_points.size() == f.scale.size();
   for (size_t c = 0; valid && c < f.scale.size(); ++c)
     valid = f.scale[c] > 0.f && std::isfinite(f.scale[c]) && zero_points[c] >= lo && zero_points[c] <= hi;

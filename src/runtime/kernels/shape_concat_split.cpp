@@ -47,7 +47,7 @@ class ConcatKernel : public Kernel {
     if (quantize_) {
       SQ_CHECK(first.dtype() == DType::kFloat32, ErrorKind::kInternal,
                node.describe() + ": a folded per-channel QuantizeLinear needs float32 inputs");
-      Tensor& y = ctx.allocate_output(0, quantize_->type, out_shape);
+      Tensor& y = ctx.allocate_output(0, quantize_->dtype, out_shape);
       if (static_cast<size_t>(quantize_->axis) == axis && static_cast<int64_t>(quantize_->scale.size()) == out_shape[axis]) {
         concat_quantized(ins, outer, inner, out_shape[axis], y);
         return;
@@ -56,10 +56,10 @@ class ConcatKernel : public Kernel {
       Tensor joined(DType::kFloat32, out_shape);
       join(ins, axis, outer, inner, out_shape[axis], joined);
       const int64_t channels = static_cast<int64_t>(quantize_->scale.size());
-      Tensor zero_point(quantize_->type, {channels});
+      Tensor zero_point(quantize_->dtype, {channels});
       for (int64_t c = 0; c < channels; ++c) {
         const int32_t z = quantize_->zero_point[static_cast<size_t>(c)];
-        if (quantize_->type == DType::kUInt8) zero_point.data<uint8_t>()[c] = static_cast<uint8_t>(z);
+        if (quantize_->dtype == DType::kUInt8) zero_point.data<uint8_t>()[c] = static_cast<uint8_t>(z);
         else zero_point.data<int8_t>()[c] = static_cast<int8_t>(z);
       }
       quantize_linear(joined, Tensor::from_vector<float>({channels}, quantize_->scale), &zero_point, quantize_->axis, y,
@@ -109,7 +109,7 @@ class ConcatKernel : public Kernel {
           const int64_t n = std::min(end, (block + 1) * inner) - begin;
           const int64_t g = first_channel + c;
           quantize_floats(src + begin, n, quantize_->scale[static_cast<size_t>(g)],
-                          quantize_->zero_point[static_cast<size_t>(g)], quantize_->type,
+                          quantize_->zero_point[static_cast<size_t>(g)], quantize_->dtype,
                           dst + (o * channels + g) * inner + (begin - block * inner));
           begin += n;
         }
