@@ -211,22 +211,6 @@ int fold_batchnorm_into_conv(Graph& g) {
   return folded;
 }
 
-namespace {
-// The per-output-channel values of a constant that broadcasts against a Conv output of rank `rank`
-// along its channel axis only (a scalar, or [C,1,...] / [1,C,1,...] with C = cout), expanded to
-// cout entries; nullopt for any other shape or type.
-std::optional<std::vector<float>> per_channel_constant(const Graph& g, const std::string& v, int64_t cout, size_t rank) {
-  const Tensor* t = v.empty() ? nullptr : g.initializer(v);
-  if (!t || t->dtype() != DType::kFloat32 || t->rank() > rank) return std::nullopt;
-  const std::vector<float> values = t->to_float_vector();
-  if (t->numel() == 1) return std::vector<float>(static_cast<size_t>(cout), values[0]);
-  // Aligned from the right: the channel axis (1 in the output) is index 1 - (rank - t.rank) here.
-  const int64_t channel_axis = 1 - static_cast<int64_t>(rank - t->rank());
-  if (channel_axis < 0 || t->dim(static_cast<size_t>(channel_axis)) != cout || t->numel() != cout) return std::nullopt;
-  return values;
-}
-}  // namespace
-
 int fold_affine_into_conv(Graph& g) {
   int folded = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
@@ -418,12 +402,6 @@ void bind_input_shapes(Graph& g, const std::map<std::string, Shape>& shapes) {
   }
 }
 
-std::optional<float> scalar_constant(const Graph& g, const std::string& v) {
-  const Tensor* t = v.empty() ? nullptr : g.initializer(v);
-  if (!t || t->numel() != 1 || !dtype_is_float(t->dtype())) return std::nullopt;
-  return t->to_float_vector()[0];
-}
-
 namespace {
 bool is_constant_close_to(const Graph& g, const std::string& v, float want) {
   const std::optional<float> c = scalar_constant(g, v);
@@ -432,40 +410,38 @@ bool is_constant_close_to(const Graph& g, const std::string& v, float want) {
 
 }  // namespace
 
-std::string other_input(const Node& n, const std::string& v) {
-  if (n.inputs.size() != 2) return "";
-  return n.inputs[0] == v ? n.inputs[1] : n.inputs[1] == v ? n.inputs[0] : "";
+std::vector<int> match_erf_gelu(const GraphIndex& ix, const std::string& y, std::string& out) {
+  const Graph& g = ix.graph();
+  auto private_value = [&](const std::string& v) { return ix.sole_reader(v) >= 0; };
+  const auto readers = ix.readers(y);
+  if (!ix.is_private(y) || readers.size() != 2) return {};
+  int div = readers[0], mul = readers[1];
+  if (ix.node(div).op_type != "Div") std::swap(div, mul);
+  const ir::Node &dn = ix.node(div), &mn = ix.node(mul);
+  if (dn.op_type != "Div" || dn.inputs.size() != 2 || dn.inputs[0] != y ||
+      !is_constant_close_to(g, dn.inputs[1], std::sqrt(2.f)) || mn.op_type != "Mul" || !private_value(dn.outputs[0]))
+    return {};
+  const int erf = ix.sole_reader(dn.outputs[0]);
+  const Node& en = ix.node(erf);
+  if (en.op_type != "Erf" || !private_value(en.outputs[0])) return {};
+  const int one = ix.sole_reader(en.outputs[0]);
+  const Node& on = ix.node(one);
+  if (on.op_type != "Add" || !is_constant_close_to(g, other_input(on, en.outputs[0]), 1.f) ||
+      !private_value(on.outputs[0]) || ix.sole_reader(on.outputs[0]) != mul || other_input(mn, on.outputs[0]) != y ||
+      !private_value(mn.outputs[0]))
+    return {};
+  const int half = ix.sole_reader(mn.outputs[0]);
+  const Node& hn = ix.node(half);
+  if (hn.op_type != "Mul" || !is_constant_close_to(g, other_input(hn, mn.outputs[0]), 0.5f)) return {};
+  for (int n : {div, mul, erf, one, half})
+    if (!ix.node(n).domain.empty()) return {};
+  out = hn.outputs[0];
+  return {div, erf, one, mul, half};
 }
 
 std::vector<int> match_erf_gelu(const Graph& g, const std::string& y, const std::set<std::string>& keep,
                                 std::string& out) {
-  auto private_value = [&](const std::string& v) {
-    return !keep.count(v) && !g.is_graph_output(v) && g.consumers(v).size() == 1;
-  };
-  const auto readers = g.consumers(y);
-  if (keep.count(y) || g.is_graph_output(y) || readers.size() != 2) return {};
-  int div = readers[0], mul = readers[1];
-  if (g.nodes[div].op_type != "Div") std::swap(div, mul);
-  const ir::Node &dn = g.nodes[div], &mn = g.nodes[mul];
-  if (dn.op_type != "Div" || dn.inputs.size() != 2 || dn.inputs[0] != y ||
-      !is_constant_close_to(g, dn.inputs[1], std::sqrt(2.f)) || mn.op_type != "Mul" || !private_value(dn.outputs[0]))
-    return {};
-  const int erf = g.consumers(dn.outputs[0])[0];
-  const Node& en = g.nodes[erf];
-  if (en.op_type != "Erf" || !private_value(en.outputs[0])) return {};
-  const int one = g.consumers(en.outputs[0])[0];
-  const Node& on = g.nodes[one];
-  if (on.op_type != "Add" || !is_constant_close_to(g, other_input(on, en.outputs[0]), 1.f) ||
-      !private_value(on.outputs[0]) || g.consumers(on.outputs[0])[0] != mul || other_input(mn, on.outputs[0]) != y ||
-      !private_value(mn.outputs[0]))
-    return {};
-  const int half = g.consumers(mn.outputs[0])[0];
-  const Node& hn = g.nodes[half];
-  if (hn.op_type != "Mul" || !is_constant_close_to(g, other_input(hn, mn.outputs[0]), 0.5f)) return {};
-  for (int n : {div, mul, erf, one, half})
-    if (!g.nodes[n].domain.empty()) return {};
-  out = hn.outputs[0];
-  return {div, erf, one, mul, half};
+  return match_erf_gelu(GraphIndex(g, keep), y, out);
 }
 
 namespace {
@@ -512,8 +488,9 @@ int sole_reader(const Graph& g, const std::string& v, const char* op) {
 
 // paddle2onnx's hard-swish before opset 14: Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6) (or the Add's
 // operands swapped, or a Mul by 1/6 at the end). The whole chain becomes one HardSwish at the
-// last node's place.
-int merge_decomposed_hardswish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
+// last node's place, or with as_gate the standard opset-13 spelling Mul(x, HardSigmoid(x; 1/6, 0.5)).
+int merge_decomposed_hardswish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept,
+                               bool as_gate) {
   int merged = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& add = g.nodes[i];
@@ -551,11 +528,23 @@ int merge_decomposed_hardswish(Graph& g, const std::function<bool(const std::str
     node.name = g.nodes[scale].name;
     node.inputs = {x};
     node.outputs = g.nodes[scale].outputs;
+    Node gate;
+    if (as_gate) {
+      gate.op_type = "HardSigmoid";
+      gate.name = node.name + "_hardsigmoid";
+      gate.inputs = {x};
+      gate.outputs = {g.unique_value_name(node.outputs[0] + "_hardsigmoid")};
+      gate.attrs["alpha"] = 1.f / 6.f;
+      gate.attrs["beta"] = 0.5f;
+      node.op_type = "Mul";
+      node.inputs = {x, gate.outputs[0]};
+    }
     g.nodes[static_cast<size_t>(scale)] = std::move(node);
-    // Erase from the back so the smaller indices stay valid.
+    // Erase from the back so the smaller indices stay valid (all are before the scale node).
     std::vector<int> gone{static_cast<int>(i), clip, mul};
     std::sort(gone.rbegin(), gone.rend());
     for (int k : gone) g.nodes.erase(g.nodes.begin() + k);
+    if (as_gate) g.nodes.insert(g.nodes.begin() + (scale - 3), std::move(gate));
     --i;
     ++merged;
   }
@@ -645,13 +634,17 @@ int merge_layernorm(Graph& g, const std::set<std::string>& keep) {
 int merge_hardswish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
   Node hard_swish;
   hard_swish.op_type = "HardSwish";
-  return merge_decomposed_hardswish(g, accept) + merge_gated_mul(
+  return merge_decomposed_hardswish(g, accept, false) + merge_gated_mul(
       g,
       [](const Node& n) {
         return n.op_type == "HardSigmoid" && std::fabs(n.attr_float("alpha", 0.2f) - 1.f / 6.f) <= 1e-6f &&
                std::fabs(n.attr_float("beta", 0.5f) - 0.5f) <= 1e-6f;
       },
       hard_swish, accept);
+}
+
+int spell_hardswish_as_gate(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
+  return merge_decomposed_hardswish(g, accept, true);
 }
 
 int merge_swish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {

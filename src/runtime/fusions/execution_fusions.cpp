@@ -1,0 +1,280 @@
+#include "runtime/fusions/execution_fusions.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "runtime/kernels/dnnl_kernels.h"
+#include "runtime/kernels/elementwise_qdq.h"
+#include "runtime/kernels/int8_common.h"
+#include "slimquant/ir/passes.h"
+
+namespace slimquant::runtime {
+
+namespace {
+
+using ir::Rewriter;
+
+bool same_known_shape(const ir::Graph& g, const std::string& a, const std::string& b) {
+  const ir::ValueInfo *va = g.find_value_info(a), *vb = g.find_value_info(b);
+  return va && vb && va->fully_known() && vb->fully_known() && va->shape() == vb->shape() &&
+         va->dtype == DType::kFloat32 && vb->dtype == DType::kFloat32;
+}
+
+// Add(Conv(...), r) [-> Relu | Clip] becomes one Conv that reads r as a 4th input and adds it with
+// oneDNN's sum post-op, saving the Add's (and activation's) pass over memory. The Conv moves to
+// the Add's place, where r is available; the Conv output must be read by the Add alone and not be
+// kept, and both operands must have the same known shape.
+struct ResidualAdd {
+  int add = -1, conv = -1, activation = -1;
+  std::string addend;
+  float lo = 0.f, hi = 0.f;  // the activation's Clip bounds
+};
+
+// The Relu or Clip (constant bounds, min <= max) that alone reads the sum z, or -1.
+int sum_activation(const Rewriter& rw, const std::string& z, float& lo, float& hi) {
+  const int r = rw.sole_reader(z);
+  if (r < 0 || rw.node(r).outputs.size() != 1) return -1;
+  const ir::Node& act = rw.node(r);
+  if (ir::is_onnx_op(act, "Relu")) return r;
+  if (!ir::is_onnx_op(act, "Clip") || rw.graph().opset < 11) return -1;
+  const auto bounds = ir::clip_bounds(rw.graph(), act);
+  // oneDNN refuses min > max (or NaN); the Clip kernel handles it.
+  if (!bounds || !(bounds->first <= bounds->second)) return -1;
+  lo = bounds->first;
+  hi = bounds->second;
+  return r;
+}
+
+std::optional<ResidualAdd> select_residual_add(const Rewriter& rw, int i) {
+  const ir::Node& add = rw.node(i);
+  if (!ir::is_onnx_op(add, "Add") || add.inputs.size() != 2 || add.outputs.size() != 1) return std::nullopt;
+  for (int side = 0; side < 2; ++side) {
+    const std::string& a = add.inputs[side];
+    const std::string& r = add.inputs[1 - side];
+    const int p = rw.producer(a);
+    if (p < 0 || a == r || rw.sole_reader(a) < 0) continue;
+    const ir::Node& conv = rw.node(p);
+    // A float Conv, or an INT8 QConv with a float32 output (ONNX type 1).
+    const bool float_conv = ir::is_onnx_op(conv, "Conv");
+    const bool qconv = conv.op_type == int8::kQConv && conv.domain == ir::kSlimquantDomain &&
+                       conv.attr_int(int8::attr::kYType, 1) == 1;
+    if (!(float_conv || qconv) || conv.outputs.size() != 1 || conv.inputs.size() > 3) continue;
+    // An activation before the sum (x + silu(conv), YOLO's bottleneck; x + relu(conv)) sends
+    // oneDNN 2.6's f32 AVX2 convolutions to the reference implementation, hundreds of times
+    // slower (measured; QConv computes in f32 too where int8 is inexact): the Add stays separate.
+    if (!conv.fused.op.empty() || !conv.attr_string("activation", "").empty()) continue;
+    if (conv.inputs.size() > 1 && !rw.graph().is_initializer(conv.inputs[1])) continue;
+    if (!same_known_shape(rw.graph(), a, r)) continue;
+    ResidualAdd m{i, p, -1, r};
+    m.activation = sum_activation(rw, add.outputs[0], m.lo, m.hi);
+    return m;
+  }
+  return std::nullopt;
+}
+
+void fuse_residual_add(Rewriter& rw, const ResidualAdd& m) {
+  ir::Node fused = rw.node(m.conv);
+  fused.inputs.resize(3);
+  fused.inputs.push_back(m.addend);
+  fused.outputs[0] = rw.node(m.add).outputs[0];
+  if (m.activation >= 0) {
+    const ir::Node& act = rw.node(m.activation);
+    fused.attrs[dnnl_kernels::kSumActivationAttr] = act.op_type;
+    fused.attrs[dnnl_kernels::kSumActivationAlphaAttr] = m.lo;
+    fused.attrs[dnnl_kernels::kSumActivationBetaAttr] = m.hi;
+    fused.outputs[0] = act.outputs[0];
+    rw.remove(m.activation);
+  }
+  rw.remove(m.conv);
+  rw.replace(m.add, std::move(fused));
+}
+
+// A per-tensor QuantizeLinear with constant u8/s8 parameters (the ones a producer can take over).
+std::optional<FoldedQuantize> foldable_quantize(const ir::Graph& g, const ir::Node& q) {
+  if (!ir::is_onnx_op(q, "QuantizeLinear") || q.inputs.size() < 2 || q.outputs.size() != 1 ||
+      q.attrs.count("output_dtype"))
+    return std::nullopt;
+  const Tensor* scale = g.initializer(q.input(1));
+  const Tensor* zero_point = q.input(2).empty() ? nullptr : g.initializer(q.input(2));
+  if (!scale || scale->numel() != 1 || scale->dtype() != DType::kFloat32 || (!q.input(2).empty() && !zero_point) ||
+      (zero_point && (zero_point->numel() != 1 ||
+                      (zero_point->dtype() != DType::kUInt8 && zero_point->dtype() != DType::kInt8))))
+    return std::nullopt;
+  FoldedQuantize f;
+  f.scale = scale->data<float>()[0];
+  if (!(f.scale > 0.f) || !std::isfinite(f.scale)) return std::nullopt;
+  f.type = zero_point ? zero_point->dtype() : DType::kUInt8;
+  f.zero_point = !zero_point ? 0
+                 : f.type == DType::kUInt8 ? zero_point->data<uint8_t>()[0]
+                                           : zero_point->data<int8_t>()[0];
+  return f;
+}
+
+// A node whose float32 output v is read only by a foldable QuantizeLinear (v not kept).
+struct QuantizedOutput {
+  int producer = -1, quantize = -1;
+  FoldedQuantize q;
+};
+
+std::optional<QuantizedOutput> sole_quantize_reader(const Rewriter& rw, int producer) {
+  const int reader = rw.sole_reader(rw.node(producer).outputs[0]);
+  if (reader < 0) return std::nullopt;
+  const std::optional<FoldedQuantize> q = foldable_quantize(rw.graph(), rw.node(reader));
+  if (!q) return std::nullopt;
+  return QuantizedOutput{producer, reader, *q};
+}
+
+// After the residual fusion: an INT8 QConv with a fused residual Add whose float32 result is read
+// only by a per-tensor QuantizeLinear takes that Q's parameters and output, so it writes the 8-bit
+// tensor itself (the QConv kernel adds the float32 addend in its epilogue) instead of a float32
+// tensor that a separate pass quantizes. The QConv moves to the Q's place.
+std::optional<QuantizedOutput> select_residual_qconv_quantize(const Rewriter& rw, int i) {
+  const ir::Node& conv = rw.node(i);
+  if (conv.op_type != int8::kQConv || conv.domain != ir::kSlimquantDomain || conv.inputs.size() < 4 ||
+      conv.inputs[3].empty() || conv.outputs.size() != 1 || conv.attr_int(int8::attr::kYType, 1) != 1)
+    return std::nullopt;
+  return sole_quantize_reader(rw, i);
+}
+
+void fold_quantize_into_residual_qconv(Rewriter& rw, const QuantizedOutput& m) {
+  ir::Node fused = rw.node(m.producer);
+  fused.attrs[int8::attr::kYType] = static_cast<int64_t>(m.q.type);
+  fused.attrs[int8::attr::kYScale] = m.q.scale;
+  fused.attrs[int8::attr::kYZeroPoint] = static_cast<int64_t>(m.q.zero_point);
+  fused.outputs[0] = rw.node(m.quantize).outputs[0];
+  rw.remove(m.producer);
+  rw.replace(m.quantize, std::move(fused));  // after the Q's place every value it reads exists
+}
+
+// Add / Sub / Mul / Div whose float32 result is read only by a per-tensor QuantizeLinear compute
+// each row and quantize it while it is in cache (the elementwise kernel reads the
+// folded_quantize_* attributes), instead of writing float32 for a separate pass to read back: e.g.
+// the squeeze-excitation scaling x * s -> Q of EfficientNet and MobileNetV3 blocks.
+std::optional<QuantizedOutput> select_elementwise_quantize(const Rewriter& rw, int i) {
+  const ir::Node& op = rw.node(i);
+  const bool arithmetic = op.op_type == "Add" || op.op_type == "Sub" || op.op_type == "Mul" || op.op_type == "Div";
+  if (!arithmetic || !op.domain.empty() || op.inputs.size() != 2 || op.outputs.size() != 1) return std::nullopt;
+  return sole_quantize_reader(rw, i);
+}
+
+void fold_quantize_into_elementwise(Rewriter& rw, const QuantizedOutput& m) {
+  ir::Node op = rw.node(m.producer);
+  op.attrs[kFoldedQuantizeScale] = m.q.scale;
+  op.attrs[kFoldedQuantizeZeroPoint] = static_cast<int64_t>(m.q.zero_point);
+  op.attrs[kFoldedQuantizeType] = static_cast<int64_t>(m.q.type);
+  op.outputs[0] = rw.node(m.quantize).outputs[0];
+  rw.remove(m.quantize);
+  rw.replace(m.producer, std::move(op));
+}
+
+// For transformer MLPs: MatMul(a, W) -> Add(b [N]) becomes a MatMul with a bias (a 3rd input its
+// kernel reads), and an erf GELU after it its fused activation. One pass instead of six.
+struct MatMulBias {
+  int matmul = -1;
+  std::string bias, output;
+  std::vector<int> absorbed;  // the Add, then the GELU chain if any
+  bool gelu = false;
+};
+
+std::optional<MatMulBias> select_matmul_bias(const Rewriter& rw, int i) {
+  const ir::Graph& g = rw.graph();
+  const ir::Node& mm = rw.node(i);
+  if (!ir::is_onnx_op(mm, "MatMul") || mm.inputs.size() != 2 ||
+      !mm.fused.op.empty())  // a fused Scale comes after the product: no bias before it
+    return std::nullopt;
+  const Tensor* w = g.initializer(mm.inputs[1]);
+  if (!w || w->rank() != 2 || w->dtype() != DType::kFloat32) return std::nullopt;
+  const ir::ValueInfo* vi = g.find_value_info(mm.inputs[0]);
+  if (!vi || !vi->dims || vi->dims->size() < 2) return std::nullopt;  // the bias needs a matrix A
+  const int add = rw.sole_reader(mm.outputs[0]);
+  if (add < 0) return std::nullopt;
+  const ir::Node& an = rw.node(add);
+  const std::string b = ir::is_onnx_op(an, "Add") ? ir::other_input(an, mm.outputs[0]) : "";
+  const Tensor* bias = b.empty() ? nullptr : g.initializer(b);
+  if (!bias || bias->rank() != 1 || bias->dim(0) != w->dim(1) || bias->dtype() != DType::kFloat32)
+    return std::nullopt;
+  MatMulBias m{i, b, an.outputs[0], {add}};
+  std::string gelu_out;
+  if (auto gelu = ir::match_erf_gelu(rw, m.output, gelu_out); !gelu.empty()) {
+    m.gelu = true;
+    m.output = gelu_out;
+    m.absorbed.insert(m.absorbed.end(), gelu.begin(), gelu.end());
+  }
+  return m;
+}
+
+void fuse_matmul_bias(Rewriter& rw, const MatMulBias& m) {
+  ir::Node mm = rw.node(m.matmul);
+  mm.inputs.push_back(m.bias);
+  if (m.gelu) mm.fused.op = "Gelu";
+  mm.outputs[0] = m.output;
+  for (int n : m.absorbed) rw.remove(n);
+  rw.replace(m.matmul, std::move(mm));
+}
+
+// Any other erf GELU (after a QMatMul, an Add, ...) becomes one Gelu node (kGeluDomain, oneDNN's
+// JIT gelu_erf), anchored at its Div.
+struct ErfGelu {
+  std::vector<int> nodes;  // div, erf, add, mul, mul
+  std::string x, output;
+};
+
+std::optional<ErfGelu> select_erf_gelu(const Rewriter& rw, int i) {
+  if (rw.node(i).op_type != "Div" || rw.node(i).inputs.empty()) return std::nullopt;
+  ErfGelu m;
+  m.x = rw.node(i).inputs[0];
+  m.nodes = ir::match_erf_gelu(rw, m.x, m.output);
+  if (m.nodes.empty()) return std::nullopt;
+  return m;
+}
+
+void fuse_erf_gelu(Rewriter& rw, const ErfGelu& m) {
+  ir::Node node;
+  node.op_type = "Gelu";
+  node.domain = dnnl_kernels::kGeluDomain;
+  node.name = rw.node(m.nodes.back()).name;
+  node.inputs = {m.x};
+  node.outputs = {m.output};
+  // Every pattern node reads only x and constants: the earliest position is valid for all.
+  const int first = *std::min_element(m.nodes.begin(), m.nodes.end());
+  for (int n : m.nodes)
+    if (n != first) rw.remove(n);
+  rw.replace(first, std::move(node));
+}
+
+// The ir merges, which take a predicate instead of a keep set.
+ir::Rule merge_rule(const char* name,
+                    int (*merge)(ir::Graph&, const std::function<bool(const std::string&, const std::string&)>&)) {
+  return ir::graph_rule(name, [merge](ir::Graph& g, const std::set<std::string>& keep) {
+    return merge(g, [&](const std::string&, const std::string& s) { return !keep.count(s); });
+  });
+}
+
+}  // namespace
+
+std::vector<ir::Rule> execution_fusion_rules() {
+  // Hard-swish written as x * HardSigmoid(x) and swish as x * Sigmoid(x): one node each, which the
+  // activation fusion then puts into the producing Conv.
+  return {
+      merge_rule("merge_hardswish", ir::merge_hardswish),
+      merge_rule("merge_swish", ir::merge_swish),
+      ir::graph_rule("merge_layernorm", ir::merge_layernorm),
+      ir::graph_rule("merge_residual_gate", ir::merge_residual_gate),
+      ir::graph_rule("fuse_activations", ir::fuse_activations),
+      ir::make_rule<ResidualAdd>("fuse_residual_add", select_residual_add, fuse_residual_add),
+      ir::make_rule<QuantizedOutput>("fold_quantize_into_residual_qconv", select_residual_qconv_quantize,
+                                     fold_quantize_into_residual_qconv),
+      ir::make_rule<MatMulBias>("fuse_matmul_bias", select_matmul_bias, fuse_matmul_bias),
+      ir::make_rule<ErfGelu>("fuse_erf_gelu", select_erf_gelu, fuse_erf_gelu),
+      ir::make_rule<QuantizedOutput>("fold_quantize_into_elementwise", select_elementwise_quantize,
+                                     fold_quantize_into_elementwise),
+  };
+}
+
+ir::RuleCounts apply_execution_fusions(ir::Graph& g, const std::set<std::string>& keep) {
+  static const std::vector<ir::Rule> rules = execution_fusion_rules();
+  return ir::apply_rules(g, rules, keep);
+}
+
+}  // namespace slimquant::runtime
