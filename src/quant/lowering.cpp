@@ -187,6 +187,41 @@ void take_scale_mul(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
   cur = g.nodes[c].outputs.at(0);
 }
 
+// x * Sigmoid(x) (swish) or x * HardSigmoid(x; 1/6, 0.5) (hard-swish before opset 14): the gate
+// reads x, its output is read by Mul(x, gate) alone, and x has no other reader.
+struct GatedActivation {
+  int gate = -1, mul = -1;
+};
+std::optional<GatedActivation> match_gated_activation(const GraphIndex& ix, const std::string& x) {
+  const ir::Graph& g = ix.graph();
+  if (g.is_graph_output(x) || g.consumers(x).size() != 2) return std::nullopt;
+  for (int gate : g.consumers(x)) {
+    const ir::Node& n = g.nodes[gate];
+    const bool sigmoid = is_op(n, "Sigmoid");
+    const bool hard_sigmoid = is_op(n, "HardSigmoid") && std::fabs(n.attr_float("alpha", 0.2f) - 1.f / 6.f) <= 1e-6f &&
+                              std::fabs(n.attr_float("beta", 0.5f) - 0.5f) <= 1e-6f;
+    if (!(sigmoid || hard_sigmoid) || n.inputs.size() != 1 || n.outputs.size() != 1) continue;
+    const std::string& s = n.outputs[0];
+    if (g.is_graph_output(s) || g.consumers(s).size() != 1) continue;
+    const int mul = g.consumers(s)[0];
+    const ir::Node& m = g.nodes[mul];
+    const bool reads_x_and_s = m.inputs.size() == 2 && ((m.inputs[0] == x && m.inputs[1] == s) || (m.inputs[0] == s && m.inputs[1] == x));
+    if (is_op(m, "Mul") && reads_x_and_s) return GatedActivation{gate, mul};
+  }
+  return std::nullopt;
+}
+
+// The activation a group took in: a gated one (by its gate), else its one node.
+void read_group_activation(const ir::Graph& g, const QdqGroup& grp, i8::QLinearAttrs& q) {
+  if (grp.gate >= 0) {
+    const bool swish = g.nodes[grp.gate].op_type == "Sigmoid";
+    q.activation = swish ? i8::Activation::kSwish : i8::Activation::kHardSwish;
+    if (swish) q.activation_alpha = 1.f;
+  } else if (grp.activation >= 0) {
+    read_activation(g, g.nodes[grp.activation], q);
+  }
+}
+
 // Takes the activation that alone reads `cur` into the group (one node, or the erf GELU chain
 // PyTorch exports) and moves `cur` to its output.
 void take_activation(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
@@ -203,6 +238,14 @@ void take_activation(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
   if (!gelu.empty()) {
     grp.gelu_chain = std::move(gelu);
     cur = out;
+    return;
+  }
+  // Right after the layer only (the hard-swish and swish spellings the exporters write there).
+  if (ix.producer(cur) != grp.target) return;
+  if (const std::optional<GatedActivation> gated = match_gated_activation(ix, cur)) {
+    grp.gate = gated->gate;
+    grp.activation = gated->mul;
+    cur = g.nodes[gated->mul].outputs[0];
   }
 }
 
@@ -211,8 +254,8 @@ void take_activation(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
 void take_post_affine(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
   const ir::Graph& g = ix.graph();
   i8::QLinearAttrs probe;
-  if (grp.activation >= 0) read_activation(g, g.nodes[grp.activation], probe);
-  else if (!grp.gelu_chain.empty()) probe.activation = i8::Activation::kGelu;
+  read_group_activation(g, grp, probe);
+  if (!grp.gelu_chain.empty()) probe.activation = i8::Activation::kGelu;
   if (!probe.real_units()) return;
   for (const char* op : {"Mul", "Add"}) {
     const int c = ix.sole_consumer(cur);
@@ -452,7 +495,7 @@ ir::Node make_fused_node(ir::Graph& g, const QdqGroup& grp, const LoweringOption
     q.y_zero_point = grp.y.zero_point[0];
     if (!grp.y.per_tensor()) q.y_channel_scale = grp.y.scale;
   }
-  if (grp.activation >= 0) read_activation(g, g.nodes[grp.activation], q);
+  read_group_activation(g, grp, q);
   if (!grp.gelu_chain.empty()) q.activation = i8::Activation::kGelu;
   q.post_scale = grp.post_scale;
   q.post_shift = grp.post_shift;
@@ -555,48 +598,21 @@ int commute_quantize_through_concat(ir::Graph& g) {
   return moved;
 }
 
-// Merged activations no group absorbed go back to the exporter's form: Swish always (it is
-// slimquant's own op), HardSwish where the opset lacks it.
-void restore_unfused_activations(ir::Graph& g) {
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const bool swish = g.nodes[i].op_type == i8::kSwish && g.nodes[i].domain == ir::kSlimquantDomain;
-    if (!swish && !(g.opset < 14 && is_op(g.nodes[i], "HardSwish"))) continue;
-    ir::Node merged = g.nodes[i];
-    ir::Node gate;
-    gate.op_type = swish ? "Sigmoid" : "HardSigmoid";
-    gate.name = merged.name + (swish ? "_sigmoid" : "_hardsigmoid");
-    gate.inputs = merged.inputs;
-    gate.outputs = {g.unique_value_name(merged.outputs[0] + (swish ? "_sigmoid" : "_hardsigmoid"))};
-    if (!swish) {
-      gate.attrs["alpha"] = 1.f / 6.f;
-      gate.attrs["beta"] = 0.5f;
-    }
-    ir::Node mul;
-    mul.op_type = "Mul";
-    mul.name = merged.name;
-    mul.inputs = {merged.inputs[0], gate.outputs[0]};
-    mul.outputs = merged.outputs;
-    g.nodes[i] = std::move(mul);
-    g.nodes.insert(g.nodes.begin() + static_cast<std::ptrdiff_t>(i), std::move(gate));
-    ++i;
-  }
-}
 }  // namespace
 
 ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, LoweringReport* report) {
   ir::Graph g = qdq;
   runtime::optimize_graph(g);
   if (options.fuse_activation) {
-    // Hard-swish written as x * HardSigmoid(x) after a Conv / Gemm / MatMul: one HardSwish, so the
-    // selector fuses it like any activation (restore_unfused_activations undoes what no group absorbs).
-    // Swish (x * Sigmoid(x)) likewise.
+    // paddle2onnx's decomposed hard-swish after a Conv / Gemm / MatMul in the standard spelling
+    // x * HardSigmoid(x), which the selector takes as an activation (as x * Sigmoid(x)); what no
+    // group takes stays exportable ONNX, and the session's execution fusions merge it there.
     auto after_layer = [&](const std::string& x, const std::string&) {
       const int p = g.producer(x);
       return p >= 0 && (is_op(g.nodes[p], "Conv") || is_op(g.nodes[p], "Gemm") || is_op(g.nodes[p], "MatMul")) &&
              !g.is_graph_output(x) && g.consumers(x).size() == 2;
     };
-    ir::merge_hardswish(g, after_layer);
-    ir::merge_swish(g, after_layer);
+    ir::spell_hardswish_as_gate(g, after_layer);
   }
   // Pools and data movement first: Concat -> MaxPool -> Q becomes Concat -> Q -> MaxPool, then
   // Q -> Concat -> MaxPool.
@@ -611,7 +627,7 @@ ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, Lo
   std::map<int, ir::Node> fused;
   for (const QdqGroup& grp : groups) {
     fused.emplace(grp.target, make_fused_node(g, grp, options));
-    for (int i : {grp.scale_mul, grp.bias_add, grp.activation, grp.post_mul, grp.post_add, grp.q_output})
+    for (int i : {grp.scale_mul, grp.bias_add, grp.gate, grp.activation, grp.post_mul, grp.post_add, grp.q_output})
       if (i >= 0) drop[i] = true;
     for (int i : grp.gelu_chain) drop[i] = true;
     (grp.op == LoweredOp::kConv ? r.conv : grp.op == LoweredOp::kGemm ? r.gemm : r.matmul)++;
@@ -631,7 +647,6 @@ ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, Lo
   for (const auto& n : g.nodes) live.insert(n.outputs.begin(), n.outputs.end());
   std::erase_if(g.value_info, [&](const auto& kv) { return !live.count(kv.first); });
   if (!groups.empty()) g.extra_opsets[i8::kDomain] = 1;
-  restore_unfused_activations(g);
   g.validate();
   for (const auto& n : g.nodes) {
     if (is_op(n, "QuantizeLinear")) ++r.quantize_kept;

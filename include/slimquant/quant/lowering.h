@@ -40,7 +40,8 @@ struct QdqGroup {
   int bias_add = -1;           // MatMul -> Add(constant [N]) taken in as the bias, or -1
   int scale_mul = -1;          // MatMul -> Mul(positive scalar constant) folded into the output scale, or -1
   float output_factor = 1.f;   // that scalar
-  int activation = -1;         // Relu / Clip / ... taken in, or -1
+  int activation = -1;         // Relu / Clip / ... taken in (the Mul of a gated one), or -1
+  int gate = -1;               // the Sigmoid / HardSigmoid of x * gate(x) (swish, hard-swish), or -1
   std::vector<int> gelu_chain; // or the nodes of an erf GELU taken in as the activation
   int post_mul = -1, post_add = -1;  // Mul / Add by a scalar constant after a real-units activation
   float post_scale = 1.f, post_shift = 0.f;  // their combined act(v) * post_scale + post_shift
