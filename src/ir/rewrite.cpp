@@ -130,6 +130,11 @@ void Rewriter::compact() {
   rebuild();
 }
 
+bool has_execution_attrs(const Node& n) {
+  const std::string prefix = kExecutionAttrPrefix;
+  return std::any_of(n.attrs.begin(), n.attrs.end(), [&](const auto& kv) { return kv.first.rfind(prefix, 0) == 0; });
+}
+
 Rule graph_rule(std::string name, std::function<int(Graph&, const std::set<std::string>& keep)> run) {
   Rule r;
   r.name = std::move(name);

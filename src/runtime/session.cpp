@@ -15,6 +15,7 @@
 
 #include "runtime/kernels/dnnl_common.h"
 #include "runtime/kernels/dnnl_kernels.h"
+#include "runtime/fused_ops/residual_conv.h"
 #include "runtime/fusions/execution_fusions.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/kernel.h"
@@ -98,7 +99,7 @@ LayoutRole layout_role(const ir::Node& n) {
   return LayoutRole::kPlain;
 }
 // Input positions an aware kernel reads in any layout (X, and the fused residual addend).
-bool aware_input(const ir::Node&, size_t input) { return input == 0 || input == 3; }
+bool aware_input(const ir::Node&, size_t input) { return input == fused_ops::kConvX || input == fused_ops::kConvAddend; }
 
 std::string with_node_context(const ir::Node& node, const std::string& message) {
   const std::string prefix = node.describe();
@@ -187,14 +188,11 @@ int fold_constants(ir::Graph& g, const FoldOptions& options) {
 }
 
 void optimize_graph(ir::Graph& g, const FoldOptions& options) {
-  ir::constants_to_initializers(g);
-  ir::neutral_elementwise_to_identity(g);
-  ir::remove_identity_ops(g);
+  ir::apply_rules(g, ir::cleanup_rules());
   fold_constants(g, options);
-  // Again while either folds: a BatchNorm can follow an Add that folds first (DBNet's head:
+  // Until stable: a BatchNorm can follow an Add that folds first (DBNet's head:
   // ConvTranspose -> Add(bias) -> BatchNormalization).
-  while (ir::fold_batchnorm_into_conv(g) + ir::fold_affine_into_conv(g) > 0) {
-  }
+  ir::apply_rules(g, ir::conv_folding_rules(), {}, /*until_stable=*/true);
   g.remove_dead_nodes();
 }
 

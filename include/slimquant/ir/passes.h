@@ -12,6 +12,11 @@
 
 namespace slimquant::ir {
 
+// Gives every node a unique name: an unnamed node, or one whose name an earlier node has, is named
+// after its first output or its name, made unique among the graph's values. The layer names the
+// PTQ reports and the QAT analysis matches them by.
+void name_nodes(Graph& g);
+
 // Constant nodes become initializers (value, value_float(s), value_int(s) attributes).
 int constants_to_initializers(Graph& g);
 
@@ -33,11 +38,6 @@ int fold_batchnorm_into_conv(Graph& g);
 // one value per output channel broadcast along the channel axis ([C,1,1], [1,C,1,1]). Chains
 // (PPLCNetV3's learnable affine blocks: Mul then Add) fold repeatedly. Returns nodes removed.
 int fold_affine_into_conv(Graph& g);
-
-// Execution-only: attaches an activation that is the sole reader of a Conv/ConvTranspose/Gemm
-// output to that node (`Node::fused`) and removes it. Values in `keep` (e.g. values a caller wants
-// to observe) are never fused away. Returns activations fused.
-int fuse_activations(Graph& g, const std::set<std::string>& keep = {});
 
 // The erf GELU that PyTorch exports before opset 20, read from value y:
 //   Mul(Mul(y, Add(Erf(Div(y, sqrt 2)), 1)), 0.5)
@@ -79,6 +79,14 @@ int merge_layernorm(Graph& g, const std::set<std::string>& keep = {});
 // + 1 runs on the gate (one value per channel there) and the full-size map is read once and
 // written once instead of twice each. Equal up to float rounding. Execution only. Returns merges.
 int merge_residual_gate(Graph& g, const std::set<std::string>& keep = {});
+
+// The model passes as ordered rule lists (runtime::optimize_graph runs them around constant
+// folding). Clean-up after import: constants_to_initializers, neutral_elementwise_to_identity,
+// remove_identity_ops.
+std::vector<Rule> cleanup_rules();
+// fold_batchnorm_into_conv, fold_affine_into_conv: run until neither fires (a BatchNorm can follow
+// an Add that folds first).
+std::vector<Rule> conv_folding_rules();
 
 // Sets the shapes of the given graph inputs (others keep their declared shapes), forgets inferred
 // intermediate shapes and re-infers all shapes with ONNX shape inference. Throws kInvalidArgument

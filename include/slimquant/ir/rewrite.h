@@ -21,6 +21,11 @@ namespace slimquant::ir {
 // attributes' owner). Kernels, lowering and passes all spell it through this constant.
 inline constexpr const char* kSlimquantDomain = "com.slimquant";
 
+// Every attribute the execution fusions write (the contracts in runtime/fused_ops) starts with this
+// prefix: model passes leave a node that carries one alone.
+inline constexpr const char* kExecutionAttrPrefix = "slimquant.";
+bool has_execution_attrs(const Node& n);
+
 // True for a node of default-domain (ONNX) op `op`.
 inline bool is_onnx_op(const Node& n, const char* op) { return n.domain.empty() && n.op_type == op; }
 

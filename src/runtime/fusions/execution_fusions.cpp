@@ -4,6 +4,8 @@
 #include <cmath>
 #include <optional>
 
+#include "runtime/fused_ops/fused_activation.h"
+#include "runtime/fused_ops/residual_conv.h"
 #include "runtime/kernels/dnnl_kernels.h"
 #include "runtime/kernels/elementwise_qdq.h"
 #include "runtime/kernels/int8_common.h"
@@ -19,6 +21,110 @@ bool same_known_shape(const ir::Graph& g, const std::string& a, const std::strin
   const ir::ValueInfo *va = g.find_value_info(a), *vb = g.find_value_info(b);
   return va && vb && va->fully_known() && vb->fully_known() && va->shape() == vb->shape() &&
          va->dtype == DType::kFloat32 && vb->dtype == DType::kFloat32;
+}
+
+// An activation that alone reads the output of a float Conv / ConvTranspose / Gemm (or a scalar Mul
+// after a MatMul: attention's 1/sqrt(d) after Q K^T) becomes that node's fused activation
+// (fused_ops::FusedActivation), with a scalar Mul and/or Add after it on a Conv as the post affine map.
+struct ActivationFusion {
+  int producer = -1;
+  std::vector<int> absorbed;  // the activation, then the post affine Mul / Add
+  fused_ops::FusedActivation activation;
+  std::string output;
+};
+
+// The activation node `act` describes, with the value it reads; nullopt when it is none we fuse.
+std::optional<fused_ops::FusedActivation> activation_of(const Rewriter& rw, const ir::Node& act, std::string& x) {
+  const ir::Graph& g = rw.graph();
+  fused_ops::FusedActivation f;
+  f.op = act.op_type;
+  x = act.inputs[0];
+  if (act.op_type == "Swish" && act.domain == ir::kSlimquantDomain) {
+    f.alpha = act.attr_float("alpha", 1.f);
+  } else if (!act.domain.empty()) {
+    return std::nullopt;
+  } else if (act.op_type == "Relu" || act.op_type == "Sigmoid" || act.op_type == "Tanh" || act.op_type == "HardSwish") {
+  } else if (act.op_type == "LeakyRelu") {
+    f.alpha = act.attr_float("alpha", 0.01f);
+  } else if (act.op_type == "Elu") {
+    f.alpha = act.attr_float("alpha", 1.0f);
+  } else if (act.op_type == "HardSigmoid") {
+    f.alpha = act.attr_float("alpha", 0.2f);
+    f.beta = act.attr_float("beta", 0.5f);
+  } else if (act.op_type == "Mul" && act.inputs.size() == 2) {
+    const bool constant_first = ir::scalar_constant(g, act.inputs[0]).has_value();  // Mul(c, y)
+    x = act.inputs[constant_first ? 1 : 0];
+    const std::optional<float> c = ir::scalar_constant(g, act.inputs[constant_first ? 0 : 1]);
+    const int p = rw.producer(x);
+    if (!c || p < 0 || rw.node(p).op_type != "MatMul") return std::nullopt;
+    f.op = "Scale";
+    f.alpha = *c;
+  } else if (act.op_type == "Clip") {
+    const auto bounds = ir::clip_bounds(g, act);
+    // oneDNN refuses a clip post-op with min > max (or NaN); the Clip kernel gives max there.
+    if (!bounds || !(bounds->first <= bounds->second)) return std::nullopt;
+    f.alpha = bounds->first;
+    f.beta = bounds->second;
+  } else {
+    return std::nullopt;
+  }
+  return f;
+}
+
+// A scalar Mul and/or Add after the activation of a Conv: one linear post-op more. Not after
+// activations that already end in a linear step: oneDNN 2.6's JIT injector gives a second
+// eltwise_linear in one chain the first one's parameters (measured, see int8_common.cpp).
+void take_post_affine(const Rewriter& rw, ActivationFusion& m) {
+  const ir::Graph& g = rw.graph();
+  for (const char* affine : {"Mul", "Add"}) {
+    const std::string& z = m.output;
+    if (rw.sole_reader(z) < 0) break;
+    const int r = rw.sole_reader(z);
+    const ir::Node& n = rw.node(r);
+    if (n.op_type != affine || !n.domain.empty() || n.outputs.size() != 1) continue;
+    const std::optional<float> c = ir::scalar_constant(g, ir::other_input(n, z));
+    if (!c || !std::isfinite(*c)) continue;
+    // Only a scalar that does not broadcast the output to a higher rank.
+    const Tensor* ct = g.initializer(ir::other_input(n, z));
+    const ir::ValueInfo* vz = g.find_value_info(z);
+    if (ct->rank() > 1 && (!vz || !vz->dims || ct->rank() > vz->dims->size())) continue;
+    if (affine == std::string("Mul")) {
+      m.activation.post_scale *= *c;
+      m.activation.post_shift *= *c;
+    } else {
+      m.activation.post_shift += *c;
+    }
+    m.output = n.outputs[0];
+    m.absorbed.push_back(r);
+  }
+}
+
+std::optional<ActivationFusion> select_activation(const Rewriter& rw, int i) {
+  const ir::Node& act = rw.node(i);
+  if (act.inputs.empty() || act.outputs.size() != 1) return std::nullopt;
+  std::string x;
+  std::optional<fused_ops::FusedActivation> f = activation_of(rw, act, x);
+  if (!f || rw.sole_reader(x) < 0) return std::nullopt;
+  const int p = rw.producer(x);
+  if (p < 0) return std::nullopt;
+  const ir::Node& prod = rw.node(p);
+  if (!prod.domain.empty() || !fused_ops::FusedActivation::parse(prod).empty() || prod.outputs.size() != 1)
+    return std::nullopt;
+  const bool matmul_scale = f->op == "Scale";  // the only fusion into a MatMul here
+  if (matmul_scale != (prod.op_type == "MatMul")) return std::nullopt;
+  if (!matmul_scale && prod.op_type != "Conv" && prod.op_type != "ConvTranspose" && prod.op_type != "Gemm")
+    return std::nullopt;
+  ActivationFusion m{p, {i}, *f, act.outputs[0]};
+  if (prod.op_type == "Conv" && f->op != "HardSigmoid" && f->op != "Scale") take_post_affine(rw, m);
+  return m;
+}
+
+void fuse_activation(Rewriter& rw, const ActivationFusion& m) {
+  ir::Node prod = rw.node(m.producer);
+  m.activation.write(prod);
+  prod.outputs[0] = m.output;
+  for (int n : m.absorbed) rw.remove(n);
+  rw.replace(m.producer, std::move(prod));
 }
 
 // Add(Conv(...), r) [-> Relu | Clip] becomes one Conv that reads r as a 4th input and adds it with
@@ -63,7 +169,8 @@ std::optional<ResidualAdd> select_residual_add(const Rewriter& rw, int i) {
     // An activation before the sum (x + silu(conv), YOLO's bottleneck; x + relu(conv)) sends
     // oneDNN 2.6's f32 AVX2 convolutions to the reference implementation, hundreds of times
     // slower (measured; QConv computes in f32 too where int8 is inexact): the Add stays separate.
-    if (!conv.fused.op.empty() || !conv.attr_string("activation", "").empty()) continue;
+    if (!fused_ops::FusedActivation::parse(conv).empty() || !conv.attr_string(int8::attr::kActivation, "").empty())
+      continue;
     if (conv.inputs.size() > 1 && !rw.graph().is_initializer(conv.inputs[1])) continue;
     if (!same_known_shape(rw.graph(), a, r)) continue;
     ResidualAdd m{i, p, -1, r};
@@ -75,14 +182,12 @@ std::optional<ResidualAdd> select_residual_add(const Rewriter& rw, int i) {
 
 void fuse_residual_add(Rewriter& rw, const ResidualAdd& m) {
   ir::Node fused = rw.node(m.conv);
-  fused.inputs.resize(3);
+  fused.inputs.resize(fused_ops::kConvAddend);
   fused.inputs.push_back(m.addend);
   fused.outputs[0] = rw.node(m.add).outputs[0];
   if (m.activation >= 0) {
     const ir::Node& act = rw.node(m.activation);
-    fused.attrs[dnnl_kernels::kSumActivationAttr] = act.op_type;
-    fused.attrs[dnnl_kernels::kSumActivationAlphaAttr] = m.lo;
-    fused.attrs[dnnl_kernels::kSumActivationBetaAttr] = m.hi;
+    fused_ops::SumActivation{act.op_type, m.lo, m.hi}.write(fused);
     fused.outputs[0] = act.outputs[0];
     rw.remove(m.activation);
   }
@@ -131,8 +236,8 @@ std::optional<QuantizedOutput> sole_quantize_reader(const Rewriter& rw, int prod
 // tensor that a separate pass quantizes. The QConv moves to the Q's place.
 std::optional<QuantizedOutput> select_residual_qconv_quantize(const Rewriter& rw, int i) {
   const ir::Node& conv = rw.node(i);
-  if (conv.op_type != int8::kQConv || conv.domain != ir::kSlimquantDomain || conv.inputs.size() < 4 ||
-      conv.inputs[3].empty() || conv.outputs.size() != 1 || conv.attr_int(int8::attr::kYType, 1) != 1)
+  if (conv.op_type != int8::kQConv || conv.domain != ir::kSlimquantDomain || !fused_ops::has_residual_addend(conv) ||
+      conv.outputs.size() != 1 || conv.attr_int(int8::attr::kYType, 1) != 1)
     return std::nullopt;
   return sole_quantize_reader(rw, i);
 }
@@ -181,7 +286,7 @@ std::optional<MatMulBias> select_matmul_bias(const Rewriter& rw, int i) {
   const ir::Graph& g = rw.graph();
   const ir::Node& mm = rw.node(i);
   if (!ir::is_onnx_op(mm, "MatMul") || mm.inputs.size() != 2 ||
-      !mm.fused.op.empty())  // a fused Scale comes after the product: no bias before it
+      !fused_ops::FusedActivation::parse(mm).empty())  // a fused Scale comes after the product: no bias before it
     return std::nullopt;
   const Tensor* w = g.initializer(mm.inputs[1]);
   if (!w || w->rank() != 2 || w->dtype() != DType::kFloat32) return std::nullopt;
@@ -207,7 +312,7 @@ std::optional<MatMulBias> select_matmul_bias(const Rewriter& rw, int i) {
 void fuse_matmul_bias(Rewriter& rw, const MatMulBias& m) {
   ir::Node mm = rw.node(m.matmul);
   mm.inputs.push_back(m.bias);
-  if (m.gelu) mm.fused.op = "Gelu";
+  if (m.gelu) fused_ops::FusedActivation{"Gelu"}.write(mm);
   mm.outputs[0] = m.output;
   for (int n : m.absorbed) rw.remove(n);
   rw.replace(m.matmul, std::move(mm));
@@ -261,7 +366,7 @@ std::vector<ir::Rule> execution_fusion_rules() {
       merge_rule("merge_swish", ir::merge_swish),
       ir::graph_rule("merge_layernorm", ir::merge_layernorm),
       ir::graph_rule("merge_residual_gate", ir::merge_residual_gate),
-      ir::graph_rule("fuse_activations", ir::fuse_activations),
+      ir::make_rule<ActivationFusion>("fuse_activation", select_activation, fuse_activation),
       ir::make_rule<ResidualAdd>("fuse_residual_add", select_residual_add, fuse_residual_add),
       ir::make_rule<QuantizedOutput>("fold_quantize_into_residual_qconv", select_residual_qconv_quantize,
                                      fold_quantize_into_residual_qconv),
@@ -270,6 +375,12 @@ std::vector<ir::Rule> execution_fusion_rules() {
       ir::make_rule<QuantizedOutput>("fold_quantize_into_elementwise", select_elementwise_quantize,
                                      fold_quantize_into_elementwise),
   };
+}
+
+int fuse_activations(ir::Graph& g, const std::set<std::string>& keep) {
+  static const std::vector<ir::Rule> rules = {
+      ir::make_rule<ActivationFusion>("fuse_activation", select_activation, fuse_activation)};
+  return ir::total(ir::apply_rules(g, rules, keep));
 }
 
 ir::RuleCounts apply_execution_fusions(ir::Graph& g, const std::set<std::string>& keep) {

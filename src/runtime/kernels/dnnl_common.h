@@ -63,7 +63,7 @@ struct WindowGeometry {
 WindowGeometry forward_geometry(const ir::Node& node, const WindowAttrs& a, const Shape& in_spatial,
                                 bool ceil_mode);
 
-// Fused activations (set by the execution-only fusion pass on node.fused).
+// Fused activations (the execution fusions' contract, runtime/fused_ops/fused_activation.h).
 // Throws kUnsupported naming the node for an activation oneDNN post-ops cannot express.
 void check_fused_activation(const ir::Node& node);
 void append_fused_activation(dnnl::post_ops& ops, const ir::Node& node);

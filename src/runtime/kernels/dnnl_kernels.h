@@ -20,14 +20,8 @@ std::unique_ptr<Kernel> make_softmax(const KernelInit& init);
 std::unique_ptr<Kernel> make_log_softmax(const KernelInit& init);
 std::unique_ptr<Kernel> make_layer_normalization(const KernelInit& init);
 
-// Attributes the plan's residual-Add fusion (session.cpp) writes on a Conv that now also adds its
-// 4th input: the Add's following activation ("Relu" or "Clip" with alpha = min, beta = max).
-inline constexpr const char* kSumActivationAttr = "slimquant.sum_activation";
-inline constexpr const char* kSumActivationAlphaAttr = "slimquant.sum_activation_alpha";
-inline constexpr const char* kSumActivationBetaAttr = "slimquant.sum_activation_beta";
-
 // Execution-only Gelu (erf form) on oneDNN's JIT eltwise, for GELUs the plan recognises in
-// exported graphs (session.cpp); its own domain so it never meets ONNX's Gelu schema or kernel.
+// exported graphs (runtime/fusions); its own domain so it never meets ONNX's Gelu schema or kernel.
 inline constexpr const char* kGeluDomain = "com.slimquant.exec";
 std::unique_ptr<Kernel> make_gelu_erf(const KernelInit& init);
 
