@@ -16,16 +16,6 @@ namespace slimquant::analysis {
 
 namespace {
 
-// Same naming rule as the PTQ, so layer names agree between the PTQ and the QAT analysis.
-void name_nodes(ir::Graph& g) {
-  std::unordered_set<std::string> names;
-  for (auto& node : g.nodes) {
-    if (node.name.empty() || names.count(node.name))
-      node.name = g.unique_value_name(node.name.empty() ? node.outputs.at(0) : node.name);
-    names.insert(node.name);
-  }
-}
-
 std::set<std::string> onnx_types(const std::vector<std::string>& names) {
   std::set<std::string> out;
   for (const auto& n : names)
@@ -104,7 +94,7 @@ void check_same_interface(const ir::Graph& quant, const ir::Graph& flt) {
 
 std::vector<QatLayer> find_quantized_layers(const ir::Graph& quant, const std::vector<std::string>& quantizable_op_type) {
   ir::Graph g = quant;
-  name_nodes(g);
+  ir::name_nodes(g);  // the PTQ's layer names
   const std::set<std::string> types = onnx_types(quantizable_op_type);
   std::vector<QatLayer> out;
   for (const auto& node : g.nodes) {
@@ -126,7 +116,7 @@ std::vector<QatLayer> find_quantized_layers(const ir::Graph& quant, const std::v
 ir::Graph dequantize_layers(const ir::Graph& quant, const ir::Graph& float_graph, const std::set<std::string>& layers,
                             std::vector<QatLayer>* info) {
   ir::Graph g = quant;
-  name_nodes(g);
+  ir::name_nodes(g);  // the PTQ's layer names
   std::set<std::string> pending = layers;
   std::map<std::string, int> seen_of_type;  // running count per op type, for position matching
   std::vector<ir::Node> new_nodes;

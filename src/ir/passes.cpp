@@ -2,10 +2,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_set>
 
 #include "slimquant/ir/onnx_io.h"
 
 namespace slimquant::ir {
+
+void name_nodes(Graph& g) {
+  std::unordered_set<std::string> names;
+  for (auto& node : g.nodes) {
+    if (node.name.empty() || names.count(node.name))
+      node.name = g.unique_value_name(node.name.empty() ? node.outputs.at(0) : node.name);
+    names.insert(node.name);
+  }
+}
 
 int constants_to_initializers(Graph& g) {
   int folded = 0;
@@ -163,7 +173,7 @@ int fold_batchnorm_into_conv(Graph& g) {
     if (p < 0) continue;
     Node& conv = g.nodes[p];
     if ((conv.op_type != "Conv" && conv.op_type != "ConvTranspose") || conv.outputs.size() != 1 ||
-        !conv.fused.op.empty())
+        has_execution_attrs(conv))
       continue;
     if (g.consumers(x).size() != 1 || g.is_graph_output(x)) continue;
     const Tensor* w = g.initializer(conv.input(1));
@@ -211,22 +221,6 @@ int fold_batchnorm_into_conv(Graph& g) {
   return folded;
 }
 
-namespace {
-// The per-output-channel values of a constant that broadcasts against a Conv output of rank `rank`
-// along its channel axis only (a scalar, or [C,1,...] / [1,C,1,...] with C = cout), expanded to
-// cout entries; nullopt for any other shape or type.
-std::optional<std::vector<float>> per_channel_constant(const Graph& g, const std::string& v, int64_t cout, size_t rank) {
-  const Tensor* t = v.empty() ? nullptr : g.initializer(v);
-  if (!t || t->dtype() != DType::kFloat32 || t->rank() > rank) return std::nullopt;
-  const std::vector<float> values = t->to_float_vector();
-  if (t->numel() == 1) return std::vector<float>(static_cast<size_t>(cout), values[0]);
-  // Aligned from the right: the channel axis (1 in the output) is index 1 - (rank - t.rank) here.
-  const int64_t channel_axis = 1 - static_cast<int64_t>(rank - t->rank());
-  if (channel_axis < 0 || t->dim(static_cast<size_t>(channel_axis)) != cout || t->numel() != cout) return std::nullopt;
-  return values;
-}
-}  // namespace
-
 int fold_affine_into_conv(Graph& g) {
   int folded = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
@@ -242,7 +236,7 @@ int fold_affine_into_conv(Graph& g) {
       if (p < 0 || y == c || g.is_graph_output(y) || g.consumers(y).size() != 1) continue;
       Node& conv = g.nodes[static_cast<size_t>(p)];
       if ((conv.op_type != "Conv" && conv.op_type != "ConvTranspose") || conv.outputs.size() != 1 ||
-          !conv.fused.op.empty())
+          has_execution_attrs(conv))
         continue;
       const Tensor* w = g.initializer(conv.input(1));
       const Tensor* b = conv.input(2).empty() ? nullptr : g.initializer(conv.input(2));
@@ -296,91 +290,16 @@ int fold_affine_into_conv(Graph& g) {
   return folded;
 }
 
-int fuse_activations(Graph& g, const std::set<std::string>& keep) {
-  int fused = 0;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    Node& act = g.nodes[i];
-    if (act.inputs.empty() || act.outputs.size() != 1) continue;
-    FusedActivation f;
-    f.op = act.op_type;
-    if (act.op_type == "Swish" && act.domain == kSlimquantDomain) {
-      f.alpha = act.attr_float("alpha", 1.f);
-    } else if (!act.domain.empty()) {
-      continue;
-    } else if (act.op_type == "Relu" || act.op_type == "Sigmoid" || act.op_type == "Tanh" || act.op_type == "HardSwish") {
-    } else if (act.op_type == "LeakyRelu") {
-      f.alpha = act.attr_float("alpha", 0.01f);
-    } else if (act.op_type == "Elu") {
-      f.alpha = act.attr_float("alpha", 1.0f);
-    } else if (act.op_type == "HardSigmoid") {
-      f.alpha = act.attr_float("alpha", 0.2f);
-      f.beta = act.attr_float("beta", 0.5f);
-    } else if (act.op_type == "Mul" && act.inputs.size() == 2) {
-      // A scalar factor after a MatMul (attention's 1/sqrt(d) after Q K^T): a linear post-op.
-      if (scalar_constant(g, act.inputs[0])) std::swap(act.inputs[0], act.inputs[1]);  // Mul(c, y)
-      const std::optional<float> c = scalar_constant(g, act.inputs[1]);
-      const int p = g.producer(act.inputs[0]);
-      if (!c || p < 0 || g.nodes[p].op_type != "MatMul") continue;
-      f.op = "Scale";
-      f.alpha = *c;
-    } else if (act.op_type == "Clip") {
-      f.alpha = -INFINITY;
-      f.beta = INFINITY;
-      if (g.opset < 11) {
-        f.alpha = act.attr_float("min", -INFINITY);
-        f.beta = act.attr_float("max", INFINITY);
-      } else {
-        const std::string &lo = act.input(1), &hi = act.input(2);
-        if ((!lo.empty() && !g.is_initializer(lo)) || (!hi.empty() && !g.is_initializer(hi))) continue;
-        if (!lo.empty()) f.alpha = g.initializer(lo)->to_float_vector().at(0);
-        if (!hi.empty()) f.beta = g.initializer(hi)->to_float_vector().at(0);
-      }
-      // oneDNN refuses a clip post-op with min > max (or NaN); the Clip kernel gives max there.
-      if (!(f.alpha <= f.beta)) continue;
-    } else {
-      continue;
-    }
-    const std::string& x = act.inputs[0];
-    if (keep.count(x) || g.is_graph_output(x) || g.consumers(x).size() != 1) continue;
-    int p = g.producer(x);
-    if (p < 0) continue;
-    Node& prod = g.nodes[p];
-    if (!prod.domain.empty() || !prod.fused.op.empty() || prod.outputs.size() != 1) continue;
-    const bool matmul_scale = f.op == "Scale";  // the only fusion into a MatMul here
-    if (matmul_scale != (prod.op_type == "MatMul")) continue;
-    if (!matmul_scale && prod.op_type != "Conv" && prod.op_type != "ConvTranspose" && prod.op_type != "Gemm") continue;
-    prod.fused = f;
-    prod.outputs[0] = act.outputs[0];
-    g.nodes.erase(g.nodes.begin() + static_cast<long>(i));
-    --i;
-    ++fused;
-    // A scalar Mul and/or Add after the activation of a Conv: one linear post-op more. Not after
-    // activations that already end in a linear step: oneDNN 2.6's JIT injector gives a second
-    // eltwise_linear in one chain the first one's parameters (measured, see int8_common.cpp).
-    if (prod.op_type != "Conv" || f.op == "HardSigmoid" || f.op == "Scale") continue;
-    for (const char* affine : {"Mul", "Add"}) {
-      const std::string& z = prod.outputs[0];
-      if (keep.count(z) || g.is_graph_output(z) || g.consumers(z).size() != 1) break;
-      const int r = g.consumers(z)[0];
-      const Node& n = g.nodes[static_cast<size_t>(r)];
-      if (n.op_type != affine || !n.domain.empty() || n.outputs.size() != 1) continue;
-      const std::optional<float> c = scalar_constant(g, other_input(n, z));
-      if (!c || !std::isfinite(*c)) continue;
-      // Only a scalar that does not broadcast the output to a higher rank.
-      const Tensor* ct = g.initializer(other_input(n, z));
-      const ValueInfo* vz = g.find_value_info(z);
-      if (ct->rank() > 1 && (!vz || !vz->dims || ct->rank() > vz->dims->size())) continue;
-      if (affine == std::string("Mul")) {
-        prod.fused.post_scale *= *c;
-        prod.fused.post_shift *= *c;
-      } else {
-        prod.fused.post_shift += *c;
-      }
-      prod.outputs[0] = n.outputs[0];
-      g.nodes.erase(g.nodes.begin() + r);
-    }
-  }
-  return fused;
+std::vector<Rule> cleanup_rules() {
+  return {graph_rule("constants_to_initializers", [](Graph& g, const auto&) { return constants_to_initializers(g); }),
+          graph_rule("neutral_elementwise_to_identity",
+                     [](Graph& g, const auto&) { return neutral_elementwise_to_identity(g); }),
+          graph_rule("remove_identity_ops", [](Graph& g, const auto&) { return remove_identity_ops(g); })};
+}
+
+std::vector<Rule> conv_folding_rules() {
+  return {graph_rule("fold_batchnorm_into_conv", [](Graph& g, const auto&) { return fold_batchnorm_into_conv(g); }),
+          graph_rule("fold_affine_into_conv", [](Graph& g, const auto&) { return fold_affine_into_conv(g); })};
 }
 
 void bind_input_shapes(Graph& g, const std::map<std::string, Shape>& shapes) {
@@ -418,54 +337,39 @@ void bind_input_shapes(Graph& g, const std::map<std::string, Shape>& shapes) {
   }
 }
 
-std::optional<float> scalar_constant(const Graph& g, const std::string& v) {
-  const Tensor* t = v.empty() ? nullptr : g.initializer(v);
-  if (!t || t->numel() != 1 || !dtype_is_float(t->dtype())) return std::nullopt;
-  return t->to_float_vector()[0];
-}
 
-namespace {
-bool is_constant_close_to(const Graph& g, const std::string& v, float want) {
-  const std::optional<float> c = scalar_constant(g, v);
-  return c && std::fabs(*c - want) <= 1e-4f * std::fabs(want);
-}
-
-}  // namespace
-
-std::string other_input(const Node& n, const std::string& v) {
-  if (n.inputs.size() != 2) return "";
-  return n.inputs[0] == v ? n.inputs[1] : n.inputs[1] == v ? n.inputs[0] : "";
+std::vector<int> match_erf_gelu(const GraphIndex& ix, const std::string& y, std::string& out) {
+  const Graph& g = ix.graph();
+  auto private_value = [&](const std::string& v) { return ix.sole_reader(v) >= 0; };
+  const auto readers = ix.readers(y);
+  if (!ix.is_private(y) || readers.size() != 2) return {};
+  int div = readers[0], mul = readers[1];
+  if (ix.node(div).op_type != "Div") std::swap(div, mul);
+  const ir::Node &dn = ix.node(div), &mn = ix.node(mul);
+  if (dn.op_type != "Div" || dn.inputs.size() != 2 || dn.inputs[0] != y ||
+      !is_scalar_close_to(g, dn.inputs[1], std::sqrt(2.f), 1e-4f) || mn.op_type != "Mul" || !private_value(dn.outputs[0]))
+    return {};
+  const int erf = ix.sole_reader(dn.outputs[0]);
+  const Node& en = ix.node(erf);
+  if (en.op_type != "Erf" || !private_value(en.outputs[0])) return {};
+  const int one = ix.sole_reader(en.outputs[0]);
+  const Node& on = ix.node(one);
+  if (on.op_type != "Add" || !is_scalar_close_to(g, other_input(on, en.outputs[0]), 1.f, 1e-4f) ||
+      !private_value(on.outputs[0]) || ix.sole_reader(on.outputs[0]) != mul || other_input(mn, on.outputs[0]) != y ||
+      !private_value(mn.outputs[0]))
+    return {};
+  const int half = ix.sole_reader(mn.outputs[0]);
+  const Node& hn = ix.node(half);
+  if (hn.op_type != "Mul" || !is_scalar_close_to(g, other_input(hn, mn.outputs[0]), 0.5f, 1e-4f)) return {};
+  for (int n : {div, mul, erf, one, half})
+    if (!ix.node(n).domain.empty()) return {};
+  out = hn.outputs[0];
+  return {div, erf, one, mul, half};
 }
 
 std::vector<int> match_erf_gelu(const Graph& g, const std::string& y, const std::set<std::string>& keep,
                                 std::string& out) {
-  auto private_value = [&](const std::string& v) {
-    return !keep.count(v) && !g.is_graph_output(v) && g.consumers(v).size() == 1;
-  };
-  const auto readers = g.consumers(y);
-  if (keep.count(y) || g.is_graph_output(y) || readers.size() != 2) return {};
-  int div = readers[0], mul = readers[1];
-  if (g.nodes[div].op_type != "Div") std::swap(div, mul);
-  const ir::Node &dn = g.nodes[div], &mn = g.nodes[mul];
-  if (dn.op_type != "Div" || dn.inputs.size() != 2 || dn.inputs[0] != y ||
-      !is_constant_close_to(g, dn.inputs[1], std::sqrt(2.f)) || mn.op_type != "Mul" || !private_value(dn.outputs[0]))
-    return {};
-  const int erf = g.consumers(dn.outputs[0])[0];
-  const Node& en = g.nodes[erf];
-  if (en.op_type != "Erf" || !private_value(en.outputs[0])) return {};
-  const int one = g.consumers(en.outputs[0])[0];
-  const Node& on = g.nodes[one];
-  if (on.op_type != "Add" || !is_constant_close_to(g, other_input(on, en.outputs[0]), 1.f) ||
-      !private_value(on.outputs[0]) || g.consumers(on.outputs[0])[0] != mul || other_input(mn, on.outputs[0]) != y ||
-      !private_value(mn.outputs[0]))
-    return {};
-  const int half = g.consumers(mn.outputs[0])[0];
-  const Node& hn = g.nodes[half];
-  if (hn.op_type != "Mul" || !is_constant_close_to(g, other_input(hn, mn.outputs[0]), 0.5f)) return {};
-  for (int n : {div, mul, erf, one, half})
-    if (!g.nodes[n].domain.empty()) return {};
-  out = hn.outputs[0];
-  return {div, erf, one, mul, half};
+  return match_erf_gelu(GraphIndex(g, keep), y, out);
 }
 
 namespace {
@@ -496,12 +400,6 @@ int merge_gated_mul(Graph& g, const std::function<bool(const Node&)>& is_gate, c
   return merged;
 }
 
-// A scalar float constant within 1e-5 (relative) of `want`.
-bool is_scalar_constant(const Graph& g, const std::string& v, float want) {
-  const std::optional<float> c = scalar_constant(g, v);
-  return c && std::fabs(*c - want) <= 1e-5f * std::fabs(want);
-}
-
 // The single reader of v when it is a default-domain `op` with one output, else -1.
 int sole_reader(const Graph& g, const std::string& v, const char* op) {
   if (g.is_graph_output(v) || g.consumers(v).size() != 1) return -1;
@@ -512,13 +410,14 @@ int sole_reader(const Graph& g, const std::string& v, const char* op) {
 
 // paddle2onnx's hard-swish before opset 14: Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6) (or the Add's
 // operands swapped, or a Mul by 1/6 at the end). The whole chain becomes one HardSwish at the
-// last node's place.
-int merge_decomposed_hardswish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
+// last node's place, or with as_gate the standard opset-13 spelling Mul(x, HardSigmoid(x; 1/6, 0.5)).
+int merge_decomposed_hardswish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept,
+                               bool as_gate) {
   int merged = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& add = g.nodes[i];
     if (add.op_type != "Add" || !add.domain.empty() || add.inputs.size() != 2 || add.outputs.size() != 1) continue;
-    const int side = is_scalar_constant(g, add.inputs[1], 3.f) ? 0 : is_scalar_constant(g, add.inputs[0], 3.f) ? 1 : -1;
+    const int side = is_scalar_close_to(g, add.inputs[1], 3.f, 1e-5f) ? 0 : is_scalar_close_to(g, add.inputs[0], 3.f, 1e-5f) ? 1 : -1;
     if (side < 0) continue;
     const std::string x = add.inputs[static_cast<size_t>(side)];
     const int clip = sole_reader(g, add.outputs[0], "Clip");
@@ -534,7 +433,7 @@ int merge_decomposed_hardswish(Graph& g, const std::function<bool(const std::str
     if (m.inputs.size() != 2 || !((m.inputs[0] == x && m.inputs[1] == c.outputs[0]) || (m.inputs[1] == x && m.inputs[0] == c.outputs[0]))) continue;
     int scale = sole_reader(g, m.outputs[0], "Div");
     if (scale >= 0 && !(g.nodes[scale].inputs.size() == 2 && g.nodes[scale].inputs[0] == m.outputs[0] &&
-                        is_scalar_constant(g, g.nodes[scale].inputs[1], 6.f)))
+                        is_scalar_close_to(g, g.nodes[scale].inputs[1], 6.f, 1e-5f)))
       scale = -1;
     if (scale < 0) {
       scale = sole_reader(g, m.outputs[0], "Mul");
@@ -542,7 +441,7 @@ int merge_decomposed_hardswish(Graph& g, const std::function<bool(const std::str
       if (scale >= 0) {
         const Node& s = g.nodes[scale];
         const std::string& k = s.inputs[0] == m.outputs[0] ? s.inputs[1] : s.inputs[0];
-        if (!is_scalar_constant(g, k, 1.f / 6.f)) scale = -1;
+        if (!is_scalar_close_to(g, k, 1.f / 6.f, 1e-5f)) scale = -1;
       }
     }
     if (scale < 0 || !accept(x, add.outputs[0]) || !accept(x, c.outputs[0]) || !accept(x, m.outputs[0])) continue;
@@ -551,11 +450,23 @@ int merge_decomposed_hardswish(Graph& g, const std::function<bool(const std::str
     node.name = g.nodes[scale].name;
     node.inputs = {x};
     node.outputs = g.nodes[scale].outputs;
+    Node gate;
+    if (as_gate) {
+      gate.op_type = "HardSigmoid";
+      gate.name = node.name + "_hardsigmoid";
+      gate.inputs = {x};
+      gate.outputs = {g.unique_value_name(node.outputs[0] + "_hardsigmoid")};
+      gate.attrs["alpha"] = 1.f / 6.f;
+      gate.attrs["beta"] = 0.5f;
+      node.op_type = "Mul";
+      node.inputs = {x, gate.outputs[0]};
+    }
     g.nodes[static_cast<size_t>(scale)] = std::move(node);
-    // Erase from the back so the smaller indices stay valid.
+    // Erase from the back so the smaller indices stay valid (all are before the scale node).
     std::vector<int> gone{static_cast<int>(i), clip, mul};
     std::sort(gone.rbegin(), gone.rend());
     for (int k : gone) g.nodes.erase(g.nodes.begin() + k);
+    if (as_gate) g.nodes.insert(g.nodes.begin() + (scale - 3), std::move(gate));
     --i;
     ++merged;
   }
@@ -601,7 +512,7 @@ int merge_layernorm(Graph& g, const std::set<std::string>& keep) {
       if (g.nodes[r].op_type == "Pow" && g.nodes[r].domain.empty() && g.nodes[r].inputs[0] == d) pow = r;
       if (g.nodes[r].op_type == "Div" && g.nodes[r].domain.empty() && g.nodes[r].inputs[0] == d) div = r;
     }
-    if (pow < 0 || div < 0 || !is_scalar_constant(g, g.nodes[pow].input(1), 2.f)) continue;
+    if (pow < 0 || div < 0 || !is_scalar_close_to(g, g.nodes[pow].input(1), 2.f, 1e-5f)) continue;
     const int var = private_value(g.nodes[pow].outputs[0], 1) ? g.consumers(g.nodes[pow].outputs[0])[0] : -1;
     if (var < 0 || reduce_mean_axes(g, g.nodes[var]) != axes) continue;
     const int eps_add = one_reader(g.nodes[var].outputs[0], "Add");
@@ -645,13 +556,17 @@ int merge_layernorm(Graph& g, const std::set<std::string>& keep) {
 int merge_hardswish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
   Node hard_swish;
   hard_swish.op_type = "HardSwish";
-  return merge_decomposed_hardswish(g, accept) + merge_gated_mul(
+  return merge_decomposed_hardswish(g, accept, false) + merge_gated_mul(
       g,
       [](const Node& n) {
         return n.op_type == "HardSigmoid" && std::fabs(n.attr_float("alpha", 0.2f) - 1.f / 6.f) <= 1e-6f &&
                std::fabs(n.attr_float("beta", 0.5f) - 0.5f) <= 1e-6f;
       },
       hard_swish, accept);
+}
+
+int spell_hardswish_as_gate(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
+  return merge_decomposed_hardswish(g, accept, true);
 }
 
 int merge_swish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
@@ -667,14 +582,14 @@ int merge_residual_gate(Graph& g, const std::set<std::string>& keep) {
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& add = g.nodes[i];
     if (add.op_type != "Add" || !add.domain.empty() || add.inputs.size() != 2 || add.outputs.size() != 1 ||
-        !add.fused.op.empty() || !add.attrs.empty())
+        has_execution_attrs(add) || !add.attrs.empty())
       continue;
     for (size_t side = 0; side < 2; ++side) {
       const std::string x = add.inputs[1 - side], gated = add.inputs[side];
       const int m = g.producer(gated);
       if (m < 0 || keep.count(gated) || g.is_graph_output(gated) || g.consumers(gated).size() != 1) continue;
       const Node& mul = g.nodes[static_cast<size_t>(m)];
-      if (mul.op_type != "Mul" || !mul.domain.empty() || mul.inputs.size() != 2 || !mul.fused.op.empty() ||
+      if (mul.op_type != "Mul" || !mul.domain.empty() || mul.inputs.size() != 2 || has_execution_attrs(mul) ||
           !mul.attrs.empty())
         continue;
       const int xi = mul.inputs[0] == x ? 0 : mul.inputs[1] == x ? 1 : -1;

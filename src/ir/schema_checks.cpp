@@ -13,6 +13,7 @@
 #include <set>
 
 #include "slimquant/ir/onnx_io.h"
+#include "slimquant/ir/rewrite.h"
 
 namespace slimquant::ir {
 namespace {
@@ -190,7 +191,7 @@ void check_attribute_ranges(const Node& n, const Graph& g, int64_t opset) {
       if (starts != ends || (axes >= 0 && axes != starts))
         refuse(n, "starts", "and 'ends' (and 'axes' when given) must have the same number of values");
     }
-  } else if (n.domain == "com.slimquant" && op == "QConv") {
+  } else if (n.domain == kSlimquantDomain && op == "QConv") {
     check_window_op(n, g, 1);
   }
 }

@@ -13,6 +13,7 @@
 #include "runtime/kernels/int8_common.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/ir/qdq_params.h"
+#include "slimquant/ir/rewrite.h"
 #include "slimquant/runtime/optimize.h"
 
 namespace slimquant::quant {
@@ -21,7 +22,7 @@ namespace {
 
 namespace i8 = runtime::int8;
 
-bool is_op(const ir::Node& n, const char* op) { return n.domain.empty() && n.op_type == op; }
+bool is_op(const ir::Node& n, const char* op) { return ir::is_onnx_op(n, op); }
 
 // Ops a per-tensor QuantizeLinear commutes with, reading their data from input 0: MaxPool
 // (quantization is monotonic, so the max of the quantized values is the quantized max) and the
@@ -32,59 +33,33 @@ bool quantize_commutes_with(const ir::Node& n) {
   return false;
 }
 
-// Producers and readers of every value, built once per selection.
-class GraphIndex {
+// ir's index plus what the selector asks about element types and ranks.
+class GraphIndex : public ir::GraphIndex {
  public:
-  explicit GraphIndex(const ir::Graph& g) : g_(g) {
-    for (size_t i = 0; i < g.nodes.size(); ++i) {
-      const ir::Node& n = g.nodes[i];
-      for (const auto& o : n.outputs)
-        if (!o.empty()) producer_[o] = static_cast<int>(i);
-      for (const auto& in : n.inputs)
-        if (!in.empty()) consumers_[in].push_back(static_cast<int>(i));
-    }
-    for (const auto& o : g.outputs) outputs_.insert(o.name);
-  }
+  explicit GraphIndex(const ir::Graph& g) : ir::GraphIndex(g) {}
 
-  const ir::Graph& graph() const { return g_; }
-  int producer(const std::string& v) const {
-    auto it = producer_.find(v);
-    return it == producer_.end() ? -1 : it->second;
-  }
-  // The node that alone reads v (once), when v is not a graph output either; -1 otherwise.
-  int sole_consumer(const std::string& v) const {
-    if (outputs_.count(v)) return -1;
-    auto it = consumers_.find(v);
-    if (it == consumers_.end() || it->second.size() != 1) return -1;
-    const ir::Node& n = g_.nodes[it->second[0]];
-    if (std::count(n.inputs.begin(), n.inputs.end(), v) != 1) return -1;
-    return it->second[0];
-  }
+  // The node that alone reads v, in one input slot, when v is not a graph output either; -1 otherwise.
+  int sole_consumer(const std::string& v) const { return sole_reader(v, /*read_once=*/true); }
   // The value's element type as far as the graph states it.
   DType dtype(const std::string& v) const {
-    if (const Tensor* t = g_.initializer(v)) return t->dtype();
-    if (const ir::ValueInfo* vi = g_.find_value_info(v); vi && vi->dtype != DType::kUndefined) return vi->dtype;
+    const ir::Graph& g = graph();
+    if (const Tensor* t = g.initializer(v)) return t->dtype();
+    if (const ir::ValueInfo* vi = g.find_value_info(v); vi && vi->dtype != DType::kUndefined) return vi->dtype;
     const int p = producer(v);
-    if (p >= 0 && is_op(g_.nodes[p], "QuantizeLinear")) {
-      const std::string& zp = g_.nodes[p].input(2);
+    if (p >= 0 && is_op(g.nodes[p], "QuantizeLinear")) {
+      const std::string& zp = g.nodes[p].input(2);
       if (zp.empty()) return DType::kUInt8;  // QuantizeLinear's default output type
-      if (const Tensor* t = g_.initializer(zp)) return t->dtype();
+      if (const Tensor* t = g.initializer(zp)) return t->dtype();
     }
     // Through the ops a QuantizeLinear was moved above: they keep the element type.
-    if (p >= 0 && quantize_commutes_with(g_.nodes[p])) return dtype(g_.nodes[p].input(0));
+    if (p >= 0 && quantize_commutes_with(g.nodes[p])) return dtype(g.nodes[p].input(0));
     return DType::kUndefined;
   }
   int64_t rank(const std::string& v) const {
-    if (const Tensor* t = g_.initializer(v)) return static_cast<int64_t>(t->rank());
-    if (const ir::ValueInfo* vi = g_.find_value_info(v); vi && vi->dims) return static_cast<int64_t>(vi->dims->size());
+    if (const Tensor* t = graph().initializer(v)) return static_cast<int64_t>(t->rank());
+    if (const ir::ValueInfo* vi = graph().find_value_info(v); vi && vi->dims) return static_cast<int64_t>(vi->dims->size());
     return -1;
   }
-
- private:
-  const ir::Graph& g_;
-  std::unordered_map<std::string, int> producer_;
-  std::unordered_map<std::string, std::vector<int>> consumers_;
-  std::unordered_set<std::string> outputs_;
 };
 
 // Errors are values inside the selector: each check returns a reason, or nothing when it passes.
@@ -138,16 +113,6 @@ Why read_activation(const ir::Graph& g, const ir::Node& n, i8::QLinearAttrs& q) 
   return std::nullopt;
 }
 
-// The output-channel axis of the weight, or -1 when the layout is not one the kernels take.
-int64_t weight_channel_axis(const ir::Node& target, LoweredOp op, const Tensor& w) {
-  switch (op) {
-    case LoweredOp::kConv: return w.rank() >= 3 && w.rank() <= 5 ? 0 : -1;
-    case LoweredOp::kGemm: return w.rank() == 2 ? (target.attr_int("transB", 0) ? 0 : 1) : -1;
-    case LoweredOp::kMatMul: return w.rank() == 2 ? 1 : -1;
-  }
-  return -1;
-}
-
 // Takes a Mul by a positive scalar constant that alone reads a MatMul's result `cur` into the group:
 // it becomes a factor of the output scale (attention's 1 / sqrt(d) written after Q K^T).
 void take_scale_mul(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
@@ -159,6 +124,41 @@ void take_scale_mul(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
   grp.scale_mul = c;
   grp.output_factor = *factor;
   cur = g.nodes[c].outputs.at(0);
+}
+
+// x * Sigmoid(x) (swish) or x * HardSigmoid(x; 1/6, 0.5) (hard-swish before opset 14): the gate
+// reads x, its output is read by Mul(x, gate) alone, and x has no other reader.
+struct GatedActivation {
+  int gate = -1, mul = -1;
+};
+std::optional<GatedActivation> match_gated_activation(const GraphIndex& ix, const std::string& x) {
+  const ir::Graph& g = ix.graph();
+  if (g.is_graph_output(x) || g.consumers(x).size() != 2) return std::nullopt;
+  for (int gate : g.consumers(x)) {
+    const ir::Node& n = g.nodes[gate];
+    const bool sigmoid = is_op(n, "Sigmoid");
+    const bool hard_sigmoid = is_op(n, "HardSigmoid") && std::fabs(n.attr_float("alpha", 0.2f) - 1.f / 6.f) <= 1e-6f &&
+                              std::fabs(n.attr_float("beta", 0.5f) - 0.5f) <= 1e-6f;
+    if (!(sigmoid || hard_sigmoid) || n.inputs.size() != 1 || n.outputs.size() != 1) continue;
+    const std::string& s = n.outputs[0];
+    if (g.is_graph_output(s) || g.consumers(s).size() != 1) continue;
+    const int mul = g.consumers(s)[0];
+    const ir::Node& m = g.nodes[mul];
+    const bool reads_x_and_s = m.inputs.size() == 2 && ((m.inputs[0] == x && m.inputs[1] == s) || (m.inputs[0] == s && m.inputs[1] == x));
+    if (is_op(m, "Mul") && reads_x_and_s) return GatedActivation{gate, mul};
+  }
+  return std::nullopt;
+}
+
+// The activation a group took in: a gated one (by its gate), else its one node.
+void read_group_activation(const ir::Graph& g, const QdqGroup& grp, i8::QLinearAttrs& q) {
+  if (grp.gate >= 0) {
+    const bool swish = g.nodes[grp.gate].op_type == "Sigmoid";
+    q.activation = swish ? i8::Activation::kSwish : i8::Activation::kHardSwish;
+    if (swish) q.activation_alpha = 1.f;
+  } else if (grp.activation >= 0) {
+    read_activation(g, g.nodes[grp.activation], q);
+  }
 }
 
 // Takes the activation that alone reads `cur` into the group (one node, or the erf GELU chain
@@ -177,6 +177,14 @@ void take_activation(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
   if (!gelu.empty()) {
     grp.gelu_chain = std::move(gelu);
     cur = out;
+    return;
+  }
+  // Right after the layer only (the hard-swish and swish spellings the exporters write there).
+  if (ix.producer(cur) != grp.target) return;
+  if (const std::optional<GatedActivation> gated = match_gated_activation(ix, cur)) {
+    grp.gate = gated->gate;
+    grp.activation = gated->mul;
+    cur = g.nodes[gated->mul].outputs[0];
   }
 }
 
@@ -185,8 +193,8 @@ void take_activation(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
 void take_post_affine(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
   const ir::Graph& g = ix.graph();
   i8::QLinearAttrs probe;
-  if (grp.activation >= 0) read_activation(g, g.nodes[grp.activation], probe);
-  else if (!grp.gelu_chain.empty()) probe.activation = i8::Activation::kGelu;
+  read_group_activation(g, grp, probe);
+  if (!grp.gelu_chain.empty()) probe.activation = i8::Activation::kGelu;
   if (!probe.real_units()) return;
   for (const char* op : {"Mul", "Add"}) {
     const int c = ix.sole_consumer(cur);
@@ -227,11 +235,106 @@ Why end_in_quantize(const GraphIndex& ix, const LoweringOptions& options, QdqGro
   return std::nullopt;
 }
 
+// x: a per-tensor u8/s8 activation, read through DequantizeLinear node dqx.
+Why select_activation_input(const GraphIndex& ix, const ir::Node& dqx, QdqGroup& grp) {
+  grp.x_q = dqx.inputs.at(0);
+  if (ix.graph().is_initializer(grp.x_q)) return std::string("input 0 is a constant, not an activation");
+  if (Why why = read_qparams(ix, dqx, grp.x)) return why;
+  if (!grp.x.per_tensor()) return std::string("the activation is quantized per channel; integer kernels need per tensor");
+  if (!is_8bit(grp.x.dtype)) return std::string("the activation is ") + dtype_name(grp.x.dtype) + ", not uint8/int8";
+  const int32_t x_lo = grp.x.dtype == DType::kUInt8 ? 0 : -128, x_hi = grp.x.dtype == DType::kUInt8 ? 255 : 127;
+  if (grp.x.zero_point[0] < x_lo || grp.x.zero_point[0] > x_hi) return std::string("the activation zero point is out of range");
+  return std::nullopt;
+}
+
+// Activation x activation: oneDNN's int8 matmul takes the second operand as s8 "weights".
+Why select_runtime_weight(const GraphIndex& ix, const ir::Node& dqw, const LoweringOptions& options, QdqGroup& grp) {
+  if (!options.activation_matmul)
+    return std::string("input 1 is an activation (activation x activation MatMul lowering is disabled)");
+  if (Why why = read_qparams(ix, dqw, grp.w)) return why;
+  if (!grp.w.per_tensor()) return std::string("input 1 is an activation quantized per channel");
+  if (grp.w.dtype != DType::kInt8 || grp.w.zero_point[0] != 0)
+    return std::string("input 1 is an activation that is not int8 with zero point 0 (activation x activation "
+                       "MatMul needs an s8 symmetric second operand)");
+  grp.runtime_weight = true;
+  return std::nullopt;
+}
+
+// w: a constant s8 weight with zero point 0, per tensor or per output channel; sets `channels`.
+Why select_constant_weight(const GraphIndex& ix, const ir::Node& n, const LoweredFamily& family, const ir::Node& dqw,
+                           const Tensor& w, QdqGroup& grp, int64_t& channels) {
+  if (w.dtype() != DType::kInt8)
+    return std::string("the weight is ") + dtype_name(w.dtype()) + "; integer kernels need int8 weights";
+  if (Why why = read_qparams(ix, dqw, grp.w)) return why;
+  for (int32_t z : grp.w.zero_point)
+    if (z != 0) return "weight zero point must be 0 for s8 weights (got " + std::to_string(z) + ")";
+  const int64_t axis = family.weight_channel_axis(n, w);
+  if (axis < 0) return "the weight of shape " + shape_str(w.shape()) + " is not one the integer kernel takes";
+  if (!grp.w.per_tensor()) {
+    if (grp.w.axis != axis)
+      return "the weight is quantized along axis " + std::to_string(grp.w.axis) + "; integer kernels need the "
+             "output-channel axis " + std::to_string(axis);
+    if (static_cast<int64_t>(grp.w.scale.size()) != w.dim(static_cast<size_t>(axis)))
+      return std::string("the weight has a scale count that does not match its channels");
+  }
+  channels = w.dim(static_cast<size_t>(axis));
+  return std::nullopt;
+}
+
+// Bias: Conv's B / Gemm's C, float32 or DequantizeLinear(int32) constants of one value per channel.
+Why select_bias(const GraphIndex& ix, const std::string& b, int64_t channels, QdqGroup& grp) {
+  const ir::Graph& g = ix.graph();
+  const Tensor* bt = g.initializer(b);
+  const int pb = ix.producer(b);
+  if (!bt && pb >= 0 && is_op(g.nodes[pb], "DequantizeLinear")) {
+    bt = g.initializer(g.nodes[pb].inputs.at(0));
+    if (!bt || bt->dtype() != DType::kInt32) return std::string("the dequantized bias is not an int32 constant");
+    QuantParam bp;
+    if (Why why = read_qparams(ix, g.nodes[pb], bp)) return why;
+    grp.quantized_bias = true;
+    grp.dq_inputs.push_back(pb);
+  } else if (!bt || bt->dtype() != DType::kFloat32) {
+    return std::string("the bias is not a float32 constant");
+  }
+  const bool shape_ok = bt->numel() == channels && (bt->rank() == 1 || (bt->rank() == 2 && bt->dim(0) == 1));
+  if (!shape_ok) return "the bias of shape " + shape_str(bt->shape()) + " is not one value per output channel";
+  return std::nullopt;
+}
+
+// MatMul -> Add(constant [channels]) that alone reads `cur`: the fused node's bias.
+void take_bias_add(const GraphIndex& ix, int64_t channels, QdqGroup& grp, std::string& cur) {
+  const ir::Graph& g = ix.graph();
+  const int c = ix.sole_consumer(cur);
+  if (c < 0 || !is_op(g.nodes[c], "Add") || g.nodes[c].inputs.size() != 2) return;
+  const ir::Node& add = g.nodes[c];
+  const std::string& other = add.inputs[0] == cur ? add.inputs[1] : add.inputs[0];
+  const Tensor* bt = g.initializer(other);
+  if (bt && bt->dtype() == DType::kFloat32 && bt->rank() == 1 && bt->numel() == channels) {
+    grp.bias_add = c;
+    cur = add.outputs.at(0);
+  }
+}
+
+// The chain after the target: [Mul(scalar)] [Add(bias)] [activation [post affine]] [QuantizeLinear].
+// channels < 0: a run-time weight (no bias Add, no post affine map).
+Why select_tail(const GraphIndex& ix, const LoweredFamily& family, const LoweringOptions& options, int64_t channels,
+                QdqGroup& grp) {
+  std::string cur = ix.graph().nodes[grp.target].outputs[0];
+  if (family.matmul_tail) take_scale_mul(ix, grp, cur);
+  if (family.matmul_tail && channels >= 0 && options.fuse_matmul_bias) take_bias_add(ix, channels, grp, cur);
+  if (options.fuse_activation) {
+    take_activation(ix, grp, cur);
+    if (channels >= 0) take_post_affine(ix, grp, cur);
+  }
+  grp.output = cur;
+  return end_in_quantize(ix, options, grp);
+}
+
 // Checks a candidate and fills the group; returns the reason when it cannot be lowered.
-Why select_group(const GraphIndex& ix, int t, LoweredOp op, const LoweringOptions& options, QdqGroup& grp) {
+Why select_group(const GraphIndex& ix, int t, const LoweredFamily& family, const LoweringOptions& options, QdqGroup& grp) {
   const ir::Graph& g = ix.graph();
   const ir::Node& n = g.nodes[t];
-  grp.op = op;
+  grp.op = family.op;
   grp.target = t;
   if (n.outputs.size() != 1) return std::string("it has more than one output");
   const int px = ix.producer(n.input(0)), pw = ix.producer(n.input(1));
@@ -239,120 +342,65 @@ Why select_group(const GraphIndex& ix, int t, LoweredOp op, const LoweringOption
   const bool w_dq = pw >= 0 && is_op(g.nodes[pw], "DequantizeLinear");
   if (!x_dq) return std::string("input 0 is not dequantized (a float activation stays in simulation)");
   if (!w_dq) return std::string("input 1 is not dequantized");
-
-  // x: a per-tensor u8/s8 activation.
-  const ir::Node& dqx = g.nodes[px];
-  grp.x_q = dqx.inputs.at(0);
-  if (g.is_initializer(grp.x_q)) return std::string("input 0 is a constant, not an activation");
-  if (Why why = read_qparams(ix, dqx, grp.x)) return why;
-  if (!grp.x.per_tensor()) return std::string("the activation is quantized per channel; integer kernels need per tensor");
-  if (!is_8bit(grp.x.dtype)) return std::string("the activation is ") + dtype_name(grp.x.dtype) + ", not uint8/int8";
-  const int32_t x_lo = grp.x.dtype == DType::kUInt8 ? 0 : -128, x_hi = grp.x.dtype == DType::kUInt8 ? 255 : 127;
-  if (grp.x.zero_point[0] < x_lo || grp.x.zero_point[0] > x_hi) return std::string("the activation zero point is out of range");
-
-  // w: a constant s8 weight with zero point 0, per tensor or per output channel.
-  const ir::Node& dqw = g.nodes[pw];
-  grp.w_q = dqw.inputs.at(0);
+  if (Why why = select_activation_input(ix, g.nodes[px], grp)) return why;
+  grp.w_q = g.nodes[pw].inputs.at(0);
   const Tensor* w = g.initializer(grp.w_q);
-  if (!w && op == LoweredOp::kMatMul) {
-    // Activation x activation: oneDNN's int8 matmul takes the second operand as s8 "weights".
-    if (!options.activation_matmul)
-      return std::string("input 1 is an activation (activation x activation MatMul lowering is disabled)");
-    if (Why why = read_qparams(ix, dqw, grp.w)) return why;
-    if (!grp.w.per_tensor()) return std::string("input 1 is an activation quantized per channel");
-    if (grp.w.dtype != DType::kInt8 || grp.w.zero_point[0] != 0)
-      return std::string("input 1 is an activation that is not int8 with zero point 0 (activation x activation "
-                         "MatMul needs an s8 symmetric second operand)");
-    grp.runtime_weight = true;
+  if (!w && family.runtime_weight) {
+    if (Why why = select_runtime_weight(ix, g.nodes[pw], options, grp)) return why;
     grp.dq_inputs = {px, pw};
-    std::string cur = n.outputs[0];
-    take_scale_mul(ix, grp, cur);
-    if (options.fuse_activation) take_activation(ix, grp, cur);
-    grp.output = cur;
-    return end_in_quantize(ix, options, grp);
+    return select_tail(ix, family, options, -1, grp);
   }
   if (!w) return std::string("the weight is not a constant");
-  if (w->dtype() != DType::kInt8)
-    return std::string("the weight is ") + dtype_name(w->dtype()) + "; integer kernels need int8 weights";
-  if (Why why = read_qparams(ix, dqw, grp.w)) return why;
-  for (int32_t z : grp.w.zero_point)
-    if (z != 0) return "weight zero point must be 0 for s8 weights (got " + std::to_string(z) + ")";
-  const int64_t axis = weight_channel_axis(n, op, *w);
-  if (axis < 0) return "the weight of shape " + shape_str(w->shape()) + " is not one the integer kernel takes";
-  if (!grp.w.per_tensor()) {
-    if (grp.w.axis != axis)
-      return "the weight is quantized along axis " + std::to_string(grp.w.axis) + "; integer kernels need the "
-             "output-channel axis " + std::to_string(axis);
-    if (static_cast<int64_t>(grp.w.scale.size()) != w->dim(static_cast<size_t>(axis)))
-      return std::string("the weight has a scale count that does not match its channels");
-  }
-  const int64_t channels = w->dim(static_cast<size_t>(axis));
+  int64_t channels = 0;
+  if (Why why = select_constant_weight(ix, n, family, g.nodes[pw], *w, grp, channels)) return why;
   grp.dq_inputs = {px, pw};
-
-  // Bias: Conv's B / Gemm's C, float32 or DequantizeLinear(int32) constants of one value per channel.
-  if (op == LoweredOp::kGemm) {
-    const float alpha = n.attr_float("alpha", 1.f);
-    if (!(alpha != 0.f) || !std::isfinite(alpha)) return std::string("alpha must be finite and non-zero");
-  }
-  if (op != LoweredOp::kMatMul && !n.input(2).empty()) {
-    const std::string& b = n.input(2);
-    const Tensor* bt = g.initializer(b);
-    const int pb = ix.producer(b);
-    if (!bt && pb >= 0 && is_op(g.nodes[pb], "DequantizeLinear")) {
-      bt = g.initializer(g.nodes[pb].inputs.at(0));
-      if (!bt || bt->dtype() != DType::kInt32) return std::string("the dequantized bias is not an int32 constant");
-      QuantParam bp;
-      if (Why why = read_qparams(ix, g.nodes[pb], bp)) return why;
-      grp.quantized_bias = true;
-      grp.dq_inputs.push_back(pb);
-    } else if (!bt || bt->dtype() != DType::kFloat32) {
-      return std::string("the bias is not a float32 constant");
-    }
-    const bool shape_ok = bt->numel() == channels && (bt->rank() == 1 || (bt->rank() == 2 && bt->dim(0) == 1));
-    if (!shape_ok) return "the bias of shape " + shape_str(bt->shape()) + " is not one value per output channel";
-  }
-
-  // The chain after the target: [Mul(scalar)] [Add(bias)] [activation] [QuantizeLinear].
-  std::string cur = n.outputs[0];
-  if (op == LoweredOp::kMatMul) take_scale_mul(ix, grp, cur);
-  if (op == LoweredOp::kMatMul && options.fuse_matmul_bias) {
-    const int c = ix.sole_consumer(cur);
-    if (c >= 0 && is_op(g.nodes[c], "Add") && g.nodes[c].inputs.size() == 2) {
-      const ir::Node& add = g.nodes[c];
-      const std::string& other = add.inputs[0] == cur ? add.inputs[1] : add.inputs[0];
-      const Tensor* bt = g.initializer(other);
-      if (bt && bt->dtype() == DType::kFloat32 && bt->rank() == 1 && bt->numel() == channels) {
-        grp.bias_add = c;
-        cur = add.outputs.at(0);
-      }
-    }
-  }
-  if (options.fuse_activation) {
-    take_activation(ix, grp, cur);
-    take_post_affine(ix, grp, cur);
-  }
-  grp.output = cur;
-  return end_in_quantize(ix, options, grp);
+  if (family.check_attributes)
+    if (Why why = family.check_attributes(n)) return why;
+  if (family.bias_input && !n.input(2).empty())
+    if (Why why = select_bias(ix, n.input(2), channels, grp)) return why;
+  return select_tail(ix, family, options, channels, grp);
 }
 
-std::optional<LoweredOp> lowered_family(const ir::Node& n, const LoweringOptions& o) {
-  if (!n.domain.empty()) return std::nullopt;
-  if (n.op_type == "Conv" && o.conv) return LoweredOp::kConv;
-  if (n.op_type == "Gemm" && o.gemm) return LoweredOp::kGemm;
-  if (n.op_type == "MatMul" && o.matmul) return LoweredOp::kMatMul;
+// The output-channel axis of each family's weight, or -1 when the layout is not one its kernel takes.
+int64_t conv_weight_axis(const ir::Node&, const Tensor& w) { return w.rank() >= 3 && w.rank() <= 5 ? 0 : -1; }
+int64_t gemm_weight_axis(const ir::Node& n, const Tensor& w) {
+  return w.rank() == 2 ? (n.attr_int("transB", 0) ? 0 : 1) : -1;
+}
+int64_t matmul_weight_axis(const ir::Node&, const Tensor& w) { return w.rank() == 2 ? 1 : -1; }
+std::optional<std::string> check_gemm_alpha(const ir::Node& n) {
+  const float alpha = n.attr_float("alpha", 1.f);
+  if (!(alpha != 0.f) || !std::isfinite(alpha)) return std::string("alpha must be finite and non-zero");
   return std::nullopt;
 }
 
 }  // namespace
 
-const char* lowered_op_type(LoweredOp op) {
-  switch (op) {
-    case LoweredOp::kConv: return i8::kQConv;
-    case LoweredOp::kGemm: return i8::kQGemm;
-    case LoweredOp::kMatMul: return i8::kQMatMul;
-  }
-  return "";
+const std::vector<LoweredFamily>& lowered_families() {
+  static const std::vector<LoweredFamily> families = {
+      {LoweredOp::kConv, "Conv", i8::kQConv, &LoweringOptions::conv, &LoweringReport::conv, conv_weight_axis, nullptr,
+       /*bias_input=*/true, /*runtime_weight=*/false, /*matmul_tail=*/false},
+      {LoweredOp::kGemm, "Gemm", i8::kQGemm, &LoweringOptions::gemm, &LoweringReport::gemm, gemm_weight_axis,
+       check_gemm_alpha, /*bias_input=*/true, /*runtime_weight=*/false, /*matmul_tail=*/false},
+      {LoweredOp::kMatMul, "MatMul", i8::kQMatMul, &LoweringOptions::matmul, &LoweringReport::matmul,
+       matmul_weight_axis, nullptr, /*bias_input=*/false, /*runtime_weight=*/true, /*matmul_tail=*/true},
+  };
+  return families;
 }
+
+const LoweredFamily* find_lowered_family(const ir::Node& n) {
+  if (!n.domain.empty()) return nullptr;
+  for (const LoweredFamily& f : lowered_families())
+    if (n.op_type == f.float_op) return &f;
+  return nullptr;
+}
+
+const LoweredFamily& lowered_family(LoweredOp op) {
+  for (const LoweredFamily& f : lowered_families())
+    if (f.op == op) return f;
+  fail(ErrorKind::kInternal, "no lowered family for op " + std::to_string(static_cast<int>(op)));
+}
+
+const char* lowered_op_type(LoweredOp op) { return lowered_family(op).fused_op; }
 
 std::vector<QdqGroup> select_qdq_groups(const ir::Graph& g, const LoweringOptions& options,
                                         std::vector<LoweringSkip>* skipped) {
@@ -360,8 +408,8 @@ std::vector<QdqGroup> select_qdq_groups(const ir::Graph& g, const LoweringOption
   std::vector<QdqGroup> groups;
   for (size_t t = 0; t < g.nodes.size(); ++t) {
     const ir::Node& n = g.nodes[t];
-    const auto op = lowered_family(n, options);
-    if (!op) continue;
+    const LoweredFamily* family = find_lowered_family(n);
+    if (!family || !(options.*(family->enabled))) continue;
     // Candidates are the nodes that read at least one DequantizeLinear: the rest is plain float.
     bool reads_dq = false;
     for (const auto& in : n.inputs) {
@@ -370,7 +418,7 @@ std::vector<QdqGroup> select_qdq_groups(const ir::Graph& g, const LoweringOption
     }
     if (!reads_dq) continue;
     QdqGroup grp;
-    if (Why why = select_group(ix, static_cast<int>(t), *op, options, grp)) {
+    if (Why why = select_group(ix, static_cast<int>(t), *family, options, grp)) {
       if (skipped) skipped->push_back({n.name, "cannot lower " + n.describe() + ": " + *why});
       continue;
     }
@@ -426,7 +474,7 @@ ir::Node make_fused_node(ir::Graph& g, const QdqGroup& grp, const LoweringOption
     q.y_zero_point = grp.y.zero_point[0];
     if (!grp.y.per_tensor()) q.y_channel_scale = grp.y.scale;
   }
-  if (grp.activation >= 0) read_activation(g, g.nodes[grp.activation], q);
+  read_group_activation(g, grp, q);
   if (!grp.gelu_chain.empty()) q.activation = i8::Activation::kGelu;
   q.post_scale = grp.post_scale;
   q.post_shift = grp.post_shift;
@@ -529,48 +577,21 @@ int commute_quantize_through_concat(ir::Graph& g) {
   return moved;
 }
 
-// Merged activations no group absorbed go back to the exporter's form: Swish always (it is
-// slimquant's own op), HardSwish where the opset lacks it.
-void restore_unfused_activations(ir::Graph& g) {
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const bool swish = g.nodes[i].op_type == i8::kSwish && g.nodes[i].domain == ir::kSlimquantDomain;
-    if (!swish && !(g.opset < 14 && is_op(g.nodes[i], "HardSwish"))) continue;
-    ir::Node merged = g.nodes[i];
-    ir::Node gate;
-    gate.op_type = swish ? "Sigmoid" : "HardSigmoid";
-    gate.name = merged.name + (swish ? "_sigmoid" : "_hardsigmoid");
-    gate.inputs = merged.inputs;
-    gate.outputs = {g.unique_value_name(merged.outputs[0] + (swish ? "_sigmoid" : "_hardsigmoid"))};
-    if (!swish) {
-      gate.attrs["alpha"] = 1.f / 6.f;
-      gate.attrs["beta"] = 0.5f;
-    }
-    ir::Node mul;
-    mul.op_type = "Mul";
-    mul.name = merged.name;
-    mul.inputs = {merged.inputs[0], gate.outputs[0]};
-    mul.outputs = merged.outputs;
-    g.nodes[i] = std::move(mul);
-    g.nodes.insert(g.nodes.begin() + static_cast<std::ptrdiff_t>(i), std::move(gate));
-    ++i;
-  }
-}
 }  // namespace
 
 ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, LoweringReport* report) {
   ir::Graph g = qdq;
   runtime::optimize_graph(g);
   if (options.fuse_activation) {
-    // Hard-swish written as x * HardSigmoid(x) after a Conv / Gemm / MatMul: one HardSwish, so the
-    // selector fuses it like any activation (restore_unfused_activations undoes what no group absorbs).
-    // Swish (x * Sigmoid(x)) likewise.
+    // paddle2onnx's decomposed hard-swish after a Conv / Gemm / MatMul in the standard spelling
+    // x * HardSigmoid(x), which the selector takes as an activation (as x * Sigmoid(x)); what no
+    // group takes stays exportable ONNX, and the session's execution fusions merge it there.
     auto after_layer = [&](const std::string& x, const std::string&) {
       const int p = g.producer(x);
       return p >= 0 && (is_op(g.nodes[p], "Conv") || is_op(g.nodes[p], "Gemm") || is_op(g.nodes[p], "MatMul")) &&
              !g.is_graph_output(x) && g.consumers(x).size() == 2;
     };
-    ir::merge_hardswish(g, after_layer);
-    ir::merge_swish(g, after_layer);
+    ir::spell_hardswish_as_gate(g, after_layer);
   }
   // Pools and data movement first: Concat -> MaxPool -> Q becomes Concat -> Q -> MaxPool, then
   // Q -> Concat -> MaxPool.
@@ -585,10 +606,10 @@ ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, Lo
   std::map<int, ir::Node> fused;
   for (const QdqGroup& grp : groups) {
     fused.emplace(grp.target, make_fused_node(g, grp, options));
-    for (int i : {grp.scale_mul, grp.bias_add, grp.activation, grp.post_mul, grp.post_add, grp.q_output})
+    for (int i : {grp.scale_mul, grp.bias_add, grp.gate, grp.activation, grp.post_mul, grp.post_add, grp.q_output})
       if (i >= 0) drop[i] = true;
     for (int i : grp.gelu_chain) drop[i] = true;
-    (grp.op == LoweredOp::kConv ? r.conv : grp.op == LoweredOp::kGemm ? r.gemm : r.matmul)++;
+    ++(r.*(lowered_family(grp.op).lowered));
   }
   std::vector<ir::Node> nodes;
   nodes.reserve(g.nodes.size());
@@ -605,7 +626,6 @@ ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, Lo
   for (const auto& n : g.nodes) live.insert(n.outputs.begin(), n.outputs.end());
   std::erase_if(g.value_info, [&](const auto& kv) { return !live.count(kv.first); });
   if (!groups.empty()) g.extra_opsets[i8::kDomain] = 1;
-  restore_unfused_activations(g);
   g.validate();
   for (const auto& n : g.nodes) {
     if (is_op(n, "QuantizeLinear")) ++r.quantize_kept;

@@ -11,6 +11,7 @@
 #include "slimquant/core/distributed.h"
 #include "slimquant/core/quant_param.h"
 #include "slimquant/ir/onnx_io.h"
+#include "slimquant/ir/passes.h"
 #include "slimquant/runtime/optimize.h"
 #include "quant/qdq_export.h"
 
@@ -35,8 +36,6 @@ std::string fnv1a_hex(std::string_view bytes) {
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
 }
-
-std::string layer_name(const ir::Node& n) { return n.name.empty() ? n.outputs.at(0) : n.name; }
 
 // The per-channel maxima as text lines `tensor` / `count v0 v1 ...` (hexfloat: exact).
 void save_channel_abs_max(std::ostream& out, const std::map<std::string, std::vector<float>>& maxima) {
@@ -174,11 +173,7 @@ void PTQ::quantize(const ir::Graph& float_graph) {
   channel_abs_max_.clear();
   channel_wise_conv_inputs_ = config_.channel_wise_conv_inputs;
   batches_ = 0;
-  std::unordered_set<std::string> names;
-  for (auto& node : float_graph_.nodes) {
-    if (node.name.empty() || names.count(node.name)) node.name = float_graph_.unique_value_name(layer_name(node));
-    names.insert(node.name);
-  }
+  ir::name_nodes(float_graph_);
   // Only float32 values get observers: with is_full_quantize, Concat / Slice / Gather also match the
   // int64 shape arithmetic exporters emit (e.g. the `sizes` of a Resize), which stays as it is.
   ir::Graph typed = float_graph_;

@@ -4,6 +4,7 @@
 
 #include "runtime/session_internal.h"
 #include "slimquant/ir/passes.h"
+#include "slimquant/ir/rewrite.h"
 #include "slimquant/runtime/kernel.h"
 
 namespace slimquant::runtime {
@@ -110,14 +111,11 @@ int fold_constants(ir::Graph& g, const FoldOptions& options) {
 }
 
 void optimize_graph(ir::Graph& g, const FoldOptions& options) {
-  ir::constants_to_initializers(g);
-  ir::neutral_elementwise_to_identity(g);
-  ir::remove_identity_ops(g);
+  ir::apply_rules(g, ir::cleanup_rules());
   fold_constants(g, options);
-  // Again while either folds: a BatchNorm can follow an Add that folds first (DBNet's head:
+  // Until stable: a BatchNorm can follow an Add that folds first (DBNet's head:
   // ConvTranspose -> Add(bias) -> BatchNormalization).
-  while (ir::fold_batchnorm_into_conv(g) + ir::fold_affine_into_conv(g) > 0) {
-  }
+  ir::apply_rules(g, ir::conv_folding_rules(), {}, /*until_stable=*/true);
   g.remove_dead_nodes();
 }
 

@@ -13,240 +13,17 @@
 #include <sstream>
 #include <unordered_set>
 
-#include "runtime/channel_quantize_fusion.h"
+#include "runtime/fusions/execution_fusions.h"
 #include "runtime/kernels/dnnl_common.h"
 #include "runtime/kernels/dnnl_kernels.h"
-#include "runtime/kernels/elementwise_common.h"
-#include "runtime/kernels/elementwise_qdq.h"
-#include "runtime/kernels/int8_common.h"
 #include "runtime/session_internal.h"
-#include "runtime/upsample_fusion.h"
 #include "slimquant/ir/passes.h"
-#include "slimquant/ir/qdq_params.h"
 #include "slimquant/runtime/kernel.h"
 #include "slimquant/runtime/optimize.h"
 
 namespace slimquant::runtime {
 
 namespace {
-
-bool same_known_shape(const ir::Graph& g, const std::string& a, const std::string& b) {
-  const ir::ValueInfo *va = g.find_value_info(a), *vb = g.find_value_info(b);
-  return va && vb && va->fully_known() && vb->fully_known() && va->shape() == vb->shape() &&
-         va->dtype == DType::kFloat32 && vb->dtype == DType::kFloat32;
-}
-
-// Execution-only: Add(Conv(...), r) [-> Relu | Clip] becomes one Conv that reads r as a 4th input
-// and adds it with oneDNN's sum post-op, saving the Add's (and activation's) pass over memory.
-// The Conv moves to the Add's place, where r is available; the Conv output must be read by the Add
-// alone and not be kept (hooks/outputs), and both operands must have the same known shape.
-int fuse_residual_adds(ir::Graph& g, const std::set<std::string>& keep) {
-  int fused = 0;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const ir::Node& add = g.nodes[i];
-    if (add.op_type != "Add" || !add.domain.empty() || add.inputs.size() != 2 || add.outputs.size() != 1) continue;
-    for (int side = 0; side < 2; ++side) {
-      const std::string& a = add.inputs[side];
-      const std::string& r = add.inputs[1 - side];
-      const int p = g.producer(a);
-      if (p < 0 || a == r || keep.count(a) || g.is_graph_output(a) || g.consumers(a).size() != 1) continue;
-      const ir::Node& conv = g.nodes[p];
-      // A float Conv, or an INT8 QConv with a float32 output (ONNX type 1).
-      const bool float_conv = conv.op_type == "Conv" && conv.domain.empty();
-      const bool qconv = conv.op_type == "QConv" && conv.domain == "com.slimquant" && conv.attr_int("y_type", 1) == 1;
-      if (!(float_conv || qconv) || conv.outputs.size() != 1 || conv.inputs.size() > 3) continue;
-      // An activation before the sum (x + silu(conv), YOLO's bottleneck; x + relu(conv)) sends
-      // oneDNN 2.6's f32 AVX2 convolutions to the reference implementation, hundreds of times
-      // slower (measured; QConv computes in f32 too where int8 is inexact): the Add stays separate.
-      if (!conv.fused.op.empty() || !conv.attr_string("activation", "").empty()) continue;
-      if (conv.inputs.size() > 1 && !g.is_initializer(conv.inputs[1])) continue;
-      if (!same_known_shape(g, a, r)) continue;
-      ir::Node fusedConv = conv;
-      fusedConv.inputs.resize(3);
-      fusedConv.inputs.push_back(r);
-      fusedConv.outputs[0] = add.outputs[0];
-      // The Add's activation, when it alone reads the sum.
-      int act_index = -1;
-      const std::string& z = add.outputs[0];
-      if (const auto readers = g.consumers(z); readers.size() == 1 && !keep.count(z) && !g.is_graph_output(z)) {
-        const ir::Node& act = g.nodes[readers[0]];
-        float lo = 0.f, hi = 0.f;
-        bool ok = false;
-        if (act.op_type == "Relu" && act.domain.empty()) {
-          ok = true;
-        } else if (act.op_type == "Clip" && act.domain.empty() && g.opset >= 11) {
-          lo = -INFINITY, hi = INFINITY;
-          const std::string &l = act.input(1), &h = act.input(2);
-          ok = (l.empty() || g.is_initializer(l)) && (h.empty() || g.is_initializer(h));
-          if (ok && !l.empty()) lo = g.initializer(l)->to_float_vector().at(0);
-          if (ok && !h.empty()) hi = g.initializer(h)->to_float_vector().at(0);
-          ok = ok && lo <= hi;  // oneDNN refuses min > max (or NaN); the Clip kernel handles it
-        }
-        if (ok && act.outputs.size() == 1) {
-          act_index = readers[0];
-          fusedConv.attrs[dnnl_kernels::kSumActivationAttr] = act.op_type;
-          fusedConv.attrs[dnnl_kernels::kSumActivationAlphaAttr] = lo;
-          fusedConv.attrs[dnnl_kernels::kSumActivationBetaAttr] = hi;
-          fusedConv.outputs[0] = act.outputs[0];
-        }
-      }
-      // Replace the Add by the fused Conv, then drop the activation and the original Conv (both
-      // erasures keep the other indices valid: act_index > i > p).
-      g.nodes[i] = std::move(fusedConv);
-      if (act_index >= 0) g.nodes.erase(g.nodes.begin() + act_index);
-      g.nodes.erase(g.nodes.begin() + p);
-      --i;
-      ++fused;
-      break;
-    }
-  }
-  return fused;
-}
-
-// A per-tensor QuantizeLinear with constant u8/s8 parameters (the ones a producer can take over).
-std::optional<FoldedQuantize> foldable_quantize(const ir::Graph& g, const ir::Node& q) {
-  if (q.op_type != "QuantizeLinear" || !q.domain.empty() || q.outputs.size() != 1 || q.attrs.count("output_dtype"))
-    return std::nullopt;
-  QuantParam p;
-  if (ir::read_qdq_params(g, q, p) || !p.per_tensor() || (p.dtype != DType::kUInt8 && p.dtype != DType::kInt8))
-    return std::nullopt;
-  return FoldedQuantize{std::move(p)};
-}
-
-// The QuantizeLinear that alone reads value v (not kept, not a graph output), or -1.
-int sole_quantize_reader(const ir::Graph& g, const std::string& v, const std::set<std::string>& keep) {
-  const auto readers = g.consumers(v);
-  if (readers.size() != 1 || keep.count(v) || g.is_graph_output(v)) return -1;
-  return foldable_quantize(g, g.nodes[readers[0]]) ? readers[0] : -1;
-}
-
-// Execution-only, after fuse_residual_adds: an INT8 QConv with a fused residual Add whose float32
-// result is read only by a per-tensor QuantizeLinear takes that Q's parameters and output, so it
-// writes the 8-bit tensor itself (the QConv kernel adds the float32 addend in its epilogue) instead
-// of a float32 tensor that a separate pass quantizes.
-int fold_quantize_into_residual_qconvs(ir::Graph& g, const std::set<std::string>& keep) {
-  namespace qattr = int8::attr;
-  int folded = 0;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    const ir::Node& conv = g.nodes[i];
-    if (conv.op_type != int8::kQConv || conv.domain != int8::kDomain || conv.inputs.size() < 4 ||
-        conv.inputs[3].empty() || conv.outputs.size() != 1 || conv.attr_int(qattr::kYType, 1) != 1)
-      continue;
-    const int reader = sole_quantize_reader(g, conv.outputs[0], keep);
-    if (reader < 0) continue;
-    const FoldedQuantize q = *foldable_quantize(g, g.nodes[reader]);
-    ir::Node fused = conv;
-    fused.attrs[qattr::kYType] = static_cast<int64_t>(q.dtype);
-    fused.attrs[qattr::kYScale] = q.scale[0];
-    fused.attrs[qattr::kYZeroPoint] = static_cast<int64_t>(q.zero_point[0]);
-    fused.outputs[0] = g.nodes[reader].outputs[0];
-    // The QConv moves to the Q's place (after it, every value it reads exists too).
-    g.nodes[static_cast<size_t>(reader)] = std::move(fused);
-    g.nodes.erase(g.nodes.begin() + static_cast<std::ptrdiff_t>(i));
-    --i;
-    ++folded;
-  }
-  return folded;
-}
-
-// Execution-only: Add / Sub / Mul / Div whose float32 result is read only by a per-tensor
-// QuantizeLinear compute each row and quantize it while it is in cache (the elementwise kernel
-// reads the folded_quantize_* attributes), instead of writing float32 for a separate pass to read
-// back: e.g. the squeeze-excitation scaling x * s -> Q of EfficientNet and MobileNetV3 blocks.
-int fold_quantize_into_elementwise(ir::Graph& g, const std::set<std::string>& keep) {
-  int folded = 0;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    ir::Node& op = g.nodes[i];
-    const bool arithmetic = op.op_type == "Add" || op.op_type == "Sub" || op.op_type == "Mul" || op.op_type == "Div";
-    if (!arithmetic || !op.domain.empty() || op.inputs.size() != 2 || op.outputs.size() != 1) continue;
-    const int reader = sole_quantize_reader(g, op.outputs[0], keep);
-    if (reader < 0) continue;
-    const FoldedQuantize q = *foldable_quantize(g, g.nodes[reader]);
-    op.attrs[kFoldedQuantizeScale] = q.scale[0];
-    op.attrs[kFoldedQuantizeZeroPoint] = static_cast<int64_t>(q.zero_point[0]);
-    op.attrs[kFoldedQuantizeType] = static_cast<int64_t>(q.dtype);
-    op.outputs[0] = g.nodes[reader].outputs[0];
-    g.nodes.erase(g.nodes.begin() + reader);  // after op: indices up to i stay valid
-    ++folded;
-  }
-  return folded;
-}
-
-// Execution-only, for transformer MLPs: MatMul(a, W) -> Add(b [N]) becomes a MatMul with a bias
-// (a 3rd input its kernel reads), and an erf GELU after such a MatMul its fused activation; any
-// other erf GELU becomes one Gelu node (kGeluDomain, oneDNN's JIT gelu_erf). One pass instead of
-// six. Values that are kept (hooks, outputs) or read elsewhere block the fusion.
-int fuse_matmul_bias_gelu(ir::Graph& g, const std::set<std::string>& keep) {
-  int fused = 0;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    if (g.nodes[i].op_type != "MatMul" || !g.nodes[i].domain.empty() || g.nodes[i].inputs.size() != 2 ||
-        !g.nodes[i].fused.op.empty())  // a fused Scale comes after the product: no bias before it
-      continue;
-    const Tensor* w = g.initializer(g.nodes[i].inputs[1]);
-    if (!w || w->rank() != 2 || w->dtype() != DType::kFloat32) continue;
-    const ir::ValueInfo* vi = g.find_value_info(g.nodes[i].inputs[0]);
-    if (!vi || !vi->dims || vi->dims->size() < 2) continue;  // the bias needs a matrix A
-    std::string y = g.nodes[i].outputs[0];
-    if (keep.count(y) || g.is_graph_output(y) || g.consumers(y).size() != 1) continue;
-    const int add = g.consumers(y)[0];
-    const ir::Node& an = g.nodes[add];
-    const std::string b = an.op_type == "Add" && an.domain.empty() ? ir::other_input(an, y) : "";
-    const Tensor* bias = b.empty() ? nullptr : g.initializer(b);
-    if (!bias || bias->rank() != 1 || bias->dim(0) != w->dim(1) || bias->dtype() != DType::kFloat32) continue;
-    g.nodes[i].inputs.push_back(b);
-    y = an.outputs[0];
-    std::vector<int> erase = {add};
-    std::string gelu_out;
-    if (auto gelu = ir::match_erf_gelu(g, y, keep, gelu_out); !gelu.empty()) {
-      g.nodes[i].fused.op = "Gelu";
-      y = gelu_out;
-      erase.insert(erase.end(), gelu.begin(), gelu.end());
-    }
-    g.nodes[i].outputs[0] = y;
-    std::sort(erase.rbegin(), erase.rend());
-    for (int e : erase) g.nodes.erase(g.nodes.begin() + e);
-    ++fused;
-  }
-  // Remaining erf GELUs (after a QMatMul, an Add, ...).
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    if (g.nodes[i].op_type != "Div" || g.nodes[i].inputs.empty()) continue;
-    const std::string y = g.nodes[i].inputs[0];
-    std::string out;
-    std::vector<int> gelu = ir::match_erf_gelu(g, y, keep, out);
-    if (gelu.empty()) continue;
-    ir::Node node;
-    node.op_type = "Gelu";
-    node.domain = dnnl_kernels::kGeluDomain;
-    node.name = g.nodes[gelu.back()].name;
-    node.inputs = {y};
-    node.outputs = {out};
-    // Every pattern node reads only y and constants: the earliest position is valid for all.
-    const int first = *std::min_element(gelu.begin(), gelu.end());
-    std::sort(gelu.rbegin(), gelu.rend());
-    for (int e : gelu)
-      if (e != first) g.nodes.erase(g.nodes.begin() + e);
-    g.nodes[first] = std::move(node);
-    ++fused;
-  }
-  return fused;
-}
-
-// Execution-only fusions, in order (each may enable the next). Values in `keep` are never fused away.
-void apply_execution_fusions(ir::Graph& graph, const std::set<std::string>& keep) {
-  // Hard-swish written as x * HardSigmoid(x) and swish as x * Sigmoid(x): one node each, which
-  // the activation fusion then puts into the producing Conv (execution only).
-  ir::merge_hardswish(graph, [&](const std::string&, const std::string& s) { return !keep.count(s); });
-  ir::merge_swish(graph, [&](const std::string&, const std::string& s) { return !keep.count(s); });
-  ir::merge_layernorm(graph, keep);
-  ir::merge_residual_gate(graph, keep);
-  ir::fuse_activations(graph, keep);
-  fuse_residual_adds(graph, keep);
-  fold_quantize_into_residual_qconvs(graph, keep);
-  fuse_matmul_bias_gelu(graph, keep);
-  fold_quantize_into_elementwise(graph, keep);
-  fold_nearest_upsample_into_elementwise(graph, keep);
-  fold_channel_quantize_into_elementwise(graph, keep);
-}
 
 // SLIMQUANT_PROFILE=1: per-node wall time, printed to stderr when the plan is dropped (a
 // benchmarking aid; the clock reads cost ~50 ns per node).
@@ -264,7 +41,7 @@ void print_profile(const std::vector<plan::Step>& steps, size_t timed_runs) {
   for (const auto& s : steps)
     std::fprintf(stderr, "  %8.4f ms %8.4f ms %5.1f%%  %s%s%s\n", 1e3 * s.seconds / timed_runs, 1e3 * s.min_seconds,
                  100 * s.seconds / total, s.node->describe().c_str(), s.blocked_outputs ? " [may block]" : "",
-                 s.node->inputs.size() > plan::kResidualAddendInput && s.node->op_type == "Conv" ? " [+sum]" : "");
+                 s.node->inputs.size() > fused_ops::kConvAddend && s.node->op_type == "Conv" ? " [+sum]" : "");
 }
 
 }  // namespace
@@ -363,7 +140,7 @@ class Plan {
     if (step.role == plan::LayoutRole::kAware) {
       ctx.bind_layouts(&io.in_layouts, &io.out_layouts, step.blocked_outputs);
       // Only the pool and this value hold the addend's buffer: nobody can observe the overwrite.
-      constexpr size_t kAddend = plan::kResidualAddendInput;
+      constexpr size_t kAddend = fused_ops::kConvAddend;
       if (step.donate_addend && io.inputs[kAddend] == &slots.values[step.inputs[kAddend]] &&
           slots.values[step.inputs[kAddend]].storage().use_count() == 2)
         ctx.donate_inputs(1u << kAddend);

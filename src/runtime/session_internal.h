@@ -15,6 +15,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "runtime/fused_ops/residual_conv.h"  // fused_ops::kConvAddend: the residual addend slot
 #include "slimquant/ir/graph.h"
 #include "slimquant/runtime/kernel.h"
 #include "slimquant/runtime/session.h"
@@ -38,10 +39,6 @@ class BufferPool {
 std::string with_node_context(const ir::Node& node, const std::string& message);
 
 namespace plan {
-
-// The input of a Conv / QConv that carries a fused residual addend (fuse_residual_adds appends it
-// after X, W, B): read in any layout, and its buffer may become the output's.
-inline constexpr size_t kResidualAddendInput = 3;
 
 // How a step treats non-plain (blocked) layouts.
 enum class LayoutRole {

@@ -8,12 +8,13 @@
 #include "runtime/kernels/elementwise_common.h"
 #include "runtime/kernels/elementwise_qdq.h"
 #include "runtime/session_internal.h"
+#include "slimquant/ir/rewrite.h"
 
 namespace slimquant::runtime::plan {
 
 LayoutRole layout_role(const ir::Node& n) {
   if (n.domain.empty() && n.op_type == "Conv") return LayoutRole::kAware;
-  if (n.domain == "com.slimquant" && n.op_type == "QConv") return LayoutRole::kAware;
+  if (n.domain == ir::kSlimquantDomain && n.op_type == "QConv") return LayoutRole::kAware;
   if (n.domain.empty() && (n.op_type == "MaxPool" || n.op_type == "AveragePool")) return LayoutRole::kAware;
   static const std::set<std::string> kElementwise = {"Add", "Sub", "Mul", "Div", "Relu", "Clip",
                                                       "QuantizeLinear", "DequantizeLinear"};
@@ -26,7 +27,7 @@ LayoutRole layout_role(const ir::Node& n) {
 }
 
 // X, and the fused residual addend.
-bool aware_input(const ir::Node&, size_t input) { return input == 0 || input == kResidualAddendInput; }
+bool aware_input(const ir::Node&, size_t input) { return input == fused_ops::kConvX || input == fused_ops::kConvAddend; }
 
 // True when a blocked layout keeps every sample (slice along axis 0) contiguous and unpadded, at
 // the place the plain layout has it: each sample's elements are then only permuted.
@@ -75,10 +76,10 @@ void mark_addend_donations(std::vector<Step>& steps, size_t slot_count) {
     for (int o : step.outputs)
       if (o >= 0) producer_role[o] = static_cast<int>(step.role);
   for (auto& step : steps) {
-    if (step.role != LayoutRole::kAware || step.inputs.size() <= kResidualAddendInput ||
-        step.inputs[kResidualAddendInput] < 0)
+    if (step.role != LayoutRole::kAware || step.inputs.size() <= fused_ops::kConvAddend ||
+        step.inputs[fused_ops::kConvAddend] < 0)
       continue;
-    const int addend = step.inputs[kResidualAddendInput];
+    const int addend = step.inputs[fused_ops::kConvAddend];
     const bool dies_here = std::count(step.release.begin(), step.release.end(), addend) > 0;
     const bool read_once = std::count(step.inputs.begin(), step.inputs.end(), addend) == 1;
     step.donate_addend = dies_here && read_once && producer_role[addend] == static_cast<int>(LayoutRole::kAware);

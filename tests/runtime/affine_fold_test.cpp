@@ -6,6 +6,8 @@
 #include <cmath>
 #include <random>
 
+#include "runtime/fused_ops/fused_activation.h"
+#include "runtime/fusions/execution_fusions.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/optimize.h"
 #include "slimquant/runtime/session.h"
@@ -146,11 +148,11 @@ TEST(FoldAffineIntoConv, PpLcNetV3BlockRunsAsOneConvWithPostOps) {
     EXPECT_EQ(count_op(fused, "Conv"), 1);
     EXPECT_EQ(fused.nodes.size(), 7u);  // Conv, then hard-swish's Add Clip Mul Div, then Mul Add
     ir::merge_hardswish(fused, [](const std::string&, const std::string&) { return true; });
-    ir::fuse_activations(fused);
+    runtime::fuse_activations(fused);
     ASSERT_EQ(fused.nodes.size(), 1u);
-    EXPECT_EQ(fused.nodes[0].fused.op, "HardSwish");
-    EXPECT_FLOAT_EQ(fused.nodes[0].fused.post_scale, post_scale);
-    EXPECT_FLOAT_EQ(fused.nodes[0].fused.post_shift, 0.07f);
+    EXPECT_EQ(runtime::fused_ops::FusedActivation::parse(fused.nodes[0]).op, "HardSwish");
+    EXPECT_FLOAT_EQ(runtime::fused_ops::FusedActivation::parse(fused.nodes[0]).post_scale, post_scale);
+    EXPECT_FLOAT_EQ(runtime::fused_ops::FusedActivation::parse(fused.nodes[0]).post_shift, 0.07f);
     EXPECT_EQ(fused.nodes[0].outputs[0], y);
   }
 }

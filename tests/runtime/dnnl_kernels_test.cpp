@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 
+#include "runtime/fused_ops/fused_activation.h"
 #include "runtime/kernels/dnnl_kernels.h"
 #include "slimquant/runtime/kernel.h"
 
@@ -113,7 +114,7 @@ Tensor reference_conv2d(const Tensor& x, const Tensor& w, const Tensor* b, const
   return y;
 }
 
-float reference_activation(const ir::FusedActivation& f, float x) {
+float reference_activation(const fused_ops::FusedActivation& f, float x) {
   if (f.op == "Relu") return std::max(x, 0.f);
   if (f.op == "LeakyRelu") return x >= 0 ? x : f.alpha * x;
   if (f.op == "Clip") return std::min(std::max(x, f.alpha), f.beta);
@@ -238,7 +239,7 @@ TEST(DnnlConv, PrimitiveCacheServesSeveralBatchSizes) {
   }
 }
 
-std::vector<ir::FusedActivation> all_fused_activations() {
+std::vector<fused_ops::FusedActivation> all_fused_activations() {
   return {{"Relu", 0, 0},        {"Clip", -0.5f, 0.75f},     {"LeakyRelu", 0.1f, 0},
           {"Sigmoid", 0, 0},     {"Tanh", 0, 0},             {"HardSigmoid", 0.2f, 0.5f},
           {"HardSwish", 0, 0},   {"Elu", 0.7f, 0},           {"Gelu", 0, 0},
@@ -252,10 +253,10 @@ TEST(DnnlConv, FusedActivationsMatchUnfusedPlusActivation) {
     const Tensor unfused = Harness(conv_node(c.p), make_conv, {{1, w}, {2, b}}).run({x, w, b})[0];
     for (ConvLayout layout : {ConvLayout::kPlain, ConvLayout::kBlocked}) {
       set_conv_layout_override(layout);
-      for (const ir::FusedActivation& f : all_fused_activations()) {
+      for (const fused_ops::FusedActivation& f : all_fused_activations()) {
         SCOPED_TRACE(std::string(c.name) + " " + f.op + " layout " + std::to_string(static_cast<int>(layout)));
         ir::Node n = conv_node(c.p);
-        n.fused = f;
+        f.write(n);
         Tensor want = unfused.clone();
         for (float& v : want.values<float>()) v = reference_activation(f, v);
         expect_close(Harness(n, make_conv, {{1, w}, {2, b}}).run({x, w, b})[0], want);
@@ -268,7 +269,7 @@ TEST(DnnlConv, FusedActivationsMatchUnfusedPlusActivation) {
 
 TEST(DnnlConv, UnknownFusedActivationIsUnsupported) {
   ir::Node n = conv_node({});
-  n.fused.op = "Softplus";
+  fused_ops::FusedActivation{"Softplus"}.write(n);
   try {
     Harness h(n, make_conv);
     FAIL() << "expected kUnsupported";
@@ -364,9 +365,9 @@ TEST(DnnlGemm, FusedActivationAndBatchSizes) {
   n.attrs["transB"] = int64_t{1};
   n.attrs["alpha"] = 0.5f;
   const Tensor w = random_tensor({6, 8}, 30), bias = random_tensor({6}, 31);
-  for (const ir::FusedActivation& f : all_fused_activations()) {
+  for (const fused_ops::FusedActivation& f : all_fused_activations()) {
     SCOPED_TRACE(f.op);
-    n.fused = f;
+    f.write(n);
     Harness packed(n, make_gemm, {{1, w}, {2, bias}});
     Harness runtime(n, make_gemm);
     for (int64_t m : {1, 9, 1}) {
@@ -396,7 +397,7 @@ TEST(DnnlMatMul, BroadcastsBatchDimsOfDifferentRanks) {
 TEST(DnnlMatMul, ConstantWeightsServeSeveralBatchSizes) {
   const Tensor w = random_tensor({16, 10}, 50);
   ir::Node n = make_node("MatMul", 2);
-  n.fused = {"Relu", 0, 0};
+  fused_ops::FusedActivation{"Relu", 0, 0}.write(n);
   Harness h(n, make_matmul, {{1, w}});
   for (int64_t batch : {1, 4, 2, 1}) {
     const Tensor a = random_tensor({batch, 3, 16}, 51 + static_cast<uint32_t>(batch));

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "kernel_test_util.h"
+#include "runtime/fused_ops/fused_activation.h"
 #include "runtime/kernels/elementwise_qdq.h"
 
 namespace slimquant::runtime {
@@ -139,11 +140,11 @@ TEST(Elementwise, FusedActivationAppliesAfterAdd) {
   const Tensor a = Tensor::from_vector<float>({4}, {-2.f, -0.5f, 0.5f, 7.f});
   const Tensor b = Tensor::scalar<float>(1.f);
   ir::Node n = make_node("Add", 2);
-  n.fused = {"Relu", 0.f, 0.f};
+  fused_ops::FusedActivation{"Relu", 0.f, 0.f}.write(n);
   EXPECT_EQ(run1(n, {a, b}).to_float_vector(), (std::vector<float>{0.f, 0.5f, 1.5f, 8.f}));
-  n.fused = {"Clip", 0.f, 6.f};
+  fused_ops::FusedActivation{"Clip", 0.f, 6.f}.write(n);
   EXPECT_EQ(run1(n, {a, b}).to_float_vector(), (std::vector<float>{0.f, 0.5f, 1.5f, 6.f}));
-  n.fused = {"Softmax", 0.f, 0.f};
+  fused_ops::FusedActivation{"Softmax", 0.f, 0.f}.write(n);
   EXPECT_THROW(run1(n, {a, b}), Error);
 }
 

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <random>
 
+#include "runtime/fused_ops/fused_activation.h"
+#include "runtime/fusions/execution_fusions.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/optimize.h"
 #include "slimquant/runtime/session.h"
@@ -121,9 +123,9 @@ TEST(PaddlePatterns, SwishWithAMulByOneRunsAsOneSwish) {
   runtime::optimize_graph(optimized);
   EXPECT_EQ(count_op(optimized, "Mul"), 1);
   EXPECT_EQ(ir::merge_swish(optimized, [](const std::string&, const std::string&) { return true; }), 1);
-  ir::fuse_activations(optimized);
+  runtime::fuse_activations(optimized);
   ASSERT_EQ(optimized.nodes.size(), 1u);
-  EXPECT_EQ(optimized.nodes[0].fused.op, "Swish");
+  EXPECT_EQ(runtime::fused_ops::FusedActivation::parse(optimized.nodes[0]).op, "Swish");
 
   std::mt19937 rng(3);
   const Tensor in = random_tensor({1, 4, 5, 5}, rng, -3.f, 3.f);

@@ -32,16 +32,6 @@ struct ValueInfo {
   Shape shape() const;  // requires fully_known()
 };
 
-// What an execution-only fusion pass attached to a node (never exported to ONNX).
-struct FusedActivation {
-  std::string op;  // "", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSwish", ..., "Scale" (y * alpha)
-  float alpha = 0.f, beta = 0.f;
-  // y = act(x) * post_scale + post_shift: a scalar Mul / Add after the activation (PPLCNetV3's
-  // learnable affine block after each hard-swish), one more linear post-op.
-  float post_scale = 1.f, post_shift = 0.f;
-  bool has_post_affine() const { return post_scale != 1.f || post_shift != 0.f; }
-};
-
 struct Node {
   std::string name;
   std::string op_type;
@@ -49,7 +39,6 @@ struct Node {
   std::vector<std::string> inputs;  // "" = optional input left out
   std::vector<std::string> outputs;
   std::map<std::string, AttributeValue> attrs;
-  FusedActivation fused;
   // Outer-scope values the node's subgraphs read, as the subgraphs name them. They are also the
   // last captured.size() entries of `inputs` (under their current outer names, which passes may
   // rename), so that ordering, liveness and folding see the dependency; export drops them again.

@@ -8,8 +8,14 @@
 #include <string>
 
 #include "slimquant/ir/graph.h"
+#include "slimquant/ir/rewrite.h"
 
 namespace slimquant::ir {
+
+// Gives every node a unique name: an unnamed node, or one whose name an earlier node has, is named
+// after its first output or its name, made unique among the graph's values. The layer names the
+// PTQ reports and the QAT analysis matches them by.
+void name_nodes(Graph& g);
 
 // Constant nodes become initializers (value, value_float(s), value_int(s) attributes).
 int constants_to_initializers(Graph& g);
@@ -33,17 +39,6 @@ int fold_batchnorm_into_conv(Graph& g);
 // (PPLCNetV3's learnable affine blocks: Mul then Add) fold repeatedly. Returns nodes removed.
 int fold_affine_into_conv(Graph& g);
 
-// Execution-only: attaches an activation that is the sole reader of a Conv/ConvTranspose/Gemm
-// output to that node (`Node::fused`) and removes it. Values in `keep` (e.g. values a caller wants
-// to observe) are never fused away. Returns activations fused.
-int fuse_activations(Graph& g, const std::set<std::string>& keep = {});
-
-// The value of a one-element float initializer, or nullopt.
-std::optional<float> scalar_constant(const Graph& g, const std::string& v);
-
-// The other input of a two-input node, or "" when `v` is not one of them.
-std::string other_input(const Node& n, const std::string& v);
-
 // The erf GELU that PyTorch exports before opset 20, read from value y:
 //   Mul(Mul(y, Add(Erf(Div(y, sqrt 2)), 1)), 0.5)
 // Returns the pattern's node indices (the last one writes the result) and sets `out` to its
@@ -51,6 +46,8 @@ std::string other_input(const Node& n, const std::string& v);
 // output) or read elsewhere.
 std::vector<int> match_erf_gelu(const Graph& g, const std::string& y, const std::set<std::string>& keep,
                                 std::string& out);
+// The same on an index (a rule's Rewriter: nodes removed earlier in the sweep do not count).
+std::vector<int> match_erf_gelu(const GraphIndex& ix, const std::string& y, std::string& out);
 
 // Hard-swish as exporters write it before opset 14 becomes one HardSwish node at the place of the
 // pattern's last node: Mul(x, HardSigmoid(x; alpha 1/6, beta 0.5)) (PyTorch), when the
@@ -59,6 +56,10 @@ std::vector<int> match_erf_gelu(const Graph& g, const std::string& y, const std:
 // for every intermediate v. The result needs opset 14 to export: for execution, or where the
 // HardSwish is absorbed further. Returns merges.
 int merge_hardswish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept);
+// paddle2onnx's Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6) in the standard opset-13 spelling
+// Mul(x, HardSigmoid(x; 1/6, 0.5)) (exportable ONNX, one form for the INT8 selector to recognise),
+// under the same conditions as merge_hardswish. Returns rewrites.
+int spell_hardswish_as_gate(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept);
 
 // Mul(x, Sigmoid(x)), SiLU / swish as every exporter writes it (YOLO, EfficientNet, PP-YOLOE),
 // becomes one com.slimquant Swish node (alpha 1: x * sigmoid(x)) at the Mul's place, when the
@@ -79,7 +80,13 @@ int merge_layernorm(Graph& g, const std::set<std::string>& keep = {});
 // written once instead of twice each. Equal up to float rounding. Execution only. Returns merges.
 int merge_residual_gate(Graph& g, const std::set<std::string>& keep = {});
 
-inline constexpr const char* kSlimquantDomain = "com.slimquant";
+// The model passes as ordered rule lists (runtime::optimize_graph runs them around constant
+// folding). Clean-up after import: constants_to_initializers, neutral_elementwise_to_identity,
+// remove_identity_ops.
+std::vector<Rule> cleanup_rules();
+// fold_batchnorm_into_conv, fold_affine_into_conv: run until neither fires (a BatchNorm can follow
+// an Add that folds first).
+std::vector<Rule> conv_folding_rules();
 
 // Sets the shapes of the given graph inputs (others keep their declared shapes), forgets inferred
 // intermediate shapes and re-infers all shapes with ONNX shape inference. Throws kInvalidArgument

@@ -11,6 +11,7 @@
 // DequantizeLinear only where quantized values feed float ops. Anything not matched keeps running
 // as float simulation, so every QDQ model runs. docs/int8_execution.md has the arithmetic.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,8 @@ namespace slimquant::quant {
 
 enum class LoweredOp { kConv, kGemm, kMatMul };
 const char* lowered_op_type(LoweredOp op);  // "QConv", "QGemm", "QMatMul"
+struct LoweringOptions;
+struct LoweringReport;
 
 // One group the selector recognised, already validated. Node indices refer to the graph given to
 // the selector (they stay valid until that graph's node list changes).
@@ -32,7 +35,8 @@ struct QdqGroup {
   int bias_add = -1;           // MatMul -> Add(constant [N]) taken in as the bias, or -1
   int scale_mul = -1;          // MatMul -> Mul(positive scalar constant) folded into the output scale, or -1
   float output_factor = 1.f;   // that scalar
-  int activation = -1;         // Relu / Clip / ... taken in, or -1
+  int activation = -1;         // Relu / Clip / ... taken in (the Mul of a gated one), or -1
+  int gate = -1;               // the Sigmoid / HardSigmoid of x * gate(x) (swish, hard-swish), or -1
   std::vector<int> gelu_chain; // or the nodes of an erf GELU taken in as the activation
   int post_mul = -1, post_add = -1;  // Mul / Add by a scalar constant after a real-units activation
   float post_scale = 1.f, post_shift = 0.f;  // their combined act(v) * post_scale + post_shift
@@ -60,6 +64,27 @@ struct LoweringOptions {
   // (exact int8 dot products where the CPU has them, the exact float path otherwise), "int8", "f32".
   std::string compute = "auto";
 };
+
+// One lowered integer family, as one entry of lowered_families(): the selector, the action and the
+// report read everything family-specific from here (docs/rewrites.md: adding a family).
+struct LoweredFamily {
+  LoweredOp op;
+  const char* float_op;  // the ONNX op it replaces ("Conv")
+  const char* fused_op;  // the com.slimquant op the integer kernels run ("QConv")
+  bool LoweringOptions::*enabled;  // the option that turns it on
+  int LoweringReport::*lowered;    // its counter in the report
+  // The weight's output-channel axis, or -1 when its kernel does not take that weight layout.
+  int64_t (*weight_channel_axis)(const ir::Node& target, const Tensor& w);
+  // Family-specific attribute checks (nullptr: none); returns why the node cannot be lowered.
+  std::optional<std::string> (*check_attributes)(const ir::Node& target);
+  bool bias_input;      // input 2 is a per-output-channel bias (Conv's B, Gemm's C)
+  bool runtime_weight;  // input 1 may be an s8 activation instead of a constant weight
+  bool matmul_tail;     // takes Mul(scalar) and Add(constant bias) after the product into the group
+};
+const std::vector<LoweredFamily>& lowered_families();
+// The family lowering `n` (an ONNX Conv / Gemm / MatMul), or nullptr.
+const LoweredFamily* find_lowered_family(const ir::Node& n);
+const LoweredFamily& lowered_family(LoweredOp op);
 
 // Selector: the groups lower_to_int8 replaces, in node order. Scales, zero points, weights and
 // biases must be initializers (run runtime::optimize_graph first; lower_to_int8 does). When

@@ -1,4 +1,5 @@
 #include "runtime/kernels/dnnl_common.h"
+#include "runtime/fused_ops/fused_activation.h"
 
 #include <algorithm>
 #include <cstring>
@@ -117,7 +118,7 @@ bool known_activation(const std::string& op) {
 }  // namespace
 
 void check_fused_activation(const ir::Node& node) {
-  const std::string& op = node.fused.op;
+  const std::string op = fused_ops::FusedActivation::parse(node).op;
   if (!op.empty() && !known_activation(op))
     fail(ErrorKind::kUnsupported, node.describe() + ": fused activation '" + op +
                                       "' has no oneDNN post-op (supported: Relu, Clip, LeakyRelu, Sigmoid, "
@@ -134,7 +135,7 @@ std::vector<EltwiseStep> activation_only_steps(const ir::Node& node);
 
 std::vector<EltwiseStep> activation_steps(const ir::Node& node) {
   std::vector<EltwiseStep> steps = activation_only_steps(node);
-  const ir::FusedActivation& f = node.fused;
+  const fused_ops::FusedActivation f = fused_ops::FusedActivation::parse(node);
   if (!steps.empty() && f.has_post_affine())
     steps.push_back({dnnl::algorithm::eltwise_linear, f.post_scale, f.post_shift});
   return steps;
@@ -142,7 +143,7 @@ std::vector<EltwiseStep> activation_steps(const ir::Node& node) {
 
 std::vector<EltwiseStep> activation_only_steps(const ir::Node& node) {
   using alg = dnnl::algorithm;
-  const ir::FusedActivation& f = node.fused;
+  const fused_ops::FusedActivation f = fused_ops::FusedActivation::parse(node);
   if (f.op.empty()) return {};
   check_fused_activation(node);
   if (f.op == "Relu") return {{alg::eltwise_relu, 0.f, 0.f}};
@@ -178,9 +179,8 @@ std::vector<dnnl::eltwise_forward> make_activation_primitives(const ir::Node& no
 }
 
 void reject_fused_activation(const ir::Node& node) {
-  if (!node.fused.op.empty())
-    fail(ErrorKind::kUnsupported,
-         node.describe() + ": cannot fuse activation '" + node.fused.op + "' into " + node.op_type);
+  if (const fused_ops::FusedActivation f = fused_ops::FusedActivation::parse(node); !f.empty())
+    fail(ErrorKind::kUnsupported, node.describe() + ": cannot fuse activation '" + f.op + "' into " + node.op_type);
 }
 
 memory::desc plain_desc(const Shape& shape, dt type) {

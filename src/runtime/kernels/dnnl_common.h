@@ -32,7 +32,7 @@ struct Layout {
 
 namespace slimquant::runtime::dnnl_kernels {
 
-// Fused activations (set by the execution-only fusion pass on node.fused).
+// Fused activations (the execution fusions' contract, runtime/fused_ops/fused_activation.h).
 // Throws kUnsupported naming the node for an activation oneDNN post-ops cannot express.
 void check_fused_activation(const ir::Node& node);
 void append_fused_activation(dnnl::post_ops& ops, const ir::Node& node);

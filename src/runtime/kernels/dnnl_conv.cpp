@@ -1,11 +1,12 @@
 // Conv (ONNX opsets 1, 11): N-D convolution (1-D/2-D/3-D) with groups, strides, dilations,
 // explicit or automatic pads and an optional bias, on oneDNN's convolution_forward. A fused
-// activation (node.fused) runs as an eltwise post-op.
+// activation (runtime/fused_ops/fused_activation.h) runs as an eltwise post-op.
 //
 // Weights: a constant W is reordered once into the layout the primitive picks (format_tag::any)
 // and kept; a runtime W is reordered on every run. Primitives are cached per input shapes.
 #include <atomic>
 
+#include "runtime/fused_ops/residual_conv.h"
 #include "runtime/kernels/dnnl_common.h"
 #include "runtime/kernels/implementation_choice.h"
 #include "runtime/kernels/dnnl_kernels.h"
@@ -16,9 +17,9 @@ namespace {
 
 std::atomic<ConvLayout> g_layout_override{ConvLayout::kAuto};
 
-// kSum: the residual addend of an Add the plan fused into this Conv (see fuse_residual_adds in
-// session.cpp); not an ONNX input.
-enum ConvInput : size_t { kX = 0, kW = 1, kB = 2, kSum = 3 };
+// Input slots (runtime/fused_ops/residual_conv.h), after them the residual addend of an Add the
+// execution fusions put into this Conv (fused_ops::kConvAddend; not an ONNX input).
+constexpr size_t kX = fused_ops::kConvX, kW = fused_ops::kConvW, kB = fused_ops::kConvBias;
 
 struct ConvAttrs {
   WindowAttrs window;
@@ -80,10 +81,10 @@ class ConvKernel final : public Kernel {
     if (b) require_float32(node_, *b, "bias B");
     const Shape& ws = w ? w->shape() : const_weights_shape_;
 
-    const Tensor* sum = ctx.optional_input(kSum);
+    const Tensor* sum = ctx.optional_input(fused_ops::kConvAddend);
     if (sum) require_float32(node_, *sum, "the fused residual addend");
     const Layout* x_layout = ctx.input_layout(kX);
-    const Layout* sum_layout = sum ? ctx.input_layout(kSum) : nullptr;
+    const Layout* sum_layout = sum ? ctx.input_layout(fused_ops::kConvAddend) : nullptr;
     const bool out_blocked = ctx.output_layout_allowed(0);
     // Within a plan the layouts a kernel sees are fixed, so flags are enough to key the cache.
     const int64_t tag = (x_layout ? 1 : 0) | (out_blocked ? 2 : 0) | (sum ? 4 : 0) | (sum_layout ? 8 : 0);
@@ -93,7 +94,7 @@ class ConvKernel final : public Kernel {
         tag);
     // The addend's buffer becomes the output when the plan donated it and it already is in the
     // primitive's dst layout: the sum post-op then reads it in place, no copy.
-    if (sum && ctx.input_donated(kSum) && !p.sum_reorder && !p.dst_reorder) ctx.set_output(0, *sum);
+    if (sum && ctx.input_donated(fused_ops::kConvAddend) && !p.sum_reorder && !p.dst_reorder) ctx.set_output(0, *sum);
     else ctx.allocate_output(0, DType::kFloat32, p.out_shape);
     Tensor& y = ctx.output(0);
     if (y.numel() == 0) return;
@@ -197,9 +198,10 @@ class ConvKernel final : public Kernel {
 
   // The activation of a fused residual Add (after the sum), recorded by the plan as attributes.
   void append_sum_activation(dnnl::post_ops& ops) const {
-    const std::string act = node_.attr_string(kSumActivationAttr, "");
+    const fused_ops::SumActivation sum_act = fused_ops::SumActivation::parse(node_);
+    const std::string& act = sum_act.op;
     if (act.empty()) return;
-    const float lo = node_.attr_float(kSumActivationAlphaAttr, 0.f), hi = node_.attr_float(kSumActivationBetaAttr, 0.f);
+    const float lo = sum_act.lo, hi = sum_act.hi;
     if (act == "Relu") ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
     else if (act == "Clip") ops.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, lo, hi);
     else fail(ErrorKind::kInternal, node_.describe() + ": unknown fused residual activation '" + act + "'");

@@ -1,6 +1,6 @@
 // ConvTranspose (ONNX opsets 1, 11): 1-D/2-D/3-D transposed convolution with groups, strides,
 // dilations, pads, output_padding, output_shape and auto_pad, on oneDNN's deconvolution_forward.
-// A fused activation (node.fused) runs as an eltwise post-op.
+// A fused activation (runtime/fused_ops/fused_activation.h) runs as an eltwise post-op.
 //
 // Output size per spatial dim (ONNX): out = stride*(in-1) + output_padding + (k-1)*dilation + 1
 // - pad_begin - pad_end. oneDNN has no output_padding: it computes out = stride*(in-1) + (k-1)*d+1
@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "runtime/kernels/cpu_clones.h"
+#include "runtime/fused_ops/fused_activation.h"
 #include "runtime/kernels/dnnl_common.h"
 #include "runtime/kernels/dnnl_kernels.h"
 #include "runtime/kernels/elementwise_common.h"
@@ -46,7 +47,7 @@ SQ_AVX512_AVX2_CLONES void scatter_row(float* y, const float* z0, int64_t z_stri
 // The fused activation the GEMM path applies itself (the elementwise kernels' loops); nullopt for
 // those it leaves to oneDNN's deconvolution post-ops (Gelu, Scale, a post affine map).
 std::optional<ew::Activation> gemm_path_activation(const ir::Node& node) {
-  const ir::FusedActivation& f = node.fused;
+  const fused_ops::FusedActivation f = fused_ops::FusedActivation::parse(node);
   if (f.has_post_affine() || f.op == "Gelu" || f.op == "Scale") return std::nullopt;
   return ew::resolve_fused_activation(node);
 }
@@ -114,7 +115,7 @@ class ConvTransposeKernel final : public Kernel {
   bool is_kernel_sized_stride(const Tensor& w) const {
     const WindowAttrs& a = attrs_.window;
     if (w.rank() != 4 || attrs_.group != 1 || !attrs_.output_shape.empty()) return false;
-    if (!node_.fused.op.empty() && !gemm_path_activation(node_)) return false;
+    if (!fused_ops::FusedActivation::parse(node_).empty() && !gemm_path_activation(node_)) return false;
     if (a.auto_pad != AutoPad::kNotSet && a.auto_pad != AutoPad::kValid) return false;
     for (int64_t v : attrs_.output_padding)
       if (v != 0) return false;

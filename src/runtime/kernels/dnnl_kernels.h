@@ -21,14 +21,8 @@ std::unique_ptr<Kernel> make_softmax(const KernelInit& init);
 std::unique_ptr<Kernel> make_log_softmax(const KernelInit& init);
 std::unique_ptr<Kernel> make_layer_normalization(const KernelInit& init);
 
-// Attributes the plan's residual-Add fusion (session.cpp) writes on a Conv that now also adds its
-// 4th input: the Add's following activation ("Relu" or "Clip" with alpha = min, beta = max).
-inline constexpr const char* kSumActivationAttr = "slimquant.sum_activation";
-inline constexpr const char* kSumActivationAlphaAttr = "slimquant.sum_activation_alpha";
-inline constexpr const char* kSumActivationBetaAttr = "slimquant.sum_activation_beta";
-
-// Execution-only Gelu (erf form, domain kGeluDomain) on oneDNN's JIT eltwise, for GELUs the plan
-// recognises in exported graphs (session.cpp).
+// Execution-only Gelu (erf form, domain kGeluDomain: runtime/fused_ops/gelu_erf.h) on oneDNN's JIT
+// eltwise, for GELUs the plan recognises in exported graphs (runtime/fusions).
 std::unique_ptr<Kernel> make_gelu_erf(const KernelInit& init);
 
 // How Conv hands activations to oneDNN. kAuto picks per primitive (see dnnl_conv.cpp); the others

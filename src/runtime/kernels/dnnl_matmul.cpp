@@ -13,6 +13,7 @@
 #include <algorithm>
 
 #include "runtime/kernels/dnnl_common.h"
+#include "runtime/fused_ops/fused_activation.h"
 #include "runtime/kernels/dnnl_kernels.h"
 
 namespace slimquant::runtime::dnnl_kernels {
@@ -66,7 +67,7 @@ struct MatmulPlan {
 // eltwise (even LeakyRelu) through a slow path: 2-8x the cost of a separate JIT eltwise pass over Y
 // (measured, 1 thread, AVX2). Those run as that separate pass.
 bool activation_as_post_op(const ir::Node& node) {
-  const ir::FusedActivation& f = node.fused;
+  const fused_ops::FusedActivation f = fused_ops::FusedActivation::parse(node);
   return (f.op == "Relu") || (f.op == "Clip");
 }
 

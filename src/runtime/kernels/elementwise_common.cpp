@@ -1,4 +1,5 @@
 #include "runtime/kernels/elementwise_common.h"
+#include "runtime/fused_ops/fused_activation.h"
 
 #include "runtime/kernels/elementwise_math.h"
 
@@ -86,7 +87,7 @@ std::string onnx_type_name(int64_t onnx_type) {
 }
 
 Activation resolve_fused_activation(const ir::Node& node) {
-  const ir::FusedActivation& f = node.fused;
+  const fused_ops::FusedActivation f = fused_ops::FusedActivation::parse(node);
   Activation a;
   a.alpha = f.alpha;
   a.beta = f.beta;
@@ -108,8 +109,8 @@ Activation resolve_fused_activation(const ir::Node& node) {
 }
 
 void reject_fused_activation(const ir::Node& node) {
-  if (!node.fused.op.empty())
-    fail(ErrorKind::kUnsupported, node.describe() + ": a fused " + node.fused.op +
+  if (const fused_ops::FusedActivation f = fused_ops::FusedActivation::parse(node); !f.empty())
+    fail(ErrorKind::kUnsupported, node.describe() + ": a fused " + f.op +
                                       " activation is not supported on " + node.op_type);
 }
 

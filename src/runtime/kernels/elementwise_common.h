@@ -149,7 +149,7 @@ void for_each_row(const BroadcastPlan& p, Fn&& fn) {
 std::string onnx_type_name(int64_t onnx_type);
 
 // An activation that an execution-only fusion pass attached to an elementwise node
-// (ir::Node::fused), resolved once at plan compile time so the run loop only switches on an enum.
+// (runtime/fused_ops/fused_activation.h), resolved once at plan compile time so the run loop only switches on an enum.
 // Parameters: LeakyRelu alpha; Elu alpha; Clip alpha = min, beta = max; HardSigmoid alpha, beta.
 struct Activation {
   enum class Kind { kNone, kRelu, kLeakyRelu, kClip, kSigmoid, kTanh, kHardSigmoid, kHardSwish, kElu, kSwish };
@@ -157,7 +157,7 @@ struct Activation {
   float alpha = 0.f, beta = 0.f;
   explicit operator bool() const { return kind != Kind::kNone; }
 };
-// Resolves node.fused; throws kUnsupported naming the node for an activation we cannot apply.
+// Resolves the node's fused activation; throws kUnsupported naming the node for an activation we cannot apply.
 Activation resolve_fused_activation(const ir::Node& node);
 // Fails with kUnsupported when the node carries a fused activation (kernels that cannot apply one).
 void reject_fused_activation(const ir::Node& node);

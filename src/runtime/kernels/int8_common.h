@@ -32,11 +32,12 @@
 #include "runtime/dnnl_context.h"
 #include "slimquant/core/quant_param.h"
 #include "slimquant/ir/graph.h"
+#include "slimquant/ir/rewrite.h"
 #include "slimquant/runtime/kernel.h"
 
 namespace slimquant::runtime::int8 {
 
-inline constexpr const char* kDomain = "com.slimquant";
+inline constexpr const char* kDomain = ir::kSlimquantDomain;
 inline constexpr const char* kQConv = "QConv";
 inline constexpr const char* kQGemm = "QGemm";
 inline constexpr const char* kQMatMul = "QMatMul";

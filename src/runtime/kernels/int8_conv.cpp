@@ -25,6 +25,7 @@
 #include <cmath>
 #include <optional>
 
+#include "runtime/fused_ops/residual_conv.h"
 #include "runtime/kernels/dnnl_common.h"
 #include "runtime/kernels/dnnl_kernels.h"
 #include "runtime/kernels/implementation_choice.h"
@@ -39,13 +40,13 @@ using dnnl::memory;
 using Dims = memory::dims;
 using dnnl_kernels::WindowAttrs;
 
-// kSum: the residual addend (float32) of an Add the plan fused into this QConv (see
-// fuse_residual_adds in session.cpp), added after the activation. With a float32 output it is a sum
+// fused_ops::kConvAddend: the residual addend (float32) of an Add the execution fusions put into this
+// QConv (runtime/fused_ops/residual_conv.h), added after the activation. With a float32 output it is a sum
 // post-op; when the plan also folded the QuantizeLinear after the Add (y_scale / y_zero_point then
 // describe that Q), the int8 primitive adds it with a binary post-op and quantizes in its epilogue:
 //   y_q = saturate(round_half_even(act_add(M[m] * (acc + B'[m]) + r) / s_y) + z_y),  M[m] = s_x*s_w[m]
 // (the kF32 fallback: a sum post-op into float32, then the same scaling and the dst reorder).
-enum ConvInput : size_t { kX = 0, kW = 1, kB = 2, kSum = 3 };
+constexpr size_t kX = fused_ops::kConvX, kW = fused_ops::kConvW, kB = fused_ops::kConvBias;
 
 // y's type and per-tensor parameters as q states them (dtype kFloat32 for a float32 output).
 QuantParam output_param(const QLinearAttrs& q) {
@@ -69,7 +70,7 @@ class QConvKernel final : public Kernel {
     q_ = QLinearAttrs::parse(node_);
     // A fused residual Add followed by a folded QuantizeLinear: the convolution itself works in
     // real units (q_ with a float32 output) and the output parameters apply after the addend.
-    const bool has_sum = node_.inputs.size() > kSum && !node_.inputs[kSum].empty();
+    const bool has_sum = fused_ops::has_residual_addend(node_);
     if (has_sum && q_.y_per_channel())
       fail(ErrorKind::kUnsupported, node_.describe() + ": a fused residual addend with a per-channel quantized "
                                                        "output (y_channel_scale)");
@@ -130,10 +131,10 @@ class QConvKernel final : public Kernel {
     // layout); within a plan these flags are fixed, so they key the cache.
     const Layout* x_layout = ctx.input_layout(kX);
     const bool out_blocked = ctx.output_layout_allowed(0);
-    const Tensor* sum = ctx.optional_input(kSum);
+    const Tensor* sum = ctx.optional_input(fused_ops::kConvAddend);
     if (sum && (sum->dtype() != DType::kFloat32 || q_.quantized_output()))
       fail(ErrorKind::kInternal, node_.describe() + ": a fused residual addend needs a float32 input");
-    const Layout* sum_layout = sum ? ctx.input_layout(kSum) : nullptr;
+    const Layout* sum_layout = sum ? ctx.input_layout(fused_ops::kConvAddend) : nullptr;
     const int tag = (x_layout ? 1 : 0) | (out_blocked ? 2 : 0) | (sum ? 4 : 0) | (sum_layout ? 8 : 0);
     ConvPlan& p = plans_.get(
         x.shape(), x.dtype(), [&] { return make_plan(x.shape(), x.dtype(), x_layout, out_blocked, sum, sum_layout); },
@@ -178,7 +179,7 @@ class QConvKernel final : public Kernel {
     return dnnl_kernels::conv_weights_desc(w_.shape(), group_, type, tag);
   }
 
-  // A quantized output after a fused residual Add (see kSum).
+  // A quantized output after a fused residual Add (see fused_ops::kConvAddend).
   bool requantizes_sum() const { return output_.dtype != q_.y_type; }
 
   // y_q = saturate(round_half_even(v / s_y) + z_y): the folded QuantizeLinear on the reference path.
@@ -196,9 +197,10 @@ class QConvKernel final : public Kernel {
 
   // y += sum, then the fused Add's activation (the reference path's sum post-op).
   void add_sum_reference(Tensor& y, const Tensor& sum) const {
-    const std::string act = node_.attr_string(dnnl_kernels::kSumActivationAttr, "");
-    const float lo = act == "Relu" ? 0.f : node_.attr_float(dnnl_kernels::kSumActivationAlphaAttr, -INFINITY);
-    const float hi = act == "Relu" ? INFINITY : node_.attr_float(dnnl_kernels::kSumActivationBetaAttr, INFINITY);
+    const fused_ops::SumActivation sum_act = fused_ops::SumActivation::parse(node_);
+    const std::string& act = sum_act.op;
+    const float lo = act == "Relu" ? 0.f : act.empty() ? -INFINITY : sum_act.lo;
+    const float hi = act == "Relu" ? INFINITY : act.empty() ? INFINITY : sum_act.hi;
     float* out = y.data<float>();
     const float* add = sum.data<float>();
     for (int64_t i = 0; i < y.numel(); ++i) {
@@ -274,11 +276,9 @@ class QConvKernel final : public Kernel {
         } else {
           ops.append_sum(1.f);
         }
-        const std::string act = node_.attr_string(dnnl_kernels::kSumActivationAttr, "");
-        if (act == "Relu") ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-        else if (act == "Clip")
-          ops.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, node_.attr_float(dnnl_kernels::kSumActivationAlphaAttr, 0.f),
-                             node_.attr_float(dnnl_kernels::kSumActivationBetaAttr, 0.f));
+        const fused_ops::SumActivation sum_act = fused_ops::SumActivation::parse(node_);
+        if (sum_act.op == "Relu") ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+        else if (sum_act.op == "Clip") ops.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, sum_act.lo, sum_act.hi);
         // To the output's units; the dst conversion (int8 primitive or kF32's dst reorder) rounds
         // half to even and saturates.
         if (requantizes_sum())

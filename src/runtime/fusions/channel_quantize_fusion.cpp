@@ -1,4 +1,4 @@
-#include "runtime/channel_quantize_fusion.h"
+#include "runtime/fusions/channel_quantize_fusion.h"
 
 #include <cmath>
 #include <optional>

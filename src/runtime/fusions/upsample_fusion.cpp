@@ -1,4 +1,4 @@
-#include "runtime/upsample_fusion.h"
+#include "runtime/fusions/upsample_fusion.h"
 
 #include <cmath>
 

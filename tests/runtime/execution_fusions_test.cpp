@@ -1,0 +1,106 @@
+// The execution fusions as one rule list (runtime/fusions) and the typed contracts their fused nodes
+// carry to the kernels (runtime/fused_ops).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "graph_builder.h"
+#include "runtime/fused_ops/fused_activation.h"
+#include "runtime/fused_ops/residual_conv.h"
+#include "runtime/fusions/execution_fusions.h"
+#include "slimquant/ir/passes.h"
+#include "slimquant/runtime/session.h"
+
+using namespace slimquant;
+namespace fo = runtime::fused_ops;
+
+namespace {
+
+std::vector<ir::Dim> dims_of(const Shape& s) {
+  std::vector<ir::Dim> d;
+  for (int64_t v : s) d.push_back({v, ""});
+  return d;
+}
+
+// Relu(Add(Conv(x), r)) with known shapes, and Conv(x) -> Relu: the residual and activation fusions.
+test::GraphBuilder residual_graph(std::mt19937& rng) {
+  test::GraphBuilder b;
+  const Shape shape{1, 4, 5, 5};
+  b.g.inputs.push_back({"x", DType::kFloat32, dims_of(shape)});
+  b.g.inputs.push_back({"r", DType::kFloat32, dims_of(shape)});
+  const std::string w = b.constant(test::random_tensor({4, 4, 3, 3}, rng));
+  const std::string bias = b.constant(test::random_tensor({4}, rng));
+  const std::map<std::string, ir::AttributeValue> pads{{"pads", std::vector<int64_t>{1, 1, 1, 1}}};
+  const std::string c = b.node("Conv", {"x", w, bias}, pads);
+  const std::string sum = b.node("Add", {c, "r"});
+  const std::string y = b.node("Relu", {sum});
+  const std::string c2 = b.node("Conv", {y, w, bias}, pads);
+  const std::string z = b.node("Relu", {c2});
+  for (const std::string& v : {c, sum, y, c2, z}) b.g.value_info[v] = {v, DType::kFloat32, dims_of(shape)};
+  b.g.outputs.push_back({z, DType::kFloat32, dims_of(shape)});
+  return b;
+}
+
+}  // namespace
+
+TEST(ExecutionFusions, OneListCountsEachRuleAndWritesTypedContracts) {
+  std::mt19937 rng(5);
+  test::GraphBuilder b = residual_graph(rng);
+  const ir::Graph original = b.g;
+  const ir::RuleCounts counts = runtime::apply_execution_fusions(b.g, {});
+  EXPECT_EQ(ir::count_of(counts, "fuse_residual_add"), 1);
+  EXPECT_EQ(ir::count_of(counts, "fuse_activation"), 1);  // the second Conv's Relu
+  EXPECT_EQ(ir::total(counts), 2);
+  ASSERT_EQ(b.g.nodes.size(), 2u);
+  EXPECT_NO_THROW(b.g.validate());
+  const ir::Node& residual = b.g.nodes[0];
+  ASSERT_TRUE(fo::has_residual_addend(residual));
+  EXPECT_EQ(residual.inputs[fo::kConvAddend], "r");
+  EXPECT_EQ(fo::SumActivation::parse(residual).op, "Relu");
+  EXPECT_TRUE(fo::FusedActivation::parse(residual).empty());
+  EXPECT_EQ(fo::FusedActivation::parse(b.g.nodes[1]).op, "Relu");
+  EXPECT_TRUE(ir::has_execution_attrs(b.g.nodes[1]));
+
+  // A kept Conv output stops the residual fusion; the session computes the same either way.
+  test::GraphBuilder kept = residual_graph(rng);
+  const std::string conv_out = kept.g.nodes[0].outputs[0];
+  EXPECT_EQ(ir::count_of(runtime::apply_execution_fusions(kept.g, {conv_out}), "fuse_residual_add"), 0);
+  std::map<std::string, Tensor> feeds{{"x", test::random_tensor({1, 4, 5, 5}, rng)},
+                                      {"r", test::random_tensor({1, 4, 5, 5}, rng)}};
+  runtime::SessionOptions plain;
+  plain.fuse_activations = false;
+  runtime::Session fused(original), reference(original, plain);
+  const Tensor got = fused.run(feeds).begin()->second, want = reference.run(feeds).begin()->second;
+  ASSERT_EQ(got.numel(), want.numel());
+  for (int64_t i = 0; i < got.numel(); ++i) EXPECT_NEAR(got.data<float>()[i], want.data<float>()[i], 1e-4f) << i;
+}
+
+TEST(FusedOps, ContractsRoundTripThroughNodeAttributes) {
+  ir::Node n;
+  n.op_type = "Conv";
+  fo::FusedActivation a{"HardSwish", 0.f, 0.f, 0.5f, 0.07f};
+  a.write(n);
+  const fo::FusedActivation back = fo::FusedActivation::parse(n);
+  EXPECT_EQ(back.op, "HardSwish");
+  EXPECT_FLOAT_EQ(back.post_scale, 0.5f);
+  EXPECT_FLOAT_EQ(back.post_shift, 0.07f);
+  fo::FusedActivation{}.write(n);  // empty: the attributes go
+  EXPECT_TRUE(n.attrs.empty());
+  fo::SumActivation{"Clip", -1.f, 6.f}.write(n);
+  const fo::SumActivation sum = fo::SumActivation::parse(n);
+  EXPECT_EQ(sum.op, "Clip");
+  EXPECT_FLOAT_EQ(sum.lo, -1.f);
+  EXPECT_FLOAT_EQ(sum.hi, 6.f);
+  EXPECT_TRUE(ir::has_execution_attrs(n));
+}
+
+TEST(ModelPasses, NameNodesNamesUnnamedNodesAfterTheirOutput) {
+  test::GraphBuilder b;
+  b.g.inputs.push_back({"x", DType::kFloat32, {}});
+  const std::string a = b.node("Relu", {"x"});
+  b.node("Relu", {a});
+  b.g.nodes[1].name.clear();
+  ir::name_nodes(b.g);
+  EXPECT_EQ(b.g.nodes[0].name, "Relu0");
+  EXPECT_EQ(b.g.nodes[1].name, b.g.nodes[1].outputs[0] + "_1");  // unique among the graph's values
+}
