@@ -91,7 +91,7 @@ Action register_analyze(CLI::App& app) {
     PtqFlags ptq;
     EvalCommandFlags eval_command;
     size_t eval_batch_size = 64;
-    long num_plots = -1;
+    long num_plots = 10;
     double target = 0;
     bool has_target = false, statistics = false, json = false;
     int threads = 0;
@@ -106,8 +106,9 @@ Action register_analyze(CLI::App& app) {
   cmd->add_option("--eval-batch-size", a->eval_batch_size, "evaluation batch size")->capture_default_str()->check(positive_integer());
   cmd->add_option("--save-dir", a->save_dir, "output directory (default analysis_results)");
   cmd->add_option("--checkpoint-name", a->checkpoint_name, "checkpoint file in save_dir (default analysis_checkpoint.json)");
-  cmd->add_option("--num-histogram-plots", a->num_plots, "best/worst layers plotted per PDF (default 10, 0 = none)")
-      ->check(non_negative_integer());
+  auto* plots_flag = cmd->add_option("--num-histogram-plots", a->num_plots, "best/worst layers plotted per PDF (0 = none)")
+                        ->capture_default_str()
+                        ->check(non_negative_integer());
   cmd->add_option("--config", a->config_path, "YAML: model_dir, model_filename, params_filename, save_dir, "
                                               "checkpoint_name, num_histogram_plots, ptq_config: {...}");
   auto* target = cmd->add_option("--target-metric", a->target, "find the model with fewest float layers meeting this metric")
@@ -135,9 +136,10 @@ Action register_analyze(CLI::App& app) {
     const std::string checkpoint_name = from("checkpoint_name", a->checkpoint_name).empty()
                                             ? "analysis_checkpoint.json"
                                             : from("checkpoint_name", a->checkpoint_name);
-    const size_t num_plots = a->num_plots >= 0 ? static_cast<size_t>(a->num_plots)
-                             : !yaml_string(extra, "num_histogram_plots").empty() ? parse_size(extra["num_histogram_plots"], "num_histogram_plots")
-                                                                  : 10;
+    // The flag, else the config's key, else the flag's default.
+    const size_t num_plots = plots_flag->count() == 0 && !yaml_string(extra, "num_histogram_plots").empty()
+                                 ? parse_size(extra["num_histogram_plots"], "num_histogram_plots")
+                                 : static_cast<size_t>(a->num_plots);
     const std::string metric_name = from("metric", a->metric).empty() ? "top1" : from("metric", a->metric);
     const bool has_target = a->has_target || !yaml_string(extra, "target_metric").empty();
     const double target_value = a->has_target ? a->target : has_target ? parse_double(extra["target_metric"], "target_metric") : 0;

@@ -183,6 +183,20 @@ TEST(AnalyzeCli, HistogramPdfsAndStatistics) {
   EXPECT_EQ(lines, 1u + 18u);  // header + one row per layer
 }
 
+TEST(AnalyzeCli, HistogramPlotCountComesFromTheFlagThenTheConfigThenTheDefault) {
+  if (std::system("command -v pdfinfo >/dev/null") != 0) GTEST_SKIP() << "poppler-utils not installed";
+  test::TempDir tmp("analyze_plot_count");
+  std::ofstream(tmp.path("a.yaml")) << "num_histogram_plots: 2\n";
+  const std::string base = "analyze " + test::fixture_model("resnet_small") +
+                           " fashion-mnist:test --limit 64 --batch-nums 1 --metric sqnr --config " + tmp.path("a.yaml");
+  auto from_config = run(base + " --save-dir " + tmp.path("c"));
+  ASSERT_EQ(from_config.exit_code, 0) << from_config.output;
+  EXPECT_EQ(pdf_pages(tmp.path("c/best_weight_hist_result.pdf")), 2);
+  auto from_flag = run(base + " --num-histogram-plots 1 --save-dir " + tmp.path("f"));
+  ASSERT_EQ(from_flag.exit_code, 0) << from_flag.output;
+  EXPECT_EQ(pdf_pages(tmp.path("f/best_weight_hist_result.pdf")), 1);
+}
+
 TEST(AnalyzeCli, QatFromYamlWithResume) {
   test::TempDir tmp("qat_cli");
   const std::string model = test::fixture_model("resnet_small");
