@@ -3,6 +3,7 @@
 #include <cmath>
 #include <optional>
 
+#include "runtime/fusions/execution_fusions.h"
 #include "runtime/kernels/elementwise_qdq.h"
 #include "slimquant/ir/qdq_params.h"
 
@@ -28,7 +29,7 @@ int fold_channel_quantize_into_elementwise(ir::Graph& g, const std::set<std::str
   int folded = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     ir::Node& op = g.nodes[i];
-    const bool arithmetic = op.op_type == "Add" || op.op_type == "Sub" || op.op_type == "Mul" || op.op_type == "Div";
+    const bool arithmetic = is_binary_arithmetic(op);
     const bool concat = op.op_type == "Concat" && !op.inputs.empty();
     if (!(arithmetic || concat) || !op.domain.empty() || (arithmetic && op.inputs.size() != 2) || op.outputs.size() != 1 ||
         op.attrs.count(kFoldedQuantizeScale) || op.attrs.count(kFoldedQuantizeChannelScale))

@@ -250,7 +250,7 @@ void fold_quantize_into_residual_qconv(Rewriter& rw, const QuantizedOutput& m) {
 // the squeeze-excitation scaling x * s -> Q of EfficientNet and MobileNetV3 blocks.
 std::optional<QuantizedOutput> select_elementwise_quantize(const Rewriter& rw, int i) {
   const ir::Node& op = rw.node(i);
-  const bool arithmetic = op.op_type == "Add" || op.op_type == "Sub" || op.op_type == "Mul" || op.op_type == "Div";
+  const bool arithmetic = is_binary_arithmetic(op);
   if (!arithmetic || !op.domain.empty() || op.inputs.size() != 2 || op.outputs.size() != 1) return std::nullopt;
   return sole_quantize_reader(rw, i);
 }

@@ -10,6 +10,11 @@
 
 namespace slimquant::runtime {
 
+// Add / Sub / Mul / Div of the default domain: the ops whose kernel can fold a Q, an upsampling.
+inline bool is_binary_arithmetic(const ir::Node& n) {
+  return n.domain.empty() && (n.op_type == "Add" || n.op_type == "Sub" || n.op_type == "Mul" || n.op_type == "Div");
+}
+
 // The rules, in the order they run. keep: values a caller observes (never fused away).
 std::vector<ir::Rule> execution_fusion_rules();
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "runtime/fusions/execution_fusions.h"
 #include "runtime/kernels/elementwise_common.h"
 
 namespace slimquant::runtime {
@@ -47,7 +48,7 @@ int fold_nearest_upsample_into_elementwise(ir::Graph& g, const std::set<std::str
   int folded = 0;
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     ir::Node& op = g.nodes[i];
-    const bool arithmetic = op.op_type == "Add" || op.op_type == "Sub" || op.op_type == "Mul" || op.op_type == "Div";
+    const bool arithmetic = is_binary_arithmetic(op);
     if (!arithmetic || !op.domain.empty() || op.inputs.size() != 2 || op.outputs.size() != 1 ||
         op.has_attr(kNearestUpsampledInput) || op.inputs[0] == op.inputs[1])
       continue;
