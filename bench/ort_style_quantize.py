@@ -214,7 +214,13 @@ def default_opset(model):
 def preprocess(model):
     if default_opset(model) < 13:
         from onnx import version_converter
-        model = version_converter.convert_version(model, 13)
+        try:
+            model = version_converter.convert_version(model, 13)
+        except RuntimeError as e:
+            # e.g. PP-OCRv4 rec (opset 9): Softmax 12->13 needs its input's rank, which shape
+            # inference cannot reach through the exporter's Shape/Reshape chains.
+            fail(f"ONNX's version converter cannot take this opset {default_opset(model)} model to opset 13 "
+                 f"(per-channel QDQ needs it): {str(e).splitlines()[-1]}")
     fold_constants_and_identities(model.graph)
     fold_batch_norms(model.graph)
     remove_unused_initializers(model.graph)
