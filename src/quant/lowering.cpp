@@ -173,7 +173,7 @@ void take_activation(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
     return;
   }
   std::string out;
-  std::vector<int> gelu = ir::match_erf_gelu(g, cur, {}, out);
+  std::vector<int> gelu = ir::match_erf_gelu(ix, cur, out);
   if (!gelu.empty()) {
     grp.gelu_chain = std::move(gelu);
     cur = out;
