@@ -473,16 +473,10 @@ ir::Node make_fused_node(ir::Graph& g, const QdqGroup& grp, const LoweringOption
   f.outputs = {grp.output};
 
   i8::QLinearAttrs q;
-  q.x_scale = grp.x.scale[0];
-  q.x_zero_point = grp.x.zero_point[0];
-  q.w_scale = grp.w.scale;
-  for (float& s : q.w_scale) s *= grp.output_factor;
-  if (grp.q_output >= 0) {
-    q.y_type = grp.y.dtype;
-    q.y_scale = grp.y.per_tensor() ? grp.y.scale[0] : 1.f;
-    q.y_zero_point = grp.y.zero_point[0];
-    if (!grp.y.per_tensor()) q.y_channel_scale = grp.y.scale;
-  }
+  q.x = grp.x;
+  q.w = grp.w;
+  for (float& s : q.w.scale) s *= grp.output_factor;
+  if (grp.q_output >= 0) q.y = grp.y;
   read_group_activation(g, grp, q);
   if (!grp.gelu_chain.empty()) q.activation = i8::Activation::kGelu;
   q.post_scale = grp.post_scale;
