@@ -355,8 +355,8 @@ std::vector<ir::Rule> execution_fusion_rules() {
       ir::make_rule<ErfGelu>("fuse_erf_gelu", select_erf_gelu, fuse_erf_gelu),
       ir::make_rule<QuantizedOutput>("fold_quantize_into_elementwise", select_elementwise_quantize,
                                      fold_quantize_into_elementwise),
-      ir::graph_rule("fold_nearest_upsample_into_elementwise", fold_nearest_upsample_into_elementwise),
-      ir::graph_rule("fold_channel_quantize_into_elementwise", fold_channel_quantize_into_elementwise),
+      nearest_upsample_fusion_rule(),
+      channel_quantize_fusion_rule(),
   };
   rules.insert(rules.end(), std::make_move_iterator(fusions.begin()), std::make_move_iterator(fusions.end()));
   return rules;
