@@ -9,6 +9,7 @@
 #include "analysis/model_sweep.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/ir/passes.h"
+#include "slimquant/quant/lowering.h"
 #include "slimquant/quant/op_spec.h"
 #include "slimquant/runtime/optimize.h"
 
@@ -96,19 +97,14 @@ std::vector<QatLayer> find_quantized_layers(const ir::Graph& quant, const std::v
   ir::Graph g = quant;
   ir::name_nodes(g);  // the PTQ's layer names
   const std::set<std::string> types = onnx_types(quantizable_op_type);
+  const ir::GraphIndex ix(g);
   std::vector<QatLayer> out;
-  for (const auto& node : g.nodes) {
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const ir::Node& node = g.nodes[i];
     if (!types.count(node.op_type)) continue;
-    QatLayer layer{node.name, node.op_type, {}, {}};
-    bool quantized = false;
-    for (const auto& in : node.inputs) {
-      const ir::Node* dq = in.empty() ? nullptr : producer_node(g, in);
-      if (!dq || dq->op_type != "DequantizeLinear") continue;
-      quantized = true;
-      const ir::Node* q = producer_node(g, dq->inputs.at(0));
-      if (q && q->op_type == "QuantizeLinear" && !g.is_initializer(q->inputs.at(0))) layer.activations.push_back(q->inputs[0]);
-    }
-    if (quantized) out.push_back(std::move(layer));
+    // What a quantized layer is, the lowering selector says (one definition for both).
+    if (std::optional<quant::QuantizedLayerMatch> m = quant::match_quantized_layer(ix, static_cast<int>(i)))
+      out.push_back(QatLayer{node.name, node.op_type, std::move(m->activations), {}});
   }
   return out;
 }

@@ -167,7 +167,10 @@ int run_rule(Graph& g, const Rule& rule, const std::set<std::string>& keep) {
     rule.apply(rw, *match);
     ++applied;
   }
-  if (applied) rw.compact();
+  if (applied) {
+    rw.compact();
+    if (rule.finish) rule.finish(g);
+  }
   return applied;
 }
 

@@ -173,7 +173,7 @@ void take_activation(const GraphIndex& ix, QdqGroup& grp, std::string& cur) {
     return;
   }
   std::string out;
-  std::vector<int> gelu = ir::match_erf_gelu(g, cur, {}, out);
+  std::vector<int> gelu = ir::match_erf_gelu(ix, cur, out);
   if (!gelu.empty()) {
     grp.gelu_chain = std::move(gelu);
     cur = out;
@@ -402,6 +402,20 @@ const LoweredFamily& lowered_family(LoweredOp op) {
 
 const char* lowered_op_type(LoweredOp op) { return lowered_family(op).fused_op; }
 
+std::optional<QuantizedLayerMatch> match_quantized_layer(const ir::GraphIndex& ix, int node) {
+  QuantizedLayerMatch m;
+  for (const auto& in : ix.node(node).inputs) {
+    const int dq = in.empty() ? -1 : ix.producer(in);
+    if (dq < 0 || !is_op(ix.node(dq), "DequantizeLinear")) continue;
+    m.dequantize.push_back(dq);
+    const int q = ix.producer(ix.node(dq).inputs.at(0));
+    if (q >= 0 && is_op(ix.node(q), "QuantizeLinear") && !ix.graph().is_initializer(ix.node(q).inputs.at(0)))
+      m.activations.push_back(ix.node(q).inputs[0]);
+  }
+  if (m.dequantize.empty()) return std::nullopt;
+  return m;
+}
+
 std::vector<QdqGroup> select_qdq_groups(const ir::Graph& g, const LoweringOptions& options,
                                         std::vector<LoweringSkip>* skipped) {
   const GraphIndex ix(g);
@@ -410,13 +424,8 @@ std::vector<QdqGroup> select_qdq_groups(const ir::Graph& g, const LoweringOption
     const ir::Node& n = g.nodes[t];
     const LoweredFamily* family = find_lowered_family(n);
     if (!family || !(options.*(family->enabled))) continue;
-    // Candidates are the nodes that read at least one DequantizeLinear: the rest is plain float.
-    bool reads_dq = false;
-    for (const auto& in : n.inputs) {
-      const int p = in.empty() ? -1 : ix.producer(in);
-      reads_dq = reads_dq || (p >= 0 && is_op(g.nodes[p], "DequantizeLinear"));
-    }
-    if (!reads_dq) continue;
+    // Candidates are the quantized layers: the rest is plain float.
+    if (!match_quantized_layer(ix, static_cast<int>(t))) continue;
     QdqGroup grp;
     if (Why why = select_group(ix, static_cast<int>(t), *family, options, grp)) {
       if (skipped) skipped->push_back({n.name, "cannot lower " + n.describe() + ": " + *why});
@@ -464,16 +473,10 @@ ir::Node make_fused_node(ir::Graph& g, const QdqGroup& grp, const LoweringOption
   f.outputs = {grp.output};
 
   i8::QLinearAttrs q;
-  q.x_scale = grp.x.scale[0];
-  q.x_zero_point = grp.x.zero_point[0];
-  q.w_scale = grp.w.scale;
-  for (float& s : q.w_scale) s *= grp.output_factor;
-  if (grp.q_output >= 0) {
-    q.y_type = grp.y.dtype;
-    q.y_scale = grp.y.per_tensor() ? grp.y.scale[0] : 1.f;
-    q.y_zero_point = grp.y.zero_point[0];
-    if (!grp.y.per_tensor()) q.y_channel_scale = grp.y.scale;
-  }
+  q.x = grp.x;
+  q.w = grp.w;
+  for (float& s : q.w.scale) s *= grp.output_factor;
+  if (grp.q_output >= 0) q.y = grp.y;
   read_group_activation(g, grp, q);
   if (!grp.gelu_chain.empty()) q.activation = i8::Activation::kGelu;
   q.post_scale = grp.post_scale;

@@ -187,3 +187,24 @@ TEST(OnnxIo, ConvertOpsetSpellsOutCoercedSoftmaxOfUnknownRank) {
   ASSERT_EQ(after.shape(), (Shape{2, 3, 4}));
   for (int64_t i = 0; i < before.numel(); ++i) EXPECT_NEAR(before.data<float>()[i], after.data<float>()[i], 1e-6f) << i;
 }
+
+// The clean-up passes are one rule each: apply_rules counts every rewrite under its pass's name.
+TEST(Passes, CleanupRulesCountEachPassByName) {
+  ir::Graph g;
+  g.inputs.push_back({"x", DType::kFloat32, {}});
+  g.outputs.push_back({"out", DType::kFloat32, {}});
+  ir::Node one = make_node("Constant", {}, {"one"});
+  one.attrs["value"] = Tensor::scalar<float>(1.f);
+  g.nodes.push_back(one);
+  g.nodes.push_back(make_node("Mul", {"x", "one"}, {"m"}));  // x * 1: an Identity, then gone
+  g.nodes.push_back(make_node("Identity", {"m"}, {"i"}));
+  g.nodes.push_back(make_node("Relu", {"i"}, {"out"}));
+  const ir::RuleCounts counts = ir::apply_rules(g, ir::cleanup_rules());
+  EXPECT_EQ(ir::count_of(counts, "constants_to_initializers"), 1);
+  EXPECT_EQ(ir::count_of(counts, "neutral_elementwise_to_identity"), 1);
+  EXPECT_EQ(ir::count_of(counts, "remove_identity_ops"), 2);
+  ASSERT_EQ(g.nodes.size(), 1u);
+  EXPECT_EQ(g.nodes[0].op_type, "Relu");
+  EXPECT_EQ(g.nodes[0].inputs[0], "x");
+  EXPECT_EQ(g.nodes[0].outputs[0], "out");
+}

@@ -159,3 +159,20 @@ TEST(Rewrite, MatchHelpersReadConstants) {
   EXPECT_EQ(ir::per_channel_constant(b.g, k, 2, 4), (std::vector<float>{0.5f, 0.5f}));
   EXPECT_FALSE(ir::per_channel_constant(b.g, per_channel, 4, 4));
 }
+
+TEST(Rewrite, FinishRunsOnceAfterASweepThatFiredOnTheCompactedGraph) {
+  ir::Rule rule = drop_double_relu();
+  int finished = 0;
+  size_t nodes_seen = 0;
+  rule.finish = [&](ir::Graph& g) {
+    ++finished;
+    nodes_seen = g.nodes.size();  // removed nodes are gone by then
+  };
+  test::GraphBuilder chain = relu_chain(4);
+  EXPECT_EQ(ir::total(ir::apply_rules(chain.g, {rule})), 3);
+  EXPECT_EQ(finished, 1);
+  EXPECT_EQ(nodes_seen, 1u);
+  test::GraphBuilder single = relu_chain(1);  // nothing to match: no finish
+  EXPECT_EQ(ir::total(ir::apply_rules(single.g, {rule})), 0);
+  EXPECT_EQ(finished, 1);
+}

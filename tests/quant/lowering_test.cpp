@@ -276,7 +276,7 @@ TEST_P(FusedKernel, LowersAndMatchesSimulationAndReference) {
   const i8::QLinearAttrs q = i8::QLinearAttrs::parse(fused);
   const Tensor& wq = *lowered.initializer(fused.inputs[1]);
   const Tensor* bias = lowered.initializer(fused.inputs.at(2));
-  Tensor ref(q.y_type, yq.shape());
+  Tensor ref(q.y.dtype, yq.shape());
   if (op == "Conv") {
     const i8::Requant r = i8::make_requant(fused, q, channels, bias);
     i8::ConvProblem p{x_shape[0], x_shape[1], channels, c.group, {c.size, c.size}, {yq.dim(2), yq.dim(3)}, {c.kernel, c.kernel},
@@ -439,7 +439,7 @@ TEST_P(ActivationMatMul, LowersWithARunTimeWeightAndMatchesSimulationAndReferenc
   wanted.outputs = {fused.inputs[0], fused.inputs[1], fused.outputs[0]};
   auto v = integer.run(feeds, wanted);
   const i8::QLinearAttrs q = i8::QLinearAttrs::parse(fused);
-  Tensor ref(q.y_type, v.at(fused.outputs[0]).shape());
+  Tensor ref(q.y.dtype, v.at(fused.outputs[0]).shape());
   i8::reference_qmatmul_batched(q, i8::make_requant(fused, q, 1, nullptr), v.at(fused.inputs[0]), v.at(fused.inputs[1]),
                                 ref);
   const auto got = v.at(fused.outputs[0]).to_int64_vector(), want = ref.to_int64_vector();
@@ -834,7 +834,7 @@ TEST(Lowering, ErfGeluAfterMatMulBecomesTheFusedActivation) {
                                         [](const ir::Node& n) { return n.op_type == "QMatMul"; });
   const i8::QLinearAttrs q = i8::QLinearAttrs::parse(fused);
   EXPECT_EQ(q.activation, i8::Activation::kGelu);
-  EXPECT_EQ(q.y_type, DType::kInt8);
+  EXPECT_EQ(q.y.dtype, DType::kInt8);
   expect_lowered_matches_simulation(g, lowered, y, {{"x", b.random_input({3, 4, 16}, -1.f, 1.f)}}, step);
 }
 
@@ -860,7 +860,7 @@ TEST(Lowering, QuantizeCommutesThroughReshapeAndTransposeIntoTheMatMul) {
   // q is now written by the Transpose, which reads the Reshape, which reads the QMatMul's int8.
   const auto chain = producer_chain(lowered, q, 3);
   ASSERT_EQ(op_types(chain), (std::vector<std::string>{"Transpose", "Reshape", "QMatMul"}));
-  EXPECT_EQ(i8::QLinearAttrs::parse(*chain[2]).y_type, DType::kInt8);
+  EXPECT_EQ(i8::QLinearAttrs::parse(*chain[2]).y.dtype, DType::kInt8);
 
   const std::map<std::string, Tensor> feeds = {{"x", b.random_input({2, 6, 16}, -1.f, 1.f)}};
   // Within one step: int8 accumulation vs float simulation.
@@ -884,7 +884,7 @@ TEST(Lowering, QuantizeCommutesThroughMaxPoolAndThePoolRunsOnIntegers) {
   // pooled_q is now written by the MaxPool, which reads the QConv's uint8.
   const auto chain = producer_chain(lowered, pooled_q, 2);
   ASSERT_EQ(op_types(chain), (std::vector<std::string>{"MaxPool", "QConv"}));
-  EXPECT_EQ(i8::QLinearAttrs::parse(*chain[1]).y_type, DType::kUInt8);
+  EXPECT_EQ(i8::QLinearAttrs::parse(*chain[1]).y.dtype, DType::kUInt8);
 
   const std::map<std::string, Tensor> feeds = {{"x", b.random_input({2, 3, 10, 10}, -1.f, 1.f)}};
   // Within one step: the conv's int8 accumulation vs float simulation.
@@ -909,7 +909,7 @@ TEST(Lowering, QuantizeCommutesThroughConcatIntoEachProducingConv) {
   EXPECT_EQ(report.quantize_kept, 1);  // the model input's only
   for (const auto& n : lowered.nodes)
     if (n.op_type == "QConv") {
-      EXPECT_EQ(i8::QLinearAttrs::parse(n).y_type, DType::kUInt8) << n.name;
+      EXPECT_EQ(i8::QLinearAttrs::parse(n).y.dtype, DType::kUInt8) << n.name;
     }
 
   const std::map<std::string, Tensor> feeds = {{"x", b.random_input({2, 4, 6, 6}, -1.f, 1.f)}};
@@ -967,7 +967,7 @@ TEST(Lowering, ScalarAffineAfterHardSwishBecomesThePostAffineMapOfTheQConv) {
     EXPECT_EQ(q.activation, i8::Activation::kHardSwish);
     EXPECT_FLOAT_EQ(q.post_scale, k.mul ? k.scale : 1.f);
     EXPECT_FLOAT_EQ(q.post_shift, k.add ? k.shift : 0.f);
-    EXPECT_EQ(q.y_type, DType::kInt8);
+    EXPECT_EQ(q.y.dtype, DType::kInt8);
     QdqBuilder data(5);
     expect_lowered_matches_simulation(g, lowered, g.outputs[0].name, {{"x", data.random_input({2, 8, 9, 9}, 0.f, 2.f)}},
                                       0.02f);
@@ -977,13 +977,13 @@ TEST(Lowering, ScalarAffineAfterHardSwishBecomesThePostAffineMapOfTheQConv) {
 // The reference kernel (the fallback where oneDNN has no primitive) applies the same map.
 TEST(Int8Reference, PostAffineMapFollowsTheRealUnitsActivation) {
   i8::QLinearAttrs q;
-  q.x_scale = 1.f;
-  q.w_scale = {1.f};
+  q.x.scale = {1.f};
+  q.w.scale = {1.f};
   q.activation = i8::Activation::kHardSwish;
   q.post_scale = -2.f;
   q.post_shift = 0.5f;
-  q.y_type = DType::kInt8;
-  q.y_scale = 0.25f;
+  q.y.dtype = DType::kInt8;
+  q.y.scale = {0.25f};
   i8::Requant r;
   r.multiplier = {1.f};
   const i8::OutputStage stage(q, r);
@@ -1051,9 +1051,9 @@ TEST(Lowering, PerChannelQuantizeAfterConvFoldsIntoTheQConv) {
         const ir::Node& fused = *std::find_if(lowered.nodes.begin(), lowered.nodes.end(),
                                               [](const ir::Node& n) { return n.op_type == "QConv"; });
         const i8::QLinearAttrs q = i8::QLinearAttrs::parse(fused);
-        EXPECT_EQ(q.y_type, y_type);
-        ASSERT_EQ(q.y_channel_scale.size(), 12u);
-        EXPECT_FLOAT_EQ(q.y_channel_scale[3], 0.01f * 8.f * 1.3f);
+        EXPECT_EQ(q.y.dtype, y_type);
+        ASSERT_EQ(q.y.scale.size(), 12u);
+        EXPECT_FLOAT_EQ(q.y.scale[3], 0.01f * 8.f * 1.3f);
         EXPECT_EQ(q.folds_y_channel_scale(), tail == ChannelWiseTail::kNone || tail == ChannelWiseTail::kRelu);
         QdqBuilder data(5);
         const Tensor input = data.random_input({2, 8, 9, 9}, 0.f, 2.f);

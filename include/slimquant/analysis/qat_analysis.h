@@ -23,7 +23,8 @@ struct QatLayer {
   std::vector<std::string> restored;
 };
 
-// Nodes of `quantizable_op_type` (ONNX or source names) that read a DequantizeLinear output.
+// Nodes of `quantizable_op_type` (ONNX or source names) that are quantized layers as the INT8
+// lowering defines them (quant::match_quantized_layer: they read a DequantizeLinear output).
 // Unnamed nodes are named after their first output (as the PTQ does).
 std::vector<QatLayer> find_quantized_layers(const ir::Graph& quant, const std::vector<std::string>& quantizable_op_type);
 

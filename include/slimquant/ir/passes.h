@@ -81,12 +81,18 @@ int merge_layernorm(Graph& g, const std::set<std::string>& keep = {});
 int merge_residual_gate(Graph& g, const std::set<std::string>& keep = {});
 
 // The model passes as ordered rule lists (runtime::optimize_graph runs them around constant
-// folding). Clean-up after import: constants_to_initializers, neutral_elementwise_to_identity,
+// folding). Each pass above is one selector + action rule of the same name; the functions above run
+// their rule alone. Clean-up after import: constants_to_initializers, neutral_elementwise_to_identity,
 // remove_identity_ops.
 std::vector<Rule> cleanup_rules();
 // fold_batchnorm_into_conv, fold_affine_into_conv: run until neither fires (a BatchNorm can follow
 // an Add that folds first).
 std::vector<Rule> conv_folding_rules();
+// The execution-only merges, in the order the session runs them: merge_decomposed_hardswish
+// (paddle2onnx's Div(Mul(x, Clip(Add(x, 3), 0, 6)), 6)) and merge_hardswish (x * HardSigmoid(x)),
+// the two halves of merge_hardswish(), then merge_swish, merge_layernorm, merge_residual_gate. The
+// run's keep set stands in for the accept predicates (no kept intermediate is merged away).
+std::vector<Rule> execution_merge_rules();
 
 // Sets the shapes of the given graph inputs (others keep their declared shapes), forgets inferred
 // intermediate shapes and re-infers all shapes with ONNX shape inference. Throws kInvalidArgument

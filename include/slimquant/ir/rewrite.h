@@ -96,20 +96,23 @@ class Rewriter : public GraphIndex {
 
 // One rewrite: a selector recognises a group at an anchor node without editing anything; an action
 // replaces the group. A rule whose rewrite needs the whole graph at once (constant folding) gives
-// `run` instead and returns how many rewrites it made.
+// `run` instead and returns how many rewrites it made. `finish`, when set, runs once after a sweep in
+// which the rule fired, on the compacted graph (dropping initializers the rewrites left unread).
 struct Rule {
   std::string name;
   std::function<std::optional<std::any>(const Rewriter&, int id)> select;
   std::function<void(Rewriter&, std::any& match)> apply;
   std::function<int(Graph&, const std::set<std::string>& keep)> run;
+  std::function<void(Graph&)> finish;
 };
 
 // A rule from a selector returning std::optional<M> and an action taking the M.
 template <typename M>
 Rule make_rule(std::string name, std::function<std::optional<M>(const Rewriter&, int)> select,
-               std::function<void(Rewriter&, const M&)> apply) {
+               std::function<void(Rewriter&, const M&)> apply, std::function<void(Graph&)> finish = nullptr) {
   Rule r;
   r.name = std::move(name);
+  r.finish = std::move(finish);
   r.select = [select = std::move(select)](const Rewriter& rw, int id) -> std::optional<std::any> {
     std::optional<M> m = select(rw, id);
     if (!m) return std::nullopt;

@@ -17,6 +17,7 @@
 
 #include "slimquant/core/quant_param.h"
 #include "slimquant/ir/graph.h"
+#include "slimquant/ir/rewrite.h"
 #include "slimquant/runtime/session.h"
 
 namespace slimquant::quant {
@@ -85,6 +86,18 @@ const std::vector<LoweredFamily>& lowered_families();
 // The family lowering `n` (an ONNX Conv / Gemm / MatMul), or nullptr.
 const LoweredFamily* find_lowered_family(const ir::Node& n);
 const LoweredFamily& lowered_family(LoweredOp op);
+
+// The one definition of a quantized layer in a QDQ graph: a node that reads at least one (ONNX)
+// DequantizeLinear output. The selector's candidates are the nodes of the families' ops that match;
+// QAT analysis (analysis::find_quantized_layers) finds its layers, of its own wider op types, with
+// the same match.
+struct QuantizedLayerMatch {
+  std::vector<int> dequantize;  // the DequantizeLinear nodes it reads, in input order
+  // The float activations quantized for it: the input of each QuantizeLinear feeding one of those
+  // DequantizeLinear nodes, when it is not a constant (in input order).
+  std::vector<std::string> activations;
+};
+std::optional<QuantizedLayerMatch> match_quantized_layer(const ir::GraphIndex& ix, int node);
 
 // Selector: the groups lower_to_int8 replaces, in node order. Scales, zero points, weights and
 // biases must be initializers (run runtime::optimize_graph first; lower_to_int8 does). When

@@ -23,35 +23,48 @@ std::optional<FoldedChannelQuantize> foldable_channel_quantize(const ir::Graph& 
   return FoldedChannelQuantize{std::move(p)};
 }
 
+// An elementwise op or Concat whose float32 result only a foldable per-channel QuantizeLinear reads.
+struct ChannelQuantizedOutput {
+  int op = -1, quantize = -1;
+  FoldedChannelQuantize q;
+};
+
+std::optional<ChannelQuantizedOutput> select_channel_quantized_output(const ir::Rewriter& rw, int i) {
+  const ir::Graph& g = rw.graph();
+  const ir::Node& op = rw.node(i);
+  const bool arithmetic = is_binary_arithmetic(op);
+  const bool concat = op.op_type == "Concat" && !op.inputs.empty();
+  if (!(arithmetic || concat) || !op.domain.empty() || (arithmetic && op.inputs.size() != 2) || op.outputs.size() != 1 ||
+      op.attrs.count(kFoldedQuantizeScale) || op.attrs.count(kFoldedQuantizeChannelScale))
+    return std::nullopt;
+  const std::string& y = op.outputs[0];
+  // The kernel quantizes float32 arithmetic only: the result's type must be known.
+  const ir::ValueInfo* info = g.find_value_info(y);
+  if (!info || info->dtype != DType::kFloat32) return std::nullopt;
+  const int reader = rw.sole_reader(y);  // not kept, not a graph output, one reader
+  if (reader < 0) return std::nullopt;
+  const int64_t rank = info->dims ? static_cast<int64_t>(info->dims->size()) : -1;
+  std::optional<FoldedChannelQuantize> q = foldable_channel_quantize(g, rw.node(reader), rank);
+  if (!q) return std::nullopt;
+  return ChannelQuantizedOutput{i, reader, std::move(*q)};
+}
+
+void fold_channel_quantize(ir::Rewriter& rw, const ChannelQuantizedOutput& m) {
+  ir::Node op = rw.node(m.op);
+  op.attrs[kFoldedQuantizeChannelScale] = m.q.scale;
+  op.attrs[kFoldedQuantizeChannelZeroPoint] = std::vector<int64_t>(m.q.zero_point.begin(), m.q.zero_point.end());
+  op.attrs[kFoldedQuantizeType] = static_cast<int64_t>(m.q.dtype);
+  op.attrs[kFoldedQuantizeAxis] = m.q.axis;
+  op.outputs[0] = rw.node(m.quantize).outputs[0];
+  rw.remove(m.quantize);
+  rw.replace(m.op, std::move(op));
+}
+
 }  // namespace
 
-int fold_channel_quantize_into_elementwise(ir::Graph& g, const std::set<std::string>& keep) {
-  int folded = 0;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    ir::Node& op = g.nodes[i];
-    const bool arithmetic = is_binary_arithmetic(op);
-    const bool concat = op.op_type == "Concat" && !op.inputs.empty();
-    if (!(arithmetic || concat) || !op.domain.empty() || (arithmetic && op.inputs.size() != 2) || op.outputs.size() != 1 ||
-        op.attrs.count(kFoldedQuantizeScale) || op.attrs.count(kFoldedQuantizeChannelScale))
-      continue;
-    const std::string& y = op.outputs[0];
-    // The kernel quantizes float32 arithmetic only: the result's type must be known.
-    const ir::ValueInfo* info = g.find_value_info(y);
-    if (!info || info->dtype != DType::kFloat32 || keep.count(y) || g.is_graph_output(y)) continue;
-    const auto readers = g.consumers(y);
-    if (readers.size() != 1) continue;
-    const int64_t rank = info->dims ? static_cast<int64_t>(info->dims->size()) : -1;
-    const auto q = foldable_channel_quantize(g, g.nodes[readers[0]], rank);
-    if (!q) continue;
-    op.attrs[kFoldedQuantizeChannelScale] = q->scale;
-    op.attrs[kFoldedQuantizeChannelZeroPoint] = std::vector<int64_t>(q->zero_point.begin(), q->zero_point.end());
-    op.attrs[kFoldedQuantizeType] = static_cast<int64_t>(q->dtype);
-    op.attrs[kFoldedQuantizeAxis] = q->axis;
-    op.outputs[0] = g.nodes[readers[0]].outputs[0];
-    g.nodes.erase(g.nodes.begin() + readers[0]);  // after op: indices up to i stay valid
-    ++folded;
-  }
-  return folded;
+ir::Rule channel_quantize_fusion_rule() {
+  return ir::make_rule<ChannelQuantizedOutput>("fold_channel_quantize_into_elementwise",
+                                               select_channel_quantized_output, fold_channel_quantize);
 }
 
 }  // namespace slimquant::runtime

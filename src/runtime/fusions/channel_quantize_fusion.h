@@ -1,9 +1,6 @@
 #pragma once
-// Execution-only plan fusion (called from the Plan's fusion block in session.cpp).
-#include <set>
-#include <string>
-
-#include "slimquant/ir/graph.h"
+// Execution-only plan fusion (one rule of execution_fusion_rules()).
+#include "slimquant/ir/rewrite.h"
 
 namespace slimquant::runtime {
 
@@ -13,8 +10,8 @@ namespace slimquant::runtime {
 // folded_quantize_channel_* attributes of elementwise_qdq.h), instead of writing float32 for a
 // separate pass to read back: PP-OCRv4 det's FPN sums and squeeze-excitation scalings. Values that
 // are kept (hooks, outputs) block the fusion. A Concat takes such a QuantizeLinear too (PP-OCRv4
-// det's head input): it quantizes every input into its place. Returns how many QuantizeLinear
-// nodes were folded.
-int fold_channel_quantize_into_elementwise(ir::Graph& g, const std::set<std::string>& keep);
+// det's head input): it quantizes every input into its place. Rule
+// "fold_channel_quantize_into_elementwise"; it counts the QuantizeLinear nodes folded.
+ir::Rule channel_quantize_fusion_rule();
 
 }  // namespace slimquant::runtime

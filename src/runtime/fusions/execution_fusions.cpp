@@ -340,24 +340,13 @@ void fuse_erf_gelu(Rewriter& rw, const ErfGelu& m) {
   rw.replace(first, std::move(node));
 }
 
-// The ir merges, which take a predicate instead of a keep set.
-ir::Rule merge_rule(const char* name,
-                    int (*merge)(ir::Graph&, const std::function<bool(const std::string&, const std::string&)>&)) {
-  return ir::graph_rule(name, [merge](ir::Graph& g, const std::set<std::string>& keep) {
-    return merge(g, [&](const std::string&, const std::string& s) { return !keep.count(s); });
-  });
-}
-
 }  // namespace
 
 std::vector<ir::Rule> execution_fusion_rules() {
   // Hard-swish written as x * HardSigmoid(x) and swish as x * Sigmoid(x): one node each, which the
   // activation fusion then puts into the producing Conv.
-  return {
-      merge_rule("merge_hardswish", ir::merge_hardswish),
-      merge_rule("merge_swish", ir::merge_swish),
-      ir::graph_rule("merge_layernorm", ir::merge_layernorm),
-      ir::graph_rule("merge_residual_gate", ir::merge_residual_gate),
+  std::vector<ir::Rule> rules = ir::execution_merge_rules();
+  std::vector<ir::Rule> fusions = {
       ir::make_rule<ActivationFusion>("fuse_activation", select_activation, fuse_activation),
       ir::make_rule<ResidualAdd>("fuse_residual_add", select_residual_add, fuse_residual_add),
       ir::make_rule<QuantizedOutput>("fold_quantize_into_residual_qconv", select_residual_qconv_quantize,
@@ -366,9 +355,11 @@ std::vector<ir::Rule> execution_fusion_rules() {
       ir::make_rule<ErfGelu>("fuse_erf_gelu", select_erf_gelu, fuse_erf_gelu),
       ir::make_rule<QuantizedOutput>("fold_quantize_into_elementwise", select_elementwise_quantize,
                                      fold_quantize_into_elementwise),
-      ir::graph_rule("fold_nearest_upsample_into_elementwise", fold_nearest_upsample_into_elementwise),
-      ir::graph_rule("fold_channel_quantize_into_elementwise", fold_channel_quantize_into_elementwise),
+      nearest_upsample_fusion_rule(),
+      channel_quantize_fusion_rule(),
   };
+  rules.insert(rules.end(), std::make_move_iterator(fusions.begin()), std::make_move_iterator(fusions.end()));
+  return rules;
 }
 
 int fuse_activations(ir::Graph& g, const std::set<std::string>& keep) {

@@ -1,6 +1,7 @@
 #include "runtime/fusions/upsample_fusion.h"
 
 #include <cmath>
+#include <optional>
 
 #include "runtime/fusions/execution_fusions.h"
 #include "runtime/kernels/elementwise_common.h"
@@ -42,38 +43,50 @@ bool known_shape(const ir::Graph& g, const std::string& v, Shape& shape) {
   return true;
 }
 
+// An elementwise op reading, on `side`, a nearest integer-factor Resize that it alone reads.
+struct UpsampledOperand {
+  int op = -1, resize = -1, side = 0;
+  std::vector<int64_t> factors;
+};
+
+std::optional<UpsampledOperand> select_upsampled_operand(const ir::Rewriter& rw, int i) {
+  const ir::Graph& g = rw.graph();
+  const ir::Node& op = rw.node(i);
+  const bool arithmetic = is_binary_arithmetic(op);
+  if (!arithmetic || !op.domain.empty() || op.inputs.size() != 2 || op.outputs.size() != 1 ||
+      op.has_attr(kNearestUpsampledInput) || op.inputs[0] == op.inputs[1])
+    return std::nullopt;
+  for (int side = 0; side < 2; ++side) {
+    const std::string& up = op.inputs[side];
+    const int p = rw.producer(up);
+    if (p < 0 || rw.sole_reader(up) < 0) continue;  // not kept, not a graph output, read by op alone
+    const ir::Node& resize = rw.node(p);
+    const std::vector<int64_t> factors = nearest_upsample_factors(g, resize);
+    Shape source, upsampled, other;
+    if (factors.empty() || !known_shape(g, resize.inputs[0], source) || !known_shape(g, up, upsampled) ||
+        !known_shape(g, op.inputs[1 - side], other) || source.size() != 4 || other != upsampled ||
+        upsampled[0] != source[0] || upsampled[1] != source[1] || upsampled[2] != source[2] * factors[0] ||
+        upsampled[3] != source[3] * factors[1])
+      continue;
+    return UpsampledOperand{i, p, side, factors};
+  }
+  return std::nullopt;
+}
+
+void fold_nearest_upsample(ir::Rewriter& rw, const UpsampledOperand& m) {
+  ir::Node op = rw.node(m.op);
+  op.inputs[static_cast<size_t>(m.side)] = rw.node(m.resize).inputs[0];
+  op.attrs[kNearestUpsampledInput] = static_cast<int64_t>(m.side);
+  op.attrs[kNearestUpsampleFactors] = m.factors;
+  rw.remove(m.resize);
+  rw.replace(m.op, std::move(op));
+}
+
 }  // namespace
 
-int fold_nearest_upsample_into_elementwise(ir::Graph& g, const std::set<std::string>& keep) {
-  int folded = 0;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    ir::Node& op = g.nodes[i];
-    const bool arithmetic = is_binary_arithmetic(op);
-    if (!arithmetic || !op.domain.empty() || op.inputs.size() != 2 || op.outputs.size() != 1 ||
-        op.has_attr(kNearestUpsampledInput) || op.inputs[0] == op.inputs[1])
-      continue;
-    for (int side = 0; side < 2; ++side) {
-      const std::string& up = op.inputs[side];
-      const int p = g.producer(up);
-      if (p < 0 || keep.count(up) || g.is_graph_output(up) || g.consumers(up).size() != 1) continue;
-      const ir::Node& resize = g.nodes[p];
-      const std::vector<int64_t> factors = nearest_upsample_factors(g, resize);
-      Shape source, upsampled, other;
-      if (factors.empty() || !known_shape(g, resize.inputs[0], source) || !known_shape(g, up, upsampled) ||
-          !known_shape(g, op.inputs[1 - side], other) || source.size() != 4 || other != upsampled ||
-          upsampled[0] != source[0] || upsampled[1] != source[1] || upsampled[2] != source[2] * factors[0] ||
-          upsampled[3] != source[3] * factors[1])
-        continue;
-      op.inputs[side] = resize.inputs[0];
-      op.attrs[kNearestUpsampledInput] = static_cast<int64_t>(side);
-      op.attrs[kNearestUpsampleFactors] = factors;
-      g.nodes.erase(g.nodes.begin() + p);  // before op: op moves one place down
-      --i;
-      ++folded;
-      break;
-    }
-  }
-  return folded;
+ir::Rule nearest_upsample_fusion_rule() {
+  return ir::make_rule<UpsampledOperand>("fold_nearest_upsample_into_elementwise", select_upsampled_operand,
+                                         fold_nearest_upsample);
 }
 
 }  // namespace slimquant::runtime

@@ -1,9 +1,6 @@
 #pragma once
-// Execution-only plan fusion (called from the Plan's fusion block in session.cpp).
-#include <set>
-#include <string>
-
-#include "slimquant/ir/graph.h"
+// Execution-only plan fusion (one rule of execution_fusion_rules()).
+#include "slimquant/ir/rewrite.h"
 
 namespace slimquant::runtime {
 
@@ -12,7 +9,8 @@ namespace slimquant::runtime {
 // (element [n, c, y / kh, x / kw]) instead of a Resize writing the upsampled map for the Add to
 // read back (attributes ew::kNearestUpsampledInput / kNearestUpsampleFactors, read by the
 // elementwise kernel). The Resize result must be read by that op alone and not be kept, and both operands'
-// shapes must be known. Returns how many Resize nodes were folded.
-int fold_nearest_upsample_into_elementwise(ir::Graph& g, const std::set<std::string>& keep);
+// shapes must be known. Rule "fold_nearest_upsample_into_elementwise"; it counts the Resize nodes
+// folded.
+ir::Rule nearest_upsample_fusion_rule();
 
 }  // namespace slimquant::runtime

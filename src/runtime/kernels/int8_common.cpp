@@ -62,6 +62,15 @@ Compute resolve_compute(Compute requested, int weight_max_abs) {
   return exact ? Compute::kInt8 : Compute::kF32;
 }
 
+namespace {
+// The output-channel axis of a fused node's weight (as the lowering families state it): QConv's
+// [M, C/group, k...] and QGemm's transposed B have it first, QMatMul's B and QGemm's plain B last.
+int64_t weight_channel_axis(const ir::Node& node) {
+  if (node.op_type == kQGemm) return node.attr_int("transB", 0) ? 0 : 1;
+  return node.op_type == kQMatMul ? 1 : 0;
+}
+}  // namespace
+
 QLinearAttrs QLinearAttrs::parse(const ir::Node& node) {
   QLinearAttrs q;
   auto require = [&](const char* name) {
@@ -70,24 +79,29 @@ QLinearAttrs QLinearAttrs::parse(const ir::Node& node) {
   };
   require(attr::kXScale);
   require(attr::kWScale);
-  q.x_scale = node.attr_float(attr::kXScale, 1.f);
-  q.x_zero_point = static_cast<int32_t>(node.attr_int(attr::kXZeroPoint, 0));
-  q.w_scale = node.attr_floats(attr::kWScale);
+  q.x.scale = {node.attr_float(attr::kXScale, 1.f)};
+  q.x.zero_point = {static_cast<int32_t>(node.attr_int(attr::kXZeroPoint, 0))};
+  q.w.scale = node.attr_floats(attr::kWScale);
+  q.w.zero_point.assign(q.w.scale.size(), 0);
+  if (q.w.scale.size() > 1) q.w.axis = weight_channel_axis(node);
   const int64_t y_type = node.attr_int(attr::kYType, static_cast<int64_t>(DType::kFloat32));
   if (y_type != static_cast<int64_t>(DType::kFloat32) && y_type != static_cast<int64_t>(DType::kUInt8) &&
       y_type != static_cast<int64_t>(DType::kInt8))
     fail(ErrorKind::kInvalidModel, node.describe() + ": y_type must be 1 (float32), 2 (uint8) or 3 (int8), got " +
                                        std::to_string(y_type));
-  q.y_type = static_cast<DType>(y_type);
+  q.y.dtype = static_cast<DType>(y_type);
   if (q.quantized_output()) {
     require(attr::kYScale);
-    q.y_scale = node.attr_float(attr::kYScale, 1.f);
-    q.y_zero_point = static_cast<int32_t>(node.attr_int(attr::kYZeroPoint, 0));
+    q.y.scale = {node.attr_float(attr::kYScale, 1.f)};
+    q.y.zero_point = {static_cast<int32_t>(node.attr_int(attr::kYZeroPoint, 0))};
     if (node.has_attr(attr::kYChannelScale)) {
-      q.y_channel_scale = node.attr_floats(attr::kYChannelScale);
-      if (q.y_channel_scale.empty() || q.y_scale != 1.f || q.y_zero_point != 0)
+      std::vector<float> channel_scale = node.attr_floats(attr::kYChannelScale);
+      if (channel_scale.empty() || q.y.scale[0] != 1.f || q.y.zero_point[0] != 0)
         fail(ErrorKind::kInvalidModel, node.describe() + ": y_channel_scale needs at least one scale, y_scale 1 and "
                                                          "y_zero_point 0");
+      q.y.zero_point.assign(channel_scale.size(), 0);
+      q.y.scale = std::move(channel_scale);
+      q.y.axis = 1;
     }
   }
   const std::string act = node.attr_string(attr::kActivation, "");
@@ -115,27 +129,29 @@ QLinearAttrs QLinearAttrs::parse(const ir::Node& node) {
       fail(ErrorKind::kInvalidModel, node.describe() + ": " + what + " must be positive and finite, got " +
                                          std::to_string(s));
   };
-  positive(q.x_scale, "x_scale");
-  if (q.quantized_output()) positive(q.y_scale, "y_scale");
-  if (q.w_scale.empty()) fail(ErrorKind::kInvalidModel, node.describe() + ": w_scale is empty");
-  for (float s : q.w_scale) positive(s, "w_scale");
-  for (float s : q.y_channel_scale) positive(s, "y_channel_scale");
-  const int32_t lo = q.y_type == DType::kUInt8 ? 0 : -128, hi = q.y_type == DType::kUInt8 ? 255 : 127;
-  if (q.quantized_output() && (q.y_zero_point < lo || q.y_zero_point > hi))
-    fail(ErrorKind::kInvalidModel, node.describe() + ": y_zero_point " + std::to_string(q.y_zero_point) +
-                                       " is outside the range of " + dtype_name(q.y_type));
+  positive(q.x.scale[0], "x_scale");
+  if (q.quantized_output()) positive(q.y_tensor_scale(), "y_scale");
+  if (q.w.scale.empty()) fail(ErrorKind::kInvalidModel, node.describe() + ": w_scale is empty");
+  for (float s : q.w.scale) positive(s, "w_scale");
+  if (q.y_per_channel())
+    for (float s : q.y.scale) positive(s, "y_channel_scale");
+  const int32_t lo = q.y.dtype == DType::kUInt8 ? 0 : -128, hi = q.y.dtype == DType::kUInt8 ? 255 : 127;
+  const int32_t y_zero_point = q.y_tensor_zero_point();
+  if (q.quantized_output() && (y_zero_point < lo || y_zero_point > hi))
+    fail(ErrorKind::kInvalidModel, node.describe() + ": y_zero_point " + std::to_string(y_zero_point) +
+                                       " is outside the range of " + dtype_name(q.y.dtype));
   return q;
 }
 
 void QLinearAttrs::write(ir::Node& node) const {
-  node.attrs[attr::kXScale] = x_scale;
-  node.attrs[attr::kXZeroPoint] = static_cast<int64_t>(x_zero_point);
-  node.attrs[attr::kWScale] = w_scale;
-  node.attrs[attr::kYType] = static_cast<int64_t>(y_type);
+  node.attrs[attr::kXScale] = x.scale.at(0);
+  node.attrs[attr::kXZeroPoint] = static_cast<int64_t>(x.zero_point.at(0));
+  node.attrs[attr::kWScale] = w.scale;
+  node.attrs[attr::kYType] = static_cast<int64_t>(y.dtype);
   if (quantized_output()) {
-    node.attrs[attr::kYScale] = y_scale;
-    node.attrs[attr::kYZeroPoint] = static_cast<int64_t>(y_zero_point);
-    if (!y_channel_scale.empty()) node.attrs[attr::kYChannelScale] = y_channel_scale;
+    node.attrs[attr::kYScale] = y_tensor_scale();
+    node.attrs[attr::kYZeroPoint] = static_cast<int64_t>(y_tensor_zero_point());
+    if (!y.per_tensor()) node.attrs[attr::kYChannelScale] = y.scale;
   }
   if (activation != Activation::kNone) {
     node.attrs[attr::kActivation] = std::string(activation_name(activation));
@@ -199,14 +215,14 @@ float QLinearAttrs::activate(float v) const {
 
 Requant make_requant(const ir::Node& node, const QLinearAttrs& q, int64_t channels, const Tensor* bias, float alpha,
                      float beta) {
-  const int64_t ws = static_cast<int64_t>(q.w_scale.size());
+  const int64_t ws = static_cast<int64_t>(q.w.scale.size());
   if (ws != 1 && ws != channels)
     fail(ErrorKind::kInvalidModel, node.describe() + ": " + std::to_string(ws) + " weight scales for " +
                                        std::to_string(channels) + " output channels");
   if (!(alpha != 0.f) || !std::isfinite(alpha))
     fail(ErrorKind::kUnsupported, node.describe() + ": alpha must be finite and non-zero for integer execution");
-  if (q.y_per_channel() && static_cast<int64_t>(q.y_channel_scale.size()) != channels)
-    fail(ErrorKind::kInvalidModel, node.describe() + ": " + std::to_string(q.y_channel_scale.size()) +
+  if (q.y_per_channel() && static_cast<int64_t>(q.y.scale.size()) != channels)
+    fail(ErrorKind::kInvalidModel, node.describe() + ": " + std::to_string(q.y.scale.size()) +
                                        " output scales (y_channel_scale) for " + std::to_string(channels) +
                                        " output channels");
   Requant r;
@@ -214,10 +230,10 @@ Requant make_requant(const ir::Node& node, const QLinearAttrs& q, int64_t channe
   r.multiplier.resize(static_cast<size_t>(channels));
   // Activations that need real values get them: 1 / s_y comes after them (make_post_ops); so does a
   // per-channel 1 / s_y[c] that the activation does not commute with.
-  const float y_scale = q.quantized_output() && !q.real_units() ? q.y_scale : 1.f;
+  const float y_scale = q.quantized_output() && !q.real_units() ? q.y_tensor_scale() : 1.f;
   for (int64_t c = 0; c < channels; ++c) {
-    const float acc_scale = alpha * q.x_scale * q.w_scale[ws == 1 ? 0 : c];  // value of one accumulator unit
-    r.multiplier[c] = acc_scale / (q.folds_y_channel_scale() ? q.y_channel_scale[c] : y_scale);
+    const float acc_scale = alpha * q.x.scale[0] * q.w.scale[ws == 1 ? 0 : c];  // value of one accumulator unit
+    r.multiplier[c] = acc_scale / (q.folds_y_channel_scale() ? q.y.scale[c] : y_scale);
     if (bias) r.bias.push_back(beta * bias->data<float>()[c] / acc_scale);
   }
   return r;
@@ -227,7 +243,7 @@ dnnl::memory::desc channel_multiply_md(const QLinearAttrs& q, int dst_rank) {
   if (dst_rank < 2)
     fail(ErrorKind::kInternal, "a per-channel output scale needs an output of rank >= 2, got " + std::to_string(dst_rank));
   memory::dims dims(static_cast<size_t>(dst_rank), 1);
-  dims[1] = static_cast<memory::dim>(q.y_channel_scale.size());
+  dims[1] = static_cast<memory::dim>(q.y.scale.size());
   return memory::desc(dims, dt::f32, plain_tag(dims.size()));
 }
 
@@ -238,7 +254,7 @@ int channel_multiply_arg(const QLinearAttrs& q, int dst_rank) {
 dnnl::post_ops make_post_ops_before_channel_multiply(const QLinearAttrs& q) {
   using alg = dnnl::algorithm;
   dnnl::post_ops ops;
-  const float inv = q.quantized_output() ? 1.f / q.y_scale : 1.f;
+  const float inv = q.quantized_output() ? 1.f / q.y_tensor_scale() : 1.f;
   switch (q.activation) {
     case Activation::kNone: break;
     case Activation::kRelu: ops.append_eltwise(1.f, alg::eltwise_relu, 0.f, 0.f); break;
@@ -254,7 +270,7 @@ dnnl::post_ops make_post_ops_before_channel_multiply(const QLinearAttrs& q) {
       // clip(a x + b, 0, 1) / s_y + z_y = clip(a v + b / s_y + z_y, z_y, 1 / s_y + z_y) with v = x / s_y:
       // the zero point folded in, because oneDNN 2.6's JIT post-op injector gives a second
       // eltwise_linear in one chain the first one's alpha and beta (measured).
-      const float zp = q.quantized_output() ? static_cast<float>(q.y_zero_point) : 0.f;
+      const float zp = q.quantized_output() ? static_cast<float>(q.y_tensor_zero_point()) : 0.f;
       ops.append_eltwise(1.f, alg::eltwise_linear, q.activation_alpha, q.activation_beta * inv + zp);
       ops.append_eltwise(1.f, alg::eltwise_clip, zp, inv + zp);
       return ops;
@@ -267,7 +283,7 @@ dnnl::post_ops make_post_ops_before_channel_multiply(const QLinearAttrs& q) {
     case Activation::kSwish: ops.append_eltwise(1.f, alg::eltwise_swish, q.activation_alpha, 0.f); break;
     case Activation::kGelu: ops.append_eltwise(1.f, alg::eltwise_gelu_erf, 0.f, 0.f); break;
   }
-  const float zp = q.quantized_output() ? static_cast<float>(q.y_zero_point) : 0.f;
+  const float zp = q.quantized_output() ? static_cast<float>(q.y_tensor_zero_point()) : 0.f;
   // One linear step for the post affine map, 1 / s_y and z_y together (a second eltwise_linear in
   // the chain would run with the first one's parameters, see above).
   if (q.real_units() && (q.quantized_output() || q.has_post_affine()))

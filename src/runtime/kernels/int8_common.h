@@ -98,17 +98,30 @@ Compute resolve_compute(Compute requested, int weight_max_abs);
 
 // The quantization attributes of a fused node, parsed once (and written once by lowering).
 struct QLinearAttrs {
-  float x_scale = 1.f;
-  int32_t x_zero_point = 0;
-  std::vector<float> w_scale;  // size 1 or the output channel count
-  DType y_type = DType::kFloat32;
-  float y_scale = 1.f;
-  int32_t y_zero_point = 0;
-  // Per-output-channel y scales s_y[m] (empty: per tensor, y_scale). With Relu, LeakyRelu or no
-  // activation, 1 / s_y[m] is one more factor of the output scale M[m] (they commute with a
-  // positive per-channel factor); otherwise the activation and post affine map run in real units
-  // and a per-channel multiply by 1 / s_y[m] follows them (needs_channel_multiply()).
-  std::vector<float> y_channel_scale;
+  // A per-tensor parameter of scale 1 and zero point 0 (y's of a float32 output).
+  static QuantParam unit_param(DType dtype) {
+    QuantParam p;
+    p.dtype = dtype;
+    p.scale = {1.f};
+    p.zero_point = {0};
+    return p;
+  }
+
+  // x: per tensor (x_scale, x_zero_point); its element type is the input tensor's (kUndefined here).
+  QuantParam x = unit_param(DType::kUndefined);
+  // w: s8, zero point 0; one scale (w_scale, per tensor) or one per output channel.
+  QuantParam w = [] {
+    QuantParam p;
+    p.dtype = DType::kInt8;
+    return p;
+  }();
+  // y: dtype kFloat32 (y_type 1) for a float32 output, with scale 1 and zero point 0; else u8/s8
+  // per tensor (y_scale, y_zero_point), or, QConv only, one scale s_y[m] per output channel along
+  // axis 1 with zero point 0 (y_channel_scale). With Relu, LeakyRelu or no activation, 1 / s_y[m]
+  // is one more factor of the output scale M[m] (they commute with a positive per-channel factor);
+  // otherwise the activation and post affine map run in real units and a per-channel multiply by
+  // 1 / s_y[m] follows them (needs_channel_multiply()).
+  QuantParam y = unit_param(DType::kFloat32);
   Activation activation = Activation::kNone;
   float activation_min = -INFINITY, activation_max = INFINITY;
   float activation_alpha = 0.f, activation_beta = 0.f;  // LeakyRelu / HardSigmoid / Elu parameters
@@ -117,7 +130,11 @@ struct QLinearAttrs {
   float post_scale = 1.f, post_shift = 0.f;
   Compute compute = Compute::kAuto;
 
-  bool quantized_output() const { return y_type != DType::kFloat32; }
+  bool quantized_output() const { return y.dtype != DType::kFloat32; }
+  // s_y and z_y of a per-tensor output: 1 and 0 for a float32 one and for a per-channel one (whose
+  // scales y.scale apply per channel).
+  float y_tensor_scale() const { return y.per_tensor() ? y.scale.at(0) : 1.f; }
+  int32_t y_tensor_zero_point() const { return y.per_tensor() ? y.zero_point.at(0) : 0; }
   bool real_units() const {
     return activation != Activation::kNone && activation != Activation::kRelu && activation != Activation::kClip &&
            activation != Activation::kLeakyRelu && activation != Activation::kHardSigmoid;
@@ -126,8 +143,8 @@ struct QLinearAttrs {
   // post affine map.
   float activate(float v) const;
   bool has_post_affine() const { return post_scale != 1.f || post_shift != 0.f; }
-  bool y_per_channel() const { return quantized_output() && !y_channel_scale.empty(); }
-  // 1 / s_y[m] folded into the output scales (see y_channel_scale).
+  bool y_per_channel() const { return quantized_output() && !y.per_tensor(); }
+  // 1 / s_y[m] folded into the output scales (see y).
   bool folds_y_channel_scale() const {
     return y_per_channel() &&
            (activation == Activation::kNone || activation == Activation::kRelu || activation == Activation::kLeakyRelu);

@@ -48,15 +48,6 @@ using dnnl_kernels::WindowAttrs;
 // (the kF32 fallback: a sum post-op into float32, then the same scaling and the dst reorder).
 constexpr size_t kX = fused_ops::kConvX, kW = fused_ops::kConvW, kB = fused_ops::kConvBias;
 
-// y's type and per-tensor parameters as q states them (dtype kFloat32 for a float32 output).
-QuantParam output_param(const QLinearAttrs& q) {
-  QuantParam y;
-  y.dtype = q.y_type;
-  y.scale = {q.y_scale};
-  y.zero_point = {q.y_zero_point};
-  return y;
-}
-
 struct ConvPlan {
   PrimitivePlan prim;
   ConvProblem problem;
@@ -74,14 +65,8 @@ class QConvKernel final : public Kernel {
     if (has_sum && q_.y_per_channel())
       fail(ErrorKind::kUnsupported, node_.describe() + ": a fused residual addend with a per-channel quantized "
                                                        "output (y_channel_scale)");
-    if (has_sum && q_.quantized_output()) {
-      output_ = output_param(q_);
-      q_.y_type = DType::kFloat32;
-      q_.y_scale = 1.f;
-      q_.y_zero_point = 0;
-    } else {
-      output_ = output_param(q_);
-    }
+    output_ = q_.y;
+    if (has_sum && q_.quantized_output()) q_.y = QLinearAttrs::unit_param(DType::kFloat32);
     window_ = WindowAttrs::parse(node_);
     group_ = node_.attr_int("group", 1);
     if (group_ < 1)
@@ -98,7 +83,7 @@ class QConvKernel final : public Kernel {
     requant_ = make_requant(node_, q_, m, b);
     if (q_.needs_channel_multiply()) {
       channel_multiplier_ = Tensor(DType::kFloat32, {m});
-      for (int64_t c = 0; c < m; ++c) channel_multiplier_.data<float>()[c] = 1.f / q_.y_channel_scale[c];
+      for (int64_t c = 0; c < m; ++c) channel_multiplier_.data<float>()[c] = 1.f / q_.y.scale[c];
     }
     const int w_max = max_abs_int8(w_);
     compute_ = resolve_compute(q_.compute, w_max);
@@ -112,7 +97,7 @@ class QConvKernel final : public Kernel {
         Tensor doubled(DType::kInt8, w_.shape());
         for (int64_t i = 0; i < w_.numel(); ++i) doubled.data<int8_t>()[i] = static_cast<int8_t>(2 * w_.data<int8_t>()[i]);
         QLinearAttrs half = q_;
-        for (float& s : half.w_scale) s *= 0.5f;
+        for (float& s : half.w.scale) s *= 0.5f;
         int8_s8_src_.emplace();
         int8_s8_src_->weights = PackedConstant(doubled, weights_md(dt::s8, memory::format_tag::undef));
         int8_s8_src_->requant = make_requant(node_, half, m, b);
@@ -180,7 +165,7 @@ class QConvKernel final : public Kernel {
   }
 
   // A quantized output after a fused residual Add (see fused_ops::kConvAddend).
-  bool requantizes_sum() const { return output_.dtype != q_.y_type; }
+  bool requantizes_sum() const { return output_.dtype != q_.y.dtype; }
 
   // y_q = saturate(round_half_even(v / s_y) + z_y): the folded QuantizeLinear on the reference path.
   void quantize_reference(const Tensor& v, Tensor& y) const {
@@ -256,7 +241,7 @@ class QConvKernel final : public Kernel {
       dnnl::primitive_attr attr;
       if (int8) {
         attr = make_attr(q_, pw.requant, 1 << 1, dst_rank);
-        if (q_.x_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+        if (q_.x.zero_point[0] != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
       } else {
         attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
         attr.set_post_ops(host_channel_multiply ? make_post_ops_before_channel_multiply(q_)
@@ -297,7 +282,7 @@ class QConvKernel final : public Kernel {
         using dnnl_kernels::describe;
         std::string key = std::string(int8 ? "qconv|" : "qconv-f32|") + describe(src_md) + "|" + describe(wei_md) + "|" +
                           describe(dst_md) + "|" + describe(attr) + (pw.bias.defined() ? "|b" : "|") +
-                          (q_.x_zero_point != 0 ? "z" : "");
+                          (q_.x.zero_point[0] != 0 ? "z" : "");
         for (const Dims* v : {&g.strides, &g.dilations, &g.pad_begin, &g.pad_end})
           for (const auto e : *v) key += "," + std::to_string(e);
         const cf::primitive_desc pd = dnnl_kernels::fastest_implementation<cf::primitive_desc>(
@@ -308,7 +293,7 @@ class QConvKernel final : public Kernel {
         p.out_layout = dnnl_kernels::output_layout_for(dnnl_kernels::retyped_layout(chosen, output_.dtype)->desc,
                                                        p.prim.out_shape, output_.dtype, out_blocked);
         if (p.out_layout) p.prim.dst_user = p.out_layout->desc;
-        p.prim.finish<cf::primitive_desc, cf>(pd, pw.weights.get(pd.weights_desc()), pw.bias_mem, q_.x_zero_point,
+        p.prim.finish<cf::primitive_desc, cf>(pd, pw.weights.get(pd.weights_desc()), pw.bias_mem, q_.x.zero_point[0],
                                               int8 ? PrimitivePlan::ZeroPointAt::kPrimitive
                                                    : PrimitivePlan::ZeroPointAt::kSrcReorder);
         if (sum && binary_index >= 0) p.prim.bind_binary_addend(DNNL_ARG_ATTR_MULTIPLE_POST_OP(binary_index) | DNNL_ARG_SRC_1, sum_md);

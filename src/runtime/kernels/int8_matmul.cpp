@@ -54,9 +54,9 @@ class QLinearMatMulKernel final : public Kernel {
       // Activation x activation: one scale for the whole w_q, no bias (the selector adds none).
       runtime_w_ = true;
       compute_ = resolve_compute(q_.compute, -1);  // run-time weights may use the full s8 range
-      if (q_.w_scale.size() != 1)
+      if (q_.w.scale.size() != 1)
         fail(ErrorKind::kInvalidModel, node_.describe() + ": a run-time w_q needs one w_scale, got " +
-                                           std::to_string(q_.w_scale.size()));
+                                           std::to_string(q_.w.scale.size()));
       if (!init.node.input(kBias).empty())
         fail(ErrorKind::kUnsupported, node_.describe() + ": a bias with a run-time w_q is not supported");
       requant_ = make_requant(node_, q_, 1, nullptr);
@@ -89,14 +89,14 @@ class QLinearMatMulKernel final : public Kernel {
       key.push_back(-1);  // separator: the plan depends on both shapes
       key.insert(key.end(), w.shape().begin(), w.shape().end());
       MatMulPlan& p = plans_.get(key, x.dtype(), [&] { return make_batched_plan(x.shape(), w.shape(), x.dtype()); });
-      Tensor& y = ctx.allocate_output(0, q_.y_type, p.prim.out_shape);
+      Tensor& y = ctx.allocate_output(0, q_.y.dtype, p.prim.out_shape);
       if (y.numel() == 0) return;
       if (p.reference) reference_qmatmul_batched(q_, requant_, x, w, y);
       else p.prim.run(x.raw(), y.raw(), w.raw());
       return;
     }
     MatMulPlan& p = plans_.get(x.shape(), x.dtype(), [&] { return make_plan(x.shape(), x.dtype()); });
-    Tensor& y = ctx.allocate_output(0, q_.y_type, p.prim.out_shape);
+    Tensor& y = ctx.allocate_output(0, q_.y.dtype, p.prim.out_shape);
     if (y.numel() == 0) return;
     if (p.reference) reference_qmatmul(q_, requant_, x, p.m, k_, trans_x_, w_, n_, trans_w_, y);
     else p.prim.run(x.raw(), y.raw());
@@ -126,7 +126,7 @@ class QLinearMatMulKernel final : public Kernel {
     }
     if (p.m == 0) return p;
     p.prim.src_user = memory::desc({p.m, k_}, dnnl_type(x_type), trans_x_ ? tag::ba : tag::ab);
-    p.prim.dst_user = memory::desc({p.m, n_}, dnnl_type(q_.y_type), tag::ab);
+    p.prim.dst_user = memory::desc({p.m, n_}, dnnl_type(q_.y.dtype), tag::ab);
     const MatMulPlan base = p;
     // Completes p with an int8 or f32 primitive; false when oneDNN has none (or, for int8, only its
     // reference implementation).
@@ -136,14 +136,14 @@ class QLinearMatMulKernel final : public Kernel {
       const memory::desc dst_md = int8 ? p.prim.dst_user : memory::desc({p.m, n_}, dt::f32, tag::ab);
       const memory::desc wei_md({k_, n_}, int8 ? dt::s8 : dt::f32, tag::any);
       dnnl::primitive_attr attr = make_attr(q_, requant_, 1 << 1);
-      if (int8 && q_.x_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+      if (int8 && q_.x.zero_point[0] != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
       try {
         const dnnl::matmul::desc d = bias_.defined() ? dnnl::matmul::desc(src_md, wei_md, bias_mem_.get_desc(), dst_md)
                                                      : dnnl::matmul::desc(src_md, wei_md, dst_md);
         const dnnl::matmul::primitive_desc pd(d, attr, dnnl_engine());
         if (int8 && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return false;
         p.prim.finish<dnnl::matmul::primitive_desc, dnnl::matmul>(
-            pd, weights_for(int8).get(pd.weights_desc()), bias_mem_, q_.x_zero_point,
+            pd, weights_for(int8).get(pd.weights_desc()), bias_mem_, q_.x.zero_point[0],
             int8 ? PrimitivePlan::ZeroPointAt::kPrimitive : PrimitivePlan::ZeroPointAt::kSrcReorder);
       } catch (const dnnl::error&) {
         return false;
@@ -196,16 +196,16 @@ class QLinearMatMulKernel final : public Kernel {
     }
     const bool int8 = compute_ == Compute::kInt8;
     p.prim.src_user = plain_md(xs, dnnl_type(x_type));
-    p.prim.dst_user = plain_md(p.prim.out_shape, dnnl_type(q_.y_type));
+    p.prim.dst_user = plain_md(p.prim.out_shape, dnnl_type(q_.y.dtype));
     const memory::desc src_md = int8 ? p.prim.src_user : plain_md(xs, dt::f32);
     const memory::desc dst_md = int8 ? p.prim.dst_user : plain_md(p.prim.out_shape, dt::f32);
     const memory::desc wei_md = plain_md(ws, int8 ? dt::s8 : dt::f32);
     dnnl::primitive_attr attr = make_attr(q_, requant_, 0);
-    if (int8 && q_.x_zero_point != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+    if (int8 && q_.x.zero_point[0] != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
     try {
       const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), attr, dnnl_engine());
       p.prim.finish<dnnl::matmul::primitive_desc, dnnl::matmul>(
-          pd, memory(), memory(), q_.x_zero_point,
+          pd, memory(), memory(), q_.x.zero_point[0],
           int8 ? PrimitivePlan::ZeroPointAt::kPrimitive : PrimitivePlan::ZeroPointAt::kSrcReorder);
       p.prim.bind_runtime_weights(plain_md(ws, dt::s8), pd.weights_desc());
     } catch (const dnnl::error&) {

@@ -11,7 +11,7 @@
 namespace slimquant::runtime::int8 {
 
 OutputStage::OutputStage(const QLinearAttrs& qa, const Requant& ra) : q(qa), r(ra), act_lo(-FLT_MAX), act_hi(FLT_MAX) {
-  const float inv = q.quantized_output() ? 1.f / q.y_scale : 1.f;
+  const float inv = q.quantized_output() ? 1.f / q.y_tensor_scale() : 1.f;
   if (q.activation == Activation::kRelu) act_lo = 0.f;
   if (q.activation == Activation::kClip) {
     if (std::isfinite(q.activation_min)) act_lo = q.activation_min * inv;
@@ -22,7 +22,7 @@ OutputStage::OutputStage(const QLinearAttrs& qa, const Requant& ra) : q(qa), r(r
 float OutputStage::value(int64_t acc, int64_t c) const {
   const float v = value_before_channel_multiply(acc, c);
   // A per-channel output scale the activation does not commute with (make_post_ops' binary multiply).
-  return q.needs_channel_multiply() ? v * (1.f / q.y_channel_scale[c]) : v;
+  return q.needs_channel_multiply() ? v * (1.f / q.y.scale[c]) : v;
 }
 
 float OutputStage::value_before_channel_multiply(int64_t acc, int64_t c) const {
@@ -31,11 +31,11 @@ float OutputStage::value_before_channel_multiply(int64_t acc, int64_t c) const {
   v *= r.multiplier[c];
   if (q.real_units()) {  // the multiplier left 1 / s_y out: the activation sees real values
     v = q.activate(v) * q.post_scale + q.post_shift;
-    return q.quantized_output() ? v * (1.f / q.y_scale) : v;
+    return q.quantized_output() ? v * (1.f / q.y_tensor_scale()) : v;
   }
   if (q.activation == Activation::kLeakyRelu) return v >= 0.f ? v : q.activation_alpha * v;  // commutes with s_y
   if (q.activation == Activation::kHardSigmoid) {  // in y units: clip(a v + b / s_y, 0, 1 / s_y)
-    const float inv = q.quantized_output() ? 1.f / q.y_scale : 1.f;
+    const float inv = q.quantized_output() ? 1.f / q.y_tensor_scale() : 1.f;
     return std::min(std::max(q.activation_alpha * v + q.activation_beta * inv, 0.f), inv);
   }
   return std::min(std::max(v, act_lo), act_hi);
@@ -47,10 +47,10 @@ void OutputStage::store(int64_t acc, int64_t c, void* y, int64_t index) const {
     static_cast<float*>(y)[index] = v;
     return;
   }
-  const int32_t z = q.y_zero_point;
-  const float lo = static_cast<float>(qmin_of(q.y_type) - z), hi = static_cast<float>(qmax_of(q.y_type) - z);
+  const int32_t z = q.y_tensor_zero_point();
+  const float lo = static_cast<float>(qmin_of(q.y.dtype) - z), hi = static_cast<float>(qmax_of(q.y.dtype) - z);
   const int32_t code = static_cast<int32_t>(quant_math::saturate_round(v, lo, hi)) + z;  // half to even
-  if (q.y_type == DType::kUInt8) static_cast<uint8_t*>(y)[index] = static_cast<uint8_t>(code);
+  if (q.y.dtype == DType::kUInt8) static_cast<uint8_t*>(y)[index] = static_cast<uint8_t>(code);
   else static_cast<int8_t*>(y)[index] = static_cast<int8_t>(code);
 }
 
@@ -95,7 +95,7 @@ void reference_qconv(const QLinearAttrs& q, const Requant& r, const ConvProblem&
                     if (id < 0 || id >= in[0] || ih < 0 || ih >= in[1] || iw < 0 || iw >= in[2]) continue;
                     const int64_t xi = (n * p.in_channels + c) * in_size + (id * in[1] + ih) * in[2] + iw;
                     const int64_t wi = (m * cg + ci) * k_size + (kd * k[1] + kh) * k[2] + kw;
-                    acc += static_cast<int64_t>(load_q(x, xi) - q.x_zero_point) * wd[wi];
+                    acc += static_cast<int64_t>(load_q(x, xi) - q.x.zero_point[0]) * wd[wi];
                   }
             }
             out.store(acc, m, y.raw(), (n * p.out_channels + m) * out_size + (od * os[1] + oh) * os[2] + ow);
@@ -111,7 +111,7 @@ void matmul_block(const OutputStage& out, const QLinearAttrs& q, const Tensor& x
     for (int64_t j = 0; j < n; ++j) {
       int64_t acc = 0;
       for (int64_t l = 0; l < k; ++l) {
-        const int32_t xv = load_q(x, x0 + (trans_x ? l * m + i : i * k + l)) - q.x_zero_point;
+        const int32_t xv = load_q(x, x0 + (trans_x ? l * m + i : i * k + l)) - q.x.zero_point[0];
         acc += static_cast<int64_t>(xv) * wd[trans_w ? j * k + l : l * n + j];
       }
       out.store(acc, per_column ? j : 0, y, y0 + i * n + j);

@@ -14,17 +14,17 @@ struct ConvProblem {
   Shape in_spatial, out_spatial, kernel, strides, dilations, pad_begin;  // dilations: ONNX (1 = dense)
 };
 
-// x_q: [N, C, spatial...] u8/s8; w_q: [M, C/group, kernel...] s8; y: [N, M, out_spatial...] of q.y_type.
+// x_q: [N, C, spatial...] u8/s8; w_q: [M, C/group, kernel...] s8; y: [N, M, out_spatial...] of q.y.dtype.
 void reference_qconv(const QLinearAttrs& q, const Requant& r, const ConvProblem& p, const Tensor& x, const Tensor& w,
                      Tensor& y);
 
 // y[m, n] for x viewed as [m, k] (stored [k, m] when trans_x) and w as [k, n] (stored [n, k] when
-// trans_w); y: [m, n] elements of q.y_type. Channels are the n columns.
+// trans_w); y: [m, n] elements of q.y.dtype. Channels are the n columns.
 void reference_qmatmul(const QLinearAttrs& q, const Requant& r, const Tensor& x, int64_t m, int64_t k, bool trans_x,
                        const Tensor& w, int64_t n, bool trans_w, Tensor& y);
 
 // y = x @ w with numpy-style broadcasting of the batch dims (both of rank >= 2; w: s8 run-time
-// tensor, per-tensor scale). y: the broadcast batch dims + [m, n], elements of q.y_type.
+// tensor, per-tensor scale). y: the broadcast batch dims + [m, n], elements of q.y.dtype.
 void reference_qmatmul_batched(const QLinearAttrs& q, const Requant& r, const Tensor& x, const Tensor& w, Tensor& y);
 
 // The output step both share: one s32 accumulator of channel c -> the stored value.
