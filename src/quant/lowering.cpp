@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
@@ -132,18 +131,17 @@ struct GatedActivation {
   int gate = -1, mul = -1;
 };
 std::optional<GatedActivation> match_gated_activation(const GraphIndex& ix, const std::string& x) {
-  const ir::Graph& g = ix.graph();
-  if (g.is_graph_output(x) || g.consumers(x).size() != 2) return std::nullopt;
-  for (int gate : g.consumers(x)) {
-    const ir::Node& n = g.nodes[gate];
+  if (!ix.is_private(x) || ix.readers(x).size() != 2) return std::nullopt;
+  for (int gate : ix.readers(x)) {
+    const ir::Node& n = ix.node(gate);
     const bool sigmoid = is_op(n, "Sigmoid");
     const bool hard_sigmoid = is_op(n, "HardSigmoid") && std::fabs(n.attr_float("alpha", 0.2f) - 1.f / 6.f) <= 1e-6f &&
                               std::fabs(n.attr_float("beta", 0.5f) - 0.5f) <= 1e-6f;
     if (!(sigmoid || hard_sigmoid) || n.inputs.size() != 1 || n.outputs.size() != 1) continue;
     const std::string& s = n.outputs[0];
-    if (g.is_graph_output(s) || g.consumers(s).size() != 1) continue;
-    const int mul = g.consumers(s)[0];
-    const ir::Node& m = g.nodes[mul];
+    const int mul = ix.sole_reader(s);
+    if (mul < 0) continue;
+    const ir::Node& m = ix.node(mul);
     const bool reads_x_and_s = m.inputs.size() == 2 && ((m.inputs[0] == x && m.inputs[1] == s) || (m.inputs[0] == s && m.inputs[1] == x));
     if (is_op(m, "Mul") && reads_x_and_s) return GatedActivation{gate, mul};
   }
@@ -502,82 +500,68 @@ bool per_tensor_constant_params(const ir::Graph& g, const ir::Node& q) {
 // repeated until no Q moves (Reshape -> Transpose -> Q climbs both). The Q then ends the group of
 // the layer feeding them (integer output, no separate quantization pass) and the op moves 8-bit
 // values: ResNet's stem pool; in transformers the q/k/v projections' Reshape -> Transpose and the
-// attention output's Transpose -> Reshape. Returns the moves made.
-int commute_quantize_upward(ir::Graph& g) {
-  int moved = 0;
-  for (bool again = true; again;) {
-    again = false;
-    for (size_t i = 0; i < g.nodes.size(); ++i) {
-      const ir::Node& op = g.nodes[i];
-      if (!quantize_commutes_with(op) || op.inputs.empty() || op.inputs[0].empty() ||
-          (op.outputs.size() > 1 && !op.outputs[1].empty()))  // MaxPool's Indices
-        continue;
-      const std::string y = op.outputs[0];
-      const std::vector<int> readers = g.consumers(y);
-      if (g.is_graph_output(y) || readers.size() != 1) continue;
-      const int qi = readers[0];
-      const ir::Node& q = g.nodes[qi];
-      if (!is_op(q, "QuantizeLinear") || q.inputs[0] != y) continue;
-      if (!per_tensor_constant_params(g, q)) continue;
-      const std::string x = op.inputs[0], yq = q.outputs[0];
-      const std::string xq = g.unique_value_name(yq + "_before_" + op.op_type);
-      g.nodes[qi].inputs[0] = x;
-      g.nodes[qi].outputs[0] = xq;
-      g.nodes[i].inputs[0] = xq;
-      g.nodes[i].outputs[0] = yq;
-      std::swap(g.nodes[i], g.nodes[static_cast<size_t>(qi)]);  // the Q now runs where the op did
-      g.value_info.erase(y);
-      ++moved;
-      again = true;
-    }
-  }
-  return moved;
+// attention output's Transpose -> Reshape.
+struct QuantizeAfterOp {
+  int op = -1, quantize = -1;
+};
+ir::Rule commute_quantize_upward_rule() {
+  auto select = [](const ir::Rewriter& ix, int id) -> std::optional<QuantizeAfterOp> {
+    const ir::Node& op = ix.node(id);
+    if (!quantize_commutes_with(op) || op.inputs.empty() || op.inputs[0].empty() ||
+        (op.outputs.size() > 1 && !op.outputs[1].empty()))  // MaxPool's Indices
+      return std::nullopt;
+    const int q = ix.sole_reader(op.outputs[0]);
+    if (q < 0 || !is_op(ix.node(q), "QuantizeLinear") || ix.node(q).inputs[0] != op.outputs[0] ||
+        !per_tensor_constant_params(ix.graph(), ix.node(q)))
+      return std::nullopt;
+    return QuantizeAfterOp{id, q};
+  };
+  auto apply = [](ir::Rewriter& rw, const QuantizeAfterOp& m) {
+    ir::Node op = rw.node(m.op), q = rw.node(m.quantize);
+    const std::string y = op.outputs[0];
+    const std::string xq = rw.graph().unique_value_name(q.outputs[0] + "_before_" + op.op_type);
+    q.inputs[0] = op.inputs[0];
+    op.inputs[0] = xq;
+    op.outputs[0] = q.outputs[0];
+    q.outputs[0] = xq;
+    rw.replace(m.op, std::move(q));  // the Q now runs where the op did
+    rw.replace(m.quantize, std::move(op));
+    rw.graph().value_info.erase(y);
+  };
+  return ir::make_rule<QuantizeAfterOp>("commute_quantize_upward", select, apply);
 }
 
 // Concat -> QuantizeLinear (per tensor) becomes QuantizeLinear on each input -> Concat: the same
 // elementwise map applied before or after concatenating. Each Q can then end the group of the
 // layer that produced the input (SqueezeNet's fire modules, Inception's branches), and the concat
-// copies bytes instead of floats. Returns the concats moved.
-int commute_quantize_through_concat(ir::Graph& g) {
-  int moved = 0;
-  std::vector<ir::Node> nodes;
-  nodes.reserve(g.nodes.size());
-  std::vector<bool> drop(g.nodes.size(), false);
-  std::map<int, std::vector<ir::Node>> before;  // Q nodes to insert before node i
-  std::vector<std::string> reserved;             // value_info placeholders that keep new names unique
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    ir::Node& cat = g.nodes[i];
-    if (!is_op(cat, "Concat") || cat.outputs.size() != 1) continue;
-    const std::vector<int> readers = g.consumers(cat.outputs[0]);
-    if (g.is_graph_output(cat.outputs[0]) || readers.size() != 1) continue;
-    const ir::Node& q = g.nodes[static_cast<size_t>(readers[0])];
-    if (!is_op(q, "QuantizeLinear") || q.inputs[0] != cat.outputs[0]) continue;
-    if (!per_tensor_constant_params(g, q)) continue;
-    std::vector<ir::Node>& quantize_inputs = before[static_cast<int>(i)];
+// copies bytes instead of floats.
+ir::Rule commute_quantize_through_concat_rule() {
+  auto select = [](const ir::Rewriter& ix, int id) -> std::optional<QuantizeAfterOp> {
+    const ir::Node& cat = ix.node(id);
+    if (!is_op(cat, "Concat") || cat.outputs.size() != 1) return std::nullopt;
+    const int q = ix.sole_reader(cat.outputs[0]);
+    if (q < 0 || !is_op(ix.node(q), "QuantizeLinear") || ix.node(q).inputs[0] != cat.outputs[0] ||
+        !per_tensor_constant_params(ix.graph(), ix.node(q)))
+      return std::nullopt;
+    return QuantizeAfterOp{id, q};
+  };
+  auto apply = [](ir::Rewriter& rw, const QuantizeAfterOp& m) {
+    ir::Node cat = rw.node(m.op);
+    const ir::Node q = rw.node(m.quantize);
     for (std::string& in : cat.inputs) {
       ir::Node qk = q;
       qk.name = q.name.empty() ? std::string() : q.name + "_" + in;
       qk.inputs[0] = in;
-      qk.outputs = {g.unique_value_name(in + "_q")};
-      g.value_info[qk.outputs[0]] = {qk.outputs[0], DType::kUndefined, std::nullopt};
-      reserved.push_back(qk.outputs[0]);
+      qk.outputs = {rw.graph().unique_value_name(in + "_q")};
       in = qk.outputs[0];
-      quantize_inputs.push_back(std::move(qk));
+      rw.insert_before(m.op, std::move(qk));
     }
-    g.value_info.erase(cat.outputs[0]);
+    rw.graph().value_info.erase(cat.outputs[0]);
     cat.outputs[0] = q.outputs[0];
-    drop[static_cast<size_t>(readers[0])] = true;
-    ++moved;
-  }
-  if (moved == 0) return 0;
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    if (auto it = before.find(static_cast<int>(i)); it != before.end())
-      for (auto& qk : it->second) nodes.push_back(std::move(qk));
-    if (!drop[i]) nodes.push_back(std::move(g.nodes[i]));
-  }
-  g.nodes = std::move(nodes);
-  for (const auto& name : reserved) g.value_info.erase(name);
-  return moved;
+    rw.remove(m.quantize);
+    rw.replace(m.op, std::move(cat));
+  };
+  return ir::make_rule<QuantizeAfterOp>("commute_quantize_through_concat", select, apply);
 }
 
 }  // namespace
@@ -598,30 +582,27 @@ ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, Lo
   }
   // Pools and data movement first: Concat -> MaxPool -> Q becomes Concat -> Q -> MaxPool, then
   // Q -> Concat -> MaxPool.
-  commute_quantize_upward(g);
-  commute_quantize_through_concat(g);
+  ir::apply_rules(g, {commute_quantize_upward_rule()}, {}, /*until_stable=*/true);
+  ir::apply_rules(g, {commute_quantize_through_concat_rule()});
   LoweringReport local;
   LoweringReport& r = report ? *report : local;
   r = LoweringReport{};
   const std::vector<QdqGroup> groups = select_qdq_groups(g, options, &r.skipped);
 
-  std::vector<bool> drop(g.nodes.size(), false);
-  std::map<int, ir::Node> fused;
-  for (const QdqGroup& grp : groups) {
-    fused.emplace(grp.target, make_fused_node(g, grp, options));
+  // Every fused node is built from the unedited graph first (a group reads its own nodes only).
+  std::vector<ir::Node> fused;
+  fused.reserve(groups.size());
+  for (const QdqGroup& grp : groups) fused.push_back(make_fused_node(g, grp, options));
+  ir::Rewriter rw(g);
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const QdqGroup& grp = groups[k];
     for (int i : {grp.scale_mul, grp.bias_add, grp.gate, grp.activation, grp.post_mul, grp.post_add, grp.q_output})
-      if (i >= 0) drop[i] = true;
-    for (int i : grp.gelu_chain) drop[i] = true;
+      if (i >= 0) rw.remove(i);
+    for (int i : grp.gelu_chain) rw.remove(i);
+    rw.replace(grp.target, std::move(fused[k]));
     ++(r.*(lowered_family(grp.op).lowered));
   }
-  std::vector<ir::Node> nodes;
-  nodes.reserve(g.nodes.size());
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    auto it = fused.find(static_cast<int>(i));
-    if (it != fused.end()) nodes.push_back(std::move(it->second));
-    else if (!drop[i]) nodes.push_back(std::move(g.nodes[i]));
-  }
-  g.nodes = std::move(nodes);
+  rw.compact();
   // DequantizeLinear nodes whose readers were all lowered (and Q nodes feeding only those) go.
   g.remove_dead_nodes();
   g.remove_unused_initializers();
