@@ -4,12 +4,14 @@
 // (saturation before rounding, on v = x / s against [qmin - z, qmax - z]). Every loop vectorises.
 #include "runtime/kernels/elementwise_qdq.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include "runtime/kernels/channel_blocked.h"
 #include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/elementwise_common.h"
 #include "runtime/kernels/elementwise_math.h"
@@ -208,10 +210,64 @@ void fake_quantize_typed(const float* x, float* y, const BlockedParams& p, int32
   });
 }
 
+template <typename Q>
+SQ_AVX512_AVX2_CLONES void quantize_lanes_multiplying(const float* x, Q* y, int64_t n, const float* s, const float* r,
+                                                      const float* bound, const float* lo, const float* hi,
+                                                      const int32_t* z) {
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = static_cast<Q>(static_cast<int32_t>(saturate_round(divide_by_reciprocal(x[i], s[i], Reciprocal{r[i], bound[i]}),
+                                                              lo[i], hi[i])) + z[i]);
+}
+
+template <typename Q>
+SQ_AVX512_AVX2_CLONES void quantize_lanes_dividing(const float* x, Q* y, int64_t n, const float* s, const float* lo,
+                                                   const float* hi, const int32_t* z) {
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<Q>(static_cast<int32_t>(quantize_offset(x[i], s[i], lo[i], hi[i])) + z[i]);
+}
+
 template <typename Q> inline constexpr bool kIsQuantType =
     std::is_same_v<Q, uint8_t> || std::is_same_v<Q, int8_t> || std::is_same_v<Q, uint16_t> || std::is_same_v<Q, int16_t>;
 
 }  // namespace
+
+LaneQuantizer::LaneQuantizer(const QuantParam& q, int64_t channels) : dtype_(q.dtype) {
+  SQ_CHECK((dtype_ == DType::kUInt8 || dtype_ == DType::kInt8) &&
+               (static_cast<int64_t>(q.scale.size()) == channels || q.scale.size() == 1) &&
+               q.zero_point.size() == q.scale.size(),
+           ErrorKind::kInternal, "LaneQuantizer: bad parameters");
+  const int32_t kMin = dtype_ == DType::kUInt8 ? lowest_code<uint8_t>() : lowest_code<int8_t>();
+  const int32_t kMax = dtype_ == DType::kUInt8 ? highest_code<uint8_t>() : highest_code<int8_t>();
+  multiplying_ = true;
+  for (int64_t c = 0; c < channels; ++c) {
+    const size_t k = q.scale.size() == 1 ? 0 : static_cast<size_t>(c);
+    const float s = q.scale[k], lo = static_cast<float>(kMin - q.zero_point[k]), hi = static_cast<float>(kMax - q.zero_point[k]);
+    scale_.push_back(s);
+    lo_.push_back(lo);
+    hi_.push_back(hi);
+    zero_point_.push_back(q.zero_point[k]);
+    const auto rc = reciprocal_for(s, lo, hi);
+    multiplying_ = multiplying_ && rc.has_value();
+    reciprocal_.push_back(rc ? rc->r : 0.f);
+    bound_.push_back(rc ? rc->bound : 0.f);
+  }
+}
+
+void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, int64_t first_channel, int64_t lanes,
+                             void* y, int64_t y_stride) const {
+  const size_t c = static_cast<size_t>(first_channel);
+  auto run = [&](auto* out) {
+    for (int64_t p = 0; p < pixels; ++p) {
+      const float* xs = x + p * x_stride;
+      auto* ys = out + p * y_stride;
+      if (multiplying_)
+        quantize_lanes_multiplying(xs, ys, lanes, &scale_[c], &reciprocal_[c], &bound_[c], &lo_[c], &hi_[c], &zero_point_[c]);
+      else
+        quantize_lanes_dividing(xs, ys, lanes, &scale_[c], &lo_[c], &hi_[c], &zero_point_[c]);
+    }
+  };
+  if (dtype_ == DType::kUInt8) run(static_cast<uint8_t*>(y));
+  else run(static_cast<int8_t*>(y));
+}
 
 void quantize_floats(const float* x, int64_t n, float scale, int32_t zero_point, DType type, void* y) {
   if (type == DType::kUInt8) {
@@ -346,15 +402,56 @@ class QuantizeLinearKernel final : public Kernel {
  public:
   explicit QuantizeLinearKernel(const KernelInit& init) : node_(init.node), attrs_(qdq_attrs(init)) {}
   void run(KernelContext& ctx) override {
-    const Tensor& x = ctx.input(0);
     const Tensor& scale = ctx.input(1);
     const Tensor* zp = ctx.optional_input(2);
     check_per_axis(node_, attrs_, scale);
+    if (ctx.input_layout(0) && run_channel_blocked(ctx, scale, zp)) return;
+    const Tensor x = channel_blocked::plain_input(ctx, 0);
     Tensor& y = ctx.allocate_output(0, zp ? zp->dtype() : DType::kUInt8, x.shape());
     quantize_linear(x, scale, zp, attrs_.axis, y, node_.describe());
   }
 
  private:
+  // A channel-blocked float32 x quantized per channel (axis 1) or per tensor into u8 / s8 in the
+  // same layout, pixel row by pixel row; false (nothing written) for other cases.
+  bool run_channel_blocked(KernelContext& ctx, const Tensor& scale, const Tensor* zp) {
+    const Tensor& x = ctx.input(0);
+    const Layout& layout = *ctx.input_layout(0);
+    const std::optional<channel_blocked::Blocking> blocking = channel_blocked::blocking_of(layout);
+    const DType qtype = zp ? zp->dtype() : DType::kUInt8;
+    if (!blocking || !ctx.output_layout_allowed(0) || x.dtype() != DType::kFloat32 || x.rank() != 4 ||
+        (qtype != DType::kUInt8 && qtype != DType::kInt8) || scale.dtype() != DType::kFloat32 ||
+        (zp && zp->numel() != scale.numel()))
+      return false;
+    const bool per_channel = scale.numel() != 1;
+    if (per_channel && (scale.rank() != 1 || scale.dim(0) != x.dim(1) || (attrs_.axis != 1 && attrs_.axis != -3)))
+      return false;
+    QuantParam q;
+    q.dtype = qtype;
+    q.scale = scale.to_float_vector();
+    if (zp)
+      for (int64_t z : zp->to_int64_vector()) q.zero_point.push_back(static_cast<int32_t>(z));
+    else
+      q.zero_point.assign(q.scale.size(), 0);
+    const LaneQuantizer quantizer(q, x.dim(1));
+    Tensor& y = ctx.allocate_output(0, qtype, x.shape());
+    const channel_blocked::View v(x.shape(), *blocking);
+    const float* px = x.data<float>();
+    auto* py = static_cast<std::byte*>(y.raw());  // 1-byte codes
+    const int64_t pixels = v.pixels(), b = v.block;
+    ew::parallel_range(v.n * v.blocks() * pixels, [&](int64_t begin, int64_t end) {
+      while (begin < end) {  // cut at plane boundaries
+        const int64_t plane = begin / pixels, first = begin % pixels;
+        const int64_t count = std::min(end - begin, pixels - first);
+        const int64_t offset = plane * pixels * b + first * b;
+        quantizer.quantize(px + offset, b, count, (plane % v.blocks()) * b, b, py + offset, b);
+        begin += count;
+      }
+    });
+    ctx.set_output_layout(0, dnnl_kernels::retyped_layout(layout, qtype));
+    return true;
+  }
+
   const ir::Node& node_;
   QdqAttrs attrs_;
 };
