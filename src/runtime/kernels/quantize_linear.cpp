@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <vector>
 
@@ -210,19 +211,36 @@ void fake_quantize_typed(const float* x, float* y, const BlockedParams& p, int32
   });
 }
 
+// Rows of `lanes` floats (x_stride apart) into rows of codes (y_stride apart), lane l with the
+// parameters at index l: one call per run of pixels, the lanes vectorised (restrict: byte stores
+// could otherwise alias the parameters, which stops the vectoriser).
 template <typename Q>
-SQ_AVX512_AVX2_CLONES void quantize_lanes_multiplying(const float* x, Q* y, int64_t n, const float* s, const float* r,
-                                                      const float* bound, const float* lo, const float* hi,
-                                                      const int32_t* z) {
-  for (int64_t i = 0; i < n; ++i)
-    y[i] = static_cast<Q>(static_cast<int32_t>(saturate_round(divide_by_reciprocal(x[i], s[i], Reciprocal{r[i], bound[i]}),
-                                                              lo[i], hi[i])) + z[i]);
+SQ_AVX512_AVX2_CLONES void quantize_lanes_multiplying(const float* __restrict x, int64_t x_stride, Q* __restrict y,
+                                                      int64_t y_stride, int64_t pixels, int64_t lanes,
+                                                      const float* __restrict s, const float* __restrict r,
+                                                      const float* __restrict bound, const float* __restrict lo,
+                                                      const float* __restrict hi, const int32_t* __restrict z) {
+  for (int64_t p = 0; p < pixels; ++p) {
+    const float* xs = x + p * x_stride;
+    Q* ys = y + p * y_stride;
+    for (int64_t i = 0; i < lanes; ++i)
+      ys[i] = static_cast<Q>(
+          static_cast<int32_t>(saturate_round(divide_by_reciprocal(xs[i], s[i], Reciprocal{r[i], bound[i]}), lo[i], hi[i])) +
+          z[i]);
+  }
 }
 
 template <typename Q>
-SQ_AVX512_AVX2_CLONES void quantize_lanes_dividing(const float* x, Q* y, int64_t n, const float* s, const float* lo,
-                                                   const float* hi, const int32_t* z) {
-  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<Q>(static_cast<int32_t>(quantize_offset(x[i], s[i], lo[i], hi[i])) + z[i]);
+SQ_AVX512_AVX2_CLONES void quantize_lanes_dividing(const float* __restrict x, int64_t x_stride, Q* __restrict y,
+                                                   int64_t y_stride, int64_t pixels, int64_t lanes,
+                                                   const float* __restrict s, const float* __restrict lo,
+                                                   const float* __restrict hi, const int32_t* __restrict z) {
+  for (int64_t p = 0; p < pixels; ++p) {
+    const float* xs = x + p * x_stride;
+    Q* ys = y + p * y_stride;
+    for (int64_t i = 0; i < lanes; ++i)
+      ys[i] = static_cast<Q>(static_cast<int32_t>(quantize_offset(xs[i], s[i], lo[i], hi[i])) + z[i]);
+  }
 }
 
 template <typename Q> inline constexpr bool kIsQuantType =
@@ -255,15 +273,62 @@ LaneQuantizer::LaneQuantizer(const QuantParam& q, int64_t channels) : dtype_(q.d
 void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, int64_t first_channel, int64_t lanes,
                              void* y, int64_t y_stride) const {
   const size_t c = static_cast<size_t>(first_channel);
-  auto run = [&](auto* out) {
-    for (int64_t p = 0; p < pixels; ++p) {
-      const float* xs = x + p * x_stride;
-      auto* ys = out + p * y_stride;
-      if (multiplying_)
-        quantize_lanes_multiplying(xs, ys, lanes, &scale_[c], &reciprocal_[c], &bound_[c], &lo_[c], &hi_[c], &zero_point_[c]);
-      else
-        quantize_lanes_dividing(xs, ys, lanes, &scale_[c], &lo_[c], &hi_[c], &zero_point_[c]);
+  // Contiguous rows: the parameters repeated over a tile of pixels whose length is a multiple of
+  // 64, so the vectorised loop covers whole tiles (a row of 24 or 96 lanes alone would leave a
+  // scalar tail of up to 63 elements per pixel). The tile is kept for the next call with the same
+  // channels (the rows of one plane).
+  constexpr int64_t kVectorMultiple = 64;
+  if (x_stride == lanes && y_stride == lanes) {
+    const int64_t tile = kVectorMultiple / std::gcd(lanes, kVectorMultiple);
+    if (pixels >= tile) {
+      struct Tiled {
+        const LaneQuantizer* owner = nullptr;
+        size_t first = 0;
+        int64_t lanes = 0;
+        std::vector<float> s, r, bound, lo, hi;
+        std::vector<int32_t> z;
+      };
+      thread_local Tiled t;
+      const size_t n = static_cast<size_t>(tile * lanes);
+      if (t.owner != this || t.first != c || t.lanes != lanes) {
+        t.owner = this;
+        t.first = c;
+        t.lanes = lanes;
+        for (auto* v : {&t.s, &t.r, &t.bound, &t.lo, &t.hi}) v->resize(n);
+        t.z.resize(n);
+        for (size_t k = 0; k < n; ++k) {
+          const size_t l = c + k % static_cast<size_t>(lanes);
+          t.s[k] = scale_[l];
+          t.r[k] = reciprocal_[l];
+          t.bound[k] = bound_[l];
+          t.lo[k] = lo_[l];
+          t.hi[k] = hi_[l];
+          t.z[k] = zero_point_[l];
+        }
+      }
+      const int64_t tiles = pixels / tile, tile_len = tile * lanes;
+      auto run_tiles = [&](auto* out) {
+        if (multiplying_)
+          quantize_lanes_multiplying(x, tile_len, out, tile_len, tiles, tile_len, t.s.data(), t.r.data(), t.bound.data(),
+                                     t.lo.data(), t.hi.data(), t.z.data());
+        else
+          quantize_lanes_dividing(x, tile_len, out, tile_len, tiles, tile_len, t.s.data(), t.lo.data(), t.hi.data(),
+                                  t.z.data());
+      };
+      if (dtype_ == DType::kUInt8) run_tiles(static_cast<uint8_t*>(y));
+      else run_tiles(static_cast<int8_t*>(y));
+      x += tiles * tile_len;
+      y = static_cast<std::byte*>(y) + tiles * tile_len;
+      pixels -= tiles * tile;
+      if (pixels == 0) return;
     }
+  }
+  auto run = [&](auto* out) {
+    if (multiplying_)
+      quantize_lanes_multiplying(x, x_stride, out, y_stride, pixels, lanes, &scale_[c], &reciprocal_[c], &bound_[c],
+                                 &lo_[c], &hi_[c], &zero_point_[c]);
+    else
+      quantize_lanes_dividing(x, x_stride, out, y_stride, pixels, lanes, &scale_[c], &lo_[c], &hi_[c], &zero_point_[c]);
   };
   if (dtype_ == DType::kUInt8) run(static_cast<uint8_t*>(y));
   else run(static_cast<int8_t*>(y));

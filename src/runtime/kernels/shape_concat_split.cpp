@@ -158,6 +158,11 @@ class ConcatKernel : public Kernel {
     const size_t in_size = dtype_size(first.dtype()), out_size = dtype_size(out_type);
     auto* dst = static_cast<std::byte*>(y.raw());
     const int64_t pixels = out.pixels();
+    if (quantize_ && blocking->channels_last) {
+      concat_quantized_channels_last(ctx, positions, out, dst);
+      ctx.set_output_layout(0, out_layout);
+      return true;
+    }
     int64_t first_channel = 0;
     for (size_t i : positions) {
       const Tensor& t = ctx.input(i);
@@ -189,6 +194,34 @@ class ConcatKernel : public Kernel {
     }
     ctx.set_output_layout(0, out_layout);
     return true;
+  }
+
+  // Channels-last inputs into channels-last codes: each run of pixels is gathered into whole
+  // float pixels of all channels, then quantized as one run of C lanes (a few dozen lanes per input
+  // are too short for the vectorised loop).
+  void concat_quantized_channels_last(const KernelContext& ctx, const std::vector<size_t>& positions,
+                                      const channel_blocked::View& out, std::byte* dst) const {
+    constexpr int64_t kRun = 64;  // pixels per gathered run
+    const int64_t channels = out.channels, runs_per_sample = (out.pixels() + kRun - 1) / kRun;
+    ew::parallel_range(out.n * runs_per_sample, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> gathered;
+      gathered.resize(static_cast<size_t>(kRun * channels));
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t n = r / runs_per_sample, p0 = (r % runs_per_sample) * kRun;
+        const int64_t count = std::min(kRun, out.pixels() - p0);
+        int64_t first_channel = 0;
+        for (size_t i : positions) {
+          const Tensor& t = ctx.input(i);
+          const int64_t own = t.dim(1);
+          const float* src = t.data<float>() + (n * out.pixels() + p0) * own;
+          for (int64_t p = 0; p < count; ++p)
+            std::memcpy(gathered.data() + p * channels + first_channel, src + p * own, static_cast<size_t>(own) * sizeof(float));
+          first_channel += own;
+        }
+        lane_quantizer_->quantize(gathered.data(), channels, count, 0, channels,
+                                  dst + (n * out.pixels() + p0) * channels, channels);
+      }
+    });
   }
 
   int64_t axis_;
