@@ -83,6 +83,38 @@ Tensor input(int64_t batch, uint32_t seed) {
   return test::random_tensor({batch, kIn, kSize, kSize}, rng, -2.f, 2.f);
 }
 
+// Two convolutions of x, each read by a GlobalAveragePool and (through a per-channel Q) by a
+// convolution: two standalone per-channel QuantizeLinear of the same channel count, one after
+// the other, on channels-last data (their parameters must not mix).
+ir::Graph two_quantized_branches(int64_t channels) {
+  std::mt19937 rng(4);
+  test::GraphBuilder b;
+  b.g.opset = 13;
+  b.g.inputs.push_back({"x", DType::kFloat32, std::nullopt});
+  auto conv = [&](const std::string& in, int64_t cin, int64_t cout) {
+    return b.node("Conv", {in, b.constant(test::random_tensor({cout, cin, 3, 3}, rng, -0.3f, 0.3f)),
+                           b.constant(test::random_tensor({cout}, rng))},
+                  {{"pads", std::vector<int64_t>(4, 1)}});
+  };
+  for (int branch = 0; branch < 2; ++branch) {
+    const std::string c = conv("x", kIn, channels);
+    b.g.outputs.push_back({b.node("GlobalAveragePool", {c}), DType::kFloat32, std::nullopt});
+    b.g.outputs.push_back({conv(c, channels, 4), DType::kFloat32, std::nullopt});
+  }
+  return b.g;
+}
+
+ir::Graph lowered_int8(const ir::Graph& g, int expected_convs) {
+  quant::PTQ ptq{quant::QuantConfig(quant::QuantRule{"abs_max", "channel_wise_abs_max", true})};
+  ptq.quantize(g);
+  for (uint32_t seed : {11u, 12u}) ptq.sample({{"x", input(2, seed)}});
+  ptq.set_channel_wise_conv_inputs(true);
+  quant::LoweringReport report;
+  ir::Graph lowered = quant::lower_to_int8(ptq.convert(), {}, &report);
+  EXPECT_EQ(report.conv, expected_convs);
+  return lowered;
+}
+
 // Every value a run produces, cloned: as plain values, or as held (any_layout).
 std::map<std::string, Tensor> run_seen(runtime::Session& s, const Tensor& x, bool any_layout = false) {
   std::map<std::string, Tensor> seen;
@@ -143,13 +175,7 @@ TEST(ChannelBlockedOps, FloatChainMatchesThePlainLayoutBitForBit) {
 TEST(ChannelBlockedOps, Int8ChainMatchesThePlainLayoutBitForBit) {
   // 24 channels: not a multiple of 16, but the int8 convolutions write channels-last (acdb).
   const Det d = det_like_graph(24, /*pool_heads=*/false);
-  quant::PTQ ptq{quant::QuantConfig(quant::QuantRule{"abs_max", "channel_wise_abs_max", true})};
-  ptq.quantize(d.g);
-  for (uint32_t seed : {11u, 12u}) ptq.sample({{"x", input(2, seed)}});
-  ptq.set_channel_wise_conv_inputs(true);
-  quant::LoweringReport report;
-  const ir::Graph lowered = quant::lower_to_int8(ptq.convert(), {}, &report);
-  EXPECT_EQ(report.conv, 7);
+  const ir::Graph lowered = lowered_int8(d.g, 7);
   for (int64_t batch : {1, 2}) {
     const Tensor x = input(batch, 21);
     const auto held = expect_bit_identical(lowered, x);
@@ -170,6 +196,8 @@ TEST(ChannelBlockedOps, Int8ChainMatchesThePlainLayoutBitForBit) {
     EXPECT_GE(compared, 8u);
     EXPECT_EQ(blocked, compared) << "every rank-4 map between the convolutions stays channels-last";
   }
+  const ir::Graph branches = lowered_int8(two_quantized_branches(24), 4);
+  for (int64_t batch : {1, 2}) expect_bit_identical(branches, input(batch, 22));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "runtime/kernels/elementwise_qdq.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -249,6 +250,8 @@ template <typename Q> inline constexpr bool kIsQuantType =
 }  // namespace
 
 LaneQuantizer::LaneQuantizer(const QuantParam& q, int64_t channels) : dtype_(q.dtype) {
+  static std::atomic<uint64_t> next_id{1};
+  id_ = next_id++;
   SQ_CHECK((dtype_ == DType::kUInt8 || dtype_ == DType::kInt8) &&
                (static_cast<int64_t>(q.scale.size()) == channels || q.scale.size() == 1) &&
                q.zero_point.size() == q.scale.size(),
@@ -282,7 +285,7 @@ void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, i
     const int64_t tile = kVectorMultiple / std::gcd(lanes, kVectorMultiple);
     if (pixels >= tile) {
       struct Tiled {
-        const LaneQuantizer* owner = nullptr;
+        uint64_t owner = 0;  // id_ (not the address: a quantizer on the stack may reuse another's)
         size_t first = 0;
         int64_t lanes = 0;
         std::vector<float> s, r, bound, lo, hi;
@@ -290,8 +293,8 @@ void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, i
       };
       thread_local Tiled t;
       const size_t n = static_cast<size_t>(tile * lanes);
-      if (t.owner != this || t.first != c || t.lanes != lanes) {
-        t.owner = this;
+      if (t.owner != id_ || t.first != c || t.lanes != lanes) {
+        t.owner = id_;
         t.first = c;
         t.lanes = lanes;
         for (auto* v : {&t.s, &t.r, &t.bound, &t.lo, &t.hi}) v->resize(n);
