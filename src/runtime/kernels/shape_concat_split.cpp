@@ -214,8 +214,9 @@ class ConcatKernel : public Kernel {
           const Tensor& t = ctx.input(i);
           const int64_t own = t.dim(1);
           const float* src = t.data<float>() + (n * out.pixels() + p0) * own;
-          for (int64_t p = 0; p < count; ++p)
-            std::memcpy(gathered.data() + p * channels + first_channel, src + p * own, static_cast<size_t>(own) * sizeof(float));
+          float* to = gathered.data() + first_channel;
+          for (int64_t p = 0; p < count; ++p)  // a loop, not a memcpy call per few dozen floats
+            for (int64_t l = 0; l < own; ++l) to[p * channels + l] = src[p * own + l];
           first_channel += own;
         }
         lane_quantizer_->quantize(gathered.data(), channels, count, 0, channels,
