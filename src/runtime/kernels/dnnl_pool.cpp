@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "runtime/kernels/channel_blocked.h"
+#include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/dnnl_common.h"
 #include "runtime/kernels/dnnl_kernels.h"
 
@@ -270,11 +271,10 @@ float row_max(const float* x, int64_t len) {
 
 // row_sum / row_max of every lane of one channel-blocked plane (pixels x lanes, lane l at
 // x[i * lanes + l]), in row_sum's / row_max's order for each lane (eight partial results combined
-// alike), so blocked and plain inputs give the same bits; out[l] = the result for lane l.
-void lane_sums(const float* x, int64_t pixels, int64_t lanes, PoolKind kind, float* out) {
-  thread_local std::vector<float> partial;
-  partial.resize(static_cast<size_t>(8 * lanes));
-  float* acc = partial.data();
+// alike), so blocked and plain inputs give the same bits; out[l] = the result for lane l. acc:
+// 8 * lanes floats of scratch. Lanes are independent, so any vector width gives the same bits.
+SQ_AVX512_AVX2_CLONES void lane_sums(const float* x, int64_t pixels, int64_t lanes, PoolKind kind, float* acc,
+                                     float* out) {
   const bool average = kind == PoolKind::kAverage;
   std::fill(acc, acc + 8 * lanes, average ? 0.f : -std::numeric_limits<float>::infinity());
   int64_t i = 0;
@@ -322,9 +322,10 @@ std::unique_ptr<Kernel> make_global_pool(const KernelInit& init, PoolKind kind) 
         const float* src = x.data<float>();
         float* dst = y.data<float>();
         parallel_rows(v.n * v.blocks(), v.plane_elements(), [&](int64_t begin, int64_t end) {
+          std::vector<float> partial(static_cast<size_t>(8 * v.block));
           for (int64_t p = begin; p < end; ++p) {
             float* out = dst + p * v.block;  // plane p's channels, in order
-            lane_sums(src + p * v.plane_elements(), v.pixels(), v.block, kind, out);
+            lane_sums(src + p * v.plane_elements(), v.pixels(), v.block, kind, partial.data(), out);
             if (kind == PoolKind::kAverage)
               for (int64_t l = 0; l < v.block; ++l) out[l] *= inv;
           }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "runtime/kernels/channel_blocked.h"
+#include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/elementwise_common.h"
 #include "runtime/kernels/elementwise_qdq.h"
 #include "runtime/kernels/shape_common.h"
@@ -10,6 +11,14 @@
 namespace slimquant::runtime::shape {
 
 namespace {
+
+// dst[p * dst_stride + l] = src[p * lanes + l] for p < pixels, l < lanes: a loop (not a memcpy
+// call per few dozen floats), in the CPU's vector width.
+SQ_AVX512_AVX2_CLONES void gather_pixels(const float* __restrict src, int64_t lanes, int64_t pixels,
+                                         float* __restrict dst, int64_t dst_stride) {
+  for (int64_t p = 0; p < pixels; ++p)
+    for (int64_t l = 0; l < lanes; ++l) dst[p * dst_stride + l] = src[p * lanes + l];
+}
 
 class ConcatKernel : public Kernel {
  public:
@@ -213,10 +222,8 @@ class ConcatKernel : public Kernel {
         for (size_t i : positions) {
           const Tensor& t = ctx.input(i);
           const int64_t own = t.dim(1);
-          const float* src = t.data<float>() + (n * out.pixels() + p0) * own;
-          float* to = gathered.data() + first_channel;
-          for (int64_t p = 0; p < count; ++p)  // a loop, not a memcpy call per few dozen floats
-            for (int64_t l = 0; l < own; ++l) to[p * channels + l] = src[p * own + l];
+          gather_pixels(t.data<float>() + (n * out.pixels() + p0) * own, own, count, gathered.data() + first_channel,
+                        channels);
           first_channel += own;
         }
         lane_quantizer_->quantize(gathered.data(), channels, count, 0, channels,
