@@ -137,6 +137,7 @@ class Plan {
     plan::bind_step_inputs(step, slots, io, plain_copies_, pool);
     KernelContext ctx(*step.node, io.inputs, io.outputs,
                       [&pool](DType t, const Shape& s) { return pool.allocate(t, s); });
+    if (io.channel_blocked) ctx.bind_layouts(&io.in_layouts, &io.out_layouts, step.blocked_outputs);
     if (step.role == plan::LayoutRole::kAware) {
       ctx.bind_layouts(&io.in_layouts, &io.out_layouts, step.blocked_outputs);
       // Only the pool and this value hold the addend's buffer: nobody can observe the overwrite.

@@ -46,6 +46,10 @@ enum class LayoutRole {
   kAware,        // the kernel reads blocked inputs at some positions and may write blocked outputs
   kPassthrough,  // elementwise without broadcasting (scalars aside): the kernel works on raw element
                  // order, so the output takes the common layout of the inputs (the session decides)
+  kChannelBlocked,  // reads rank-4 channel-blocked inputs (kernels/channel_blocked.h: acdb, aBcd16b)
+                    // when they share one blocking, and writes its outputs in it (the kernel decides,
+                    // and falls back to plain for cases it does not cover); elementwise ops of this
+                    // role first try passthrough
 };
 
 // One node of a plan: the slots it reads and writes, its kernel, and what the planning decided.
@@ -110,6 +114,7 @@ struct StepIo {
   std::vector<Tensor> outputs;
   std::vector<LayoutPtr> in_layouts, out_layouts;
   LayoutPtr passthrough;  // the layout a passthrough step's outputs inherit (null: plain)
+  bool channel_blocked = false;  // a channel-blocked step sees layouts (in_layouts) and sets its outputs'
 };
 
 // Plain copies of blocked values for readers that need plain; kept until the step is done.

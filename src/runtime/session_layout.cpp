@@ -16,11 +16,11 @@ LayoutRole layout_role(const ir::Node& n) {
   if (n.domain.empty() && n.op_type == "Conv") return LayoutRole::kAware;
   if (n.domain == ir::kSlimquantDomain && n.op_type == "QConv") return LayoutRole::kAware;
   if (n.domain.empty() && (n.op_type == "MaxPool" || n.op_type == "AveragePool")) return LayoutRole::kAware;
-  static const std::set<std::string> kElementwise = {"Add", "Sub", "Mul", "Div", "Relu", "Clip",
-                                                      "QuantizeLinear", "DequantizeLinear"};
-  // A folded per-channel QuantizeLinear or nearest upsampling needs each element's position: plain.
-  if (n.attrs.count(kFoldedQuantizeChannelScale) || n.attrs.count(ew::kNearestUpsampledInput))
-    return LayoutRole::kPlain;
+  // Ops with a channel-blocked path: the squeeze-excitation and FPN ops after the convolutions.
+  static const std::set<std::string> kChannelBlocked = {"Add", "Sub", "Mul", "Div", "QuantizeLinear",
+                                                         "GlobalAveragePool", "GlobalMaxPool", "Resize", "Concat"};
+  if (n.domain.empty() && kChannelBlocked.count(n.op_type)) return LayoutRole::kChannelBlocked;
+  static const std::set<std::string> kElementwise = {"Relu", "Clip", "DequantizeLinear"};
   if (n.domain.empty() && kElementwise.count(n.op_type)) return LayoutRole::kPassthrough;
   if (n.domain == dnnl_kernels::kGeluDomain && n.op_type == "Gelu") return LayoutRole::kPassthrough;
   return LayoutRole::kPlain;
@@ -46,6 +46,21 @@ bool samples_stay_contiguous(const Layout& layout) {
 
 namespace {
 
+// A channel-blocked op whose output is a per-channel summary ([N, C, 1, 1]): it reads blocked
+// inputs whatever its readers take.
+bool writes_plain_summary(const ir::Node& n) {
+  return n.op_type == "GlobalAveragePool" || n.op_type == "GlobalMaxPool";
+}
+
+// Whether an op of the channel-blocked role may first try passthrough (raw element order): plain
+// elementwise arithmetic and QuantizeLinear, unless a folded per-channel Q or nearest upsampling
+// needs each element's position.
+bool may_pass_through(const ir::Node& n) {
+  if (n.op_type == "GlobalAveragePool" || n.op_type == "GlobalMaxPool" || n.op_type == "Resize" || n.op_type == "Concat")
+    return false;
+  return !n.attrs.count(kFoldedQuantizeChannelScale) && !n.attrs.count(ew::kNearestUpsampledInput);
+}
+
 // Values that may stay in a blocked layout: written by an aware or passthrough step, read only
 // where blocked is accepted, not returned. A passthrough step accepts blocked inputs only when its
 // output may stay blocked, so walk the steps backwards (readers come after writers). Hooks get
@@ -62,7 +77,9 @@ void mark_blocked_outputs(std::vector<Step>& steps, size_t slot_count, const std
         if (step.outputs[k] >= 0 && !plain_only[step.outputs[k]]) step.blocked_outputs |= 1u << k;
     for (size_t k = 0; k < step.inputs.size(); ++k) {
       const bool accepts = (step.role == LayoutRole::kAware && aware_input(*step.node, k)) ||
-                           (step.role == LayoutRole::kPassthrough && step.blocked_outputs != 0);
+                           (step.role == LayoutRole::kPassthrough && step.blocked_outputs != 0) ||
+                           (step.role == LayoutRole::kChannelBlocked &&
+                            (step.blocked_outputs != 0 || writes_plain_summary(*step.node)));
       if (step.inputs[k] >= 0 && !accepts) plain_only[step.inputs[k]] = true;
     }
   }
@@ -132,6 +149,7 @@ void bind_step_inputs(const Step& step, const SlotValues& slots, StepIo& io, Pla
   for (int in : step.inputs) io.inputs.push_back(in >= 0 && slots.values[in].defined() ? &slots.values[in] : nullptr);
   io.outputs.assign(step.outputs.size(), Tensor());
   io.passthrough = nullptr;
+  io.channel_blocked = false;
   if (step.role == LayoutRole::kAware) {
     io.in_layouts.clear();
     for (size_t k = 0; k < step.inputs.size(); ++k) {
@@ -143,7 +161,18 @@ void bind_step_inputs(const Step& step, const SlotValues& slots, StepIo& io, Pla
     io.out_layouts.assign(step.outputs.size(), nullptr);
     return;
   }
-  if (step.role == LayoutRole::kPassthrough) io.passthrough = common_layout(step, slots);
+  if (step.role == LayoutRole::kPassthrough || (step.role == LayoutRole::kChannelBlocked && may_pass_through(*step.node)))
+    io.passthrough = common_layout(step, slots);
+  if (step.role == LayoutRole::kChannelBlocked && !io.passthrough &&
+      ((step.blocked_outputs & 1u) || writes_plain_summary(*step.node))) {
+    // The kernel sees every input's layout (it reads the channel-blocked ones or converts them)
+    // and declares its output's.
+    io.in_layouts.clear();
+    for (int in : step.inputs) io.in_layouts.push_back(in >= 0 ? slots.layouts[in] : nullptr);
+    io.out_layouts.assign(step.outputs.size(), nullptr);
+    io.channel_blocked = true;
+    return;
+  }
   if (!io.passthrough)
     for (size_t k = 0; k < step.inputs.size(); ++k)
       if (const int in = step.inputs[k]; in >= 0 && slots.layouts[in])
@@ -152,7 +181,7 @@ void bind_step_inputs(const Step& step, const SlotValues& slots, StepIo& io, Pla
 
 void store_step_output(const Step& step, size_t k, int slot, StepIo& io, SlotValues& slots) {
   slots.values[slot] = std::move(io.outputs[k]);
-  if (step.role == LayoutRole::kAware)
+  if (step.role == LayoutRole::kAware || io.channel_blocked)
     slots.layouts[slot] = (step.blocked_outputs >> k & 1u) ? io.out_layouts[k] : nullptr;
   else if (io.passthrough && slots.values[slot].defined())
     slots.layouts[slot] = dnnl_kernels::retyped_layout(*io.passthrough, slots.values[slot].dtype());

@@ -180,7 +180,8 @@ TEST(SessionLayouts, ElementwiseOpsPassBlockedValuesThroughOrFallBackToPlain) {
   // Fusion off so the Add/Relu/Q/DQ run as their own kernels on blocked data:
   //   a, c: blocked conv outputs (16 channels); Add(a, c) and Relu stay blocked; per-tensor
   //   QuantizeLinear -> u8 in the same blocked order -> DequantizeLinear; Mul with a broadcast
-  //   per-channel [16,1,1] constant falls back to plain; Add with the plain graph input x too.
+  //   per-channel [16,1,1] constant reads the blocked value (channel_blocked_test.cpp covers that
+  //   path); Add with the plain graph input x falls back to plain.
   Builder b({2, 16, 7, 7});
   b.conv("x", 16, 16, 3, "a");
   b.conv("x", 16, 16, 1, "c");

@@ -11,6 +11,8 @@
 #include <optional>
 #include <type_traits>
 
+#include "runtime/kernels/channel_blocked.h"
+#include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/dnnl_common.h"
 #include "runtime/kernels/dnnl_kernels.h"
 
@@ -267,10 +269,71 @@ float row_max(const float* x, int64_t len) {
   return m;
 }
 
+// row_sum / row_max of every lane of one channel-blocked plane (pixels x lanes, lane l at
+// x[i * lanes + l]), in row_sum's / row_max's order for each lane (eight partial results combined
+// alike), so blocked and plain inputs give the same bits; out[l] = the result for lane l. acc:
+// 8 * lanes floats of scratch. Lanes are independent, so any vector width gives the same bits.
+SQ_AVX512_AVX2_CLONES void lane_sums(const float* x, int64_t pixels, int64_t lanes, PoolKind kind, float* acc,
+                                     float* out) {
+  const bool average = kind == PoolKind::kAverage;
+  std::fill(acc, acc + 8 * lanes, average ? 0.f : -std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + 8 <= pixels; i += 8)
+    for (int64_t j = 0; j < 8; ++j) {
+      const float* xs = x + (i + j) * lanes;
+      float* a = acc + j * lanes;
+      if (average)
+        for (int64_t l = 0; l < lanes; ++l) a[l] += xs[l];
+      else
+        for (int64_t l = 0; l < lanes; ++l) a[l] = std::max(a[l], xs[l]);
+    }
+  for (int64_t l = 0; l < lanes; ++l) {
+    const auto at = [&](int64_t j) { return acc[j * lanes + l]; };
+    float r;
+    if (average) {
+      r = ((at(0) + at(1)) + (at(2) + at(3))) + ((at(4) + at(5)) + (at(6) + at(7)));
+    } else {
+      r = at(0);  // std::max_element: the first largest
+      for (int64_t j = 1; j < 8; ++j)
+        if (r < at(j)) r = at(j);
+    }
+    out[l] = r;
+  }
+  for (; i < pixels; ++i) {
+    const float* xs = x + i * lanes;
+    if (average)
+      for (int64_t l = 0; l < lanes; ++l) out[l] += xs[l];
+    else
+      for (int64_t l = 0; l < lanes; ++l) out[l] = std::max(out[l], xs[l]);
+  }
+}
+
 std::unique_ptr<Kernel> make_global_pool(const KernelInit& init, PoolKind kind) {
   reject_fused_activation(init.node);
   return std::make_unique<FunctionKernel>([node = init.node, kind](KernelContext& ctx) {
-    const Tensor& x = ctx.input(0);
+    // A channel-blocked X (the squeeze-excitation after a convolution) is read as it is.
+    if (const Layout* layout = ctx.input_layout(0)) {
+      const std::optional<channel_blocked::Blocking> blocking = channel_blocked::blocking_of(*layout);
+      const Tensor& x = ctx.input(0);
+      if (blocking && x.dtype() == DType::kFloat32 && x.rank() == 4 && x.dim(2) * x.dim(3) > 0) {
+        const channel_blocked::View v(x.shape(), *blocking);
+        Tensor& y = ctx.allocate_output(0, DType::kFloat32, {v.n, v.channels, 1, 1});
+        const float inv = 1.f / static_cast<float>(v.pixels());
+        const float* src = x.data<float>();
+        float* dst = y.data<float>();
+        parallel_rows(v.n * v.blocks(), v.plane_elements(), [&](int64_t begin, int64_t end) {
+          std::vector<float> partial(static_cast<size_t>(8 * v.block));
+          for (int64_t p = begin; p < end; ++p) {
+            float* out = dst + p * v.block;  // plane p's channels, in order
+            lane_sums(src + p * v.plane_elements(), v.pixels(), v.block, kind, partial.data(), out);
+            if (kind == PoolKind::kAverage)
+              for (int64_t l = 0; l < v.block; ++l) out[l] *= inv;
+          }
+        });
+        return;
+      }
+    }
+    const Tensor x = channel_blocked::plain_input(ctx, 0);
     require_float32(node, x, "input X");
     if (x.rank() < 2)
       fail(ErrorKind::kInvalidArgument, node.describe() + ": input X of shape " + shape_str(x.shape()) +

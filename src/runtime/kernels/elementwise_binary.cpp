@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 
+#include "runtime/kernels/channel_blocked.h"
 #include "runtime/kernels/elementwise_common.h"
 #include "runtime/kernels/elementwise_math.h"
 #include "runtime/kernels/elementwise_qdq.h"
@@ -272,16 +273,26 @@ class BinaryKernel final : public Kernel {
         if (channel_quantize_->dtype == DType::kUInt8) channel_zero_point_.data<uint8_t>()[c] = static_cast<uint8_t>(z);
         else channel_zero_point_.data<int8_t>()[c] = static_cast<int8_t>(z);
       }
+      lane_quantizer_.emplace(*channel_quantize_, channels);
     }
   }
 
   void run(KernelContext& ctx) override {
-    if (upsampled_input_ >= 0) {
-      run_upsampled(ctx);
+    // Channel-blocked inputs (a channel-blocked step): read as they are, or converted to plain.
+    if (ctx.input_layout(0) || ctx.input_layout(1)) {
+      if (run_channel_blocked(ctx)) return;
+      run_plain(ctx, channel_blocked::plain_input(ctx, 0), channel_blocked::plain_input(ctx, 1));
       return;
     }
-    const Tensor& a = ctx.input(0);
-    const Tensor& b = ctx.input(1);
+    run_plain(ctx, ctx.input(0), ctx.input(1));
+  }
+
+ private:
+  void run_plain(KernelContext& ctx, const Tensor& a, const Tensor& b) {
+    if (upsampled_input_ >= 0) {
+      run_upsampled(ctx, a, b);
+      return;
+    }
     check_same_dtype(node_, a, b, 1);
     const std::string who = node_.describe();
     const Shape out_shape = mode_ == Broadcast::kToFirst ? a.shape() : broadcast_all({&a.shape(), &b.shape()}, who);
@@ -333,15 +344,14 @@ class BinaryKernel final : public Kernel {
     });
   }
 
- private:
   // One operand read through a folded nearest Resize (see kNearestUpsampledInput): each
   // (n, c) slab is computed row by row, reading the small map's row y / kh with every element
   // repeated kw times, then activated and quantized (a folded Q) while in cache.
-  void run_upsampled(KernelContext& ctx) {
+  void run_upsampled(KernelContext& ctx, const Tensor& a, const Tensor& b) {
     const std::string who = node_.describe();
     if constexpr (Op::template kAccepts<float> && std::is_same_v<typename Op::template Out<float>, float>) {
-      const Tensor& small = ctx.input(static_cast<size_t>(upsampled_input_));
-      const Tensor& full = ctx.input(static_cast<size_t>(1 - upsampled_input_));
+      const Tensor& small = upsampled_input_ == 0 ? a : b;
+      const Tensor& full = upsampled_input_ == 0 ? b : a;
       const int64_t kh = factors_[0], kw = factors_[1];
       SQ_CHECK(small.dtype() == DType::kFloat32 && full.dtype() == DType::kFloat32 && small.rank() == 4 &&
                    full.rank() == 4 && full.dim(0) == small.dim(0) && full.dim(1) == small.dim(1) &&
@@ -406,9 +416,161 @@ class BinaryKernel final : public Kernel {
     }
   }
 
+  // How an operand of a channel-blocked step is read: the output's own element order, or one
+  // value per (n, c) (a per-channel [N|1, C|1, 1, 1] operand: plain, or blocked with H * W = 1,
+  // which is the same order), lane stride 1 (per channel) or 0 (per sample).
+  struct BlockedOperand {
+    const float* data = nullptr;
+    bool full = false;
+    int64_t batch_stride = 0, lane_stride = 0;
+  };
+
+  static std::optional<BlockedOperand> blocked_operand(const Tensor& t, const Layout* layout, const Shape& out) {
+    BlockedOperand o;
+    o.data = t.data<float>();
+    if (layout && t.shape() == out) {
+      o.full = true;
+      return o;
+    }
+    if (t.rank() > 4) return std::nullopt;
+    Shape p(4 - t.rank(), 1);
+    p.insert(p.end(), t.shape().begin(), t.shape().end());
+    if (p[2] != 1 || p[3] != 1 || (p[1] != out[1] && p[1] != 1) || (p[0] != out[0] && p[0] != 1)) return std::nullopt;
+    o.lane_stride = p[1] == 1 ? 0 : 1;
+    o.batch_stride = p[0] == 1 ? 0 : p[1];
+    return o;
+  }
+
+  // Channel-blocked inputs (kernels/channel_blocked.h), float32 arithmetic: the output is written
+  // in their blocking, one (n, channel block, row) of W pixels x B lanes at a time, with the same
+  // per-element arithmetic, activation and folded Q as the plain paths (so the same bits). An
+  // operand is either in the output's element order or per channel (the squeeze-excitation gate);
+  // a folded nearest upsampling widens the small map's row once per kh output rows. False
+  // (nothing written) for the cases this does not cover.
+  bool run_channel_blocked(KernelContext& ctx) {
+    if constexpr (Op::template kAccepts<float> && std::is_same_v<typename Op::template Out<float>, float>) {
+      const std::optional<channel_blocked::Blocking> blocking = channel_blocked::common_blocking(ctx, {0, 1});
+      const Tensor& a = ctx.input(0);
+      const Tensor& b = ctx.input(1);
+      if (!blocking || mode_ != Broadcast::kMulti || !ctx.output_layout_allowed(0) || a.dtype() != DType::kFloat32 ||
+          b.dtype() != DType::kFloat32)
+        return false;
+      const std::string who = node_.describe();
+      std::array<BlockedOperand, 2> in;
+      Shape out_shape;
+      const Layout* out_like = nullptr;  // a full operand's layout: the output's, retyped
+      int64_t kh = 1, kw = 1, small_height = 0, small_width = 0;
+      if (upsampled_input_ >= 0) {
+        const size_t s = static_cast<size_t>(upsampled_input_), f = 1 - s;
+        const Tensor& small = ctx.input(s);
+        const Tensor& full = ctx.input(f);
+        kh = factors_[0];
+        kw = factors_[1];
+        if (!ctx.input_layout(s) || !ctx.input_layout(f) || small.rank() != 4 || full.rank() != 4 ||
+            full.dim(0) != small.dim(0) || full.dim(1) != small.dim(1) || full.dim(2) != small.dim(2) * kh ||
+            full.dim(3) != small.dim(3) * kw)
+          return false;
+        out_shape = full.shape();
+        out_like = ctx.input_layout(f);
+        small_height = small.dim(2);
+        small_width = small.dim(3);
+        in[s] = BlockedOperand{small.data<float>(), true, 0, 0};
+        in[f] = BlockedOperand{full.data<float>(), true, 0, 0};
+      } else {
+        out_shape = broadcast_all({&a.shape(), &b.shape()}, who);
+        if (out_shape.size() != 4) return false;
+        for (size_t k = 0; k < 2; ++k) {
+          const Tensor& t = ctx.input(k);
+          const std::optional<BlockedOperand> o = blocked_operand(t, ctx.input_layout(k), out_shape);
+          if (!o) return false;
+          in[k] = *o;
+          if (o->full) out_like = ctx.input_layout(k);
+        }
+        if (!out_like) return false;
+      }
+      const int64_t channels = out_shape[1];
+      if (channel_quantize_ && (channel_quantize_->axis != 1 || static_cast<int64_t>(channel_quantize_->scale.size()) != channels))
+        return false;
+      const DType out_type = channel_quantize_ ? channel_quantize_->dtype : quantize_ ? quantize_->dtype : DType::kFloat32;
+      Tensor& out = ctx.allocate_output(0, out_type, out_shape);
+      const channel_blocked::View v(out_shape, *blocking);
+      const int64_t lanes = v.block, row_len = v.width * lanes, rows_per_plane = v.height;
+      const int64_t units = v.n * v.blocks() * rows_per_plane;
+      const bool upsampled = upsampled_input_ >= 0;
+      const int64_t small_plane = small_height * small_width * lanes, small_row = small_width * lanes;
+      auto* po = static_cast<std::byte*>(out.raw());
+      auto run_units = [&](int64_t u0, int64_t u1) {
+        thread_local std::vector<float> widened_a, widened_b, values;
+        for (std::vector<float>* buf : {&widened_a, &widened_b, &values})
+          if (buf->size() < static_cast<size_t>(row_len)) buf->resize(static_cast<size_t>(row_len));
+        const std::array<float*, 2> wide = {widened_a.data(), widened_b.data()};
+        int64_t widened_key = -1;  // the (plane, source row) the widened rows hold
+        for (int64_t u = u0; u < u1; ++u) {
+          const int64_t plane = u / rows_per_plane, y = u % rows_per_plane;
+          const int64_t batch = plane / v.blocks(), cb = plane % v.blocks();
+          const int64_t offset = plane * v.plane_elements() + y * row_len;
+          std::array<const float*, 2> row{};
+          std::array<int64_t, 2> stride{};
+          const int64_t key = upsampled ? plane * small_height + y / kh : plane;
+          const bool refill = key != widened_key;
+          for (size_t k = 0; k < 2; ++k) {
+            const BlockedOperand& o = in[k];
+            stride[k] = 1;
+            if (upsampled && static_cast<int64_t>(k) == upsampled_input_) {
+              // The small map's row y / kh, each pixel's lanes repeated kw times.
+              if (refill) {
+                const float* src = o.data + plane * small_plane + (y / kh) * small_row;
+                for (int64_t xs = 0; xs < small_width; ++xs)
+                  for (int64_t j = 0; j < kw; ++j)
+                    std::memcpy(wide[k] + (xs * kw + j) * lanes, src + xs * lanes, static_cast<size_t>(lanes) * sizeof(float));
+              }
+              row[k] = wide[k];
+            } else if (o.full) {
+              row[k] = o.data + offset;
+            } else if (o.lane_stride == 0) {
+              row[k] = o.data + batch * o.batch_stride;
+              stride[k] = 0;
+            } else {
+              // This plane's B channel values, repeated for every pixel of the row.
+              if (refill) {
+                const float* src = o.data + batch * o.batch_stride + cb * lanes;
+                for (int64_t x = 0; x < v.width; ++x)
+                  std::memcpy(wide[k] + x * lanes, src, static_cast<size_t>(lanes) * sizeof(float));
+              }
+              row[k] = wide[k];
+            }
+          }
+          widened_key = key;
+          float* result = out_type == DType::kFloat32 ? reinterpret_cast<float*>(po) + offset : values.data();
+          binary_row(row[0], stride[0], row[1], stride[1], result, row_len, op_);
+          if (act_) apply_activation(act_, result, row_len);
+          if (channel_quantize_)
+            lane_quantizer_->quantize(result, lanes, v.width, cb * lanes, lanes, po + offset, lanes);
+          else if (quantize_)
+            quantize_floats(result, row_len, quantize_->scale[0], quantize_->zero_point[0], out_type, po + offset);
+        }
+      };
+      const int nt = std::max(1, std::min(threads_for(out.numel()), static_cast<int>(std::min<int64_t>(units, 1 << 20))));
+      if (nt <= 1) {
+        run_units(0, units);
+      } else {
+#pragma omp parallel num_threads(nt)
+        {
+          const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+          if (units * t / T < units * (t + 1) / T) run_units(units * t / T, units * (t + 1) / T);
+        }
+      }
+      ctx.set_output_layout(0, dnnl_kernels::retyped_layout(*out_like, out_type));
+      return true;
+    } else {
+      return false;
+    }
+  }
+
   const ir::Node& node_;
   Op op_;
   Broadcast mode_;
+  std::optional<LaneQuantizer> lane_quantizer_;  // the folded per-channel Q on channel-blocked data
   std::optional<FoldedQuantize> quantize_;  // a QuantizeLinear the plan folded into this op
   std::optional<FoldedChannelQuantize> channel_quantize_;  // a per-channel one
   Tensor channel_scale_, channel_zero_point_;              // its parameters as tensors (for short slabs)

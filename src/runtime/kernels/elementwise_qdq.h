@@ -31,6 +31,26 @@ void fake_quantize_linear(const Tensor& x, const Tensor& scale, const Tensor* ze
 // y[i] = quantize(x[i]) per tensor for n floats into uint8 or int8 `type` (the arithmetic above).
 void quantize_floats(const float* x, int64_t n, float scale, int32_t zero_point, DType type, void* y);
 
+// Per-channel quantization (into uint8 or int8) of channel-blocked data (kernels/channel_blocked.h):
+// rows of `lanes` consecutive channels, lane l quantized with channel first + l's scale and zero
+// point; the same codes as quantize_linear along the channel axis.
+class LaneQuantizer {
+ public:
+  // `q`: one scale and zero point per channel, or one for all `channels`.
+  LaneQuantizer(const QuantParam& q, int64_t channels);
+  // y[p * y_stride + l] = quantize(x[p * x_stride + l]) for p < pixels, l < lanes (y: 1-byte codes).
+  void quantize(const float* x, int64_t x_stride, int64_t pixels, int64_t first_channel, int64_t lanes, void* y,
+                int64_t y_stride) const;
+  DType dtype() const { return dtype_; }
+
+ private:
+  DType dtype_;
+  uint64_t id_ = 0;  // unique per quantizer: keys the per-thread tiled parameters
+  std::vector<float> scale_, reciprocal_, bound_, lo_, hi_;
+  std::vector<int32_t> zero_point_;
+  bool multiplying_ = false;  // every channel's quotient comes from its reciprocal (as quantize_linear's)
+};
+
 // A per-tensor QuantizeLinear folded into the elementwise op whose float32 result only it reads
 // (execution-only plan fusion, see session.cpp): the op writes the quantized tensor itself.
 // Attributes on the op's node:

@@ -4,12 +4,16 @@
 // (saturation before rounding, on v = x / s against [qmin - z, qmax - z]). Every loop vectorises.
 #include "runtime/kernels/elementwise_qdq.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <vector>
 
+#include "runtime/kernels/channel_blocked.h"
 #include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/elementwise_common.h"
 #include "runtime/kernels/elementwise_math.h"
@@ -208,10 +212,130 @@ void fake_quantize_typed(const float* x, float* y, const BlockedParams& p, int32
   });
 }
 
+// Rows of `lanes` floats (x_stride apart) into rows of codes (y_stride apart), lane l with the
+// parameters at index l: one call per run of pixels, the lanes vectorised (restrict: byte stores
+// could otherwise alias the parameters, which stops the vectoriser).
+template <typename Q>
+SQ_AVX512_AVX2_CLONES void quantize_lanes_multiplying(const float* __restrict x, int64_t x_stride, Q* __restrict y,
+                                                      int64_t y_stride, int64_t pixels, int64_t lanes,
+                                                      const float* __restrict s, const float* __restrict r,
+                                                      const float* __restrict bound, const float* __restrict lo,
+                                                      const float* __restrict hi, const int32_t* __restrict z) {
+  for (int64_t p = 0; p < pixels; ++p) {
+    const float* xs = x + p * x_stride;
+    Q* ys = y + p * y_stride;
+    for (int64_t i = 0; i < lanes; ++i)
+      ys[i] = static_cast<Q>(
+          static_cast<int32_t>(saturate_round(divide_by_reciprocal(xs[i], s[i], Reciprocal{r[i], bound[i]}), lo[i], hi[i])) +
+          z[i]);
+  }
+}
+
+template <typename Q>
+SQ_AVX512_AVX2_CLONES void quantize_lanes_dividing(const float* __restrict x, int64_t x_stride, Q* __restrict y,
+                                                   int64_t y_stride, int64_t pixels, int64_t lanes,
+                                                   const float* __restrict s, const float* __restrict lo,
+                                                   const float* __restrict hi, const int32_t* __restrict z) {
+  for (int64_t p = 0; p < pixels; ++p) {
+    const float* xs = x + p * x_stride;
+    Q* ys = y + p * y_stride;
+    for (int64_t i = 0; i < lanes; ++i)
+      ys[i] = static_cast<Q>(static_cast<int32_t>(quantize_offset(xs[i], s[i], lo[i], hi[i])) + z[i]);
+  }
+}
+
 template <typename Q> inline constexpr bool kIsQuantType =
     std::is_same_v<Q, uint8_t> || std::is_same_v<Q, int8_t> || std::is_same_v<Q, uint16_t> || std::is_same_v<Q, int16_t>;
 
 }  // namespace
+
+LaneQuantizer::LaneQuantizer(const QuantParam& q, int64_t channels) : dtype_(q.dtype) {
+  static std::atomic<uint64_t> next_id{1};
+  id_ = next_id++;
+  SQ_CHECK((dtype_ == DType::kUInt8 || dtype_ == DType::kInt8) &&
+               (static_cast<int64_t>(q.scale.size()) == channels || q.scale.size() == 1) &&
+               q.zero_point.size() == q.scale.size(),
+           ErrorKind::kInternal, "LaneQuantizer: bad parameters");
+  const int32_t kMin = dtype_ == DType::kUInt8 ? lowest_code<uint8_t>() : lowest_code<int8_t>();
+  const int32_t kMax = dtype_ == DType::kUInt8 ? highest_code<uint8_t>() : highest_code<int8_t>();
+  multiplying_ = true;
+  for (int64_t c = 0; c < channels; ++c) {
+    const size_t k = q.scale.size() == 1 ? 0 : static_cast<size_t>(c);
+    const float s = q.scale[k], lo = static_cast<float>(kMin - q.zero_point[k]), hi = static_cast<float>(kMax - q.zero_point[k]);
+    scale_.push_back(s);
+    lo_.push_back(lo);
+    hi_.push_back(hi);
+    zero_point_.push_back(q.zero_point[k]);
+    const auto rc = reciprocal_for(s, lo, hi);
+    multiplying_ = multiplying_ && rc.has_value();
+    reciprocal_.push_back(rc ? rc->r : 0.f);
+    bound_.push_back(rc ? rc->bound : 0.f);
+  }
+}
+
+void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, int64_t first_channel, int64_t lanes,
+                             void* y, int64_t y_stride) const {
+  const size_t c = static_cast<size_t>(first_channel);
+  // Contiguous rows: the parameters repeated over a tile of pixels whose length is a multiple of
+  // 64, so the vectorised loop covers whole tiles (a row of 24 or 96 lanes alone would leave a
+  // scalar tail of up to 63 elements per pixel). The tile is kept for the next call with the same
+  // channels (the rows of one plane).
+  constexpr int64_t kVectorMultiple = 64;
+  if (x_stride == lanes && y_stride == lanes) {
+    const int64_t tile = kVectorMultiple / std::gcd(lanes, kVectorMultiple);
+    if (pixels >= tile) {
+      struct Tiled {
+        uint64_t owner = 0;  // id_ (not the address: a quantizer on the stack may reuse another's)
+        size_t first = 0;
+        int64_t lanes = 0;
+        std::vector<float> s, r, bound, lo, hi;
+        std::vector<int32_t> z;
+      };
+      thread_local Tiled t;
+      const size_t n = static_cast<size_t>(tile * lanes);
+      if (t.owner != id_ || t.first != c || t.lanes != lanes) {
+        t.owner = id_;
+        t.first = c;
+        t.lanes = lanes;
+        for (auto* v : {&t.s, &t.r, &t.bound, &t.lo, &t.hi}) v->resize(n);
+        t.z.resize(n);
+        for (size_t k = 0; k < n; ++k) {
+          const size_t l = c + k % static_cast<size_t>(lanes);
+          t.s[k] = scale_[l];
+          t.r[k] = reciprocal_[l];
+          t.bound[k] = bound_[l];
+          t.lo[k] = lo_[l];
+          t.hi[k] = hi_[l];
+          t.z[k] = zero_point_[l];
+        }
+      }
+      const int64_t tiles = pixels / tile, tile_len = tile * lanes;
+      auto run_tiles = [&](auto* out) {
+        if (multiplying_)
+          quantize_lanes_multiplying(x, tile_len, out, tile_len, tiles, tile_len, t.s.data(), t.r.data(), t.bound.data(),
+                                     t.lo.data(), t.hi.data(), t.z.data());
+        else
+          quantize_lanes_dividing(x, tile_len, out, tile_len, tiles, tile_len, t.s.data(), t.lo.data(), t.hi.data(),
+                                  t.z.data());
+      };
+      if (dtype_ == DType::kUInt8) run_tiles(static_cast<uint8_t*>(y));
+      else run_tiles(static_cast<int8_t*>(y));
+      x += tiles * tile_len;
+      y = static_cast<std::byte*>(y) + tiles * tile_len;
+      pixels -= tiles * tile;
+      if (pixels == 0) return;
+    }
+  }
+  auto run = [&](auto* out) {
+    if (multiplying_)
+      quantize_lanes_multiplying(x, x_stride, out, y_stride, pixels, lanes, &scale_[c], &reciprocal_[c], &bound_[c],
+                                 &lo_[c], &hi_[c], &zero_point_[c]);
+    else
+      quantize_lanes_dividing(x, x_stride, out, y_stride, pixels, lanes, &scale_[c], &lo_[c], &hi_[c], &zero_point_[c]);
+  };
+  if (dtype_ == DType::kUInt8) run(static_cast<uint8_t*>(y));
+  else run(static_cast<int8_t*>(y));
+}
 
 void quantize_floats(const float* x, int64_t n, float scale, int32_t zero_point, DType type, void* y) {
   if (type == DType::kUInt8) {
@@ -346,15 +470,56 @@ class QuantizeLinearKernel final : public Kernel {
  public:
   explicit QuantizeLinearKernel(const KernelInit& init) : node_(init.node), attrs_(qdq_attrs(init)) {}
   void run(KernelContext& ctx) override {
-    const Tensor& x = ctx.input(0);
     const Tensor& scale = ctx.input(1);
     const Tensor* zp = ctx.optional_input(2);
     check_per_axis(node_, attrs_, scale);
+    if (ctx.input_layout(0) && run_channel_blocked(ctx, scale, zp)) return;
+    const Tensor x = channel_blocked::plain_input(ctx, 0);
     Tensor& y = ctx.allocate_output(0, zp ? zp->dtype() : DType::kUInt8, x.shape());
     quantize_linear(x, scale, zp, attrs_.axis, y, node_.describe());
   }
 
  private:
+  // A channel-blocked float32 x quantized per channel (axis 1) or per tensor into u8 / s8 in the
+  // same layout, pixel row by pixel row; false (nothing written) for other cases.
+  bool run_channel_blocked(KernelContext& ctx, const Tensor& scale, const Tensor* zp) {
+    const Tensor& x = ctx.input(0);
+    const Layout& layout = *ctx.input_layout(0);
+    const std::optional<channel_blocked::Blocking> blocking = channel_blocked::blocking_of(layout);
+    const DType qtype = zp ? zp->dtype() : DType::kUInt8;
+    if (!blocking || !ctx.output_layout_allowed(0) || x.dtype() != DType::kFloat32 || x.rank() != 4 ||
+        (qtype != DType::kUInt8 && qtype != DType::kInt8) || scale.dtype() != DType::kFloat32 ||
+        (zp && zp->numel() != scale.numel()))
+      return false;
+    const bool per_channel = scale.numel() != 1;
+    if (per_channel && (scale.rank() != 1 || scale.dim(0) != x.dim(1) || (attrs_.axis != 1 && attrs_.axis != -3)))
+      return false;
+    QuantParam q;
+    q.dtype = qtype;
+    q.scale = scale.to_float_vector();
+    if (zp)
+      for (int64_t z : zp->to_int64_vector()) q.zero_point.push_back(static_cast<int32_t>(z));
+    else
+      q.zero_point.assign(q.scale.size(), 0);
+    const LaneQuantizer quantizer(q, x.dim(1));
+    Tensor& y = ctx.allocate_output(0, qtype, x.shape());
+    const channel_blocked::View v(x.shape(), *blocking);
+    const float* px = x.data<float>();
+    auto* py = static_cast<std::byte*>(y.raw());  // 1-byte codes
+    const int64_t pixels = v.pixels(), b = v.block;
+    ew::parallel_range(v.n * v.blocks() * pixels, [&](int64_t begin, int64_t end) {
+      while (begin < end) {  // cut at plane boundaries
+        const int64_t plane = begin / pixels, first = begin % pixels;
+        const int64_t count = std::min(end - begin, pixels - first);
+        const int64_t offset = plane * pixels * b + first * b;
+        quantizer.quantize(px + offset, b, count, (plane % v.blocks()) * b, b, py + offset, b);
+        begin += count;
+      }
+    });
+    ctx.set_output_layout(0, dnnl_kernels::retyped_layout(layout, qtype));
+    return true;
+  }
+
   const ir::Node& node_;
   QdqAttrs attrs_;
 };

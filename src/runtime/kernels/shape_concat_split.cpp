@@ -2,6 +2,8 @@
 // move is one memcpy of a contiguous block per (outer index, piece), never per element.
 #include <algorithm>
 
+#include "runtime/kernels/channel_blocked.h"
+#include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/elementwise_common.h"
 #include "runtime/kernels/elementwise_qdq.h"
 #include "runtime/kernels/shape_common.h"
@@ -10,6 +12,14 @@ namespace slimquant::runtime::shape {
 
 namespace {
 
+// dst[p * dst_stride + l] = src[p * lanes + l] for p < pixels, l < lanes: a loop (not a memcpy
+// call per few dozen floats), in the CPU's vector width.
+SQ_AVX512_AVX2_CLONES void gather_pixels(const float* __restrict src, int64_t lanes, int64_t pixels,
+                                         float* __restrict dst, int64_t dst_stride) {
+  for (int64_t p = 0; p < pixels; ++p)
+    for (int64_t l = 0; l < lanes; ++l) dst[p * dst_stride + l] = src[p * lanes + l];
+}
+
 class ConcatKernel : public Kernel {
  public:
   explicit ConcatKernel(const KernelInit& init) : quantize_(folded_channel_quantize(init.node)) {
@@ -17,13 +27,20 @@ class ConcatKernel : public Kernel {
     if (!init.node.has_attr("axis") && init.opset >= 4)
       fail(ErrorKind::kInvalidModel, init.node.describe() + ": attribute 'axis' is required");
     axis_ = init.node.attr_int("axis", 1);
+    if (quantize_) lane_quantizer_.emplace(*quantize_, static_cast<int64_t>(quantize_->scale.size()));
   }
 
   void run(KernelContext& ctx) override {
     const ir::Node& node = ctx.node();
+    if (run_channel_blocked(ctx)) return;
+    std::vector<Tensor> plain;  // inputs that carried a layout, as plain copies (stable: reserved)
+    plain.reserve(ctx.num_inputs());
     std::vector<const Tensor*> ins;
-    for (size_t i = 0; i < ctx.num_inputs(); ++i)
-      if (ctx.has_input(i)) ins.push_back(&ctx.input(i));
+    for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+      if (!ctx.has_input(i)) continue;
+      if (ctx.input_layout(i)) plain.push_back(channel_blocked::plain_input(ctx, i));
+      ins.push_back(ctx.input_layout(i) ? &plain.back() : &ctx.input(i));
+    }
     if (ins.empty()) fail(ErrorKind::kInvalidModel, node.describe() + ": no inputs");
     const Tensor& first = *ins[0];
     const int64_t r = static_cast<int64_t>(first.rank());
@@ -118,8 +135,106 @@ class ConcatKernel : public Kernel {
     }
   }
 
+  // Rank-4 inputs that all carry one channel blocking (kernels/channel_blocked.h), joined along
+  // the channels into the same blocking (channels-last stays channels-last): each input's block
+  // of B lanes goes, pixel by pixel, to its channels' place in the output's blocks, quantized on
+  // the way with a folded per-channel Q. False (nothing written) for other cases.
+  bool run_channel_blocked(KernelContext& ctx) const {
+    const std::optional<channel_blocked::Blocking> blocking = channel_blocked::common_blocking(ctx);
+    if (!blocking || !ctx.output_layout_allowed(0)) return false;
+    std::vector<size_t> positions;
+    for (size_t i = 0; i < ctx.num_inputs(); ++i)
+      if (ctx.has_input(i)) positions.push_back(i);
+    const Tensor& first = ctx.input(positions[0]);
+    if (first.rank() != 4 || (axis_ != 1 && axis_ != -3)) return false;
+    Shape out_shape = first.shape();
+    out_shape[1] = 0;
+    for (size_t i : positions) {
+      const Tensor& t = ctx.input(i);
+      if (!ctx.input_layout(i) || t.dtype() != first.dtype() || t.rank() != 4 || t.dim(0) != first.dim(0) ||
+          t.dim(2) != first.dim(2) || t.dim(3) != first.dim(3))
+        return false;
+      out_shape[1] += t.dim(1);
+    }
+    if (quantize_ && (first.dtype() != DType::kFloat32 || quantize_->axis != 1 ||
+                      static_cast<int64_t>(quantize_->scale.size()) != out_shape[1]))
+      return false;
+    const DType out_type = quantize_ ? quantize_->dtype : first.dtype();
+    const LayoutPtr out_layout = channel_blocked::blocked_layout(*blocking, out_shape, out_type);
+    if (!out_layout) return false;
+    Tensor& y = ctx.allocate_output(0, out_type, out_shape);
+    const channel_blocked::View out(out_shape, *blocking);
+    const size_t in_size = dtype_size(first.dtype()), out_size = dtype_size(out_type);
+    auto* dst = static_cast<std::byte*>(y.raw());
+    const int64_t pixels = out.pixels();
+    if (quantize_ && blocking->channels_last) {
+      concat_quantized_channels_last(ctx, positions, out, dst);
+      ctx.set_output_layout(0, out_layout);
+      return true;
+    }
+    int64_t first_channel = 0;
+    for (size_t i : positions) {
+      const Tensor& t = ctx.input(i);
+      const channel_blocked::View in(t.shape(), *blocking);
+      const auto* src = static_cast<const std::byte*>(t.raw());
+      const int64_t lanes = in.block;
+      for (int64_t n = 0; n < in.n; ++n)
+        for (int64_t cb = 0; cb < in.blocks(); ++cb) {
+          const std::byte* from = src + in.plane(n, cb) * static_cast<int64_t>(in_size);
+          const int64_t g = first_channel + cb * lanes;
+          std::byte* to = dst + (out.plane(n, g / out.block) + g % out.block) * static_cast<int64_t>(out_size);
+          ew::parallel_range(pixels * lanes, [&](int64_t begin, int64_t end) {
+            const int64_t p0 = begin / lanes, p1 = end / lanes;  // whole pixels (ranges cut at lanes)
+            if (p0 >= p1) return;
+            if (quantize_) {
+              lane_quantizer_->quantize(reinterpret_cast<const float*>(from) + p0 * lanes, lanes, p1 - p0, g, lanes,
+                                        to + p0 * out.block, out.block);
+            } else if (lanes == out.block) {
+              std::memcpy(to + p0 * lanes * static_cast<int64_t>(out_size), from + p0 * lanes * static_cast<int64_t>(in_size),
+                          static_cast<size_t>((p1 - p0) * lanes) * in_size);
+            } else {
+              for (int64_t p = p0; p < p1; ++p)
+                std::memcpy(to + p * out.block * static_cast<int64_t>(out_size), from + p * lanes * static_cast<int64_t>(in_size),
+                            static_cast<size_t>(lanes) * in_size);
+            }
+          });
+        }
+      first_channel += t.dim(1);
+    }
+    ctx.set_output_layout(0, out_layout);
+    return true;
+  }
+
+  // Channels-last inputs into channels-last codes: each run of pixels is gathered into whole
+  // float pixels of all channels, then quantized as one run of C lanes (a few dozen lanes per input
+  // are too short for the vectorised loop).
+  void concat_quantized_channels_last(const KernelContext& ctx, const std::vector<size_t>& positions,
+                                      const channel_blocked::View& out, std::byte* dst) const {
+    constexpr int64_t kRun = 64;  // pixels per gathered run
+    const int64_t channels = out.channels, runs_per_sample = (out.pixels() + kRun - 1) / kRun;
+    ew::parallel_range(out.n * runs_per_sample, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> gathered;
+      gathered.resize(static_cast<size_t>(kRun * channels));
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t n = r / runs_per_sample, p0 = (r % runs_per_sample) * kRun;
+        const int64_t count = std::min(kRun, out.pixels() - p0);
+        int64_t first_channel = 0;
+        for (size_t i : positions) {
+          const Tensor& t = ctx.input(i);
+          const int64_t own = t.dim(1);
+          gather_pixels(t.data<float>() + (n * out.pixels() + p0) * own, own, count, gathered.data() + first_channel,
+                        channels);
+          first_channel += own;
+        }
+        lane_quantizer_->quantize(gathered.data(), channels, count, 0, channels,
+                                  dst + (n * out.pixels() + p0) * channels, channels);
+      }
+    });
+  }
+
   int64_t axis_;
   std::optional<FoldedChannelQuantize> quantize_;  // a per-channel QuantizeLinear the plan folded in
+  std::optional<LaneQuantizer> lane_quantizer_;    // the same on channel-blocked data
 };
 
 class SplitKernel : public Kernel {

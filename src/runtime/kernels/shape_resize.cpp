@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 
+#include "runtime/kernels/channel_blocked.h"
 #include "runtime/kernels/shape_common.h"
 
 namespace slimquant::runtime::shape {
@@ -321,7 +322,7 @@ class ResizeKernel : public Kernel {
 
   void run(KernelContext& ctx) override {
     const ir::Node& node = ctx.node();
-    const Tensor& x = ctx.input(0);
+    Tensor x = ctx.input(0);
     const size_t r = x.rank();
 
     std::vector<float> scales = scales_attr_;
@@ -376,6 +377,25 @@ class ResizeKernel : public Kernel {
       plans[d] = plan_axis(a_, x.dim(d), out_shape[d], axis_scale[d], len_resized, lo, hi);
       identity = identity && plans[d].identity;
     }
+    // A channel-blocked x (a channel-blocked step) resized by nearest along N, H, W keeps its
+    // layout; other cases read a plain copy.
+    if (const Layout* layout = ctx.input_layout(0)) {
+      const std::optional<channel_blocked::Blocking> blocking = channel_blocked::blocking_of(*layout);
+      if (blocking && r == 4 && a_.mode == Mode::kNearest && plans[1].identity && ctx.output_layout_allowed(0)) {
+        if (identity) {
+          ctx.set_output(0, x);
+          ctx.set_output_layout(0, std::make_shared<const Layout>(*layout));
+          return;
+        }
+        if (LayoutPtr out_layout = channel_blocked::blocked_layout(*blocking, out_shape, x.dtype())) {
+          Tensor& y = ctx.allocate_output(0, x.dtype(), out_shape);
+          if (y.numel() > 0) run_nearest_blocked(x, y, plans, channel_blocked::View(x.shape(), *blocking));
+          ctx.set_output_layout(0, std::move(out_layout));
+          return;
+        }
+      }
+      x = channel_blocked::plain_input(ctx, 0);
+    }
     if (identity) {  // every output coordinate lands on its own input element: a view
       ctx.set_output(0, x);
       return;
@@ -399,6 +419,31 @@ class ResizeKernel : public Kernel {
     dispatch_elem_size(es, [&](auto sz) {
       nearest_rows<decltype(sz)::value>(static_cast<const std::byte*>(x.raw()), static_cast<std::byte*>(y.raw()),
                                         plans, in_strides, extrap.data(), es);
+    });
+  }
+
+  // Nearest over channel-blocked data: [N, C/B, H, W] elements of B lanes each, gathered like
+  // plain elements (the channel-block axis maps to itself).
+  void run_nearest_blocked(const Tensor& x, Tensor& y, const std::vector<AxisPlan>& plans,
+                           const channel_blocked::View& v) const {
+    const size_t es = dtype_size(x.dtype()) * static_cast<size_t>(v.block);
+    std::vector<std::byte> extrap(es);
+    dispatch_dtype(x.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T value = static_cast<T>(a_.extrapolation);
+      for (int64_t l = 0; l < v.block; ++l) std::memcpy(extrap.data() + l * sizeof(T), &value, sizeof(T));
+    });
+    AxisPlan blocks;
+    blocks.in = blocks.out = v.blocks();
+    blocks.identity = true;
+    for (int64_t i = 0; i < v.blocks(); ++i) blocks.idx.push_back(i);
+    blocks.w.assign(static_cast<size_t>(v.blocks()), 1.f);
+    blocks.extrap.assign(static_cast<size_t>(v.blocks()), 0);
+    const std::vector<AxisPlan> view_plans = {plans[0], blocks, plans[2], plans[3]};
+    const std::vector<int64_t> in_strides = contiguous_strides({v.n, v.blocks(), v.height, v.width});
+    dispatch_elem_size(es, [&](auto sz) {
+      nearest_rows<decltype(sz)::value>(static_cast<const std::byte*>(x.raw()), static_cast<std::byte*>(y.raw()),
+                                        view_plans, in_strides, extrap.data(), es);
     });
   }
 

@@ -1,0 +1,203 @@
+// The squeeze-excitation / FPN ops of PP-OCRv4 det (GlobalAveragePool / GlobalMaxPool, the
+// per-channel gate Mul, the Add with a folded nearest upsampling and per-channel Q, nearest Resize,
+// Concat with a folded per-channel Q, a standalone per-channel QuantizeLinear) read and write the
+// convolutions' channel-blocked layouts (acdb from the int8 convolutions, aBcd16b / aBcd8b from the
+// FP32 ones). Every value must be bit-identical to the plain-layout run of the same graph
+// (SessionOptions::blocked_layouts = false), in float and in int8, and the chain must actually stay
+// blocked (a hook that accepts any layout sees the values in another order than the plain ones).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+
+#include "graph_builder.h"
+#include "slimquant/quant/lowering.h"
+#include "slimquant/quant/ptq.h"
+#include "slimquant/quant/quant_config.h"
+#include "slimquant/runtime/session.h"
+
+using namespace slimquant;
+
+namespace {
+
+constexpr int64_t kIn = 8, kSize = 16;
+
+// Names of the values the tests look at.
+struct Det {
+  ir::Graph g;
+  std::string conv, gate_mul, se, small, upsampled_sum, head_conv, concat;
+};
+
+// x [N, 8, 16, 16] -> c1 = Conv 3x3 -> SE: c1 * HardSigmoid(Conv(Relu(Conv(GAP(c1))))) + c1;
+// d = Conv 3x3 stride 2 [N, C, 8, 8] -> d * GlobalMaxPool(d); the FPN sum se + Resize(d', x2) ->
+// head; Resize(d', x2), that head and head(se) concatenated along the channels -> head -> y.
+// The heads are convolutions (1x1 for y), or with `pool_heads` 3x3 MaxPools, which are exact in
+// every layout (an FP32 convolution may round differently for a blocked and a plain input, which
+// would hide what the ops between them do).
+Det det_like_graph(int64_t channels, bool pool_heads) {
+  std::mt19937 rng(3);
+  test::GraphBuilder b;
+  b.g.opset = 13;
+  b.g.inputs.push_back({"x", DType::kFloat32, std::nullopt});
+  auto weight = [&](int64_t cout, int64_t cin, int64_t k) {
+    return b.constant(test::random_tensor({cout, cin, k, k}, rng, -0.3f, 0.3f));
+  };
+  auto conv = [&](const std::string& in, int64_t cin, int64_t cout, int64_t k, int64_t stride = 1) {
+    return b.node("Conv", {in, weight(cout, cin, k), b.constant(test::random_tensor({cout}, rng))},
+                  {{"pads", std::vector<int64_t>(4, k / 2)}, {"strides", std::vector<int64_t>{stride, stride}}});
+  };
+  auto resize_by_2 = [&](const std::string& in) {
+    return b.node("Resize", {in, "", b.constant(Tensor::from_vector<float>({4}, {1, 1, 2, 2}))},
+                  {{"mode", std::string("nearest")},
+                   {"coordinate_transformation_mode", std::string("asymmetric")},
+                   {"nearest_mode", std::string("floor")}});
+  };
+  auto head = [&](const std::string& in, int64_t cin, int64_t cout, int64_t k) {
+    if (!pool_heads) return conv(in, cin, cout, k);
+    return b.node("MaxPool", {in}, {{"kernel_shape", std::vector<int64_t>{3, 3}}, {"pads", std::vector<int64_t>(4, 1)}});
+  };
+  Det d;
+  d.conv = conv("x", kIn, channels, 3);
+  const std::string pooled = b.node("GlobalAveragePool", {d.conv});
+  const std::string squeezed = b.node("Relu", {conv(pooled, channels, 8, 1)});
+  const std::string gate = b.node("HardSigmoid", {conv(squeezed, 8, channels, 1)},
+                                  {{"alpha", 0.2f}, {"beta", 0.5f}});
+  d.gate_mul = b.node("Mul", {d.conv, gate});
+  d.se = b.node("Add", {d.conv, d.gate_mul});
+  const std::string down = conv("x", kIn, channels, 3, 2);
+  d.small = b.node("Mul", {down, b.node("GlobalMaxPool", {down})});
+  d.upsampled_sum = b.node("Add", {d.se, resize_by_2(d.small)});
+  d.head_conv = head(d.upsampled_sum, channels, channels, 3);
+  d.concat = b.node("Concat", {resize_by_2(d.small), d.head_conv, head(d.se, channels, channels, 1)},
+                    {{"axis", int64_t{1}}});
+  const std::string y = head(d.concat, 3 * channels, 4, 1);
+  b.g.outputs.push_back({y, DType::kFloat32, std::nullopt});
+  d.g = b.g;
+  return d;
+}
+
+Tensor input(int64_t batch, uint32_t seed) {
+  std::mt19937 rng(seed);
+  return test::random_tensor({batch, kIn, kSize, kSize}, rng, -2.f, 2.f);
+}
+
+// Two convolutions of x, each read by a GlobalAveragePool and (through a per-channel Q) by a
+// convolution: two standalone per-channel QuantizeLinear of the same channel count, one after
+// the other, on channels-last data (their parameters must not mix).
+ir::Graph two_quantized_branches(int64_t channels) {
+  std::mt19937 rng(4);
+  test::GraphBuilder b;
+  b.g.opset = 13;
+  b.g.inputs.push_back({"x", DType::kFloat32, std::nullopt});
+  auto conv = [&](const std::string& in, int64_t cin, int64_t cout) {
+    return b.node("Conv", {in, b.constant(test::random_tensor({cout, cin, 3, 3}, rng, -0.3f, 0.3f)),
+                           b.constant(test::random_tensor({cout}, rng))},
+                  {{"pads", std::vector<int64_t>(4, 1)}});
+  };
+  for (int branch = 0; branch < 2; ++branch) {
+    const std::string c = conv("x", kIn, channels);
+    b.g.outputs.push_back({b.node("GlobalAveragePool", {c}), DType::kFloat32, std::nullopt});
+    b.g.outputs.push_back({conv(c, channels, 4), DType::kFloat32, std::nullopt});
+  }
+  return b.g;
+}
+
+ir::Graph lowered_int8(const ir::Graph& g, int expected_convs) {
+  quant::PTQ ptq{quant::QuantConfig(quant::QuantRule{"abs_max", "channel_wise_abs_max", true})};
+  ptq.quantize(g);
+  for (uint32_t seed : {11u, 12u}) ptq.sample({{"x", input(2, seed)}});
+  ptq.set_channel_wise_conv_inputs(true);
+  quant::LoweringReport report;
+  ir::Graph lowered = quant::lower_to_int8(ptq.convert(), {}, &report);
+  EXPECT_EQ(report.conv, expected_convs);
+  return lowered;
+}
+
+// Every value a run produces, cloned: as plain values, or as held (any_layout).
+std::map<std::string, Tensor> run_seen(runtime::Session& s, const Tensor& x, bool any_layout = false) {
+  std::map<std::string, Tensor> seen;
+  runtime::RunOptions o;
+  o.observe_in_any_layout = any_layout;
+  o.on_value = [&](const std::string& name, const Tensor& t) { seen[name] = t.clone(); };
+  s.run({{"x", x}}, o);
+  return seen;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+// Runs g with blocked layouts on and off: every value the plain run shows must have the same bits
+// in the blocked run; returns the blocked run's values as held, for the layout checks.
+std::map<std::string, Tensor> expect_bit_identical(const ir::Graph& g, const Tensor& x) {
+  runtime::SessionOptions plain_options;
+  plain_options.blocked_layouts = false;
+  runtime::Session blocked(g), plain(g, plain_options);
+  const auto got = run_seen(blocked, x), want = run_seen(plain, x);
+  EXPECT_EQ(got.size(), want.size());
+  for (const auto& [name, t] : want) {
+    if (!got.count(name)) {
+      ADD_FAILURE() << name << " missing from the blocked run";
+      continue;
+    }
+    EXPECT_TRUE(same_bits(got.at(name), t)) << name << " differs from the plain-layout run";
+  }
+  return run_seen(blocked, x, /*any_layout=*/true);
+}
+
+// A value held in a channel-blocked layout shows its elements in another order than plain.
+void expect_held_blocked(const std::map<std::string, Tensor>& held, const std::map<std::string, Tensor>& plain,
+                         const std::string& name) {
+  ASSERT_TRUE(held.count(name)) << name;
+  EXPECT_FALSE(same_bits(held.at(name), plain.at(name))) << name << " was not kept in a blocked layout";
+}
+
+TEST(ChannelBlockedOps, FloatChainMatchesThePlainLayoutBitForBit) {
+  // 32 channels fill aBcd16b (AVX-512) and aBcd8b (AVX2) blocks, so the FP32 convolutions'
+  // outputs stay blocked; MaxPool heads read the chain's results in their blocked layout too.
+  const Det d = det_like_graph(32, /*pool_heads=*/true);
+  for (int64_t batch : {1, 2}) {
+    const Tensor x = input(batch, 5);
+    const auto held = expect_bit_identical(d.g, x);
+    runtime::SessionOptions plain_options;
+    plain_options.blocked_layouts = false;
+    runtime::Session plain(d.g, plain_options);
+    const auto plain_values = run_seen(plain, x);
+    // The SE block's input, its gated result, the FPN sum and the Concat stay blocked.
+    for (const std::string& v : {d.conv, d.small, d.concat}) expect_held_blocked(held, plain_values, v);
+    for (const std::string& v : {d.gate_mul, d.se, d.upsampled_sum})
+      if (held.count(v)) expect_held_blocked(held, plain_values, v);  // some are fused away
+  }
+}
+
+TEST(ChannelBlockedOps, Int8ChainMatchesThePlainLayoutBitForBit) {
+  // 24 channels: not a multiple of 16, but the int8 convolutions write channels-last (acdb).
+  const Det d = det_like_graph(24, /*pool_heads=*/false);
+  const ir::Graph lowered = lowered_int8(d.g, 7);
+  for (int64_t batch : {1, 2}) {
+    const Tensor x = input(batch, 21);
+    const auto held = expect_bit_identical(lowered, x);
+    runtime::SessionOptions plain_options;
+    plain_options.blocked_layouts = false;
+    runtime::Session plain(lowered, plain_options);
+    const auto plain_values = run_seen(plain, x);
+    // The QConvs' float outputs read by the SE / FPN ops stay channels-last, and so do the int8
+    // codes the folded per-channel Qs write for the next QConvs.
+    size_t blocked = 0, compared = 0;
+    for (const auto& [name, t] : plain_values) {
+      // Not the graph input and its codes (x, x_cq: plain), nor the output, nor [N, C, 1, 1] values.
+      if (t.rank() != 4 || t.dim(2) * t.dim(3) == 1 || name.rfind("x", 0) == 0 || name == lowered.outputs[0].name)
+        continue;
+      ++compared;
+      blocked += !same_bits(held.at(name), t);
+    }
+    EXPECT_GE(compared, 8u);
+    EXPECT_EQ(blocked, compared) << "every rank-4 map between the convolutions stays channels-last";
+  }
+  const ir::Graph branches = lowered_int8(two_quantized_branches(24), 4);
+  for (int64_t batch : {1, 2}) expect_bit_identical(branches, input(batch, 22));
+}
+
+}  // namespace
