@@ -51,10 +51,7 @@ std::optional<ChannelQuantizedOutput> select_channel_quantized_output(const ir::
 
 void fold_channel_quantize(ir::Rewriter& rw, const ChannelQuantizedOutput& m) {
   ir::Node op = rw.node(m.op);
-  op.attrs[kFoldedQuantizeChannelScale] = m.q.scale;
-  op.attrs[kFoldedQuantizeChannelZeroPoint] = std::vector<int64_t>(m.q.zero_point.begin(), m.q.zero_point.end());
-  op.attrs[kFoldedQuantizeType] = static_cast<int64_t>(m.q.dtype);
-  op.attrs[kFoldedQuantizeAxis] = m.q.axis;
+  write_folded_channel_quantize(op, m.q);
   op.outputs[0] = rw.node(m.quantize).outputs[0];
   rw.remove(m.quantize);
   rw.replace(m.op, std::move(op));

@@ -236,9 +236,9 @@ std::optional<QuantizedOutput> select_residual_qconv_quantize(const Rewriter& rw
 
 void fold_quantize_into_residual_qconv(Rewriter& rw, const QuantizedOutput& m) {
   ir::Node fused = rw.node(m.producer);
-  fused.attrs[int8::attr::kYType] = static_cast<int64_t>(m.q.dtype);
-  fused.attrs[int8::attr::kYScale] = m.q.scale[0];
-  fused.attrs[int8::attr::kYZeroPoint] = static_cast<int64_t>(m.q.zero_point[0]);
+  int8::QLinearAttrs q = int8::QLinearAttrs::parse(fused);
+  q.y = m.q;
+  q.write(fused);
   fused.outputs[0] = rw.node(m.quantize).outputs[0];
   rw.remove(m.producer);
   rw.replace(m.quantize, std::move(fused));  // after the Q's place every value it reads exists
@@ -257,9 +257,7 @@ std::optional<QuantizedOutput> select_elementwise_quantize(const Rewriter& rw, i
 
 void fold_quantize_into_elementwise(Rewriter& rw, const QuantizedOutput& m) {
   ir::Node op = rw.node(m.producer);
-  op.attrs[kFoldedQuantizeScale] = m.q.scale[0];
-  op.attrs[kFoldedQuantizeZeroPoint] = static_cast<int64_t>(m.q.zero_point[0]);
-  op.attrs[kFoldedQuantizeType] = static_cast<int64_t>(m.q.dtype);
+  write_folded_quantize(op, m.q);
   op.outputs[0] = rw.node(m.quantize).outputs[0];
   rw.remove(m.quantize);
   rw.replace(m.producer, std::move(op));

@@ -61,6 +61,8 @@ inline constexpr const char* kFoldedQuantizeType = "folded_quantize_type";      
 struct FoldedQuantize : QuantParam {};
 // The node's folded QuantizeLinear, if any (kInvalidModel naming the node for bad attributes).
 std::optional<FoldedQuantize> folded_quantize(const ir::Node& node);
+// Writes q onto the node as the attributes folded_quantize reads.
+void write_folded_quantize(ir::Node& node, const FoldedQuantize& q);
 
 // A per-channel QuantizeLinear (a 1-D scale along `axis`, as channel-wise convolution inputs
 // have) folded the same way: the op quantizes each channel's slab with that channel's parameters.
@@ -73,5 +75,7 @@ struct FoldedChannelQuantize : QuantParam {};
 // The node's folded per-channel QuantizeLinear, if any (kInvalidModel naming the node for bad
 // attributes).
 std::optional<FoldedChannelQuantize> folded_channel_quantize(const ir::Node& node);
+// Writes q onto the node as the attributes folded_channel_quantize reads.
+void write_folded_channel_quantize(ir::Node& node, const FoldedChannelQuantize& q);
 
 }  // namespace slimquant::runtime

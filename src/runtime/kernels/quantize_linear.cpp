@@ -364,6 +364,12 @@ std::optional<FoldedQuantize> folded_quantize(const ir::Node& node) {
   return f;
 }
 
+void write_folded_quantize(ir::Node& node, const FoldedQuantize& q) {
+  node.attrs[kFoldedQuantizeScale] = q.scale.at(0);
+  node.attrs[kFoldedQuantizeZeroPoint] = static_cast<int64_t>(q.zero_point.at(0));
+  node.attrs[kFoldedQuantizeType] = static_cast<int64_t>(q.dtype);
+}
+
 std::optional<FoldedChannelQuantize> folded_channel_quantize(const ir::Node& node) {
   if (!node.attrs.count(kFoldedQuantizeChannelScale)) return std::nullopt;
   FoldedChannelQuantize f;
@@ -379,6 +385,13 @@ std::optional<FoldedChannelQuantize> folded_channel_quantize(const ir::Node& nod
   if (!valid) fail(ErrorKind::kInvalidModel, node.describe() + ": invalid folded per-channel QuantizeLinear attributes");
   f.zero_point.assign(zero_points.begin(), zero_points.end());
   return f;
+}
+
+void write_folded_channel_quantize(ir::Node& node, const FoldedChannelQuantize& q) {
+  node.attrs[kFoldedQuantizeChannelScale] = q.scale;
+  node.attrs[kFoldedQuantizeChannelZeroPoint] = std::vector<int64_t>(q.zero_point.begin(), q.zero_point.end());
+  node.attrs[kFoldedQuantizeType] = static_cast<int64_t>(q.dtype);
+  node.attrs[kFoldedQuantizeAxis] = q.axis;
 }
 
 void quantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_point, int64_t axis, Tensor& y,
