@@ -1,5 +1,8 @@
 #include "runtime/kernels/channel_blocked.h"
 
+#include <numeric>
+#include <vector>
+
 namespace slimquant::runtime::channel_blocked {
 
 std::optional<Blocking> blocking_of(const Layout& layout) {
@@ -43,7 +46,10 @@ LayoutPtr blocked_layout(const Blocking& blocking, const Shape& shape, DType dty
   return std::make_shared<const Layout>(Layout{dnnl::memory::desc(dims, to_dnnl_type(dtype), t)});
 }
 
-std::optional<Blocking> common_blocking(const KernelContext& ctx, std::initializer_list<size_t> positions) {
+namespace {
+// The blocking every blocked input at `positions` shares (plain inputs aside), or nullopt.
+template <class Positions>
+std::optional<Blocking> shared_blocking(const KernelContext& ctx, const Positions& positions) {
   std::optional<Blocking> common;
   for (size_t i : positions) {
     const Layout* layout = ctx.has_input(i) ? ctx.input_layout(i) : nullptr;
@@ -54,17 +60,16 @@ std::optional<Blocking> common_blocking(const KernelContext& ctx, std::initializ
   }
   return common;
 }
+}  // namespace
+
+std::optional<Blocking> common_blocking(const KernelContext& ctx, std::initializer_list<size_t> positions) {
+  return shared_blocking(ctx, positions);
+}
 
 std::optional<Blocking> common_blocking(const KernelContext& ctx) {
-  std::optional<Blocking> common;
-  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
-    const Layout* layout = ctx.has_input(i) ? ctx.input_layout(i) : nullptr;
-    if (!layout) continue;
-    const std::optional<Blocking> b = blocking_of(*layout);
-    if (!b || (common && !(*common == *b))) return std::nullopt;
-    common = b;
-  }
-  return common;
+  std::vector<size_t> every_input(ctx.num_inputs());
+  std::iota(every_input.begin(), every_input.end(), size_t{0});
+  return shared_blocking(ctx, every_input);
 }
 
 Tensor plain_input(const KernelContext& ctx, size_t i) {
