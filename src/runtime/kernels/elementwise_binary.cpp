@@ -441,6 +441,84 @@ class BinaryKernel final : public Kernel {
     return o;
   }
 
+  // What run_channel_blocked computes: the two operands, the output's shape and the full
+  // operand's layout (the output's, retyped), and for a folded upsampling its factors and the
+  // small map's size.
+  struct BlockedPlan {
+    std::array<BlockedOperand, 2> in;
+    Shape out_shape;
+    const Layout* out_like = nullptr;
+    int64_t kh = 1, kw = 1, small_height = 0, small_width = 0;
+  };
+
+  std::optional<BlockedPlan> plan_channel_blocked(KernelContext& ctx) const {
+    BlockedPlan plan;
+    if (upsampled_input_ >= 0) {
+      const size_t s = static_cast<size_t>(upsampled_input_), f = 1 - s;
+      const Tensor& small = ctx.input(s);
+      const Tensor& full = ctx.input(f);
+      plan.kh = factors_[0];
+      plan.kw = factors_[1];
+      if (!ctx.input_layout(s) || !ctx.input_layout(f) || small.rank() != 4 || full.rank() != 4 ||
+          full.dim(0) != small.dim(0) || full.dim(1) != small.dim(1) || full.dim(2) != small.dim(2) * plan.kh ||
+          full.dim(3) != small.dim(3) * plan.kw)
+        return std::nullopt;
+      plan.out_shape = full.shape();
+      plan.out_like = ctx.input_layout(f);
+      plan.small_height = small.dim(2);
+      plan.small_width = small.dim(3);
+      plan.in[s] = BlockedOperand{small.data<float>(), true, 0, 0};
+      plan.in[f] = BlockedOperand{full.data<float>(), true, 0, 0};
+    } else {
+      plan.out_shape = broadcast_all({&ctx.input(0).shape(), &ctx.input(1).shape()}, node_.describe());
+      if (plan.out_shape.size() != 4) return std::nullopt;
+      for (size_t k = 0; k < 2; ++k) {
+        const std::optional<BlockedOperand> o = blocked_operand(ctx.input(k), ctx.input_layout(k), plan.out_shape);
+        if (!o) return std::nullopt;
+        plan.in[k] = *o;
+        if (o->full) plan.out_like = ctx.input_layout(k);
+      }
+      if (!plan.out_like) return std::nullopt;
+    }
+    const int64_t channels = plan.out_shape[1];
+    if (channel_quantize_ && (channel_quantize_->axis != 1 || static_cast<int64_t>(channel_quantize_->scale.size()) != channels))
+      return std::nullopt;
+    return plan;
+  }
+
+  // One output row's view of operand k: a pointer and a stride (0: one value for every element).
+  // `wide` holds the operand's row widened to the output's (a per-channel operand's B values per
+  // pixel, or the upsampled small map's row), refilled when `refill`.
+  const float* operand_row(const BlockedPlan& plan, size_t k, const channel_blocked::View& v, int64_t plane,
+                           int64_t y, bool refill, float* wide, int64_t& stride) const {
+    const BlockedOperand& o = plan.in[k];
+    const int64_t lanes = v.block, row_len = v.width * lanes;
+    stride = 1;
+    if (upsampled_input_ == static_cast<int>(k)) {
+      // The small map's row y / kh, each pixel's lanes repeated kw times.
+      if (refill) {
+        const int64_t small_row = plan.small_width * lanes, small_plane = plan.small_height * small_row;
+        const float* src = o.data + plane * small_plane + (y / plan.kh) * small_row;
+        for (int64_t xs = 0; xs < plan.small_width; ++xs)
+          for (int64_t j = 0; j < plan.kw; ++j)
+            std::memcpy(wide + (xs * plan.kw + j) * lanes, src + xs * lanes, static_cast<size_t>(lanes) * sizeof(float));
+      }
+      return wide;
+    }
+    if (o.full) return o.data + plane * v.plane_elements() + y * row_len;
+    const int64_t batch = plane / v.blocks(), cb = plane % v.blocks();
+    if (o.lane_stride == 0) {
+      stride = 0;
+      return o.data + batch * o.batch_stride;
+    }
+    // This plane's B channel values, repeated for every pixel of the row.
+    if (refill) {
+      const float* src = o.data + batch * o.batch_stride + cb * lanes;
+      for (int64_t x = 0; x < v.width; ++x) std::memcpy(wide + x * lanes, src, static_cast<size_t>(lanes) * sizeof(float));
+    }
+    return wide;
+  }
+
   // Channel-blocked inputs (kernels/channel_blocked.h), float32 arithmetic: the output is written
   // in their blocking, one (n, channel block, row) of W pixels x B lanes at a time, with the same
   // per-element arithmetic, activation and folded Q as the plain paths (so the same bits). An
@@ -450,54 +528,16 @@ class BinaryKernel final : public Kernel {
   bool run_channel_blocked(KernelContext& ctx) {
     if constexpr (Op::template kAccepts<float> && std::is_same_v<typename Op::template Out<float>, float>) {
       const std::optional<channel_blocked::Blocking> blocking = channel_blocked::common_blocking(ctx, {0, 1});
-      const Tensor& a = ctx.input(0);
-      const Tensor& b = ctx.input(1);
-      if (!blocking || mode_ != Broadcast::kMulti || !ctx.output_layout_allowed(0) || a.dtype() != DType::kFloat32 ||
-          b.dtype() != DType::kFloat32)
+      if (!blocking || mode_ != Broadcast::kMulti || !ctx.output_layout_allowed(0) ||
+          ctx.input(0).dtype() != DType::kFloat32 || ctx.input(1).dtype() != DType::kFloat32)
         return false;
-      const std::string who = node_.describe();
-      std::array<BlockedOperand, 2> in;
-      Shape out_shape;
-      const Layout* out_like = nullptr;  // a full operand's layout: the output's, retyped
-      int64_t kh = 1, kw = 1, small_height = 0, small_width = 0;
-      if (upsampled_input_ >= 0) {
-        const size_t s = static_cast<size_t>(upsampled_input_), f = 1 - s;
-        const Tensor& small = ctx.input(s);
-        const Tensor& full = ctx.input(f);
-        kh = factors_[0];
-        kw = factors_[1];
-        if (!ctx.input_layout(s) || !ctx.input_layout(f) || small.rank() != 4 || full.rank() != 4 ||
-            full.dim(0) != small.dim(0) || full.dim(1) != small.dim(1) || full.dim(2) != small.dim(2) * kh ||
-            full.dim(3) != small.dim(3) * kw)
-          return false;
-        out_shape = full.shape();
-        out_like = ctx.input_layout(f);
-        small_height = small.dim(2);
-        small_width = small.dim(3);
-        in[s] = BlockedOperand{small.data<float>(), true, 0, 0};
-        in[f] = BlockedOperand{full.data<float>(), true, 0, 0};
-      } else {
-        out_shape = broadcast_all({&a.shape(), &b.shape()}, who);
-        if (out_shape.size() != 4) return false;
-        for (size_t k = 0; k < 2; ++k) {
-          const Tensor& t = ctx.input(k);
-          const std::optional<BlockedOperand> o = blocked_operand(t, ctx.input_layout(k), out_shape);
-          if (!o) return false;
-          in[k] = *o;
-          if (o->full) out_like = ctx.input_layout(k);
-        }
-        if (!out_like) return false;
-      }
-      const int64_t channels = out_shape[1];
-      if (channel_quantize_ && (channel_quantize_->axis != 1 || static_cast<int64_t>(channel_quantize_->scale.size()) != channels))
-        return false;
+      const std::optional<BlockedPlan> plan = plan_channel_blocked(ctx);
+      if (!plan) return false;
       const DType out_type = channel_quantize_ ? channel_quantize_->dtype : quantize_ ? quantize_->dtype : DType::kFloat32;
-      Tensor& out = ctx.allocate_output(0, out_type, out_shape);
-      const channel_blocked::View v(out_shape, *blocking);
+      Tensor& out = ctx.allocate_output(0, out_type, plan->out_shape);
+      const channel_blocked::View v(plan->out_shape, *blocking);
       const int64_t lanes = v.block, row_len = v.width * lanes, rows_per_plane = v.height;
       const int64_t units = v.n * v.blocks() * rows_per_plane;
-      const bool upsampled = upsampled_input_ >= 0;
-      const int64_t small_plane = small_height * small_width * lanes, small_row = small_width * lanes;
       auto* po = static_cast<std::byte*>(out.raw());
       auto run_units = [&](int64_t u0, int64_t u1) {
         thread_local std::vector<float> widened_a, widened_b, values;
@@ -507,45 +547,17 @@ class BinaryKernel final : public Kernel {
         int64_t widened_key = -1;  // the (plane, source row) the widened rows hold
         for (int64_t u = u0; u < u1; ++u) {
           const int64_t plane = u / rows_per_plane, y = u % rows_per_plane;
-          const int64_t batch = plane / v.blocks(), cb = plane % v.blocks();
-          const int64_t offset = plane * v.plane_elements() + y * row_len;
+          const int64_t key = upsampled_input_ >= 0 ? plane * plan->small_height + y / plan->kh : plane;
           std::array<const float*, 2> row{};
           std::array<int64_t, 2> stride{};
-          const int64_t key = upsampled ? plane * small_height + y / kh : plane;
-          const bool refill = key != widened_key;
-          for (size_t k = 0; k < 2; ++k) {
-            const BlockedOperand& o = in[k];
-            stride[k] = 1;
-            if (upsampled && static_cast<int64_t>(k) == upsampled_input_) {
-              // The small map's row y / kh, each pixel's lanes repeated kw times.
-              if (refill) {
-                const float* src = o.data + plane * small_plane + (y / kh) * small_row;
-                for (int64_t xs = 0; xs < small_width; ++xs)
-                  for (int64_t j = 0; j < kw; ++j)
-                    std::memcpy(wide[k] + (xs * kw + j) * lanes, src + xs * lanes, static_cast<size_t>(lanes) * sizeof(float));
-              }
-              row[k] = wide[k];
-            } else if (o.full) {
-              row[k] = o.data + offset;
-            } else if (o.lane_stride == 0) {
-              row[k] = o.data + batch * o.batch_stride;
-              stride[k] = 0;
-            } else {
-              // This plane's B channel values, repeated for every pixel of the row.
-              if (refill) {
-                const float* src = o.data + batch * o.batch_stride + cb * lanes;
-                for (int64_t x = 0; x < v.width; ++x)
-                  std::memcpy(wide[k] + x * lanes, src, static_cast<size_t>(lanes) * sizeof(float));
-              }
-              row[k] = wide[k];
-            }
-          }
+          for (size_t k = 0; k < 2; ++k) row[k] = operand_row(*plan, k, v, plane, y, key != widened_key, wide[k], stride[k]);
           widened_key = key;
+          const int64_t offset = plane * v.plane_elements() + y * row_len;
           float* result = out_type == DType::kFloat32 ? reinterpret_cast<float*>(po) + offset : values.data();
           binary_row(row[0], stride[0], row[1], stride[1], result, row_len, op_);
           if (act_) apply_activation(act_, result, row_len);
           if (channel_quantize_)
-            lane_quantizer_->quantize(result, lanes, v.width, cb * lanes, lanes, po + offset, lanes);
+            lane_quantizer_->quantize(result, lanes, v.width, (plane % v.blocks()) * lanes, lanes, po + offset, lanes);
           else if (quantize_)
             quantize_floats(result, row_len, quantize_->scale[0], quantize_->zero_point[0], out_type, po + offset);
         }
@@ -560,7 +572,7 @@ class BinaryKernel final : public Kernel {
           if (units * t / T < units * (t + 1) / T) run_units(units * t / T, units * (t + 1) / T);
         }
       }
-      ctx.set_output_layout(0, dnnl_kernels::retyped_layout(*out_like, out_type));
+      ctx.set_output_layout(0, dnnl_kernels::retyped_layout(*plan->out_like, out_type));
       return true;
     } else {
       return false;
