@@ -11,6 +11,7 @@
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/kernels/channel_blocked.h"
@@ -214,33 +215,23 @@ void fake_quantize_typed(const float* x, float* y, const BlockedParams& p, int32
 
 // Rows of `lanes` floats (x_stride apart) into rows of codes (y_stride apart), lane l with the
 // parameters at index l: one call per run of pixels, the lanes vectorised (restrict: byte stores
-// could otherwise alias the parameters, which stops the vectoriser).
-template <typename Q>
-SQ_AVX512_AVX2_CLONES void quantize_lanes_multiplying(const float* __restrict x, int64_t x_stride, Q* __restrict y,
-                                                      int64_t y_stride, int64_t pixels, int64_t lanes,
-                                                      const float* __restrict s, const float* __restrict r,
-                                                      const float* __restrict bound, const float* __restrict lo,
-                                                      const float* __restrict hi, const int32_t* __restrict z) {
+// could otherwise alias the parameters, which stops the vectoriser). kMultiplying: every lane's
+// quotient comes from its reciprocal (r, bound); otherwise from a division (r, bound unread).
+template <bool kMultiplying, typename Q>
+SQ_AVX512_AVX2_CLONES void quantize_lanes(const float* __restrict x, int64_t x_stride, Q* __restrict y, int64_t y_stride,
+                                          int64_t pixels, int64_t lanes, const float* __restrict s,
+                                          const float* __restrict r, const float* __restrict bound,
+                                          const float* __restrict lo, const float* __restrict hi,
+                                          const int32_t* __restrict z) {
   for (int64_t p = 0; p < pixels; ++p) {
     const float* xs = x + p * x_stride;
     Q* ys = y + p * y_stride;
-    for (int64_t i = 0; i < lanes; ++i)
-      ys[i] = static_cast<Q>(
-          static_cast<int32_t>(saturate_round(divide_by_reciprocal(xs[i], s[i], Reciprocal{r[i], bound[i]}), lo[i], hi[i])) +
-          z[i]);
-  }
-}
-
-template <typename Q>
-SQ_AVX512_AVX2_CLONES void quantize_lanes_dividing(const float* __restrict x, int64_t x_stride, Q* __restrict y,
-                                                   int64_t y_stride, int64_t pixels, int64_t lanes,
-                                                   const float* __restrict s, const float* __restrict lo,
-                                                   const float* __restrict hi, const int32_t* __restrict z) {
-  for (int64_t p = 0; p < pixels; ++p) {
-    const float* xs = x + p * x_stride;
-    Q* ys = y + p * y_stride;
-    for (int64_t i = 0; i < lanes; ++i)
-      ys[i] = static_cast<Q>(static_cast<int32_t>(quantize_offset(xs[i], s[i], lo[i], hi[i])) + z[i]);
+    for (int64_t i = 0; i < lanes; ++i) {
+      float q;
+      if constexpr (kMultiplying) q = saturate_round(divide_by_reciprocal(xs[i], s[i], Reciprocal{r[i], bound[i]}), lo[i], hi[i]);
+      else q = quantize_offset(xs[i], s[i], lo[i], hi[i]);
+      ys[i] = static_cast<Q>(static_cast<int32_t>(q) + z[i]);
+    }
   }
 }
 
@@ -311,12 +302,10 @@ void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, i
       }
       const int64_t tiles = pixels / tile, tile_len = tile * lanes;
       auto run_tiles = [&](auto* out) {
-        if (multiplying_)
-          quantize_lanes_multiplying(x, tile_len, out, tile_len, tiles, tile_len, t.s.data(), t.r.data(), t.bound.data(),
-                                     t.lo.data(), t.hi.data(), t.z.data());
-        else
-          quantize_lanes_dividing(x, tile_len, out, tile_len, tiles, tile_len, t.s.data(), t.lo.data(), t.hi.data(),
-                                  t.z.data());
+        (multiplying_ ? quantize_lanes<true, std::remove_pointer_t<decltype(out)>>
+                      : quantize_lanes<false, std::remove_pointer_t<decltype(out)>>)(
+            x, tile_len, out, tile_len, tiles, tile_len, t.s.data(), t.r.data(), t.bound.data(), t.lo.data(),
+            t.hi.data(), t.z.data());
       };
       if (dtype_ == DType::kUInt8) run_tiles(static_cast<uint8_t*>(y));
       else run_tiles(static_cast<int8_t*>(y));
@@ -327,11 +316,10 @@ void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, i
     }
   }
   auto run = [&](auto* out) {
-    if (multiplying_)
-      quantize_lanes_multiplying(x, x_stride, out, y_stride, pixels, lanes, &scale_[c], &reciprocal_[c], &bound_[c],
-                                 &lo_[c], &hi_[c], &zero_point_[c]);
-    else
-      quantize_lanes_dividing(x, x_stride, out, y_stride, pixels, lanes, &scale_[c], &lo_[c], &hi_[c], &zero_point_[c]);
+    (multiplying_ ? quantize_lanes<true, std::remove_pointer_t<decltype(out)>>
+                  : quantize_lanes<false, std::remove_pointer_t<decltype(out)>>)(
+        x, x_stride, out, y_stride, pixels, lanes, &scale_[c], &reciprocal_[c], &bound_[c], &lo_[c], &hi_[c],
+        &zero_point_[c]);
   };
   if (dtype_ == DType::kUInt8) run(static_cast<uint8_t*>(y));
   else run(static_cast<int8_t*>(y));
