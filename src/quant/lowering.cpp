@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "quant/conv_transpose_rewrite.h"
 #include "runtime/fused_ops/gelu_erf.h"
 #include "runtime/kernels/int8_common.h"
 #include "slimquant/ir/passes.h"
@@ -27,7 +28,8 @@ bool is_op(const ir::Node& n, const char* op) { return ir::is_onnx_op(n, op); }
 // (quantization is monotonic, so the max of the quantized values is the quantized max) and the
 // data-movement ops (they only move or relabel elements; other inputs such as Reshape's shape stay).
 bool quantize_commutes_with(const ir::Node& n) {
-  for (const char* op : {"MaxPool", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+  for (const char* op : {"MaxPool", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity",
+                         "DepthToSpace", "SpaceToDepth"})
     if (is_op(n, op)) return true;
   return false;
 }
@@ -580,6 +582,11 @@ ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, Lo
     };
     ir::spell_hardswish_as_gate(g, after_layer);
   }
+  // A ConvTranspose with kernel == strides becomes a 1x1 Conv (lowered below) and a DepthToSpace
+  // that its activation and output Q move above (quant/conv_transpose_rewrite.h).
+  if (options.conv)
+    ir::apply_rules(g, {conv_transpose_as_pointwise_conv_rule(), commute_activation_above_depth_to_space_rule()}, {},
+                    /*until_stable=*/true);
   // Pools and data movement first: Concat -> MaxPool -> Q becomes Concat -> Q -> MaxPool, then
   // Q -> Concat -> MaxPool.
   ir::apply_rules(g, {commute_quantize_upward_rule()}, {}, /*until_stable=*/true);
@@ -603,6 +610,12 @@ ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, Lo
     ++(r.*(lowered_family(grp.op).lowered));
   }
   rw.compact();
+  // The weights of layers left in simulation (a ConvTranspose that is not kernel-sized, a candidate
+  // that could not be lowered) become float constants: their kernels then prepack them once instead
+  // of taking run-time weights (oneDNN 2.6 runs some of those shapes only in its reference kernels).
+  runtime::FoldOptions fold_weights;
+  fold_weights.keep_dequantize_linear = false;
+  runtime::fold_constants(g, fold_weights);
   // DequantizeLinear nodes whose readers were all lowered (and Q nodes feeding only those) go.
   g.remove_dead_nodes();
   g.remove_unused_initializers();

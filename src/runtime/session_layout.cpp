@@ -17,8 +17,8 @@ LayoutRole layout_role(const ir::Node& n) {
   if (n.domain == ir::kSlimquantDomain && n.op_type == "QConv") return LayoutRole::kAware;
   if (n.domain.empty() && (n.op_type == "MaxPool" || n.op_type == "AveragePool")) return LayoutRole::kAware;
   // Ops with a channel-blocked path: the squeeze-excitation and FPN ops after the convolutions.
-  static const std::set<std::string> kChannelBlocked = {"Add", "Sub", "Mul", "Div", "QuantizeLinear",
-                                                         "GlobalAveragePool", "GlobalMaxPool", "Resize", "Concat"};
+  static const std::set<std::string> kChannelBlocked = {
+      "Add", "Sub", "Mul", "Div", "QuantizeLinear", "GlobalAveragePool", "GlobalMaxPool", "Resize", "Concat", "DepthToSpace"};
   if (n.domain.empty() && kChannelBlocked.count(n.op_type)) return LayoutRole::kChannelBlocked;
   static const std::set<std::string> kElementwise = {"Relu", "Clip", "DequantizeLinear"};
   if (n.domain.empty() && kElementwise.count(n.op_type)) return LayoutRole::kPassthrough;
@@ -56,7 +56,8 @@ bool writes_plain_summary(const ir::Node& n) {
 // elementwise arithmetic and QuantizeLinear, unless a folded per-channel Q or nearest upsampling
 // needs each element's position.
 bool may_pass_through(const ir::Node& n) {
-  if (n.op_type == "GlobalAveragePool" || n.op_type == "GlobalMaxPool" || n.op_type == "Resize" || n.op_type == "Concat")
+  if (n.op_type == "GlobalAveragePool" || n.op_type == "GlobalMaxPool" || n.op_type == "Resize" || n.op_type == "Concat" ||
+      n.op_type == "DepthToSpace")
     return false;
   return !n.attrs.count(kFoldedQuantizeChannelScale) && !n.attrs.count(ew::kNearestUpsampledInput);
 }

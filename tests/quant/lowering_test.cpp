@@ -1140,3 +1140,69 @@ TEST(Int8Requantize, PerChannelFactorFollowsTheLayout) {
         }
   }
 }
+
+// DBNet's head: ConvTranspose(kernel == strides) -> Relu -> Q -> ConvTranspose -> Sigmoid -> Q. Each
+// ConvTranspose becomes a QConv (1x1, s*s*M channels) and a DepthToSpace that moves the QConv's
+// 8-bit codes; nothing float is left between them, and the result equals the simulation. A
+// ConvTranspose whose kernel overlaps (4x4, stride 2) stays, with float weights.
+TEST(Lowering, KernelSizedConvTransposeBecomesAQConvAndADepthToSpace) {
+  for (const char* compute : {"auto", "int8", "f32"}) {
+    SCOPED_TRACE(compute);
+    QdqBuilder b(17);
+    const std::string x = b.input("x", {2, 8, 5, 7});
+    const std::vector<int64_t> two{2, 2};
+    const std::string up1 = b.node("ConvTranspose", {b.qdq(x, 1.f / 127.f, 0, kU8), b.weight({8, 6, 2, 2}, 1, 0, 63), b.bias(6)},
+                                   {{"strides", two}, {"kernel_shape", two}});
+    const std::string relu = b.node("Relu", {up1});
+    const std::string up2 = b.node("ConvTranspose", {b.qdq(relu, 0.02f, 0, kU8), b.weight({6, 3, 2, 2}, 1, 0, 63), b.bias(3)},
+                                   {{"strides", two}});
+    const float step = 1.f / 255.f;
+    const ir::Graph g = b.finish(b.qdq(b.node("Sigmoid", {up2}), step, 0, kU8));
+    quant::LoweringOptions options;
+    options.compute = compute;
+    quant::LoweringReport report;
+    const ir::Graph lowered = quant::lower_to_int8(g, options, &report);
+    ASSERT_EQ(report.conv, 2) << (report.skipped.empty() ? "" : report.skipped[0].reason);
+    EXPECT_EQ(count_op(lowered, "ConvTranspose"), 0);
+    EXPECT_EQ(count_op(lowered, "DepthToSpace"), 2);
+    EXPECT_EQ(count_op(lowered, "QuantizeLinear"), 1);  // x's only
+    EXPECT_EQ(count_op(lowered, "Relu") + count_op(lowered, "Sigmoid"), 0);  // fused into the QConvs
+    for (const ir::Node& n : lowered.nodes)
+      if (n.op_type == "DepthToSpace") {
+        const int p = lowered.producer(n.inputs[0]);
+        ASSERT_GE(p, 0);
+        EXPECT_EQ(lowered.nodes[p].op_type, "QConv");
+        EXPECT_EQ(i8::QLinearAttrs::parse(lowered.nodes[p]).y.dtype, kU8) << "the DepthToSpace moves 8-bit codes";
+      }
+    QdqBuilder data(4);
+    const Tensor input = data.random_input({2, 8, 5, 7}, 0.f, 2.f);
+    runtime::Session sim(g);
+    EXPECT_EQ(sim.run({{"x", input}}).at(g.outputs[0].name).shape(), (Shape{2, 3, 20, 28}));
+    expect_lowered_matches_simulation(g, lowered, g.outputs[0].name, {{"x", input}}, step);
+  }
+  QdqBuilder b(5);
+  const std::string x = b.input("x", {1, 4, 6, 6});
+  const std::string up = b.node("ConvTranspose", {b.qdq(x, 1.f / 127.f, 0, kU8), b.weight({4, 4, 4, 4}, 1, 0, 63)},
+                                {{"strides", std::vector<int64_t>{2, 2}}, {"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  const std::string head = b.node("ConvTranspose", {b.qdq(x, 1.f / 127.f, 0, kU8), b.weight({4, 1, 2, 2}, 1, 0, 63)},
+                                  {{"strides", std::vector<int64_t>{2, 2}}});
+  const std::string sum = b.node("Add", {up, b.node("Sigmoid", {head})});
+  const ir::Graph g = b.finish(sum);
+  quant::LoweringReport report;
+  const ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
+  EXPECT_EQ(report.conv, 1);
+  EXPECT_EQ(count_op(lowered, "ConvTranspose"), 1);
+  EXPECT_EQ(count_op(lowered, "DepthToSpace"), 1);
+  for (const ir::Node& n : lowered.nodes) {
+    // The overlapping one keeps float weights, folded once from the int8 ones (not dequantized per run).
+    if (n.op_type == "ConvTranspose") {
+      EXPECT_NE(lowered.initializer(n.inputs[1]), nullptr);
+    }
+    // With a float output, the Sigmoid stays after the DepthToSpace, a separate pass.
+    if (n.op_type == "Sigmoid") {
+      EXPECT_EQ(lowered.nodes[lowered.producer(n.inputs[0])].op_type, "DepthToSpace");
+    }
+  }
+  QdqBuilder data(6);
+  expect_lowered_matches_simulation(g, lowered, sum, {{"x", data.random_input({1, 4, 6, 6}, 0.f, 2.f)}}, 1e-5f);
+}

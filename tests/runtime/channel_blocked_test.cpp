@@ -200,4 +200,42 @@ TEST(ChannelBlockedOps, Int8ChainMatchesThePlainLayoutBitForBit) {
   for (int64_t batch : {1, 2}) expect_bit_identical(branches, input(batch, 22));
 }
 
+// DBNet's head: Conv -> Relu -> ConvTranspose(2x2, stride 2) -> Relu -> ConvTranspose(2x2, stride 2)
+// -> Sigmoid. Lowered, each ConvTranspose is a 1x1 QConv and a DepthToSpace; the first DepthToSpace
+// moves the QConv's codes, channels-last (int8 primitives) or in 8/16-channel blocks (the exact f32
+// path without VNNI), into the same layout for the next QConv (no reorder); the last one (one
+// output channel) writes plain values. Bit-identical to the plain layouts.
+TEST(ChannelBlockedOps, DepthToSpaceOfKernelSizedConvTransposeStaysChannelsLast) {
+  std::mt19937 rng(8);
+  test::GraphBuilder b;
+  b.g.opset = 13;
+  b.g.inputs.push_back({"x", DType::kFloat32, std::nullopt});
+  const std::string c = b.node("Conv", {"x", b.constant(test::random_tensor({24, kIn, 3, 3}, rng, -0.3f, 0.3f)),
+                                        b.constant(test::random_tensor({24}, rng))},
+                               {{"pads", std::vector<int64_t>(4, 1)}});
+  const std::vector<int64_t> two{2, 2};
+  const std::string up = b.node("ConvTranspose", {b.node("Relu", {c}), b.constant(test::random_tensor({24, 16, 2, 2}, rng, -0.3f, 0.3f)),
+                                                  b.constant(test::random_tensor({16}, rng))},
+                                {{"strides", two}});
+  const std::string head = b.node("ConvTranspose", {b.node("Relu", {up}), b.constant(test::random_tensor({16, 1, 2, 2}, rng, -0.3f, 0.3f))},
+                                  {{"strides", two}});
+  b.g.outputs.push_back({b.node("Sigmoid", {head}), DType::kFloat32, std::nullopt});
+  const ir::Graph lowered = lowered_int8(b.g, 3);
+  std::vector<std::string> moved;
+  for (const ir::Node& n : lowered.nodes)
+    if (n.op_type == "DepthToSpace") moved.push_back(n.outputs[0]);
+  ASSERT_EQ(moved.size(), 2u);
+  for (int64_t batch : {1, 2}) {
+    const Tensor x = input(batch, 23);
+    const auto held = expect_bit_identical(lowered, x);
+    runtime::SessionOptions plain_options;
+    plain_options.blocked_layouts = false;
+    runtime::Session plain(lowered, plain_options);
+    const auto plain_values = run_seen(plain, x);
+    EXPECT_EQ(plain_values.at(moved[0]).dtype(), DType::kUInt8);
+    expect_held_blocked(held, plain_values, moved[0]);
+    EXPECT_EQ(plain_values.at(moved[1]).shape(), (Shape{batch, 1, 4 * kSize, 4 * kSize}));
+  }
+}
+
 }  // namespace

@@ -44,7 +44,7 @@ struct QatAnalysisOptions {
   std::string checkpoint_name = "analysis_checkpoint.json";  // "" = no checkpoint
   bool resume = false;                     // seed 001: continue from the checkpoint only when asked
   std::optional<double> qat_metric;        // the quantized model's metric; computed when not given
-  std::vector<std::string> quantizable_op_type = {"Conv", "MatMul", "Gemm"};
+  std::vector<std::string> quantizable_op_type = {"Conv", "ConvTranspose", "MatMul", "Gemm"};
   int num_threads = 0;
   // Extra checkpoint fingerprint entries (e.g. the evaluation command), so a checkpoint is only
   // reused for the same evaluation.

@@ -45,7 +45,7 @@ struct PostTrainingQuantizationOptions {
   std::string weight_quantize_type = "channel_wise_abs_max";
   int weight_bits = 0;  // 0 = the default, 8 (QuantConfig::weight_bits)
   std::string deploy_backend = "slimquant";  // slimquant, onnxruntime or tensorrt (QuantConfig::deploy_backend)
-  std::vector<std::string> quantizable_op_type = {"Conv", "MatMul", "Gemm"};  // or conv2d, mul, ...
+  std::vector<std::string> quantizable_op_type = {"Conv", "ConvTranspose", "MatMul", "Gemm"};  // or conv2d, mul, ...
   bool is_full_quantize = false;
   float hist_percent = 0.99999f;
   std::vector<std::string> skip_tensor_list;

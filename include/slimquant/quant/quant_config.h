@@ -49,7 +49,7 @@ class QuantConfig {
   QuantConfig& add_qat_layer_mapping(const std::string& op_type, OpQuantSpec spec);
 
   // Op types quantized (source names like conv2d/mul are accepted and mapped to ONNX types).
-  std::vector<std::string> quantizable_op_type = {"Conv", "MatMul", "Gemm"};
+  std::vector<std::string> quantizable_op_type = {"Conv", "ConvTranspose", "MatMul", "Gemm"};
   // Also quantize every other op with a spec (pooling, Add, Concat, Softmax, Reshape, ...).
   bool is_full_quantize = false;
   // Nodes reading or writing any of these tensors stay in float.

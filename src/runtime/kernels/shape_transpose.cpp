@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "runtime/kernels/channel_blocked.h"
 #include "runtime/kernels/shape_common.h"
 
 namespace slimquant::runtime::shape {
@@ -92,14 +93,19 @@ class DepthToSpaceKernel : public Kernel {
   explicit DepthToSpaceKernel(const KernelInit& init) : a_(parse_block_attrs(init, true)) {}
 
   void run(KernelContext& ctx) override {
-    const Tensor& x = ctx.input(0);
+    Tensor x = ctx.input(0);
     check_rank4(x, ctx.node());
     const int64_t n = x.dim(0), c = x.dim(1), h = x.dim(2), w = x.dim(3), b = a_.blocksize;
     if (c % (b * b) != 0)
       fail(ErrorKind::kInvalidArgument, ctx.node().describe() + ": channels " + std::to_string(c) +
                                             " not divisible by blocksize^2 = " + std::to_string(b * b));
     const int64_t oc = c / (b * b);
-    Tensor& y = ctx.allocate_output(0, x.dtype(), {n, oc, h * b, w * b});
+    const Shape out_shape{n, oc, h * b, w * b};
+    if (ctx.input_layout(0)) {
+      if (run_blocked(ctx, x, out_shape)) return;
+      x = channel_blocked::plain_input(ctx, 0);
+    }
+    Tensor& y = ctx.allocate_output(0, x.dtype(), out_shape);
     if (a_.crd)  // [n, oc, b, b, h, w] -> [n, oc, h, b, w, b]
       transpose_bytes(y.raw(), x.raw(), {n, oc, b, b, h, w}, {0, 1, 4, 2, 5, 3}, dtype_size(x.dtype()));
     else  // [n, b, b, oc, h, w] -> [n, oc, h, b, w, b]
@@ -107,6 +113,60 @@ class DepthToSpaceKernel : public Kernel {
   }
 
  private:
+  // A channel-blocked x (kernels/channel_blocked.h: what the convolutions write; a lowered
+  // kernel-sized ConvTranspose's 1x1 QConv feeds this op) in DCR mode, where input channel
+  // (i*b + j)*oc + m is output channel m at offset (i, j). y keeps x's blocking for the next
+  // convolution; with one output channel, channels-last y is plain y whatever its readers take.
+  bool run_blocked(KernelContext& ctx, const Tensor& x, const Shape& out_shape) const {
+    const std::optional<channel_blocked::Blocking> blocking = channel_blocked::blocking_of(*ctx.input_layout(0));
+    if (a_.crd || !blocking) return false;
+    const int64_t oc = out_shape[1];
+    if (!blocking->channels_last && oc % blocking->block != 0) return false;  // blocks would straddle offsets
+    const bool plain_too = blocking->channels_last && oc == 1;
+    LayoutPtr out_layout = channel_blocked::blocked_layout(*blocking, out_shape, x.dtype());
+    if (!plain_too && (!out_layout || !ctx.output_layout_allowed(0))) return false;
+    Tensor& y = ctx.allocate_output(0, x.dtype(), out_shape);
+    if (blocking->channels_last) copy_channels_last(x, y);
+    else copy_channel_blocks(x, y, *blocking);
+    if (out_layout && ctx.output_layout_allowed(0)) ctx.set_output_layout(0, std::move(out_layout));
+    return true;
+  }
+
+  // Channels-last: input pixel (h, w) holds channels (i, j, m), so its b*oc channels of kernel row
+  // i are output row h*b+i's pixels w*b .. w*b+b-1, contiguous in y: one copy per (pixel, i).
+  void copy_channels_last(const Tensor& x, Tensor& y) const {
+    const int64_t n = x.dim(0), c = x.dim(1), h = x.dim(2), w = x.dim(3), b = a_.blocksize;
+    const int64_t run = c / b * static_cast<int64_t>(dtype_size(x.dtype()));  // bytes of b*oc channels
+    const auto* src = static_cast<const unsigned char*>(x.raw());
+    auto* dst = static_cast<unsigned char*>(y.raw());
+    for (int64_t p = 0; p < n * h; ++p)  // input rows
+      for (int64_t i = 0; i < b; ++i) {
+        unsigned char* out_row = dst + (p * b + i) * w * run;
+        for (int64_t q = 0; q < w; ++q)
+          std::memcpy(out_row + q * run, src + ((p * w + q) * b + i) * run, static_cast<size_t>(run));
+      }
+  }
+
+  // B channels per block, oc % B == 0: output block mb at offset (i, j) is input block
+  // (i*b + j)*oc/B + mb; one copy of B lanes per input pixel.
+  void copy_channel_blocks(const Tensor& x, Tensor& y, const channel_blocked::Blocking& blocking) const {
+    const channel_blocked::View in(x.shape(), blocking), out(y.shape(), blocking);
+    const int64_t b = a_.blocksize, out_blocks = out.blocks();
+    const size_t esize = dtype_size(x.dtype()), lanes = static_cast<size_t>(in.block) * esize;
+    const auto* src = static_cast<const unsigned char*>(x.raw());
+    auto* dst = static_cast<unsigned char*>(y.raw());
+    for (int64_t n = 0; n < in.n; ++n)
+      for (int64_t k = 0; k < b * b; ++k)
+        for (int64_t mb = 0; mb < out_blocks; ++mb) {
+          const unsigned char* from = src + static_cast<size_t>(in.plane(n, k * out_blocks + mb)) * esize;
+          unsigned char* to = dst + static_cast<size_t>(out.plane(n, mb) + ((k / b) * out.width + k % b) * out.block) * esize;
+          for (int64_t h = 0; h < in.height; ++h)
+            for (int64_t w = 0; w < in.width; ++w)
+              std::memcpy(to + static_cast<size_t>((h * b * out.width + w * b) * out.block) * esize,
+                          from + static_cast<size_t>((h * in.width + w) * in.block) * esize, lanes);
+        }
+  }
+
   BlockAttrs a_;
 };
 
