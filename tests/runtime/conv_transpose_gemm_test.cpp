@@ -1,5 +1,6 @@
-// ConvTranspose with kernel == strides (DBNet's upsampling head) runs as one GEMM plus a scatter;
-// it must give oneDNN's deconvolution result (the path a run-time weight still takes).
+// ConvTranspose with constant weights runs as one GEMM plus a scatter (kernel == strides: DBNet's
+// upsampling head) or a col2im accumulation (overlapping kernels, pads, dilations, output padding
+// or shape); both must give oneDNN's deconvolution result (the path a run-time weight still takes).
 #include <gtest/gtest.h>
 
 #include <random>
@@ -16,8 +17,10 @@ Tensor random_tensor(const Shape& shape, std::mt19937& rng) {
   return t;
 }
 
-// y = ConvTranspose(x, W, B) with W (and B) constants, or W fed at run time.
-ir::Graph conv_transpose_graph(const Tensor& w, const Tensor* b, bool constant_weight, int64_t k) {
+// y = ConvTranspose(x, W, B) with W (and B) constants, or W fed at run time; kernel == strides = k
+// unless `attrs` gives the window.
+ir::Graph conv_transpose_graph(const Tensor& w, const Tensor* b, bool constant_weight, int64_t k,
+                               const std::map<std::string, ir::AttributeValue>& attrs = {}) {
   ir::Graph g;
   g.opset = 13;
   g.inputs.push_back({"x", DType::kFloat32, std::nullopt});
@@ -34,6 +37,7 @@ ir::Graph conv_transpose_graph(const Tensor& w, const Tensor* b, bool constant_w
   n.outputs = {"y"};
   n.attrs["strides"] = std::vector<int64_t>{k, k};
   n.attrs["kernel_shape"] = std::vector<int64_t>{k, k};
+  if (!attrs.empty()) n.attrs = attrs;
   g.nodes.push_back(n);
   g.outputs.push_back({"y", DType::kFloat32, std::nullopt});
   return g;
@@ -93,4 +97,55 @@ TEST(ConvTransposeGemm, FusedActivationMatchesTheDeconvolutionPostOp) {
       EXPECT_EQ(negatives, 0);  // the activation was applied
     }
   }
+}
+
+// Overlapping windows: every geometry the ONNX operator has (pads, output_padding, dilations,
+// auto_pad, an output_shape beyond the natural size, non-square kernels and strides, stride 1),
+// with and without bias and a fused Relu, against oneDNN's deconvolution.
+TEST(ConvTransposeGemm, OverlappingKernelsMatchTheDeconvolution) {
+  std::mt19937 rng(6);
+  using Attrs = std::map<std::string, ir::AttributeValue>;
+  using V = std::vector<int64_t>;
+  struct Case {
+    const char* name;
+    int64_t kh, kw;
+    Attrs attrs;
+    Shape out;  // spatial output for a 5x7 input
+  };
+  const std::vector<Case> cases = {
+      {"k4 s2 p1 (GAN upsampling)", 4, 4, {{"strides", V{2, 2}}, {"pads", V{1, 1, 1, 1}}}, {10, 14}},
+      {"k3 s2 p1 output_padding 1", 3, 3, {{"strides", V{2, 2}}, {"pads", V{1, 1, 1, 1}}, {"output_padding", V{1, 1}}}, {10, 14}},
+      {"k3 s1 p1", 3, 3, {{"pads", V{1, 1, 1, 1}}}, {5, 7}},
+      {"k3 s2 dilation 2", 3, 3, {{"strides", V{2, 2}}, {"dilations", V{2, 2}}}, {13, 17}},
+      {"k3 s2 SAME_UPPER", 3, 3, {{"strides", V{2, 2}}, {"auto_pad", std::string("SAME_UPPER")}}, {10, 14}},
+      {"k3 s2 output_shape beyond", 3, 3, {{"strides", V{2, 2}}, {"output_shape", V{12, 16}}}, {12, 16}},
+      {"k3x2 s2x1 pads 1,0", 3, 2, {{"strides", V{2, 1}}, {"pads", V{1, 0, 1, 0}}}, {9, 8}},
+  };
+  for (const Case& t : cases)
+    for (const bool bias : {false, true})
+      for (const bool relu : {false, true}) {
+        SCOPED_TRACE(std::string(t.name) + (bias ? " bias" : "") + (relu ? " relu" : ""));
+        const int64_t c = 6, m = 5;
+        const Tensor w = random_tensor({c, m, t.kh, t.kw}, rng), b = random_tensor({m}, rng);
+        const Tensor x = random_tensor({2, c, 5, 7}, rng);
+        auto graph = [&](bool constant_weight) {
+          ir::Graph g = conv_transpose_graph(w, bias ? &b : nullptr, constant_weight, 0, t.attrs);
+          if (relu) {
+            ir::Node a;
+            a.op_type = "Relu";
+            a.name = "act";
+            a.inputs = {"y"};
+            a.outputs = {"z"};
+            g.nodes.push_back(a);
+            g.outputs[0].name = "z";
+          }
+          return g;
+        };
+        const std::string out = relu ? "z" : "y";
+        runtime::Session gemm(graph(true)), deconv(graph(false));
+        const Tensor got = gemm.run({{"x", x}}).at(out), want = deconv.run({{"x", x}, {"w", w}}).at(out);
+        ASSERT_EQ(got.shape(), (Shape{2, m, t.out[0], t.out[1]}));
+        ASSERT_EQ(got.shape(), want.shape());
+        for (int64_t i = 0; i < got.numel(); ++i) EXPECT_NEAR(got.data<float>()[i], want.data<float>()[i], 1e-5f) << i;
+      }
 }
