@@ -46,7 +46,8 @@ class LaneQuantizer {
  private:
   DType dtype_;
   uint64_t id_ = 0;  // unique per quantizer: keys the per-thread tiled parameters
-  std::vector<float> scale_, reciprocal_, bound_, lo_, hi_;
+  std::vector<float> scale_, reciprocal_, lo_, hi_;
+  std::vector<float> low_, high_;  // lo * s, hi * s: the range of x that quantizes inside [lo, hi]
   std::vector<int32_t> zero_point_;
   bool multiplying_ = false;  // every channel's quotient comes from its reciprocal (as quantize_linear's)
 };

@@ -5,6 +5,7 @@
 #include "runtime/kernels/elementwise_qdq.h"
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -215,22 +216,46 @@ void fake_quantize_typed(const float* x, float* y, const BlockedParams& p, int32
 
 // Rows of `lanes` floats (x_stride apart) into rows of codes (y_stride apart), lane l with the
 // parameters at index l: one call per run of pixels, the lanes vectorised (restrict: byte stores
-// could otherwise alias the parameters, which stops the vectoriser). kMultiplying: every lane's
-// quotient comes from its reciprocal (r, bound); otherwise from a division (r, bound unread).
-template <bool kMultiplying, typename Q>
-SQ_AVX512_AVX2_CLONES void quantize_lanes(const float* __restrict x, int64_t x_stride, Q* __restrict y, int64_t y_stride,
-                                          int64_t pixels, int64_t lanes, const float* __restrict s,
-                                          const float* __restrict r, const float* __restrict bound,
-                                          const float* __restrict lo, const float* __restrict hi,
-                                          const int32_t* __restrict z) {
+// could otherwise alias the parameters, which stops the vectoriser). For lanes whose quotient
+// comes from a division (see reciprocal_for).
+template <typename Q>
+SQ_AVX512_AVX2_CLONES void quantize_lanes_dividing(const float* __restrict x, int64_t x_stride, Q* __restrict y,
+                                                   int64_t y_stride, int64_t pixels, int64_t lanes,
+                                                   const float* __restrict s, const float* __restrict lo,
+                                                   const float* __restrict hi, const int32_t* __restrict z) {
+  for (int64_t p = 0; p < pixels; ++p) {
+    const float* xs = x + p * x_stride;
+    Q* ys = y + p * y_stride;
+    for (int64_t i = 0; i < lanes; ++i)
+      ys[i] = static_cast<Q>(static_cast<int32_t>(quantize_offset(xs[i], s[i], lo[i], hi[i])) + z[i]);
+  }
+}
+
+// The same for lanes whose quotient comes from the reciprocal, with fewer operations per element
+// than saturate(round(divide_by_reciprocal(x))) and the same codes:
+// - x is clamped to [low, high] = [fl(lo * s), fl(hi * s)] first, in place of both the +-bound
+//   clamp and the saturation of the quotient: a clamped x quotients to within lo (hi) * (1 +- 2^-23),
+//   which rounds to lo (hi) as the saturated quotient does (|lo|, |hi| <= 255), and x within the
+//   range is untouched (NaN becomes low, so lo, as saturate_round makes it);
+// - the quotient k + 1.5 * 2^23 holds k's low byte in its low mantissa bits (ulp 1 in
+//   [2^23, 2^24)), so the code's byte is that plus z, truncated: no subtraction of the magic
+//   number, no float -> int conversion.
+template <typename Q>
+SQ_AVX512_AVX2_CLONES void quantize_lanes_multiplying(const float* __restrict x, int64_t x_stride, Q* __restrict y,
+                                                      int64_t y_stride, int64_t pixels, int64_t lanes,
+                                                      const float* __restrict low, const float* __restrict high,
+                                                      const float* __restrict s, const float* __restrict r,
+                                                      const uint32_t* __restrict z) {
   for (int64_t p = 0; p < pixels; ++p) {
     const float* xs = x + p * x_stride;
     Q* ys = y + p * y_stride;
     for (int64_t i = 0; i < lanes; ++i) {
-      float q;
-      if constexpr (kMultiplying) q = saturate_round(divide_by_reciprocal(xs[i], s[i], Reciprocal{r[i], bound[i]}), lo[i], hi[i]);
-      else q = quantize_offset(xs[i], s[i], lo[i], hi[i]);
-      ys[i] = static_cast<Q>(static_cast<int32_t>(q) + z[i]);
+      float v = xs[i];
+      v = v > low[i] ? v : low[i];
+      v = v < high[i] ? v : high[i];
+      const float q = v * r[i];
+      const float quotient = std::fma(std::fma(-q, s[i], v), r[i], q);
+      ys[i] = static_cast<Q>(std::bit_cast<uint32_t>(quotient + quant_math::kRoundHalfEvenMagic) + z[i]);
     }
   }
 }
@@ -260,13 +285,40 @@ LaneQuantizer::LaneQuantizer(const QuantParam& q, int64_t channels) : dtype_(q.d
     const auto rc = reciprocal_for(s, lo, hi);
     multiplying_ = multiplying_ && rc.has_value();
     reciprocal_.push_back(rc ? rc->r : 0.f);
-    bound_.push_back(rc ? rc->bound : 0.f);
+    low_.push_back(lo * s);
+    high_.push_back(hi * s);
   }
 }
+
+namespace {
+
+// The lane parameters of the quantizer's multiplying or dividing loop, from lane `first` on.
+struct LaneParams {
+  const float *s, *r, *low, *high, *lo, *hi;
+  const int32_t* z;
+};
+
+template <typename Q>
+void quantize_lane_rows(bool multiplying, const LaneParams& p, const float* x, int64_t x_stride, Q* y,
+                        int64_t y_stride, int64_t pixels, int64_t lanes) {
+  if (multiplying)
+    quantize_lanes_multiplying(x, x_stride, y, y_stride, pixels, lanes, p.low, p.high, p.s, p.r,
+                               reinterpret_cast<const uint32_t*>(p.z));
+  else
+    quantize_lanes_dividing(x, x_stride, y, y_stride, pixels, lanes, p.s, p.lo, p.hi, p.z);
+}
+
+}  // namespace
 
 void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, int64_t first_channel, int64_t lanes,
                              void* y, int64_t y_stride) const {
   const size_t c = static_cast<size_t>(first_channel);
+  auto run = [&](const LaneParams& params, int64_t stride_x, int64_t stride_y, int64_t rows, int64_t row_lanes) {
+    if (dtype_ == DType::kUInt8)
+      quantize_lane_rows(multiplying_, params, x, stride_x, static_cast<uint8_t*>(y), stride_y, rows, row_lanes);
+    else
+      quantize_lane_rows(multiplying_, params, x, stride_x, static_cast<int8_t*>(y), stride_y, rows, row_lanes);
+  };
   // Contiguous rows: the parameters repeated over a tile of pixels whose length is a multiple of
   // 64, so the vectorised loop covers whole tiles (a row of 24 or 96 lanes alone would leave a
   // scalar tail of up to 63 elements per pixel). The tile is kept for the next call with the same
@@ -279,7 +331,7 @@ void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, i
         uint64_t owner = 0;  // id_ (not the address: a quantizer on the stack may reuse another's)
         size_t first = 0;
         int64_t lanes = 0;
-        std::vector<float> s, r, bound, lo, hi;
+        std::vector<float> s, r, low, high, lo, hi;
         std::vector<int32_t> z;
       };
       thread_local Tiled t;
@@ -288,41 +340,30 @@ void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, i
         t.owner = id_;
         t.first = c;
         t.lanes = lanes;
-        for (auto* v : {&t.s, &t.r, &t.bound, &t.lo, &t.hi}) v->resize(n);
+        for (auto* v : {&t.s, &t.r, &t.low, &t.high, &t.lo, &t.hi}) v->resize(n);
         t.z.resize(n);
         for (size_t k = 0; k < n; ++k) {
           const size_t l = c + k % static_cast<size_t>(lanes);
           t.s[k] = scale_[l];
           t.r[k] = reciprocal_[l];
-          t.bound[k] = bound_[l];
+          t.low[k] = low_[l];
+          t.high[k] = high_[l];
           t.lo[k] = lo_[l];
           t.hi[k] = hi_[l];
           t.z[k] = zero_point_[l];
         }
       }
       const int64_t tiles = pixels / tile, tile_len = tile * lanes;
-      auto run_tiles = [&](auto* out) {
-        (multiplying_ ? quantize_lanes<true, std::remove_pointer_t<decltype(out)>>
-                      : quantize_lanes<false, std::remove_pointer_t<decltype(out)>>)(
-            x, tile_len, out, tile_len, tiles, tile_len, t.s.data(), t.r.data(), t.bound.data(), t.lo.data(),
-            t.hi.data(), t.z.data());
-      };
-      if (dtype_ == DType::kUInt8) run_tiles(static_cast<uint8_t*>(y));
-      else run_tiles(static_cast<int8_t*>(y));
+      run({t.s.data(), t.r.data(), t.low.data(), t.high.data(), t.lo.data(), t.hi.data(), t.z.data()}, tile_len,
+          tile_len, tiles, tile_len);
       x += tiles * tile_len;
       y = static_cast<std::byte*>(y) + tiles * tile_len;
       pixels -= tiles * tile;
       if (pixels == 0) return;
     }
   }
-  auto run = [&](auto* out) {
-    (multiplying_ ? quantize_lanes<true, std::remove_pointer_t<decltype(out)>>
-                  : quantize_lanes<false, std::remove_pointer_t<decltype(out)>>)(
-        x, x_stride, out, y_stride, pixels, lanes, &scale_[c], &reciprocal_[c], &bound_[c], &lo_[c], &hi_[c],
-        &zero_point_[c]);
-  };
-  if (dtype_ == DType::kUInt8) run(static_cast<uint8_t*>(y));
-  else run(static_cast<int8_t*>(y));
+  run({&scale_[c], &reciprocal_[c], &low_[c], &high_[c], &lo_[c], &hi_[c], &zero_point_[c]}, x_stride, y_stride,
+      pixels, lanes);
 }
 
 void quantize_floats(const float* x, int64_t n, float scale, int32_t zero_point, DType type, void* y) {
