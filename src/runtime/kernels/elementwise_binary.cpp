@@ -539,10 +539,17 @@ class BinaryKernel final : public Kernel {
       const int64_t lanes = v.block, row_len = v.width * lanes, rows_per_plane = v.height;
       const int64_t units = v.n * v.blocks() * rows_per_plane;
       auto* po = static_cast<std::byte*>(out.raw());
+      // A quantized row goes in chunks of about kChunkFloats (whole tiles of the lane quantizer),
+      // each computed into a buffer that stays in L1 and quantized from there: a whole row of a
+      // wide channels-last map (60 KB for 96 channels x 160) would pass through L2 twice.
+      constexpr int64_t kChunkFloats = 2048;
+      const int64_t tile = LaneQuantizer::pixels_per_tile(lanes);
+      const int64_t chunk_pixels = std::max(tile, kChunkFloats / lanes / tile * tile);
       auto run_units = [&](int64_t u0, int64_t u1) {
         thread_local std::vector<float> widened_a, widened_b, values;
-        for (std::vector<float>* buf : {&widened_a, &widened_b, &values})
+        for (std::vector<float>* buf : {&widened_a, &widened_b})
           if (buf->size() < static_cast<size_t>(row_len)) buf->resize(static_cast<size_t>(row_len));
+        if (values.size() < static_cast<size_t>(chunk_pixels * lanes)) values.resize(static_cast<size_t>(chunk_pixels * lanes));
         const std::array<float*, 2> wide = {widened_a.data(), widened_b.data()};
         int64_t widened_key = -1;  // the (plane, source row) the widened rows hold
         for (int64_t u = u0; u < u1; ++u) {
@@ -553,13 +560,23 @@ class BinaryKernel final : public Kernel {
           for (size_t k = 0; k < 2; ++k) row[k] = operand_row(*plan, k, v, plane, y, key != widened_key, wide[k], stride[k]);
           widened_key = key;
           const int64_t offset = plane * v.plane_elements() + y * row_len;
-          float* result = out_type == DType::kFloat32 ? reinterpret_cast<float*>(po) + offset : values.data();
-          binary_row(row[0], stride[0], row[1], stride[1], result, row_len, op_);
-          if (act_) apply_activation(act_, result, row_len);
-          if (channel_quantize_)
-            lane_quantizer_->quantize(result, lanes, v.width, (plane % v.blocks()) * lanes, lanes, po + offset, lanes);
-          else if (quantize_)
-            quantize_floats(result, row_len, quantize_->scale[0], quantize_->zero_point[0], out_type, po + offset);
+          if (out_type == DType::kFloat32) {
+            float* result = reinterpret_cast<float*>(po) + offset;
+            binary_row(row[0], stride[0], row[1], stride[1], result, row_len, op_);
+            if (act_) apply_activation(act_, result, row_len);
+            continue;
+          }
+          for (int64_t x0 = 0; x0 < v.width; x0 += chunk_pixels) {
+            const int64_t pixels = std::min(chunk_pixels, v.width - x0), first = x0 * lanes, n = pixels * lanes;
+            float* result = values.data();
+            binary_row(row[0] + first * stride[0], stride[0], row[1] + first * stride[1], stride[1], result, n, op_);
+            if (act_) apply_activation(act_, result, n);
+            if (channel_quantize_)
+              lane_quantizer_->quantize(result, lanes, pixels, (plane % v.blocks()) * lanes, lanes, po + offset + first,
+                                        lanes);
+            else
+              quantize_floats(result, n, quantize_->scale[0], quantize_->zero_point[0], out_type, po + offset + first);
+          }
         }
       };
       const int nt = std::max(1, std::min(threads_for(out.numel()), static_cast<int>(std::min<int64_t>(units, 1 << 20))));

@@ -6,6 +6,7 @@
 // (per axis); zero point dtype = quantized dtype (uint8, int8, uint16, int16; int32 for
 // dequantize, where it must be 0).
 #include <cstdint>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +43,9 @@ class LaneQuantizer {
   void quantize(const float* x, int64_t x_stride, int64_t pixels, int64_t first_channel, int64_t lanes, void* y,
                 int64_t y_stride) const;
   DType dtype() const { return dtype_; }
+  // The pixels of a tile of contiguous rows of `lanes`, the unit quantize() vectorises over
+  // without a tail (tile * lanes is a multiple of 64); a run of whole tiles quantizes fastest.
+  static int64_t pixels_per_tile(int64_t lanes) { return 64 / std::gcd(lanes, int64_t{64}); }
 
  private:
   DType dtype_;

@@ -319,13 +319,12 @@ void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, i
     else
       quantize_lane_rows(multiplying_, params, x, stride_x, static_cast<int8_t*>(y), stride_y, rows, row_lanes);
   };
-  // Contiguous rows: the parameters repeated over a tile of pixels whose length is a multiple of
-  // 64, so the vectorised loop covers whole tiles (a row of 24 or 96 lanes alone would leave a
-  // scalar tail of up to 63 elements per pixel). The tile is kept for the next call with the same
-  // channels (the rows of one plane).
-  constexpr int64_t kVectorMultiple = 64;
+  // Contiguous rows: the parameters repeated over a tile of pixels (see pixels_per_tile), so the
+  // vectorised loop covers whole tiles (a row of 24 or 96 lanes alone would leave a scalar tail of
+  // up to 63 elements per pixel). The tile is kept for the next call with the same channels (the
+  // rows of one plane).
   if (x_stride == lanes && y_stride == lanes) {
-    const int64_t tile = kVectorMultiple / std::gcd(lanes, kVectorMultiple);
+    const int64_t tile = pixels_per_tile(lanes);
     if (pixels >= tile) {
       struct Tiled {
         uint64_t owner = 0;  // id_ (not the address: a quantizer on the stack may reuse another's)
