@@ -486,14 +486,19 @@ class BinaryKernel final : public Kernel {
     return plan;
   }
 
-  // One output row's view of operand k: a pointer and a stride (0: one value for every element).
-  // `wide` holds the operand's row widened to the output's (a per-channel operand's B values per
-  // pixel, or the upsampled small map's row), refilled when `refill`.
+  // One output row's view of operand k: a pointer, a stride (0: one value for every element) and
+  // how far a chunk starting `first` elements into the row moves the pointer (`first * advance`).
+  // `wide` holds the upsampled small map's row widened to the output's (advance 1), or a
+  // per-channel operand's B values repeated over `chunk_pixels` pixels, the same for every chunk
+  // (advance 0: an L1-sized buffer, where a whole row of 96 channels-last lanes would be 60 KB);
+  // refilled when `refill`.
   const float* operand_row(const BlockedPlan& plan, size_t k, const channel_blocked::View& v, int64_t plane,
-                           int64_t y, bool refill, float* wide, int64_t& stride) const {
+                           int64_t y, int64_t chunk_pixels, bool refill, float* wide, int64_t& stride,
+                           int64_t& advance) const {
     const BlockedOperand& o = plan.in[k];
     const int64_t lanes = v.block, row_len = v.width * lanes;
     stride = 1;
+    advance = 1;
     if (upsampled_input_ == static_cast<int>(k)) {
       // The small map's row y / kh, each pixel's lanes repeated kw times.
       if (refill) {
@@ -507,14 +512,16 @@ class BinaryKernel final : public Kernel {
     }
     if (o.full) return o.data + plane * v.plane_elements() + y * row_len;
     const int64_t batch = plane / v.blocks(), cb = plane % v.blocks();
+    advance = 0;
     if (o.lane_stride == 0) {
       stride = 0;
       return o.data + batch * o.batch_stride;
     }
-    // This plane's B channel values, repeated for every pixel of the row.
+    // This plane's B channel values, repeated for every pixel of a chunk.
     if (refill) {
       const float* src = o.data + batch * o.batch_stride + cb * lanes;
-      for (int64_t x = 0; x < v.width; ++x) std::memcpy(wide + x * lanes, src, static_cast<size_t>(lanes) * sizeof(float));
+      for (int64_t x = 0; x < std::min(chunk_pixels, v.width); ++x)
+        std::memcpy(wide + x * lanes, src, static_cast<size_t>(lanes) * sizeof(float));
     }
     return wide;
   }
@@ -539,9 +546,10 @@ class BinaryKernel final : public Kernel {
       const int64_t lanes = v.block, row_len = v.width * lanes, rows_per_plane = v.height;
       const int64_t units = v.n * v.blocks() * rows_per_plane;
       auto* po = static_cast<std::byte*>(out.raw());
-      // A quantized row goes in chunks of about kChunkFloats (whole tiles of the lane quantizer),
-      // each computed into a buffer that stays in L1 and quantized from there: a whole row of a
-      // wide channels-last map (60 KB for 96 channels x 160) would pass through L2 twice.
+      // A row goes in chunks of about kChunkFloats (whole tiles of the lane quantizer), each
+      // computed into a buffer that stays in L1 (and quantized from there) with a per-channel
+      // operand widened over one chunk only: a whole row of a wide channels-last map (60 KB for
+      // 96 channels x 160) would pass through L2 twice.
       constexpr int64_t kChunkFloats = 2048;
       const int64_t tile = LaneQuantizer::pixels_per_tile(lanes);
       const int64_t chunk_pixels = std::max(tile, kChunkFloats / lanes / tile * tile);
@@ -556,25 +564,20 @@ class BinaryKernel final : public Kernel {
           const int64_t plane = u / rows_per_plane, y = u % rows_per_plane;
           const int64_t key = upsampled_input_ >= 0 ? plane * plan->small_height + y / plan->kh : plane;
           std::array<const float*, 2> row{};
-          std::array<int64_t, 2> stride{};
-          for (size_t k = 0; k < 2; ++k) row[k] = operand_row(*plan, k, v, plane, y, key != widened_key, wide[k], stride[k]);
+          std::array<int64_t, 2> stride{}, advance{};
+          for (size_t k = 0; k < 2; ++k)
+            row[k] = operand_row(*plan, k, v, plane, y, chunk_pixels, key != widened_key, wide[k], stride[k], advance[k]);
           widened_key = key;
           const int64_t offset = plane * v.plane_elements() + y * row_len;
-          if (out_type == DType::kFloat32) {
-            float* result = reinterpret_cast<float*>(po) + offset;
-            binary_row(row[0], stride[0], row[1], stride[1], result, row_len, op_);
-            if (act_) apply_activation(act_, result, row_len);
-            continue;
-          }
           for (int64_t x0 = 0; x0 < v.width; x0 += chunk_pixels) {
             const int64_t pixels = std::min(chunk_pixels, v.width - x0), first = x0 * lanes, n = pixels * lanes;
-            float* result = values.data();
-            binary_row(row[0] + first * stride[0], stride[0], row[1] + first * stride[1], stride[1], result, n, op_);
+            float* result = out_type == DType::kFloat32 ? reinterpret_cast<float*>(po) + offset + first : values.data();
+            binary_row(row[0] + first * advance[0], stride[0], row[1] + first * advance[1], stride[1], result, n, op_);
             if (act_) apply_activation(act_, result, n);
             if (channel_quantize_)
               lane_quantizer_->quantize(result, lanes, pixels, (plane % v.blocks()) * lanes, lanes, po + offset + first,
                                         lanes);
-            else
+            else if (quantize_)
               quantize_floats(result, n, quantize_->scale[0], quantize_->zero_point[0], out_type, po + offset + first);
           }
         }
