@@ -53,6 +53,7 @@ class LaneQuantizer {
   std::vector<float> scale_, reciprocal_, lo_, hi_;
   std::vector<float> low_, high_;  // lo * s, hi * s: the range of x that quantizes inside [lo, hi]
   std::vector<int32_t> zero_point_;
+  std::vector<uint8_t> zero_byte_;  // zero_point_ mod 256: the reciprocal loop adds it to the code's low byte
   bool multiplying_ = false;  // every channel's quotient comes from its reciprocal (as quantize_linear's)
 };
 

@@ -238,14 +238,14 @@ SQ_AVX512_AVX2_CLONES void quantize_lanes_dividing(const float* __restrict x, in
 //   which rounds to lo (hi) as the saturated quotient does (|lo|, |hi| <= 255), and x within the
 //   range is untouched (NaN becomes low, so lo, as saturate_round makes it);
 // - the quotient k + 1.5 * 2^23 holds k's low byte in its low mantissa bits (ulp 1 in
-//   [2^23, 2^24)), so the code's byte is that plus z, truncated: no subtraction of the magic
-//   number, no float -> int conversion.
+//   [2^23, 2^24)), so the code's byte is that byte plus z's (the bytes z_byte, added as bytes): no
+//   subtraction of the magic number, no float -> int conversion, no widened z.
 template <typename Q>
 SQ_AVX512_AVX2_CLONES void quantize_lanes_multiplying(const float* __restrict x, int64_t x_stride, Q* __restrict y,
                                                       int64_t y_stride, int64_t pixels, int64_t lanes,
                                                       const float* __restrict low, const float* __restrict high,
                                                       const float* __restrict s, const float* __restrict r,
-                                                      const uint32_t* __restrict z) {
+                                                      const uint8_t* __restrict z) {
   for (int64_t p = 0; p < pixels; ++p) {
     const float* xs = x + p * x_stride;
     Q* ys = y + p * y_stride;
@@ -255,7 +255,8 @@ SQ_AVX512_AVX2_CLONES void quantize_lanes_multiplying(const float* __restrict x,
       v = v < high[i] ? v : high[i];
       const float q = v * r[i];
       const float quotient = std::fma(std::fma(-q, s[i], v), r[i], q);
-      ys[i] = static_cast<Q>(std::bit_cast<uint32_t>(quotient + quant_math::kRoundHalfEvenMagic) + z[i]);
+      const auto low_byte = static_cast<uint8_t>(std::bit_cast<uint32_t>(quotient + quant_math::kRoundHalfEvenMagic));
+      ys[i] = static_cast<Q>(low_byte + z[i]);
     }
   }
 }
@@ -282,6 +283,7 @@ LaneQuantizer::LaneQuantizer(const QuantParam& q, int64_t channels) : dtype_(q.d
     lo_.push_back(lo);
     hi_.push_back(hi);
     zero_point_.push_back(q.zero_point[k]);
+    zero_byte_.push_back(static_cast<uint8_t>(q.zero_point[k]));
     const auto rc = reciprocal_for(s, lo, hi);
     multiplying_ = multiplying_ && rc.has_value();
     reciprocal_.push_back(rc ? rc->r : 0.f);
@@ -296,6 +298,7 @@ namespace {
 struct LaneParams {
   const float *s, *r, *low, *high, *lo, *hi;
   const int32_t* z;
+  const uint8_t* z_byte;
 };
 
 template <typename Q>
@@ -303,7 +306,7 @@ void quantize_lane_rows(bool multiplying, const LaneParams& p, const float* x, i
                         int64_t y_stride, int64_t pixels, int64_t lanes) {
   if (multiplying)
     quantize_lanes_multiplying(x, x_stride, y, y_stride, pixels, lanes, p.low, p.high, p.s, p.r,
-                               reinterpret_cast<const uint32_t*>(p.z));
+                               p.z_byte);
   else
     quantize_lanes_dividing(x, x_stride, y, y_stride, pixels, lanes, p.s, p.lo, p.hi, p.z);
 }
@@ -332,6 +335,7 @@ void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, i
         int64_t lanes = 0;
         std::vector<float> s, r, low, high, lo, hi;
         std::vector<int32_t> z;
+        std::vector<uint8_t> z_byte;
       };
       thread_local Tiled t;
       const size_t n = static_cast<size_t>(tile * lanes);
@@ -341,6 +345,7 @@ void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, i
         t.lanes = lanes;
         for (auto* v : {&t.s, &t.r, &t.low, &t.high, &t.lo, &t.hi}) v->resize(n);
         t.z.resize(n);
+        t.z_byte.resize(n);
         for (size_t k = 0; k < n; ++k) {
           const size_t l = c + k % static_cast<size_t>(lanes);
           t.s[k] = scale_[l];
@@ -350,10 +355,11 @@ void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, i
           t.lo[k] = lo_[l];
           t.hi[k] = hi_[l];
           t.z[k] = zero_point_[l];
+          t.z_byte[k] = zero_byte_[l];
         }
       }
       const int64_t tiles = pixels / tile, tile_len = tile * lanes;
-      run({t.s.data(), t.r.data(), t.low.data(), t.high.data(), t.lo.data(), t.hi.data(), t.z.data()}, tile_len,
+      run({t.s.data(), t.r.data(), t.low.data(), t.high.data(), t.lo.data(), t.hi.data(), t.z.data(), t.z_byte.data()}, tile_len,
           tile_len, tiles, tile_len);
       x += tiles * tile_len;
       y = static_cast<std::byte*>(y) + tiles * tile_len;
@@ -361,7 +367,7 @@ void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, i
       if (pixels == 0) return;
     }
   }
-  run({&scale_[c], &reciprocal_[c], &low_[c], &high_[c], &lo_[c], &hi_[c], &zero_point_[c]}, x_stride, y_stride,
+  run({&scale_[c], &reciprocal_[c], &low_[c], &high_[c], &lo_[c], &hi_[c], &zero_point_[c], &zero_byte_[c]}, x_stride, y_stride,
       pixels, lanes);
 }
 
