@@ -3,7 +3,8 @@
 // dividing and reads the code's byte out of the rounding's bits, so every lane is checked where
 // that could go wrong (half-way points, the ends of the range, NaN, infinities, +-0, huge x),
 // for lane counts that are not a multiple of the vector width, runs of pixels with tails,
-// strided rows, a first channel past 0, both code types and zero points at the range's ends.
+// strided rows, a first channel past 0, both code types and zero points at the range's ends; and
+// its combined op + quantization the same way.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -132,6 +133,54 @@ TEST(LaneQuantizer, BlocksPastTheFirstChannelAndStridedRowsMatchTheDivision) {
     check_lanes(c, 5, 24, 24, 48, rng);   // an input's channels inside a wider output pixel (Concat)
     check_lanes(c, 7, 13, 29, 13, rng);   // a gap between input pixels
   }
+}
+
+// quantize_combined (the folded per-channel Q of a channel-blocked Add / Sub / Mul, op and
+// quantization in one pass) against the float op followed by the division: whole tiles and a
+// tail, the reciprocal loop and the dividing fallback. Half the pixels pair the probe values with
+// the op's identity (so the near-ties and specials reach the quantization unchanged), half with
+// noise.
+TEST(LaneQuantizer, CombinedOpsMatchTheOpThenTheDivision) {
+  using Combine = LaneQuantizer::Combine;
+  std::mt19937 rng(47);
+  std::normal_distribution<float> noise(0.f, 2.f);
+  for (const DType type : {DType::kUInt8, DType::kInt8})
+    for (const int64_t channels : {5, 24, 37, 96})
+      for (const bool extreme : {false, true})
+        for (const Combine op : {Combine::kAdd, Combine::kSub, Combine::kMul}) {
+          SCOPED_TRACE(std::string(dtype_name(type)) + " channels " + std::to_string(channels) + " op " +
+                       std::to_string(static_cast<int>(op)) + (extreme ? " with a 1e-31 scale" : ""));
+          const Case c = make_case(type, channels, rng, extreme);
+          QuantParam q;
+          q.dtype = c.type;
+          q.scale = c.scale;
+          q.zero_point = c.zero_point;
+          const LaneQuantizer quantizer(q, channels);
+          std::vector<std::vector<float>> values(static_cast<size_t>(channels));
+          size_t pixels = 0;
+          for (int64_t l = 0; l < channels; ++l) {
+            values[l] = probes(c.scale[l], c.zero_point[l], c.type, rng);
+            pixels = std::max(pixels, values[l].size());
+          }
+          pixels = 2 * pixels + 5;  // identity pairs, then noise pairs, and a tail after whole tiles
+          const float identity = op == Combine::kMul ? 1.f : 0.f;
+          std::vector<float> a(pixels * channels), b(pixels * channels);
+          for (size_t p = 0; p < pixels; ++p)
+            for (int64_t l = 0; l < channels; ++l) {
+              const size_t i = p * channels + l;
+              a[i] = values[l][p % values[l].size()];
+              b[i] = p % 2 == 0 ? identity : noise(rng);
+            }
+          std::vector<uint8_t> y(a.size(), 0xA5);
+          quantizer.quantize_combined(op, a.data(), b.data(), static_cast<int64_t>(pixels), 0, channels, y.data());
+          for (size_t i = 0; i < a.size(); ++i) {
+            const size_t ch = i % static_cast<size_t>(channels);
+            const float v = op == Combine::kAdd ? a[i] + b[i] : op == Combine::kSub ? a[i] - b[i] : a[i] * b[i];
+            const int32_t want = division_code(v, c.scale[ch], c.zero_point[ch], c.type);
+            const int32_t code = c.type == DType::kUInt8 ? static_cast<int32_t>(y[i]) : static_cast<int32_t>(static_cast<int8_t>(y[i]));
+            ASSERT_EQ(code, want) << "element " << i << " (channel " << ch << ") a = " << a[i] << " b = " << b[i];
+          }
+        }
 }
 
 }  // namespace

@@ -245,6 +245,15 @@ struct GtFn { template <typename T> bool operator()(T a, T b) const { return a >
 struct LeFn { template <typename T> bool operator()(T a, T b) const { return a <= b; } };
 struct GeFn { template <typename T> bool operator()(T a, T b) const { return a >= b; } };
 
+// The LaneQuantizer::Combine that computes Op on float32 (quantize_combined), if any.
+template <typename Op>
+constexpr std::optional<LaneQuantizer::Combine> lane_combine() {
+  if constexpr (std::is_same_v<Op, SameTypeOp<NumericP, AddFn>>) return LaneQuantizer::Combine::kAdd;
+  else if constexpr (std::is_same_v<Op, SameTypeOp<NumericP, SubFn>>) return LaneQuantizer::Combine::kSub;
+  else if constexpr (std::is_same_v<Op, SameTypeOp<NumericP, MulFn>>) return LaneQuantizer::Combine::kMul;
+  else return std::nullopt;
+}
+
 // ---- kernels ----
 
 enum class Broadcast { kMulti, kToFirst };  // numpy multidirectional, or onto input 0's shape (PRelu)
@@ -553,6 +562,9 @@ class BinaryKernel final : public Kernel {
       constexpr int64_t kChunkFloats = 2048;
       const int64_t tile = LaneQuantizer::pixels_per_tile(lanes);
       const int64_t chunk_pixels = std::max(tile, kChunkFloats / lanes / tile * tile);
+      // Add, Sub, Mul into a per-channel Q without an activation: op and quantization in one pass.
+      constexpr std::optional<LaneQuantizer::Combine> kCombine = lane_combine<Op>();
+      const bool combined_quantize = kCombine && channel_quantize_ && !act_;
       auto run_units = [&](int64_t u0, int64_t u1) {
         thread_local std::vector<float> widened_a, widened_b, values;
         for (std::vector<float>* buf : {&widened_a, &widened_b})
@@ -571,6 +583,11 @@ class BinaryKernel final : public Kernel {
           const int64_t offset = plane * v.plane_elements() + y * row_len;
           for (int64_t x0 = 0; x0 < v.width; x0 += chunk_pixels) {
             const int64_t pixels = std::min(chunk_pixels, v.width - x0), first = x0 * lanes, n = pixels * lanes;
+            if (combined_quantize && stride[0] == 1 && stride[1] == 1) {
+              lane_quantizer_->quantize_combined(*kCombine, row[0] + first * advance[0], row[1] + first * advance[1],
+                                                 pixels, (plane % v.blocks()) * lanes, lanes, po + offset + first);
+              continue;
+            }
             float* result = out_type == DType::kFloat32 ? reinterpret_cast<float*>(po) + offset + first : values.data();
             binary_row(row[0] + first * advance[0], stride[0], row[1] + first * advance[1], stride[1], result, n, op_);
             if (act_) apply_activation(act_, result, n);

@@ -241,6 +241,16 @@ SQ_AVX512_AVX2_CLONES void quantize_lanes_dividing(const float* __restrict x, in
 //   [2^23, 2^24)), so the code's byte is that byte plus z's (the bytes z_byte, added as bytes): no
 //   subtraction of the magic number, no float -> int conversion, no widened z.
 template <typename Q>
+inline Q multiplying_code(float v, float low, float high, float s, float r, uint8_t z) {
+  v = v > low ? v : low;
+  v = v < high ? v : high;
+  const float q = v * r;
+  const float quotient = std::fma(std::fma(-q, s, v), r, q);
+  const auto low_byte = static_cast<uint8_t>(std::bit_cast<uint32_t>(quotient + quant_math::kRoundHalfEvenMagic));
+  return static_cast<Q>(low_byte + z);
+}
+
+template <typename Q>
 SQ_AVX512_AVX2_CLONES void quantize_lanes_multiplying(const float* __restrict x, int64_t x_stride, Q* __restrict y,
                                                       int64_t y_stride, int64_t pixels, int64_t lanes,
                                                       const float* __restrict low, const float* __restrict high,
@@ -249,15 +259,30 @@ SQ_AVX512_AVX2_CLONES void quantize_lanes_multiplying(const float* __restrict x,
   for (int64_t p = 0; p < pixels; ++p) {
     const float* xs = x + p * x_stride;
     Q* ys = y + p * y_stride;
-    for (int64_t i = 0; i < lanes; ++i) {
-      float v = xs[i];
-      v = v > low[i] ? v : low[i];
-      v = v < high[i] ? v : high[i];
-      const float q = v * r[i];
-      const float quotient = std::fma(std::fma(-q, s[i], v), r[i], q);
-      const auto low_byte = static_cast<uint8_t>(std::bit_cast<uint32_t>(quotient + quant_math::kRoundHalfEvenMagic));
-      ys[i] = static_cast<Q>(low_byte + z[i]);
-    }
+    for (int64_t i = 0; i < lanes; ++i) ys[i] = multiplying_code<Q>(xs[i], low[i], high[i], s[i], r[i], z[i]);
+  }
+}
+
+template <LaneQuantizer::Combine kOp>
+inline float combine(float a, float b) {
+  if constexpr (kOp == LaneQuantizer::Combine::kAdd) return a + b;
+  else if constexpr (kOp == LaneQuantizer::Combine::kSub) return a - b;
+  else return a * b;
+}
+
+// quantize_lanes_multiplying of a op b, `rows` contiguous rows of row_len elements (whole tiles).
+template <LaneQuantizer::Combine kOp, typename Q>
+SQ_AVX512_AVX2_CLONES void combine_lanes_multiplying(const float* __restrict a, const float* __restrict b,
+                                                     Q* __restrict y, int64_t rows, int64_t row_len,
+                                                     const float* __restrict low, const float* __restrict high,
+                                                     const float* __restrict s, const float* __restrict r,
+                                                     const uint8_t* __restrict z) {
+  for (int64_t p = 0; p < rows; ++p) {
+    const float* as = a + p * row_len;
+    const float* bs = b + p * row_len;
+    Q* ys = y + p * row_len;
+    for (int64_t i = 0; i < row_len; ++i)
+      ys[i] = multiplying_code<Q>(combine<kOp>(as[i], bs[i]), low[i], high[i], s[i], r[i], z[i]);
   }
 }
 
@@ -313,6 +338,47 @@ void quantize_lane_rows(bool multiplying, const LaneParams& p, const float* x, i
 
 }  // namespace
 
+template <typename Fn>
+void LaneQuantizer::with_lane_params(size_t first, int64_t lanes, int64_t repeats, Fn&& fn) const {
+  if (repeats == 1) {
+    fn(LaneParams{&scale_[first], &reciprocal_[first], &low_[first], &high_[first], &lo_[first], &hi_[first],
+                  &zero_point_[first], &zero_byte_[first]});
+    return;
+  }
+  struct Tiled {
+    uint64_t owner = 0;  // id_ (not the address: a quantizer on the stack may reuse another's)
+    size_t first = 0;
+    int64_t lanes = 0, repeats = 0;
+    std::vector<float> s, r, low, high, lo, hi;
+    std::vector<int32_t> z;
+    std::vector<uint8_t> z_byte;
+  };
+  thread_local Tiled t;
+  const size_t n = static_cast<size_t>(repeats * lanes);
+  if (t.owner != id_ || t.first != first || t.lanes != lanes || t.repeats != repeats) {
+    t.owner = id_;
+    t.first = first;
+    t.lanes = lanes;
+    t.repeats = repeats;
+    for (auto* v : {&t.s, &t.r, &t.low, &t.high, &t.lo, &t.hi}) v->resize(n);
+    t.z.resize(n);
+    t.z_byte.resize(n);
+    for (size_t k = 0; k < n; ++k) {
+      const size_t l = first + k % static_cast<size_t>(lanes);
+      t.s[k] = scale_[l];
+      t.r[k] = reciprocal_[l];
+      t.low[k] = low_[l];
+      t.high[k] = high_[l];
+      t.lo[k] = lo_[l];
+      t.hi[k] = hi_[l];
+      t.z[k] = zero_point_[l];
+      t.z_byte[k] = zero_byte_[l];
+    }
+  }
+  fn(LaneParams{t.s.data(), t.r.data(), t.low.data(), t.high.data(), t.lo.data(), t.hi.data(), t.z.data(),
+                t.z_byte.data()});
+}
+
 void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, int64_t first_channel, int64_t lanes,
                              void* y, int64_t y_stride) const {
   const size_t c = static_cast<size_t>(first_channel);
@@ -324,51 +390,57 @@ void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, i
   };
   // Contiguous rows: the parameters repeated over a tile of pixels (see pixels_per_tile), so the
   // vectorised loop covers whole tiles (a row of 24 or 96 lanes alone would leave a scalar tail of
-  // up to 63 elements per pixel). The tile is kept for the next call with the same channels (the
-  // rows of one plane).
+  // up to 63 elements per pixel).
   if (x_stride == lanes && y_stride == lanes) {
     const int64_t tile = pixels_per_tile(lanes);
     if (pixels >= tile) {
-      struct Tiled {
-        uint64_t owner = 0;  // id_ (not the address: a quantizer on the stack may reuse another's)
-        size_t first = 0;
-        int64_t lanes = 0;
-        std::vector<float> s, r, low, high, lo, hi;
-        std::vector<int32_t> z;
-        std::vector<uint8_t> z_byte;
-      };
-      thread_local Tiled t;
-      const size_t n = static_cast<size_t>(tile * lanes);
-      if (t.owner != id_ || t.first != c || t.lanes != lanes) {
-        t.owner = id_;
-        t.first = c;
-        t.lanes = lanes;
-        for (auto* v : {&t.s, &t.r, &t.low, &t.high, &t.lo, &t.hi}) v->resize(n);
-        t.z.resize(n);
-        t.z_byte.resize(n);
-        for (size_t k = 0; k < n; ++k) {
-          const size_t l = c + k % static_cast<size_t>(lanes);
-          t.s[k] = scale_[l];
-          t.r[k] = reciprocal_[l];
-          t.low[k] = low_[l];
-          t.high[k] = high_[l];
-          t.lo[k] = lo_[l];
-          t.hi[k] = hi_[l];
-          t.z[k] = zero_point_[l];
-          t.z_byte[k] = zero_byte_[l];
-        }
-      }
       const int64_t tiles = pixels / tile, tile_len = tile * lanes;
-      run({t.s.data(), t.r.data(), t.low.data(), t.high.data(), t.lo.data(), t.hi.data(), t.z.data(), t.z_byte.data()}, tile_len,
-          tile_len, tiles, tile_len);
+      with_lane_params(c, lanes, tile, [&](const LaneParams& p) { run(p, tile_len, tile_len, tiles, tile_len); });
       x += tiles * tile_len;
       y = static_cast<std::byte*>(y) + tiles * tile_len;
       pixels -= tiles * tile;
       if (pixels == 0) return;
     }
   }
-  run({&scale_[c], &reciprocal_[c], &low_[c], &high_[c], &lo_[c], &hi_[c], &zero_point_[c], &zero_byte_[c]}, x_stride, y_stride,
-      pixels, lanes);
+  with_lane_params(c, lanes, 1, [&](const LaneParams& p) { run(p, x_stride, y_stride, pixels, lanes); });
+}
+
+void LaneQuantizer::quantize_combined(Combine op, const float* a, const float* b, int64_t pixels,
+                                      int64_t first_channel, int64_t lanes, void* y) const {
+  const size_t c = static_cast<size_t>(first_channel);
+  const int64_t tile = pixels_per_tile(lanes);
+  const int64_t tiles = multiplying_ ? pixels / tile : 0, tile_len = tile * lanes;
+  if (tiles > 0) {
+    with_lane_params(c, lanes, tile, [&](const LaneParams& p) {
+      auto run = [&](auto op_tag, auto* out) {
+        combine_lanes_multiplying<decltype(op_tag)::value>(a, b, out, tiles, tile_len, p.low, p.high, p.s, p.r,
+                                                           p.z_byte);
+      };
+      auto with_op = [&](auto* out) {
+        if (op == Combine::kAdd) run(std::integral_constant<Combine, Combine::kAdd>{}, out);
+        else if (op == Combine::kSub) run(std::integral_constant<Combine, Combine::kSub>{}, out);
+        else run(std::integral_constant<Combine, Combine::kMul>{}, out);
+      };
+      if (dtype_ == DType::kUInt8) with_op(static_cast<uint8_t*>(y));
+      else with_op(static_cast<int8_t*>(y));
+    });
+    a += tiles * tile_len;
+    b += tiles * tile_len;
+    y = static_cast<std::byte*>(y) + tiles * tile_len;
+    pixels -= tiles * tile;
+    if (pixels == 0) return;
+  }
+  // A tail of pixels, or lanes that divide: the op into a buffer, then quantize() it.
+  thread_local std::vector<float> combined;
+  const size_t n = static_cast<size_t>(pixels * lanes);
+  if (combined.size() < n) combined.resize(n);
+  auto fill = [&](auto op_tag) {
+    for (size_t i = 0; i < n; ++i) combined[i] = combine<decltype(op_tag)::value>(a[i], b[i]);
+  };
+  if (op == Combine::kAdd) fill(std::integral_constant<Combine, Combine::kAdd>{});
+  else if (op == Combine::kSub) fill(std::integral_constant<Combine, Combine::kSub>{});
+  else fill(std::integral_constant<Combine, Combine::kMul>{});
+  quantize(combined.data(), lanes, pixels, first_channel, lanes, y, lanes);
 }
 
 void quantize_floats(const float* x, int64_t n, float scale, int32_t zero_point, DType type, void* y) {
