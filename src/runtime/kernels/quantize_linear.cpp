@@ -129,6 +129,25 @@ inline float divide_by_reciprocal(float x, float s, const Reciprocal& rc) {
   return std::fma(std::fma(-q, s, x), rc.r, q);
 }
 
+// The 8-bit code of v (the bits of a uint8 / int8) from the reciprocal r of s, with fewer operations
+// than saturate(round(divide_by_reciprocal(v))) and the same code (lo, hi within +-255):
+// - v is clamped to [low, high] = [fl(lo * s), fl(hi * s)] first, in place of both the +-bound
+//   clamp and the saturation of the quotient: a clamped x quotients to within lo (hi) * (1 +- 2^-23),
+//   which rounds to lo (hi) as the saturated quotient does (|lo|, |hi| <= 255), and v within the
+//   range is untouched (NaN becomes low, so lo, as saturate_round makes it);
+// - the quotient k + 1.5 * 2^23 holds k's low byte in its low mantissa bits (ulp 1 in
+//   [2^23, 2^24)), so the code's byte is that byte plus z's (added as bytes): no
+//   subtraction of the magic number, no float -> int conversion, no widened z.
+template <typename Q>
+inline Q multiplying_code(float v, float low, float high, float s, float r, uint8_t z) {
+  v = v > low ? v : low;
+  v = v < high ? v : high;
+  const float q = v * r;
+  const float quotient = std::fma(std::fma(-q, s, v), r, q);
+  const auto low_byte = static_cast<uint8_t>(std::bit_cast<uint32_t>(quotient + quant_math::kRoundHalfEvenMagic));
+  return static_cast<Q>(low_byte + z);
+}
+
 template <typename X, typename Q>
 SQ_AVX512_AVX2_CLONES void quantize_span_multiplying(const X* x, Q* y, int64_t n, float s, Reciprocal rc, float lo,
                                                      float hi, int32_t z) {
@@ -141,10 +160,23 @@ SQ_AVX512_AVX2_CLONES void fake_quantize_span_multiplying(const float* x, float*
   for (int64_t i = 0; i < n; ++i) y[i] = saturate_round(divide_by_reciprocal(x[i], s, rc), lo, hi) * s;
 }
 
+// Float x into 8-bit codes: multiplying_code with one scale.
+template <typename Q>
+SQ_AVX512_AVX2_CLONES void quantize_span_to_bytes(const float* __restrict x, Q* __restrict y, int64_t n, float low,
+                                                  float high, float s, float r, uint8_t z) {
+  for (int64_t i = 0; i < n; ++i) y[i] = multiplying_code<Q>(x[i], low, high, s, r, z);
+}
+
 template <typename X, typename Q>
 void quantize_span(const X* x, Q* y, int64_t n, float s, float lo, float hi, int32_t z) {
-  if (const auto rc = reciprocal_for(s, lo, hi)) quantize_span_multiplying(x, y, n, s, *rc, lo, hi, z);
-  else quantize_span_dividing(x, y, n, s, lo, hi, z);
+  if (const auto rc = reciprocal_for(s, lo, hi)) {
+    if constexpr (sizeof(Q) == 1 && std::is_same_v<X, float>)
+      quantize_span_to_bytes(x, y, n, lo * s, hi * s, s, rc->r, static_cast<uint8_t>(z));
+    else
+      quantize_span_multiplying(x, y, n, s, *rc, lo, hi, z);
+  } else {
+    quantize_span_dividing(x, y, n, s, lo, hi, z);
+  }
 }
 
 template <typename Q>
@@ -231,25 +263,7 @@ SQ_AVX512_AVX2_CLONES void quantize_lanes_dividing(const float* __restrict x, in
   }
 }
 
-// The same for lanes whose quotient comes from the reciprocal, with fewer operations per element
-// than saturate(round(divide_by_reciprocal(x))) and the same codes:
-// - x is clamped to [low, high] = [fl(lo * s), fl(hi * s)] first, in place of both the +-bound
-//   clamp and the saturation of the quotient: a clamped x quotients to within lo (hi) * (1 +- 2^-23),
-//   which rounds to lo (hi) as the saturated quotient does (|lo|, |hi| <= 255), and x within the
-//   range is untouched (NaN becomes low, so lo, as saturate_round makes it);
-// - the quotient k + 1.5 * 2^23 holds k's low byte in its low mantissa bits (ulp 1 in
-//   [2^23, 2^24)), so the code's byte is that byte plus z's (the bytes z_byte, added as bytes): no
-//   subtraction of the magic number, no float -> int conversion, no widened z.
-template <typename Q>
-inline Q multiplying_code(float v, float low, float high, float s, float r, uint8_t z) {
-  v = v > low ? v : low;
-  v = v < high ? v : high;
-  const float q = v * r;
-  const float quotient = std::fma(std::fma(-q, s, v), r, q);
-  const auto low_byte = static_cast<uint8_t>(std::bit_cast<uint32_t>(quotient + quant_math::kRoundHalfEvenMagic));
-  return static_cast<Q>(low_byte + z);
-}
-
+// The same for lanes whose quotient comes from the reciprocal (see multiplying_code).
 template <typename Q>
 SQ_AVX512_AVX2_CLONES void quantize_lanes_multiplying(const float* __restrict x, int64_t x_stride, Q* __restrict y,
                                                       int64_t y_stride, int64_t pixels, int64_t lanes,
