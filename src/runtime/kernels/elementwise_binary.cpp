@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "runtime/kernels/channel_blocked.h"
+#include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/elementwise_common.h"
 #include "runtime/kernels/elementwise_math.h"
 #include "runtime/kernels/elementwise_qdq.h"
@@ -244,6 +245,19 @@ struct LtFn { template <typename T> bool operator()(T a, T b) const { return a <
 struct GtFn { template <typename T> bool operator()(T a, T b) const { return a > b; } };
 struct LeFn { template <typename T> bool operator()(T a, T b) const { return a <= b; } };
 struct GeFn { template <typename T> bool operator()(T a, T b) const { return a >= b; } };
+
+// o = a op b over n floats, compiled for AVX2 and AVX-512 too: the channel-blocked rows of an Add /
+// Sub / Mul with two operands of stride 1 (5-10% faster on det's maps than binary_row's baseline
+// SSE2 loop, whose data mostly comes from L2 / L3).
+template <LaneQuantizer::Combine kOp>
+SQ_AVX512_AVX2_CLONES void combine_floats(const float* __restrict a, const float* __restrict b, float* __restrict o,
+                                          int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (kOp == LaneQuantizer::Combine::kAdd) o[i] = a[i] + b[i];
+    else if constexpr (kOp == LaneQuantizer::Combine::kSub) o[i] = a[i] - b[i];
+    else o[i] = a[i] * b[i];
+  }
+}
 
 // The LaneQuantizer::Combine that computes Op on float32 (quantize_combined), if any.
 template <typename Op>
@@ -583,13 +597,21 @@ class BinaryKernel final : public Kernel {
           const int64_t offset = plane * v.plane_elements() + y * row_len;
           for (int64_t x0 = 0; x0 < v.width; x0 += chunk_pixels) {
             const int64_t pixels = std::min(chunk_pixels, v.width - x0), first = x0 * lanes, n = pixels * lanes;
-            if (combined_quantize && stride[0] == 1 && stride[1] == 1) {
-              lane_quantizer_->quantize_combined(*kCombine, row[0] + first * advance[0], row[1] + first * advance[1],
-                                                 pixels, (plane % v.blocks()) * lanes, lanes, po + offset + first);
+            const float* a = row[0] + first * advance[0];
+            const float* b = row[1] + first * advance[1];
+            const bool contiguous = stride[0] == 1 && stride[1] == 1;
+            if (combined_quantize && contiguous) {
+              lane_quantizer_->quantize_combined(*kCombine, a, b, pixels, (plane % v.blocks()) * lanes, lanes,
+                                                 po + offset + first);
               continue;
             }
             float* result = out_type == DType::kFloat32 ? reinterpret_cast<float*>(po) + offset + first : values.data();
-            binary_row(row[0] + first * advance[0], stride[0], row[1] + first * advance[1], stride[1], result, n, op_);
+            if constexpr (kCombine.has_value()) {
+              if (contiguous) combine_floats<*kCombine>(a, b, result, n);
+              else binary_row(a, stride[0], b, stride[1], result, n, op_);
+            } else {
+              binary_row(a, stride[0], b, stride[1], result, n, op_);
+            }
             if (act_) apply_activation(act_, result, n);
             if (channel_quantize_)
               lane_quantizer_->quantize(result, lanes, pixels, (plane % v.blocks()) * lanes, lanes, po + offset + first,
