@@ -550,8 +550,9 @@ class BinaryKernel final : public Kernel {
   }
 
   // Channel-blocked inputs (kernels/channel_blocked.h), float32 arithmetic: the output is written
-  // in their blocking, one (n, channel block, row) of W pixels x B lanes at a time, with the same
-  // per-element arithmetic, activation and folded Q as the plain paths (so the same bits). An
+  // in their blocking, one (n, channel block, row) of W pixels x B lanes at a time, in chunks of
+  // pixels, with the same per-element arithmetic, activation and folded Q as the plain paths (so
+  // the same bits). An
   // operand is either in the output's element order or per channel (the squeeze-excitation gate);
   // a folded nearest upsampling widens the small map's row once per kh output rows. False
   // (nothing written) for the cases this does not cover.
