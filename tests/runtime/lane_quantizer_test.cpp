@@ -27,6 +27,11 @@ int32_t division_code(float x, float scale, int32_t zero_point, DType type) {
   return static_cast<int32_t>(std::clamp(std::nearbyint(static_cast<double>(quotient)) + zero_point, lo, hi));
 }
 
+// The code a byte of a uint8 / int8 output holds.
+int32_t code_of(uint8_t byte, DType type) {
+  return type == DType::kUInt8 ? static_cast<int32_t>(byte) : static_cast<int32_t>(static_cast<int8_t>(byte));
+}
+
 // Values that probe channel c's parameters: a few ulps around the half-way points and the ends
 // of the range, the range's ends as the quantizer computes them (lo * s, hi * s), specials, noise.
 std::vector<float> probes(float scale, int32_t zero_point, DType type, std::mt19937& rng) {
@@ -89,7 +94,7 @@ void check_lanes(const Case& c, int64_t first, int64_t lanes, int64_t x_stride, 
       const size_t ch = static_cast<size_t>(first + l);
       const float v = x[p * x_stride + l];
       const int32_t want = division_code(v, c.scale[ch], c.zero_point[ch], c.type);
-      const int32_t code = c.type == DType::kUInt8 ? static_cast<int32_t>(got) : static_cast<int32_t>(static_cast<int8_t>(got));
+      const int32_t code = code_of(got, c.type);
       ASSERT_EQ(code, want) << "pixel " << p << " lane " << l << " (channel " << ch << ") x = " << v << " scale "
                             << c.scale[ch] << " zero point " << c.zero_point[ch];
     }
@@ -177,7 +182,7 @@ TEST(LaneQuantizer, CombinedOpsMatchTheOpThenTheDivision) {
             const size_t ch = i % static_cast<size_t>(channels);
             const float v = op == Combine::kAdd ? a[i] + b[i] : op == Combine::kSub ? a[i] - b[i] : a[i] * b[i];
             const int32_t want = division_code(v, c.scale[ch], c.zero_point[ch], c.type);
-            const int32_t code = c.type == DType::kUInt8 ? static_cast<int32_t>(y[i]) : static_cast<int32_t>(static_cast<int8_t>(y[i]));
+            const int32_t code = code_of(y[i], c.type);
             ASSERT_EQ(code, want) << "element " << i << " (channel " << ch << ") a = " << a[i] << " b = " << b[i];
           }
         }
