@@ -172,6 +172,17 @@ TEST(ChannelBlockedOps, FloatChainMatchesThePlainLayoutBitForBit) {
   }
 }
 
+// Rows longer than one chunk of the channel-blocked loops, with tails: 24 channels-last lanes go
+// in chunks of 80 pixels (quantizer tiles of 8), so a 102-pixel row is 80 + 16 + a 6-pixel tail,
+// and the quantized Concat's 72 channels in runs of 40 pixels (612 = 15 * 40 + 12); 32 channels
+// in aBcd16b / aBcd8b go in chunks of 128 / 256 pixels (300 = 128 + 128 + 44, or 256 + 44).
+TEST(ChannelBlockedOps, RowsOfSeveralChunksWithTailsMatchThePlainLayoutBitForBit) {
+  std::mt19937 rng(31);
+  const ir::Graph lowered = lowered_int8(det_like_graph(24, /*pool_heads=*/false).g, 7);
+  expect_bit_identical(lowered, test::random_tensor({1, kIn, 6, 102}, rng, -2.f, 2.f));
+  expect_bit_identical(det_like_graph(32, /*pool_heads=*/true).g, test::random_tensor({1, kIn, 4, 300}, rng, -2.f, 2.f));
+}
+
 TEST(ChannelBlockedOps, Int8ChainMatchesThePlainLayoutBitForBit) {
   // 24 channels: not a multiple of 16, but the int8 convolutions write channels-last (acdb).
   const Det d = det_like_graph(24, /*pool_heads=*/false);

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "runtime/kernels/channel_blocked.h"
+#include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/elementwise_common.h"
 #include "runtime/kernels/elementwise_math.h"
 #include "runtime/kernels/elementwise_qdq.h"
@@ -244,6 +245,28 @@ struct LtFn { template <typename T> bool operator()(T a, T b) const { return a <
 struct GtFn { template <typename T> bool operator()(T a, T b) const { return a > b; } };
 struct LeFn { template <typename T> bool operator()(T a, T b) const { return a <= b; } };
 struct GeFn { template <typename T> bool operator()(T a, T b) const { return a >= b; } };
+
+// o = a op b over n floats, compiled for AVX2 and AVX-512 too: the channel-blocked rows of an Add /
+// Sub / Mul with two operands of stride 1 (5-10% faster on det's maps than binary_row's baseline
+// SSE2 loop, whose data mostly comes from L2 / L3).
+template <LaneQuantizer::Combine kOp>
+SQ_AVX512_AVX2_CLONES void combine_floats(const float* __restrict a, const float* __restrict b, float* __restrict o,
+                                          int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (kOp == LaneQuantizer::Combine::kAdd) o[i] = a[i] + b[i];
+    else if constexpr (kOp == LaneQuantizer::Combine::kSub) o[i] = a[i] - b[i];
+    else o[i] = a[i] * b[i];
+  }
+}
+
+// The LaneQuantizer::Combine that computes Op on float32 (quantize_combined), if any.
+template <typename Op>
+constexpr std::optional<LaneQuantizer::Combine> lane_combine() {
+  if constexpr (std::is_same_v<Op, SameTypeOp<NumericP, AddFn>>) return LaneQuantizer::Combine::kAdd;
+  else if constexpr (std::is_same_v<Op, SameTypeOp<NumericP, SubFn>>) return LaneQuantizer::Combine::kSub;
+  else if constexpr (std::is_same_v<Op, SameTypeOp<NumericP, MulFn>>) return LaneQuantizer::Combine::kMul;
+  else return std::nullopt;
+}
 
 // ---- kernels ----
 
@@ -486,14 +509,19 @@ class BinaryKernel final : public Kernel {
     return plan;
   }
 
-  // One output row's view of operand k: a pointer and a stride (0: one value for every element).
-  // `wide` holds the operand's row widened to the output's (a per-channel operand's B values per
-  // pixel, or the upsampled small map's row), refilled when `refill`.
+  // One output row's view of operand k: a pointer, a stride (0: one value for every element) and
+  // how far a chunk starting `first` elements into the row moves the pointer (`first * advance`).
+  // `wide` holds the upsampled small map's row widened to the output's (advance 1), or a
+  // per-channel operand's B values repeated over `chunk_pixels` pixels, the same for every chunk
+  // (advance 0: an L1-sized buffer, where a whole row of 96 channels-last lanes would be 60 KB);
+  // refilled when `refill`.
   const float* operand_row(const BlockedPlan& plan, size_t k, const channel_blocked::View& v, int64_t plane,
-                           int64_t y, bool refill, float* wide, int64_t& stride) const {
+                           int64_t y, int64_t chunk_pixels, bool refill, float* wide, int64_t& stride,
+                           int64_t& advance) const {
     const BlockedOperand& o = plan.in[k];
     const int64_t lanes = v.block, row_len = v.width * lanes;
     stride = 1;
+    advance = 1;
     if (upsampled_input_ == static_cast<int>(k)) {
       // The small map's row y / kh, each pixel's lanes repeated kw times.
       if (refill) {
@@ -507,21 +535,24 @@ class BinaryKernel final : public Kernel {
     }
     if (o.full) return o.data + plane * v.plane_elements() + y * row_len;
     const int64_t batch = plane / v.blocks(), cb = plane % v.blocks();
+    advance = 0;
     if (o.lane_stride == 0) {
       stride = 0;
       return o.data + batch * o.batch_stride;
     }
-    // This plane's B channel values, repeated for every pixel of the row.
+    // This plane's B channel values, repeated for every pixel of a chunk.
     if (refill) {
       const float* src = o.data + batch * o.batch_stride + cb * lanes;
-      for (int64_t x = 0; x < v.width; ++x) std::memcpy(wide + x * lanes, src, static_cast<size_t>(lanes) * sizeof(float));
+      for (int64_t x = 0; x < std::min(chunk_pixels, v.width); ++x)
+        std::memcpy(wide + x * lanes, src, static_cast<size_t>(lanes) * sizeof(float));
     }
     return wide;
   }
 
   // Channel-blocked inputs (kernels/channel_blocked.h), float32 arithmetic: the output is written
-  // in their blocking, one (n, channel block, row) of W pixels x B lanes at a time, with the same
-  // per-element arithmetic, activation and folded Q as the plain paths (so the same bits). An
+  // in their blocking, one (n, channel block, row) of W pixels x B lanes at a time, in chunks of
+  // pixels, with the same per-element arithmetic, activation and folded Q as the plain paths (so
+  // the same bits). An
   // operand is either in the output's element order or per channel (the squeeze-excitation gate);
   // a folded nearest upsampling widens the small map's row once per kh output rows. False
   // (nothing written) for the cases this does not cover.
@@ -539,27 +570,56 @@ class BinaryKernel final : public Kernel {
       const int64_t lanes = v.block, row_len = v.width * lanes, rows_per_plane = v.height;
       const int64_t units = v.n * v.blocks() * rows_per_plane;
       auto* po = static_cast<std::byte*>(out.raw());
+      // A row goes in chunks of about kChunkFloats (whole tiles of the lane quantizer), each
+      // computed into a buffer that stays in L1 (and quantized from there) with a per-channel
+      // operand widened over one chunk only: a whole row of a wide channels-last map (60 KB for
+      // 96 channels x 160) would pass through L2 twice.
+      constexpr int64_t kChunkFloats = 2048;
+      const int64_t tile = LaneQuantizer::pixels_per_tile(lanes);
+      const int64_t chunk_pixels = std::max(tile, kChunkFloats / lanes / tile * tile);
+      // Add, Sub, Mul into a per-channel Q without an activation: op and quantization in one pass.
+      constexpr std::optional<LaneQuantizer::Combine> kCombine = lane_combine<Op>();
+      const bool combined_quantize = kCombine && channel_quantize_ && !act_;
       auto run_units = [&](int64_t u0, int64_t u1) {
         thread_local std::vector<float> widened_a, widened_b, values;
-        for (std::vector<float>* buf : {&widened_a, &widened_b, &values})
+        for (std::vector<float>* buf : {&widened_a, &widened_b})
           if (buf->size() < static_cast<size_t>(row_len)) buf->resize(static_cast<size_t>(row_len));
+        if (values.size() < static_cast<size_t>(chunk_pixels * lanes)) values.resize(static_cast<size_t>(chunk_pixels * lanes));
         const std::array<float*, 2> wide = {widened_a.data(), widened_b.data()};
         int64_t widened_key = -1;  // the (plane, source row) the widened rows hold
         for (int64_t u = u0; u < u1; ++u) {
           const int64_t plane = u / rows_per_plane, y = u % rows_per_plane;
           const int64_t key = upsampled_input_ >= 0 ? plane * plan->small_height + y / plan->kh : plane;
           std::array<const float*, 2> row{};
-          std::array<int64_t, 2> stride{};
-          for (size_t k = 0; k < 2; ++k) row[k] = operand_row(*plan, k, v, plane, y, key != widened_key, wide[k], stride[k]);
+          std::array<int64_t, 2> stride{}, advance{};
+          for (size_t k = 0; k < 2; ++k)
+            row[k] = operand_row(*plan, k, v, plane, y, chunk_pixels, key != widened_key, wide[k], stride[k], advance[k]);
           widened_key = key;
           const int64_t offset = plane * v.plane_elements() + y * row_len;
-          float* result = out_type == DType::kFloat32 ? reinterpret_cast<float*>(po) + offset : values.data();
-          binary_row(row[0], stride[0], row[1], stride[1], result, row_len, op_);
-          if (act_) apply_activation(act_, result, row_len);
-          if (channel_quantize_)
-            lane_quantizer_->quantize(result, lanes, v.width, (plane % v.blocks()) * lanes, lanes, po + offset, lanes);
-          else if (quantize_)
-            quantize_floats(result, row_len, quantize_->scale[0], quantize_->zero_point[0], out_type, po + offset);
+          for (int64_t x0 = 0; x0 < v.width; x0 += chunk_pixels) {
+            const int64_t pixels = std::min(chunk_pixels, v.width - x0), first = x0 * lanes, n = pixels * lanes;
+            const float* a = row[0] + first * advance[0];
+            const float* b = row[1] + first * advance[1];
+            const bool contiguous = stride[0] == 1 && stride[1] == 1;
+            if (combined_quantize && contiguous) {
+              lane_quantizer_->quantize_combined(*kCombine, a, b, pixels, (plane % v.blocks()) * lanes, lanes,
+                                                 po + offset + first);
+              continue;
+            }
+            float* result = out_type == DType::kFloat32 ? reinterpret_cast<float*>(po) + offset + first : values.data();
+            if constexpr (kCombine.has_value()) {
+              if (contiguous) combine_floats<*kCombine>(a, b, result, n);
+              else binary_row(a, stride[0], b, stride[1], result, n, op_);
+            } else {
+              binary_row(a, stride[0], b, stride[1], result, n, op_);
+            }
+            if (act_) apply_activation(act_, result, n);
+            if (channel_quantize_)
+              lane_quantizer_->quantize(result, lanes, pixels, (plane % v.blocks()) * lanes, lanes, po + offset + first,
+                                        lanes);
+            else if (quantize_)
+              quantize_floats(result, n, quantize_->scale[0], quantize_->zero_point[0], out_type, po + offset + first);
+          }
         }
       };
       const int nt = std::max(1, std::min(threads_for(out.numel()), static_cast<int>(std::min<int64_t>(units, 1 << 20))));

@@ -6,6 +6,7 @@
 // (per axis); zero point dtype = quantized dtype (uint8, int8, uint16, int16; int32 for
 // dequantize, where it must be 0).
 #include <cstdint>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,13 +42,32 @@ class LaneQuantizer {
   // y[p * y_stride + l] = quantize(x[p * x_stride + l]) for p < pixels, l < lanes (y: 1-byte codes).
   void quantize(const float* x, int64_t x_stride, int64_t pixels, int64_t first_channel, int64_t lanes, void* y,
                 int64_t y_stride) const;
+  // The float operation quantize_combined applies to its two operands.
+  enum class Combine { kAdd, kSub, kMul };
+  // y[i] = quantize(a[i] op b[i]) for i < pixels * lanes: contiguous rows of `lanes` channels from
+  // first_channel in a, b and y. The same floats and codes as computing a op b and quantize()-ing
+  // it, in one pass, so that the operands' loads (from memory, for a large map) overlap the
+  // quantization's arithmetic.
+  void quantize_combined(Combine op, const float* a, const float* b, int64_t pixels, int64_t first_channel,
+                         int64_t lanes, void* y) const;
   DType dtype() const { return dtype_; }
+  // The pixels of a tile of contiguous rows of `lanes`, the unit quantize() vectorises over
+  // without a tail (tile * lanes is a multiple of 64); a run of whole tiles quantizes fastest.
+  static int64_t pixels_per_tile(int64_t lanes) { return 64 / std::gcd(lanes, int64_t{64}); }
 
  private:
+  // Calls fn(parameters) with the lane parameters from channel `first`, repeated `repeats` times
+  // over `lanes` lanes: this quantizer's own arrays for 1, else a per-thread copy kept for the next
+  // call with the same channels (the rows of one plane).
+  template <typename Fn>
+  void with_lane_params(size_t first, int64_t lanes, int64_t repeats, Fn&& fn) const;
+
   DType dtype_;
   uint64_t id_ = 0;  // unique per quantizer: keys the per-thread tiled parameters
-  std::vector<float> scale_, reciprocal_, bound_, lo_, hi_;
+  std::vector<float> scale_, reciprocal_, lo_, hi_;
+  std::vector<float> low_, high_;  // lo * s, hi * s: the range of x that quantizes inside [lo, hi]
   std::vector<int32_t> zero_point_;
+  std::vector<uint8_t> zero_byte_;  // zero_point_ mod 256: the reciprocal loop adds it to the code's low byte
   bool multiplying_ = false;  // every channel's quotient comes from its reciprocal (as quantize_linear's)
 };
 

@@ -5,6 +5,7 @@
 #include "runtime/kernels/elementwise_qdq.h"
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -128,6 +129,25 @@ inline float divide_by_reciprocal(float x, float s, const Reciprocal& rc) {
   return std::fma(std::fma(-q, s, x), rc.r, q);
 }
 
+// The 8-bit code of v (the bits of a uint8 / int8) from the reciprocal r of s, with fewer operations
+// than saturate(round(divide_by_reciprocal(v))) and the same code (lo, hi within +-255):
+// - v is clamped to [low, high] = [fl(lo * s), fl(hi * s)] first, in place of both the +-bound
+//   clamp and the saturation of the quotient: a clamped x quotients to within lo (hi) * (1 +- 2^-23),
+//   which rounds to lo (hi) as the saturated quotient does (|lo|, |hi| <= 255), and v within the
+//   range is untouched (NaN becomes low, so lo, as saturate_round makes it);
+// - the quotient k + 1.5 * 2^23 holds k's low byte in its low mantissa bits (ulp 1 in
+//   [2^23, 2^24)), so the code's byte is that byte plus z's (added as bytes): no
+//   subtraction of the magic number, no float -> int conversion, no widened z.
+template <typename Q>
+inline Q multiplying_code(float v, float low, float high, float s, float r, uint8_t z) {
+  v = v > low ? v : low;
+  v = v < high ? v : high;
+  const float q = v * r;
+  const float quotient = std::fma(std::fma(-q, s, v), r, q);
+  const auto low_byte = static_cast<uint8_t>(std::bit_cast<uint32_t>(quotient + quant_math::kRoundHalfEvenMagic));
+  return static_cast<Q>(low_byte + z);
+}
+
 template <typename X, typename Q>
 SQ_AVX512_AVX2_CLONES void quantize_span_multiplying(const X* x, Q* y, int64_t n, float s, Reciprocal rc, float lo,
                                                      float hi, int32_t z) {
@@ -140,10 +160,23 @@ SQ_AVX512_AVX2_CLONES void fake_quantize_span_multiplying(const float* x, float*
   for (int64_t i = 0; i < n; ++i) y[i] = saturate_round(divide_by_reciprocal(x[i], s, rc), lo, hi) * s;
 }
 
+// Float x into 8-bit codes: multiplying_code with one scale.
+template <typename Q>
+SQ_AVX512_AVX2_CLONES void quantize_span_to_bytes(const float* __restrict x, Q* __restrict y, int64_t n, float low,
+                                                  float high, float s, float r, uint8_t z) {
+  for (int64_t i = 0; i < n; ++i) y[i] = multiplying_code<Q>(x[i], low, high, s, r, z);
+}
+
 template <typename X, typename Q>
 void quantize_span(const X* x, Q* y, int64_t n, float s, float lo, float hi, int32_t z) {
-  if (const auto rc = reciprocal_for(s, lo, hi)) quantize_span_multiplying(x, y, n, s, *rc, lo, hi, z);
-  else quantize_span_dividing(x, y, n, s, lo, hi, z);
+  if (const auto rc = reciprocal_for(s, lo, hi)) {
+    if constexpr (sizeof(Q) == 1 && std::is_same_v<X, float>)
+      quantize_span_to_bytes(x, y, n, lo * s, hi * s, s, rc->r, static_cast<uint8_t>(z));
+    else
+      quantize_span_multiplying(x, y, n, s, *rc, lo, hi, z);
+  } else {
+    quantize_span_dividing(x, y, n, s, lo, hi, z);
+  }
 }
 
 template <typename Q>
@@ -215,23 +248,55 @@ void fake_quantize_typed(const float* x, float* y, const BlockedParams& p, int32
 
 // Rows of `lanes` floats (x_stride apart) into rows of codes (y_stride apart), lane l with the
 // parameters at index l: one call per run of pixels, the lanes vectorised (restrict: byte stores
-// could otherwise alias the parameters, which stops the vectoriser). kMultiplying: every lane's
-// quotient comes from its reciprocal (r, bound); otherwise from a division (r, bound unread).
-template <bool kMultiplying, typename Q>
-SQ_AVX512_AVX2_CLONES void quantize_lanes(const float* __restrict x, int64_t x_stride, Q* __restrict y, int64_t y_stride,
-                                          int64_t pixels, int64_t lanes, const float* __restrict s,
-                                          const float* __restrict r, const float* __restrict bound,
-                                          const float* __restrict lo, const float* __restrict hi,
-                                          const int32_t* __restrict z) {
+// could otherwise alias the parameters, which stops the vectoriser). For lanes whose quotient
+// comes from a division (see reciprocal_for).
+template <typename Q>
+SQ_AVX512_AVX2_CLONES void quantize_lanes_dividing(const float* __restrict x, int64_t x_stride, Q* __restrict y,
+                                                   int64_t y_stride, int64_t pixels, int64_t lanes,
+                                                   const float* __restrict s, const float* __restrict lo,
+                                                   const float* __restrict hi, const int32_t* __restrict z) {
   for (int64_t p = 0; p < pixels; ++p) {
     const float* xs = x + p * x_stride;
     Q* ys = y + p * y_stride;
-    for (int64_t i = 0; i < lanes; ++i) {
-      float q;
-      if constexpr (kMultiplying) q = saturate_round(divide_by_reciprocal(xs[i], s[i], Reciprocal{r[i], bound[i]}), lo[i], hi[i]);
-      else q = quantize_offset(xs[i], s[i], lo[i], hi[i]);
-      ys[i] = static_cast<Q>(static_cast<int32_t>(q) + z[i]);
-    }
+    for (int64_t i = 0; i < lanes; ++i)
+      ys[i] = static_cast<Q>(static_cast<int32_t>(quantize_offset(xs[i], s[i], lo[i], hi[i])) + z[i]);
+  }
+}
+
+// The same for lanes whose quotient comes from the reciprocal (see multiplying_code).
+template <typename Q>
+SQ_AVX512_AVX2_CLONES void quantize_lanes_multiplying(const float* __restrict x, int64_t x_stride, Q* __restrict y,
+                                                      int64_t y_stride, int64_t pixels, int64_t lanes,
+                                                      const float* __restrict low, const float* __restrict high,
+                                                      const float* __restrict s, const float* __restrict r,
+                                                      const uint8_t* __restrict z) {
+  for (int64_t p = 0; p < pixels; ++p) {
+    const float* xs = x + p * x_stride;
+    Q* ys = y + p * y_stride;
+    for (int64_t i = 0; i < lanes; ++i) ys[i] = multiplying_code<Q>(xs[i], low[i], high[i], s[i], r[i], z[i]);
+  }
+}
+
+template <LaneQuantizer::Combine kOp>
+inline float combine(float a, float b) {
+  if constexpr (kOp == LaneQuantizer::Combine::kAdd) return a + b;
+  else if constexpr (kOp == LaneQuantizer::Combine::kSub) return a - b;
+  else return a * b;
+}
+
+// quantize_lanes_multiplying of a op b, `rows` contiguous rows of row_len elements (whole tiles).
+template <LaneQuantizer::Combine kOp, typename Q>
+SQ_AVX512_AVX2_CLONES void combine_lanes_multiplying(const float* __restrict a, const float* __restrict b,
+                                                     Q* __restrict y, int64_t rows, int64_t row_len,
+                                                     const float* __restrict low, const float* __restrict high,
+                                                     const float* __restrict s, const float* __restrict r,
+                                                     const uint8_t* __restrict z) {
+  for (int64_t p = 0; p < rows; ++p) {
+    const float* as = a + p * row_len;
+    const float* bs = b + p * row_len;
+    Q* ys = y + p * row_len;
+    for (int64_t i = 0; i < row_len; ++i)
+      ys[i] = multiplying_code<Q>(combine<kOp>(as[i], bs[i]), low[i], high[i], s[i], r[i], z[i]);
   }
 }
 
@@ -257,72 +322,139 @@ LaneQuantizer::LaneQuantizer(const QuantParam& q, int64_t channels) : dtype_(q.d
     lo_.push_back(lo);
     hi_.push_back(hi);
     zero_point_.push_back(q.zero_point[k]);
+    zero_byte_.push_back(static_cast<uint8_t>(q.zero_point[k]));
     const auto rc = reciprocal_for(s, lo, hi);
     multiplying_ = multiplying_ && rc.has_value();
     reciprocal_.push_back(rc ? rc->r : 0.f);
-    bound_.push_back(rc ? rc->bound : 0.f);
+    low_.push_back(lo * s);
+    high_.push_back(hi * s);
   }
+}
+
+namespace {
+
+// The lane parameters of the quantizer's multiplying or dividing loop, from lane `first` on.
+struct LaneParams {
+  const float *s, *r, *low, *high, *lo, *hi;
+  const int32_t* z;
+  const uint8_t* z_byte;
+};
+
+template <typename Q>
+void quantize_lane_rows(bool multiplying, const LaneParams& p, const float* x, int64_t x_stride, Q* y,
+                        int64_t y_stride, int64_t pixels, int64_t lanes) {
+  if (multiplying)
+    quantize_lanes_multiplying(x, x_stride, y, y_stride, pixels, lanes, p.low, p.high, p.s, p.r,
+                               p.z_byte);
+  else
+    quantize_lanes_dividing(x, x_stride, y, y_stride, pixels, lanes, p.s, p.lo, p.hi, p.z);
+}
+
+}  // namespace
+
+template <typename Fn>
+void LaneQuantizer::with_lane_params(size_t first, int64_t lanes, int64_t repeats, Fn&& fn) const {
+  if (repeats == 1) {
+    fn(LaneParams{&scale_[first], &reciprocal_[first], &low_[first], &high_[first], &lo_[first], &hi_[first],
+                  &zero_point_[first], &zero_byte_[first]});
+    return;
+  }
+  struct Tiled {
+    uint64_t owner = 0;  // id_ (not the address: a quantizer on the stack may reuse another's)
+    size_t first = 0;
+    int64_t lanes = 0, repeats = 0;
+    std::vector<float> s, r, low, high, lo, hi;
+    std::vector<int32_t> z;
+    std::vector<uint8_t> z_byte;
+  };
+  thread_local Tiled t;
+  const size_t n = static_cast<size_t>(repeats * lanes);
+  if (t.owner != id_ || t.first != first || t.lanes != lanes || t.repeats != repeats) {
+    t.owner = id_;
+    t.first = first;
+    t.lanes = lanes;
+    t.repeats = repeats;
+    for (auto* v : {&t.s, &t.r, &t.low, &t.high, &t.lo, &t.hi}) v->resize(n);
+    t.z.resize(n);
+    t.z_byte.resize(n);
+    for (size_t k = 0; k < n; ++k) {
+      const size_t l = first + k % static_cast<size_t>(lanes);
+      t.s[k] = scale_[l];
+      t.r[k] = reciprocal_[l];
+      t.low[k] = low_[l];
+      t.high[k] = high_[l];
+      t.lo[k] = lo_[l];
+      t.hi[k] = hi_[l];
+      t.z[k] = zero_point_[l];
+      t.z_byte[k] = zero_byte_[l];
+    }
+  }
+  fn(LaneParams{t.s.data(), t.r.data(), t.low.data(), t.high.data(), t.lo.data(), t.hi.data(), t.z.data(),
+                t.z_byte.data()});
 }
 
 void LaneQuantizer::quantize(const float* x, int64_t x_stride, int64_t pixels, int64_t first_channel, int64_t lanes,
                              void* y, int64_t y_stride) const {
   const size_t c = static_cast<size_t>(first_channel);
-  // Contiguous rows: the parameters repeated over a tile of pixels whose length is a multiple of
-  // 64, so the vectorised loop covers whole tiles (a row of 24 or 96 lanes alone would leave a
-  // scalar tail of up to 63 elements per pixel). The tile is kept for the next call with the same
-  // channels (the rows of one plane).
-  constexpr int64_t kVectorMultiple = 64;
+  auto run = [&](const LaneParams& params, int64_t stride_x, int64_t stride_y, int64_t rows, int64_t row_lanes) {
+    if (dtype_ == DType::kUInt8)
+      quantize_lane_rows(multiplying_, params, x, stride_x, static_cast<uint8_t*>(y), stride_y, rows, row_lanes);
+    else
+      quantize_lane_rows(multiplying_, params, x, stride_x, static_cast<int8_t*>(y), stride_y, rows, row_lanes);
+  };
+  // Contiguous rows: the parameters repeated over a tile of pixels (see pixels_per_tile), so the
+  // vectorised loop covers whole tiles (a row of 24 or 96 lanes alone would leave a scalar tail of
+  // up to 63 elements per pixel).
   if (x_stride == lanes && y_stride == lanes) {
-    const int64_t tile = kVectorMultiple / std::gcd(lanes, kVectorMultiple);
+    const int64_t tile = pixels_per_tile(lanes);
     if (pixels >= tile) {
-      struct Tiled {
-        uint64_t owner = 0;  // id_ (not the address: a quantizer on the stack may reuse another's)
-        size_t first = 0;
-        int64_t lanes = 0;
-        std::vector<float> s, r, bound, lo, hi;
-        std::vector<int32_t> z;
-      };
-      thread_local Tiled t;
-      const size_t n = static_cast<size_t>(tile * lanes);
-      if (t.owner != id_ || t.first != c || t.lanes != lanes) {
-        t.owner = id_;
-        t.first = c;
-        t.lanes = lanes;
-        for (auto* v : {&t.s, &t.r, &t.bound, &t.lo, &t.hi}) v->resize(n);
-        t.z.resize(n);
-        for (size_t k = 0; k < n; ++k) {
-          const size_t l = c + k % static_cast<size_t>(lanes);
-          t.s[k] = scale_[l];
-          t.r[k] = reciprocal_[l];
-          t.bound[k] = bound_[l];
-          t.lo[k] = lo_[l];
-          t.hi[k] = hi_[l];
-          t.z[k] = zero_point_[l];
-        }
-      }
       const int64_t tiles = pixels / tile, tile_len = tile * lanes;
-      auto run_tiles = [&](auto* out) {
-        (multiplying_ ? quantize_lanes<true, std::remove_pointer_t<decltype(out)>>
-                      : quantize_lanes<false, std::remove_pointer_t<decltype(out)>>)(
-            x, tile_len, out, tile_len, tiles, tile_len, t.s.data(), t.r.data(), t.bound.data(), t.lo.data(),
-            t.hi.data(), t.z.data());
-      };
-      if (dtype_ == DType::kUInt8) run_tiles(static_cast<uint8_t*>(y));
-      else run_tiles(static_cast<int8_t*>(y));
+      with_lane_params(c, lanes, tile, [&](const LaneParams& p) { run(p, tile_len, tile_len, tiles, tile_len); });
       x += tiles * tile_len;
       y = static_cast<std::byte*>(y) + tiles * tile_len;
       pixels -= tiles * tile;
       if (pixels == 0) return;
     }
   }
-  auto run = [&](auto* out) {
-    (multiplying_ ? quantize_lanes<true, std::remove_pointer_t<decltype(out)>>
-                  : quantize_lanes<false, std::remove_pointer_t<decltype(out)>>)(
-        x, x_stride, out, y_stride, pixels, lanes, &scale_[c], &reciprocal_[c], &bound_[c], &lo_[c], &hi_[c],
-        &zero_point_[c]);
+  with_lane_params(c, lanes, 1, [&](const LaneParams& p) { run(p, x_stride, y_stride, pixels, lanes); });
+}
+
+void LaneQuantizer::quantize_combined(Combine op, const float* a, const float* b, int64_t pixels,
+                                      int64_t first_channel, int64_t lanes, void* y) const {
+  const size_t c = static_cast<size_t>(first_channel);
+  const int64_t tile = pixels_per_tile(lanes);
+  const int64_t tiles = multiplying_ ? pixels / tile : 0, tile_len = tile * lanes;
+  if (tiles > 0) {
+    with_lane_params(c, lanes, tile, [&](const LaneParams& p) {
+      auto run = [&](auto op_tag, auto* out) {
+        combine_lanes_multiplying<decltype(op_tag)::value>(a, b, out, tiles, tile_len, p.low, p.high, p.s, p.r,
+                                                           p.z_byte);
+      };
+      auto with_op = [&](auto* out) {
+        if (op == Combine::kAdd) run(std::integral_constant<Combine, Combine::kAdd>{}, out);
+        else if (op == Combine::kSub) run(std::integral_constant<Combine, Combine::kSub>{}, out);
+        else run(std::integral_constant<Combine, Combine::kMul>{}, out);
+      };
+      if (dtype_ == DType::kUInt8) with_op(static_cast<uint8_t*>(y));
+      else with_op(static_cast<int8_t*>(y));
+    });
+    a += tiles * tile_len;
+    b += tiles * tile_len;
+    y = static_cast<std::byte*>(y) + tiles * tile_len;
+    pixels -= tiles * tile;
+    if (pixels == 0) return;
+  }
+  // A tail of pixels, or lanes that divide: the op into a buffer, then quantize() it.
+  thread_local std::vector<float> combined;
+  const size_t n = static_cast<size_t>(pixels * lanes);
+  if (combined.size() < n) combined.resize(n);
+  auto fill = [&](auto op_tag) {
+    for (size_t i = 0; i < n; ++i) combined[i] = combine<decltype(op_tag)::value>(a[i], b[i]);
   };
-  if (dtype_ == DType::kUInt8) run(static_cast<uint8_t*>(y));
-  else run(static_cast<int8_t*>(y));
+  if (op == Combine::kAdd) fill(std::integral_constant<Combine, Combine::kAdd>{});
+  else if (op == Combine::kSub) fill(std::integral_constant<Combine, Combine::kSub>{});
+  else fill(std::integral_constant<Combine, Combine::kMul>{});
+  quantize(combined.data(), lanes, pixels, first_channel, lanes, y, lanes);
 }
 
 void quantize_floats(const float* x, int64_t n, float scale, int32_t zero_point, DType type, void* y) {

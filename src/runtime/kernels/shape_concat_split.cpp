@@ -210,14 +210,19 @@ class ConcatKernel : public Kernel {
   // are too short for the vectorised loop).
   void concat_quantized_channels_last(const KernelContext& ctx, const std::vector<size_t>& positions,
                                       const channel_blocked::View& out, std::byte* dst) const {
-    constexpr int64_t kRun = 64;  // pixels per gathered run
-    const int64_t channels = out.channels, runs_per_sample = (out.pixels() + kRun - 1) / kRun;
+    // Runs of about kRunFloats (whole quantizer tiles): small enough that the gathered floats stay
+    // in L1 while the next inputs stream in (12 KB: 32 pixels of 96 channels, measured 10-20%
+    // faster than 64 pixels).
+    constexpr int64_t kRunFloats = 3072;
+    const int64_t channels = out.channels, tile = LaneQuantizer::pixels_per_tile(channels);
+    const int64_t run_pixels = std::max(tile, kRunFloats / channels / tile * tile);
+    const int64_t runs_per_sample = (out.pixels() + run_pixels - 1) / run_pixels;
     ew::parallel_range(out.n * runs_per_sample, [&](int64_t begin, int64_t end) {
       thread_local std::vector<float> gathered;
-      gathered.resize(static_cast<size_t>(kRun * channels));
+      gathered.resize(static_cast<size_t>(run_pixels * channels));
       for (int64_t r = begin; r < end; ++r) {
-        const int64_t n = r / runs_per_sample, p0 = (r % runs_per_sample) * kRun;
-        const int64_t count = std::min(kRun, out.pixels() - p0);
+        const int64_t n = r / runs_per_sample, p0 = (r % runs_per_sample) * run_pixels;
+        const int64_t count = std::min(run_pixels, out.pixels() - p0);
         int64_t first_channel = 0;
         for (size_t i : positions) {
           const Tensor& t = ctx.input(i);
