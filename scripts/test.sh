@@ -14,7 +14,7 @@ ctest --output-on-failure -j"$(nproc)" --timeout 900
 # The tests whose results depend on the kernels oneDNN picks for the CPU: run them as on a CPU
 # without AVX-512 (AVX2: no VNNI, saturating int8 kernels) and on one with AVX-512 but no VNNI, so
 # a suite written on one machine cannot pass only there.
-ISA_DEPENDENT='^([A-Za-z]+/)?(ImplementationChoice|Int8Parity|Lowering|LoweringOnResnet|FusedKernel|Int8Compute|ActivationMatMul|SpelledActivationLowering|IntegerOps|Dnnl[A-Za-z]*|Session[A-Za-z]*|QuantizeLinear|DequantizeLinear|Gelu|FixtureModel|CliQuantize|QuantizeReproducibility|DeployBackend|Int8Golden|ChannelWiseInputs|PaddlePatterns|ExecutionFusions|ChannelBlockedOps)\.'
+ISA_DEPENDENT='^([A-Za-z]+/)?(ImplementationChoice|Int8Parity|Lowering|LoweringOnResnet|FusedKernel|Int8Compute|ActivationMatMul|SpelledActivationLowering|IntegerOps|Dnnl[A-Za-z]*|Session[A-Za-z]*|QuantizeLinear|DequantizeLinear|Gelu|FixtureModel|CliQuantize|QuantizeReproducibility|DeployBackend|Int8Golden|ChannelWiseInputs|PaddlePatterns|ExecutionFusions|ChannelBlockedOps|ConvTransposeGemm)\.'
 for isa in AVX2 AVX512_CORE; do
   echo "== int8 and runtime tests with DNNL_MAX_CPU_ISA=$isa"
   DNNL_MAX_CPU_ISA=$isa ctest --output-on-failure -j"$(nproc)" --timeout 900 -R "$ISA_DEPENDENT"
