@@ -42,6 +42,18 @@ ir::Graph conv_transpose_graph(const Tensor& w, const Tensor* b, bool constant_w
   g.outputs.push_back({"y", DType::kFloat32, std::nullopt});
   return g;
 }
+
+// y -> act -> z, the graph's output.
+ir::Graph with_activation(ir::Graph g, const char* act) {
+  ir::Node a;
+  a.op_type = act;
+  a.name = "act";
+  a.inputs = {"y"};
+  a.outputs = {"z"};
+  g.nodes.push_back(a);
+  g.outputs[0].name = "z";
+  return g;
+}
 }  // namespace
 
 TEST(ConvTransposeGemm, KernelSizedStrideMatchesTheDeconvolution) {
@@ -74,18 +86,8 @@ TEST(ConvTransposeGemm, FusedActivationMatchesTheDeconvolutionPostOp) {
       const int64_t c = 6, m = 4, h = 5, wd = 7;
       const Tensor w = random_tensor({c, m, k, k}, rng), b = random_tensor({m}, rng);
       const Tensor x = random_tensor({1, c, h, wd}, rng);
-      auto with_activation = [&](bool constant_weight) {
-        ir::Graph g = conv_transpose_graph(w, &b, constant_weight, k);
-        ir::Node a;
-        a.op_type = act;
-        a.name = "act";
-        a.inputs = {"y"};
-        a.outputs = {"z"};
-        g.nodes.push_back(a);
-        g.outputs[0].name = "z";
-        return g;
-      };
-      runtime::Session gemm(with_activation(true)), deconv(with_activation(false));
+      runtime::Session gemm(with_activation(conv_transpose_graph(w, &b, true, k), act)),
+          deconv(with_activation(conv_transpose_graph(w, &b, false, k), act));
       const Tensor got = gemm.run({{"x", x}}).at("z"), want = deconv.run({{"x", x}, {"w", w}}).at("z");
       ASSERT_EQ(got.shape(), (Shape{1, m, h * k, wd * k}));
       ASSERT_EQ(got.shape(), want.shape());
@@ -130,16 +132,7 @@ TEST(ConvTransposeGemm, OverlappingKernelsMatchTheDeconvolution) {
         const Tensor x = random_tensor({2, c, 5, 7}, rng);
         auto graph = [&](bool constant_weight) {
           ir::Graph g = conv_transpose_graph(w, bias ? &b : nullptr, constant_weight, 0, t.attrs);
-          if (relu) {
-            ir::Node a;
-            a.op_type = "Relu";
-            a.name = "act";
-            a.inputs = {"y"};
-            a.outputs = {"z"};
-            g.nodes.push_back(a);
-            g.outputs[0].name = "z";
-          }
-          return g;
+          return relu ? with_activation(std::move(g), "Relu") : g;
         };
         const std::string out = relu ? "z" : "y";
         runtime::Session gemm(graph(true)), deconv(graph(false));
