@@ -125,6 +125,14 @@ std::map<std::string, Tensor> run_seen(runtime::Session& s, const Tensor& x, boo
   return seen;
 }
 
+// Every value of a run of g with plain layouts only (SessionOptions::blocked_layouts = false).
+std::map<std::string, Tensor> run_plain_layout(const ir::Graph& g, const Tensor& x) {
+  runtime::SessionOptions plain_options;
+  plain_options.blocked_layouts = false;
+  runtime::Session plain(g, plain_options);
+  return run_seen(plain, x);
+}
+
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
@@ -161,10 +169,7 @@ TEST(ChannelBlockedOps, FloatChainMatchesThePlainLayoutBitForBit) {
   for (int64_t batch : {1, 2}) {
     const Tensor x = input(batch, 5);
     const auto held = expect_bit_identical(d.g, x);
-    runtime::SessionOptions plain_options;
-    plain_options.blocked_layouts = false;
-    runtime::Session plain(d.g, plain_options);
-    const auto plain_values = run_seen(plain, x);
+    const auto plain_values = run_plain_layout(d.g, x);
     // The SE block's input, its gated result, the FPN sum and the Concat stay blocked.
     for (const std::string& v : {d.conv, d.small, d.concat}) expect_held_blocked(held, plain_values, v);
     for (const std::string& v : {d.gate_mul, d.se, d.upsampled_sum})
@@ -190,10 +195,7 @@ TEST(ChannelBlockedOps, Int8ChainMatchesThePlainLayoutBitForBit) {
   for (int64_t batch : {1, 2}) {
     const Tensor x = input(batch, 21);
     const auto held = expect_bit_identical(lowered, x);
-    runtime::SessionOptions plain_options;
-    plain_options.blocked_layouts = false;
-    runtime::Session plain(lowered, plain_options);
-    const auto plain_values = run_seen(plain, x);
+    const auto plain_values = run_plain_layout(lowered, x);
     // The QConvs' float outputs read by the SE / FPN ops stay channels-last, and so do the int8
     // codes the folded per-channel Qs write for the next QConvs.
     size_t blocked = 0, compared = 0;
@@ -239,10 +241,7 @@ TEST(ChannelBlockedOps, DepthToSpaceOfKernelSizedConvTransposeStaysChannelsLast)
   for (int64_t batch : {1, 2}) {
     const Tensor x = input(batch, 23);
     const auto held = expect_bit_identical(lowered, x);
-    runtime::SessionOptions plain_options;
-    plain_options.blocked_layouts = false;
-    runtime::Session plain(lowered, plain_options);
-    const auto plain_values = run_seen(plain, x);
+    const auto plain_values = run_plain_layout(lowered, x);
     EXPECT_EQ(plain_values.at(moved[0]).dtype(), DType::kUInt8);
     expect_held_blocked(held, plain_values, moved[0]);
     EXPECT_EQ(plain_values.at(moved[1]).shape(), (Shape{batch, 1, 4 * kSize, 4 * kSize}));

@@ -56,6 +56,13 @@ struct Case {
   DType type;
   std::vector<float> scale;
   std::vector<int32_t> zero_point;
+  QuantParam param() const {
+    QuantParam q;
+    q.dtype = type;
+    q.scale = scale;
+    q.zero_point = zero_point;
+    return q;
+  }
 };
 
 // Every channel's probe values laid out as `pixels` pixels of `lanes` channels from `first`, in
@@ -63,11 +70,7 @@ struct Case {
 // must stay untouched).
 void check_lanes(const Case& c, int64_t first, int64_t lanes, int64_t x_stride, int64_t y_stride, std::mt19937& rng) {
   const int64_t channels = static_cast<int64_t>(c.scale.size());
-  QuantParam q;
-  q.dtype = c.type;
-  q.scale = c.scale;
-  q.zero_point = c.zero_point;
-  const LaneQuantizer quantizer(q, channels);
+  const LaneQuantizer quantizer(c.param(), channels);
   std::vector<std::vector<float>> values(static_cast<size_t>(lanes));
   size_t pixels = 0;
   for (int64_t l = 0; l < lanes; ++l) {
@@ -156,11 +159,7 @@ TEST(LaneQuantizer, CombinedOpsMatchTheOpThenTheDivision) {
           SCOPED_TRACE(std::string(dtype_name(type)) + " channels " + std::to_string(channels) + " op " +
                        std::to_string(static_cast<int>(op)) + (extreme ? " with a 1e-31 scale" : ""));
           const Case c = make_case(type, channels, rng, extreme);
-          QuantParam q;
-          q.dtype = c.type;
-          q.scale = c.scale;
-          q.zero_point = c.zero_point;
-          const LaneQuantizer quantizer(q, channels);
+          const LaneQuantizer quantizer(c.param(), channels);
           std::vector<std::vector<float>> values(static_cast<size_t>(channels));
           size_t pixels = 0;
           for (int64_t l = 0; l < channels; ++l) {
