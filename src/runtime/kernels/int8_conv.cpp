@@ -21,6 +21,8 @@
 // Where oneDNN has no fast int8 implementation for a shape (none, or only its reference one), the
 // exact kF32 path runs instead; with no f32 implementation either, the plain-loop reference
 // (int8_reference.cpp).
+// A 2-D depthwise kInt8 convolution (one filter per channel, no dilation, no fused addend) runs the
+// direct kernel of int8_depthwise.h instead of oneDNN's on CPUs with AVX-512 VNNI, channels-last.
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -30,6 +32,7 @@
 #include "runtime/kernels/dnnl_kernels.h"
 #include "runtime/kernels/implementation_choice.h"
 #include "runtime/kernels/int8_common.h"
+#include "runtime/kernels/int8_depthwise.h"
 #include "runtime/kernels/int8_reference.h"
 
 namespace slimquant::runtime::int8 {
@@ -53,6 +56,13 @@ struct ConvPlan {
   ConvProblem problem;
   bool reference = false;  // oneDNN had no implementation: run reference_qconv
   LayoutPtr out_layout;    // y's layout handed to readers (null: plain)
+  // The direct depthwise kernel, when it runs instead of a primitive: it reads and writes
+  // channels-last, with a reorder before (x in another layout) and after (y must be plain).
+  std::shared_ptr<const DirectDepthwise> direct;
+  DepthwiseShape direct_shape;
+  std::optional<dnnl::reorder> direct_src_reorder, direct_dst_reorder;
+  memory::desc direct_src_user, direct_src_nhwc, direct_dst_nhwc, direct_dst_plain;
+  Tensor direct_src, direct_dst;  // channels-last copies of x and y for those reorders
 };
 
 class QConvKernel final : public Kernel {
@@ -107,6 +117,9 @@ class QConvKernel final : public Kernel {
       prepare_f32(b);
     }
     bias_ = b ? *b : Tensor();
+    direct_depthwise_ = compute_ == Compute::kInt8 && !has_sum && w_.rank() == 4 && w_.dim(1) == 1 && w_.dim(2) <= kMaxKernelHeight &&
+                        m >= kMinDirectDepthwiseChannels && group_ == m &&
+                        direct_depthwise_available() && direct_depthwise_supports(q_);
   }
 
   void run(KernelContext& ctx) override {
@@ -126,6 +139,11 @@ class QConvKernel final : public Kernel {
         tag);
     Tensor& y = ctx.allocate_output(0, output_.dtype, p.prim.out_shape);
     if (y.numel() == 0) return;
+    if (p.direct) {
+      run_direct(p, x, y);
+      if (p.out_layout) ctx.set_output_layout(0, p.out_layout);
+      return;
+    }
     if (p.reference) {
       const Tensor xp = x_layout ? dnnl_kernels::to_plain(x, *x_layout) : x;
       Tensor real = requantizes_sum() ? Tensor(DType::kFloat32, y.shape()) : Tensor();
@@ -157,6 +175,47 @@ class QConvKernel final : public Kernel {
       for (int64_t c = 0; c < m; ++c) f32_.bias.data<float>()[c] = requant_.bias[c] * requant_.multiplier[c];
       f32_.bias_mem = memory({{m}, dt::f32, memory::format_tag::a}, dnnl_engine(), f32_.bias.raw());
     }
+  }
+
+  // The direct depthwise kernel's plan: channels-last x and y, reorders where they are not.
+  void plan_direct(ConvPlan& p, const Shape& xs, DType x_type, const Layout* x_layout, bool out_blocked) const {
+    const ConvProblem& pr = p.problem;
+    p.direct = std::make_shared<const DirectDepthwise>(q_, requant_, w_, x_type);
+    p.direct_shape = {xs[0], xs[1], xs[2], xs[3], pr.out_spatial[0], pr.out_spatial[1], pr.kernel[0], pr.kernel[1],
+                      pr.strides[0], pr.strides[1], pr.pad_begin[0], pr.pad_begin[1]};
+    const auto channels_last = memory::format_tag::acdb;
+    p.direct_src_nhwc = memory::desc(to_dnnl_dims(xs), dnnl_type(x_type), channels_last);
+    p.direct_src_user = x_layout ? x_layout->desc : plain_md(xs, dnnl_type(x_type));
+    if (p.direct_src_user != p.direct_src_nhwc)
+      p.direct_src_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), p.direct_src_user, dnnl_engine(),
+                                                                         p.direct_src_nhwc));
+    p.direct_dst_nhwc = memory::desc(to_dnnl_dims(p.prim.out_shape), dnnl_type(output_.dtype), channels_last);
+    p.direct_dst_plain = plain_md(p.prim.out_shape, dnnl_type(output_.dtype));
+    p.out_layout = dnnl_kernels::output_layout_for(p.direct_dst_nhwc, p.prim.out_shape, output_.dtype, out_blocked);
+    if (!p.out_layout && p.direct_dst_nhwc != p.direct_dst_plain)
+      p.direct_dst_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), p.direct_dst_nhwc, dnnl_engine(),
+                                                                         p.direct_dst_plain));
+  }
+
+  void run_direct(ConvPlan& p, const Tensor& x, Tensor& y) const {
+    const void* src = x.raw();
+    if (p.direct_src_reorder) {
+      if (!p.direct_src.defined()) p.direct_src = Tensor(x.dtype(), x.shape());
+      memory from(p.direct_src_user, dnnl_engine(), const_cast<void*>(x.raw()));
+      memory to(p.direct_src_nhwc, dnnl_engine(), p.direct_src.raw());
+      p.direct_src_reorder->execute(dnnl_stream(), from, to);
+      dnnl_stream().wait();
+      src = p.direct_src.raw();
+    }
+    if (!p.direct_dst_reorder) {
+      p.direct->run(p.direct_shape, src, y.raw());
+      return;
+    }
+    if (!p.direct_dst.defined()) p.direct_dst = Tensor(y.dtype(), y.shape());
+    p.direct->run(p.direct_shape, src, p.direct_dst.raw());
+    memory from(p.direct_dst_nhwc, dnnl_engine(), p.direct_dst.raw()), to(p.direct_dst_plain, dnnl_engine(), y.raw());
+    p.direct_dst_reorder->execute(dnnl_stream(), from, to);
+    dnnl_stream().wait();
   }
 
   // oneDNN's view of the weights: [G, M/G, C/G, k...] when grouped (same bytes as ONNX's layout).
@@ -222,6 +281,12 @@ class QConvKernel final : public Kernel {
                  a.strides, a.dilations, Shape(g.pad_begin.begin(), g.pad_begin.end())};
     p.prim.src_user = x_layout ? x_layout->desc : plain_md(xs, dnnl_type(x_type));
     p.prim.dst_user = plain_md(p.prim.out_shape, dnnl_type(output_.dtype));
+
+    const bool dense = std::all_of(a.dilations.begin(), a.dilations.end(), [](int64_t d) { return d == 1; });
+    if (direct_depthwise_ && !sum && xs.size() == 4 && c == group_ && dense) {
+      plan_direct(p, xs, x_type, x_layout, out_blocked);
+      return p;
+    }
 
     // Completes p with an int8 or f32 primitive; false when oneDNN has none (or, for int8, only its
     // reference implementation, orders of magnitude slower).
@@ -326,6 +391,7 @@ class QConvKernel final : public Kernel {
   // a float32 output.
   QuantParam output_;
   Compute compute_ = Compute::kInt8;
+  bool direct_depthwise_ = false;  // kInt8 depthwise on a CPU the direct kernel runs on
   WindowAttrs window_;
   int64_t group_ = 1;
   Tensor w_;        // s8, ONNX layout (the reference reads it)

@@ -1,0 +1,171 @@
+// The direct depthwise QConv kernel (int8_depthwise.h) against the plain-loop reference, code for
+// code: channel counts around the 64-channel chunk and 16-lane boundaries, 3x3 / 5x5 / 7x7 and
+// non-square filters, strides 1, 2 and mixed, padding on every side and none, u8 / s8 inputs with
+// zero points, every supported activation, u8 / s8 / per-channel / float32 outputs. Runs only on
+// CPUs the kernel runs on (AVX-512 VNNI; DNNL_MAX_CPU_ISA below that skips it).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/kernels/int8_depthwise.h"
+#include "runtime/kernels/int8_reference.h"
+
+namespace slimquant::runtime::int8 {
+namespace {
+
+struct DepthwiseCase {
+  std::string name;
+  int64_t channels, height, width, kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left, pad_bottom, pad_right;
+  DType x_type;
+  int32_t x_zero_point;
+  Activation activation;
+  DType y_type;
+  int32_t y_zero_point;
+  bool y_per_channel = false;
+  bool post_affine = false;  // HardSwish followed by a scalar Mul / Add
+  int64_t batch = 1;
+};
+
+// [N, C, H, W] -> [N, H, W, C] (or back, with the shape given as the source's).
+Tensor transpose(const Tensor& t, bool to_channels_last) {
+  const Shape s = t.shape();
+  const int64_t n = s[0], a = s[1], b = s[2], c = s[3];  // source dims
+  Tensor out(t.dtype(), to_channels_last ? Shape{n, b, c, a} : Shape{n, c, a, b});
+  const int64_t bytes = static_cast<int64_t>(dtype_size(t.dtype()));
+  const auto* src = static_cast<const uint8_t*>(t.raw());
+  auto* dst = static_cast<uint8_t*>(out.raw());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t x = 0; x < a; ++x)
+      for (int64_t y = 0; y < b; ++y)
+        for (int64_t z = 0; z < c; ++z) {
+          // to_channels_last: source [n][C=a][H=b][W=c] -> [n][H][W][C]; else source [n][H=a][W=b][C=c] -> [n][C][H][W].
+          const int64_t from = ((i * a + x) * b + y) * c + z;
+          const int64_t to = to_channels_last ? ((i * b + y) * c + z) * a + x : ((i * c + z) * a + x) * b + y;
+          std::copy_n(src + from * bytes, bytes, dst + to * bytes);
+        }
+  return out;
+}
+
+class DirectDepthwiseTest : public ::testing::TestWithParam<DepthwiseCase> {};
+
+TEST_P(DirectDepthwiseTest, MatchesTheReferenceCodeForCode) {
+  if (!direct_depthwise_available()) GTEST_SKIP() << "the direct depthwise kernel needs AVX-512 VNNI";
+  const DepthwiseCase& c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(std::hash<std::string>{}(c.name)));
+  std::uniform_int_distribution<int> weight(-127, 127), code(c.x_type == DType::kUInt8 ? 0 : -128,
+                                                             c.x_type == DType::kUInt8 ? 255 : 127);
+  std::uniform_real_distribution<float> unit(0.5f, 1.5f), signed_unit(-1.f, 1.f);
+
+  QLinearAttrs q;
+  q.x.scale = {0.02f};
+  q.x.zero_point = {c.x_zero_point};
+  q.w.scale.resize(c.channels);
+  for (float& s : q.w.scale) s = 0.004f * unit(rng);
+  q.w.zero_point.assign(c.channels, 0);
+  q.w.axis = 0;
+  q.activation = c.activation;
+  if (c.activation == Activation::kClip) {
+    q.activation_min = -0.5f;
+    q.activation_max = 1.5f;
+  }
+  if (c.activation == Activation::kLeakyRelu) q.activation_alpha = 0.1f;
+  if (c.activation == Activation::kHardSigmoid) {
+    q.activation_alpha = 0.2f;
+    q.activation_beta = 0.5f;
+  }
+  if (c.post_affine) {
+    q.post_scale = 1.25f;
+    q.post_shift = -0.1f;
+  }
+  q.y.dtype = c.y_type;
+  if (c.y_type != DType::kFloat32) {
+    if (c.y_per_channel) {
+      q.y.scale.resize(c.channels);
+      for (float& s : q.y.scale) s = 0.01f * unit(rng);
+      q.y.zero_point.assign(c.channels, 0);
+      q.y.axis = 1;
+    } else {
+      q.y.scale = {0.012f};
+      q.y.zero_point = {c.y_zero_point};
+    }
+  }
+
+  Tensor w(DType::kInt8, {c.channels, 1, c.kernel_h, c.kernel_w});
+  for (int8_t& v : w.values<int8_t>()) v = static_cast<int8_t>(weight(rng));
+  Tensor bias(DType::kFloat32, {c.channels});
+  for (float& v : bias.values<float>()) v = 0.3f * signed_unit(rng);
+  const Requant r = make_requant(ir::Node(), q, c.channels, &bias);
+
+  Tensor x(c.x_type, {c.batch, c.channels, c.height, c.width});
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    if (c.x_type == DType::kUInt8) x.data<uint8_t>()[i] = static_cast<uint8_t>(code(rng));
+    else x.data<int8_t>()[i] = static_cast<int8_t>(code(rng));
+  }
+  const int64_t out_h = (c.height + c.pad_top + c.pad_bottom - c.kernel_h) / c.stride_h + 1;
+  const int64_t out_w = (c.width + c.pad_left + c.pad_right - c.kernel_w) / c.stride_w + 1;
+
+  Tensor expected(c.y_type, {c.batch, c.channels, out_h, out_w});
+  const ConvProblem p{c.batch, c.channels, c.channels, c.channels, {c.height, c.width}, {out_h, out_w},
+                      {c.kernel_h, c.kernel_w}, {c.stride_h, c.stride_w}, {1, 1}, {c.pad_top, c.pad_left}};
+  reference_qconv(q, r, p, x, w, expected);
+
+  const DirectDepthwise kernel(q, r, w, c.x_type);
+  const Tensor x_nhwc = transpose(x, true);
+  Tensor y_nhwc(c.y_type, {c.batch, out_h, out_w, c.channels});
+  const DepthwiseShape s{c.batch, c.channels, c.height, c.width, out_h, out_w, c.kernel_h, c.kernel_w, c.stride_h,
+                         c.stride_w, c.pad_top, c.pad_left};
+  kernel.run(s, x_nhwc.raw(), y_nhwc.raw());
+  const Tensor actual = transpose(y_nhwc, false);
+
+  // Exact where the output stage is the reference's own float expression; HardSwish and
+  // HardSigmoid (and HardSwish's post affine map) are fused into fewer roundings, so a value at a
+  // rounding boundary may land one code away, rarely.
+  const bool exact = c.activation != Activation::kHardSwish && c.activation != Activation::kHardSigmoid;
+  const std::vector<float> a = actual.to_float_vector(), e = expected.to_float_vector();
+  int64_t mismatches = 0;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(a[i]) - e[i]);
+    const double tolerance = c.y_type == DType::kFloat32 && !exact ? 1e-5 * std::max(1.0, std::fabs(double(e[i]))) : 0.0;
+    worst = std::max(worst, d);
+    if (d > tolerance) ++mismatches;
+  }
+  if (exact) {
+    EXPECT_EQ(mismatches, 0) << "worst difference " << worst;
+  } else if (c.y_type == DType::kFloat32) {
+    EXPECT_EQ(mismatches, 0) << "worst difference " << worst;
+  } else {
+    EXPECT_LE(worst, 1.0);
+    EXPECT_LE(mismatches, std::max<int64_t>(1, static_cast<int64_t>(a.size()) / 200)) << "worst difference " << worst;
+  }
+}
+
+constexpr DType kU8 = DType::kUInt8, kS8 = DType::kInt8, kF32 = DType::kFloat32;
+using A = Activation;
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, DirectDepthwiseTest,
+    ::testing::Values(
+        // name, C, H, W, kh, kw, sh, sw, pads t l b r, x type, z_x, activation, y type, z_y, per-channel y, post affine, N
+        DepthwiseCase{"c240_5x5_s8_hardswish_channel_y", 240, 12, 20, 5, 5, 1, 1, 2, 2, 2, 2, kS8, 0, A::kHardSwish, kS8,
+                      0, true, true},
+        DepthwiseCase{"c64_3x3_u8zp_relu_u8", 64, 9, 11, 3, 3, 1, 1, 1, 1, 1, 1, kU8, 37, A::kRelu, kU8, 0},
+        DepthwiseCase{"c16_3x3_stride2_s8zp_clip_s8zp", 16, 15, 17, 3, 3, 2, 2, 1, 1, 1, 1, kS8, -5, A::kClip, kS8, 3},
+        DepthwiseCase{"c24_5x5_stride2x1_none_f32", 24, 10, 9, 5, 5, 2, 1, 2, 2, 2, 2, kS8, 0, A::kNone, kF32, 0},
+        DepthwiseCase{"c80_3x3_stride1x2_leaky_u8zp", 80, 7, 13, 3, 3, 1, 2, 1, 1, 1, 1, kU8, 128, A::kLeakyRelu, kU8, 100},
+        DepthwiseCase{"c130_7x7_unpadded_none_s8", 130, 11, 12, 7, 7, 1, 1, 0, 0, 0, 0, kU8, 0, A::kNone, kS8, -7},
+        DepthwiseCase{"c48_3x5_asymmetric_pads_hardsigmoid_u8", 48, 6, 8, 3, 5, 1, 1, 0, 2, 2, 1, kS8, 4, A::kHardSigmoid,
+                      kU8, 0},
+        DepthwiseCase{"c32_5x5_hardswish_f32_batch2", 32, 8, 8, 5, 5, 1, 1, 2, 2, 2, 2, kS8, 0, A::kHardSwish, kF32, 0,
+                      false, false, 2},
+        DepthwiseCase{"c96_1x1_relu_channel_y", 96, 4, 5, 1, 1, 1, 1, 0, 0, 0, 0, kU8, 0, A::kRelu, kS8, 0, true},
+        DepthwiseCase{"c200_9x3_stride2_clip_channel_y", 200, 13, 6, 9, 3, 2, 1, 4, 1, 4, 1, kU8, 9, A::kClip, kU8, 0,
+                      true}),
+    [](const ::testing::TestParamInfo<DepthwiseCase>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace slimquant::runtime::int8
