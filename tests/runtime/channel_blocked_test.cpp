@@ -78,9 +78,9 @@ Det det_like_graph(int64_t channels, bool pool_heads) {
   return d;
 }
 
-Tensor input(int64_t batch, uint32_t seed) {
+Tensor input(int64_t batch, uint32_t seed, int64_t channels = kIn) {
   std::mt19937 rng(seed);
-  return test::random_tensor({batch, kIn, kSize, kSize}, rng, -2.f, 2.f);
+  return test::random_tensor({batch, channels, kSize, kSize}, rng, -2.f, 2.f);
 }
 
 // Two convolutions of x, each read by a GlobalAveragePool and (through a per-channel Q) by a
@@ -104,10 +104,10 @@ ir::Graph two_quantized_branches(int64_t channels) {
   return b.g;
 }
 
-ir::Graph lowered_int8(const ir::Graph& g, int expected_convs) {
+ir::Graph lowered_int8(const ir::Graph& g, int expected_convs, int64_t in_channels = kIn) {
   quant::PTQ ptq{quant::QuantConfig(quant::QuantRule{"abs_max", "channel_wise_abs_max", true})};
   ptq.quantize(g);
-  for (uint32_t seed : {11u, 12u}) ptq.sample({{"x", input(2, seed)}});
+  for (uint32_t seed : {11u, 12u}) ptq.sample({{"x", input(2, seed, in_channels)}});
   ptq.set_channel_wise_conv_inputs(true);
   quant::LoweringReport report;
   ir::Graph lowered = quant::lower_to_int8(ptq.convert(), {}, &report);
@@ -245,6 +245,30 @@ TEST(ChannelBlockedOps, DepthToSpaceOfKernelSizedConvTransposeStaysChannelsLast)
     EXPECT_EQ(plain_values.at(moved[0]).dtype(), DType::kUInt8);
     expect_held_blocked(held, plain_values, moved[0]);
     EXPECT_EQ(plain_values.at(moved[1]).shape(), (Shape{batch, 1, 4 * kSize, 4 * kSize}));
+  }
+}
+
+// An RGB image quantized for the first QConv: the QuantizeLinear writes its codes channels-last,
+// the layout the int8 convolution computes in, so the convolution does not reorder them.
+TEST(ChannelBlockedOps, QuantizedImageIsWrittenChannelsLastForTheFirstQConv) {
+  std::mt19937 rng(9);
+  test::GraphBuilder b;
+  b.g.opset = 13;
+  b.g.inputs.push_back({"x", DType::kFloat32, std::nullopt});
+  const std::string stem = b.node("Conv", {"x", b.constant(test::random_tensor({16, 3, 3, 3}, rng, -0.3f, 0.3f)),
+                                           b.constant(test::random_tensor({16}, rng))},
+                                  {{"pads", std::vector<int64_t>(4, 1)}, {"strides", std::vector<int64_t>{2, 2}}});
+  const std::string head = b.node("Conv", {b.node("Relu", {stem}), b.constant(test::random_tensor({8, 16, 1, 1}, rng, -0.3f, 0.3f))});
+  b.g.outputs.push_back({head, DType::kFloat32, std::nullopt});
+  const ir::Graph lowered = lowered_int8(b.g, 2, 3);
+  std::string image_codes;
+  for (const ir::Node& n : lowered.nodes)
+    if (n.op_type == "QuantizeLinear" && n.inputs[0] == "x") image_codes = n.outputs[0];
+  ASSERT_FALSE(image_codes.empty());
+  for (int64_t batch : {1, 2}) {
+    const Tensor x = input(batch, 31, 3);
+    const auto held = expect_bit_identical(lowered, x);
+    expect_held_blocked(held, run_plain_layout(lowered, x), image_codes);
   }
 }
 

@@ -599,6 +599,15 @@ void check_per_axis(const ir::Node& node, const QdqAttrs& a, const Tensor& scale
                                        ") need opset 13 or later");
 }
 
+// Byte planes [c][pixels] -> channels-last [pixels][c]. With the channel count a constant the
+// compiler vectorises the gather (AVX2: 0.074 ms for 3x640x640; 0.74 ms with a run-time count, and
+// oneDNN 2.6's reorder takes 0.45 ms).
+template <int C>
+SQ_AVX2_CLONES void interleave_byte_planes(const uint8_t* __restrict x, int64_t pixels, uint8_t* __restrict y) {
+  for (int64_t p = 0; p < pixels; ++p)
+    for (int c = 0; c < C; ++c) y[p * C + c] = x[c * pixels + p];
+}
+
 class QuantizeLinearKernel final : public Kernel {
  public:
   explicit QuantizeLinearKernel(const KernelInit& init) : node_(init.node), attrs_(qdq_attrs(init)) {}
@@ -607,12 +616,45 @@ class QuantizeLinearKernel final : public Kernel {
     const Tensor* zp = ctx.optional_input(2);
     check_per_axis(node_, attrs_, scale);
     if (ctx.input_layout(0) && run_channel_blocked(ctx, scale, zp)) return;
+    if (!ctx.input_layout(0) && run_image_to_channels_last(ctx, scale, zp)) return;
     const Tensor x = channel_blocked::plain_input(ctx, 0);
     Tensor& y = ctx.allocate_output(0, zp ? zp->dtype() : DType::kUInt8, x.shape());
     quantize_linear(x, scale, zp, attrs_.axis, y, node_.describe());
   }
 
  private:
+  // 2 to this many channels: an image, whose plain codes the reading int8 convolution would
+  // reorder to channels-last itself, slowly (see interleave_byte_planes).
+  static constexpr int64_t kMaxImageChannels = 4;
+
+  // A plain float32 image [N, C, H, W] (C <= kMaxImageChannels) whose readers take blocked
+  // layouts: quantized as usual, then written channels-last, the layout the int8 convolutions
+  // compute in; false (nothing written) otherwise.
+  bool run_image_to_channels_last(KernelContext& ctx, const Tensor& scale, const Tensor* zp) {
+    const Tensor& x = ctx.input(0);
+    const DType qtype = zp ? zp->dtype() : DType::kUInt8;
+    if (!ctx.output_layout_allowed(0) || x.dtype() != DType::kFloat32 || x.rank() != 4 || x.dim(1) < 2 ||
+        x.dim(1) > kMaxImageChannels || x.dim(2) * x.dim(3) < 2 || (qtype != DType::kUInt8 && qtype != DType::kInt8))
+      return false;
+    if (!planes_.defined() || planes_.shape() != x.shape() || planes_.dtype() != qtype) planes_ = Tensor(qtype, x.shape());
+    quantize_linear(x, scale, zp, attrs_.axis, planes_, node_.describe());
+    Tensor& y = ctx.allocate_output(0, qtype, x.shape());
+    const int64_t pixels = x.dim(2) * x.dim(3), sample = x.dim(1) * pixels;
+    for (int64_t n = 0; n < x.dim(0); ++n) {
+      const auto* from = static_cast<const uint8_t*>(planes_.raw()) + n * sample;
+      auto* to = static_cast<uint8_t*>(y.raw()) + n * sample;
+      switch (x.dim(1)) {
+        case 2: interleave_byte_planes<2>(from, pixels, to); break;
+        case 3: interleave_byte_planes<3>(from, pixels, to); break;
+        default: interleave_byte_planes<4>(from, pixels, to); break;
+      }
+    }
+    const dnnl::memory::desc channels_last(to_dnnl_dims(x.shape()), to_dnnl_type(qtype),
+                                           dnnl::memory::format_tag::acdb);
+    ctx.set_output_layout(0, std::make_shared<const Layout>(Layout{channels_last}));
+    return true;
+  }
+
   // A channel-blocked float32 x quantized per channel (axis 1) or per tensor into u8 / s8 in the
   // same layout, pixel row by pixel row; false (nothing written) for other cases.
   bool run_channel_blocked(KernelContext& ctx, const Tensor& scale, const Tensor* zp) {
@@ -655,6 +697,7 @@ class QuantizeLinearKernel final : public Kernel {
 
   const ir::Node& node_;
   QdqAttrs attrs_;
+  Tensor planes_;  // plain codes before run_image_to_channels_last interleaves them (kept: 1.2 MB for 640x640)
 };
 
 class DequantizeLinearKernel final : public Kernel {

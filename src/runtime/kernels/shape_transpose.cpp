@@ -135,15 +135,31 @@ class DepthToSpaceKernel : public Kernel {
   // Channels-last: input pixel (h, w) holds channels (i, j, m), so its b*oc channels of kernel row
   // i are output row h*b+i's pixels w*b .. w*b+b-1, contiguous in y: one copy per (pixel, i).
   void copy_channels_last(const Tensor& x, Tensor& y) const {
-    const int64_t n = x.dim(0), c = x.dim(1), h = x.dim(2), w = x.dim(3), b = a_.blocksize;
+    const int64_t c = x.dim(1), b = a_.blocksize;
     const int64_t run = c / b * static_cast<int64_t>(dtype_size(x.dtype()));  // bytes of b*oc channels
+    // Short runs (DBNet's head: one float32 channel, b = 2, 8 bytes) as fixed-size copies the
+    // compiler turns into moves; a memcpy call per 8 bytes took 0.75 ms at 1x4x320x320.
+    switch (run) {
+      case 4: return copy_runs<4>(x, y);
+      case 8: return copy_runs<8>(x, y);
+      case 16: return copy_runs<16>(x, y);
+      default: return copy_runs<0>(x, y);
+    }
+  }
+
+  // copy_channels_last with runs of Run bytes (0: the run length known at run time only).
+  template <int64_t Run>
+  void copy_runs(const Tensor& x, Tensor& y) const {
+    const int64_t n = x.dim(0), c = x.dim(1), h = x.dim(2), w = x.dim(3), b = a_.blocksize;
+    const int64_t run = Run ? Run : c / b * static_cast<int64_t>(dtype_size(x.dtype()));
     const auto* src = static_cast<const unsigned char*>(x.raw());
     auto* dst = static_cast<unsigned char*>(y.raw());
     for (int64_t p = 0; p < n * h; ++p)  // input rows
       for (int64_t i = 0; i < b; ++i) {
         unsigned char* out_row = dst + (p * b + i) * w * run;
+        const unsigned char* in_row = src + (p * w * b + i) * run;
         for (int64_t q = 0; q < w; ++q)
-          std::memcpy(out_row + q * run, src + ((p * w + q) * b + i) * run, static_cast<size_t>(run));
+          std::memcpy(out_row + q * run, in_row + q * b * run, static_cast<size_t>(Run ? Run : run));
       }
   }
 
