@@ -1,6 +1,6 @@
 // The direct depthwise QConv kernel (int8_depthwise.h) against the plain-loop reference, code for
-// code: channel counts around the 64-channel chunk and 16-lane boundaries, 3x3 / 5x5 / 7x7 and
-// non-square filters, strides 1, 2 and mixed, padding on every side and none, u8 / s8 inputs with
+// code: channel counts around the 64-channel chunk and 16-lane boundaries, 1x1 to 16x1 and
+// non-square filters, strides 1 to 5 and mixed, padding on every side and none, u8 / s8 inputs with
 // zero points, every supported activation, u8 / s8 / per-channel / float32 outputs. Runs only on
 // CPUs the kernel runs on (AVX-512 VNNI; DNNL_MAX_CPU_ISA below that skips it).
 #include <gtest/gtest.h>
@@ -164,7 +164,11 @@ INSTANTIATE_TEST_SUITE_P(
                       false, false, 2},
         DepthwiseCase{"c96_1x1_relu_channel_y", 96, 4, 5, 1, 1, 1, 1, 0, 0, 0, 0, kU8, 0, A::kRelu, kS8, 0, true},
         DepthwiseCase{"c200_9x3_stride2_clip_channel_y", 200, 13, 6, 9, 3, 2, 1, 4, 1, 4, 1, kU8, 9, A::kClip, kU8, 0,
-                      true}),
+                      true},
+        // Tall filters and large strides: windows over up to five row quads, quads no row reads.
+        DepthwiseCase{"c70_13x2_stride3x2_none_s8", 70, 29, 9, 13, 2, 3, 2, 6, 1, 6, 0, kS8, 2, A::kNone, kS8, 1},
+        DepthwiseCase{"c64_2x2_stride5_relu_u8", 64, 23, 21, 2, 2, 5, 5, 1, 0, 0, 1, kU8, 0, A::kRelu, kU8, 0},
+        DepthwiseCase{"c128_16x1_relu_f32", 128, 20, 3, 16, 1, 1, 1, 7, 0, 8, 0, kU8, 0, A::kRelu, kF32, 0}),
     [](const ::testing::TestParamInfo<DepthwiseCase>& info) { return info.param.name; });
 
 }  // namespace

@@ -6,6 +6,13 @@
 // and per-channel constants are stored in that order; packs_epi32 then packus/packs_epi16 (also
 // within lanes) give the 64 output codes back in channel order, and a 4x4 transpose of 128-bit
 // blocks does the same for float32 outputs.
+//
+// Row quads: input rows (counted from the first padded row) go into quads 4m .. 4m+3, each built
+// once per tile of output columns and chunk. Output row oh reads padded rows oh*sh .. oh*sh+kh-1,
+// which start at offset o = oh*sh % 4 in quad oh*sh / 4: it takes the quads that window overlaps
+// with the weight set for offset o, which puts filter row kh at row (kh + o) % 4 of quad
+// (kh + o) / 4 and zeros elsewhere. Before, every output row interleaved its own quads (two per
+// row for a 5x5 filter, a quarter of the kernel's time); now it is one quad per four input rows.
 #include "runtime/kernels/int8_depthwise.h"
 
 #include <algorithm>
@@ -89,7 +96,7 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
   kernel_h_ = w.dim(2);
   kernel_w_ = w.dim(3);
   chunks_ = (channels_ + kChunk - 1) / kChunk;
-  quads_ = (kernel_h_ + 3) / 4;
+  quads_ = (kernel_h_ + 3 + 3) / 4;  // a window starting at row 3 of its first quad
   signed_x_ = x_type == DType::kInt8;
   const int32_t zero_code = q.x.zero_point.at(0) + (signed_x_ ? 128 : 0);
   if (zero_code < 0 || zero_code > 255)
@@ -132,7 +139,7 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
   }
 
   const int64_t padded = chunks_ * kChunk;
-  weights_.assign(static_cast<size_t>(chunks_ * quads_ * kernel_w_ * kQuadBytes), 0);
+  weights_.assign(static_cast<size_t>(4 * chunks_ * quads_ * kernel_w_ * kQuadBytes), 0);
   compensation_.assign(padded, 0);
   bias_.assign(padded, 0.f);
   multiplier_.assign(padded, 0.f);
@@ -147,8 +154,11 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
       for (int64_t kw = 0; kw < kernel_w_; ++kw) {
         const int8_t v = wq[(c * kernel_h_ + kh) * kernel_w_ + kw];
         weight_sum += v;
-        const int64_t quad = kh / 4, row = kh % 4;
-        weights_[static_cast<size_t>((((chunk * quads_ + quad) * kernel_w_ + kw) * 4 + j) * 64 + lane * 16 + i * 4 + row)] = v;
+        for (int64_t offset = 0; offset < 4; ++offset) {  // the window's first row within its first quad
+          const int64_t quad = (kh + offset) / 4, row = (kh + offset) % 4;
+          const int64_t at = (((offset * chunks_ + chunk) * quads_ + quad) * kernel_w_ + kw) * 4 + j;
+          weights_[static_cast<size_t>(at * 64 + lane * 16 + i * 4 + row)] = v;
+        }
       }
     const int64_t at = register_index(c);
     compensation_[at] = zero_code * weight_sum;
@@ -199,17 +209,18 @@ SQ_AVX512_VNNI void interleave_rows(const uint8_t* const rows[4], int64_t channe
   }
 }
 
-// acc[p][j] for P output columns whose first input column (padded coordinates) is col0, stride sw.
-// The p and j loops unroll fully so the 4 P accumulators stay in registers.
+// acc[p][j] for P output columns whose first input column (within the tile) is col0, stride sw,
+// over `count` quads (quads[g]: its interleaved columns) and their weights w[g]. The p and j loops
+// unroll fully so the 4 P accumulators stay in registers.
 template <int P>
-SQ_AVX512_VNNI inline void accumulate(const uint8_t* q, int64_t cols, const int8_t* w, int64_t quads, int64_t kernel_w,
+SQ_AVX512_VNNI inline void accumulate(const uint8_t* const* quads, int64_t count, const int8_t* w, int64_t kernel_w,
                                       int64_t col0, int64_t sw, __m512i (&acc)[P][4]) {
 #pragma GCC unroll 16
   for (int p = 0; p < P; ++p)
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) acc[p][j] = _mm512_setzero_si512();
-  for (int64_t g = 0; g < quads; ++g) {
-    const uint8_t* qg = q + (g * cols + col0) * kQuadBytes;
+  for (int64_t g = 0; g < count; ++g) {
+    const uint8_t* qg = quads[g] + col0 * kQuadBytes;
     const int8_t* wg = w + g * kernel_w * kQuadBytes;
     for (int64_t kw = 0; kw < kernel_w; ++kw) {
       const uint8_t* qk = qg + kw * kQuadBytes;
@@ -280,44 +291,51 @@ SQ_AVX512_VNNI inline void finish(const Kernel& k, int64_t chunk, const __m512i 
   _mm512_mask_storeu_epi8(y, mask, bytes);
 }
 
-SQ_AVX512_VNNI void run_rows(const Kernel& k, const DepthwiseShape& s, const uint8_t* x, uint8_t* y, int64_t y_bytes,
-                             int64_t row_begin, int64_t row_end) {
+// Units (n, tile of output columns, chunk), each over all output rows, keeping the quads the
+// current row's window overlaps in a ring of k.quads slots.
+SQ_AVX512_VNNI void run_units(const Kernel& k, const DepthwiseShape& s, const uint8_t* x, uint8_t* y, int64_t y_bytes,
+                              int64_t unit_begin, int64_t unit_end) {
   const int64_t max_cols = (kTileColumns - 1) * s.stride_w + s.kernel_w;
-  std::vector<uint8_t> quads(static_cast<size_t>(k.quads * max_cols * kQuadBytes));
+  std::vector<uint8_t> ring(static_cast<size_t>(k.quads * max_cols * kQuadBytes));
   const __m512i zero_code = _mm512_set1_epi8(static_cast<char>(k.pad_code));
   const __m512i flip = _mm512_set1_epi8(k.signed_x ? static_cast<char>(0x80) : 0);
-  const int64_t c = s.channels;
-  for (int64_t row = row_begin; row < row_end; ++row) {
-    const int64_t n = row / s.out_h, oh = row % s.out_h;
-    for (int64_t chunk = 0; chunk < k.chunks; ++chunk) {
-      const int64_t valid = std::min(kChunk, c - chunk * kChunk);
-      const __mmask64 mask = valid >= 64 ? ~__mmask64{0} : (__mmask64{1} << valid) - 1;
-      const uint8_t* rows[4 * 4];  // per quad (at most 16 filter rows, checked at construction)
-      for (int64_t kh = 0; kh < 4 * k.quads; ++kh) {
-        const int64_t ih = oh * s.stride_h - s.pad_top + kh;
-        rows[kh] = kh < s.kernel_h && ih >= 0 && ih < s.in_h ? x + ((n * s.in_h + ih) * s.in_w) * c + chunk * kChunk
-                                                             : nullptr;
+  const int64_t c = s.channels, tiles = (s.out_w + kTileColumns - 1) / kTileColumns;
+  for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
+    const int64_t chunk = unit % k.chunks, tile = unit / k.chunks % tiles, n = unit / k.chunks / tiles;
+    const int64_t valid = std::min(kChunk, c - chunk * kChunk);
+    const __mmask64 mask = valid >= 64 ? ~__mmask64{0} : (__mmask64{1} << valid) - 1;
+    const int64_t tile_begin = tile * kTileColumns, tile_end = std::min(s.out_w, tile_begin + kTileColumns);
+    const int64_t cols = (tile_end - tile_begin - 1) * s.stride_w + s.kernel_w;
+    const uint8_t* image = x + n * s.in_h * s.in_w * c + chunk * kChunk;
+    int64_t built = -1;  // the last quad interleaved into the ring
+    for (int64_t oh = 0; oh < s.out_h; ++oh) {
+      const int64_t first_row = oh * s.stride_h, offset = first_row % 4, first_quad = first_row / 4;
+      const int64_t count = (offset + s.kernel_h + 3) / 4;
+      for (int64_t m = std::max(built + 1, first_quad); m < first_quad + count; ++m) {
+        const uint8_t* rows[4];
+        for (int t = 0; t < 4; ++t) {
+          const int64_t ih = 4 * m + t - s.pad_top;
+          rows[t] = ih >= 0 && ih < s.in_h ? image + ih * s.in_w * c : nullptr;
+        }
+        interleave_rows(rows, c, s.in_w, tile_begin * s.stride_w - s.pad_left, cols, mask, zero_code, flip,
+                        ring.data() + (m % k.quads) * cols * kQuadBytes);
+        built = m;
       }
-      const int8_t* w = k.weights + chunk * k.quads * s.kernel_w * kQuadBytes;
-      uint8_t* out_row = y + (row * s.out_w * c + chunk * kChunk) * y_bytes;
-      for (int64_t tile_begin = 0; tile_begin < s.out_w; tile_begin += kTileColumns) {
-        const int64_t tile_end = std::min(s.out_w, tile_begin + kTileColumns);
-        const int64_t cols = (tile_end - tile_begin - 1) * s.stride_w + s.kernel_w;
-        for (int64_t g = 0; g < k.quads; ++g)
-          interleave_rows(rows + 4 * g, c, s.in_w, tile_begin * s.stride_w - s.pad_left, cols, mask, zero_code, flip,
-                          quads.data() + g * cols * kQuadBytes);
-        int64_t ow = tile_begin;
-        for (; ow + 4 <= tile_end; ow += 4) {
-          __m512i acc[4][4];
-          accumulate<4>(quads.data(), cols, w, k.quads, s.kernel_w, (ow - tile_begin) * s.stride_w, s.stride_w, acc);
+      const uint8_t* quads[8];  // k.quads <= 5 (filters of up to 16 rows)
+      for (int64_t g = 0; g < count; ++g) quads[g] = ring.data() + ((first_quad + g) % k.quads) * cols * kQuadBytes;
+      const int8_t* w = k.weights + ((offset * k.chunks + chunk) * k.quads) * s.kernel_w * kQuadBytes;
+      uint8_t* out_row = y + (((n * s.out_h + oh) * s.out_w) * c + chunk * kChunk) * y_bytes;
+      int64_t ow = tile_begin;
+      for (; ow + 4 <= tile_end; ow += 4) {
+        __m512i acc[4][4];
+        accumulate<4>(quads, count, w, s.kernel_w, (ow - tile_begin) * s.stride_w, s.stride_w, acc);
 #pragma GCC unroll 4
-          for (int p = 0; p < 4; ++p) finish(k, chunk, acc[p], out_row + (ow + p) * c * y_bytes, valid);
-        }
-        for (; ow < tile_end; ++ow) {
-          __m512i acc[1][4];
-          accumulate<1>(quads.data(), cols, w, k.quads, s.kernel_w, (ow - tile_begin) * s.stride_w, s.stride_w, acc);
-          finish(k, chunk, acc[0], out_row + ow * c * y_bytes, valid);
-        }
+        for (int p = 0; p < 4; ++p) finish(k, chunk, acc[p], out_row + (ow + p) * c * y_bytes, valid);
+      }
+      for (; ow < tile_end; ++ow) {
+        __m512i acc[1][4];
+        accumulate<1>(quads, count, w, s.kernel_w, (ow - tile_begin) * s.stride_w, s.stride_w, acc);
+        finish(k, chunk, acc[0], out_row + ow * c * y_bytes, valid);
       }
     }
   }
@@ -333,9 +351,11 @@ void DirectDepthwise::run(const DepthwiseShape& s, const void* x, void* y) const
   const Kernel k{&stage_, weights_.data(), compensation_.data(), bias_.data(), multiplier_.data(), post_factor_.data(),
                  post_offset_.data(), chunks_, quads_, signed_x_, pad_code_};
   const int64_t y_bytes = stage_.y_type == DType::kFloat32 ? 4 : 1;
-  dnnl_kernels::parallel_rows(s.batch * s.out_h, s.out_w * s.channels * s.kernel_h * s.kernel_w / 8,
+  const int64_t tiles = (s.out_w + kTileColumns - 1) / kTileColumns;
+  const int64_t unit_outputs = s.out_h * std::min(s.out_w, kTileColumns) * kChunk;
+  dnnl_kernels::parallel_rows(s.batch * tiles * chunks_, unit_outputs * s.kernel_h * s.kernel_w / 8,
                               [&](int64_t begin, int64_t end) {
-                                run_rows(k, s, static_cast<const uint8_t*>(x), static_cast<uint8_t*>(y), y_bytes, begin, end);
+                                run_units(k, s, static_cast<const uint8_t*>(x), static_cast<uint8_t*>(y), y_bytes, begin, end);
                               });
 #else
   (void)x;

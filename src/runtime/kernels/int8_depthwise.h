@@ -8,7 +8,7 @@
 // 5x5, 12x80: 0.22 ms int8 with those post-ops against 0.17 ms f32, one thread).
 // Here vpdpbusd sums four taps of one channel at once: the input rows are interleaved four at a
 // time (the taps of four kernel rows at one column sit in adjacent bytes), so a 5x5 filter takes 10
-// dot-product instructions per 16 outputs instead of 25 multiply-adds.
+// dot-product instructions per 16 outputs instead of 25 multiply-adds (3x3: 3 or 6 instead of 9).
 //
 // Arithmetic: exactly the QConv contract (int8_common.h). Signed sources are shifted to unsigned
 // (x + 128) for vpdpbusd; padded taps read the zero point's code and a per-channel constant
@@ -31,7 +31,7 @@ struct DepthwiseShape {
 // True when the direct kernel may run here: AVX-512 VNNI within oneDNN's effective ISA (so
 // DNNL_MAX_CPU_ISA limits it as it limits oneDNN), unless SLIMQUANT_DIRECT_DEPTHWISE=0.
 bool direct_depthwise_available();
-// Filters up to this many rows (the kernel keeps one row pointer per filter row).
+// Filters up to this many rows (the row quads one output row reads: at most five).
 inline constexpr int64_t kMaxKernelHeight = 16;
 
 // Below this many channels the 64-channel chunks run mostly empty lanes and oneDNN's kernel is
@@ -70,7 +70,8 @@ class DirectDepthwise {
   bool signed_x_ = false;
   uint8_t pad_code_ = 0;  // the unsigned code of a real zero input
   Stage stage_;
-  // Per 64-channel chunk, in register order (see the .cpp): weights [chunk][quad][kw][4][64 bytes],
+  // Per 64-channel chunk, in register order (see the .cpp): weights [row offset 0-3][chunk][quad][kw]
+  // [4][64 bytes] (one set per offset of the window's first row within its quad),
   // and per channel: compensation (s32), B', M, and the post-activation factor and offset.
   std::vector<int8_t> weights_;
   std::vector<int32_t> compensation_;
