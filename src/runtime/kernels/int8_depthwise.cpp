@@ -7,12 +7,14 @@
 // within lanes) give the 64 output codes back in channel order, and a 4x4 transpose of 128-bit
 // blocks does the same for float32 outputs.
 //
-// Row quads: input rows (counted from the first padded row) go into quads 4m .. 4m+3, each built
-// once per tile of output columns and chunk. Output row oh reads padded rows oh*sh .. oh*sh+kh-1,
-// which start at offset o = oh*sh % 4 in quad oh*sh / 4: it takes the quads that window overlaps
-// with the weight set for offset o, which puts filter row kh at row (kh + o) % 4 of quad
-// (kh + o) / 4 and zeros elsewhere. Before, every output row interleaved its own quads (two per
-// row for a 5x5 filter, a quarter of the kernel's time); now it is one quad per four input rows.
+// Row quads: quad m holds padded rows A*m .. A*m+3 (rows counted from the first padded row), built
+// once per tile of output columns and chunk. Output row oh reads padded rows oh*sh .. oh*sh+kh-1:
+// they start at offset o = oh*sh % A of quad oh*sh / A, and the window takes G = ceil(kh / 4)
+// quads, 4 / A indices apart, with the weight set for offset o (filter row kh at row (kh + o) % 4
+// of its (kh + o) / 4-th quad, zeros elsewhere). The alignment A (1, 2 or 4) is the largest with
+// o + kh <= 4 G for every offset: 4 for 5x5 filters (non-overlapping quads, one per four input
+// rows), 2 for 3x3 (quads overlap by two rows, one per two input rows). Before, every output row
+// interleaved its own quads: a quarter of the kernel's time for 5x5 filters.
 #include "runtime/kernels/int8_depthwise.h"
 
 #include <algorithm>
@@ -78,7 +80,9 @@ bool direct_depthwise_supports(const QLinearAttrs& q) {
     case Activation::kClip:
     case Activation::kLeakyRelu:
     case Activation::kHardSigmoid:
-    case Activation::kHardSwish: return true;
+    case Activation::kHardSwish:
+    case Activation::kSigmoid:
+    case Activation::kSwish: return true;
     default: return false;
   }
 }
@@ -96,7 +100,11 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
   kernel_h_ = w.dim(2);
   kernel_w_ = w.dim(3);
   chunks_ = (channels_ + kChunk - 1) / kChunk;
-  quads_ = (kernel_h_ + 3 + 3) / 4;  // a window starting at row 3 of its first quad
+  quads_ = (kernel_h_ + 3) / 4;
+  // The alignment of the quads (see the file comment): the largest power of two dividing 4 with
+  // (alignment - 1) + kh <= 4 * quads_.
+  alignment_ = 4;
+  while (alignment_ - 1 + kernel_h_ > 4 * quads_) alignment_ /= 2;
   signed_x_ = x_type == DType::kInt8;
   const int32_t zero_code = q.x.zero_point.at(0) + (signed_x_ ? 128 : 0);
   if (zero_code < 0 || zero_code > 255)
@@ -135,11 +143,16 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
       s.top = inv;
       break;
     case Activation::kHardSwish: s.act = Act::kHardSwish; break;
+    case Activation::kSigmoid: s.act = Act::kSigmoid; break;
+    case Activation::kSwish:
+      s.act = Act::kSwish;
+      s.alpha = q.activation_alpha;
+      break;
     default: break;
   }
 
   const int64_t padded = chunks_ * kChunk;
-  weights_.assign(static_cast<size_t>(4 * chunks_ * quads_ * kernel_w_ * kQuadBytes), 0);
+  weights_.assign(static_cast<size_t>(alignment_ * chunks_ * quads_ * kernel_w_ * kQuadBytes), 0);
   compensation_.assign(padded, 0);
   bias_.assign(padded, 0.f);
   multiplier_.assign(padded, 0.f);
@@ -154,7 +167,7 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
       for (int64_t kw = 0; kw < kernel_w_; ++kw) {
         const int8_t v = wq[(c * kernel_h_ + kh) * kernel_w_ + kw];
         weight_sum += v;
-        for (int64_t offset = 0; offset < 4; ++offset) {  // the window's first row within its first quad
+        for (int64_t offset = 0; offset < alignment_; ++offset) {  // the window's first row within its first quad
           const int64_t quad = (kh + offset) / 4, row = (kh + offset) % 4;
           const int64_t at = (((offset * chunks_ + chunk) * quads_ + quad) * kernel_w_ + kw) * 4 + j;
           weights_[static_cast<size_t>(at * 64 + lane * 16 + i * 4 + row)] = v;
@@ -182,7 +195,7 @@ struct Kernel {
   const int8_t* weights;
   const int32_t* compensation;
   const float *bias, *multiplier, *post_factor, *post_offset;
-  int64_t chunks, quads;
+  int64_t chunks, quads, alignment;
   bool signed_x;
   uint8_t pad_code;
 };
@@ -236,7 +249,36 @@ SQ_AVX512_VNNI inline void accumulate(const uint8_t* const* quads, int64_t count
   }
 }
 
+// e^x for the logistic function: x = k ln 2 + r (ln 2 in two parts, so r is exact enough), e^r by
+// its degree-6 Taylor polynomial (|r| <= ln 2 / 2: relative error below 2e-7), times 2^k by
+// vscalefps. x is clamped to [-88, 88]: beyond, the logistic is 0 or 1 to float precision anyway.
+SQ_AVX512_VNNI inline __m512 exp_ps(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.f)), _mm512_set1_ps(88.f));
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.f / 720.f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, k);
+}
+
+// 1 / (1 + e^-x), the reciprocal from vrcp14ps and one Newton step (relative error ~2^-28; a
+// vdivps per 16 values cost more than the rest of the output stage).
+SQ_AVX512_VNNI inline __m512 logistic_ps(__m512 x) {
+  const __m512 d = _mm512_add_ps(_mm512_set1_ps(1.f), exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x)));
+  const __m512 r = _mm512_rcp14_ps(d);
+  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
+}
+
 // The output stage of one chunk at one pixel: acc (register order) -> y (channel order).
+// A: the activation, fixed per instantiation so the hot loop holds no dispatch (a run-time switch
+// with the logistic's code in it made 5x5 layers 1.4x slower).
+template <Act A>
 SQ_AVX512_VNNI inline void finish(const Kernel& k, int64_t chunk, const __m512i (&acc)[4], void* y, int64_t valid) {
   const Stage& s = *k.stage;
   __m512 v[4];
@@ -245,21 +287,20 @@ SQ_AVX512_VNNI inline void finish(const Kernel& k, int64_t chunk, const __m512i 
     const int64_t at = chunk * kChunk + j * 16;
     __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[j], _mm512_loadu_si512(k.compensation + at)));
     f = _mm512_mul_ps(_mm512_add_ps(f, _mm512_loadu_ps(k.bias + at)), _mm512_loadu_ps(k.multiplier + at));
-    switch (s.act) {
-      case Act::kNone: break;
-      case Act::kClamp: f = _mm512_min_ps(_mm512_max_ps(f, _mm512_set1_ps(s.lo)), _mm512_set1_ps(s.hi)); break;
-      case Act::kLeakyRelu:
-        f = _mm512_mask_mul_ps(f, _mm512_cmp_ps_mask(f, _mm512_setzero_ps(), _CMP_LT_OQ), f, _mm512_set1_ps(s.alpha));
-        break;
-      case Act::kHardSigmoid:
-        f = _mm512_add_ps(_mm512_mul_ps(f, _mm512_set1_ps(s.alpha)), _mm512_set1_ps(s.beta));
-        f = _mm512_min_ps(_mm512_max_ps(f, _mm512_setzero_ps()), _mm512_set1_ps(s.top));
-        break;
-      case Act::kHardSwish: {
-        const __m512 gate = _mm512_fmadd_ps(f, _mm512_set1_ps(1.f / 6.f), _mm512_set1_ps(0.5f));
-        f = _mm512_mul_ps(f, _mm512_min_ps(_mm512_max_ps(gate, _mm512_setzero_ps()), _mm512_set1_ps(1.f)));
-        break;
-      }
+    if constexpr (A == Act::kClamp) {
+      f = _mm512_min_ps(_mm512_max_ps(f, _mm512_set1_ps(s.lo)), _mm512_set1_ps(s.hi));
+    } else if constexpr (A == Act::kLeakyRelu) {
+      f = _mm512_mask_mul_ps(f, _mm512_cmp_ps_mask(f, _mm512_setzero_ps(), _CMP_LT_OQ), f, _mm512_set1_ps(s.alpha));
+    } else if constexpr (A == Act::kHardSigmoid) {
+      f = _mm512_add_ps(_mm512_mul_ps(f, _mm512_set1_ps(s.alpha)), _mm512_set1_ps(s.beta));
+      f = _mm512_min_ps(_mm512_max_ps(f, _mm512_setzero_ps()), _mm512_set1_ps(s.top));
+    } else if constexpr (A == Act::kHardSwish) {
+      const __m512 gate = _mm512_fmadd_ps(f, _mm512_set1_ps(1.f / 6.f), _mm512_set1_ps(0.5f));
+      f = _mm512_mul_ps(f, _mm512_min_ps(_mm512_max_ps(gate, _mm512_setzero_ps()), _mm512_set1_ps(1.f)));
+    } else if constexpr (A == Act::kSigmoid) {
+      f = logistic_ps(f);
+    } else if constexpr (A == Act::kSwish) {
+      f = _mm512_mul_ps(f, logistic_ps(_mm512_mul_ps(f, _mm512_set1_ps(s.alpha))));
     }
     v[j] = _mm512_fmadd_ps(f, _mm512_loadu_ps(k.post_factor + at), _mm512_loadu_ps(k.post_offset + at));
   }
@@ -291,12 +332,16 @@ SQ_AVX512_VNNI inline void finish(const Kernel& k, int64_t chunk, const __m512i 
   _mm512_mask_storeu_epi8(y, mask, bytes);
 }
 
-// Units (n, tile of output columns, chunk), each over all output rows, keeping the quads the
-// current row's window overlaps in a ring of k.quads slots.
+// Units (n, tile of output columns, chunk), each over all output rows, keeping the quads that
+// windows still to come read in a ring (slots tagged with the quad they hold).
+template <Act A>
 SQ_AVX512_VNNI void run_units(const Kernel& k, const DepthwiseShape& s, const uint8_t* x, uint8_t* y, int64_t y_bytes,
                               int64_t unit_begin, int64_t unit_end) {
   const int64_t max_cols = (kTileColumns - 1) * s.stride_w + s.kernel_w;
-  std::vector<uint8_t> ring(static_cast<size_t>(k.quads * max_cols * kQuadBytes));
+  const int64_t quad_step = 4 / k.alignment;              // quad indices between a window's quads
+  const int64_t slots = (k.quads - 1) * quad_step + 1;  // a window's span of quad indices
+  std::vector<uint8_t> ring(static_cast<size_t>(slots * max_cols * kQuadBytes));
+  std::vector<int64_t> held(static_cast<size_t>(slots));
   const __m512i zero_code = _mm512_set1_epi8(static_cast<char>(k.pad_code));
   const __m512i flip = _mm512_set1_epi8(k.signed_x ? static_cast<char>(0x80) : 0);
   const int64_t c = s.channels, tiles = (s.out_w + kTileColumns - 1) / kTileColumns;
@@ -307,22 +352,26 @@ SQ_AVX512_VNNI void run_units(const Kernel& k, const DepthwiseShape& s, const ui
     const int64_t tile_begin = tile * kTileColumns, tile_end = std::min(s.out_w, tile_begin + kTileColumns);
     const int64_t cols = (tile_end - tile_begin - 1) * s.stride_w + s.kernel_w;
     const uint8_t* image = x + n * s.in_h * s.in_w * c + chunk * kChunk;
-    int64_t built = -1;  // the last quad interleaved into the ring
+    std::fill(held.begin(), held.end(), -1);
     for (int64_t oh = 0; oh < s.out_h; ++oh) {
-      const int64_t first_row = oh * s.stride_h, offset = first_row % 4, first_quad = first_row / 4;
-      const int64_t count = (offset + s.kernel_h + 3) / 4;
-      for (int64_t m = std::max(built + 1, first_quad); m < first_quad + count; ++m) {
+      const int64_t first_row = oh * s.stride_h, offset = first_row % k.alignment;
+      const int64_t first_quad = first_row / k.alignment;
+      for (int64_t g = 0; g < k.quads; ++g) {
+        const int64_t m = first_quad + g * quad_step, slot = m % slots;
+        if (held[slot] == m) continue;
         const uint8_t* rows[4];
         for (int t = 0; t < 4; ++t) {
-          const int64_t ih = 4 * m + t - s.pad_top;
+          const int64_t ih = k.alignment * m + t - s.pad_top;
           rows[t] = ih >= 0 && ih < s.in_h ? image + ih * s.in_w * c : nullptr;
         }
         interleave_rows(rows, c, s.in_w, tile_begin * s.stride_w - s.pad_left, cols, mask, zero_code, flip,
-                        ring.data() + (m % k.quads) * cols * kQuadBytes);
-        built = m;
+                        ring.data() + slot * cols * kQuadBytes);
+        held[slot] = m;
       }
-      const uint8_t* quads[8];  // k.quads <= 5 (filters of up to 16 rows)
-      for (int64_t g = 0; g < count; ++g) quads[g] = ring.data() + ((first_quad + g) % k.quads) * cols * kQuadBytes;
+      const uint8_t* quads[4];  // k.quads <= 4 (filters of up to 16 rows)
+      for (int64_t g = 0; g < k.quads; ++g)
+        quads[g] = ring.data() + ((first_quad + g * quad_step) % slots) * cols * kQuadBytes;
+      const int64_t count = k.quads;
       const int8_t* w = k.weights + ((offset * k.chunks + chunk) * k.quads) * s.kernel_w * kQuadBytes;
       uint8_t* out_row = y + (((n * s.out_h + oh) * s.out_w) * c + chunk * kChunk) * y_bytes;
       int64_t ow = tile_begin;
@@ -330,12 +379,12 @@ SQ_AVX512_VNNI void run_units(const Kernel& k, const DepthwiseShape& s, const ui
         __m512i acc[4][4];
         accumulate<4>(quads, count, w, s.kernel_w, (ow - tile_begin) * s.stride_w, s.stride_w, acc);
 #pragma GCC unroll 4
-        for (int p = 0; p < 4; ++p) finish(k, chunk, acc[p], out_row + (ow + p) * c * y_bytes, valid);
+        for (int p = 0; p < 4; ++p) finish<A>(k, chunk, acc[p], out_row + (ow + p) * c * y_bytes, valid);
       }
       for (; ow < tile_end; ++ow) {
         __m512i acc[1][4];
         accumulate<1>(quads, count, w, s.kernel_w, (ow - tile_begin) * s.stride_w, s.stride_w, acc);
-        finish(k, chunk, acc[0], out_row + ow * c * y_bytes, valid);
+        finish<A>(k, chunk, acc[0], out_row + ow * c * y_bytes, valid);
       }
     }
   }
@@ -349,13 +398,24 @@ void DirectDepthwise::run(const DepthwiseShape& s, const void* x, void* y) const
     fail(ErrorKind::kInternal, "direct depthwise convolution: shape does not match the packed weights");
 #if SQ_HAS_DIRECT_DEPTHWISE
   const Kernel k{&stage_, weights_.data(), compensation_.data(), bias_.data(), multiplier_.data(), post_factor_.data(),
-                 post_offset_.data(), chunks_, quads_, signed_x_, pad_code_};
+                 post_offset_.data(), chunks_, quads_, alignment_, signed_x_, pad_code_};
   const int64_t y_bytes = stage_.y_type == DType::kFloat32 ? 4 : 1;
   const int64_t tiles = (s.out_w + kTileColumns - 1) / kTileColumns;
   const int64_t unit_outputs = s.out_h * std::min(s.out_w, kTileColumns) * kChunk;
   dnnl_kernels::parallel_rows(s.batch * tiles * chunks_, unit_outputs * s.kernel_h * s.kernel_w / 8,
                               [&](int64_t begin, int64_t end) {
-                                run_units(k, s, static_cast<const uint8_t*>(x), static_cast<uint8_t*>(y), y_bytes, begin, end);
+                                const auto* in = static_cast<const uint8_t*>(x);
+                                auto* out = static_cast<uint8_t*>(y);
+                                switch (stage_.act) {
+                                  case Act::kNone: return run_units<Act::kNone>(k, s, in, out, y_bytes, begin, end);
+                                  case Act::kClamp: return run_units<Act::kClamp>(k, s, in, out, y_bytes, begin, end);
+                                  case Act::kLeakyRelu: return run_units<Act::kLeakyRelu>(k, s, in, out, y_bytes, begin, end);
+                                  case Act::kHardSigmoid:
+                                    return run_units<Act::kHardSigmoid>(k, s, in, out, y_bytes, begin, end);
+                                  case Act::kHardSwish: return run_units<Act::kHardSwish>(k, s, in, out, y_bytes, begin, end);
+                                  case Act::kSigmoid: return run_units<Act::kSigmoid>(k, s, in, out, y_bytes, begin, end);
+                                  case Act::kSwish: return run_units<Act::kSwish>(k, s, in, out, y_bytes, begin, end);
+                                }
                               });
 #else
   (void)x;

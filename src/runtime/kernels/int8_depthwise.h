@@ -31,7 +31,7 @@ struct DepthwiseShape {
 // True when the direct kernel may run here: AVX-512 VNNI within oneDNN's effective ISA (so
 // DNNL_MAX_CPU_ISA limits it as it limits oneDNN), unless SLIMQUANT_DIRECT_DEPTHWISE=0.
 bool direct_depthwise_available();
-// Filters up to this many rows (the row quads one output row reads: at most five).
+// Filters up to this many rows (the row quads one output row reads: at most four).
 inline constexpr int64_t kMaxKernelHeight = 16;
 
 // Below this many channels the 64-channel chunks run mostly empty lanes and oneDNN's kernel is
@@ -39,7 +39,7 @@ inline constexpr int64_t kMaxKernelHeight = 16;
 inline constexpr int64_t kMinDirectDepthwiseChannels = 64;
 
 // True when the kernel implements q's output stage: no activation, Relu, Clip, LeakyRelu,
-// HardSigmoid or HardSwish; u8 / s8 (per tensor or per channel) or float32 output.
+// HardSigmoid, HardSwish, Sigmoid or Swish; u8 / s8 (per tensor or per channel) or float32 output.
 bool direct_depthwise_supports(const QLinearAttrs& q);
 
 class DirectDepthwise {
@@ -54,11 +54,11 @@ class DirectDepthwise {
   int64_t kernel_w() const { return kernel_w_; }
 
   // The output stage, per channel in the kernel's register order (public for the vector code).
-  enum class Act { kNone, kClamp, kLeakyRelu, kHardSigmoid, kHardSwish };
+  enum class Act { kNone, kClamp, kLeakyRelu, kHardSigmoid, kHardSwish, kSigmoid, kSwish };
   struct Stage {
     Act act = Act::kNone;
     float lo = 0, hi = 0;          // kClamp bounds
-    float alpha = 0, beta = 0;     // kLeakyRelu slope; kHardSigmoid: clip(alpha v + beta, 0, top)
+    float alpha = 0, beta = 0;     // kLeakyRelu slope, kSwish's alpha; kHardSigmoid: clip(alpha v + beta, 0, top)
     float top = 0;
     DType y_type = DType::kFloat32;
     int32_t y_zero_point = 0;
@@ -66,12 +66,13 @@ class DirectDepthwise {
   };
 
  private:
-  int64_t channels_ = 0, kernel_h_ = 0, kernel_w_ = 0, chunks_ = 0, quads_ = 0;
+  int64_t channels_ = 0, kernel_h_ = 0, kernel_w_ = 0, chunks_ = 0;
+  int64_t quads_ = 0, alignment_ = 4;  // row quads per window, and the rows between quads (see the .cpp)
   bool signed_x_ = false;
   uint8_t pad_code_ = 0;  // the unsigned code of a real zero input
   Stage stage_;
-  // Per 64-channel chunk, in register order (see the .cpp): weights [row offset 0-3][chunk][quad][kw]
-  // [4][64 bytes] (one set per offset of the window's first row within its quad),
+  // Per 64-channel chunk, in register order (see the .cpp): weights [row offset][chunk][quad][kw]
+  // [4][64 bytes] (one set per offset of the window's first row within its first quad),
   // and per channel: compensation (s32), B', M, and the post-activation factor and offset.
   std::vector<int8_t> weights_;
   std::vector<int32_t> compensation_;
