@@ -8,7 +8,7 @@
 // 5x5, 12x80: 0.22 ms int8 with those post-ops against 0.17 ms f32, one thread).
 // Here vpdpbusd sums four taps of one channel at once: the input rows are interleaved four at a
 // time (the taps of four kernel rows at one column sit in adjacent bytes), so a 5x5 filter takes 10
-// dot-product instructions per 16 outputs instead of 25 multiply-adds (3x3: 3 or 6 instead of 9).
+// dot-product instructions per 16 outputs instead of 25 multiply-adds (3x3: 3 instead of 9).
 //
 // Arithmetic: exactly the QConv contract (int8_common.h). Signed sources are shifted to unsigned
 // (x + 128) for vpdpbusd; padded taps read the zero point's code and a per-channel constant
