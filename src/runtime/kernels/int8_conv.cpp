@@ -117,8 +117,9 @@ class QConvKernel final : public Kernel {
       prepare_f32(b);
     }
     bias_ = b ? *b : Tensor();
-    direct_depthwise_ = compute_ == Compute::kInt8 && !has_sum && w_.rank() == 4 && w_.dim(1) == 1 && w_.dim(2) <= kMaxKernelHeight &&
-                        m >= kMinDirectDepthwiseChannels && group_ == m &&
+    const bool one_filter_per_channel = w_.rank() == 4 && w_.dim(1) == 1 && group_ == m;
+    direct_depthwise_ = compute_ == Compute::kInt8 && !has_sum && one_filter_per_channel &&
+                        w_.dim(2) <= kMaxKernelHeight && m >= kMinDirectDepthwiseChannels &&
                         direct_depthwise_available() && direct_depthwise_supports(q_);
   }
 
@@ -186,15 +187,15 @@ class QConvKernel final : public Kernel {
     const auto channels_last = memory::format_tag::acdb;
     p.direct_src_nhwc = memory::desc(to_dnnl_dims(xs), dnnl_type(x_type), channels_last);
     p.direct_src_user = x_layout ? x_layout->desc : plain_md(xs, dnnl_type(x_type));
-    if (p.direct_src_user != p.direct_src_nhwc)
-      p.direct_src_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), p.direct_src_user, dnnl_engine(),
-                                                                         p.direct_src_nhwc));
+    auto reorder = [](const memory::desc& from, const memory::desc& to) {
+      return dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), from, dnnl_engine(), to));
+    };
+    if (p.direct_src_user != p.direct_src_nhwc) p.direct_src_reorder = reorder(p.direct_src_user, p.direct_src_nhwc);
     p.direct_dst_nhwc = memory::desc(to_dnnl_dims(p.prim.out_shape), dnnl_type(output_.dtype), channels_last);
     p.direct_dst_plain = plain_md(p.prim.out_shape, dnnl_type(output_.dtype));
     p.out_layout = dnnl_kernels::output_layout_for(p.direct_dst_nhwc, p.prim.out_shape, output_.dtype, out_blocked);
     if (!p.out_layout && p.direct_dst_nhwc != p.direct_dst_plain)
-      p.direct_dst_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), p.direct_dst_nhwc, dnnl_engine(),
-                                                                         p.direct_dst_plain));
+      p.direct_dst_reorder = reorder(p.direct_dst_nhwc, p.direct_dst_plain);
   }
 
   void run_direct(ConvPlan& p, const Tensor& x, Tensor& y) const {

@@ -89,7 +89,8 @@ bool direct_depthwise_supports(const QLinearAttrs& q) {
 
 DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const Tensor& w, DType x_type) {
   if (w.rank() != 4 || w.dim(1) != 1 || w.dtype() != DType::kInt8)
-    fail(ErrorKind::kInternal, "direct depthwise convolution: weights must be s8 [C, 1, kh, kw], got " + shape_str(w.shape()));
+    fail(ErrorKind::kInternal,
+         "direct depthwise convolution: weights must be s8 [C, 1, kh, kw], got " + shape_str(w.shape()));
   if (!direct_depthwise_supports(q))
     fail(ErrorKind::kInternal, std::string("direct depthwise convolution: unsupported activation ") +
                                    activation_name(q.activation));
@@ -211,7 +212,8 @@ SQ_AVX512_VNNI void interleave_rows(const uint8_t* const rows[4], int64_t channe
     __m512i r[4];
 #pragma GCC unroll 4
     for (int t = 0; t < 4; ++t)
-      r[t] = inside && rows[t] ? _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, rows[t] + iw * channels), flip) : zero_code;
+      r[t] = inside && rows[t] ? _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, rows[t] + iw * channels), flip)
+                               : zero_code;
     const __m512i ab_lo = _mm512_unpacklo_epi8(r[0], r[1]), ab_hi = _mm512_unpackhi_epi8(r[0], r[1]);
     const __m512i cd_lo = _mm512_unpacklo_epi8(r[2], r[3]), cd_hi = _mm512_unpackhi_epi8(r[2], r[3]);
     uint8_t* out = q + col * kQuadBytes;
@@ -254,7 +256,8 @@ SQ_AVX512_VNNI inline void accumulate(const uint8_t* const* quads, int64_t count
 // vscalefps. x is clamped to [-88, 88]: beyond, the logistic is 0 or 1 to float precision anyway.
 SQ_AVX512_VNNI inline __m512 exp_ps(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.f)), _mm512_set1_ps(88.f));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
+  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT);
   __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);
   r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.428606765330187e-06f), r);
   __m512 p = _mm512_set1_ps(1.f / 720.f);
@@ -402,21 +405,20 @@ void DirectDepthwise::run(const DepthwiseShape& s, const void* x, void* y) const
   const int64_t y_bytes = stage_.y_type == DType::kFloat32 ? 4 : 1;
   const int64_t tiles = (s.out_w + kTileColumns - 1) / kTileColumns;
   const int64_t unit_outputs = s.out_h * std::min(s.out_w, kTileColumns) * kChunk;
-  dnnl_kernels::parallel_rows(s.batch * tiles * chunks_, unit_outputs * s.kernel_h * s.kernel_w / 8,
-                              [&](int64_t begin, int64_t end) {
-                                const auto* in = static_cast<const uint8_t*>(x);
-                                auto* out = static_cast<uint8_t*>(y);
-                                switch (stage_.act) {
-                                  case Act::kNone: return run_units<Act::kNone>(k, s, in, out, y_bytes, begin, end);
-                                  case Act::kClamp: return run_units<Act::kClamp>(k, s, in, out, y_bytes, begin, end);
-                                  case Act::kLeakyRelu: return run_units<Act::kLeakyRelu>(k, s, in, out, y_bytes, begin, end);
-                                  case Act::kHardSigmoid:
-                                    return run_units<Act::kHardSigmoid>(k, s, in, out, y_bytes, begin, end);
-                                  case Act::kHardSwish: return run_units<Act::kHardSwish>(k, s, in, out, y_bytes, begin, end);
-                                  case Act::kSigmoid: return run_units<Act::kSigmoid>(k, s, in, out, y_bytes, begin, end);
-                                  case Act::kSwish: return run_units<Act::kSwish>(k, s, in, out, y_bytes, begin, end);
-                                }
-                              });
+  const auto* in = static_cast<const uint8_t*>(x);
+  auto* out = static_cast<uint8_t*>(y);
+  auto units = [&](int64_t begin, int64_t end) {
+    switch (stage_.act) {
+      case Act::kNone: return run_units<Act::kNone>(k, s, in, out, y_bytes, begin, end);
+      case Act::kClamp: return run_units<Act::kClamp>(k, s, in, out, y_bytes, begin, end);
+      case Act::kLeakyRelu: return run_units<Act::kLeakyRelu>(k, s, in, out, y_bytes, begin, end);
+      case Act::kHardSigmoid: return run_units<Act::kHardSigmoid>(k, s, in, out, y_bytes, begin, end);
+      case Act::kHardSwish: return run_units<Act::kHardSwish>(k, s, in, out, y_bytes, begin, end);
+      case Act::kSigmoid: return run_units<Act::kSigmoid>(k, s, in, out, y_bytes, begin, end);
+      case Act::kSwish: return run_units<Act::kSwish>(k, s, in, out, y_bytes, begin, end);
+    }
+  };
+  dnnl_kernels::parallel_rows(s.batch * tiles * chunks_, unit_outputs * s.kernel_h * s.kernel_w / 8, units);
 #else
   (void)x;
   (void)y;
