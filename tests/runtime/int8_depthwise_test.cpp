@@ -177,7 +177,10 @@ INSTANTIATE_TEST_SUITE_P(
         DepthwiseCase{"c96_3x3_swish_post_affine_u8", 96, 9, 10, 3, 3, 1, 1, 1, 1, 1, 1, kS8, 0, A::kSwish, kU8, 60,
                       false, true},
         DepthwiseCase{"c64_3x3_sigmoid_f32", 64, 7, 7, 3, 3, 1, 1, 1, 1, 1, 1, kU8, 0, A::kSigmoid, kF32, 0},
-        DepthwiseCase{"c80_3x3_sigmoid_u8", 80, 7, 9, 3, 3, 1, 1, 1, 1, 1, 1, kS8, -9, A::kSigmoid, kU8, 0}),
+        DepthwiseCase{"c80_3x3_sigmoid_u8", 80, 7, 9, 3, 3, 1, 1, 1, 1, 1, 1, kS8, -9, A::kSigmoid, kU8, 0},
+        // Enough work for the units to be split across OpenMP threads (each with its own ring).
+        DepthwiseCase{"c256_5x5_40x40_threads_relu_u8", 256, 40, 40, 5, 5, 1, 1, 2, 2, 2, 2, kU8, 5, A::kRelu, kU8, 0,
+                      false, false, 2}),
     [](const ::testing::TestParamInfo<DepthwiseCase>& info) { return info.param.name; });
 
 }  // namespace
