@@ -319,9 +319,9 @@ constexpr DType kU8 = DType::kUInt8, kS8 = DType::kInt8, kF32 = DType::kFloat32;
       KernelCase{"conv1x1_large_u8_clip_u8", "Conv", kU8, 0, "Clip", kU8, 0, 1, 1, 0, 1, 0, compute, 14}, \
       KernelCase{"conv1x1_large_s8_relu_f32", "Conv", kS8, 0, "Relu", kF32, 0, 1, 1, 0, 1, 0, compute, 14}, \
       KernelCase{"dwconv3x3_s8_relu_u8", "Conv", kS8, 0, "Relu", kU8, 0, 16, 2, 1, 3, 0, compute},      \
-      /* 64+ channels: the direct depthwise kernel on AVX-512 VNNI (int8_depthwise.h) */                \
+      /* 64+ channels, 5x5 or 33 columns: the direct depthwise kernel on AVX-512 VNNI (int8_depthwise.h) */ \
       KernelCase{"dwconv5x5_c64_u8zp_hardswish_s8", "Conv", kU8, 7, "HardSwish", kS8, -3, 64, 1, 2, 5, 0, compute}, \
-      KernelCase{"dwconv3x3_c80_s8_relu_u8_stride2", "Conv", kS8, 0, "Relu", kU8, 0, 80, 2, 1, 3, 0, compute},     \
+      KernelCase{"dwconv3x3_c80_s8_relu_u8_stride2", "Conv", kS8, 0, "Relu", kU8, 0, 80, 2, 1, 3, 0, compute, 66}, \
       KernelCase{"gemm_u8_transb_f32", "Gemm", kU8, 0, "", kF32, 0, 1, 1, 0, 1, 1, compute},            \
       KernelCase{"gemm_s8_relu_u8", "Gemm", kS8, 0, "Relu", kU8, 0, 1, 1, 0, 1, 0, compute},            \
       KernelCase{"matmul3d_s8_bias_f32", "MatMul", kS8, 0, "", kF32, 0, 1, 1, 0, 1, 0, compute},        \

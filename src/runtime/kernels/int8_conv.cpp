@@ -179,11 +179,11 @@ class QConvKernel final : public Kernel {
   }
 
   // The direct depthwise kernel's plan: channels-last x and y, reorders where they are not.
-  void plan_direct(ConvPlan& p, const Shape& xs, DType x_type, const Layout* x_layout, bool out_blocked) const {
-    const ConvProblem& pr = p.problem;
+  void plan_direct(ConvPlan& p, const DepthwiseShape& shape, DType x_type, const Layout* x_layout,
+                   bool out_blocked) const {
+    const Shape xs{shape.batch, shape.channels, shape.in_h, shape.in_w};
     p.direct = std::make_shared<const DirectDepthwise>(q_, requant_, w_, x_type);
-    p.direct_shape = {xs[0], xs[1], xs[2], xs[3], pr.out_spatial[0], pr.out_spatial[1], pr.kernel[0], pr.kernel[1],
-                      pr.strides[0], pr.strides[1], pr.pad_begin[0], pr.pad_begin[1]};
+    p.direct_shape = shape;
     const auto channels_last = memory::format_tag::acdb;
     p.direct_src_nhwc = memory::desc(to_dnnl_dims(xs), dnnl_type(x_type), channels_last);
     p.direct_src_user = x_layout ? x_layout->desc : plain_md(xs, dnnl_type(x_type));
@@ -285,8 +285,13 @@ class QConvKernel final : public Kernel {
 
     const bool dense = std::all_of(a.dilations.begin(), a.dilations.end(), [](int64_t d) { return d == 1; });
     if (direct_depthwise_ && !sum && xs.size() == 4 && c == group_ && dense) {
-      plan_direct(p, xs, x_type, x_layout, out_blocked);
-      return p;
+      const ConvProblem& pr = p.problem;
+      const DepthwiseShape shape{xs[0], xs[1], xs[2], xs[3], pr.out_spatial[0], pr.out_spatial[1], pr.kernel[0],
+                                 pr.kernel[1], pr.strides[0], pr.strides[1], pr.pad_begin[0], pr.pad_begin[1]};
+      if (direct_depthwise_pays(shape)) {
+        plan_direct(p, shape, x_type, x_layout, out_blocked);
+        return p;
+      }
     }
 
     // Completes p with an int8 or f32 primitive; false when oneDNN has none (or, for int8, only its

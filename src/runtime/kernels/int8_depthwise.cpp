@@ -73,6 +73,10 @@ bool direct_depthwise_available() {
 #endif
 }
 
+bool direct_depthwise_pays(const DepthwiseShape& s) {
+  return s.kernel_h * s.kernel_w >= 25 || s.out_w >= 2 * kTileColumns;
+}
+
 bool direct_depthwise_supports(const QLinearAttrs& q) {
   switch (q.activation) {
     case Activation::kNone:

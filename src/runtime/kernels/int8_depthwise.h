@@ -38,6 +38,12 @@ inline constexpr int64_t kMaxKernelHeight = 16;
 // faster (PP-OCRv4 rec: 16 channels 0.093 ms against 0.039, 32 channels 0.086 against 0.073).
 inline constexpr int64_t kMinDirectDepthwiseChannels = 64;
 
+// Whether the kernel is faster than oneDNN's for this geometry (measured on an AVX-512 VNNI Xeon):
+// filters of 5x5 and larger at every size measured, down to 7x7 maps; 3x3 filters on rows of at
+// least two tiles (32 output columns). On narrower maps a 3x3 filter's dot products are few and
+// the kernel's per-row work dominates: MobileNetV2's 7x7 and 4x4 layers took 15-25% longer.
+bool direct_depthwise_pays(const DepthwiseShape& s);
+
 // True when the kernel implements q's output stage: no activation, Relu, Clip, LeakyRelu,
 // HardSigmoid, HardSwish, Sigmoid or Swish; u8 / s8 (per tensor or per channel) or float32 output.
 bool direct_depthwise_supports(const QLinearAttrs& q);
