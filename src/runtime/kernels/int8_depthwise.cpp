@@ -28,8 +28,9 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 // GCC 12's AVX-512 intrinsic headers start some results from _mm512_undefined_*(), which
-// -Wmaybe-uninitialized reports inside them once they are inlined here.
+// -Wmaybe-uninitialized (and, at -O1, -Wuninitialized) reports inside them once they are inlined here.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #define SQ_HAS_DIRECT_DEPTHWISE 1
 #define SQ_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 #else
