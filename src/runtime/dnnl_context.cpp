@@ -16,6 +16,12 @@ dnnl::stream& dnnl_stream() {
   return stream;
 }
 
+bool effective_isa_includes(dnnl::cpu_isa isa) {
+  const auto effective = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto wanted = static_cast<unsigned>(isa);
+  return (effective & wanted) == wanted;
+}
+
 dnnl::memory::data_type to_dnnl_type(DType t) {
   using dt = dnnl::memory::data_type;
   switch (t) {

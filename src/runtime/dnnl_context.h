@@ -12,6 +12,9 @@ dnnl::stream& dnnl_stream();
 
 inline dnnl::memory::dims to_dnnl_dims(const Shape& s) { return dnnl::memory::dims(s.begin(), s.end()); }
 dnnl::memory::data_type to_dnnl_type(DType t);
+// Whether oneDNN's effective ISA (the CPU's, limited by DNNL_MAX_CPU_ISA) includes `isa`: the
+// cpu_isa values are cumulative bit sets, an ISA holding every bit of the ones it extends.
+bool effective_isa_includes(dnnl::cpu_isa isa);
 // Plain row-major format tag for a given rank (a, ab, abc, ...).
 dnnl::memory::format_tag plain_tag(size_t rank);
 

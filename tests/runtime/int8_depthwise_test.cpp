@@ -13,6 +13,7 @@
 
 #include "runtime/kernels/int8_depthwise.h"
 #include "runtime/kernels/int8_reference.h"
+#include "runtime/kernels/shape_common.h"
 
 namespace slimquant::runtime::int8 {
 namespace {
@@ -30,23 +31,13 @@ struct DepthwiseCase {
   int64_t batch = 1;
 };
 
-// [N, C, H, W] -> [N, H, W, C] (or back, with the shape given as the source's).
-Tensor transpose(const Tensor& t, bool to_channels_last) {
-  const Shape s = t.shape();
-  const int64_t n = s[0], a = s[1], b = s[2], c = s[3];  // source dims
-  Tensor out(t.dtype(), to_channels_last ? Shape{n, b, c, a} : Shape{n, c, a, b});
-  const int64_t bytes = static_cast<int64_t>(dtype_size(t.dtype()));
-  const auto* src = static_cast<const uint8_t*>(t.raw());
-  auto* dst = static_cast<uint8_t*>(out.raw());
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t x = 0; x < a; ++x)
-      for (int64_t y = 0; y < b; ++y)
-        for (int64_t z = 0; z < c; ++z) {
-          // to_channels_last: source [n][C=a][H=b][W=c] -> [n][H][W][C]; else source [n][H=a][W=b][C=c] -> [n][C][H][W].
-          const int64_t from = ((i * a + x) * b + y) * c + z;
-          const int64_t to = to_channels_last ? ((i * b + y) * c + z) * a + x : ((i * c + z) * a + x) * b + y;
-          std::copy_n(src + from * bytes, bytes, dst + to * bytes);
-        }
+// t's dims permuted (shape::transpose_bytes): {0, 2, 3, 1} makes NCHW channels-last, {0, 3, 1, 2}
+// undoes it.
+Tensor permuted(const Tensor& t, const std::vector<int64_t>& perm) {
+  Shape out_shape;
+  for (int64_t d : perm) out_shape.push_back(t.dim(d));
+  Tensor out(t.dtype(), out_shape);
+  shape::transpose_bytes(out.raw(), t.raw(), t.shape(), perm, dtype_size(t.dtype()));
   return out;
 }
 
@@ -115,12 +106,10 @@ TEST_P(DirectDepthwiseTest, MatchesTheReferenceCodeForCode) {
   reference_qconv(q, r, p, x, w, expected);
 
   const DirectDepthwise kernel(q, r, w, c.x_type);
-  const Tensor x_nhwc = transpose(x, true);
+  const Tensor x_nhwc = permuted(x, {0, 2, 3, 1});
   Tensor y_nhwc(c.y_type, {c.batch, out_h, out_w, c.channels});
-  const DepthwiseShape s{c.batch, c.channels, c.height, c.width, out_h, out_w, c.kernel_h, c.kernel_w, c.stride_h,
-                         c.stride_w, c.pad_top, c.pad_left};
-  kernel.run(s, x_nhwc.raw(), y_nhwc.raw());
-  const Tensor actual = transpose(y_nhwc, false);
+  kernel.run(p, x_nhwc.raw(), y_nhwc.raw());
+  const Tensor actual = permuted(y_nhwc, {0, 3, 1, 2});
 
   // Exact where the output stage is the reference's own float expression. HardSwish and
   // HardSigmoid (and the post affine map) are fused into fewer roundings, and Sigmoid / Swish use a

@@ -190,9 +190,7 @@ memory::desc plain_desc(const Shape& shape, dt type) {
 
 memory::format_tag blocked_channel_tag(size_t rank) {
   using tag = memory::format_tag;
-  const int isa = static_cast<int>(dnnl::get_effective_cpu_isa());
-  const int avx512 = static_cast<int>(dnnl::cpu_isa::avx512_core);
-  const bool wide = (isa & avx512) == avx512;  // ISA values are cumulative bit sets
+  const bool wide = effective_isa_includes(dnnl::cpu_isa::avx512_core);
   switch (rank) {
     case 3: return wide ? tag::nCw16c : tag::nCw8c;
     case 4: return wide ? tag::nChw16c : tag::nChw8c;

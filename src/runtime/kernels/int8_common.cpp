@@ -31,13 +31,8 @@ const char* compute_name(Compute c) {
 }
 
 bool cpu_has_exact_int8_dot() {
-  static const bool has = [] {
-    // cpu_isa values are cumulative bit sets: an ISA includes every bit of the ones it extends.
-    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-    const auto avx512_vnni = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_vnni);
-    const auto avx2_vnni = static_cast<unsigned>(dnnl::cpu_isa::avx2_vnni);
-    return (isa & avx512_vnni) == avx512_vnni || (isa & avx2_vnni) == avx2_vnni;
-  }();
+  static const bool has =
+      effective_isa_includes(dnnl::cpu_isa::avx512_core_vnni) || effective_isa_includes(dnnl::cpu_isa::avx2_vnni);
   return has;
 }
 

@@ -59,10 +59,8 @@ struct ConvPlan {
   // The direct depthwise kernel, when it runs instead of a primitive: it reads and writes
   // channels-last, with a reorder before (x in another layout) and after (y must be plain).
   std::shared_ptr<const DirectDepthwise> direct;
-  DepthwiseShape direct_shape;
   std::optional<dnnl::reorder> direct_src_reorder, direct_dst_reorder;
   memory::desc direct_src_user, direct_src_nhwc, direct_dst_nhwc, direct_dst_plain;
-  Tensor direct_src, direct_dst;  // channels-last copies of x and y for those reorders
 };
 
 class QConvKernel final : public Kernel {
@@ -179,43 +177,38 @@ class QConvKernel final : public Kernel {
   }
 
   // The direct depthwise kernel's plan: channels-last x and y, reorders where they are not.
-  void plan_direct(ConvPlan& p, const DepthwiseShape& shape, DType x_type, const Layout* x_layout,
-                   bool out_blocked) const {
-    const Shape xs{shape.batch, shape.channels, shape.in_h, shape.in_w};
-    p.direct = std::make_shared<const DirectDepthwise>(q_, requant_, w_, x_type);
-    p.direct_shape = shape;
+  void plan_direct(ConvPlan& p, const Shape& xs, DType x_type, const Layout* x_layout, bool out_blocked) {
+    std::shared_ptr<const DirectDepthwise>& packed = direct_packed_[x_type == DType::kInt8 ? 1 : 0];
+    if (!packed) packed = std::make_shared<const DirectDepthwise>(q_, requant_, w_, x_type);
+    p.direct = packed;
     const auto channels_last = memory::format_tag::acdb;
     p.direct_src_nhwc = memory::desc(to_dnnl_dims(xs), dnnl_type(x_type), channels_last);
     p.direct_src_user = x_layout ? x_layout->desc : plain_md(xs, dnnl_type(x_type));
-    auto reorder = [](const memory::desc& from, const memory::desc& to) {
-      return dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), from, dnnl_engine(), to));
-    };
-    if (p.direct_src_user != p.direct_src_nhwc) p.direct_src_reorder = reorder(p.direct_src_user, p.direct_src_nhwc);
+    p.direct_src_reorder = dnnl_kernels::make_reorder(p.direct_src_user, p.direct_src_nhwc);
     p.direct_dst_nhwc = memory::desc(to_dnnl_dims(p.prim.out_shape), dnnl_type(output_.dtype), channels_last);
     p.direct_dst_plain = plain_md(p.prim.out_shape, dnnl_type(output_.dtype));
     p.out_layout = dnnl_kernels::output_layout_for(p.direct_dst_nhwc, p.prim.out_shape, output_.dtype, out_blocked);
-    if (!p.out_layout && p.direct_dst_nhwc != p.direct_dst_plain)
-      p.direct_dst_reorder = reorder(p.direct_dst_nhwc, p.direct_dst_plain);
+    if (!p.out_layout) p.direct_dst_reorder = dnnl_kernels::make_reorder(p.direct_dst_nhwc, p.direct_dst_plain);
   }
 
-  void run_direct(ConvPlan& p, const Tensor& x, Tensor& y) const {
+  // x and y through the shared per-thread scratch where they are not channels-last.
+  void run_direct(const ConvPlan& p, const Tensor& x, Tensor& y) const {
     const void* src = x.raw();
     if (p.direct_src_reorder) {
-      if (!p.direct_src.defined()) p.direct_src = Tensor(x.dtype(), x.shape());
       memory from(p.direct_src_user, dnnl_engine(), const_cast<void*>(x.raw()));
-      memory to(p.direct_src_nhwc, dnnl_engine(), p.direct_src.raw());
+      memory to = dnnl_scratch_memory(DnnlScratch::kSrc, p.direct_src_nhwc);
       p.direct_src_reorder->execute(dnnl_stream(), from, to);
       dnnl_stream().wait();
-      src = p.direct_src.raw();
+      src = to.get_data_handle();
     }
     if (!p.direct_dst_reorder) {
-      p.direct->run(p.direct_shape, src, y.raw());
+      p.direct->run(p.problem, src, y.raw());
       return;
     }
-    if (!p.direct_dst.defined()) p.direct_dst = Tensor(y.dtype(), y.shape());
-    p.direct->run(p.direct_shape, src, p.direct_dst.raw());
-    memory from(p.direct_dst_nhwc, dnnl_engine(), p.direct_dst.raw()), to(p.direct_dst_plain, dnnl_engine(), y.raw());
-    p.direct_dst_reorder->execute(dnnl_stream(), from, to);
+    memory nhwc = dnnl_scratch_memory(DnnlScratch::kDst, p.direct_dst_nhwc);
+    p.direct->run(p.problem, src, nhwc.get_data_handle());
+    memory to(p.direct_dst_plain, dnnl_engine(), y.raw());
+    p.direct_dst_reorder->execute(dnnl_stream(), nhwc, to);
     dnnl_stream().wait();
   }
 
@@ -284,14 +277,9 @@ class QConvKernel final : public Kernel {
     p.prim.dst_user = plain_md(p.prim.out_shape, dnnl_type(output_.dtype));
 
     const bool dense = std::all_of(a.dilations.begin(), a.dilations.end(), [](int64_t d) { return d == 1; });
-    if (direct_depthwise_ && !sum && xs.size() == 4 && c == group_ && dense) {
-      const ConvProblem& pr = p.problem;
-      const DepthwiseShape shape{xs[0], xs[1], xs[2], xs[3], pr.out_spatial[0], pr.out_spatial[1], pr.kernel[0],
-                                 pr.kernel[1], pr.strides[0], pr.strides[1], pr.pad_begin[0], pr.pad_begin[1]};
-      if (direct_depthwise_pays(shape)) {
-        plan_direct(p, shape, x_type, x_layout, out_blocked);
-        return p;
-      }
+    if (direct_depthwise_ && !sum && xs.size() == 4 && c == group_ && dense && direct_depthwise_pays(p.problem)) {
+      plan_direct(p, xs, x_type, x_layout, out_blocked);
+      return p;
     }
 
     // Completes p with an int8 or f32 primitive; false when oneDNN has none (or, for int8, only its
@@ -398,6 +386,8 @@ class QConvKernel final : public Kernel {
   QuantParam output_;
   Compute compute_ = Compute::kInt8;
   bool direct_depthwise_ = false;  // kInt8 depthwise on a CPU the direct kernel runs on
+  // Its packed weights for u8 [0] and s8 [1] inputs (they differ by the zero code), built once.
+  std::shared_ptr<const DirectDepthwise> direct_packed_[2];
   WindowAttrs window_;
   int64_t group_ = 1;
   Tensor w_;        // s8, ONNX layout (the reference reads it)

@@ -18,6 +18,7 @@
 #include "runtime/kernels/int8_depthwise.h"
 
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <cstdlib>
@@ -55,6 +56,18 @@ int64_t register_index(int64_t c) {
   return chunk * kChunk + j * 16 + lane * 4 + i;
 }
 
+// A 2-D depthwise problem as the loops read it.
+struct Geometry {
+  int64_t batch, channels, in_h, in_w, out_h, out_w, kernel_h, kernel_w, stride_h, stride_w, pad_top, pad_left;
+};
+
+Geometry geometry_of(const ConvProblem& p) {
+  if (p.in_spatial.size() != 2 || p.group != p.in_channels || p.out_channels != p.in_channels)
+    fail(ErrorKind::kInternal, "direct depthwise convolution: needs a 2-D problem with one filter per channel");
+  return {p.batch,          p.in_channels,    p.in_spatial[0], p.in_spatial[1], p.out_spatial[0], p.out_spatial[1],
+          p.kernel[0],      p.kernel[1],      p.strides[0],    p.strides[1],    p.pad_begin[0],   p.pad_begin[1]};
+}
+
 using Act = DirectDepthwise::Act;
 using Stage = DirectDepthwise::Stage;
 
@@ -64,9 +77,8 @@ bool direct_depthwise_available() {
 #if SQ_HAS_DIRECT_DEPTHWISE
   static const bool available = [] {
     if (const char* env = std::getenv("SLIMQUANT_DIRECT_DEPTHWISE"); env && std::string(env) == "0") return false;
-    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-    const auto vnni = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_vnni);
-    return (isa & vnni) == vnni && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+    return effective_isa_includes(dnnl::cpu_isa::avx512_core_vnni) && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vnni");
   }();
   return available;
 #else
@@ -74,8 +86,8 @@ bool direct_depthwise_available() {
 #endif
 }
 
-bool direct_depthwise_pays(const DepthwiseShape& s) {
-  return s.kernel_h * s.kernel_w >= 25 || s.out_w >= 2 * kTileColumns;
+bool direct_depthwise_pays(const ConvProblem& p) {
+  return p.kernel.size() == 2 && (p.kernel[0] * p.kernel[1] >= 25 || p.out_spatial[1] >= 2 * kTileColumns);
 }
 
 bool direct_depthwise_supports(const QLinearAttrs& q) {
@@ -343,13 +355,15 @@ SQ_AVX512_VNNI inline void finish(const Kernel& k, int64_t chunk, const __m512i 
 // Units (n, tile of output columns, chunk), each over all output rows, keeping the quads that
 // windows still to come read in a ring (slots tagged with the quad they hold).
 template <Act A>
-SQ_AVX512_VNNI void run_units(const Kernel& k, const DepthwiseShape& s, const uint8_t* x, uint8_t* y, int64_t y_bytes,
+SQ_AVX512_VNNI void run_units(const Kernel& k, const Geometry& s, const uint8_t* x, uint8_t* y, int64_t y_bytes,
                               int64_t unit_begin, int64_t unit_end) {
   const int64_t max_cols = (kTileColumns - 1) * s.stride_w + s.kernel_w;
   const int64_t quad_step = 4 / k.alignment;              // quad indices between a window's quads
   const int64_t slots = (k.quads - 1) * quad_step + 1;  // a window's span of quad indices
-  std::vector<uint8_t> ring(static_cast<size_t>(slots * max_cols * kQuadBytes));
-  std::vector<int64_t> held(static_cast<size_t>(slots));
+  // The ring in this thread's shared scratch (the caller's reorders use kSrc / kDst).
+  const size_t ring_bytes = static_cast<size_t>(slots * max_cols * kQuadBytes);
+  auto* ring = static_cast<uint8_t*>(dnnl_scratch(DnnlScratch::kAux, ring_bytes));
+  std::array<int64_t, 16> held{};  // slots <= 13 (four quads four indices apart)
   const __m512i zero_code = _mm512_set1_epi8(static_cast<char>(k.pad_code));
   const __m512i flip = _mm512_set1_epi8(k.signed_x ? static_cast<char>(0x80) : 0);
   const int64_t c = s.channels, tiles = (s.out_w + kTileColumns - 1) / kTileColumns;
@@ -360,7 +374,7 @@ SQ_AVX512_VNNI void run_units(const Kernel& k, const DepthwiseShape& s, const ui
     const int64_t tile_begin = tile * kTileColumns, tile_end = std::min(s.out_w, tile_begin + kTileColumns);
     const int64_t cols = (tile_end - tile_begin - 1) * s.stride_w + s.kernel_w;
     const uint8_t* image = x + n * s.in_h * s.in_w * c + chunk * kChunk;
-    std::fill(held.begin(), held.end(), -1);
+    held.fill(-1);
     for (int64_t oh = 0; oh < s.out_h; ++oh) {
       const int64_t first_row = oh * s.stride_h, offset = first_row % k.alignment;
       const int64_t first_quad = first_row / k.alignment;
@@ -373,12 +387,12 @@ SQ_AVX512_VNNI void run_units(const Kernel& k, const DepthwiseShape& s, const ui
           rows[t] = ih >= 0 && ih < s.in_h ? image + ih * s.in_w * c : nullptr;
         }
         interleave_rows(rows, c, s.in_w, tile_begin * s.stride_w - s.pad_left, cols, mask, zero_code, flip,
-                        ring.data() + slot * cols * kQuadBytes);
+                        ring + slot * cols * kQuadBytes);
         held[slot] = m;
       }
       const uint8_t* quads[4];  // k.quads <= 4 (filters of up to 16 rows)
       for (int64_t g = 0; g < k.quads; ++g)
-        quads[g] = ring.data() + ((first_quad + g * quad_step) % slots) * cols * kQuadBytes;
+        quads[g] = ring + ((first_quad + g * quad_step) % slots) * cols * kQuadBytes;
       const int64_t count = k.quads;
       const int8_t* w = k.weights + ((offset * k.chunks + chunk) * k.quads) * s.kernel_w * kQuadBytes;
       uint8_t* out_row = y + (((n * s.out_h + oh) * s.out_w) * c + chunk * kChunk) * y_bytes;
@@ -401,7 +415,8 @@ SQ_AVX512_VNNI void run_units(const Kernel& k, const DepthwiseShape& s, const ui
 }  // namespace
 #endif
 
-void DirectDepthwise::run(const DepthwiseShape& s, const void* x, void* y) const {
+void DirectDepthwise::run(const ConvProblem& p, const void* x, void* y) const {
+  const Geometry s = geometry_of(p);
   if (s.channels != channels_ || s.kernel_h != kernel_h_ || s.kernel_w != kernel_w_)
     fail(ErrorKind::kInternal, "direct depthwise convolution: shape does not match the packed weights");
 #if SQ_HAS_DIRECT_DEPTHWISE

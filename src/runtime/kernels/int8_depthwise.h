@@ -19,14 +19,9 @@
 #include <vector>
 
 #include "runtime/kernels/int8_common.h"
+#include "runtime/kernels/int8_reference.h"
 
 namespace slimquant::runtime::int8 {
-
-// The geometry of one depthwise convolution (ONNX terms, resolved for concrete shapes).
-struct DepthwiseShape {
-  int64_t batch = 1, channels = 1, in_h = 1, in_w = 1, out_h = 1, out_w = 1;
-  int64_t kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, pad_top = 0, pad_left = 0;
-};
 
 // True when the direct kernel may run here: AVX-512 VNNI within oneDNN's effective ISA (so
 // DNNL_MAX_CPU_ISA limits it as it limits oneDNN), unless SLIMQUANT_DIRECT_DEPTHWISE=0.
@@ -42,7 +37,7 @@ inline constexpr int64_t kMinDirectDepthwiseChannels = 64;
 // filters of 5x5 and larger at every size measured, down to 7x7 maps; 3x3 filters on rows of at
 // least two tiles (32 output columns). On narrower maps a 3x3 filter's dot products are few and
 // the kernel's per-row work dominates: MobileNetV2's 7x7 and 4x4 layers took 15-25% longer.
-bool direct_depthwise_pays(const DepthwiseShape& s);
+bool direct_depthwise_pays(const ConvProblem& p);
 
 // True when the kernel implements q's output stage: no activation, Relu, Clip, LeakyRelu,
 // HardSigmoid, HardSwish, Sigmoid or Swish; u8 / s8 (per tensor or per channel) or float32 output.
@@ -52,8 +47,9 @@ class DirectDepthwise {
  public:
   // w: s8 [C, 1, kh, kw] (ONNX layout); x_type: the input codes' type (u8 or s8).
   DirectDepthwise(const QLinearAttrs& q, const Requant& r, const Tensor& w, DType x_type);
-  // x: [N, H, W, C] codes of x_type; y: [N, OH, OW, C] of q.y.dtype (channels-last, dense).
-  void run(const DepthwiseShape& s, const void* x, void* y) const;
+  // p: a 2-D problem with group == channels; x: [N, H, W, C] codes of x_type; y: [N, OH, OW, C] of
+  // q.y.dtype (channels-last, dense).
+  void run(const ConvProblem& p, const void* x, void* y) const;
 
   int64_t channels() const { return channels_; }
   int64_t kernel_h() const { return kernel_h_; }
