@@ -277,7 +277,11 @@ class QConvKernel final : public Kernel {
     p.prim.dst_user = plain_md(p.prim.out_shape, dnnl_type(output_.dtype));
 
     const bool dense = std::all_of(a.dilations.begin(), a.dilations.end(), [](int64_t d) { return d == 1; });
-    if (direct_depthwise_ && !sum && xs.size() == 4 && c == group_ && dense && direct_depthwise_pays(p.problem)) {
+    // x's zero point as one of its codes (a hand-written QConv may say otherwise: oneDNN's path takes it).
+    const int32_t zx = q_.x.zero_point[0];
+    const bool zero_point_is_a_code = zx >= qmin_of(x_type) && zx <= qmax_of(x_type);
+    if (direct_depthwise_ && !sum && xs.size() == 4 && c == group_ && dense && zero_point_is_a_code &&
+        direct_depthwise_pays(p.problem)) {
       plan_direct(p, xs, x_type, x_layout, out_blocked);
       return p;
     }

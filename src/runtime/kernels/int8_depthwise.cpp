@@ -126,8 +126,8 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
   signed_x_ = x_type == DType::kInt8;
   const int32_t zero_code = q.x.zero_point.at(0) + (signed_x_ ? 128 : 0);
   if (zero_code < 0 || zero_code > 255)
-    fail(ErrorKind::kInvalidModel, "direct depthwise convolution: x_zero_point " + std::to_string(q.x.zero_point[0]) +
-                                       " is outside the range of " + dtype_name(x_type));
+    fail(ErrorKind::kInternal, "direct depthwise convolution: x_zero_point " + std::to_string(q.x.zero_point[0]) +
+                                   " is not a code of " + dtype_name(x_type));
   pad_code_ = static_cast<uint8_t>(zero_code);
 
   const bool quantized = q.quantized_output();
