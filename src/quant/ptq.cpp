@@ -1,8 +1,10 @@
 #include "slimquant/quant/ptq.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <sstream>
 #include <unordered_map>
 #include <unordered_set>
@@ -90,6 +92,60 @@ void observe_channel_abs_max(const Tensor& x, std::vector<float>& abs_max) {
     }
 }
 
+
+// A value `target` that `v` is computed from within `depth` producer steps (constants aside).
+bool computed_from(const ir::Graph& g, const std::string& v, const std::string& target, int depth) {
+  if (v == target) return true;
+  const int p = g.producer(v);
+  if (p < 0 || depth == 0) return false;
+  for (const std::string& in : g.nodes[static_cast<size_t>(p)].inputs)
+    if (!in.empty() && !g.is_initializer(in) && computed_from(g, in, target, depth - 1)) return true;
+  return false;
+}
+
+// Squeeze-excitation inputs: x written by a Conv and read only by a GlobalAveragePool and by the
+// gating of x with a value computed from that pool: Mul(x, gate) and Add(x, Mul(x, gate)) (the
+// residual form of PP-OCRv4 det's RSE layers). With x quantized for all of those readers the
+// integer runtime reads x as the Conv's 8-bit codes (pool and gating fold the dequantization, see
+// runtime/fusions/dequantize_fusion.h) instead of a float32 map written, pooled and read back. Per
+// value: x and its readers.
+std::vector<std::pair<std::string, std::vector<int>>> squeeze_excitation_inputs(const ir::Graph& g) {
+  constexpr int kGateDepth = 8;  // pool -> Conv -> act -> Conv -> gate activation, with room for Flatten / Reshape
+  std::vector<std::pair<std::string, std::vector<int>>> found;
+  for (const ir::Node& pool : g.nodes) {
+    if (pool.op_type != "GlobalAveragePool" || !pool.domain.empty() || pool.inputs.size() != 1) continue;
+    const std::string& x = pool.inputs[0];
+    const int producer = g.producer(x);
+    const bool graph_output =
+        std::any_of(g.outputs.begin(), g.outputs.end(), [&](const ir::ValueInfo& o) { return o.name == x; });
+    if (producer < 0 || g.nodes[static_cast<size_t>(producer)].op_type != "Conv" || graph_output) continue;
+    const std::vector<int> readers = g.consumers(x);
+    std::set<std::string> gated;  // outputs of Mul(x, gate)
+    bool all_gating = true;
+    for (int r : readers) {
+      const ir::Node& n = g.nodes[static_cast<size_t>(r)];
+      if (&n == &pool) continue;
+      if (n.op_type == "Mul" && n.domain.empty() && n.inputs.size() == 2 && n.inputs[0] != n.inputs[1]) {
+        const std::string& gate = n.inputs[0] == x ? n.inputs[1] : n.inputs[0];
+        if (computed_from(g, gate, pool.outputs[0], kGateDepth)) {
+          gated.insert(n.outputs[0]);
+          continue;
+        }
+      }
+      if (n.op_type != "Add") all_gating = false;
+    }
+    if (!all_gating || gated.empty()) continue;
+    for (int r : readers) {  // Adds: only x + x * gate
+      const ir::Node& n = g.nodes[static_cast<size_t>(r)];
+      if (n.op_type == "Add" && !(n.domain.empty() && n.inputs.size() == 2 &&
+                                  ((n.inputs[0] == x && gated.count(n.inputs[1])) ||
+                                   (n.inputs[1] == x && gated.count(n.inputs[0])))))
+        all_gating = false;
+    }
+    if (all_gating) found.emplace_back(x, readers);
+  }
+  return found;
+}
 }  // namespace
 
 Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales, int64_t axis, int bits,
@@ -229,6 +285,32 @@ void PTQ::quantize(const ir::Graph& float_graph) {
         !layer.activations.empty() && layer.activations[0] == node.input(0))
       channel_abs_max_[node.input(0)];
     layers_.push_back(std::move(layer));
+  }
+  // For our runtime, squeeze-excitation inputs are quantized for every reader (above), unless one
+  // of them is skipped: as codes they cost a quarter of the float32 traffic; on PP-OCRv4 det the
+  // text-mask IoU against FP32 moved from 0.9829 / 0.9740 to 0.9826 / 0.9738 (mean / min).
+  if (config_.deploy_backend == DeployBackend::kSlimquant) {
+    for (const auto& [x, readers] : squeeze_excitation_inputs(float_graph_)) {
+      if (known_non_float(x)) continue;
+      bool skipped = false;
+      for (int r : readers) skipped |= config_.is_skipped(float_graph_.nodes[static_cast<size_t>(r)]);
+      if (skipped) continue;
+      for (int r : readers) {
+        const ir::Node& node = float_graph_.nodes[static_cast<size_t>(r)];
+        auto it = std::find_if(layers_.begin(), layers_.end(), [&](const Layer& l) { return l.name == node.name; });
+        if (it == layers_.end()) {
+          Layer layer;
+          layer.name = node.name;
+          layer.op_type = node.op_type;
+          layers_.push_back(std::move(layer));
+          it = std::prev(layers_.end());
+        }
+        if (std::find(it->activations.begin(), it->activations.end(), x) == it->activations.end())
+          it->activations.push_back(x);
+        if (!observers_.count(x))
+          observers_[x] = make_activation_observer(config_.rule_for(node).activation, config_.observer_options);
+      }
+    }
   }
   warnings_ = config_.unmatched_skips(float_graph_);
 

@@ -7,8 +7,10 @@
 // blocked (a hook that accepts any layout sees the values in another order than the plain ones).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 #include <random>
 #include <string>
 
@@ -272,4 +274,128 @@ TEST(ChannelBlockedOps, QuantizedImageIsWrittenChannelsLastForTheFirstQConv) {
   }
 }
 
+
+// The squeeze-excitation input: quantized for its pool, gate Mul and residual Add (PTQ's rule for
+// our runtime), so the lowered graph has one DequantizeLinear of the QConv's codes that only they
+// read; the plan folds it into them (hooks do not see its float32 map). Blocked and plain runs
+// agree bit for bit, and the output stays within rounding of the run without execution fusions
+// (which computes x + x * gate where the fused plan computes x * (1 + gate)).
+TEST(ChannelBlockedOps, SqueezeExcitationInputIsReadAsCodes) {
+  const Det d = det_like_graph(24, /*pool_heads=*/false);
+  const ir::Graph lowered = lowered_int8(d.g, 7);
+  std::string dequantized;
+  for (const ir::Node& n : lowered.nodes)
+    if (n.op_type == "DequantizeLinear" && lowered.producer(n.inputs[0]) >= 0 &&
+        lowered.nodes[static_cast<size_t>(lowered.producer(n.inputs[0]))].op_type == "QConv")
+      dequantized = n.outputs[0];
+  ASSERT_FALSE(dequantized.empty()) << "the SE input is not quantized";
+  std::multiset<std::string> readers;
+  for (int r : lowered.consumers(dequantized)) readers.insert(lowered.nodes[static_cast<size_t>(r)].op_type);
+  EXPECT_EQ(readers, (std::multiset<std::string>{"Add", "GlobalAveragePool", "Mul"}));
+
+  runtime::SessionOptions unfused_options;
+  unfused_options.fuse_activations = false;
+  for (int64_t batch : {1, 2}) {
+    const Tensor x = input(batch, 41);
+    runtime::Session fused(lowered), unfused(lowered, unfused_options);
+    const auto got = run_seen(fused, x), want = run_seen(unfused, x);
+    EXPECT_FALSE(got.count(dequantized)) << "the DequantizeLinear was not folded into its readers";
+    EXPECT_TRUE(want.count(dequantized));
+    const std::string& y = lowered.outputs[0].name;
+    const Tensor &g = got.at(y), &w = want.at(y);
+    ASSERT_EQ(g.shape(), w.shape());
+    float largest = 0.f, worst = 0.f;
+    for (int64_t i = 0; i < w.numel(); ++i) {
+      largest = std::max(largest, std::fabs(w.data<float>()[i]));
+      worst = std::max(worst, std::fabs(g.data<float>()[i] - w.data<float>()[i]));
+    }
+    EXPECT_LE(worst, 0.02f * largest);
+    expect_bit_identical(lowered, x);
+  }
+}
+
+// x = Conv(in) [N, 32, 8, 8] (aBcd16b / aBcd8b FP32 output), gate = Sigmoid(GlobalAveragePool(x)),
+// y = x * gate + Resize(Conv stride 2 (in), x2), then a per-tensor Q: the PP-OCRv4 det FPN's gated
+// sum. With `codes`, x passes a QuantizeLinear / DequantizeLinear first, as the squeeze-excitation
+// input of a quantized model does.
+ir::Graph gated_fpn_sum(bool codes) {
+  std::mt19937 rng(14);
+  test::GraphBuilder b;
+  b.g.opset = 13;
+  b.g.inputs.push_back({"x", DType::kFloat32, std::nullopt});
+  auto conv = [&](int64_t stride) {
+    return b.node("Conv", {"x", b.constant(test::random_tensor({32, kIn, 3, 3}, rng, -0.3f, 0.3f))},
+                  {{"pads", std::vector<int64_t>(4, 1)}, {"strides", std::vector<int64_t>{stride, stride}}});
+  };
+  auto qdq = [&](const std::string& v, bool dequantize) {
+    const std::string scale = b.constant(Tensor::scalar<float>(0.02f));
+    const std::string zero_point = b.constant(Tensor::scalar<uint8_t>(uint8_t{120}));
+    const std::string q = b.node("QuantizeLinear", {v, scale, zero_point});
+    return dequantize ? b.node("DequantizeLinear", {q, scale, zero_point}) : q;
+  };
+  std::string x = conv(1);
+  if (codes) x = qdq(x, true);
+  const std::string gate = b.node("Sigmoid", {b.node("GlobalAveragePool", {x})});
+  const std::string up = b.node("Resize", {conv(2), "", b.constant(Tensor::from_vector<float>({4}, {1, 1, 2, 2}))},
+                                {{"mode", std::string("nearest")},
+                                 {"coordinate_transformation_mode", std::string("asymmetric")},
+                                 {"nearest_mode", std::string("floor")}});
+  const std::string sum = b.node("Add", {b.node("Mul", {x, gate}), up});
+  b.g.outputs.push_back({qdq(sum, false), DType::kUInt8, std::nullopt});
+  b.g.outputs.push_back({gate, DType::kFloat32, std::nullopt});
+  return b.g;
+}
+
+// The gate Mul folded into the FPN sum (and with codes the DequantizeLinear into the pool and the
+// sum): one pass, the same bits as the Mul, the Add (and the DequantizeLinear and the pool on
+// floats) run apart, blocked and plain.
+TEST(ChannelBlockedOps, GatedFpnSumIsOnePassWithTheSameBits) {
+  runtime::SessionOptions unfused_options;
+  unfused_options.fuse_activations = false;
+  for (bool codes : {false, true}) {
+    const ir::Graph g = gated_fpn_sum(codes);
+    for (int64_t batch : {1, 2}) {
+      const Tensor x = input(batch, 43);
+      runtime::Session fused(g), unfused(g, unfused_options);
+      const auto got = run_seen(fused, x), want = run_seen(unfused, x);
+      for (const ir::Node& n : g.nodes) {
+        if (n.op_type == "Mul" || n.op_type == "DequantizeLinear") {
+          EXPECT_FALSE(got.count(n.outputs[0])) << n.op_type << " was not folded (codes " << codes << ")";
+        }
+      }
+      for (const ir::ValueInfo& out : g.outputs)
+        EXPECT_TRUE(same_bits(got.at(out.name), want.at(out.name))) << out.name << " (codes " << codes << ")";
+      expect_bit_identical(g, x);
+    }
+  }
+}
+
+// PTQ quantizes a squeeze-excitation input for its gating only when the pool and gating are all
+// that read it: another reader (here a Relu) keeps it float32 for every reader.
+TEST(ChannelBlockedOps, SqueezeExcitationInputWithAnotherReaderStaysFloat) {
+  std::mt19937 rng(12);
+  test::GraphBuilder b;
+  b.g.opset = 13;
+  b.g.inputs.push_back({"x", DType::kFloat32, std::nullopt});
+  const std::string c = b.node("Conv", {"x", b.constant(test::random_tensor({16, kIn, 3, 3}, rng, -0.3f, 0.3f))},
+                               {{"pads", std::vector<int64_t>(4, 1)}});
+  const std::string gate = b.node("Sigmoid", {b.node("GlobalAveragePool", {c})});
+  const std::string gated = b.node("Mul", {c, gate});
+  b.g.outputs.push_back({b.node("Conv", {gated, b.constant(test::random_tensor({4, 16, 1, 1}, rng))}), DType::kFloat32,
+                         std::nullopt});
+  auto quantized_for_gate = [](const ir::Graph& g) {
+    quant::PTQ ptq{quant::QuantConfig(quant::QuantRule{"abs_max", "channel_wise_abs_max", true})};
+    ptq.quantize(g);
+    ptq.sample({{"x", input(1, 13)}});
+    const ir::Graph q = ptq.convert();
+    for (const ir::Node& n : q.nodes)
+      if (n.op_type == "GlobalAveragePool") return q.producer(n.inputs[0]) >= 0 &&
+                                                   q.nodes[static_cast<size_t>(q.producer(n.inputs[0]))].op_type ==
+                                                       "DequantizeLinear";
+    return false;
+  };
+  EXPECT_TRUE(quantized_for_gate(b.g));
+  b.g.outputs.push_back({b.node("Relu", {c}), DType::kFloat32, std::nullopt});
+  EXPECT_FALSE(quantized_for_gate(b.g));
+}
 }  // namespace

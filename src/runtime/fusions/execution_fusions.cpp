@@ -6,6 +6,8 @@
 
 #include "runtime/fused_ops/fused_activation.h"
 #include "runtime/fusions/channel_quantize_fusion.h"
+#include "runtime/fusions/dequantize_fusion.h"
+#include "runtime/fusions/scaled_operand_fusion.h"
 #include "runtime/fusions/upsample_fusion.h"
 #include "runtime/fused_ops/residual_conv.h"
 #include "runtime/kernels/dnnl_kernels.h"
@@ -355,6 +357,8 @@ std::vector<ir::Rule> execution_fusion_rules() {
                                      fold_quantize_into_elementwise),
       nearest_upsample_fusion_rule(),
       channel_quantize_fusion_rule(),
+      scaled_operand_fusion_rule(),
+      dequantize_fusion_rule(),
   };
   rules.insert(rules.end(), std::make_move_iterator(fusions.begin()), std::make_move_iterator(fusions.end()));
   return rules;

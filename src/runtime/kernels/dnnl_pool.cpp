@@ -15,6 +15,7 @@
 #include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/dnnl_common.h"
 #include "runtime/kernels/dnnl_kernels.h"
+#include "runtime/kernels/elementwise_qdq.h"
 
 namespace slimquant::runtime::dnnl_kernels {
 
@@ -247,25 +248,39 @@ class PoolKernel final : public Kernel {
 // ---------------------------------------------------------------------------------------------
 // Global pools: Y[n, c, 1, ...] = reduce over X[n, c, ...].
 
-float row_sum(const float* x, int64_t len) {
+// How the global pools read an element: a float32 as it is, or an 8-bit code of a folded
+// DequantizeLinear as the float it stands for, float(q - zero_point) * scale (dequantize_linear's
+// arithmetic, so pooling codes gives the bits of pooling their dequantized map).
+struct FloatLoad {
+  float operator()(float x) const { return x; }
+};
+struct CodeLoad {
+  float scale;
+  int32_t zero_point;
+  template <typename Q> float operator()(Q q) const { return static_cast<float>(static_cast<int32_t>(q) - zero_point) * scale; }
+};
+
+template <typename T, typename Load>
+SQ_AVX512_AVX2_CLONES float row_sum(const T* x, int64_t len, Load load) {
   // Eight independent partial sums let the compiler vectorise without -ffast-math.
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= len; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += x[i + j];
+    for (int j = 0; j < 8; ++j) acc[j] += load(x[i + j]);
   float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < len; ++i) s += x[i];
+  for (; i < len; ++i) s += load(x[i]);
   return s;
 }
 
-float row_max(const float* x, int64_t len) {
+template <typename T, typename Load>
+float row_max(const T* x, int64_t len, Load load) {
   float acc[8];
   std::fill(acc, acc + 8, -std::numeric_limits<float>::infinity());
   int64_t i = 0;
   for (; i + 8 <= len; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] = std::max(acc[j], x[i + j]);
+    for (int j = 0; j < 8; ++j) acc[j] = std::max(acc[j], load(x[i + j]));
   float m = *std::max_element(acc, acc + 8);
-  for (; i < len; ++i) m = std::max(m, x[i]);
+  for (; i < len; ++i) m = std::max(m, load(x[i]));
   return m;
 }
 
@@ -273,19 +288,20 @@ float row_max(const float* x, int64_t len) {
 // x[i * lanes + l]), in row_sum's / row_max's order for each lane (eight partial results combined
 // alike), so blocked and plain inputs give the same bits; out[l] = the result for lane l. acc:
 // 8 * lanes floats of scratch. Lanes are independent, so any vector width gives the same bits.
-SQ_AVX512_AVX2_CLONES void lane_sums(const float* x, int64_t pixels, int64_t lanes, PoolKind kind, float* acc,
+template <typename T, typename Load>
+SQ_AVX512_AVX2_CLONES void lane_sums(const T* x, int64_t pixels, int64_t lanes, PoolKind kind, Load load, float* acc,
                                      float* out) {
   const bool average = kind == PoolKind::kAverage;
   std::fill(acc, acc + 8 * lanes, average ? 0.f : -std::numeric_limits<float>::infinity());
   int64_t i = 0;
   for (; i + 8 <= pixels; i += 8)
     for (int64_t j = 0; j < 8; ++j) {
-      const float* xs = x + (i + j) * lanes;
+      const T* xs = x + (i + j) * lanes;
       float* a = acc + j * lanes;
       if (average)
-        for (int64_t l = 0; l < lanes; ++l) a[l] += xs[l];
+        for (int64_t l = 0; l < lanes; ++l) a[l] += load(xs[l]);
       else
-        for (int64_t l = 0; l < lanes; ++l) a[l] = std::max(a[l], xs[l]);
+        for (int64_t l = 0; l < lanes; ++l) a[l] = std::max(a[l], load(xs[l]));
     }
   for (int64_t l = 0; l < lanes; ++l) {
     const auto at = [&](int64_t j) { return acc[j * lanes + l]; };
@@ -300,41 +316,65 @@ SQ_AVX512_AVX2_CLONES void lane_sums(const float* x, int64_t pixels, int64_t lan
     out[l] = r;
   }
   for (; i < pixels; ++i) {
-    const float* xs = x + i * lanes;
+    const T* xs = x + i * lanes;
     if (average)
-      for (int64_t l = 0; l < lanes; ++l) out[l] += xs[l];
+      for (int64_t l = 0; l < lanes; ++l) out[l] += load(xs[l]);
     else
-      for (int64_t l = 0; l < lanes; ++l) out[l] = std::max(out[l], xs[l]);
+      for (int64_t l = 0; l < lanes; ++l) out[l] = std::max(out[l], load(xs[l]));
   }
 }
 
 std::unique_ptr<Kernel> make_global_pool(const KernelInit& init, PoolKind kind) {
   reject_fused_activation(init.node);
-  return std::make_unique<FunctionKernel>([node = init.node, kind](KernelContext& ctx) {
+  // A folded DequantizeLinear (the quantized squeeze-excitation input): X holds its codes.
+  const std::vector<FoldedDequantize> folded = folded_dequantize(init.node);
+  if (folded.size() > 1 || (!folded.empty() && folded[0].input != 0))
+    fail(ErrorKind::kInvalidModel, init.node.describe() + ": invalid folded DequantizeLinear attributes");
+  std::optional<FoldedDequantize> dequantize;
+  if (!folded.empty()) dequantize = folded[0];
+  return std::make_unique<FunctionKernel>([node = init.node, kind, dequantize](KernelContext& ctx) {
+    // Calls fn(data pointer, loader) for X's element type: float32, or the codes of `dequantize`.
+    auto with_elements = [&](const Tensor& x, auto&& fn) {
+      if (!dequantize) {
+        require_float32(node, x, "input X");
+        fn(x.data<float>(), FloatLoad{});
+        return;
+      }
+      const bool u8 = x.dtype() == DType::kUInt8;
+      if ((!u8 && x.dtype() != DType::kInt8) || dequantize->zero_point < (u8 ? 0 : -128) ||
+          dequantize->zero_point > (u8 ? 255 : 127))
+        fail(ErrorKind::kInvalidArgument, node.describe() + ": input X (a folded DequantizeLinear's codes) has dtype " +
+                                              dtype_name(x.dtype()) + " and zero point " +
+                                              std::to_string(dequantize->zero_point) +
+                                              " (uint8 or int8 codes, with a zero point of that type)");
+      const CodeLoad load{dequantize->scale, dequantize->zero_point};
+      if (u8) fn(x.data<uint8_t>(), load);
+      else fn(x.data<int8_t>(), load);
+    };
     // A channel-blocked X (the squeeze-excitation after a convolution) is read as it is.
     if (const Layout* layout = ctx.input_layout(0)) {
       const std::optional<channel_blocked::Blocking> blocking = channel_blocked::blocking_of(*layout);
       const Tensor& x = ctx.input(0);
-      if (blocking && x.dtype() == DType::kFloat32 && x.rank() == 4 && x.dim(2) * x.dim(3) > 0) {
+      if (blocking && (x.dtype() == DType::kFloat32) != dequantize.has_value() && x.rank() == 4 && x.dim(2) * x.dim(3) > 0) {
         const channel_blocked::View v(x.shape(), *blocking);
         Tensor& y = ctx.allocate_output(0, DType::kFloat32, {v.n, v.channels, 1, 1});
         const float inv = 1.f / static_cast<float>(v.pixels());
-        const float* src = x.data<float>();
         float* dst = y.data<float>();
-        parallel_rows(v.n * v.blocks(), v.plane_elements(), [&](int64_t begin, int64_t end) {
-          std::vector<float> partial(static_cast<size_t>(8 * v.block));
-          for (int64_t p = begin; p < end; ++p) {
-            float* out = dst + p * v.block;  // plane p's channels, in order
-            lane_sums(src + p * v.plane_elements(), v.pixels(), v.block, kind, partial.data(), out);
-            if (kind == PoolKind::kAverage)
-              for (int64_t l = 0; l < v.block; ++l) out[l] *= inv;
-          }
+        with_elements(x, [&](const auto* src, auto load) {
+          parallel_rows(v.n * v.blocks(), v.plane_elements(), [&](int64_t begin, int64_t end) {
+            std::vector<float> partial(static_cast<size_t>(8 * v.block));
+            for (int64_t p = begin; p < end; ++p) {
+              float* out = dst + p * v.block;  // plane p's channels, in order
+              lane_sums(src + p * v.plane_elements(), v.pixels(), v.block, kind, load, partial.data(), out);
+              if (kind == PoolKind::kAverage)
+                for (int64_t l = 0; l < v.block; ++l) out[l] *= inv;
+            }
+          });
         });
         return;
       }
     }
     const Tensor x = channel_blocked::plain_input(ctx, 0);
-    require_float32(node, x, "input X");
     if (x.rank() < 2)
       fail(ErrorKind::kInvalidArgument, node.describe() + ": input X of shape " + shape_str(x.shape()) +
                                             " must be [N, C, ...]");
@@ -348,14 +388,15 @@ std::unique_ptr<Kernel> make_global_pool(const KernelInit& init, PoolKind kind) 
     if (len == 0)
       fail(ErrorKind::kInvalidArgument, node.describe() + ": input X of shape " + shape_str(x.shape()) +
                                             " has an empty spatial extent");
-    const float* src = x.data<float>();
     float* dst = y.data<float>();
     const float inv = 1.f / static_cast<float>(len);
-    parallel_rows(planes, len, [&](int64_t begin, int64_t end) {
-      if (kind == PoolKind::kAverage)
-        for (int64_t p = begin; p < end; ++p) dst[p] = row_sum(src + p * len, len) * inv;
-      else
-        for (int64_t p = begin; p < end; ++p) dst[p] = row_max(src + p * len, len);
+    with_elements(x, [&](const auto* src, auto load) {
+      parallel_rows(planes, len, [&](int64_t begin, int64_t end) {
+        if (kind == PoolKind::kAverage)
+          for (int64_t p = begin; p < end; ++p) dst[p] = row_sum(src + p * len, len, load) * inv;
+        else
+          for (int64_t p = begin; p < end; ++p) dst[p] = row_max(src + p * len, len, load);
+      });
     });
   });
 }

@@ -277,7 +277,12 @@ class BinaryKernel final : public Kernel {
  public:
   BinaryKernel(const KernelInit& init, Op op, bool fusable, Broadcast mode = Broadcast::kMulti)
       : node_(init.node), op_(op), mode_(mode), quantize_(folded_quantize(init.node)),
-        channel_quantize_(folded_channel_quantize(init.node)) {
+        channel_quantize_(folded_channel_quantize(init.node)), dequantize_(folded_dequantize(init.node)) {
+    for (const FoldedDequantize& d : dequantize_)
+      if (d.input > 1) fail(ErrorKind::kInvalidModel, node_.describe() + ": invalid folded DequantizeLinear attributes");
+    scaled_input_ = node_.attr_int(kScaledInput, -1);
+    if (scaled_input_ >= 0 && (scaled_input_ > 1 || node_.inputs.size() != 3 || scaled_input_ == node_.attr_int(kNearestUpsampledInput, -1)))
+      fail(ErrorKind::kInvalidModel, node_.describe() + ": invalid folded scaling attributes");
     if (fusable) act_ = resolve_fused_activation(node_);
     else reject_fused_activation(node_);
     upsampled_input_ = node_.attr_int(kNearestUpsampledInput, -1);
@@ -302,12 +307,29 @@ class BinaryKernel final : public Kernel {
 
   void run(KernelContext& ctx) override {
     // Channel-blocked inputs (a channel-blocked step): read as they are, or converted to plain.
-    if (ctx.input_layout(0) || ctx.input_layout(1)) {
-      if (run_channel_blocked(ctx)) return;
-      run_plain(ctx, channel_blocked::plain_input(ctx, 0), channel_blocked::plain_input(ctx, 1));
+    const bool blocked = ctx.input_layout(0) || ctx.input_layout(1);
+    if (blocked && run_channel_blocked(ctx)) return;
+    if (dequantize_.empty() && scaled_input_ < 0) {
+      if (blocked) run_plain(ctx, channel_blocked::plain_input(ctx, 0), channel_blocked::plain_input(ctx, 1));
+      else run_plain(ctx, ctx.input(0), ctx.input(1));
       return;
     }
-    run_plain(ctx, ctx.input(0), ctx.input(1));
+    // Folded DequantizeLinears and scaling outside the blocked path: the floats they stand for, then
+    // the op.
+    std::array<Tensor, 2> in = {blocked ? channel_blocked::plain_input(ctx, 0) : ctx.input(0),
+                                blocked ? channel_blocked::plain_input(ctx, 1) : ctx.input(1)};
+    for (const FoldedDequantize& d : dequantize_) in[d.input] = dequantized(in[d.input], d, node_.describe());
+    if (scaled_input_ >= 0) {
+      const std::string who = node_.describe();
+      Tensor& x = in[static_cast<size_t>(scaled_input_)];
+      const Tensor factor = channel_blocked::plain_input(ctx, 2);
+      SQ_CHECK(x.dtype() == DType::kFloat32 && factor.dtype() == DType::kFloat32, ErrorKind::kInternal,
+               who + ": a folded scaling needs float32 operands");
+      Tensor scaled(DType::kFloat32, broadcast_all({&x.shape(), &factor.shape()}, who));
+      broadcast_binary<float, float, float>(x, factor, scaled, SameTypeOp<NumericP, MulFn>{}, Activation{}, who);
+      x = std::move(scaled);
+    }
+    run_plain(ctx, in[0], in[1]);
   }
 
  private:
@@ -446,7 +468,17 @@ class BinaryKernel final : public Kernel {
     const float* data = nullptr;
     bool full = false;
     int64_t batch_stride = 0, lane_stride = 0;
+    // A folded DequantizeLinear's codes (full operands only): dequantized chunk by chunk.
+    const std::byte* codes = nullptr;
+    DType code_type = DType::kUndefined;
+    const FoldedDequantize* dequantize = nullptr;
   };
+
+  const FoldedDequantize* dequantize_of(size_t k) const {
+    for (const FoldedDequantize& d : dequantize_)
+      if (d.input == k) return &d;
+    return nullptr;
+  }
 
   static std::optional<BlockedOperand> blocked_operand(const Tensor& t, const Layout* layout, const Shape& out) {
     BlockedOperand o;
@@ -468,16 +500,34 @@ class BinaryKernel final : public Kernel {
   // operand's layout (the output's, retyped), and for a folded upsampling its factors and the
   // small map's size.
   struct BlockedPlan {
-    std::array<BlockedOperand, 2> in;
+    std::array<BlockedOperand, 3> in;  // the operands, then a folded scaling's factor
     Shape out_shape;
     const Layout* out_like = nullptr;
     int64_t kh = 1, kw = 1, small_height = 0, small_width = 0;
   };
 
+  // Operand k in the output's element order: float32, or a folded DequantizeLinear's codes.
+  std::optional<BlockedOperand> full_operand(const KernelContext& ctx, size_t k) const {
+    const Tensor& t = ctx.input(k);
+    BlockedOperand o;
+    o.full = true;
+    if (const FoldedDequantize* d = dequantize_of(k)) {
+      if (t.dtype() != DType::kUInt8 && t.dtype() != DType::kInt8) return std::nullopt;
+      o.codes = static_cast<const std::byte*>(t.raw());
+      o.code_type = t.dtype();
+      o.dequantize = d;
+      return o;
+    }
+    if (t.dtype() != DType::kFloat32) return std::nullopt;
+    o.data = t.data<float>();
+    return o;
+  }
+
   std::optional<BlockedPlan> plan_channel_blocked(KernelContext& ctx) const {
     BlockedPlan plan;
     if (upsampled_input_ >= 0) {
       const size_t s = static_cast<size_t>(upsampled_input_), f = 1 - s;
+      if (dequantize_of(s) || ctx.input(s).dtype() != DType::kFloat32) return std::nullopt;
       const Tensor& small = ctx.input(s);
       const Tensor& full = ctx.input(f);
       plan.kh = factors_[0];
@@ -491,12 +541,24 @@ class BinaryKernel final : public Kernel {
       plan.small_height = small.dim(2);
       plan.small_width = small.dim(3);
       plan.in[s] = BlockedOperand{small.data<float>(), true, 0, 0};
-      plan.in[f] = BlockedOperand{full.data<float>(), true, 0, 0};
+      const std::optional<BlockedOperand> full_in = full_operand(ctx, f);
+      if (!full_in) return std::nullopt;
+      plan.in[f] = *full_in;
     } else {
       plan.out_shape = broadcast_all({&ctx.input(0).shape(), &ctx.input(1).shape()}, node_.describe());
       if (plan.out_shape.size() != 4) return std::nullopt;
       for (size_t k = 0; k < 2; ++k) {
-        const std::optional<BlockedOperand> o = blocked_operand(ctx.input(k), ctx.input_layout(k), plan.out_shape);
+        const Tensor& t = ctx.input(k);
+        if (dequantize_of(k)) {
+          // Codes in the output's element order only (the squeeze-excitation input).
+          const std::optional<BlockedOperand> o = full_operand(ctx, k);
+          if (!o || !ctx.input_layout(k) || t.shape() != plan.out_shape) return std::nullopt;
+          plan.in[k] = *o;
+          plan.out_like = ctx.input_layout(k);
+          continue;
+        }
+        if (t.dtype() != DType::kFloat32) return std::nullopt;
+        const std::optional<BlockedOperand> o = blocked_operand(t, ctx.input_layout(k), plan.out_shape);
         if (!o) return std::nullopt;
         plan.in[k] = *o;
         if (o->full) plan.out_like = ctx.input_layout(k);
@@ -506,6 +568,13 @@ class BinaryKernel final : public Kernel {
     const int64_t channels = plan.out_shape[1];
     if (channel_quantize_ && (channel_quantize_->axis != 1 || static_cast<int64_t>(channel_quantize_->scale.size()) != channels))
       return std::nullopt;
+    if (scaled_input_ >= 0) {  // the factor: per channel, per (n, c) or one value
+      const Tensor& factor = ctx.input(2);
+      if (factor.dtype() != DType::kFloat32 || !plan.in[static_cast<size_t>(scaled_input_)].full) return std::nullopt;
+      const std::optional<BlockedOperand> o = blocked_operand(factor, ctx.input_layout(2), plan.out_shape);
+      if (!o || o->full) return std::nullopt;
+      plan.in[2] = *o;
+    }
     return plan;
   }
 
@@ -522,6 +591,7 @@ class BinaryKernel final : public Kernel {
     const int64_t lanes = v.block, row_len = v.width * lanes;
     stride = 1;
     advance = 1;
+    if (o.codes) return nullptr;  // dequantized per chunk (run_channel_blocked)
     if (upsampled_input_ == static_cast<int>(k)) {
       // The small map's row y / kh, each pixel's lanes repeated kw times.
       if (refill) {
@@ -559,9 +629,7 @@ class BinaryKernel final : public Kernel {
   bool run_channel_blocked(KernelContext& ctx) {
     if constexpr (Op::template kAccepts<float> && std::is_same_v<typename Op::template Out<float>, float>) {
       const std::optional<channel_blocked::Blocking> blocking = channel_blocked::common_blocking(ctx, {0, 1});
-      if (!blocking || mode_ != Broadcast::kMulti || !ctx.output_layout_allowed(0) ||
-          ctx.input(0).dtype() != DType::kFloat32 || ctx.input(1).dtype() != DType::kFloat32)
-        return false;
+      if (!blocking || mode_ != Broadcast::kMulti || !ctx.output_layout_allowed(0)) return false;
       const std::optional<BlockedPlan> plan = plan_channel_blocked(ctx);
       if (!plan) return false;
       const DType out_type = channel_quantize_ ? channel_quantize_->dtype : quantize_ ? quantize_->dtype : DType::kFloat32;
@@ -581,25 +649,50 @@ class BinaryKernel final : public Kernel {
       constexpr std::optional<LaneQuantizer::Combine> kCombine = lane_combine<Op>();
       const bool combined_quantize = kCombine && channel_quantize_ && !act_;
       auto run_units = [&](int64_t u0, int64_t u1) {
-        thread_local std::vector<float> widened_a, widened_b, values;
-        for (std::vector<float>* buf : {&widened_a, &widened_b})
+        thread_local std::vector<float> widened_a, widened_b, widened_factor, values, dequantized_a, dequantized_b, scaled;
+        for (std::vector<float>* buf : {&widened_a, &widened_b, &widened_factor})
           if (buf->size() < static_cast<size_t>(row_len)) buf->resize(static_cast<size_t>(row_len));
-        if (values.size() < static_cast<size_t>(chunk_pixels * lanes)) values.resize(static_cast<size_t>(chunk_pixels * lanes));
-        const std::array<float*, 2> wide = {widened_a.data(), widened_b.data()};
+        for (std::vector<float>* buf : {&values, &dequantized_a, &dequantized_b, &scaled})
+          if (buf->size() < static_cast<size_t>(chunk_pixels * lanes)) buf->resize(static_cast<size_t>(chunk_pixels * lanes));
+        const std::array<float*, 3> wide = {widened_a.data(), widened_b.data(), widened_factor.data()};
+        const std::array<float*, 2> dequantized_chunk = {dequantized_a.data(), dequantized_b.data()};
         int64_t widened_key = -1;  // the (plane, source row) the widened rows hold
         for (int64_t u = u0; u < u1; ++u) {
           const int64_t plane = u / rows_per_plane, y = u % rows_per_plane;
           const int64_t key = upsampled_input_ >= 0 ? plane * plan->small_height + y / plan->kh : plane;
-          std::array<const float*, 2> row{};
-          std::array<int64_t, 2> stride{}, advance{};
-          for (size_t k = 0; k < 2; ++k)
+          std::array<const float*, 3> row{};
+          std::array<int64_t, 3> stride{}, advance{};
+          const size_t operands = scaled_input_ >= 0 ? 3 : 2;
+          for (size_t k = 0; k < operands; ++k)
             row[k] = operand_row(*plan, k, v, plane, y, chunk_pixels, key != widened_key, wide[k], stride[k], advance[k]);
           widened_key = key;
           const int64_t offset = plane * v.plane_elements() + y * row_len;
           for (int64_t x0 = 0; x0 < v.width; x0 += chunk_pixels) {
             const int64_t pixels = std::min(chunk_pixels, v.width - x0), first = x0 * lanes, n = pixels * lanes;
-            const float* a = row[0] + first * advance[0];
-            const float* b = row[1] + first * advance[1];
+            std::array<const float*, 2> chunk{};
+            for (size_t k = 0; k < 2; ++k) {
+              const BlockedOperand& o = plan->in[k];
+              if (o.codes) {
+                dequantize_codes(o.codes + offset + first, o.code_type, n, o.dequantize->scale,
+                                 o.dequantize->zero_point, dequantized_chunk[k]);
+                chunk[k] = dequantized_chunk[k];
+              } else {
+                chunk[k] = row[k] + first * advance[k];
+              }
+            }
+            if (scaled_input_ >= 0) {  // the folded Mul's float32 product, as it wrote it
+              const size_t k = static_cast<size_t>(scaled_input_);
+              const float* factor = row[2] + first * advance[2];
+              if (stride[2] == 1) {
+                combine_floats<LaneQuantizer::Combine::kMul>(chunk[k], factor, scaled.data(), n);
+              } else {
+                const float f = *factor;
+                for (int64_t i = 0; i < n; ++i) scaled[static_cast<size_t>(i)] = chunk[k][i] * f;
+              }
+              chunk[k] = scaled.data();
+            }
+            const float* a = chunk[0];
+            const float* b = chunk[1];
             const bool contiguous = stride[0] == 1 && stride[1] == 1;
             if (combined_quantize && contiguous) {
               lane_quantizer_->quantize_combined(*kCombine, a, b, pixels, (plane % v.blocks()) * lanes, lanes,
@@ -645,6 +738,8 @@ class BinaryKernel final : public Kernel {
   std::optional<LaneQuantizer> lane_quantizer_;  // the folded per-channel Q on channel-blocked data
   std::optional<FoldedQuantize> quantize_;  // a QuantizeLinear the plan folded into this op
   std::optional<FoldedChannelQuantize> channel_quantize_;  // a per-channel one
+  std::vector<FoldedDequantize> dequantize_;               // inputs read as 8-bit codes
+  int64_t scaled_input_ = -1;  // the operand multiplied by input 2 first (a folded Mul), if any
   Tensor channel_scale_, channel_zero_point_;              // its parameters as tensors (for short slabs)
   int64_t upsampled_input_ = -1;  // the operand read through a folded nearest Resize, if any
   std::vector<int64_t> factors_;   // its {kh, kw}

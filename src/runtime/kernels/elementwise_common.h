@@ -51,6 +51,12 @@ Shape broadcast_all(const std::vector<const Shape*>& shapes, const std::string& 
 inline constexpr const char* kNearestUpsampledInput = "nearest_upsampled_input";    // int: 0 or 1
 inline constexpr const char* kNearestUpsampleFactors = "nearest_upsample_factors";  // ints: {kh, kw}
 
+// Attribute of an Add / Sub whose operand kScaledInput (0 or 1) is multiplied first by input 2, a
+// per-channel or scalar factor ([N|1, C|1, 1, 1] or one element): the plan folded a Mul(x, s) that
+// only this op read (execution only, see scaled_operand_fusion.h). The product is the Mul's float32
+// result, rounded as it was, before the op.
+inline constexpr const char* kScaledInput = "scaled_input";  // int: 0 or 1
+
 // Work below this many elements runs on the calling thread: forking a team costs more.
 constexpr int64_t kParallelGrain = 1 << 15;
 

@@ -98,4 +98,29 @@ std::optional<FoldedChannelQuantize> folded_channel_quantize(const ir::Node& nod
 // Writes q onto the node as the attributes folded_channel_quantize reads.
 void write_folded_channel_quantize(ir::Node& node, const FoldedChannelQuantize& q);
 
+
+// Per-tensor DequantizeLinears folded into the op that reads their float32 output (execution-only
+// plan fusion, see fusions/dequantize_fusion.h): the op reads the 8-bit codes (uint8 or int8) at
+// input position `input` and dequantizes them as it goes, float(q - zero_point) * scale, the
+// arithmetic of dequantize_linear (so the same floats). Attributes on the op's node, one entry per
+// folded input:
+inline constexpr const char* kFoldedDequantizeInputs = "folded_dequantize_inputs";           // ints
+inline constexpr const char* kFoldedDequantizeScales = "folded_dequantize_scales";           // floats
+inline constexpr const char* kFoldedDequantizeZeroPoints = "folded_dequantize_zero_points";  // ints
+struct FoldedDequantize {
+  size_t input = 0;
+  float scale = 1.f;
+  int32_t zero_point = 0;
+};
+// The node's folded DequantizeLinears, in input order (kInvalidModel naming the node for bad
+// attributes); empty when none.
+std::vector<FoldedDequantize> folded_dequantize(const ir::Node& node);
+// Adds d to the node's folded DequantizeLinears.
+void add_folded_dequantize(ir::Node& node, const FoldedDequantize& d);
+// y[i] = float(codes[i] - zero_point) * scale for n codes of `type` (uint8 or int8).
+void dequantize_codes(const void* codes, DType type, int64_t n, float scale, int32_t zero_point, float* y);
+// The float32 tensor a folded DequantizeLinear stands for (codes: uint8 or int8, plain order);
+// kInvalidArgument naming `who` for another dtype or a zero point outside its range.
+Tensor dequantized(const Tensor& codes, const FoldedDequantize& d, const std::string& who);
+
 }  // namespace slimquant::runtime

@@ -514,6 +514,57 @@ void write_folded_channel_quantize(ir::Node& node, const FoldedChannelQuantize& 
   node.attrs[kFoldedQuantizeAxis] = q.axis;
 }
 
+std::vector<FoldedDequantize> folded_dequantize(const ir::Node& node) {
+  if (!node.attrs.count(kFoldedDequantizeInputs)) return {};
+  const std::vector<int64_t> inputs = node.attr_ints(kFoldedDequantizeInputs);
+  const std::vector<float> scales = node.attr_floats(kFoldedDequantizeScales);
+  const std::vector<int64_t> zero_points = node.attr_ints(kFoldedDequantizeZeroPoints);
+  bool valid = scales.size() == inputs.size() && zero_points.size() == inputs.size();
+  std::vector<FoldedDequantize> folded;
+  for (size_t k = 0; valid && k < inputs.size(); ++k) {
+    valid = inputs[k] >= 0 && static_cast<size_t>(inputs[k]) < node.inputs.size() && scales[k] > 0.f &&
+            std::isfinite(scales[k]) && zero_points[k] >= -128 && zero_points[k] <= 255;
+    for (const FoldedDequantize& f : folded) valid = valid && f.input != static_cast<size_t>(inputs[k]);
+    if (valid) folded.push_back({static_cast<size_t>(inputs[k]), scales[k], static_cast<int32_t>(zero_points[k])});
+  }
+  if (!valid) fail(ErrorKind::kInvalidModel, node.describe() + ": invalid folded DequantizeLinear attributes");
+  std::sort(folded.begin(), folded.end(), [](const auto& a, const auto& b) { return a.input < b.input; });
+  return folded;
+}
+
+void add_folded_dequantize(ir::Node& node, const FoldedDequantize& d) {
+  std::vector<int64_t> inputs = node.attr_ints(kFoldedDequantizeInputs);
+  std::vector<float> scales = node.attr_floats(kFoldedDequantizeScales);
+  std::vector<int64_t> zero_points = node.attr_ints(kFoldedDequantizeZeroPoints);
+  inputs.push_back(static_cast<int64_t>(d.input));
+  scales.push_back(d.scale);
+  zero_points.push_back(d.zero_point);
+  node.attrs[kFoldedDequantizeInputs] = std::move(inputs);
+  node.attrs[kFoldedDequantizeScales] = std::move(scales);
+  node.attrs[kFoldedDequantizeZeroPoints] = std::move(zero_points);
+}
+
+void dequantize_codes(const void* codes, DType type, int64_t n, float scale, int32_t zero_point, float* y) {
+  if (type == DType::kUInt8) dequantize_span(static_cast<const uint8_t*>(codes), y, n, scale, zero_point);
+  else dequantize_span(static_cast<const int8_t*>(codes), y, n, scale, zero_point);
+}
+
+Tensor dequantized(const Tensor& codes, const FoldedDequantize& d, const std::string& who) {
+  const bool u8 = codes.dtype() == DType::kUInt8;
+  SQ_CHECK((u8 || codes.dtype() == DType::kInt8) && d.zero_point >= (u8 ? 0 : -128) && d.zero_point <= (u8 ? 255 : 127),
+           ErrorKind::kInvalidArgument,
+           who + ": input " + std::to_string(d.input) + " (a folded DequantizeLinear's codes) has dtype " +
+               dtype_name(codes.dtype()) + " and zero point " + std::to_string(d.zero_point) +
+               " (uint8 or int8 codes, with a zero point of that type)");
+  Tensor y(DType::kFloat32, codes.shape());
+  const auto* src = static_cast<const std::byte*>(codes.raw());
+  float* dst = y.data<float>();
+  ew::parallel_range(codes.numel(), [&](int64_t b, int64_t e) {
+    dequantize_codes(src + b, codes.dtype(), e - b, d.scale, d.zero_point, dst + b);
+  });
+  return y;
+}
+
 void quantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_point, int64_t axis, Tensor& y,
                      const std::string& who) {
   const DType qtype = zero_point ? zero_point->dtype() : DType::kUInt8;
