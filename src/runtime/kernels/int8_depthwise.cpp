@@ -87,7 +87,10 @@ bool direct_depthwise_available() {
 }
 
 bool direct_depthwise_pays(const ConvProblem& p) {
-  return p.kernel.size() == 2 && (p.kernel[0] * p.kernel[1] >= 25 || p.out_spatial[1] >= 2 * kTileColumns);
+  if (p.kernel.size() != 2) return false;
+  // A partly filled 64-channel chunk pays only at stride 1 (every quad serves each output row).
+  if (p.out_channels < kChunk && (p.strides[0] != 1 || p.strides[1] != 1)) return false;
+  return p.kernel[0] * p.kernel[1] >= 25 || p.out_spatial[1] >= 2 * kTileColumns;
 }
 
 bool direct_depthwise_supports(const QLinearAttrs& q) {
