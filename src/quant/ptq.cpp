@@ -297,6 +297,18 @@ void PTQ::quantize(const ir::Graph& float_graph) {
       if (skipped) continue;
       for (int r : readers) {
         const ir::Node& node = float_graph_.nodes[static_cast<size_t>(r)];
+        if (node.op_type == "GlobalAveragePool") {
+          // The squeeze convolution reading the pooled vector stays float: int8 gains nothing on C
+          // values, and ONNX Runtime would fuse DequantizeLinear -> pool -> its input's
+          // QuantizeLinear into a QLinearGlobalAveragePool, which fails on the per-channel scale
+          // precision recovery gives convolution inputs (see rewrite_channel_wise_conv_inputs).
+          const std::string& pooled = node.outputs[0];
+          std::erase_if(layers_, [&](const Layer& l) {
+            return l.op_type == "Conv" && l.activations == std::vector<std::string>{pooled};
+          });
+          observers_.erase(pooled);
+          channel_abs_max_.erase(pooled);
+        }
         auto it = std::find_if(layers_.begin(), layers_.end(), [&](const Layer& l) { return l.name == node.name; });
         if (it == layers_.end()) {
           Layer layer;
@@ -540,6 +552,27 @@ ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) 
   return out;
 }
 
+namespace {
+// ONNX Runtime fuses DequantizeLinear -> op -> QuantizeLinear into one integer kernel around the
+// ops it runs in integers (QLinearGlobalAveragePool, QLinearAdd, QLinearConcat, ...), and those
+// take a single output scale: with a per-channel QuantizeLinear after them the model loads but
+// fails at run time (ONNX Runtime 1.30: "y_scale must be a scalar or 1D tensor of size 1", on the
+// pooled squeeze-excitation input of PP-OCRv4 det). True when x is written by an op other than a
+// weighted one (whose fused kernels check the output's scale) from a DequantizeLinear's output.
+bool written_by_integer_op_of_onnx_runtime(const ir::Graph& g, const std::string& x) {
+  const int p = g.producer(x);
+  if (p < 0) return false;
+  const ir::Node& op = g.nodes[static_cast<size_t>(p)];
+  if (op.op_type == "Conv" || op.op_type == "ConvTranspose" || op.op_type == "Gemm" || op.op_type == "MatMul" ||
+      op.op_type == "DequantizeLinear")
+    return false;
+  return std::any_of(op.inputs.begin(), op.inputs.end(), [&](const std::string& in) {
+    const int d = in.empty() ? -1 : g.producer(in);
+    return d >= 0 && g.nodes[static_cast<size_t>(d)].op_type == "DequantizeLinear";
+  });
+}
+}  // namespace
+
 void PTQ::rewrite_channel_wise_conv_inputs(ir::Graph& g, const std::vector<const Layer*>& chosen,
                                            const std::map<std::string, QuantParam>& act) const {
   std::map<std::string, std::string> integers;            // conv input -> its DequantizeLinear(1) output
@@ -555,6 +588,7 @@ void PTQ::rewrite_channel_wise_conv_inputs(ir::Graph& g, const std::vector<const
       continue;
     auto node = std::find_if(g.nodes.begin(), g.nodes.end(), [&](const ir::Node& n) { return n.name == l->name; });
     if (node == g.nodes.end()) continue;
+    if (written_by_integer_op_of_onnx_runtime(g, x)) continue;
     const Tensor& w = *float_graph_.initializer(l->weight);
     const int64_t out_channels = w.shape()[0], group_in = w.shape()[1];
     const int64_t group = node->attr_int("group", 1);
