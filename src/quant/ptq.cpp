@@ -93,13 +93,14 @@ void observe_channel_abs_max(const Tensor& x, std::vector<float>& abs_max) {
 }
 
 
-// A value `target` that `v` is computed from within `depth` producer steps (constants aside).
-bool computed_from(const ir::Graph& g, const std::string& v, const std::string& target, int depth) {
+// Whether `v` is computed from `target` within `depth` producer steps (constants aside).
+bool computed_from(const ir::Graph& g, const std::unordered_map<std::string, int>& producers, const std::string& v,
+                   const std::string& target, int depth) {
   if (v == target) return true;
-  const int p = g.producer(v);
-  if (p < 0 || depth == 0) return false;
-  for (const std::string& in : g.nodes[static_cast<size_t>(p)].inputs)
-    if (!in.empty() && !g.is_initializer(in) && computed_from(g, in, target, depth - 1)) return true;
+  const auto p = producers.find(v);
+  if (p == producers.end() || depth == 0) return false;
+  for (const std::string& in : g.nodes[static_cast<size_t>(p->second)].inputs)
+    if (!in.empty() && !g.is_initializer(in) && computed_from(g, producers, in, target, depth - 1)) return true;
   return false;
 }
 
@@ -112,14 +113,24 @@ bool computed_from(const ir::Graph& g, const std::string& v, const std::string& 
 std::vector<std::pair<std::string, std::vector<int>>> squeeze_excitation_inputs(const ir::Graph& g) {
   constexpr int kGateDepth = 8;  // pool -> Conv -> act -> Conv -> gate activation, with room for Flatten / Reshape
   std::vector<std::pair<std::string, std::vector<int>>> found;
+  std::unordered_map<std::string, int> producers;
+  std::unordered_map<std::string, std::vector<int>> consumers;  // distinct readers, in node order
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    for (const std::string& out : g.nodes[i].outputs) producers[out] = static_cast<int>(i);
+    for (const std::string& in : g.nodes[i].inputs) {
+      std::vector<int>& r = consumers[in];
+      if (r.empty() || r.back() != static_cast<int>(i)) r.push_back(static_cast<int>(i));
+    }
+  }
   for (const ir::Node& pool : g.nodes) {
     if (pool.op_type != "GlobalAveragePool" || !pool.domain.empty() || pool.inputs.size() != 1) continue;
     const std::string& x = pool.inputs[0];
-    const int producer = g.producer(x);
+    const auto producer = producers.find(x);
     const bool graph_output =
         std::any_of(g.outputs.begin(), g.outputs.end(), [&](const ir::ValueInfo& o) { return o.name == x; });
-    if (producer < 0 || g.nodes[static_cast<size_t>(producer)].op_type != "Conv" || graph_output) continue;
-    const std::vector<int> readers = g.consumers(x);
+    if (producer == producers.end() || g.nodes[static_cast<size_t>(producer->second)].op_type != "Conv" || graph_output)
+      continue;
+    const std::vector<int>& readers = consumers.at(x);
     std::set<std::string> gated;  // outputs of Mul(x, gate)
     bool all_gating = true;
     for (int r : readers) {
@@ -127,7 +138,7 @@ std::vector<std::pair<std::string, std::vector<int>>> squeeze_excitation_inputs(
       if (&n == &pool) continue;
       if (n.op_type == "Mul" && n.domain.empty() && n.inputs.size() == 2 && n.inputs[0] != n.inputs[1]) {
         const std::string& gate = n.inputs[0] == x ? n.inputs[1] : n.inputs[0];
-        if (computed_from(g, gate, pool.outputs[0], kGateDepth)) {
+        if (computed_from(g, producers, gate, pool.outputs[0], kGateDepth)) {
           gated.insert(n.outputs[0]);
           continue;
         }

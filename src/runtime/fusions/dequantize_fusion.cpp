@@ -14,8 +14,7 @@ namespace {
 bool reads_codes(const ir::Node& reader, const std::string& v) {
   if (!reader.domain.empty() || reader.outputs.size() != 1) return false;
   if (is_binary_arithmetic(reader))  // operands 0 and 1 (a folded scaling's factor, input 2, stays float)
-    return (reader.inputs.size() == 2 || (reader.inputs.size() == 3 && reader.has_attr(ew::kScaledInput))) &&
-           (reader.inputs.size() < 3 || reader.inputs[2] != v) &&
+    return has_binary_operands(reader) && (reader.inputs.size() < 3 || reader.inputs[2] != v) &&
            (!reader.has_attr(ew::kNearestUpsampledInput) ||
             reader.inputs[static_cast<size_t>(reader.attr_int(ew::kNearestUpsampledInput, 0))] != v);
   if (reader.op_type == "GlobalAveragePool" || reader.op_type == "GlobalMaxPool")

@@ -253,7 +253,7 @@ void fold_quantize_into_residual_qconv(Rewriter& rw, const QuantizedOutput& m) {
 std::optional<QuantizedOutput> select_elementwise_quantize(const Rewriter& rw, int i) {
   const ir::Node& op = rw.node(i);
   const bool arithmetic = is_binary_arithmetic(op);
-  if (!arithmetic || !op.domain.empty() || op.inputs.size() != 2 || op.outputs.size() != 1) return std::nullopt;
+  if (!arithmetic || !op.domain.empty() || !has_binary_operands(op) || op.outputs.size() != 1) return std::nullopt;
   return sole_quantize_reader(rw, i);
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/kernels/elementwise_common.h"
 #include "slimquant/ir/rewrite.h"
 
 namespace slimquant::runtime {
@@ -13,6 +14,10 @@ namespace slimquant::runtime {
 // Add / Sub / Mul / Div of the default domain: the ops whose kernel can fold a Q, an upsampling.
 inline bool is_binary_arithmetic(const ir::Node& n) {
   return n.domain.empty() && (n.op_type == "Add" || n.op_type == "Sub" || n.op_type == "Mul" || n.op_type == "Div");
+}
+// Its operands: two, or three when a per-channel scaling is folded in (input 2, the factor).
+inline bool has_binary_operands(const ir::Node& n) {
+  return n.inputs.size() == 2 || (n.inputs.size() == 3 && n.attrs.count(ew::kScaledInput));
 }
 
 // The rules, in the order they run. keep: values a caller observes (never fused away).

@@ -281,7 +281,8 @@ class BinaryKernel final : public Kernel {
     for (const FoldedDequantize& d : dequantize_)
       if (d.input > 1) fail(ErrorKind::kInvalidModel, node_.describe() + ": invalid folded DequantizeLinear attributes");
     scaled_input_ = node_.attr_int(kScaledInput, -1);
-    if (scaled_input_ >= 0 && (scaled_input_ > 1 || node_.inputs.size() != 3 || scaled_input_ == node_.attr_int(kNearestUpsampledInput, -1)))
+    if (scaled_input_ >= 0 && (scaled_input_ > 1 || node_.inputs.size() != 3 ||
+                               scaled_input_ == node_.attr_int(kNearestUpsampledInput, -1)))
       fail(ErrorKind::kInvalidModel, node_.describe() + ": invalid folded scaling attributes");
     if (fusable) act_ = resolve_fused_activation(node_);
     else reject_fused_activation(node_);
