@@ -34,7 +34,8 @@ std::optional<ChannelQuantizedOutput> select_channel_quantized_output(const ir::
   const ir::Node& op = rw.node(i);
   const bool arithmetic = is_binary_arithmetic(op);
   const bool concat = op.op_type == "Concat" && !op.inputs.empty();
-  if (!(arithmetic || concat) || !op.domain.empty() || (arithmetic && !has_binary_operands(op)) || op.outputs.size() != 1 ||
+  if (!(arithmetic || concat) || !op.domain.empty() || (arithmetic && !has_binary_operands(op)) ||
+      op.outputs.size() != 1 ||
       op.attrs.count(kFoldedQuantizeScale) || op.attrs.count(kFoldedQuantizeChannelScale))
     return std::nullopt;
   const std::string& y = op.outputs[0];

@@ -257,7 +257,10 @@ struct FloatLoad {
 struct CodeLoad {
   float scale;
   int32_t zero_point;
-  template <typename Q> float operator()(Q q) const { return static_cast<float>(static_cast<int32_t>(q) - zero_point) * scale; }
+  template <typename Q>
+  float operator()(Q q) const {
+    return static_cast<float>(static_cast<int32_t>(q) - zero_point) * scale;
+  }
 };
 
 template <typename T, typename Load>
@@ -355,7 +358,8 @@ std::unique_ptr<Kernel> make_global_pool(const KernelInit& init, PoolKind kind) 
     if (const Layout* layout = ctx.input_layout(0)) {
       const std::optional<channel_blocked::Blocking> blocking = channel_blocked::blocking_of(*layout);
       const Tensor& x = ctx.input(0);
-      if (blocking && (x.dtype() == DType::kFloat32) != dequantize.has_value() && x.rank() == 4 && x.dim(2) * x.dim(3) > 0) {
+      const bool readable = (x.dtype() == DType::kFloat32) != dequantize.has_value();  // floats, or codes
+      if (blocking && readable && x.rank() == 4 && x.dim(2) * x.dim(3) > 0) {
         const channel_blocked::View v(x.shape(), *blocking);
         Tensor& y = ctx.allocate_output(0, DType::kFloat32, {v.n, v.channels, 1, 1});
         const float inv = 1.f / static_cast<float>(v.pixels());

@@ -279,7 +279,8 @@ class BinaryKernel final : public Kernel {
       : node_(init.node), op_(op), mode_(mode), quantize_(folded_quantize(init.node)),
         channel_quantize_(folded_channel_quantize(init.node)), dequantize_(folded_dequantize(init.node)) {
     for (const FoldedDequantize& d : dequantize_)
-      if (d.input > 1) fail(ErrorKind::kInvalidModel, node_.describe() + ": invalid folded DequantizeLinear attributes");
+      if (d.input > 1)
+        fail(ErrorKind::kInvalidModel, node_.describe() + ": invalid folded DequantizeLinear attributes");
     scaled_input_ = node_.attr_int(kScaledInput, -1);
     if (scaled_input_ >= 0 && (scaled_input_ > 1 || node_.inputs.size() != 3 ||
                                scaled_input_ == node_.attr_int(kNearestUpsampledInput, -1)))
@@ -650,11 +651,13 @@ class BinaryKernel final : public Kernel {
       constexpr std::optional<LaneQuantizer::Combine> kCombine = lane_combine<Op>();
       const bool combined_quantize = kCombine && channel_quantize_ && !act_;
       auto run_units = [&](int64_t u0, int64_t u1) {
-        thread_local std::vector<float> widened_a, widened_b, widened_factor, values, dequantized_a, dequantized_b, scaled;
+        thread_local std::vector<float> widened_a, widened_b, widened_factor;  // rows
+        thread_local std::vector<float> values, dequantized_a, dequantized_b, scaled;  // chunks
         for (std::vector<float>* buf : {&widened_a, &widened_b, &widened_factor})
           if (buf->size() < static_cast<size_t>(row_len)) buf->resize(static_cast<size_t>(row_len));
+        const auto chunk_floats = static_cast<size_t>(chunk_pixels * lanes);
         for (std::vector<float>* buf : {&values, &dequantized_a, &dequantized_b, &scaled})
-          if (buf->size() < static_cast<size_t>(chunk_pixels * lanes)) buf->resize(static_cast<size_t>(chunk_pixels * lanes));
+          if (buf->size() < chunk_floats) buf->resize(chunk_floats);
         const std::array<float*, 3> wide = {widened_a.data(), widened_b.data(), widened_factor.data()};
         const std::array<float*, 2> dequantized_chunk = {dequantized_a.data(), dequantized_b.data()};
         int64_t widened_key = -1;  // the (plane, source row) the widened rows hold
