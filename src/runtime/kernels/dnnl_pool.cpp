@@ -343,15 +343,9 @@ std::unique_ptr<Kernel> make_global_pool(const KernelInit& init, PoolKind kind) 
         fn(x.data<float>(), FloatLoad{});
         return;
       }
-      const bool u8 = x.dtype() == DType::kUInt8;
-      if ((!u8 && x.dtype() != DType::kInt8) || dequantize->zero_point < (u8 ? 0 : -128) ||
-          dequantize->zero_point > (u8 ? 255 : 127))
-        fail(ErrorKind::kInvalidArgument, node.describe() + ": input X (a folded DequantizeLinear's codes) has dtype " +
-                                              dtype_name(x.dtype()) + " and zero point " +
-                                              std::to_string(dequantize->zero_point) +
-                                              " (uint8 or int8 codes, with a zero point of that type)");
+      check_folded_codes(x, *dequantize, node.describe());
       const CodeLoad load{dequantize->scale, dequantize->zero_point};
-      if (u8) fn(x.data<uint8_t>(), load);
+      if (x.dtype() == DType::kUInt8) fn(x.data<uint8_t>(), load);
       else fn(x.data<int8_t>(), load);
     };
     // A channel-blocked X (the squeeze-excitation after a convolution) is read as it is.

@@ -119,8 +119,10 @@ std::vector<FoldedDequantize> folded_dequantize(const ir::Node& node);
 void add_folded_dequantize(ir::Node& node, const FoldedDequantize& d);
 // y[i] = float(codes[i] - zero_point) * scale for n codes of `type` (uint8 or int8).
 void dequantize_codes(const void* codes, DType type, int64_t n, float scale, int32_t zero_point, float* y);
-// The float32 tensor a folded DequantizeLinear stands for (codes: uint8 or int8, plain order);
-// kInvalidArgument naming `who` for another dtype or a zero point outside its range.
+// kInvalidArgument naming `who` unless `codes` are uint8 / int8 with d's zero point in their range.
+void check_folded_codes(const Tensor& codes, const FoldedDequantize& d, const std::string& who);
+// The float32 tensor a folded DequantizeLinear stands for (codes: uint8 or int8, plain order; the
+// checks above), by dequantize_linear.
 Tensor dequantized(const Tensor& codes, const FoldedDequantize& d, const std::string& who);
 
 }  // namespace slimquant::runtime

@@ -549,19 +549,22 @@ void dequantize_codes(const void* codes, DType type, int64_t n, float scale, int
   else dequantize_span(static_cast<const int8_t*>(codes), y, n, scale, zero_point);
 }
 
-Tensor dequantized(const Tensor& codes, const FoldedDequantize& d, const std::string& who) {
+void check_folded_codes(const Tensor& codes, const FoldedDequantize& d, const std::string& who) {
   const bool u8 = codes.dtype() == DType::kUInt8;
   SQ_CHECK((u8 || codes.dtype() == DType::kInt8) && d.zero_point >= (u8 ? 0 : -128) && d.zero_point <= (u8 ? 255 : 127),
            ErrorKind::kInvalidArgument,
            who + ": input " + std::to_string(d.input) + " (a folded DequantizeLinear's codes) has dtype " +
                dtype_name(codes.dtype()) + " and zero point " + std::to_string(d.zero_point) +
                " (uint8 or int8 codes, with a zero point of that type)");
+}
+
+Tensor dequantized(const Tensor& codes, const FoldedDequantize& d, const std::string& who) {
+  check_folded_codes(codes, d, who);
+  Tensor zero_point(codes.dtype(), {});
+  if (codes.dtype() == DType::kUInt8) zero_point.data<uint8_t>()[0] = static_cast<uint8_t>(d.zero_point);
+  else zero_point.data<int8_t>()[0] = static_cast<int8_t>(d.zero_point);
   Tensor y(DType::kFloat32, codes.shape());
-  const auto* src = static_cast<const std::byte*>(codes.raw());
-  float* dst = y.data<float>();
-  ew::parallel_range(codes.numel(), [&](int64_t b, int64_t e) {
-    dequantize_codes(src + b, codes.dtype(), e - b, d.scale, d.zero_point, dst + b);
-  });
+  dequantize_linear(codes, Tensor::scalar<float>(d.scale), &zero_point, 1, y, who);
   return y;
 }
 
