@@ -13,6 +13,10 @@
 #include <vector>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+// Defined by the AddressSanitizer runtime, when the process has one.
+extern "C" int __asan_address_is_poisoned(void const volatile* address) __attribute__((weak));
+
+static bool running_under_address_sanitizer() { return __asan_address_is_poisoned != nullptr; }
 
 int main(int argc, char** argv) {
   namespace fs = std::filesystem;
@@ -20,11 +24,12 @@ int main(int argc, char** argv) {
   // gigabytes before checking sizes fails here too (bad_alloc, or an internal error) instead of
   // passing on a machine with enough memory.
   // Not under AddressSanitizer, whose shadow memory is terabytes of private mappings that
-  // RLIMIT_DATA counts (every process would fail to start); the normal build keeps the limit.
-#if !defined(__SANITIZE_ADDRESS__)
-  const rlimit data_limit{rlim_t{2} << 30, rlim_t{2} << 30};
-  setrlimit(RLIMIT_DATA, &data_limit);
-#endif
+  // RLIMIT_DATA counts (every process would fail to start); the normal build keeps the limit. Asked
+  // at run time: the sanitized run links this file's normal object with the ASan runtime.
+  if (!running_under_address_sanitizer()) {
+    const rlimit data_limit{rlim_t{2} << 30, rlim_t{2} << 30};
+    setrlimit(RLIMIT_DATA, &data_limit);
+  }
   std::vector<fs::path> inputs;
   for (int i = 1; i < argc; ++i) {
     const fs::path arg(argv[i]);

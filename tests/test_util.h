@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -13,7 +14,11 @@ inline std::string source_path(const std::string& rel) { return std::string(SLIM
 inline std::string fixture_model(const std::string& name) {
   return source_path("tests/fixtures/models/" + name + ".onnx");
 }
-inline std::string cli_path() { return std::string(SLIMQUANT_BINARY_DIR) + "/slimquant"; }
+// The `slimquant` tool under test: this build's, or SLIMQUANT_TEST_CLI (the sanitized run's own).
+inline std::string cli_path() {
+  const char* chosen = std::getenv("SLIMQUANT_TEST_CLI");
+  return chosen && *chosen ? std::string(chosen) : std::string(SLIMQUANT_BINARY_DIR) + "/slimquant";
+}
 
 // A fresh directory under the system temp dir, removed when the object dies.
 class TempDir {
