@@ -27,10 +27,10 @@ set(SLIMQUANT_SANITIZED_SOURCE_GLOBS
     ir/onnx_io.cpp ir/graph.cpp ir/schema_checks.cpp
     data/*.cpp
     quant/quant_config.cpp
-    runtime/session*.cpp runtime/kernels/*.cpp)
+    runtime/session*.cpp runtime/kernels/*/*.cpp)
 # Kernels that only describe and call oneDNN primitives (oneDNN's JIT code is not instrumented anyway).
 set(SLIMQUANT_UNSANITIZED_SOURCE_REGEX
-    "/runtime/kernels/(dnnl_descriptors|dnnl_common|dnnl_batchnorm|dnnl_softmax|dnnl_layernorm|implementation_choice|[a-z0-9_]*_register)\\.cpp$")
+    "/runtime/kernels/dnnl/(dnnl_descriptors|dnnl_common|dnnl_batchnorm|dnnl_softmax|dnnl_layernorm|implementation_choice)\\.cpp$|_register\\.cpp$")
 
 set(_sanitized_objects)
 foreach(layer_target IN LISTS SLIMQUANT_LAYER_TARGETS)

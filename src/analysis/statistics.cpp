@@ -12,7 +12,7 @@
 #include <set>
 #include <sstream>
 
-#include "runtime/kernels/elementwise_qdq.h"
+#include "runtime/kernels/elementwise/elementwise_qdq.h"
 #include "slimquant/core/error.h"
 #include "slimquant/core/progress.h"
 #include "slimquant/data/batch.h"

@@ -1,5 +1,5 @@
 // INT8 lowering: selectors recognise QDQ groups, the action writes one fused com.slimquant node
-// per group (the contract with the kernels is runtime/kernels/int8_common.h).
+// per group (the contract with the kernels is runtime/kernels/integer/int8_common.h).
 #include "slimquant/quant/lowering.h"
 
 #include <algorithm>
@@ -10,7 +10,7 @@
 
 #include "quant/conv_transpose_rewrite.h"
 #include "runtime/fused_ops/gelu_erf.h"
-#include "runtime/kernels/int8_common.h"
+#include "runtime/kernels/integer/int8_common.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/ir/qdq_params.h"
 #include "slimquant/ir/rewrite.h"

@@ -14,8 +14,8 @@
 #include <unordered_set>
 
 #include "runtime/fusions/execution_fusions.h"
-#include "runtime/kernels/dnnl_common.h"
-#include "runtime/kernels/dnnl_kernels.h"
+#include "runtime/kernels/dnnl/dnnl_common.h"
+#include "runtime/kernels/dnnl/dnnl_kernels.h"
 #include "runtime/session_internal.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/kernel.h"

@@ -46,7 +46,7 @@ enum class LayoutRole {
   kAware,        // the kernel reads blocked inputs at some positions and may write blocked outputs
   kPassthrough,  // elementwise without broadcasting (scalars aside): the kernel works on raw element
                  // order, so the output takes the common layout of the inputs (the session decides)
-  kChannelBlocked,  // reads rank-4 channel-blocked inputs (kernels/channel_blocked.h: acdb, aBcd16b)
+  kChannelBlocked,  // reads rank-4 channel-blocked inputs (kernels/elementwise/channel_blocked.h: acdb, aBcd16b)
                     // when they share one blocking, and writes its outputs in it (the kernel decides,
                     // and falls back to plain for cases it does not cover); elementwise ops of this
                     // role first try passthrough

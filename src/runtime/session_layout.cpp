@@ -3,10 +3,10 @@
 // time, the plain copies and inherited layouts each step needs.
 #include <algorithm>
 
-#include "runtime/kernels/dnnl_common.h"
-#include "runtime/kernels/dnnl_kernels.h"
-#include "runtime/kernels/elementwise_common.h"
-#include "runtime/kernels/elementwise_qdq.h"
+#include "runtime/kernels/dnnl/dnnl_common.h"
+#include "runtime/kernels/dnnl/dnnl_kernels.h"
+#include "runtime/kernels/elementwise/elementwise_common.h"
+#include "runtime/kernels/elementwise/elementwise_qdq.h"
 #include "runtime/session_internal.h"
 #include "slimquant/ir/rewrite.h"
 

@@ -2,7 +2,7 @@
 // shape), Gemm and MatMul (oneDNN sgemm).
 #include <numeric>
 
-#include "runtime/kernels/dnnl_descriptors.h"
+#include "runtime/kernels/dnnl/dnnl_descriptors.h"
 #include "train/op_base.h"
 #include "train/tensor_ops.h"
 

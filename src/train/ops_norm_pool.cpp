@@ -6,7 +6,7 @@
 #include <limits>
 #include <numeric>
 
-#include "runtime/kernels/dnnl_descriptors.h"
+#include "runtime/kernels/dnnl/dnnl_descriptors.h"
 #include "train/op_base.h"
 #include "train/tensor_ops.h"
 

@@ -2,6 +2,8 @@
 // a specific message and a non-zero exit code.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -39,6 +41,32 @@ TEST(Cli, RunWritesOutputNpy) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   Tensor out = read_npy(tmp.path("out/logits.npy"));
   EXPECT_EQ(out.shape(), (Shape{8, 10}));
+}
+
+// The kernel choices timed at a first run are kept on disk (SLIMQUANT_TUNING_CACHE), and the next
+// process reads them instead of timing again: its file is unchanged and its outputs are the same.
+TEST(Cli, KernelChoicesTimedOnceAreReusedByTheNextProcess) {
+  test::TempDir tmp("cli_choices");
+  const std::string cache = tmp.path("cache/choices.tsv");
+  const std::string cmd = "run " + kModel + " --input input=" +
+                          test::source_path("tests/fixtures/models/resnet_small.input.npy") + " --output-dir ";
+  const std::string env = "SLIMQUANT_TUNING_CACHE=" + cache;
+  auto first = run_cli(cmd + tmp.path("first"), env);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  std::ifstream in(cache);
+  std::string machine, line;
+  ASSERT_TRUE(std::getline(in, machine)) << "no choice file written";
+  EXPECT_NE(machine.find("oneDNN"), std::string::npos) << machine;
+  size_t entries = 0;
+  while (std::getline(in, line)) entries += line.find('\t') != std::string::npos;
+  EXPECT_GT(entries, 0u) << "the convolutions' choices";
+  const auto written = std::filesystem::last_write_time(cache);
+  auto second = run_cli(cmd + tmp.path("second"), env);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_EQ(std::filesystem::last_write_time(cache), written) << "the second run timed again";
+  const Tensor a = read_npy(tmp.path("first/logits.npy")), b = read_npy(tmp.path("second/logits.npy"));
+  ASSERT_EQ(a.nbytes(), b.nbytes());
+  EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
 }
 
 TEST(Cli, EvalJsonLastLine) {

@@ -1,2 +1,2 @@
 // Layering probe (must not compile): data does not use the runtime, so not its detail interface either.
-#include "runtime/kernels/int8_common.h"
+#include "runtime/kernels/integer/int8_common.h"

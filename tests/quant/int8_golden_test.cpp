@@ -12,7 +12,7 @@
 #include <filesystem>
 
 #include "quant/int8_test_util.h"
-#include "runtime/kernels/int8_common.h"
+#include "runtime/kernels/integer/int8_common.h"
 #include "slimquant/core/npy.h"
 #include "slimquant/quant/lowering.h"
 

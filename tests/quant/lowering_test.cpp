@@ -1,15 +1,15 @@
 // INT8 lowering: structure and numbers together. Small QDQ graphs built here are run as float
 // simulation and after lowering; each test asserts the node counts the pass must produce and
 // compares the outputs, and the fused kernels are checked against the plain-loop integer reference
-// (runtime/kernels/int8_reference.h) on the very integers they received.
+// (runtime/kernels/integer/int8_reference.h) on the very integers they received.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <random>
 
-#include "runtime/kernels/int8_common.h"
-#include "runtime/kernels/int8_reference.h"
+#include "runtime/kernels/integer/int8_common.h"
+#include "runtime/kernels/integer/int8_reference.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/lowering.h"

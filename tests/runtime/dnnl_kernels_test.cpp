@@ -11,7 +11,7 @@
 #include <random>
 
 #include "runtime/fused_ops/fused_activation.h"
-#include "runtime/kernels/dnnl_kernels.h"
+#include "runtime/kernels/dnnl/dnnl_kernels.h"
 #include "slimquant/runtime/kernel.h"
 
 namespace slimquant::runtime::dnnl_kernels {

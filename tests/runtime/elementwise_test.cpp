@@ -10,7 +10,7 @@
 
 #include "kernel_test_util.h"
 #include "runtime/fused_ops/fused_activation.h"
-#include "runtime/kernels/elementwise_qdq.h"
+#include "runtime/kernels/elementwise/elementwise_qdq.h"
 
 namespace slimquant::runtime {
 namespace {

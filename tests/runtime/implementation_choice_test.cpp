@@ -1,11 +1,15 @@
-#include "runtime/kernels/implementation_choice.h"
+#include "runtime/kernels/dnnl/implementation_choice.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <string>
@@ -221,6 +225,45 @@ TEST(ImplementationChoice, DescribesWhatTheKeyNeeds) {
   ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
   relu.set_post_ops(ops);
   EXPECT_NE(describe(relu), describe(none));
+}
+
+// The on-disk store: what one process chose, the next reads; a file for another machine, or a
+// damaged one, is ignored (and replaced at the next write); another process's entries survive.
+TEST(ImplementationChoice, StoreKeepsChoicesPerMachineAndMergesWriters) {
+  const std::string dir = ::testing::TempDir() + "/sq_choices_" + std::to_string(::getpid());
+  const std::string path = dir + "/nested/dnnl_choices.tsv";
+  std::filesystem::remove_all(dir);
+  const std::string machine = machine_identity();
+  EXPECT_NE(machine.find("oneDNN"), std::string::npos) << machine;
+  EXPECT_TRUE(read_choices(path, machine).empty());
+
+  record_choice(path, machine, "conv:a|threads 1", "jit_int8:avx512_core_vnni");  // creates the folders
+  record_choice(path, machine, "conv:b|threads 1", "");                           // oneDNN's first choice
+  auto choices = read_choices(path, machine);
+  ASSERT_EQ(choices.size(), 2u);
+  EXPECT_EQ(choices["conv:a|threads 1"], "jit_int8:avx512_core_vnni");
+  EXPECT_EQ(choices["conv:b|threads 1"], "");
+  EXPECT_TRUE(read_choices(path, machine + " (another CPU)").empty());
+
+  // A key with a line break cannot be stored, and does not damage the file.
+  record_choice(path, machine, "bad\nkey", "x");
+  EXPECT_EQ(read_choices(path, machine).size(), 2u);
+
+  // Written for another machine: replaced by this one's choices alone.
+  record_choice(path, "another machine", "conv:c|threads 2", "brg:avx2");
+  EXPECT_TRUE(read_choices(path, machine).empty());
+  EXPECT_EQ(read_choices(path, "another machine").size(), 1u);
+
+  // Damaged (a line without a tab): ignored whole.
+  { std::ofstream(path) << machine << "\nconv:a|threads 1\n"; }
+  EXPECT_TRUE(read_choices(path, machine).empty());
+  record_choice(path, machine, "conv:d|threads 1", "jit:avx2");
+  EXPECT_EQ(read_choices(path, machine).size(), 1u);
+
+  // Not writable (the path is a folder): the call returns, nothing is thrown.
+  std::filesystem::create_directories(dir + "/a_folder");
+  EXPECT_NO_THROW(record_choice(dir + "/a_folder", machine, "k", "n"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/kernels/int8_depthwise.h"
-#include "runtime/kernels/int8_reference.h"
-#include "runtime/kernels/shape_common.h"
+#include "runtime/kernels/integer/int8_depthwise.h"
+#include "runtime/kernels/integer/int8_reference.h"
+#include "runtime/kernels/shape/shape_common.h"
 
 namespace slimquant::runtime::int8 {
 namespace {

@@ -13,7 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "runtime/kernels/elementwise_qdq.h"
+#include "runtime/kernels/elementwise/elementwise_qdq.h"
 
 namespace slimquant::runtime {
 namespace {

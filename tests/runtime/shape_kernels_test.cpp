@@ -9,7 +9,7 @@
 #include <random>
 
 #include "kernel_test_util.h"
-#include "runtime/kernels/shape_common.h"
+#include "runtime/kernels/shape/shape_common.h"
 #include "slimquant/runtime/kernel.h"
 
 namespace slimquant::runtime {

@@ -12,7 +12,7 @@
 // [qmin - z, qmax - z]: rounding is monotone and the bounds are integers, so this equals
 // saturate-after-round, keeps |v| small enough for the exact add-magic rounding, and needs no
 // integer overflow care. NaN quantizes to the lowest code, as in MLAS. The functions are inline and
-// branch-free so the kernels' loops over them vectorise (runtime/kernels/quantize_linear.cpp).
+// branch-free so the kernels' loops over them vectorise (runtime/kernels/elementwise/quantize_linear.cpp).
 #include <cstdint>
 #include <vector>
 

@@ -61,7 +61,7 @@ struct LoweringOptions {
   bool fuse_output_quantize = true;  // end the group in its QuantizeLinear (integer output)
   bool fuse_matmul_bias = true;      // take MatMul -> Add(constant [N]) as the bias
   bool activation_matmul = true;     // lower MatMul of two activations (attention) when B is s8, zero point 0
-  // How fused nodes accumulate (written on each node, see runtime/kernels/int8_common.h): "auto"
+  // How fused nodes accumulate (written on each node, see runtime/kernels/integer/int8_common.h): "auto"
   // (exact int8 dot products where the CPU has them, the exact float path otherwise), "int8", "f32".
   std::string compute = "auto";
 };

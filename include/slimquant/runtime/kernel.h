@@ -23,7 +23,7 @@ struct KernelInit {
 };
 
 // Physical layout of a value exchanged between layout-aware kernels inside one compiled plan (a
-// oneDNN blocked format, defined in runtime/kernels/dnnl_common.h). Null means plain row-major,
+// oneDNN blocked format, defined in runtime/kernels/dnnl/dnnl_common.h). Null means plain row-major,
 // which is all that non-aware kernels, hooks and callers ever see: the plan only lets a value stay
 // blocked when every reader is layout-aware, and converts it for hooks.
 struct Layout;

@@ -4,7 +4,7 @@
 #include <optional>
 
 #include "runtime/fusions/execution_fusions.h"
-#include "runtime/kernels/elementwise_qdq.h"
+#include "runtime/kernels/elementwise/elementwise_qdq.h"
 #include "slimquant/ir/qdq_params.h"
 
 namespace slimquant::runtime {

@@ -3,8 +3,8 @@
 #include <optional>
 
 #include "runtime/fusions/execution_fusions.h"
-#include "runtime/kernels/elementwise_common.h"
-#include "runtime/kernels/elementwise_qdq.h"
+#include "runtime/kernels/elementwise/elementwise_common.h"
+#include "runtime/kernels/elementwise/elementwise_qdq.h"
 #include "slimquant/ir/qdq_params.h"
 
 namespace slimquant::runtime {

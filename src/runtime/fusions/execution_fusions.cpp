@@ -10,9 +10,9 @@
 #include "runtime/fusions/scaled_operand_fusion.h"
 #include "runtime/fusions/upsample_fusion.h"
 #include "runtime/fused_ops/residual_conv.h"
-#include "runtime/kernels/dnnl_kernels.h"
-#include "runtime/kernels/elementwise_qdq.h"
-#include "runtime/kernels/int8_common.h"
+#include "runtime/kernels/dnnl/dnnl_kernels.h"
+#include "runtime/kernels/elementwise/elementwise_qdq.h"
+#include "runtime/kernels/integer/int8_common.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/ir/qdq_params.h"
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/kernels/elementwise_common.h"
+#include "runtime/kernels/elementwise/elementwise_common.h"
 #include "slimquant/ir/rewrite.h"
 
 namespace slimquant::runtime {

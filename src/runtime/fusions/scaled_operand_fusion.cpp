@@ -2,7 +2,7 @@
 
 #include <optional>
 
-#include "runtime/kernels/elementwise_common.h"
+#include "runtime/kernels/elementwise/elementwise_common.h"
 
 namespace slimquant::runtime {
 namespace {

@@ -4,7 +4,7 @@
 #include <optional>
 
 #include "runtime/fusions/execution_fusions.h"
-#include "runtime/kernels/elementwise_common.h"
+#include "runtime/kernels/elementwise/elementwise_common.h"
 
 namespace slimquant::runtime {
 namespace {

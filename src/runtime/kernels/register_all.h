@@ -3,14 +3,14 @@
 #include "slimquant/runtime/kernel.h"
 
 namespace slimquant::runtime {
-void register_elementwise_kernels(KernelRegistry& r);  // kernels/elementwise*.cpp, reduce, cast, qdq
-void register_dnnl_kernels(KernelRegistry& r);         // kernels/dnnl_*.cpp: conv, gemm, pooling, ...
-void register_shape_kernels(KernelRegistry& r);        // kernels/shape_*.cpp: reshape, slice, ...
-void register_int8_kernels(KernelRegistry& r);         // kernels/int8_*.cpp: QConv, QGemm, QMatMul (com.slimquant)
-void register_recurrent_kernels(KernelRegistry& r);    // kernels/recurrent.cpp: LSTM, GRU, RNN
-void register_index_kernels(KernelRegistry& r);        // kernels/index_register.cpp: TopK, NonZero, ScatterND, ...
-void register_detection_kernels(KernelRegistry& r);    // kernels/detection.cpp, grid_sample.cpp: NMS, RoiAlign, GridSample
-void register_misc_math_kernels(KernelRegistry& r);    // kernels/misc_math_register.cpp: InstanceNorm, LRN, MVN, Hardmax, CumSum, Einsum
-void register_control_flow_kernels(KernelRegistry& r);  // kernels/control_flow.cpp: If
-void register_integer_kernels(KernelRegistry& r);       // kernels/integer_ops.cpp: QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger, DynamicQuantizeLinear
+void register_elementwise_kernels(KernelRegistry& r);  // kernels/elementwise/: arithmetic, reduce, cast, Q/DQ
+void register_dnnl_kernels(KernelRegistry& r);         // kernels/dnnl/: conv, gemm, pooling, ...
+void register_shape_kernels(KernelRegistry& r);        // kernels/shape/shape_*.cpp: reshape, slice, ...
+void register_int8_kernels(KernelRegistry& r);         // kernels/integer/int8_*.cpp: QConv, QGemm, QMatMul (com.slimquant)
+void register_recurrent_kernels(KernelRegistry& r);    // kernels/recurrent/recurrent.cpp: LSTM, GRU, RNN
+void register_index_kernels(KernelRegistry& r);        // kernels/shape/index_register.cpp: TopK, NonZero, ScatterND, ...
+void register_detection_kernels(KernelRegistry& r);    // kernels/detection/detection.cpp, grid_sample.cpp: NMS, RoiAlign, GridSample
+void register_misc_math_kernels(KernelRegistry& r);    // kernels/math/misc_math_register.cpp: InstanceNorm, LRN, MVN, Hardmax, CumSum, Einsum
+void register_control_flow_kernels(KernelRegistry& r);  // kernels/recurrent/control_flow.cpp: If
+void register_integer_kernels(KernelRegistry& r);       // kernels/integer/integer_ops.cpp: QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger, DynamicQuantizeLinear
 }  // namespace slimquant::runtime

@@ -1,0 +1,351 @@
+// Gemm and MatMul on oneDNN's matmul primitive (FP32).
+//
+// Gemm (opsets 1-13): Y = act(alpha * A' * B' + beta * C), A' = transA ? A^T : A, likewise B', C
+// broadcast to [M, N]. Transposes are strides in the memory descriptors (no copies). A constant B
+// is packed once, with alpha folded in; a constant C is pre-scaled by beta and becomes the
+// primitive's bias. Otherwise alpha is an output scale and beta*C a sum post-op over Y pre-filled
+// with C.
+//
+// MatMul (opsets 1-13): numpy semantics. 1-D operands are promoted ([K] -> [1, K] for A,
+// [K] -> [K, 1] for B) and the added dim dropped from Y; batch dims broadcast (ranks may differ).
+// With a constant 2-D B (a Linear layer's weights) all leading dims of A fold into M: one GEMM with
+// the packed weights.
+#include <algorithm>
+
+#include "runtime/kernels/dnnl/dnnl_common.h"
+#include "runtime/fused_ops/fused_activation.h"
+#include "runtime/kernels/dnnl/dnnl_kernels.h"
+
+namespace slimquant::runtime::dnnl_kernels {
+
+namespace {
+
+struct MatmulPlan {
+  dnnl::matmul prim;
+  memory::desc src, weights, dst, bias;
+  Shape out_shape;
+  bool fill_c = false;  // Gemm: Y starts as broadcast C, added by the sum post-op
+  bool runtime_weights = false;
+  memory src_mem, weights_mem, dst_mem, bias_mem, scratchpad_mem;  // bound once, see bind()
+  std::unordered_map<int, memory> args;
+  // The fused activation run in place on Y when it is not a post-op (see activation_as_post_op).
+  std::vector<dnnl::eltwise_forward> activations;
+  std::unordered_map<int, memory> activation_args;
+
+  // Binds the argument memories; packed: the constant weights, or nullptr for a runtime B.
+  void bind(const dnnl::matmul::primitive_desc& pd, PackedWeights* packed, bool with_bias) {
+    prim = dnnl::matmul(pd);
+    weights = pd.weights_desc();
+    src_mem = unbound_memory(src);
+    dst_mem = unbound_memory(dst);
+    runtime_weights = packed == nullptr;
+    weights_mem = packed ? packed->get(weights) : unbound_memory(weights);
+    scratchpad_mem = unbound_memory(pd.scratchpad_desc());
+    args = {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, weights_mem}, {DNNL_ARG_DST, dst_mem},
+            {DNNL_ARG_SCRATCHPAD, scratchpad_mem}};
+    if (with_bias) {
+      bias_mem = unbound_memory(bias);
+      args.emplace(DNNL_ARG_BIAS, bias_mem);
+    }
+    activation_args = {{DNNL_ARG_SRC, dst_mem}, {DNNL_ARG_DST, dst_mem}};
+  }
+
+  void run(const Tensor& a, const Tensor* b, const Tensor* bias_tensor, Tensor& y) {
+    src_mem.set_data_handle(const_cast<void*>(a.raw()));
+    if (runtime_weights) weights_mem.set_data_handle(const_cast<void*>(b->raw()));
+    if (bias_tensor) bias_mem.set_data_handle(const_cast<void*>(bias_tensor->raw()));
+    dst_mem.set_data_handle(y.raw());
+    bind_scratchpad(scratchpad_mem);
+    dnnl::stream& s = dnnl_stream();
+    prim.execute(s, args);
+    for (const dnnl::eltwise_forward& act : activations) act.execute(s, activation_args);
+    s.wait();
+  }
+};
+
+// oneDNN 2.6's GEMM-based matmul applies Relu and Clip post-ops in its JIT epilogue, but every other
+// eltwise (even LeakyRelu) through a slow path: 2-8x the cost of a separate JIT eltwise pass over Y
+// (measured, 1 thread, AVX2). Those run as that separate pass.
+bool activation_as_post_op(const ir::Node& node) {
+  const fused_ops::FusedActivation f = fused_ops::FusedActivation::parse(node);
+  return (f.op == "Relu") || (f.op == "Clip");
+}
+
+// Puts the node's fused activation after the product: into ops, or as p.activations over Y.
+void add_activation(const ir::Node& node, dnnl::post_ops& ops, MatmulPlan& p) {
+  if (activation_as_post_op(node)) append_fused_activation(ops, node);
+  else p.activations = make_activation_primitives(node, p.dst);
+}
+
+// Row-major strides for `dims`.
+Dims strides_of(const Dims& dims) {
+  Dims s(dims.size());
+  int64_t stride = 1;
+  for (size_t i = dims.size(); i-- > 0;) {
+    s[i] = stride;
+    stride *= std::max<int64_t>(dims[i], 1);
+  }
+  return s;
+}
+
+// A 2-D matrix of logical dims {rows, cols} stored row-major, or transposed (stored as cols x rows).
+memory::desc matrix_desc(int64_t rows, int64_t cols, bool transposed) {
+  return memory::desc({rows, cols}, dt::f32, transposed ? Dims{1, rows} : Dims{cols, 1});
+}
+
+dnnl::matmul::primitive_desc make_matmul_pd(const ir::Node& node, const memory::desc& src,
+                                            const memory::desc& weights, const memory::desc* bias,
+                                            const memory::desc& dst, const dnnl::primitive_attr& attr) {
+  return make_pd(node, "this matrix multiplication", [&] {
+    dnnl::matmul::desc d = bias ? dnnl::matmul::desc(src, weights, *bias, dst) : dnnl::matmul::desc(src, weights, dst);
+    return dnnl::matmul::primitive_desc(d, attr, dnnl_engine());
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gemm
+
+enum GemmInput : size_t { kA = 0, kB = 1, kC = 2 };
+
+struct GemmAttrs {
+  float alpha = 1.f, beta = 1.f;
+  bool trans_a = false, trans_b = false;
+};
+
+class GemmKernel final : public Kernel {
+ public:
+  explicit GemmKernel(const KernelInit& init) : node_(init.node) {
+    attrs_.alpha = node_.attr_float("alpha", 1.f);
+    attrs_.beta = node_.attr_float("beta", 1.f);
+    attrs_.trans_a = node_.attr_int("transA", 0) != 0;
+    attrs_.trans_b = node_.attr_int("transB", 0) != 0;
+    check_fused_activation(node_);
+    if (const Tensor* b = init.constant_input(kB)) {
+      require_float32(node_, *b, "input B");
+      if (b->rank() != 2)
+        fail(ErrorKind::kInvalidModel,
+             node_.describe() + ": input B of shape " + shape_str(b->shape()) + " must be 2-D");
+      const_b_shape_ = b->shape();
+      Tensor packed_source = *b;
+      if (attrs_.alpha != 1.f) {  // fold alpha into the weights once instead of scaling every output
+        packed_source = b->clone();
+        for (float& v : packed_source.values<float>()) v *= attrs_.alpha;
+      }
+      const int64_t k = attrs_.trans_b ? b->dim(1) : b->dim(0), n = attrs_.trans_b ? b->dim(0) : b->dim(1);
+      packed_b_.set_source(packed_source, matrix_desc(k, n, attrs_.trans_b));
+    }
+    has_c_ = node_.inputs.size() > kC && !node_.inputs[kC].empty() && attrs_.beta != 0.f;
+    if (has_c_)
+      if (const Tensor* c = init.constant_input(kC)) {
+        require_float32(node_, *c, "input C");
+        const_c_ = c->clone();
+        if (attrs_.beta != 1.f)
+          for (float& v : const_c_.values<float>()) v *= attrs_.beta;
+      }
+  }
+
+  void run(KernelContext& ctx) override {
+    const Tensor& a = ctx.input(kA);
+    require_float32(node_, a, "input A");
+    const Tensor* b = packed_b_.has_source() ? nullptr : &ctx.input(kB);
+    if (b) require_float32(node_, *b, "input B");
+    const Tensor* c = nullptr;
+    if (has_c_) {
+      c = const_c_.defined() ? &const_c_ : &ctx.input(kC);
+      require_float32(node_, *c, "input C");
+    }
+    const Shape& bs = b ? b->shape() : const_b_shape_;
+    MatmulPlan& p = plans_.get({&a.shape(), &bs, c ? &c->shape() : nullptr},
+                               [&] { return make_plan(a.shape(), bs, c ? &c->shape() : nullptr); });
+    Tensor& y = ctx.allocate_output(0, DType::kFloat32, p.out_shape);
+    if (y.numel() == 0) return;
+    if (p.fill_c) fill_broadcast(*c, y);
+    p.run(a, b, p.fill_c ? nullptr : c, y);
+  }
+
+ private:
+  // C viewed as 2-D {rows, cols}, each 1 or the matching dim of Y (unidirectional broadcast).
+  Dims c_dims(const Shape& cs, int64_t m, int64_t n) const {
+    Dims d = cs.size() == 0 ? Dims{1, 1} : cs.size() == 1 ? Dims{1, cs[0]} : Dims{cs[0], cs[1]};
+    if (cs.size() > 2 || (d[0] != 1 && d[0] != m) || (d[1] != 1 && d[1] != n))
+      fail(ErrorKind::kInvalidArgument, node_.describe() + ": input C of shape " + shape_str(cs) +
+                                            " does not broadcast to [" + std::to_string(m) + "x" +
+                                            std::to_string(n) + "]");
+    return d;
+  }
+
+  void fill_broadcast(const Tensor& c, Tensor& y) const {
+    const int64_t m = y.dim(0), n = y.dim(1);
+    const Dims cd = c_dims(c.shape(), m, n);
+    const float* src = c.data<float>();
+    float* dst = y.data<float>();
+    for (int64_t i = 0; i < m; ++i) {
+      const float* row = src + (cd[0] == 1 ? 0 : i * cd[1]);
+      float* out = dst + i * n;
+      if (cd[1] == 1) std::fill(out, out + n, row[0]);
+      else std::copy(row, row + n, out);
+    }
+  }
+
+  MatmulPlan make_plan(const Shape& as, const Shape& bs, const Shape* cs) {
+    const std::string what = node_.describe();
+    if (as.size() != 2 || bs.size() != 2)
+      fail(ErrorKind::kInvalidArgument, what + ": inputs A " + shape_str(as) + " and B " + shape_str(bs) +
+                                            " must be 2-D");
+    const int64_t m = attrs_.trans_a ? as[1] : as[0], k = attrs_.trans_a ? as[0] : as[1];
+    const int64_t kb = attrs_.trans_b ? bs[1] : bs[0], n = attrs_.trans_b ? bs[0] : bs[1];
+    if (k != kb)
+      fail(ErrorKind::kInvalidArgument, what + ": inner dimensions differ: A' is " + std::to_string(m) + "x" +
+                                            std::to_string(k) + ", B' is " + std::to_string(kb) + "x" +
+                                            std::to_string(n));
+    MatmulPlan p;
+    p.out_shape = {m, n};
+    p.src = matrix_desc(m, k, attrs_.trans_a);
+    p.dst = plain_desc(p.out_shape);
+    const bool const_b = packed_b_.has_source();
+    // A runtime C becomes the bias only when nothing needs scaling around it; otherwise Y is
+    // pre-filled with C and the sum post-op adds beta * C after alpha scaled the product.
+    const Dims cd = cs ? c_dims(*cs, m, n) : Dims{};  // validates the broadcast
+    const bool c_as_bias = cs && (const_c_.defined() || attrs_.beta == 1.f) && (const_b || attrs_.alpha == 1.f);
+    p.fill_c = cs && !c_as_bias;
+    const float output_scale = const_b ? 1.f : attrs_.alpha;
+    dnnl::primitive_attr attr = base_attr();
+    if (output_scale != 1.f) attr.set_output_scales(0, {output_scale});
+    dnnl::post_ops ops;
+    if (p.fill_c) ops.append_sum(const_c_.defined() ? 1.f : attrs_.beta);  // a constant C is pre-scaled
+    add_activation(node_, ops, p);
+    attr.set_post_ops(ops);
+    if (c_as_bias) p.bias = memory::desc(cd, dt::f32, memory::format_tag::ab);
+    memory::desc wei_md = const_b ? memory::desc({k, n}, dt::f32, memory::format_tag::any)
+                                  : matrix_desc(k, n, attrs_.trans_b);
+    auto pd = make_matmul_pd(node_, p.src, wei_md, c_as_bias ? &p.bias : nullptr, p.dst, attr);
+    p.bind(pd, const_b ? &packed_b_ : nullptr, c_as_bias);
+    return p;
+  }
+
+  const ir::Node node_;
+  GemmAttrs attrs_;
+  Shape const_b_shape_;
+  PackedWeights packed_b_;
+  bool has_c_ = false;
+  Tensor const_c_;  // beta * C when C is constant
+  ShapeCache<MatmulPlan> plans_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// MatMul
+
+class MatMulKernel final : public Kernel {
+ public:
+  explicit MatMulKernel(const KernelInit& init) : node_(init.node) {
+    check_fused_activation(node_);
+    if (const Tensor* b = init.constant_input(1)) {
+      require_float32(node_, *b, "input B");
+      const_b_shape_ = b->shape();
+      if (b->rank() >= 2) packed_b_.set_source(*b, plain_desc(b->shape()));
+      else const_b_vector_ = *b;  // a 1-D B is a matrix-vector product: nothing worth packing
+    }
+  }
+
+  void run(KernelContext& ctx) override {
+    const Tensor& a = ctx.input(0);
+    require_float32(node_, a, "input A");
+    const Tensor* b = packed_b_.has_source() ? nullptr : const_b_vector_.defined() ? &const_b_vector_ : &ctx.input(1);
+    if (b) require_float32(node_, *b, "input B");
+    const Shape& bs = b ? b->shape() : const_b_shape_;
+    // Input 2 (not ONNX): the [N] bias of a following Add the plan fused in (session.cpp).
+    const Tensor* bias = ctx.optional_input(kFusedBias);
+    if (bias) require_float32(node_, *bias, "the fused bias");
+    MatmulPlan& p = plans_.get({&a.shape(), &bs, bias ? &bias->shape() : nullptr},
+                               [&] { return make_plan(a.shape(), bs, bias ? &bias->shape() : nullptr); });
+    Tensor& y = ctx.allocate_output(0, DType::kFloat32, p.out_shape);
+    if (y.numel() == 0) return;
+    p.run(a, b, bias, y);
+  }
+
+ private:
+  static constexpr size_t kFusedBias = 2;
+
+  MatmulPlan make_plan(const Shape& as, const Shape& bs, const Shape* bias) {
+    const std::string what = node_.describe();
+    if (as.empty() || bs.empty())
+      fail(ErrorKind::kInvalidArgument, what + ": inputs must have rank >= 1, got A " + shape_str(as) + " and B " +
+                                            shape_str(bs));
+    // Promote 1-D operands to matrices.
+    Shape a2 = as, b2 = bs;
+    if (a2.size() == 1) a2.insert(a2.begin(), 1);
+    if (b2.size() == 1) b2.push_back(1);
+    const int64_t m = a2[a2.size() - 2], k = a2.back(), kb = b2[b2.size() - 2], n = b2.back();
+    if (k != kb)
+      fail(ErrorKind::kInvalidArgument, what + ": inner dimensions differ: A " + shape_str(as) + ", B " +
+                                            shape_str(bs));
+    const Shape a_batch(a2.begin(), a2.end() - 2), b_batch(b2.begin(), b2.end() - 2);
+    Shape out_batch;
+    try {
+      out_batch = broadcast_shapes(a_batch, b_batch);
+    } catch (const Error&) {
+      fail(ErrorKind::kInvalidArgument, what + ": batch dims of A " + shape_str(as) + " and B " + shape_str(bs) +
+                                            " do not broadcast");
+    }
+    MatmulPlan p;
+    p.out_shape = out_batch;
+    if (as.size() > 1) p.out_shape.push_back(m);
+    if (bs.size() > 1) p.out_shape.push_back(n);
+
+    const bool const_b = packed_b_.has_source();
+    Dims src_dims, wei_dims, dst_dims;
+    if (b_batch.empty()) {
+      // B is one matrix: all of A's leading dims fold into M (one GEMM, packed weights reused).
+      src_dims = {shape_numel(a_batch) * m, k};
+      wei_dims = {k, n};
+      dst_dims = {shape_numel(a_batch) * m, n};
+    } else {
+      const size_t r = out_batch.size() + 2;
+      if (r > DNNL_MAX_NDIMS)
+        fail(ErrorKind::kUnsupported, what + ": rank " + std::to_string(r) + " exceeds oneDNN's limit of " +
+                                          std::to_string(DNNL_MAX_NDIMS));
+      auto padded = [&](const Shape& batch, int64_t rows, int64_t cols) {
+        Dims d(r - 2 - batch.size(), 1);
+        d.insert(d.end(), batch.begin(), batch.end());
+        d.push_back(rows);
+        d.push_back(cols);
+        return d;
+      };
+      src_dims = padded(a_batch, m, k);
+      wei_dims = padded(b_batch, k, n);
+      dst_dims = padded(out_batch, m, n);
+    }
+    p.src = memory::desc(src_dims, dt::f32, strides_of(src_dims));
+    p.dst = memory::desc(dst_dims, dt::f32, strides_of(dst_dims));
+    dnnl::primitive_attr attr = base_attr();
+    dnnl::post_ops ops;
+    add_activation(node_, ops, p);
+    attr.set_post_ops(ops);
+    memory::desc wei_md = const_b ? memory::desc(wei_dims, dt::f32, memory::format_tag::any)
+                                  : memory::desc(wei_dims, dt::f32, strides_of(wei_dims));
+    if (bias) {
+      if (!b_batch.empty() || bias->size() != 1 || (*bias)[0] != n || bs.size() < 2)
+        fail(ErrorKind::kInternal, what + ": fused bias " + shape_str(*bias) + " needs a 2-D B with " +
+                                       std::to_string(n) + " columns, B is " + shape_str(bs));
+      Dims bias_dims(dst_dims.size(), 1);
+      bias_dims.back() = n;
+      p.bias = memory::desc(bias_dims, dt::f32, strides_of(bias_dims));
+    }
+    auto pd = make_matmul_pd(node_, p.src, wei_md, bias ? &p.bias : nullptr, p.dst, attr);
+    p.bind(pd, const_b ? &packed_b_ : nullptr, bias != nullptr);
+    return p;
+  }
+
+  const ir::Node node_;
+  Shape const_b_shape_;
+  PackedWeights packed_b_;
+  Tensor const_b_vector_;
+  ShapeCache<MatmulPlan> plans_;
+};
+
+}  // namespace
+
+std::unique_ptr<Kernel> make_gemm(const KernelInit& init) { return std::make_unique<GemmKernel>(init); }
+std::unique_ptr<Kernel> make_matmul(const KernelInit& init) { return std::make_unique<MatMulKernel>(init); }
+
+}  // namespace slimquant::runtime::dnnl_kernels

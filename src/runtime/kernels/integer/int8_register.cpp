@@ -1,0 +1,14 @@
+// Registers the fused INT8 kernels (domain com.slimquant) that INT8 lowering produces.
+#include "runtime/kernels/integer/int8_common.h"
+#include "runtime/kernels/register_all.h"
+
+namespace slimquant::runtime {
+
+void register_int8_kernels(KernelRegistry& r) {
+  int8::register_int8_onnx_schemas();
+  r.add(int8::kQConv, int8::make_qconv, int8::kDomain);
+  r.add(int8::kQGemm, int8::make_qgemm, int8::kDomain);
+  r.add(int8::kQMatMul, int8::make_qmatmul, int8::kDomain);
+}
+
+}  // namespace slimquant::runtime
