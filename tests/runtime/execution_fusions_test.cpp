@@ -8,6 +8,8 @@
 #include "runtime/fused_ops/fused_activation.h"
 #include "runtime/fused_ops/residual_conv.h"
 #include "runtime/fusions/execution_fusions.h"
+#include "runtime/kernels/elementwise/elementwise_common.h"
+#include "runtime/kernels/elementwise/elementwise_qdq.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/session.h"
 
@@ -91,6 +93,29 @@ TEST(FusedOps, ContractsRoundTripThroughNodeAttributes) {
   EXPECT_EQ(sum.op, "Clip");
   EXPECT_FLOAT_EQ(sum.lo, -1.f);
   EXPECT_FLOAT_EQ(sum.hi, 6.f);
+  EXPECT_TRUE(ir::has_execution_attrs(n));
+}
+
+// Every attribute an execution fusion writes is named in the execution-only family, so model
+// passes (has_execution_attrs) never rewrite a node a fold has claimed.
+TEST(FusedOps, EveryFoldAttributeIsExecutionOnly) {
+  for (const char* name :
+       {runtime::kFoldedQuantizeScale, runtime::kFoldedQuantizeZeroPoint, runtime::kFoldedQuantizeType, runtime::kFoldedQuantizeChannelScale,
+        runtime::kFoldedQuantizeChannelZeroPoint, runtime::kFoldedQuantizeAxis, runtime::kFoldedDequantizeInputs,
+        runtime::kFoldedDequantizeScales, runtime::kFoldedDequantizeZeroPoints, runtime::ew::kNearestUpsampledInput,
+        runtime::ew::kNearestUpsampleFactors, runtime::ew::kScaledInput}) {
+    ir::Node n;
+    n.op_type = "Add";
+    n.attrs[name] = int64_t{1};
+    EXPECT_TRUE(ir::has_execution_attrs(n)) << name;
+  }
+  ir::Node n;
+  n.op_type = "Add";
+  runtime::FoldedQuantize q;
+  q.dtype = DType::kUInt8;
+  q.scale = {0.5f};
+  q.zero_point = {3};
+  runtime::write_folded_quantize(n, q);
   EXPECT_TRUE(ir::has_execution_attrs(n));
 }
 

@@ -74,9 +74,9 @@ class LaneQuantizer {
 // A per-tensor QuantizeLinear folded into the elementwise op whose float32 result only it reads
 // (execution-only plan fusion, see session.cpp): the op writes the quantized tensor itself.
 // Attributes on the op's node:
-inline constexpr const char* kFoldedQuantizeScale = "folded_quantize_scale";            // float
-inline constexpr const char* kFoldedQuantizeZeroPoint = "folded_quantize_zero_point";  // int
-inline constexpr const char* kFoldedQuantizeType = "folded_quantize_type";              // int: ONNX type, 2 u8 / 3 s8
+inline constexpr const char* kFoldedQuantizeScale = "slimquant.folded_quantize_scale";  // float
+inline constexpr const char* kFoldedQuantizeZeroPoint = "slimquant.folded_quantize_zero_point";  // int
+inline constexpr const char* kFoldedQuantizeType = "slimquant.folded_quantize_type";  // int: ONNX type, 2 u8 / 3 s8
 // Per tensor (one scale and zero point), dtype uint8 or int8.
 struct FoldedQuantize : QuantParam {};
 // The node's folded QuantizeLinear, if any (kInvalidModel naming the node for bad attributes).
@@ -87,9 +87,9 @@ void write_folded_quantize(ir::Node& node, const FoldedQuantize& q);
 // A per-channel QuantizeLinear (a 1-D scale along `axis`, as channel-wise convolution inputs
 // have) folded the same way: the op quantizes each channel's slab with that channel's parameters.
 // Attributes on the op's node (the type as above, in kFoldedQuantizeType):
-inline constexpr const char* kFoldedQuantizeChannelScale = "folded_quantize_channel_scale";            // floats
-inline constexpr const char* kFoldedQuantizeChannelZeroPoint = "folded_quantize_channel_zero_point";  // ints
-inline constexpr const char* kFoldedQuantizeAxis = "folded_quantize_axis";                            // int, >= 0
+inline constexpr const char* kFoldedQuantizeChannelScale = "slimquant.folded_quantize_channel_scale";  // floats
+inline constexpr const char* kFoldedQuantizeChannelZeroPoint = "slimquant.folded_quantize_channel_zero_point";  // ints
+inline constexpr const char* kFoldedQuantizeAxis = "slimquant.folded_quantize_axis";  // int, >= 0
 // Per channel along `axis` (non-negative), dtype uint8 or int8.
 struct FoldedChannelQuantize : QuantParam {};
 // The node's folded per-channel QuantizeLinear, if any (kInvalidModel naming the node for bad
@@ -104,9 +104,9 @@ void write_folded_channel_quantize(ir::Node& node, const FoldedChannelQuantize& 
 // input position `input` and dequantizes them as it goes, float(q - zero_point) * scale, the
 // arithmetic of dequantize_linear (so the same floats). Attributes on the op's node, one entry per
 // folded input:
-inline constexpr const char* kFoldedDequantizeInputs = "folded_dequantize_inputs";           // ints
-inline constexpr const char* kFoldedDequantizeScales = "folded_dequantize_scales";           // floats
-inline constexpr const char* kFoldedDequantizeZeroPoints = "folded_dequantize_zero_points";  // ints
+inline constexpr const char* kFoldedDequantizeInputs = "slimquant.folded_dequantize_inputs";  // ints
+inline constexpr const char* kFoldedDequantizeScales = "slimquant.folded_dequantize_scales";  // floats
+inline constexpr const char* kFoldedDequantizeZeroPoints = "slimquant.folded_dequantize_zero_points";  // ints
 struct FoldedDequantize {
   size_t input = 0;
   float scale = 1.f;
