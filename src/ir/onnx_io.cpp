@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <memory>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 namespace slimquant::ir {
 namespace fs = std::filesystem;
@@ -498,7 +500,7 @@ namespace {
 // ONNX 1.12's data propagators (Shape, Gather, Slice, ...) dereference their inputs' types without
 // checking that inference found one: a Shape fed by a value of unknown type crashes the process.
 // Infer without propagation first; propagate only when every propagating node's inputs are typed.
-bool propagating_inputs_typed(const onnx::ModelProto& inferred) {
+bool propagating_inputs_typed(const onnx::ModelProto& inferred, const onnx::ModelProto& original) {
   static const std::set<std::string> propagating = {"Shape", "Size",  "Cast", "Concat", "Gather", "Slice",
                                                     "Squeeze", "Unsqueeze", "Add", "Sub", "Mul", "Div"};
   std::set<std::string> typed;
@@ -506,7 +508,7 @@ bool propagating_inputs_typed(const onnx::ModelProto& inferred) {
   for (const auto& v : g.input()) if (v.type().has_tensor_type()) typed.insert(v.name());
   for (const auto& v : g.value_info()) if (v.type().has_tensor_type()) typed.insert(v.name());
   for (const auto& v : g.output()) if (v.type().has_tensor_type()) typed.insert(v.name());
-  for (const auto& t : g.initializer()) typed.insert(t.name());
+  for (const auto& t : original.graph().initializer()) typed.insert(t.name());
   for (const auto& n : g.node()) {
     if (!n.domain().empty() && n.domain() != "ai.onnx") continue;
     if (!propagating.count(n.op_type())) continue;
@@ -516,18 +518,98 @@ bool propagating_inputs_typed(const onnx::ModelProto& inferred) {
   return true;
 }
 
-// Throws what ONNX throws; the caller decides whether that is fatal.
+// ONNX's shape inference can crash the process on a malformed graph (ONNX 1.12's data propagators
+// dereference types they assume; seen: a ViT export whose Concat axis was changed from 1 to -1), and
+// a crash cannot be caught. Each inference pass therefore runs in a child process (fork: the
+// model is shared copy-on-write) that sends back the inferred model without its initializers; a
+// crash costs that pass's result, never the process.
+enum class ChildOutcome { kDone, kThrew, kCrashed };
+struct ChildResult {
+  ChildOutcome outcome;
+  std::string bytes;  // the inferred model (kDone) or the exception's message (kThrew)
+};
+
+std::string inferred_without_initializers(onnx::ModelProto model, const onnx::ShapeInferenceOptions& options) {
+  onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(), options);
+  model.mutable_graph()->clear_initializer();
+  return model.SerializeAsString();
+}
+
+ChildResult infer_in_child(const onnx::ModelProto& model, const onnx::ShapeInferenceOptions& options) {
+  onnx::OpSchemaRegistry::Instance();  // initialised here, never first in a child
+  int fds[2];
+  if (::pipe(fds) != 0) return {ChildOutcome::kDone, inferred_without_initializers(model, options)};
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return {ChildOutcome::kDone, inferred_without_initializers(model, options)};
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string out;
+    try {
+      out = "D" + inferred_without_initializers(model, options);
+    } catch (const std::exception& e) {
+      out = std::string("T") + e.what();
+    } catch (...) {
+      out = "Tunknown exception";
+    }
+    for (size_t done = 0; done < out.size();) {
+      const ssize_t n = ::write(fds[1], out.data() + done, out.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) ::_exit(1);
+      done += static_cast<size_t>(n);
+    }
+    ::_exit(0);  // no atexit handlers, no flushing of the parent's stdio buffers
+  }
+  ::close(fds[1]);
+  std::string got;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fds[0], buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || got.empty()) return {ChildOutcome::kCrashed, {}};
+  return {got[0] == 'D' ? ChildOutcome::kDone : ChildOutcome::kThrew, got.substr(1)};
+}
+
+onnx::ModelProto parse_inferred(const ChildResult& result) {
+  onnx::ModelProto inferred;
+  if (!inferred.ParseFromString(result.bytes)) fail(ErrorKind::kInternal, "shape inference returned an unreadable model");
+  return inferred;
+}
+
+// model becomes `inferred`, keeping its own initializers (moved, not copied).
+void adopt_inferred(onnx::ModelProto& model, onnx::ModelProto&& inferred) {
+  inferred.mutable_graph()->mutable_initializer()->Swap(model.mutable_graph()->mutable_initializer());
+  model = std::move(inferred);
+}
+
+// Throws what ONNX throws; the caller decides whether that is fatal. Data propagation only refines
+// shapes: when it crashes, the plain inference stands.
 void infer_shapes_with_safe_propagation(onnx::ModelProto& model) {
-  onnx::ModelProto plain = model;
   const onnx::ShapeInferenceOptions without(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/false);
-  onnx::shape_inference::InferShapes(plain, onnx::OpSchemaRegistry::Instance(), without);
-  if (!propagating_inputs_typed(plain)) {
-    model = std::move(plain);
+  const ChildResult plain_result = infer_in_child(model, without);
+  if (plain_result.outcome == ChildOutcome::kThrew) throw std::runtime_error(plain_result.bytes);
+  if (plain_result.outcome == ChildOutcome::kCrashed)
+    throw std::runtime_error("libonnx crashed while inferring the model's shapes: the graph is malformed "
+                             "(onnx.checker.check_model(model, full_check=True) may say where)");
+  onnx::ModelProto plain = parse_inferred(plain_result);
+  if (!propagating_inputs_typed(plain, model)) {
+    adopt_inferred(model, std::move(plain));
     return;
   }
   const onnx::ShapeInferenceOptions with(/*check_type=*/false, /*error_mode=*/0, /*data_prop=*/true);
-
-  onnx::shape_inference::InferShapes(model, onnx::OpSchemaRegistry::Instance(), with);
+  const ChildResult propagated = infer_in_child(model, with);
+  if (propagated.outcome == ChildOutcome::kThrew) throw std::runtime_error(propagated.bytes);
+  adopt_inferred(model, propagated.outcome == ChildOutcome::kDone ? parse_inferred(propagated) : std::move(plain));
 }
 }  // namespace
 

@@ -5,6 +5,7 @@
 #include <onnx/onnx_pb.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -467,4 +468,27 @@ TEST(HostileModel, FixtureModelsStillLoad) {
     ++loaded;
   }
   EXPECT_GE(loaded, 4);
+}
+
+// --- Crashes inside libonnx ---------------------------------------------------------------------
+
+// ONNX 1.12's shape-data propagation segfaults on the ViT fixture with its class-token Concat's axis
+// changed from 1 to -1 (a field mutation seen outside). Inference runs in a child process, so the
+// crash costs only the propagated shapes, and the Concat kernel names the real problem.
+TEST(HostileModel, ACrashInOnnxShapeInferenceIsAnErrorNotASignal) {
+  ir::Graph g = ir::load_onnx(test::fixture_model("vit_small"));
+  bool mutated = false;
+  for (auto& n : g.nodes)
+    if (n.op_type == "Concat" && n.attr_int("axis", 0) == 1) {
+      n.attrs["axis"] = int64_t{-1};
+      mutated = true;
+      break;
+    }
+  ASSERT_TRUE(mutated) << "the ViT fixture has no Concat along axis 1";
+  runtime::Session session(g);
+  Tensor x(DType::kFloat32, {2, 1, 28, 28});
+  std::fill_n(x.data<float>(), x.numel(), 0.5f);
+  const Error e = error_of([&] { session.run_single(x); });
+  EXPECT_NE(std::string(e.what()).find("Concat"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("cannot concatenate"), std::string::npos) << e.what();
 }
