@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)"
+cmake --build build -j"$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"  # nproc honours OMP_NUM_THREADS
 
 if [ -f build/python/slimquant/__init__.py ] && [ -x /usr/bin/python3 ]; then
   site_dir=$(/usr/bin/python3 -c 'import site; print(site.getsitepackages()[0])')

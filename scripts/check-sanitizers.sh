@@ -14,7 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 build_dir="${BUILD_DIR:-build}"
-jobs="${JOBS:-$(nproc)}"
+# GNU nproc honours OMP_NUM_THREADS (1 in scripts/test.sh): count the cores without it.
+jobs="${JOBS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}"
 
 # Reports go to files as well as failing the process: a test that runs the CLI and expects it to
 # fail would otherwise take a sanitizer's exit status for the expected one. ctest lists the sanitized
