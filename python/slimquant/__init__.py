@@ -3,7 +3,7 @@
 The names and parameters are the source documents' (PaddleSlim's), adapted to ONNX files; see
 docs/python.md for a walkthrough and the table of PaddleSlim names.
 
-    from slimquant import PostTrainingQuantization, AnalysisQuant, Session
+    from slimquant import PostTrainingQuantization, quant_post_static, AnalysisQuant, Session
 """
 from ._slimquant import (  # noqa: F401  (re-exported)
     Error,
@@ -35,6 +35,8 @@ from .quantization import (  # noqa: F401
     QuantConfig,
     WeightLSQplusQuanter,
 )
+from .quant_post import quant_post, quant_post_static  # noqa: F401
 from .analysis import AnalysisPTQ, AnalysisQAT, AnalysisQuant  # noqa: F401
+from ._compat import Executor, Program  # noqa: F401  (what a Paddle-style eval_function receives)
 
 __version__ = "0.1.0"

@@ -8,6 +8,7 @@ import os
 import warnings
 
 from . import _slimquant as _sq
+from ._compat import check_data, refuse_paddle_model, session_eval_function, warn_unused
 from .quantization import PostTrainingQuantization, _model
 
 
@@ -16,7 +17,8 @@ def _replayable(data, limit=None):
     calibration data again): one-shot iterators and generators are read into a list (at most
     `limit` items, the batches calibration uses)."""
     if data is None:
-        raise ValueError("data_loader is required (the calibration data)")
+        raise _sq.InvalidArgumentError("data_loader is required (the calibration data)")
+    check_data(data, "data_loader")
     if callable(data) and not hasattr(data, "__iter__"):
         return data  # a reader: each call starts over
     if iter(data) is data:
@@ -28,15 +30,10 @@ def _iterate(data):
     return iter(data()) if callable(data) and not hasattr(data, "__iter__") else iter(data)
 
 
-def _check_eval_function(eval_function, who):
-    if eval_function is None or not callable(eval_function):
-        raise ValueError(f"{who}: eval_function is required: a callable taking a slimquant.Session and "
-                         "returning a float (the metric of the model it runs)")
-
-
 class AnalysisQuant:
     """PTQ sensitivity analysis (seed 000): calibrate once on data_loader, then quantize one layer
-    at a time, evaluate each such model with eval_function(session) -> float and rank the layers by
+    at a time, evaluate each such model with eval_function(session) -> float (or PaddleSlim's
+    eval_function(exe, program, feed_names, fetch_list), see slimquant.Executor) and rank the layers by
     the loss against FP32 (save_dir/analysis.txt, analysis.json). Finished layers are checkpointed
     (save_dir/checkpoint_name): a rerun with the same model, data and settings resumes; an
     exception raised by eval_function stops the analysis with the checkpoint kept and reaches the
@@ -51,7 +48,11 @@ class AnalysisQuant:
     def __init__(self, model_dir, model_filename=None, params_filename=None, eval_function=None,
                  data_loader=None, save_dir="analysis_results", checkpoint_name="analysis_checkpoint.json",
                  num_histogram_plots=10, ptq_config=None, *, higher_is_better=True, num_threads=0):
-        _check_eval_function(eval_function, "AnalysisQuant")
+        self._evaluate = session_eval_function(eval_function, "AnalysisQuant")
+        refuse_paddle_model(model_dir, model_filename, params_filename)
+        if ptq_config is not None and not isinstance(ptq_config, dict):
+            raise TypeError(f"ptq_config must be a dict of PostTrainingQuantization's parameters, got "
+                            f"{type(ptq_config).__name__}")
         ptq_config = dict(ptq_config or {})
         for key in ("model_dir", "model_filename", "params_filename", "sample_generator", "data_loader",
                     "batch_generator"):
@@ -90,7 +91,7 @@ class AnalysisQuant:
         """Ranks every quantizable layer; returns the report (also in save_dir/analysis.json) and
         writes the histogram PDFs (num_histogram_plots best and worst layers)."""
         fingerprint = {"calibration": "python data_loader", "calibration_batches": str(self._batches)}
-        self._report = _sq.analyze_ptq(self._ptq, self.eval_function, self.higher_is_better, self.save_dir,
+        self._report = _sq.analyze_ptq(self._ptq, self._evaluate, self.higher_is_better, self.save_dir,
                                        self.checkpoint_name, fingerprint, self.num_threads)
         result = self._report.to_dict()
         if self.num_histogram_plots > 0:
@@ -106,7 +107,7 @@ class AnalysisQuant:
         if self._report is None:
             self.metric_error_analyse()
         timing = next(iter(self._calibration_batches()), None)
-        return _sq.search_target(self._ptq, self._report, self.eval_function, self.higher_is_better,
+        return _sq.search_target(self._ptq, self._report, self._evaluate, self.higher_is_better,
                                  float(target_metric), self.save_dir, timing_feeds=timing,
                                  num_threads=self.num_threads)
 
@@ -123,18 +124,23 @@ AnalysisPTQ = AnalysisQuant  # PaddleSlim's later name
 class AnalysisQAT:
     """QAT sensitivity analysis (seed 001): for every quantized layer of a QDQ model, remove that
     layer's quantization (float weights restored from float_model_dir), evaluate with
-    eval_function(session) -> float and rank the layers by the gain (save_dir/analysis.txt).
+    eval_function(session) -> float (or PaddleSlim's eval_function(exe, program, feed_names,
+    fetch_list)) and rank the layers by the gain (save_dir/analysis.txt).
     qat_metric is the quantized model's metric (computed with eval_function when None). resume
     continues from the checkpoint of an interrupted run. data_loader is accepted for the documents'
-    code: the evaluation is eval_function's."""
+    code (type-checked, with a warning that it is not used): the evaluation is eval_function's."""
 
     def __init__(self, quant_model_dir, float_model_dir, model_filename=None, params_filename=None,
                  quantizable_op_type=("conv2d", "depthwise_conv2d", "mul"), qat_metric=None, eval_function=None,
                  data_loader=None, save_dir="analysis_results", resume=False,
                  checkpoint_name="analysis_checkpoint.json", *, higher_is_better=True, num_threads=0):
-        _check_eval_function(eval_function, "AnalysisQAT")
+        self._evaluate = session_eval_function(eval_function, "AnalysisQAT")
+        if check_data(data_loader, "data_loader") is not None:
+            warn_unused("AnalysisQAT data_loader", "the metrics come from eval_function, which reads its own data "
+                        "(nothing is calibrated: the quantized model has its scales)")
 
         def load(path):
+            refuse_paddle_model(path, model_filename, params_filename)
             is_dir = not isinstance(path, _sq.Model) and os.path.isdir(path)
             return _model(path, model_filename if is_dir else None, params_filename if is_dir else None)
 
@@ -155,7 +161,7 @@ class AnalysisQAT:
         checkpoint = os.path.join(self.save_dir, self.checkpoint_name) if self.checkpoint_name else None
         if not self.resume and checkpoint and os.path.exists(checkpoint):
             warnings.warn(f"starting over without resume=True: checkpoint '{checkpoint}' is replaced", stacklevel=2)
-        report = _sq.analyze_qat(self.quant_model, self.float_model, self.eval_function, self.higher_is_better,
+        report = _sq.analyze_qat(self.quant_model, self.float_model, self._evaluate, self.higher_is_better,
                                  self.save_dir, self.checkpoint_name, self.resume, self.qat_metric,
                                  self.quantizable_op_type, self.num_threads)
         return report.to_dict()

@@ -5,9 +5,10 @@ Everything here only maps parameters onto the compiled library (slimquant._slimq
 calibration, observers and QDQ conversion are the same code the command line runs.
 """
 import os
-import warnings
 
 from . import _slimquant as _sq
+from ._compat import (check_bool, check_choice, check_data, check_float, check_int, check_path, check_str_list,
+                      explicit_arguments, invalid, refuse_paddle_model, warn, warn_unused)
 
 # ---- observers and quanters (seed 003): each names one of the library's algorithms.
 
@@ -17,6 +18,7 @@ class _Observer:
 
     algo = ""
     role = "activation"  # or "weight"
+    weight_algo = None  # the library's weight observer when it also observes weights
 
     def __init__(self, quant_bits=8):
         if self.role == "activation" and quant_bits != 8:
@@ -34,6 +36,7 @@ class AbsmaxObserver(_Observer):
     """Running max |x| (the documents' abs_max / direct); also a per-tensor weight observer."""
 
     algo = "abs_max"
+    weight_algo = "abs_max"
 
 
 class AVGObserver(_Observer):
@@ -85,6 +88,7 @@ class AbsMaxChannelWiseWeightObserver(_Observer):
 
     algo = "channel_wise_abs_max"
     role = "weight"
+    weight_algo = "channel_wise_abs_max"
 
 
 class MSEChannelWiseWeightObserver(_Observer):
@@ -92,10 +96,12 @@ class MSEChannelWiseWeightObserver(_Observer):
 
     algo = "mse_channel_wise"
     role = "weight"
+    weight_algo = "mse_channel_wise"
 
 
 class _Quanter:
-    """A QAT quanter of QuantConfig (used by `slimquant qat`; post-training flows only record it)."""
+    """A QAT quanter of QuantConfig (used by `slimquant qat`; post-training flows only record it and
+    warn that they calibrate with observers instead)."""
 
     name = ""
     roles = ("activation", "weight")
@@ -126,13 +132,22 @@ class FakeQuanterWithAbsMaxObserver(_Quanter):
     roles = ("activation",)
 
 
+# Paddle layer classes given to add_type_config, by class name -> the documents' op names.
+_PADDLE_LAYER_TYPES = {"Linear": "mul", "Conv2D": "conv2d", "Conv2DTranspose": "conv2d_transpose"}
+
+_WEIGHT_OBSERVERS = "AbsMaxChannelWiseWeightObserver (the default), MSEChannelWiseWeightObserver or AbsmaxObserver"
+
+
 def _names(value, what):
-    """One name or a list of names -> a list of str (layers given as objects use their .name)."""
+    """One name or a list of names -> a list of str (layers given as objects use their .name, layer
+    classes their class name)."""
     items = value if isinstance(value, (list, tuple)) else [value]
     out = []
     for item in items:
         if isinstance(item, str):
             out.append(item)
+        elif isinstance(item, type):
+            out.append(_PADDLE_LAYER_TYPES.get(item.__name__, item.__name__))
         elif hasattr(item, "name") and isinstance(item.name, str):
             out.append(item.name)
         else:
@@ -140,21 +155,39 @@ def _names(value, what):
     return out
 
 
+class _Unset:
+    def __repr__(self):
+        return "<slimquant default>"
+
+
+_UNSET = _Unset()
+
+
 class QuantConfig:
     """Which nodes are quantized and how (seed 003). Rules, highest priority first: per layer
     (add_layer_config: exact node names), per name (add_name_config: globs on node names such as
     "/layer1/*"), per op type (add_type_config: "Conv", "MatMul" or the documents' "conv2d", "mul"),
     then the global activation / weight given here. An observer class picks the algorithm, a quanter
-    the QAT quanter; None keeps slimquant's default for that part (EMDObserver for activations,
-    AbsMaxChannelWiseWeightObserver for weights). A rule whose activation and weight are both None
-    leaves its nodes in float.
+    the QAT quanter.
+
+    QuantConfig(activation=None, weight=None) quantizes nothing until a layer, name or type rule
+    says so (PaddleSlim's meaning). QuantConfig() with no arguments quantizes every quantizable layer
+    with slimquant's defaults (EMDObserver for activations, AbsMaxChannelWiseWeightObserver for
+    weights); so does a part left unset or None while the other is given. A rule whose activation
+    and weight are both None leaves its nodes in float.
     """
 
-    def __init__(self, activation=None, weight=None):
+    def __init__(self, activation=_UNSET, weight=_UNSET):
         self._config = _sq._QuantConfig(_sq.QuantRule())
-        self._config.global_rule = self._rule(activation, weight, global_rule=True)
+        self._quanters = []  # (where, quanter): post-training flows warn that they do not train
+        if activation is None and weight is None:
+            self._config.global_rule = _sq.QuantRule(quantize=False)
+        else:
+            self._config.global_rule = self._rule(None if activation is _UNSET else activation,
+                                                  None if weight is _UNSET else weight, global_rule=True,
+                                                  where="QuantConfig")
 
-    def _rule(self, activation, weight, global_rule=False):
+    def _rule(self, activation, weight, global_rule=False, where="QuantConfig"):
         """A QuantRule from observers / quanters / names; unset parts keep the global rule's."""
         if not global_rule and activation is None and weight is None:
             return _sq.QuantRule(quantize=False)
@@ -166,35 +199,74 @@ class QuantConfig:
             if isinstance(value, type):
                 value = value()  # a class given without calling it
             if isinstance(value, _Observer):
-                if value.role == "weight" and part == "activation":
-                    raise ValueError(f"{type(value).__name__} observes weights; it cannot be the activation observer")
-                setattr(rule, part, value.algo)
+                name = type(value).__name__
+                if part == "activation" and value.role == "weight":
+                    raise invalid(f"{where}: {name} observes weights; it cannot be the activation observer "
+                                  "(activations: AbsmaxObserver, AVGObserver, MSEObserver, EMDObserver, "
+                                  "HistObserver, KLObserver)")
+                if part == "weight" and value.weight_algo is None:
+                    use = ("MSEChannelWiseWeightObserver (MSE per channel; slimquant has no per-tensor MSE weight "
+                           "observer)" if isinstance(value, MSEObserver) else _WEIGHT_OBSERVERS)
+                    raise invalid(f"{where}: {name} observes activations only, not weights; for weights use {use}")
+                setattr(rule, part, value.algo if part == "activation" else value.weight_algo)
                 value._apply(self._config)
                 if part == "weight" and value.quant_bits != 8:
                     self._config.weight_bits = value.quant_bits
             elif isinstance(value, _Quanter):
                 if part not in value.roles:
-                    raise ValueError(f"{type(value).__name__} is not a {part} quanter")
+                    raise invalid(f"{where}: {type(value).__name__} is not a {part} quanter")
                 setattr(rule, part + "_quanter", value.name)
+                self._quanters.append((f"{where} {part}", value))
             elif isinstance(value, str):
+                known = _sq.activation_algos() if part == "activation" else _sq.weight_algos()
+                if value.lower() not in [k.lower() for k in known]:
+                    raise invalid(f"{where}: unknown {part} observer '{value}' (known: {', '.join(known)})")
                 setattr(rule, part, value)  # the library's own name ("KL", "mse_channel_wise", ...)
             else:
-                raise TypeError(f"QuantConfig {part}: expected an observer, a quanter or a name, got {value!r}")
+                raise TypeError(f"{where} {part}: expected an observer, a quanter or a name, got {value!r}")
         return rule
 
     def add_layer_config(self, layer, activation=None, weight=None):
         """Rule for nodes named exactly `layer` (a name or a list of names)."""
-        self._config.add_layer_config(_names(layer, "add_layer_config"), self._rule(activation, weight))
+        self._config.add_layer_config(_names(layer, "add_layer_config"),
+                                      self._rule(activation, weight, where="add_layer_config"))
         return self
 
     def add_name_config(self, layer_name, activation=None, weight=None):
         """Rule for nodes whose name matches a glob in `layer_name`."""
-        self._config.add_name_config(_names(layer_name, "add_name_config"), self._rule(activation, weight))
+        self._config.add_name_config(_names(layer_name, "add_name_config"),
+                                     self._rule(activation, weight, where="add_name_config"))
         return self
 
     def add_type_config(self, layer_type, activation=None, weight=None):
         """Rule for nodes of the op types in `layer_type` ("Conv", "conv2d", ...)."""
-        self._config.add_type_config(_names(layer_type, "add_type_config"), self._rule(activation, weight))
+        self._config.add_type_config(_names(layer_type, "add_type_config"),
+                                     self._rule(activation, weight, where="add_type_config"))
+        return self
+
+    def add_qat_layer_mapping(self, source, target):
+        """Makes the op type `source` quantizable (PaddleSlim maps a layer class to its quantized
+        class; an ONNX model has op types): `target` is an op type whose quantization it copies
+        ("MatMul", "Conv", "Add", or the documents' "mul", ...), or a dict
+        {"activation_inputs": [0], "weight_input": -1, "weight_axis": 0, "compute_op": False}
+        (activation_inputs [-1] = every input; weight_input quantized per channel along weight_axis).
+        The type is added to quantizable_op_type."""
+        (op_type,) = _names(source, "add_qat_layer_mapping source")
+        if isinstance(target, dict):
+            unknown = set(target) - {"activation_inputs", "weight_input", "weight_axis", "compute_op"}
+            if unknown:
+                raise invalid(f"add_qat_layer_mapping: unknown spec keys {sorted(unknown)} (known: activation_inputs, "
+                              "weight_input, weight_axis, compute_op)")
+            inputs = target.get("activation_inputs", [0])
+            if not isinstance(inputs, (list, tuple)) or not all(isinstance(i, int) for i in inputs):
+                raise TypeError("add_qat_layer_mapping: activation_inputs must be a list of input indices")
+            self._config.add_qat_layer_mapping_spec(
+                op_type, list(inputs), check_int(target.get("weight_input", -1), "weight_input", -1),
+                check_int(target.get("weight_axis", 0), "weight_axis", 0),
+                check_bool(target.get("compute_op", False), "compute_op"))
+        else:
+            (like,) = _names(target, "add_qat_layer_mapping target")
+            self._config.add_qat_layer_mapping_like(op_type, like)
         return self
 
     # The flow settings of seed 002 are part of the config too.
@@ -205,38 +277,73 @@ class QuantConfig:
 
     def set(self, **settings):
         """quantizable_op_type, is_full_quantize, skip_tensor_list, skip_quant, weight_bits,
-        deploy_backend, hist_percent, asymmetric_activations."""
+        deploy_backend, hist_percent, asymmetric_activations, bias_correction."""
         for key, value in settings.items():
-            if not hasattr(self._config, key):
+            if not hasattr(self._config, key) or key.startswith("add_") or key in ("validate", "fingerprint"):
                 raise TypeError(f"QuantConfig.set: unknown setting '{key}'")
             setattr(self._config, key, value)
         return self
 
     @classmethod
     def from_yaml(cls, path):
-        """The CLI's --config YAML (the documents' keys); returns (QuantConfig, other keys as dict)."""
+        """The CLI's --config YAML (the documents' keys); returns (QuantConfig, other keys as dict).
+        Keys about the written file that a QuantConfig cannot carry are checked here: onnx_format:
+        false warns (the output is always ONNX QDQ); optimize_model is honoured (BatchNorm is always
+        folded into the convolutions, what Paddle's optimize_model does) and warns when false;
+        save_model_filename / save_params_filename are returned in the dict for the caller
+        (quant_post_static uses them) and warn when nothing reads them."""
         config, extra = _sq.load_quant_config_yaml(os.fspath(path))
         self = cls.__new__(cls)
         self._config = config
+        self._quanters = []
+        _check_output_keys(extra, f"config file '{os.fspath(path)}'")
         return self, extra
+
+
+_FALSE_TEXT = ("false", "False", "FALSE", "0", "no", "No", "off")
+
+
+def _check_output_keys(extra, where):
+    """Warn about the YAML keys that describe Paddle's output format and change nothing here."""
+    if extra.get("onnx_format") in _FALSE_TEXT:
+        warn_unused(f"{where}: onnx_format: false", "Paddle's fake-quantized program format is not available; "
+                    "slimquant writes an ONNX QDQ model (what onnx_format: true writes)")
+    if extra.get("optimize_model") in _FALSE_TEXT:
+        warn_unused(f"{where}: optimize_model: false", "BatchNorm is always folded into the preceding "
+                    "convolution before calibration (an exact rewrite; Paddle's optimize_model does the same)")
+
+
+def _warn_quanters(config, who):
+    for where, quanter in getattr(config, "_quanters", []):
+        warn(f"{who}: {where} is {type(quanter).__name__}{' ' + str(quanter.kwargs) if quanter.kwargs else ''}: "
+             "quanters train in quantization-aware training (slimquant qat); post-training quantization "
+             "calibrates that part with its observer instead")
 
 
 def _model(model, model_filename=None, params_filename=None):
     """A path (file or folder) or a Model -> Model."""
     if isinstance(model, _sq.Model):
         return model
-    return _sq.load_model(os.fspath(model), model_filename or "", params_filename or "")
+    refuse_paddle_model(model, model_filename, params_filename)
+    return _sq.load_model(check_path(model, "model"), model_filename or "", params_filename or "")
 
 
 class ObservedModel:
     """PTQ.quantize()'s result: calling it with a calibration batch (a dict of input name -> array,
-    or an array) feeds the observers, as running PaddleSlim's observed model does."""
+    or an array) feeds the observers and returns the model's outputs, as running PaddleSlim's
+    observed model does: the output array for a single-output model, otherwise a list in the
+    model's output order. (The outputs come from a second, plain FP32 run of the batch.)"""
 
     def __init__(self, ptq):
         self._ptq = ptq
+        self._session = None
 
     def __call__(self, batch):
         self._ptq.sample(batch)
+        if self._session is None:
+            self._session = _sq.Session(self._ptq.float_model)
+        outputs = list(self._session.run(batch).values())
+        return outputs[0] if len(outputs) == 1 else outputs
 
     @property
     def layers(self):
@@ -253,15 +360,36 @@ class PTQ:
     subset of layers (only_layers) without calibrating again."""
 
     def __init__(self, config=None):
+        if config is not None and not isinstance(config, QuantConfig):
+            raise TypeError(f"PTQ: config must be a QuantConfig, got {type(config).__name__}")
         config = config if config is not None else QuantConfig()
+        _warn_quanters(config, "PTQ")
         self._ptq = _sq._PTQ(config._config)
+        self._observed = None
 
     def quantize(self, model, inplace=False, model_filename=None, params_filename=None):
+        """Attaches the observers to `model` (an .onnx path, a folder with model_filename, or a
+        Model); returns the observed model to call on calibration batches."""
+        if check_bool(inplace, "inplace"):
+            warn_unused("PTQ.quantize: inplace=True", "an ONNX model is not changed in place; use the returned model")
         self._ptq.quantize(_model(model, model_filename, params_filename))
-        return ObservedModel(self._ptq)
+        self._observed = ObservedModel(self._ptq)
+        return self._observed
 
     def convert(self, model=None, inplace=False, only_layers=None):
-        """The QDQ model (slimquant.Model: .save(path), or Session(model))."""
+        """The QDQ model (slimquant.Model: .save(path), or Session(model)); only_layers: the names
+        of the layers to quantize (from .layers), all when None."""
+        if model is not None and model is not self._observed:
+            raise invalid("PTQ.convert: model is not the model this PTQ's quantize() returned")
+        if check_bool(inplace, "inplace"):
+            warn_unused("PTQ.convert: inplace=True", "the QDQ model is a new model; use the returned model")
+        if only_layers is not None:
+            only_layers = check_str_list(only_layers, "only_layers", allow_none=False)
+            known = {layer["name"] for layer in self._ptq.layers}
+            unknown = [name for name in only_layers if name not in known]
+            if unknown:
+                raise invalid(f"PTQ.convert: only_layers names unknown layers {unknown} (the quantizable layers are "
+                              f"PTQ.layers' names, e.g. {sorted(known)[:3]})")
         return self._ptq.convert(only_layers)
 
     @property
@@ -269,8 +397,67 @@ class PTQ:
         return self._ptq.layers
 
 
+# activation_quantize_type: Paddle's values name the fake-quant op of its training-format program;
+# the scale itself comes from `algo` there as here, and a QDQ model's activation scales are fixed
+# at inference (what all three mean once deployed). slimquant's own values choose the grid.
+_PADDLE_ACTIVATION_QUANTIZE_TYPES = ("range_abs_max", "moving_average_abs_max", "abs_max")
+_ACTIVATION_QUANTIZE_TYPES = _PADDLE_ACTIVATION_QUANTIZE_TYPES + ("symmetric", "asymmetric")
+_WEIGHT_QUANTIZE_TYPES = ("channel_wise_abs_max", "abs_max", "mse_channel_wise")
+# What a QuantConfig decides; given together with config= they would be dropped, so they conflict.
+_CONFIG_DECIDES = ("algo", "weight_quantize_type", "weight_bits", "quantizable_op_type", "is_full_quantize",
+                   "hist_percent", "skip_tensor_list", "skip_quant", "activation_quantize_type", "deploy_backend",
+                   "bias_correction")
+
+
+def _check_algo(algo):
+    known = _sq.activation_algos()
+    if not isinstance(algo, str):
+        raise TypeError(f"algo must be a str, one of {', '.join(known)}; got {type(algo).__name__} {algo!r}")
+    if algo.lower() == "ptf":
+        raise _sq.UnsupportedError("algo='ptf' (power-of-two factors per channel) is not implemented; use 'KL', "
+                                   "'hist', 'mse', 'emd', 'avg', 'abs_max' or 'min_max'")
+    if algo.lower() not in [k.lower() for k in known]:
+        raise invalid(f"algo must be one of {', '.join(known)} (got {algo!r})")
+    return algo
+
+
+def _check_round_type(round_type):
+    check_choice(round_type, "round_type", ("round", "adaround"))
+    if round_type == "adaround":
+        raise _sq.UnsupportedError("round_type='adaround' is not implemented (weights are rounded to nearest, "
+                                   "round_type='round'); bias_correction=True and the precision fallback "
+                                   "(fallback_sqnr_db) are slimquant's remedies for a model that loses accuracy")
+
+
+def _output_path(directory, file_name, params_name, directory_arg, file_arg, params_arg):
+    """Where the QDQ model goes: `directory` itself when it ends in .onnx, else directory/file_name
+    (default model.onnx; a Paddle program name gets the .onnx suffix instead, with a warning)."""
+    path = check_path(directory, directory_arg)
+    if params_name is not None:
+        check_path(params_name, params_arg)
+        warn_unused(params_arg, "the ONNX model file holds the quantized weights; no separate parameters file is written")
+    if path.endswith(".onnx") and file_name is None:
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        return path
+    name = check_path(file_name, file_arg) if file_name is not None else "model.onnx"
+    if os.path.basename(name) != name or not name:
+        raise invalid(f"{file_arg} must be a file name without folders (got {name!r})")
+    stem, suffix = os.path.splitext(name)
+    if suffix != ".onnx":
+        onnx_name = (stem if suffix in (".pdmodel", ".pdiparams") else name) + ".onnx"
+        if name == "__model__":
+            onnx_name = "model.onnx"
+        warn(f"{file_arg}={name!r}: slimquant writes an ONNX model, saved as {onnx_name!r}")
+        name = onnx_name
+    os.makedirs(path, exist_ok=True)
+    return os.path.join(path, name)
+
+
 class PostTrainingQuantization:
-    """Seed 002's post-training quantization over an ONNX model.
+    """Seed 002's post-training quantization over an ONNX model, with PaddleSlim's defaults
+    (algo="KL", batch_size=10, batch_nums=None: every sample).
 
     Calibration data, exactly one of:
       sample_generator: yields one sample at a time (without batch dimension, or with 1), stacked
@@ -280,60 +467,89 @@ class PostTrainingQuantization:
     Each item is a dict of input name -> array, an array (single-input models) or a tuple
     (array, label); the data is any iterable, or a callable returning an iterator (a reader).
     executor and scope are accepted for the documents' code and not used (slimquant runs on its own
-    CPU runtime). algo defaults to slimquant's "emd" (as the CLI); the documents' "KL" and
-    "direct"/"abs_max", "hist", "avg", "mse", "min_max" are all available.
+    CPU runtime; a warning says so). algo: "KL", "hist", "abs_max" (= "direct"), "min_max", "avg",
+    "mse", "emd" (the CLI's default). config (a QuantConfig) decides algo, weight_quantize_type,
+    quantizable_op_type, ...: giving both is an error naming them.
     """
 
+    @explicit_arguments
     def __init__(self, executor=None, sample_generator=None, model_dir=None, model_filename=None,
-                 params_filename=None, batch_size=10, batch_nums=None, scope=None, algo="emd",
+                 params_filename=None, batch_size=10, batch_nums=None, scope=None, algo="KL",
                  quantizable_op_type=None, is_full_quantize=False, is_use_cache_file=False,
                  cache_dir="./temp_post_training", *, data_loader=None, batch_generator=None,
                  weight_bits=8, activation_bits=8, weight_quantize_type="channel_wise_abs_max",
                  onnx_format=True, skip_tensor_list=None, skip_quant=None, hist_percent=0.99999,
-                 deploy_backend="slimquant", activation_quantize_type=None, fallback_sqnr_db=20.0,
-                 config=None):
-        if executor is not None or scope is not None:
-            warnings.warn("PostTrainingQuantization: executor and scope are not used (slimquant runs the ONNX "
-                          "model on its own CPU runtime)", stacklevel=2)
+                 deploy_backend="slimquant", activation_quantize_type="range_abs_max", round_type="round",
+                 bias_correction=False, fallback_sqnr_db=20.0, config=None):
+        who = type(self).__name__
+        if executor is not None:
+            warn_unused("executor", "slimquant runs the ONNX model on its own CPU runtime")
+        if scope is not None:
+            warn_unused("scope", "the ONNX model holds its weights; there is no Paddle scope to read them from")
         if model_dir is None:
-            raise ValueError("PostTrainingQuantization needs model_dir (an .onnx file, or a folder with model_filename)")
-        if activation_bits != 8:
-            raise ValueError(f"activation_bits must be 8 (got {activation_bits})")
-        if not onnx_format:
-            raise ValueError("slimquant writes standard ONNX QDQ models only (onnx_format=True)")
-        sources = [s for s in (sample_generator, data_loader, batch_generator) if s is not None]
-        if len(sources) != 1:
-            raise ValueError("give exactly one of sample_generator, data_loader, batch_generator")
+            raise invalid(f"{who} needs model_dir (an .onnx file, or a folder with model_filename)")
+        model_dir = check_path(model_dir, "model_dir")
+        refuse_paddle_model(model_dir, model_filename, params_filename)
+        if check_int(activation_bits, "activation_bits") != 8:
+            raise invalid(f"activation_bits must be 8 (got {activation_bits}): activations are quantized to int8")
+        if not check_bool(onnx_format, "onnx_format"):
+            warn_unused("onnx_format=False", "Paddle's fake-quantized program format is not available; slimquant "
+                        "writes an ONNX QDQ model (what onnx_format=True writes)")
+        _check_round_type(round_type)
+
+        given = {name: data for name, data in (("sample_generator", sample_generator),
+                                                ("batch_generator", batch_generator),
+                                                ("data_loader", data_loader)) if data is not None}
+        for name, data in given.items():
+            check_data(data, name)
+        if len(given) > 1:
+            raise invalid(f"{' and '.join(given)} are both given: give exactly one source of calibration data")
+        if not given:
+            raise invalid(f"{who} needs calibration data: sample_generator, batch_generator or data_loader")
+        batch_size = check_int(batch_size, "batch_size", 1)
+        if "batch_size" in self._explicit and "sample_generator" not in given:
+            warn_unused("batch_size", f"{next(iter(given))} yields whole batches (batch_size applies to "
+                        "sample_generator)")
+        batch_nums = check_int(batch_nums, "batch_nums", 1, allow_none=True)
+
+        if config is not None:
+            if not isinstance(config, QuantConfig):
+                raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+            clash = [name for name in _CONFIG_DECIDES if name in self._explicit]
+            if clash:
+                raise invalid(f"config and {', '.join(clash)} are both given: the QuantConfig decides "
+                              f"{', '.join(clash)}; set them on the QuantConfig (its observers, or "
+                              "QuantConfig.set(...)) instead")
+            _warn_quanters(config, who)
+
         o = _sq._PostTrainingQuantizationOptions()
-        o.model_dir = os.fspath(model_dir)
+        o.model_dir = model_dir
         o.model_filename = model_filename or ""
         o.params_filename = params_filename or ""
-        o.batch_size = int(batch_size)
-        o.batch_nums = None if batch_nums is None else int(batch_nums)
-        o.algo = algo
-        o.weight_quantize_type = weight_quantize_type
-        o.weight_bits = int(weight_bits)
-        o.deploy_backend = deploy_backend
+        o.batch_size = batch_size
+        o.batch_nums = batch_nums
+        o.algo = _check_algo(algo)
+        o.weight_quantize_type = check_choice(weight_quantize_type, "weight_quantize_type", _WEIGHT_QUANTIZE_TYPES)
+        o.weight_bits = check_int(weight_bits, "weight_bits", 2, 8)
+        o.deploy_backend = check_choice(deploy_backend, "deploy_backend", ("slimquant", "onnxruntime", "tensorrt"))
         if quantizable_op_type is not None:
-            o.quantizable_op_type = list(quantizable_op_type)
-        o.is_full_quantize = bool(is_full_quantize)
-        o.hist_percent = float(hist_percent)
-        o.skip_tensor_list = list(skip_tensor_list or [])
-        o.skip_quant = list(skip_quant or [])
-        if activation_quantize_type is not None:
-            if activation_quantize_type not in ("symmetric", "asymmetric"):
-                raise ValueError("activation_quantize_type: 'symmetric' or 'asymmetric' "
-                                 f"(got {activation_quantize_type!r})")
-            o.asymmetric_activations = activation_quantize_type == "asymmetric"
-        o.is_use_cache_file = bool(is_use_cache_file)
-        o.cache_dir = os.fspath(cache_dir)
-        o.fallback_sqnr_db = float(fallback_sqnr_db)
+            o.quantizable_op_type = check_str_list(quantizable_op_type, "quantizable_op_type", allow_none=False)
+        o.is_full_quantize = check_bool(is_full_quantize, "is_full_quantize")
+        o.hist_percent = check_float(hist_percent, "hist_percent", 0.0, 1.0, low_open=True)
+        o.skip_tensor_list = check_str_list(skip_tensor_list, "skip_tensor_list")
+        o.skip_quant = check_str_list(skip_quant, "skip_quant")
+        check_choice(activation_quantize_type, "activation_quantize_type", _ACTIVATION_QUANTIZE_TYPES)
+        o.asymmetric_activations = activation_quantize_type == "asymmetric"
+        o.bias_correction = check_bool(bias_correction, "bias_correction")
+        o.is_use_cache_file = check_bool(is_use_cache_file, "is_use_cache_file")
+        o.cache_dir = check_path(cache_dir if cache_dir is not None else "./temp_post_training", "cache_dir")
+        o.fallback_sqnr_db = check_float(fallback_sqnr_db, "fallback_sqnr_db", 0.0, float("inf"))
         if config is not None:
             o.config = config._config
-        if sample_generator is not None:
+        if "sample_generator" in given:
             o.set_sample_generator(sample_generator)
         else:
-            o.set_batch_generator(data_loader if data_loader is not None else batch_generator)
+            o.set_batch_generator(next(iter(given.values())))
         self._impl = _sq._PostTrainingQuantization(o)
         self._quantized = None
 
@@ -341,16 +557,18 @@ class PostTrainingQuantization:
         """Calibrates and converts; returns the QDQ model (slimquant.Model)."""
         self._quantized = self._impl.quantize()
         for w in self._impl.warnings:
-            warnings.warn(w, stacklevel=2)
+            warn(w)
         return self._quantized
 
     def save_quantized_model(self, save_model_path, model_filename=None, params_filename=None):
         """Writes the QDQ model: to save_model_path itself when it ends in .onnx, otherwise into that
-        folder (created) as model_filename (default model.onnx). Returns the file's path."""
-        path = os.fspath(save_model_path)
-        if not path.endswith(".onnx"):
-            os.makedirs(path, exist_ok=True)
-            path = os.path.join(path, model_filename or "model.onnx")
+        folder (created) as model_filename (default model.onnx; a Paddle name such as model.pdmodel
+        becomes model.onnx, with a warning). params_filename is not used: the ONNX file holds the
+        weights. Returns the file's path."""
+        if self._quantized is None:
+            raise invalid("save_quantized_model: call quantize() first")
+        path = _output_path(save_model_path, model_filename, params_filename, "save_model_path", "model_filename",
+                            "params_filename")
         self._impl.save_quantized_model(path)
         return path
 

@@ -383,6 +383,13 @@ PYBIND11_MODULE(_slimquant, m) {
         "Progress lines on stderr (default: on when stderr is a terminal, as in the CLI).");
   m.def("activation_algos", &quant::activation_algos);
   m.def("weight_algos", &quant::weight_algos);
+  m.def("onnx_op_types_for", &quant::onnx_op_types_for, py::arg("name"),
+        "The ONNX op types a source-document op name (conv2d, mul, ...) stands for; other names unchanged.");
+  m.def("builtin_quantizable_op_types", [] {
+    std::vector<std::string> out;
+    for (const auto& [op, spec] : quant::builtin_op_specs()) out.push_back(op);
+    return out;
+  });
 
   // ---- models
   py::class_<ir::Graph>(m, "Model", "An ONNX model in memory (slimquant.load_model, PTQ.convert, ...).")
@@ -483,6 +490,28 @@ PYBIND11_MODULE(_slimquant, m) {
                     [](quant::QuantConfig& c, float v) { c.observer_options.hist_percent = v; })
       .def_property("bins", [](const quant::QuantConfig& c) { return c.observer_options.bins; },
                     [](quant::QuantConfig& c, int v) { c.observer_options.bins = v; })
+      .def_readwrite("bias_correction", &quant::QuantConfig::bias_correction)
+      // add_qat_layer_mapping: quantize `op_type` as the built-in type `like` is quantized
+      // (Paddle maps a layer class to its quantized class; in ONNX that is an op type to a spec).
+      .def("add_qat_layer_mapping_like", [](quant::QuantConfig& c, const std::string& op_type, const std::string& like) {
+        const auto types = quant::onnx_op_types_for(like);
+        const auto& specs = quant::builtin_op_specs();
+        SQ_CHECK(types.size() == 1 && specs.count(types[0]), ErrorKind::kInvalidArgument,
+                 "add_qat_layer_mapping: target '" + like + "' is not an op type slimquant quantizes (give one such "
+                 "type, e.g. 'MatMul', 'Conv', 'Add', or a spec dict)");
+        c.add_qat_layer_mapping(op_type, specs.at(types[0]));
+      })
+      // ... or with an explicit spec: activation_inputs (-1: all inputs), weight_input (-1: none)
+      // quantized per channel along weight_axis.
+      .def("add_qat_layer_mapping_spec", [](quant::QuantConfig& c, const std::string& op_type, std::vector<int> activation_inputs,
+                                            int weight_input, int64_t weight_axis, bool compute_op) {
+        quant::OpQuantSpec spec;
+        spec.activation_inputs = std::move(activation_inputs);
+        spec.weight_input = weight_input;
+        if (weight_input >= 0) spec.weight_axis = [weight_axis](const ir::Node&, const Tensor&) { return weight_axis; };
+        spec.compute_op = compute_op;
+        c.add_qat_layer_mapping(op_type, std::move(spec));
+      })
       .def("validate", &quant::QuantConfig::validate)
       .def("fingerprint", &quant::QuantConfig::fingerprint);
   m.def("load_quant_config_yaml", [](const std::string& path) {
@@ -540,6 +569,7 @@ PYBIND11_MODULE(_slimquant, m) {
       .def_readwrite("skip_tensor_list", &Options::skip_tensor_list)
       .def_readwrite("skip_quant", &Options::skip_quant)
       .def_readwrite("asymmetric_activations", &Options::asymmetric_activations)
+      .def_readwrite("bias_correction", &Options::bias_correction)
       .def_readwrite("is_use_cache_file", &Options::is_use_cache_file)
       .def_readwrite("cache_dir", &Options::cache_dir)
       .def_readwrite("fallback_sqnr_db", &Options::fallback_sqnr_db)

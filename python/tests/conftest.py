@@ -15,6 +15,8 @@ MODELS = SOURCE_DIR / "tests" / "fixtures" / "models"
 FASHION_MNIST = pathlib.Path(os.environ.get("SLIMQUANT_FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist"))
 
 SAMPLES = 256  # enough for top-1 to tell the layers apart, small enough for ~20 models in seconds
+BATCH_SIZE = 32
+BATCH_NUMS = 4
 
 
 def read_idx(path, count):
@@ -64,3 +66,17 @@ def top1_eval(images, labels, batch_size=64):
             correct += int((logits.argmax(axis=1) == labels[start:start + batch_size]).sum())
         return correct / len(images)
     return eval_function
+
+
+def batches(images, labels, batch_size=BATCH_SIZE):
+    """A data_loader: (batch, labels) tuples, as a paddle DataLoader yields them."""
+    return [(images[i:i + batch_size], labels[i:i + batch_size]) for i in range(0, len(images), batch_size)]
+
+
+@pytest.fixture(scope="session")
+def cli_analysis(tmp_path_factory, model_path, npy_dir):
+    """`slimquant analyze` with top-1 on the samples: the ranking the Python analyses must equal."""
+    save_dir = tmp_path_factory.mktemp("cli_analysis")
+    run_cli("analyze", model_path, f"npy:{npy_dir}", "--metric", "top1", "--algo", "KL", "--batch-size", BATCH_SIZE,
+            "--batch-nums", BATCH_NUMS, "--num-histogram-plots", "0", "--save-dir", save_dir)
+    return save_dir

@@ -9,10 +9,7 @@ import numpy as np
 import pytest
 
 import slimquant
-from conftest import MODELS, run_cli, top1_eval
-
-BATCH_SIZE = 32
-BATCH_NUMS = 4
+from conftest import BATCH_NUMS, BATCH_SIZE, MODELS, batches, run_cli, top1_eval
 
 
 def sample_generator(images):
@@ -21,11 +18,6 @@ def sample_generator(images):
         for image in images:
             yield image
     return reader
-
-
-def batches(images, labels, batch_size=BATCH_SIZE):
-    """A data_loader: (batch, labels) tuples, as a paddle DataLoader yields them."""
-    return [(images[i:i + batch_size], labels[i:i + batch_size]) for i in range(0, len(images), batch_size)]
 
 
 def test_session_runs_the_fixture_as_pytorch_did(model_path):
@@ -77,14 +69,6 @@ def ranking_lines(save_dir, layers):
     lines = (save_dir / "analysis.txt").read_text().splitlines()
     assert len(lines) >= layers
     return lines[-layers:]
-
-
-@pytest.fixture(scope="module")
-def cli_analysis(tmp_path_factory, model_path, npy_dir):
-    save_dir = tmp_path_factory.mktemp("cli_analysis")
-    run_cli("analyze", model_path, f"npy:{npy_dir}", "--metric", "top1", "--algo", "KL", "--batch-size", BATCH_SIZE,
-            "--batch-nums", BATCH_NUMS, "--num-histogram-plots", "0", "--save-dir", save_dir)
-    return save_dir
 
 
 def test_analysis_with_eval_function_matches_cli(tmp_path, model_path, fashion, cli_analysis):
