@@ -406,3 +406,12 @@ def test_add_qat_layer_mapping_makes_an_op_type_quantizable(tmp_path):
         assert any(n.op_type == "DequantizeLinear" and n.output[0] == abs_input for n in nodes)
     with pytest.raises(ValueError, match="target 'Where' is not an op type slimquant quantizes"):
         slimquant.QuantConfig().add_qat_layer_mapping("Abs", "Where")
+
+
+def test_quanters_in_a_post_training_config_warn_naming_them(model_path, fashion):
+    config = slimquant.QuantConfig(activation=slimquant.PACTQuanter(init_value=20.0),
+                                   weight=slimquant.AbsMaxChannelWiseWeightObserver())
+    with pytest.warns(UserWarning, match=r"PTQ: QuantConfig activation is PACTQuanter \{'init_value': 20.0\}"):
+        slimquant.PTQ(config)
+    with pytest.warns(UserWarning, match="PostTrainingQuantization: QuantConfig activation is PACTQuanter"):
+        slimquant.PostTrainingQuantization(model_dir=model_path, data_loader=batches(*fashion)[:1], config=config)
