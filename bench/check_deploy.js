@@ -35,9 +35,12 @@ module.paths.unshift(path.join(__dirname, 'node_modules'));  // the two ORTs, wi
 const ORT_PACKAGES = { '1.20.1': 'onnxruntime-node', latest: 'onnxruntime-node-latest' };
 
 // ---------------------------------------------------------------------------------------------
-// .npy (little-endian float32 / int64 / int32, C order), enough for model inputs and outputs.
-const NPY_DTYPES = { '<f4': Float32Array, '<i8': BigInt64Array, '<i4': Int32Array, '|u1': Uint8Array,
-  '|b1': Uint8Array, '<f8': Float64Array };
+// .npy (little-endian float32 / float16 / int64 / int32, C order), enough for model inputs and outputs.
+// float16 data stays as its bits (Uint16Array), which is how onnxruntime-node takes and gives it.
+const NPY_DTYPES = { '<f4': Float32Array, '<f2': Uint16Array, '<i8': BigInt64Array, '<i4': Int32Array,
+  '|u1': Uint8Array, '|b1': Uint8Array, '<f8': Float64Array };
+const DESCR_TO_ORT = { '<f4': 'float32', '<f2': 'float16', '<i8': 'int64', '<i4': 'int32', '|u1': 'uint8',
+  '|b1': 'bool', '<f8': 'float64' };
 
 function readNpy(file) {
   const buf = fs.readFileSync(file);
@@ -66,9 +69,8 @@ function writeNpy(file, descr, shape, data) {
     Buffer.from(data.buffer, data.byteOffset, data.byteLength)]));
 }
 
-const TYPED_TO_ORT = new Map([[Float32Array, 'float32'], [BigInt64Array, 'int64'], [Int32Array, 'int32'],
-  [Uint8Array, 'uint8'], [Float64Array, 'float64']]);
-const ORT_TO_DESCR = { float32: '<f4', int64: '<i8', int32: '<i4', uint8: '|u1', float64: '<f8', bool: '|b1' };
+const ORT_TO_DESCR = { float32: '<f4', float16: '<f2', int64: '<i8', int32: '<i4', uint8: '|u1', float64: '<f8',
+  bool: '|b1' };
 
 // Output names as file names (ORT worker and comparison agree on this).
 const fileNameOf = (name) => name.replace(/[^A-Za-z0-9_.-]/g, '_') + '.npy';
@@ -95,7 +97,7 @@ async function ortWorker(ortPackage, modelPath, inputFile, outDir) {
   }
   if (session) {
     const x = readNpy(inputFile);
-    const feeds = (s) => ({ [s.inputNames[0]]: new ort.Tensor(TYPED_TO_ORT.get(x.data.constructor), x.data, x.shape) });
+    const feeds = (s) => ({ [s.inputNames[0]]: new ort.Tensor(DESCR_TO_ORT[x.descr], x.data, x.shape) });
     const runTo = async (s, dir) => {
       const out = await s.run(feeds(s));
       fs.mkdirSync(dir, { recursive: true });

@@ -49,9 +49,9 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
-// Runs `slimquant ARGS` and captures its output and exit code.
-inline CommandResult run_cli(const std::string& args, const std::string& env = "") {
-  std::string cmd = (env.empty() ? "" : env + " ") + cli_path() + " --quiet " + args + " 2>&1";
+// Runs a shell command and captures its output (stderr included) and exit code.
+inline CommandResult run_command(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   CommandResult r{-1, ""};
   if (!pipe) return r;
@@ -61,6 +61,11 @@ inline CommandResult run_cli(const std::string& args, const std::string& env = "
   int status = pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// Runs `slimquant ARGS` and captures its output and exit code.
+inline CommandResult run_cli(const std::string& args, const std::string& env = "") {
+  return run_command((env.empty() ? "" : env + " ") + cli_path() + " --quiet " + args);
 }
 
 }  // namespace slimquant::test

@@ -7,6 +7,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <span>
 
 #include "cli/common.h"
 #include "slimquant/analysis/evaluate.h"
@@ -30,11 +31,17 @@ std::string dims_str(const ir::ValueInfo& v) {
   return s + "]";
 }
 
-nlohmann::json value_json(const ir::ValueInfo& v) {
+// The element type the file declares (float16/bfloat16 are held as float32 inside).
+std::string declared_type(const ir::Graph& g, const ir::ValueInfo& v) {
+  const auto stored = g.stored_float_types.find(v.name);
+  return stored != g.stored_float_types.end() ? onnx_16bit_float_name(stored->second) : dtype_name(v.dtype);
+}
+
+nlohmann::json value_json(const ir::Graph& g, const ir::ValueInfo& v) {
   nlohmann::json dims = nlohmann::json::array();
   if (v.dims)
     for (const auto& d : *v.dims) dims.push_back(d.known() ? nlohmann::json(d.value) : nlohmann::json(d.param));
-  return {{"name", v.name}, {"dtype", dtype_name(v.dtype)}, {"shape", dims}};
+  return {{"name", v.name}, {"dtype", declared_type(g, v)}, {"shape", dims}};
 }
 
 Shape parse_shape(const std::string& text, const std::string& what) {
@@ -109,9 +116,9 @@ Action register_info(CLI::App& app) {
     std::cout << "producer: " << g.producer_name << " " << g.producer_version << ", opset " << g.opset
               << ", ir_version " << g.ir_version << "\n";
     std::cout << "inputs:\n";
-    for (const auto& i : g.inputs) std::cout << "  " << i.name << "  " << dtype_name(i.dtype) << " " << dims_str(i) << "\n";
+    for (const auto& i : g.inputs) std::cout << "  " << i.name << "  " << declared_type(g, i) << " " << dims_str(i) << "\n";
     std::cout << "outputs:\n";
-    for (const auto& o : g.outputs) std::cout << "  " << o.name << "  " << dtype_name(o.dtype) << " " << dims_str(o) << "\n";
+    for (const auto& o : g.outputs) std::cout << "  " << o.name << "  " << declared_type(g, o) << " " << dims_str(o) << "\n";
     std::cout << "nodes: " << g.nodes.size() << "\n";
     for (const auto& [op, count] : sorted) std::cout << "  " << op << ": " << count << "\n";
     const double mib = static_cast<double>(g.parameter_bytes()) / (1024.0 * 1024.0);
@@ -120,9 +127,9 @@ Action register_info(CLI::App& app) {
     if (*json) {
       nlohmann::json j;
       j["inputs"] = nlohmann::json::array();
-      for (const auto& i : g.inputs) j["inputs"].push_back(value_json(i));
+      for (const auto& i : g.inputs) j["inputs"].push_back(value_json(g, i));
       j["outputs"] = nlohmann::json::array();
-      for (const auto& o : g.outputs) j["outputs"].push_back(value_json(o));
+      for (const auto& o : g.outputs) j["outputs"].push_back(value_json(g, o));
       j["op_counts"] = ops;
       j["nodes"] = g.nodes.size();
       j["opset"] = g.opset;
@@ -149,7 +156,9 @@ Action register_run(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "threads (0 = all cores)")->check(non_negative_integer());
   cmd->add_flag("--simulate", a->simulate, kSimulateHelp);
   return [=] {
-    runtime::Session session = make_session(load_model_arg(a->model), a->threads, a->simulate);
+    ir::Graph model = load_model_arg(a->model);
+    const std::map<std::string, int> stored_float_types = model.stored_float_types;
+    runtime::Session session = make_session(std::move(model), a->threads, a->simulate);
     std::map<std::string, Tensor> feeds;
     for (const auto& spec : a->inputs) {
       auto eq = spec.find('=');
@@ -182,9 +191,24 @@ Action register_run(CLI::App& app) {
     nlohmann::json index = nlohmann::json::object();
     for (size_t i = 0; i < output_names.size(); ++i) {
       const Tensor& t = outputs.at(output_names[i]);
-      write_npy(paths[i], t);
+      // A float16 output is written as float16, as the model declares it; numpy has no bfloat16,
+      // so a bfloat16 output is written as float32 holding the bfloat16-rounded values.
+      const auto stored = stored_float_types.find(output_names[i]);
+      std::string type = dtype_name(t.dtype());
+      if (stored != stored_float_types.end() && t.dtype() == DType::kFloat32 && stored->second == kOnnxFloat16) {
+        write_npy_float16(paths[i], t);
+        type = "float16";
+      } else if (stored != stored_float_types.end() && t.dtype() == DType::kFloat32) {
+        Tensor rounded = t.clone();
+        for (float& v : std::span<float>(rounded.data<float>(), static_cast<size_t>(rounded.numel())))
+          v = round_to_16bit_float(v, stored->second);
+        write_npy(paths[i], rounded);
+        type = "bfloat16 (as float32)";
+      } else {
+        write_npy(paths[i], t);
+      }
       index[files[i]] = output_names[i];
-      std::cout << output_names[i] << " " << dtype_name(t.dtype()) << shape_str(t.shape()) << " -> " << paths[i] << "\n";
+      std::cout << output_names[i] << " " << type << shape_str(t.shape()) << " -> " << paths[i] << "\n";
     }
     // Which file holds which output, for names that had to be changed to be file names.
     const std::string index_path = (fs::path(a->output_dir) / "outputs.json").string();
@@ -264,7 +288,9 @@ Action register_bench(CLI::App& app) {
   cmd->add_flag("--simulate", a->simulate, kSimulateHelp);
   return [=] {
     SQ_CHECK(a->runs > 0, ErrorKind::kInvalidArgument, "--runs must be positive");
-    runtime::Session session = make_session(load_model_arg(a->model), a->threads, a->simulate);
+    ir::Graph model = load_model_arg(a->model);
+    const std::map<std::string, int> stored_float_types = model.stored_float_types;
+    runtime::Session session = make_session(std::move(model), a->threads, a->simulate);
     std::map<std::string, Shape> shapes;
     for (const auto& spec : a->shapes) {
       auto eq = spec.find('=');

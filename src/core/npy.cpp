@@ -83,6 +83,7 @@ class HeaderParser {
     if (!have_descr || !have_order || !have_shape)
       bad("header lacks one of 'descr', 'fortran_order', 'shape'");
     h.dtype = dtype_from_descr(descr);
+    if (descr.size() == 3 && descr[1] == 'f' && descr[2] == '2') h.stored_float16 = true;
     if (fortran && h.shape.size() > 1)
       fail(ErrorKind::kInvalidData, what_ + ": fortran_order arrays are not supported");
     return h;
@@ -153,6 +154,7 @@ class HeaderParser {
     if (order != '<' && order != '|' && order != '=' && order != '>') return unsupported();
     switch (kind) {
       case 'f':
+        if (size == '2') return DType::kUInt16;  // float16 bits, widened to float32 by the readers
         if (size == '4') return DType::kFloat32;
         if (size == '8') return DType::kFloat64;
         break;
@@ -250,8 +252,8 @@ const char* descr_of(DType t) {
   fail(ErrorKind::kUnsupported, std::string("cannot write dtype ") + dtype_name(t) + " to .npy");
 }
 
-std::string header_bytes(const Tensor& t) {
-  std::string dict = std::string("{'descr': '") + descr_of(t.dtype()) +
+std::string header_bytes(const Tensor& t, const char* descr) {
+  std::string dict = std::string("{'descr': '") + descr +
                      "', 'fortran_order': False, 'shape': (";
   for (size_t i = 0; i < t.rank(); ++i) {
     if (i) dict += ", ";
@@ -304,7 +306,7 @@ Tensor read_npy(const std::string& path) {
       std::fread(t.raw(), 1, t.nbytes(), f.get()) != t.nbytes())
     fail(ErrorKind::kIo, path + ": read failed: " + std::strerror(errno));
   normalize_bools(t);
-  return t;
+  return h.stored_float16 ? widen_float16(t) : t;
 }
 
 Tensor parse_npy(const void* bytes, size_t size, const std::string& what) {
@@ -318,12 +320,23 @@ Tensor parse_npy(const void* bytes, size_t size, const std::string& what) {
   Tensor t(h.dtype, h.shape);
   if (n) std::memcpy(t.raw(), b + h.data_offset, n);
   normalize_bools(t);
-  return t;
+  return h.stored_float16 ? widen_float16(t) : t;
+}
+
+Tensor widen_float16(const Tensor& bits) {
+  SQ_CHECK(bits.dtype() == DType::kUInt16, ErrorKind::kInternal, "widen_float16: expects the uint16 bits");
+  Tensor wide(DType::kFloat32, bits.shape());
+  widen_float16(bits.data<uint16_t>(), bits.numel(), wide.data<float>());
+  return wide;
+}
+
+void widen_float16(const uint16_t* bits, int64_t count, float* dst) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = float_from_16bit(bits[i], kOnnxFloat16);
 }
 
 std::vector<std::byte> encode_npy(const Tensor& t) {
   SQ_CHECK(t.defined(), ErrorKind::kInvalidArgument, "encode_npy: undefined tensor");
-  const std::string head = header_bytes(t);
+  const std::string head = header_bytes(t, descr_of(t.dtype()));
   std::vector<std::byte> out(head.size() + t.nbytes());
   std::memcpy(out.data(), head.data(), head.size());
   if (t.nbytes()) std::memcpy(out.data() + head.size(), t.raw(), t.nbytes());
@@ -332,8 +345,22 @@ std::vector<std::byte> encode_npy(const Tensor& t) {
 
 void write_npy(const std::string& path, const Tensor& t) {
   SQ_CHECK(t.defined(), ErrorKind::kInvalidArgument, path + ": cannot write an undefined tensor");
-  std::string bytes = header_bytes(t);
+  std::string bytes = header_bytes(t, descr_of(t.dtype()));
   bytes.append(static_cast<const char*>(t.raw()), t.nbytes());
+  write_file_atomic(path, bytes);
+}
+
+void write_npy_float16(const std::string& path, const Tensor& t) {
+  SQ_CHECK(t.defined() && t.dtype() == DType::kFloat32, ErrorKind::kInvalidArgument,
+           path + ": write_npy_float16 takes a float32 tensor");
+  std::string bytes = header_bytes(t, "<f2");
+  const size_t head = bytes.size();
+  bytes.resize(head + static_cast<size_t>(t.numel()) * 2);
+  const float* src = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const uint16_t b = float_to_16bit(src[i], kOnnxFloat16);
+    std::memcpy(bytes.data() + head + 2 * static_cast<size_t>(i), &b, 2);
+  }
   write_file_atomic(path, bytes);
 }
 

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -48,6 +49,36 @@ DType dtype_from_onnx(int onnx_type) {
 }
 
 bool dtype_is_float(DType t) { return t == DType::kFloat32 || t == DType::kFloat64; }
+
+const char* onnx_16bit_float_name(int onnx_type) { return onnx_type == kOnnxBFloat16 ? "bfloat16" : "float16"; }
+
+// float16 through the compiler's IEEE binary16 type (F16C where the target has it, libgcc's exact
+// soft conversion otherwise); bfloat16 is the top half of a float32.
+float float_from_16bit(uint16_t bits, int onnx_type) {
+  if (onnx_type == kOnnxBFloat16) {
+    const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+    float v;
+    std::memcpy(&v, &wide, sizeof v);
+    return v;
+  }
+  _Float16 half;
+  std::memcpy(&half, &bits, sizeof half);
+  return static_cast<float>(half);
+}
+
+uint16_t float_to_16bit(float value, int onnx_type) {
+  uint16_t bits;
+  if (onnx_type == kOnnxBFloat16) {
+    uint32_t wide;
+    std::memcpy(&wide, &value, sizeof wide);
+    if (std::isnan(value)) return static_cast<uint16_t>((wide >> 16) | 0x40);  // quiet, sign kept
+    wide += 0x7FFF + ((wide >> 16) & 1);  // round to nearest even; carries into the exponent (to inf)
+    return static_cast<uint16_t>(wide >> 16);
+  }
+  const _Float16 half = static_cast<_Float16>(value);
+  std::memcpy(&bits, &half, sizeof bits);
+  return bits;
+}
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;

@@ -74,6 +74,7 @@ class NpyDir final : public Dataset {
         fail(ErrorKind::kInvalidData, batched_path_ + ": a batched array needs a leading sample "
                                                       "dimension, got a scalar");
       batched_dtype_ = h.dtype;
+      batched_float16_ = h.stored_float16;
       data_offset_ = h.data_offset;
       stored_shape_.assign(h.shape.begin() + 1, h.shape.end());
       total = static_cast<size_t>(h.shape[0]);
@@ -167,7 +168,8 @@ class NpyDir final : public Dataset {
       void* target = batched_dtype_ == DType::kFloat32 ? static_cast<void*>(stage)
                                                        : (raw.resize(bytes), raw.data());
       read_at(target, bytes, data_offset_ + static_cast<uint64_t>(index) * bytes);
-      to_float(batched_dtype_, target, n, stage);
+      if (batched_float16_) widen_float16(static_cast<const uint16_t*>(target), static_cast<int64_t>(n), stage);
+      else to_float(batched_dtype_, target, n, stage);
     }
     if (resize_) planar_resize_normalize(stage, channels_, from_, to_, norm_, dst);
     else normalize_planar(dst, channels_, static_cast<int64_t>(n) / channels_, norm_);
@@ -235,6 +237,7 @@ class NpyDir final : public Dataset {
   // Batched mode.
   std::string batched_path_;
   DType batched_dtype_ = DType::kUndefined;
+  bool batched_float16_ = false;
   uint64_t data_offset_ = 0;
   struct Fd {
     int fd = -1;

@@ -159,15 +159,8 @@ int64_t typed_value_count(const onnx::TensorProto& p, DType dtype) {
 }
 
 // Every size a file declares is checked against the data it holds before the tensor is allocated.
-Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir) {
-  if (p.data_type() == onnx::TensorProto::STRING)
-    fail(ErrorKind::kUnsupported, "tensor '" + p.name() + "': string tensors are not supported");
-  DType dtype;
-  try {
-    dtype = dtype_from_onnx(p.data_type());
-  } catch (const Error& e) {
-    fail(ErrorKind::kUnsupported, "tensor '" + p.name() + "': " + e.what());
-  }
+// `dtype` is the storage read: the element type, or uint16 for the bits of a 16-bit float.
+Tensor stored_tensor_from_proto(const onnx::TensorProto& p, DType dtype, const std::string& base_dir) {
   Shape shape(p.dims().begin(), p.dims().end());
   const size_t nbytes = checked_tensor_bytes(dtype, shape, "tensor '" + p.name() + "'", ErrorKind::kInvalidModel);
   const int64_t numel = static_cast<int64_t>(nbytes / dtype_size(dtype));
@@ -197,6 +190,29 @@ Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir
   return t;
 }
 
+// A float16/bfloat16 tensor (stored 2 bytes a value, or one value per int32_data entry) as float32.
+Tensor widened_16bit_tensor(const onnx::TensorProto& p, const std::string& base_dir) {
+  const Tensor bits = stored_tensor_from_proto(p, DType::kUInt16, base_dir);
+  Tensor wide(DType::kFloat32, bits.shape());
+  const uint16_t* src = bits.data<uint16_t>();
+  float* dst = wide.data<float>();
+  for (int64_t i = 0; i < bits.numel(); ++i) dst[i] = float_from_16bit(src[i], p.data_type());
+  return wide;
+}
+
+Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir) {
+  if (p.data_type() == onnx::TensorProto::STRING)
+    fail(ErrorKind::kUnsupported, "tensor '" + p.name() + "': string tensors are not supported");
+  if (is_onnx_16bit_float(p.data_type())) return widened_16bit_tensor(p, base_dir);
+  DType dtype;
+  try {
+    dtype = dtype_from_onnx(p.data_type());
+  } catch (const Error& e) {
+    fail(ErrorKind::kUnsupported, "tensor '" + p.name() + "': " + e.what());
+  }
+  return stored_tensor_from_proto(p, dtype, base_dir);
+}
+
 void tensor_to_proto(const Tensor& t, const std::string& name, onnx::TensorProto* p) {
   p->set_name(name);
   p->set_data_type(static_cast<int>(t.dtype()));
@@ -210,7 +226,9 @@ ValueInfo value_info_from_proto(const onnx::ValueInfoProto& v) {
   if (!v.has_type() || !v.type().has_tensor_type()) return info;
   const auto& tt = v.type().tensor_type();
   try {
-    info.dtype = tt.elem_type() ? dtype_from_onnx(tt.elem_type()) : DType::kUndefined;
+    info.dtype = is_onnx_16bit_float(tt.elem_type()) ? DType::kFloat32
+                 : tt.elem_type()                        ? dtype_from_onnx(tt.elem_type())
+                                                         : DType::kUndefined;
   } catch (const Error&) {
     info.dtype = DType::kUndefined;  // reported when a kernel meets it
   }
@@ -265,6 +283,17 @@ void collect_captured(const Graph& sub, std::vector<std::string>& captured) {
   for (const auto& o : sub.outputs) use(o.name);
 }
 
+// A node producing float16/bfloat16 values produces float32 here: a Cast to them rounds (the
+// attribute says to which type), an op's `dtype` attribute (EyeLike, RandomNormal, ...) says float.
+void held_in_float32(Node& n) {
+  if (!n.domain.empty()) return;
+  if (n.op_type == "Cast" && is_onnx_16bit_float(static_cast<int>(n.attr_int("to", 0)))) {
+    n.attrs[kCastRoundsToAttr] = n.attr_int("to", 0);
+    n.attrs["to"] = int64_t{onnx::TensorProto::FLOAT};
+  }
+  if (is_onnx_16bit_float(static_cast<int>(n.attr_int("dtype", 0)))) n.attrs["dtype"] = int64_t{onnx::TensorProto::FLOAT};
+}
+
 Node node_from_proto(const onnx::NodeProto& p, const LoadScope& scope) {
   const std::string& base_dir = scope.base_dir;
   Node n;
@@ -297,6 +326,7 @@ Node node_from_proto(const onnx::NodeProto& p, const LoadScope& scope) {
     }
   }
   n.inputs.insert(n.inputs.end(), n.captured.begin(), n.captured.end());
+  held_in_float32(n);
   return n;
 }
 
@@ -402,6 +432,98 @@ void check_opset_versions(const Graph& g) {
 }
 }  // namespace
 
+namespace {
+// The usual storage of 16-bit weights in a float32 model: a float16/bfloat16 initializer read
+// through a Cast to float. It is held as the float32 initializer the Cast produces (its stored type
+// remembered), so that passes and kernels see a constant weight; save_onnx writes the same form.
+// Casts to float of 16-bit graph inputs go too (the input is float32 here), so that a file saved
+// and loaded again does not gather Casts; 16-bit outputs are rounded to their type.
+void adopt_16bit_storage_casts(Graph& g) {
+  std::vector<Node> kept;
+  kept.reserve(g.nodes.size());
+  std::set<std::string> sources;
+  std::map<std::string, std::string> input_renames;  // a no-op Cast's output -> the value it reads
+  std::map<std::string, std::string> middle_renames;  // a rounding Cast's output -> the no-op Cast's
+  // Values that are float32 here although the file has them in 16 bits: 16-bit graph inputs and
+  // what a Cast to a 16-bit type writes (a rounding Cast).
+  std::set<std::string> float32_here;
+  for (const auto& in : g.inputs)
+    if (g.stored_float_types.count(in.name)) float32_here.insert(in.name);
+  std::map<std::string, int> readers;
+  std::set<std::string> produced;
+  for (const Node& n : g.nodes) {
+    if (n.domain.empty() && n.op_type == "Cast" && n.has_attr(kCastRoundsToAttr)) float32_here.insert(n.outputs[0]);
+    for (const auto& in : n.inputs) ++readers[in];
+    produced.insert(n.outputs.begin(), n.outputs.end());
+  }
+  for (Node& n : g.nodes) {
+    const auto stored = g.stored_float_types.find(n.input(0));
+    const bool storage_cast = n.domain.empty() && n.op_type == "Cast" && n.inputs.size() == 1 &&
+                              n.outputs.size() == 1 && !n.has_attr(kCastRoundsToAttr) &&
+                              n.attr_int("to", 0) == onnx::TensorProto::FLOAT && stored != g.stored_float_types.end() &&
+                              g.is_initializer(n.inputs[0]) && !g.is_graph_output(n.outputs[0]) &&
+                              !g.is_initializer(n.outputs[0]);
+    // The Cast to float after a 16-bit input or a Cast to 16 bits (as save_onnx writes them, and
+    // converters) is a no-op here.
+    const bool input_cast = n.domain.empty() && n.op_type == "Cast" && n.inputs.size() == 1 && n.outputs.size() == 1 &&
+                            !n.has_attr(kCastRoundsToAttr) && n.attr_int("to", 0) == onnx::TensorProto::FLOAT &&
+                            float32_here.count(n.inputs[0]) && !g.is_graph_output(n.outputs[0]);
+    if (input_cast) {
+      // Readers of the Cast read its input; a Cast's output keeps the name the file gave the value
+      // after the pair, so that saving again writes the same names.
+      if (produced.count(n.inputs[0]) && readers[n.inputs[0]] == 1 && !g.is_graph_output(n.inputs[0]))
+        middle_renames[n.inputs[0]] = n.outputs[0];
+      else
+        input_renames[n.outputs[0]] = n.inputs[0];
+      continue;
+    }
+    if (!storage_cast) {
+      kept.push_back(std::move(n));
+      continue;
+    }
+    g.initializers[n.outputs[0]] = g.initializers.at(n.inputs[0]);
+    g.stored_float_types[n.outputs[0]] = stored->second;
+    sources.insert(n.inputs[0]);
+  }
+  g.nodes = std::move(kept);
+  for (Node& n : g.nodes) {
+    for (auto& in : n.inputs)
+      if (const auto it = input_renames.find(in); it != input_renames.end()) in = it->second;
+    for (auto& out : n.outputs)
+      if (const auto it = middle_renames.find(out); it != middle_renames.end()) out = it->second;
+  }
+  // A 16-bit output holds 16-bit values: its producer's float32 result is rounded to them, unless
+  // a Cast to that type writes it already.
+  for (const ValueInfo& out : g.outputs) {
+    const auto stored = g.stored_float_types.find(out.name);
+    const int producer = g.producer(out.name);
+    if (stored == g.stored_float_types.end() || producer < 0) continue;
+    Node& writer = g.nodes[static_cast<size_t>(producer)];
+    if (writer.domain.empty() && writer.op_type == "Cast" && writer.attr_int(kCastRoundsToAttr, 0) == stored->second)
+      continue;
+    const std::string wide = g.unique_value_name(out.name + "_float32");
+    for (auto& o : writer.outputs)
+      if (o == out.name) o = wide;
+    for (Node& n : g.nodes)
+      for (auto& in : n.inputs)
+        if (in == out.name) in = wide;
+    Node round;
+    round.name = out.name + "_to_" + onnx_16bit_float_name(stored->second);
+    round.op_type = "Cast";
+    round.inputs = {wide};
+    round.outputs = {out.name};
+    round.attrs["to"] = int64_t{onnx::TensorProto::FLOAT};
+    round.attrs[kCastRoundsToAttr] = int64_t{stored->second};
+    g.nodes.push_back(std::move(round));
+  }
+  for (const std::string& source : sources)
+    if (g.consumers(source).empty() && !g.is_graph_output(source)) {
+      g.initializers.erase(source);
+      g.stored_float_types.erase(source);
+    }
+}
+}  // namespace
+
 Graph parse_onnx(const std::string& bytes, const std::string& base_dir, const std::string& what) {
   onnx::ModelProto m;
   if (bytes.empty()) fail(ErrorKind::kInvalidModel, what + " is empty, not an ONNX model");
@@ -424,6 +546,7 @@ Graph parse_onnx(const std::string& bytes, const std::string& base_dir, const st
   for (const auto& kv : m.metadata_props()) g.metadata[kv.key()] = kv.value();
   const LoadScope scope{base_dir, g.opset, g.extra_opsets};
   fill_graph_from_proto(m.graph(), scope, g);
+  adopt_16bit_storage_casts(g);
   // Exporters usually emit topological order, but the spec does not promise it to readers.
   g.topological_sort();
   g.validate();
@@ -439,14 +562,20 @@ void fill_graph_from_proto(const onnx::GraphProto& gp, const LoadScope& scope, G
   g.opset = scope.opset;
   g.extra_opsets = scope.extra_opsets;
   g.name = gp.name();
-  for (const auto& t : gp.initializer()) g.initializers[t.name()] = tensor_from_proto(t, base_dir);
+  for (const auto& t : gp.initializer()) {
+    g.initializers[t.name()] = tensor_from_proto(t, base_dir);
+    if (is_onnx_16bit_float(t.data_type())) g.stored_float_types[t.name()] = t.data_type();
+  }
   // Sequence, map and optional values need a different runtime model; say so up front.
   auto require_tensor = [&](const onnx::ValueInfoProto& v, const char* role) {
     if (v.has_type() && !v.type().has_tensor_type())
       fail(ErrorKind::kUnsupported, std::string("graph ") + role + " '" + v.name() +
                                         "' is a sequence, map or optional value; only tensors are supported");
-    // float16/bfloat16/string interfaces: say so instead of misreading the data.
-    if (v.has_type() && v.type().tensor_type().elem_type() != 0) {
+    // String interfaces and types we lack: say so instead of misreading the data.
+    const int elem_type = v.has_type() ? v.type().tensor_type().elem_type() : 0;
+    if (is_onnx_16bit_float(elem_type)) {
+      g.stored_float_types[v.name()] = elem_type;
+    } else if (elem_type != 0) {
       try {
         dtype_from_onnx(v.type().tensor_type().elem_type());
       } catch (const Error& e) {
@@ -476,15 +605,138 @@ Graph load_onnx(const std::string& path) {
   return parse_onnx(bytes, fs::path(path).parent_path().string(), "'" + path + "'");
 }
 
-std::string serialize_onnx(const Graph& graph) {
-  std::string out;
-  if (!to_model_proto(graph).SerializeToString(&out))
-    fail(ErrorKind::kInternal, "failed to serialize the model (larger than 2 GB?)");
-  return out;
+namespace {
+
+bool rounds_to_16bit(const Node& n) { return n.domain.empty() && n.op_type == "Cast" && n.has_attr(kCastRoundsToAttr); }
+
+// Each rounding Cast back to the pair that means it in a file: Cast to the 16-bit type, Cast to float.
+void write_rounding_casts_as_pairs(Graph& g) {
+  std::vector<Node> nodes;
+  nodes.reserve(g.nodes.size());
+  for (Node& n : g.nodes) {
+    for (auto& [key, value] : n.attrs)
+      if (auto* branch = std::get_if<std::shared_ptr<const Graph>>(&value)) {
+        auto copy = std::make_shared<Graph>(**branch);
+        write_rounding_casts_as_pairs(*copy);
+        value = std::shared_ptr<const Graph>(std::move(copy));
+      }
+    if (!rounds_to_16bit(n)) {
+      nodes.push_back(std::move(n));
+      continue;
+    }
+    const int64_t type = n.attr_int(kCastRoundsToAttr, kOnnxFloat16);
+    const auto stored = g.stored_float_types.find(n.outputs[0]);
+    if (stored != g.stored_float_types.end() && stored->second == type && g.is_graph_output(n.outputs[0])) {
+      // It writes an output the file declares in that type: one Cast.
+      n.attrs.erase(kCastRoundsToAttr);
+      n.attrs["to"] = type;
+      nodes.push_back(std::move(n));
+      continue;
+    }
+    Node narrow = n;
+    narrow.attrs.erase(kCastRoundsToAttr);
+    narrow.attrs["to"] = type;
+    narrow.outputs = {g.unique_value_name(n.outputs[0] + "_" + onnx_16bit_float_name(static_cast<int>(type)))};
+    Node widen;
+    widen.name = n.name.empty() ? "" : n.name + "_to_float";
+    widen.op_type = "Cast";
+    widen.inputs = narrow.outputs;
+    widen.outputs = n.outputs;
+    widen.attrs["to"] = int64_t{onnx::TensorProto::FLOAT};
+    nodes.push_back(std::move(narrow));
+    nodes.push_back(std::move(widen));
+  }
+  g.nodes = std::move(nodes);
 }
 
-void check_onnx(const Graph& graph) {
-  onnx::ModelProto m = to_model_proto(graph);
+Node cast_node(std::string name, std::string from, std::string to, int64_t type) {
+  Node n;
+  n.name = std::move(name);
+  n.op_type = "Cast";
+  n.inputs = {std::move(from)};
+  n.outputs = {std::move(to)};
+  n.attrs["to"] = type;
+  return n;
+}
+
+// The model as its file stores it: what the model stores as float16/bfloat16 and this graph holds
+// in float32 (Graph::stored_float_types, rounding Casts) is written back in that type.
+onnx::ModelProto stored_model_proto(const Graph& graph) {
+  const bool may_round = std::any_of(graph.nodes.begin(), graph.nodes.end(), rounds_to_16bit) ||
+                            std::any_of(graph.nodes.begin(), graph.nodes.end(),
+                                        [](const Node& n) { return !n.captured.empty(); });
+  if (graph.stored_float_types.empty() && !may_round) return to_model_proto(graph);
+  Graph g = graph;
+  write_rounding_casts_as_pairs(g);
+  auto rename_reads = [&](const std::string& from, const std::string& to) {
+    for (Node& n : g.nodes)
+      for (auto& in : n.inputs)
+        if (in == from) in = to;
+  };
+  std::map<std::string, int> narrow_initializers, narrow_interface;
+  for (const auto& [name, type] : graph.stored_float_types) {
+    auto init = g.initializers.find(name);
+    if (init != g.initializers.end()) {
+      if (init->second.dtype() != DType::kFloat32 || g.is_graph_output(name)) continue;
+      const std::string stored = g.unique_value_name(name + "_" + onnx_16bit_float_name(type));
+      Tensor weight = init->second;
+      g.initializers.erase(init);
+      g.initializers[stored] = weight;
+      g.nodes.push_back(cast_node("", stored, name, onnx::TensorProto::FLOAT));  // unnamed: bytes per weight
+      narrow_initializers[stored] = type;
+      continue;
+    }
+    auto input = std::find_if(g.inputs.begin(), g.inputs.end(), [&](const ValueInfo& v) { return v.name == name; });
+    if (input != g.inputs.end() && input->dtype == DType::kFloat32) {
+      if (g.is_graph_output(name)) continue;  // passed straight through: one type for both
+      const std::string wide = g.unique_value_name(name + "_float32");
+      rename_reads(name, wide);
+      g.value_info.erase(name);
+      g.nodes.push_back(cast_node(name + "_to_float", name, wide, onnx::TensorProto::FLOAT));
+      narrow_interface[name] = type;
+      continue;
+    }
+    auto output = std::find_if(g.outputs.begin(), g.outputs.end(), [&](const ValueInfo& v) { return v.name == name; });
+    const int producer = g.producer(name);
+    if (output != g.outputs.end() && producer >= 0 && g.nodes[static_cast<size_t>(producer)].op_type == "Cast" &&
+        g.nodes[static_cast<size_t>(producer)].attr_int("to", 0) == type) {
+      narrow_interface[name] = type;  // written by its own Cast (write_rounding_casts_as_pairs)
+      continue;
+    }
+    if (output != g.outputs.end() && output->dtype == DType::kFloat32 && producer >= 0) {
+      const std::string wide = g.unique_value_name(name + "_float32");
+      rename_reads(name, wide);
+      for (auto& out : g.nodes[static_cast<size_t>(producer)].outputs)
+        if (out == name) out = wide;
+      g.value_info.erase(name);
+      g.nodes.push_back(cast_node(name + "_to_" + onnx_16bit_float_name(type), wide, name, type));
+      narrow_interface[name] = type;
+    }
+  }
+  g.topological_sort();
+  onnx::ModelProto m = to_model_proto(g);
+  auto* gp = m.mutable_graph();
+  for (auto& t : *gp->mutable_initializer()) {
+    const auto it = narrow_initializers.find(t.name());
+    if (it == narrow_initializers.end()) continue;
+    const Tensor& wide = g.initializers.at(t.name());
+    std::string bits(static_cast<size_t>(wide.numel()) * 2, '\0');
+    const float* src = wide.data<float>();
+    for (int64_t i = 0; i < wide.numel(); ++i) {
+      const uint16_t b = float_to_16bit(src[i], it->second);
+      std::memcpy(bits.data() + 2 * i, &b, 2);
+    }
+    t.set_data_type(it->second);
+    t.set_raw_data(std::move(bits));
+  }
+  for (auto* values : {gp->mutable_input(), gp->mutable_output()})
+    for (auto& v : *values)
+      if (const auto it = narrow_interface.find(v.name()); it != narrow_interface.end())
+        v.mutable_type()->mutable_tensor_type()->set_elem_type(it->second);
+  return m;
+}
+
+void check_model_proto(const onnx::ModelProto& m) {
   try {
     onnx::checker::check_model(m);
   } catch (const std::exception& e) {
@@ -492,9 +744,22 @@ void check_onnx(const Graph& graph) {
   }
 }
 
+std::string serialized(const onnx::ModelProto& m) {
+  std::string out;
+  if (!m.SerializeToString(&out)) fail(ErrorKind::kInternal, "failed to serialize the model (larger than 2 GB?)");
+  return out;
+}
+
+}  // namespace
+
+std::string serialize_onnx(const Graph& graph) { return serialized(stored_model_proto(graph)); }
+
+void check_onnx(const Graph& graph) { check_model_proto(stored_model_proto(graph)); }
+
 void save_onnx(const Graph& graph, const std::string& path) {
-  check_onnx(graph);
-  write_file_atomic(path, serialize_onnx(graph));
+  const onnx::ModelProto m = stored_model_proto(graph);
+  check_model_proto(m);
+  write_file_atomic(path, serialized(m));
 }
 
 namespace {
@@ -752,6 +1017,7 @@ void convert_opset(Graph& graph, int64_t target_opset) {
   converted.SerializeToString(&bytes);
   Graph g = parse_onnx(bytes, ".", "converted model");
   g.metadata = graph.metadata;
+  g.stored_float_types = graph.stored_float_types;
   graph = std::move(g);
 }
 }  // namespace slimquant::ir

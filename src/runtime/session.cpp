@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <sstream>
 #include <unordered_set>
@@ -266,8 +267,162 @@ std::string plan_key(const std::map<std::string, Tensor>& feeds, const std::vect
 
 }  // namespace
 
-std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& batch_feeds,
-                                           const RunOptions& options) {
+namespace {
+
+// The leading dimension every feed shares, or -1: a feed of rank 0, feeds that differ, or a feed
+// for an input declared without a batch dimension (one sample, see without_batch_of_one).
+int64_t shared_batch(const ir::Graph& graph, const std::map<std::string, Tensor>& feeds) {
+  int64_t batch = -1;
+  for (const auto& [name, t] : feeds) {
+    if (!t.defined() || t.rank() == 0 || (batch >= 0 && t.dim(0) != batch)) return -1;
+    for (const auto& in : graph.inputs)
+      if (in.name == name && in.dims && in.dims->size() + 1 == t.rank()) return -1;
+    batch = t.dim(0);
+  }
+  return batch;
+}
+
+// The batch the fed graph inputs declare, when all that declare one agree on a fixed value; else 0.
+int64_t declared_batch(const ir::Graph& graph, const std::map<std::string, Tensor>& feeds) {
+  int64_t declared = 0;
+  for (const auto& in : graph.inputs) {
+    const auto fed = feeds.find(in.name);
+    if (fed == feeds.end() || !in.dims || in.dims->empty()) continue;
+    if (fed->second.rank() != in.dims->size() || !in.dims->front().known()) return 0;
+    if (declared != 0 && declared != in.dims->front().value) return 0;
+    declared = in.dims->front().value;
+  }
+  return declared;
+}
+
+// Rows [first, first + count) of every feed.
+std::map<std::string, Tensor> feed_rows(const std::map<std::string, Tensor>& feeds, int64_t first, int64_t count) {
+  std::map<std::string, Tensor> part;
+  for (const auto& [name, t] : feeds) {
+    Shape shape = t.shape();
+    const size_t row = t.nbytes() / static_cast<size_t>(shape[0]);
+    shape[0] = count;
+    Tensor rows(t.dtype(), shape);
+    std::memcpy(rows.raw(), static_cast<const char*>(t.raw()) + static_cast<size_t>(first) * row,
+                static_cast<size_t>(count) * row);
+    part.emplace(name, std::move(rows));
+  }
+  return part;
+}
+
+// A shape error that a smaller batch may not meet (a kernel or the plan refusing a batch).
+bool is_shape_error(const Error& e) {
+  return e.kind() == ErrorKind::kInvalidArgument || e.kind() == ErrorKind::kInvalidModel;
+}
+
+}  // namespace
+
+void Session::limit_batch(int64_t limit, const std::string& why) {
+  batch_limit_ = limit;
+  std::fprintf(stderr, "slimquant: the model takes at most %lld sample%s per run (%s): larger batches are run in "
+                       "parts of %lld\n",
+               static_cast<long long>(limit), limit == 1 ? "" : "s", why.c_str(), static_cast<long long>(limit));
+}
+
+bool Session::takes_batch(const std::map<std::string, Tensor>& feeds, const RunOptions& options, int64_t batch) {
+  if (batches_taken_.count(batch)) return true;
+  RunOptions plain;  // no hooks: a failing try must not have shown observers half a batch
+  plain.outputs = options.outputs;
+  const int64_t tried = std::min<int64_t>(batch, 2);  // a graph that breaks at 6 breaks at 2
+  try {
+    run_whole(feed_rows(feeds, 0, tried), plain);
+  } catch (const Error& e) {
+    if (!is_shape_error(e)) throw;
+    try {
+      run_whole(feed_rows(feeds, 0, 1), plain);
+    } catch (const Error&) {
+      return true;  // not a matter of batch size: the whole batch's run reports it
+    }
+    limit_batch(1, "it fails at batch " + std::to_string(tried) + ": " + e.what());
+    return false;
+  }
+  if (tried == batch) batches_taken_.insert(batch);
+  return true;
+}
+
+std::map<std::string, Tensor> Session::run_in_parts(const std::map<std::string, Tensor>& feeds,
+                                                    const RunOptions& options, int64_t batch, int64_t part) {
+  return join_parts(run_parts(feeds, options, batch, part), batch, part);
+}
+
+std::vector<std::map<std::string, Tensor>> Session::run_parts(const std::map<std::string, Tensor>& feeds,
+                                                              const RunOptions& options, int64_t batch, int64_t part) {
+  std::vector<std::map<std::string, Tensor>> parts;
+  for (int64_t first = 0; first < batch; first += part)
+    parts.push_back(run_whole(feed_rows(feeds, first, std::min(part, batch - first)), options));
+  return parts;
+}
+
+std::map<std::string, Tensor> Session::join_parts(const std::vector<std::map<std::string, Tensor>>& parts,
+                                                  int64_t batch, int64_t part) {
+  std::map<std::string, Tensor> joined;
+  for (const auto& [name, first] : parts.front()) {
+    Shape shape = first.shape();
+    int64_t rows = 0;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      const Tensor& t = parts[k].at(name);
+      const int64_t expected = std::min(part, batch - static_cast<int64_t>(k) * part);
+      if (t.rank() == 0 || t.dim(0) != expected || t.dtype() != first.dtype() ||
+          !std::equal(t.shape().begin() + 1, t.shape().end(), shape.begin() + 1, shape.end()))
+        fail(ErrorKind::kInvalidArgument,
+             "the model takes at most " + std::to_string(part) + " samples per run, and its output '" + name +
+                 "' is " + shape_str(t.shape()) + " for " + std::to_string(expected) +
+                 " samples, not one row per sample: a batch of " + std::to_string(batch) + " cannot be run in parts");
+      rows += t.dim(0);
+    }
+    shape[0] = rows;
+    Tensor out(first.dtype(), shape);
+    char* dst = static_cast<char*>(out.raw());
+    for (const auto& p : parts) {
+      const Tensor& t = p.at(name);
+      std::memcpy(dst, t.raw(), t.nbytes());
+      dst += t.nbytes();
+    }
+    joined.emplace(name, std::move(out));
+  }
+  return joined;
+}
+
+std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& feeds, const RunOptions& options) {
+  const int64_t batch = shared_batch(graph_, feeds);
+  if (batch <= 1) return run_whole(feeds, options);
+  if (batch_limit_ == 0) {
+    const int64_t declared = declared_batch(graph_, feeds);
+    if (declared > 0 && declared < batch && batch % declared == 0)
+      limit_batch(declared, "its inputs declare batch " + std::to_string(declared));
+  }
+  if (batch_limit_ > 0 && batch > batch_limit_) {
+    if (batch % batch_limit_ != 0) return run_whole(feeds, options);  // its shape error names the batch
+    return run_in_parts(feeds, options, batch, batch_limit_);
+  }
+  // With hooks, a size not seen yet is tried first without them (see takes_batch).
+  if (batch_limit_ == 0 && options.on_value && !takes_batch(feeds, options, batch))
+    return run_in_parts(feeds, options, batch, batch_limit_);
+  try {
+    auto out = run_whole(feeds, options);
+    batches_taken_.insert(batch);
+    return out;
+  } catch (const Error& e) {
+    // Taken at 2, refused at this size: without hooks nothing was observed, try one at a time.
+    if (!is_shape_error(e) || options.on_value || batch_limit_ != 0) throw;
+    std::vector<std::map<std::string, Tensor>> parts;
+    try {
+      parts = run_parts(feeds, options, batch, 1);
+    } catch (const Error&) {
+      throw e;  // not a matter of batch size
+    }
+    limit_batch(1, "it fails at batch " + std::to_string(batch) + ": " + e.what());
+    return join_parts(parts, batch, 1);
+  }
+}
+
+std::map<std::string, Tensor> Session::run_whole(const std::map<std::string, Tensor>& batch_feeds,
+                                                 const RunOptions& options) {
   const std::map<std::string, Tensor> unbatched = without_batch_of_one(graph_, batch_feeds);
   const std::map<std::string, Tensor>& feeds = unbatched.empty() ? batch_feeds : unbatched;
   std::vector<std::string> wanted = options.outputs;

@@ -22,8 +22,18 @@ using namespace slimquant;
 namespace {
 
 struct Row {
-  int cases = 0, passed = 0, unsupported = 0, failed = 0;
+  int cases = 0, passed = 0, unsupported = 0, failed = 0, deviating = 0;
   std::vector<std::string> notes;
+};
+
+// Cases whose data disagrees with the operator's specification or its own model, where ONNX
+// Runtime behaves as we do: reported apart, with the reason, instead of as failures.
+const std::map<std::string, std::string> kDataDeviations = {
+    {"test_cast_FLOAT_to_BFLOAT16", "the data truncates to bfloat16; we and ONNX Runtime round to nearest even"},
+    {"test_castlike_FLOAT_to_BFLOAT16", "the data feeds 'like' as [1], the model declares [3x4] (and truncates)"},
+    {"test_castlike_FLOAT_to_BFLOAT16_expanded", "the data feeds 'like' as [1], the model declares [3x4]"},
+    {"test_castlike_BFLOAT16_to_FLOAT", "the data feeds 'like' as [1], the model declares [3x4]"},
+    {"test_castlike_BFLOAT16_to_FLOAT_expanded", "the data feeds 'like' as [1], the model declares [3x4]"},
 };
 
 // Compares with the ONNX backend tests' style tolerance (rtol 1e-3, atol 1e-5); NaN == NaN.
@@ -67,6 +77,15 @@ std::vector<fs::path> sorted_files(const fs::path& dir, const std::string& prefi
 // Returns "" on pass; throws slimquant::Error on unsupported/other errors.
 std::string run_case(const fs::path& dir) {
   ir::Graph g = ir::load_onnx((dir / "model.onnx").string());
+  // The node test data writes bfloat16 tensors as UINT16 holding the bits; read them as values.
+  const std::map<std::string, int> stored = g.stored_float_types;
+  auto as_declared = [&](const std::string& name, Tensor t) {
+    const auto it = stored.find(name);
+    if (it == stored.end() || it->second != kOnnxBFloat16 || t.dtype() != DType::kUInt16) return t;
+    Tensor values(DType::kFloat32, t.shape());
+    for (int64_t i = 0; i < t.numel(); ++i) values.data<float>()[i] = float_from_16bit(t.data<uint16_t>()[i], kOnnxBFloat16);
+    return values;
+  };
   std::vector<std::string> input_names;
   for (const auto& in : g.inputs) input_names.push_back(in.name);
   std::vector<std::string> output_names;
@@ -80,7 +99,7 @@ std::string run_case(const fs::path& dir) {
       std::string name;
       Tensor t = ir::read_tensor_pb(inputs[i].string(), &name);
       if (name.empty() && i < input_names.size()) name = input_names[i];
-      feeds[name] = t;
+      feeds[name] = as_declared(name, t);
     }
     auto result = session.run(feeds);
     auto outputs = sorted_files(e.path(), "output_");
@@ -88,6 +107,7 @@ std::string run_case(const fs::path& dir) {
       std::string name;
       Tensor want = ir::read_tensor_pb(outputs[i].string(), &name);
       if (name.empty() && i < output_names.size()) name = output_names[i];
+      want = as_declared(name, want);
       auto it = result.find(name);
       if (it == result.end()) return "output '" + name + "' missing";
       std::string diff = compare(it->second, want);
@@ -166,21 +186,29 @@ int main(int argc, char** argv) {
     if (!only_op.empty() && op != only_op && op != "(expanded) " + only_op) continue;
     Row& row = table[op];
     ++row.cases;
+    const auto deviation = kDataDeviations.find(name);
+    auto fail_case = [&](const std::string& why) {
+      if (deviation != kDataDeviations.end()) {
+        ++row.deviating;
+        row.notes.push_back("deviates " + name + ": " + deviation->second + " (" + why + ")");
+      } else {
+        ++row.failed;
+        row.notes.push_back("FAIL " + name + ": " + why);
+      }
+    };
     try {
       std::string diff = run_case(dir);
       if (diff.empty()) {
         ++row.passed;
       } else {
-        ++row.failed;
-        row.notes.push_back("FAIL " + name + ": " + diff);
+        fail_case(diff);
       }
     } catch (const Error& e) {
       if (e.kind() == ErrorKind::kUnsupported) {
         ++row.unsupported;
         row.notes.push_back("not supported " + name + ": " + e.what());
       } else {
-        ++row.failed;
-        row.notes.push_back("FAIL " + name + ": " + e.what());
+        fail_case(e.what());
       }
     } catch (const std::exception& e) {
       ++row.failed;
@@ -189,18 +217,21 @@ int main(int argc, char** argv) {
   }
 
   Row total;
-  std::printf("%-34s %6s %7s %12s %7s\n", "op", "cases", "passed", "unsupported", "failed");
+  std::printf("%-34s %6s %7s %12s %7s %9s\n", "op", "cases", "passed", "unsupported", "failed", "deviates");
   for (const auto& [op, row] : table) {
-    std::printf("%-34s %6d %7d %12d %7d\n", op.c_str(), row.cases, row.passed, row.unsupported, row.failed);
+    std::printf("%-34s %6d %7d %12d %7d %9d\n", op.c_str(), row.cases, row.passed, row.unsupported, row.failed,
+                row.deviating);
     total.cases += row.cases;
     total.passed += row.passed;
     total.unsupported += row.unsupported;
     total.failed += row.failed;
+    total.deviating += row.deviating;
   }
-  std::printf("%-34s %6d %7d %12d %7d\n", "TOTAL", total.cases, total.passed, total.unsupported, total.failed);
+  std::printf("%-34s %6d %7d %12d %7d %9d\n", "TOTAL", total.cases, total.passed, total.unsupported, total.failed,
+              total.deviating);
   for (const auto& [op, row] : table)
     for (const auto& note : row.notes)
-      if (verbose || note.rfind("FAIL", 0) == 0 || note.rfind("not supported", 0) == 0)
+      if (verbose || note.rfind("FAIL", 0) == 0 || note.rfind("not supported", 0) == 0 || note.rfind("deviates", 0) == 0)
         std::printf("  %s\n", note.c_str());
   // Claimed ops with no test data are listed so nobody mistakes silence for coverage.
   std::vector<std::string> untested;

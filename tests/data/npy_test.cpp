@@ -309,11 +309,25 @@ TEST_F(NpyTest, RejectsTruncatedData) {
   }
 }
 
+// float16 arrays are read as float32 values (numpy's own file: three zeros).
+TEST_F(NpyTest, ReadsFloat16AsFloat32) {
+  const Tensor t = read_npy(write_bytes("h.npy", kNumpyF16));
+  EXPECT_EQ(t.dtype(), DType::kFloat32);
+  EXPECT_EQ(t.to_float_vector(), (std::vector<float>{0.f, 0.f, 0.f}));
+  Tensor values = Tensor::from_vector<float>({4}, {1.f, -2.5f, 65504.f, 1.f / 3});
+  write_npy_float16(path("w.npy"), values);
+  EXPECT_TRUE(read_npy_header(path("w.npy")).stored_float16);
+  EXPECT_EQ(read_npy(path("w.npy")).to_float_vector(),
+            (std::vector<float>{1.f, -2.5f, 65504.f, round_to_16bit_float(1.f / 3, kOnnxFloat16)}));
+}
+
 TEST_F(NpyTest, RejectsUnsupportedDtypesAndGarbage) {
-  const std::string p = write_bytes("h.npy", kNumpyF16);
+  std::string complex = kNumpyF16;
+  complex.replace(complex.find("<f2"), 3, "<c8");
+  const std::string p = write_bytes("c.npy", complex);
   Error e = error_of([&] { read_npy(p); });
   EXPECT_EQ(e.kind(), ErrorKind::kInvalidData);
-  EXPECT_EQ(std::string(e.what()), p + ": unsupported dtype '<f2'");
+  EXPECT_EQ(std::string(e.what()), p + ": unsupported dtype '<c8'");
 
   std::string big_endian = kNumpyV1;
   big_endian.replace(big_endian.find("<i2"), 3, ">i2");

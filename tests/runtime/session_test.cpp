@@ -352,3 +352,103 @@ TEST(Session, RequestedValuesThatFoldToConstantsAreReturned) {
   ASSERT_TRUE(out.count("dims"));
   EXPECT_EQ(out.at("dims").to_int64_vector(), (std::vector<int64_t>{2, 3}));
 }
+
+namespace {
+
+// x [N, 4] concatenated (axis 1) with a constant [1, 4]: a batch of 1 baked into the graph, as
+// exporters bake it into a Resize or an Expand, behind a dynamic batch dimension. `reduce` adds a
+// ReduceSum over everything, so that the output is not one row per sample.
+ir::Graph baked_batch_of_one(bool reduce) {
+  ir::Graph g;
+  g.opset = 13;
+  g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{-1, "batch"}, {4, ""}}});
+  g.initializers["c"] = Tensor::from_vector<float>({1, 4}, {1.f, 2.f, 3.f, 4.f});
+  ir::Node cat;
+  cat.op_type = "Concat";
+  cat.name = "cat";
+  cat.inputs = {"x", "c"};
+  cat.outputs = {reduce ? "joined" : "y"};
+  cat.attrs["axis"] = int64_t{1};
+  g.nodes.push_back(cat);
+  if (reduce) {
+    ir::Node sum;
+    sum.op_type = "ReduceSum";
+    sum.name = "sum";
+    sum.inputs = {"joined"};
+    sum.outputs = {"y"};
+    sum.attrs["keepdims"] = int64_t{0};
+    g.nodes.push_back(sum);
+  }
+  g.outputs.push_back({"y", DType::kFloat32, std::nullopt});
+  return g;
+}
+
+Tensor rows_0_to(int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n * 4));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  return Tensor::from_vector<float>({n, 4}, v);
+}
+
+// A model whose input declares batch 1 takes a batch of 8 in parts: the outputs are the dynamic
+// model's, row for row, and the session says what it found.
+TEST(SessionBatch, DeclaredFixedBatchIsFedInParts) {
+  ir::Graph fixed = ir::load_onnx(test::fixture_model("resnet_small"));
+  (*fixed.inputs[0].dims)[0] = ir::Dim{1, ""};
+  runtime::Session parts(fixed);
+  runtime::Session whole(ir::load_onnx(test::fixture_model("resnet_small")));
+  const Tensor x = fixture_input();
+  const Tensor got = parts.run({{"input", x}}).at("logits");
+  EXPECT_EQ(parts.batch_limit(), 1);
+  ASSERT_EQ(got.shape(), (Shape{8, 10}));
+  EXPECT_LT(max_abs_diff(got, whole.run({{"input", x}}).at("logits")), 1e-4f);
+  EXPECT_EQ(whole.batch_limit(), 0);
+
+  (*fixed.inputs[0].dims)[0] = ir::Dim{2, ""};
+  runtime::Session pairs(fixed);
+  EXPECT_EQ(pairs.run({{"input", x}}).at("logits").shape(), (Shape{8, 10}));
+  EXPECT_EQ(pairs.batch_limit(), 2);
+  try {  // 7 is no multiple of 2: the declared shape is the message
+    pairs.run({{"input", Tensor(DType::kFloat32, {7, 1, 28, 28})}});
+    FAIL() << "7 samples were fed to a model of batch 2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[7x1x28x28]"), std::string::npos) << e.what();
+  }
+}
+
+// A declared dynamic batch is not proof: a model that fails at 2 and runs at 1 is fed one sample
+// at a time, hooks see each part once and never a part of a failed try.
+TEST(SessionBatch, ModelFailingAtALargerBatchIsFedOneSampleAtATime) {
+  runtime::Session s(baked_batch_of_one(false));
+  std::vector<Shape> seen;
+  runtime::RunOptions hooked;
+  hooked.observe = {"x"};
+  hooked.on_value = [&](const std::string& name, const Tensor& v) {
+    if (name == "x") seen.push_back(v.shape());
+  };
+  const Tensor y = s.run({{"x", rows_0_to(3)}}, hooked).at("y");
+  EXPECT_EQ(s.batch_limit(), 1);
+  ASSERT_EQ(y.shape(), (Shape{3, 8}));
+  EXPECT_EQ(seen, (std::vector<Shape>{{1, 4}, {1, 4}, {1, 4}}));
+  for (int64_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(y.data<float>()[r * 8 + 1], static_cast<float>(r * 4 + 1));
+    EXPECT_EQ(y.data<float>()[r * 8 + 7], 4.f);
+  }
+  runtime::Session unhooked(baked_batch_of_one(false));  // found by the failing run itself
+  EXPECT_EQ(unhooked.run({{"x", rows_0_to(5)}}).at("y").shape(), (Shape{5, 8}));
+  EXPECT_EQ(unhooked.batch_limit(), 1);
+}
+
+// Outputs that are not one row per sample cannot be put back together: an error saying why, not
+// a wrong answer.
+TEST(SessionBatch, OutputsNotPerSampleAreAnErrorWhenSplit) {
+  runtime::Session s(baked_batch_of_one(true));
+  try {
+    s.run({{"x", rows_0_to(3)}});
+    FAIL() << "a reduced output was joined from parts";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("not one row per sample"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace

@@ -39,6 +39,23 @@ const char* dtype_name(DType t);
 DType dtype_from_onnx(int onnx_type);
 bool dtype_is_float(DType t);
 
+// ONNX's 16-bit float types are not dtypes here. A model storing them (weights, inputs, outputs,
+// Casts) is held and computed in float32 and written back in its stored type (ir::Graph::
+// stored_float_types), as ONNX Runtime's CPU kernels also compute most fp16 nodes in float32.
+inline constexpr int kOnnxFloat16 = 10;
+inline constexpr int kOnnxBFloat16 = 16;
+inline bool is_onnx_16bit_float(int onnx_type) { return onnx_type == kOnnxFloat16 || onnx_type == kOnnxBFloat16; }
+// "float16" / "bfloat16".
+const char* onnx_16bit_float_name(int onnx_type);
+// Bits of a float16/bfloat16 value to float32 (exact).
+float float_from_16bit(uint16_t bits, int onnx_type);
+// float32 to float16/bfloat16 bits, rounding to nearest even (overflow to infinity, NaN kept NaN).
+uint16_t float_to_16bit(float value, int onnx_type);
+// value rounded to the nearest float16/bfloat16, as float32: what a Cast to that type keeps.
+inline float round_to_16bit_float(float value, int onnx_type) {
+  return float_from_16bit(float_to_16bit(value, onnx_type), onnx_type);
+}
+
 template <typename T> struct DTypeOf;
 #define SQ_DTYPE_OF(name, ctype, onnx_id, str) \
   template <> struct DTypeOf<ctype> { static constexpr DType value = DType::name; };

@@ -13,6 +13,10 @@
 namespace slimquant::ir {
 
 struct Graph;
+
+// A Cast to float16/bfloat16 is held as a Cast to float32 carrying this attribute (the ONNX type
+// id): the kernel rounds through that type, and save_onnx writes the Cast pair back.
+inline constexpr const char* kCastRoundsToAttr = "slimquant.rounds_to";
 // GRAPH attributes (If's branches) are held by shared pointer: copies of a node share the branch.
 using AttributeValue = std::variant<int64_t, float, std::string, Tensor, std::vector<int64_t>,
                                     std::vector<float>, std::vector<std::string>, std::shared_ptr<const Graph>>;
@@ -72,6 +76,11 @@ struct Graph {
   int64_t ir_version = 8;
   std::string producer_name, producer_version, doc_string;
   std::map<std::string, std::string> metadata;
+  // Values the file stores as FLOAT16 or BFLOAT16 (ONNX type id): initializers, graph inputs and
+  // outputs. They are float32 here; save_onnx writes them back in that type (an initializer plus a
+  // Cast, an input followed by a Cast to float, an output preceded by a Cast), so an export keeps
+  // the model's interface and a weight left in float keeps its size.
+  std::map<std::string, int> stored_float_types;
 
   bool is_initializer(const std::string& v) const { return initializers.count(v) != 0; }
   const Tensor* initializer(const std::string& v) const;

@@ -70,6 +70,10 @@ class Session {
   // feeds: graph inputs by name. Feeds may also name intermediate values: then only the part of the
   // graph downstream of them that the requested outputs need is executed (prefix reuse for
   // analysis); every other value that part reads must be fed too.
+  // A batch larger than the model takes is run in parts, their outputs concatenated: when its
+  // inputs declare a fixed batch B (N a multiple of B), or when it fails at batch N with a shape
+  // error and runs one sample at a time (a batch of 1 baked into the graph by an exporter, behind
+  // a declared dynamic batch). A line on stderr says so, once per session.
   std::map<std::string, Tensor> run(const std::map<std::string, Tensor>& feeds, const RunOptions& options = {});
   // Convenience for single-input, single-output models.
   Tensor run_single(const Tensor& input);
@@ -80,8 +84,23 @@ class Session {
   const std::vector<ir::ValueInfo>& outputs() const { return graph_.outputs; }
   const SessionOptions& options() const { return options_; }
   size_t cached_plan_count() const { return plans_.size(); }
+  // The most samples one run of the model takes (see run), or 0 while none is known.
+  int64_t batch_limit() const { return batch_limit_; }
 
  private:
+  std::map<std::string, Tensor> run_whole(const std::map<std::string, Tensor>& feeds, const RunOptions& options);
+  std::map<std::string, Tensor> run_in_parts(const std::map<std::string, Tensor>& feeds, const RunOptions& options,
+                                             int64_t batch, int64_t part);
+  std::vector<std::map<std::string, Tensor>> run_parts(const std::map<std::string, Tensor>& feeds,
+                                                       const RunOptions& options, int64_t batch, int64_t part);
+  // Outputs of the parts as one batch; throws when an output is not one row per sample.
+  static std::map<std::string, Tensor> join_parts(const std::vector<std::map<std::string, Tensor>>& parts,
+                                                  int64_t batch, int64_t part);
+  // Whether the model takes a batch of `batch` (tried once per size, without hooks).
+  bool takes_batch(const std::map<std::string, Tensor>& feeds, const RunOptions& options, int64_t batch);
+  void limit_batch(int64_t limit, const std::string& why);
+  int64_t batch_limit_ = 0;
+  std::set<int64_t> batches_taken_;
   ir::Graph graph_;
   SessionOptions options_;
   struct PlanEntry;

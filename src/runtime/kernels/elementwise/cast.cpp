@@ -1,7 +1,9 @@
 // Cast (target from the `to` attribute) and CastLike (target = dtype of input 1) between all our
 // dtypes. Float to integer follows C++ conversion (truncation toward zero; out-of-range values are
-// undefined in ONNX too); anything to bool is x != 0. float16, bfloat16 and string are not dtypes
-// of this runtime and are rejected with kUnsupported when the plan is compiled.
+// undefined in ONNX too); anything to bool is x != 0. float16 and bfloat16 are not dtypes of this
+// runtime: the loader turns a Cast to them into a Cast to float32 that rounds to them
+// (ir::kCastRoundsToAttr), which keeps their values. String is rejected with kUnsupported when the
+// plan is compiled.
 #include <cstring>
 #include <memory>
 
@@ -52,11 +54,28 @@ DType target_dtype(const ir::Node& node, int64_t onnx_type) {
 class CastKernel final : public Kernel {
  public:
   // to == kUndefined: CastLike, the target is input 1's dtype.
-  CastKernel(const KernelInit& init, DType to) : node_(init.node), to_(to) { reject_fused_activation(node_); }
+  CastKernel(const KernelInit& init, DType to)
+      : node_(init.node), to_(to), rounds_to_(static_cast<int>(init.node.attr_int(ir::kCastRoundsToAttr, 0))) {
+    reject_fused_activation(node_);
+    SQ_CHECK(rounds_to_ == 0 || (is_onnx_16bit_float(rounds_to_) && to_ == DType::kFloat32), ErrorKind::kInvalidModel,
+             node_.describe() + ": attribute " + ir::kCastRoundsToAttr + " must name float16 (10) or bfloat16 (16) on a "
+                                "Cast to float");
+  }
 
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const DType to = to_ == DType::kUndefined ? ctx.input(1).dtype() : to_;
+    if (rounds_to_ != 0) {
+      Tensor& out = ctx.allocate_output(0, DType::kFloat32, x.shape());
+      if (x.dtype() != DType::kFloat32) cast_into(x, out);
+      const float* src = x.dtype() == DType::kFloat32 ? x.data<float>() : out.data<float>();
+      float* dst = out.data<float>();
+      const int type = rounds_to_;
+      parallel_range(x.numel(), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) dst[i] = round_to_16bit_float(src[i], type);
+      });
+      return;
+    }
     if (to == x.dtype()) {  // no conversion: share the storage
       ctx.set_output(0, x);
       return;
@@ -68,6 +87,7 @@ class CastKernel final : public Kernel {
  private:
   const ir::Node& node_;
   DType to_;
+  int rounds_to_;  // ONNX type id of float16/bfloat16, or 0
 };
 
 }  // namespace
