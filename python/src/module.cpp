@@ -588,7 +588,7 @@ PYBIND11_MODULE(_slimquant, m) {
         py::gil_scoped_release release;
         return p.quantize();
       }, py::return_value_policy::copy)
-      .def("save_quantized_model", [](const quant::PostTrainingQuantization& p, const std::string& path) {
+      .def("save_quantized_model", [](quant::PostTrainingQuantization& p, const std::string& path) {
         py::gil_scoped_release release;
         p.save_quantized_model(path);
       })

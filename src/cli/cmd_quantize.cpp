@@ -116,6 +116,9 @@ Action register_quantize(CLI::App& app) {
               << std::fixed << std::setprecision(2) << calib_seconds << " s";
     if (rep.resumed_batches) std::cout << " (" << rep.resumed_batches << " batches resumed from the cache)";
     std::cout << " -> " << a->output << std::endl;
+    if (config.deploy_backend == quant::DeployBackend::kSlimquant)
+      std::cout << "the file is shaped for slimquant's runtime; for ONNX Runtime or TensorRT quantize with "
+                   "--deploy-backend onnxruntime or tensorrt (docs/quantization.md)" << std::endl;
     const quant::PrecisionFallbackResult& fallback = ptq.fallback();
     if (fallback.triggered) {
       std::cout << "precision fallback: INT8 output SQNR " << std::setprecision(1) << fallback.sqnr_db_per_tensor

@@ -1,7 +1,10 @@
 #include "slimquant/quant/post_training_quantization.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <sstream>
 #include <filesystem>
 
 #include "slimquant/core/atomic_file.h"
@@ -123,6 +126,27 @@ std::string PostTrainingQuantization::cache_path() const {
   return (std::filesystem::path(options_.cache_dir) / "calibration.cache").string();
 }
 
+std::string PostTrainingQuantization::default_calibration_checkpoint() const {
+  std::filesystem::path folder;
+  if (const char* chosen = std::getenv("SLIMQUANT_CALIBRATION_CACHE")) {
+    if (std::string(chosen) == "0" || !*chosen) return "";
+    folder = chosen;
+  } else if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) {
+    folder = std::filesystem::path(xdg) / "slimquant" / "calibration";
+  } else if (const char* home = std::getenv("HOME"); home && *home) {
+    folder = std::filesystem::path(home) / ".cache" / "slimquant" / "calibration";
+  } else {
+    return "";
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(folder, ec);
+  if (ec || !std::filesystem::is_directory(folder)) return "";  // not asked for: no checkpoint then
+  // One file per model, configuration and data: jobs that differ never share one.
+  std::ostringstream name;
+  name << ptq_->fingerprint() << '-' << std::hex << std::hash<std::string>{}(data_identity()) << ".calibration";
+  return (folder / name.str()).string();
+}
+
 const ir::Graph& PostTrainingQuantization::quantized_graph() const {
   SQ_CHECK(quantized_.has_value(), ErrorKind::kInvalidArgument, "PostTrainingQuantization: call quantize() first");
   return *quantized_;
@@ -163,9 +187,15 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     const std::string probe = cache_path() + ".probe";
     write_file_atomic(probe, "");
     std::filesystem::remove(probe, ec);
+  }
+  // Without a cache_dir the calibration is still kept while the job runs, in the user's cache: a
+  // job that fails after a long calibration (precision recovery, export) resumes from it.
+  checkpoint_ = o.is_use_cache_file ? cache_path() : default_calibration_checkpoint();
+  const std::string& checkpoint = checkpoint_;
+  if (!checkpoint.empty()) {
     // Distributed: rank 0 alone keeps the cache (it holds the first batches, the others are merged
     // after them), and the others skip what it resumed.
-    if (distributed::is_root() && ptq_->load_calibration_state(cache_path(), data_identity()))
+    if (distributed::is_root() && ptq_->load_calibration_state(checkpoint, data_identity()))
       report_.resumed_batches = ptq_->samples_seen();
     report_.resumed_batches = std::stoul(distributed::broadcast(std::to_string(report_.resumed_batches)));
   }
@@ -175,12 +205,12 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   auto after_batch = [&](size_t done, size_t total) {
     // A rank's own share is not a prefix of the batches: a sharded calibration is cached only once
     // merged (nothing to save here), and resumes from a one-process cache.
-    if (!o.is_use_cache_file || done == total || distributed::size() > 1) return;
+    if (checkpoint.empty() || done == total || distributed::size() > 1) return;
     // At most about once a second: the state is small, but a model with hundreds of observed
     // tensors and tiny batches should not spend its time writing.
     const auto now = std::chrono::steady_clock::now();
     if (now - last_save < std::chrono::seconds(1)) return;
-    ptq_->save_calibration_state(cache_path(), data_identity());
+    ptq_->save_calibration_state(checkpoint, data_identity());
     last_save = now;
   };
 
@@ -199,7 +229,7 @@ const ir::Graph& PostTrainingQuantization::quantize() {
       total = available;
     }
     SQ_CHECK(report_.resumed_batches <= total, ErrorKind::kInvalidData,
-             "calibration cache '" + cache_path() + "' holds more batches than this run asks for");
+             "calibration cache '" + checkpoint + "' holds more batches than this run asks for");
     // Distributed: each rank samples one contiguous block of the remaining batches, and the
     // observers are merged in rank order, which is batch order (the result is the one-process one).
     const distributed::Range mine = distributed::block_of(total - report_.resumed_batches);
@@ -219,10 +249,15 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     report_.samples = static_cast<size_t>(distributed::all_reduce_sum(static_cast<int64_t>(report_.samples)));
   } else if (o.batch_generator) {
     // Resuming: the generator replays from the start; batches already observed are skipped.
-    for (size_t i = 0; i < report_.resumed_batches; ++i)
-      SQ_CHECK(o.batch_generator().has_value(), ErrorKind::kInvalidData,
+    for (size_t i = 0; i < report_.resumed_batches; ++i) {
+      auto skipped = o.batch_generator();
+      SQ_CHECK(skipped.has_value(), ErrorKind::kInvalidData,
                "batch_generator ended before the " + std::to_string(report_.resumed_batches) +
                    " batches the calibration cache holds");
+      if (i == 0 && o.fallback_sqnr_db > 0)  // the samples a fresh run compares on
+        fallback_samples =
+            leading_rows(name_inputs(std::move(*skipped), float_graph_.inputs, "batch_generator"), kFallbackSamples);
+    }
     const size_t total = o.batch_nums.value_or(0);  // 0: until the generator ends
     Progress progress("calibrate", total, "batches");
     progress.advance(report_.resumed_batches);
@@ -247,10 +282,16 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     std::map<std::string, size_t> ranks;
     for (const auto& in : float_graph_.inputs) ranks[in.name] = in.dims ? in.dims->size() : 0;
     // Resuming: the generator replays from the start; samples already observed are skipped.
-    for (size_t i = 0; i < report_.resumed_batches * o.batch_size; ++i)
-      SQ_CHECK(o.sample_generator().has_value(), ErrorKind::kInvalidData,
+    std::vector<std::map<std::string, Tensor>> skipped_first;
+    for (size_t i = 0; i < report_.resumed_batches * o.batch_size; ++i) {
+      auto skipped = o.sample_generator();
+      SQ_CHECK(skipped.has_value(), ErrorKind::kInvalidData,
                "sample_generator ended before the " + std::to_string(report_.resumed_batches) +
                    " batches the calibration cache holds");
+      if (o.fallback_sqnr_db > 0 && skipped_first.size() < std::min(kFallbackSamples, o.batch_size))
+        skipped_first.push_back(name_inputs(std::move(*skipped), float_graph_.inputs, "sample_generator"));
+    }
+    if (!skipped_first.empty()) fallback_samples = stack_samples(skipped_first, ranks);
     const size_t total = o.batch_nums.value_or(0);  // 0: until the generator ends
     Progress progress("calibrate", total, "batches");
     progress.advance(report_.resumed_batches);
@@ -283,6 +324,9 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   }
   report_.batches = ptq_->samples_seen();
   report_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // The finished calibration is kept until the model is converted.
+  if (!checkpoint.empty() && distributed::size() == 1 && report_.batches > report_.resumed_batches)
+    ptq_->save_calibration_state(checkpoint, data_identity());
   if (!fallback_samples.empty()) {
     PrecisionFallbackOptions fo;
     fo.target_sqnr_db = o.fallback_sqnr_db;
@@ -296,18 +340,22 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     quantized_->metadata["slimquant.float_layers"] = names;
   }
 
-  if (o.is_use_cache_file && distributed::is_root()) {
-    std::error_code ec;
-    std::filesystem::remove(cache_path(), ec);
-    if (created_cache_dir && std::filesystem::is_empty(o.cache_dir, ec)) std::filesystem::remove(o.cache_dir, ec);
-  }
+  created_cache_dir_ = created_cache_dir;
   return *quantized_;
 }
 
-void PostTrainingQuantization::save_quantized_model(const std::string& path) const {
+void PostTrainingQuantization::save_quantized_model(const std::string& path) {
   // One file per job: rank 0 writes it; the barrier lets every rank read it afterwards.
   if (distributed::is_root()) ir::save_onnx(quantized_graph(), path);
   distributed::barrier();
+  // The job's result is on disk: its calibration is no longer needed.
+  if (!checkpoint_.empty() && distributed::is_root()) {
+    std::error_code ec;
+    std::filesystem::remove(checkpoint_, ec);
+    if (created_cache_dir_ && std::filesystem::is_empty(options_.cache_dir, ec))
+      std::filesystem::remove(options_.cache_dir, ec);
+    checkpoint_.clear();
+  }
 }
 
 }  // namespace slimquant::quant

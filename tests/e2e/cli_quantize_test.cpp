@@ -39,6 +39,8 @@ TEST(CliQuantize, JsonReportsAccuracySizesAndLatency) {
   EXPECT_LT(j["int8_bytes"].get<double>(), 0.5 * j["fp32_bytes"].get<double>());
   EXPECT_GT(j["int8_latency_ms"].get<double>(), 0.0);
   EXPECT_NE(r.output.find("latency (batch 32"), std::string::npos) << r.output;
+  // The default export is shaped for our runtime, and the output says how to shape it for others.
+  EXPECT_NE(r.output.find("--deploy-backend onnxruntime or tensorrt"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(tmp.path("cache/calibration.cache")));
   // weight_bits: 8 by default on every CPU (the file does not depend on the machine); recorded.
   EXPECT_EQ(j["weight_bits"], 8);

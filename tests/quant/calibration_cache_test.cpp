@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <sstream>
@@ -142,10 +143,11 @@ TEST_F(CalibrationCache, WrapperDeletesItsCacheAndMatchesPlainPtq) {
   const ir::Graph& qdq = wrapper.quantize();
   EXPECT_EQ(wrapper.report().batches, 3u);
   EXPECT_EQ(wrapper.report().samples, 96u);
-  EXPECT_FALSE(std::filesystem::exists(wrapper.cache_path()));
-  EXPECT_FALSE(std::filesystem::exists(o.cache_dir)) << "a cache_dir the run created is removed when empty";
+  EXPECT_TRUE(std::filesystem::exists(wrapper.cache_path())) << "kept until the model is saved";
   wrapper.save_quantized_model(tmp.path("q.onnx"));
   EXPECT_TRUE(std::filesystem::exists(tmp.path("q.onnx")));
+  EXPECT_FALSE(std::filesystem::exists(wrapper.cache_path()));
+  EXPECT_FALSE(std::filesystem::exists(o.cache_dir)) << "a cache_dir the run created is removed when empty";
 
   quant::PTQ plain{quant::QuantConfig{}};
   plain.quantize(model_);
@@ -205,8 +207,43 @@ TEST_F(CalibrationCache, WrapperResumesFromALeftoverCache) {
   plain.quantize(model_);
   for (const auto& b : loader) plain.sample(b.inputs);
   EXPECT_EQ(ir::serialize_onnx(qdq), ir::serialize_onnx(plain.convert()));
+  wrapper.save_quantized_model(tmp.path("q.onnx"));
   EXPECT_TRUE(std::filesystem::exists(tmp.path())) << "a cache_dir the user made is kept";
   EXPECT_FALSE(std::filesystem::exists(wrapper.cache_path()));
+}
+
+// Without a cache_dir the calibration is kept in the user's cache until the model is saved: the
+// same job run again after a failure (here: never saved) resumes every batch and writes the same
+// model; saving deletes it.
+TEST_F(CalibrationCache, AFinishedCalibrationIsKeptUntilTheModelIsSaved) {
+  test::TempDir tmp("ptq_checkpoint");
+  const char* before = std::getenv("SLIMQUANT_CALIBRATION_CACHE");
+  const std::string restore = before ? before : "0";
+  ::setenv("SLIMQUANT_CALIBRATION_CACHE", tmp.path("calibration").c_str(), 1);
+  quant::PostTrainingQuantizationOptions o;
+  o.model_dir = test::fixture_model("resnet_small");
+  o.dataset = data_.get();
+  o.batch_size = 32;
+  quant::PostTrainingQuantization failed(o);
+  const std::string first = ir::serialize_onnx(failed.quantize());
+  const std::string kept = failed.calibration_checkpoint();
+  ASSERT_FALSE(kept.empty());
+  EXPECT_TRUE(std::filesystem::exists(kept));
+  EXPECT_EQ(std::filesystem::path(kept).parent_path(), std::filesystem::path(tmp.path("calibration")));
+
+  quant::PostTrainingQuantization again(o);
+  EXPECT_EQ(ir::serialize_onnx(again.quantize()), first);
+  EXPECT_EQ(again.report().resumed_batches, 3u);
+  EXPECT_EQ(again.report().samples, 0u) << "nothing calibrated twice";
+  EXPECT_EQ(again.calibration_checkpoint(), kept);
+  again.save_quantized_model(tmp.path("q.onnx"));
+  EXPECT_FALSE(std::filesystem::exists(kept));
+
+  o.batch_size = 16;  // another job: its own checkpoint
+  quant::PostTrainingQuantization other(o);
+  other.quantize();
+  EXPECT_NE(other.calibration_checkpoint(), kept);
+  ::setenv("SLIMQUANT_CALIBRATION_CACHE", restore.c_str(), 1);
 }
 
 // A two-input model (an offset added to the classifier's input) calibrated from a data set plus a

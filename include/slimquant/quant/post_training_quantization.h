@@ -53,7 +53,8 @@ struct PostTrainingQuantizationOptions {
   bool asymmetric_activations = false;
   bool bias_correction = false;  // QuantConfig::bias_correction
   // Keep the calibration state on disk in cache_dir (written as batches complete, deleted when
-  // quantize() finishes): an interrupted calibration resumes where it stopped. Observers never
+  // the model is saved): an interrupted calibration resumes where it stopped. Without it the state
+  // is kept in the user's cache instead (calibration_checkpoint()). Observers never
   // hold samples, so memory does not grow with the data either way.
   bool is_use_cache_file = false;
   std::string cache_dir = "./temp_post_training";
@@ -86,7 +87,12 @@ class PostTrainingQuantization {
   // Writes the QDQ model (atomically; checked by onnx::checker). quantize() must have run.
   // Distributed (docs/scale-out.md): quantize() shards the data set's calibration batches over the
   // ranks; save_quantized_model() is collective: rank 0 writes, every rank returns once it has.
-  void save_quantized_model(const std::string& path) const;
+  // The calibration kept while the job ran (calibration_checkpoint()) is deleted once written.
+  void save_quantized_model(const std::string& path);
+  // Where quantize() keeps the calibration until save_quantized_model: cache_path() with
+  // is_use_cache_file, else a file in the user's cache (see default_calibration_checkpoint), so
+  // that the same job run again after a failure resumes from it; "" when none.
+  const std::string& calibration_checkpoint() const { return checkpoint_; }
 
   const ir::Graph& float_graph() const { return float_graph_; }
   const ir::Graph& quantized_graph() const;
@@ -102,12 +108,18 @@ class PostTrainingQuantization {
  private:
   QuantConfig make_config() const;
   std::string data_identity() const;  // what a resumed calibration must see again
+  // Without is_use_cache_file: where the calibration is kept while quantize() runs
+  // (SLIMQUANT_CALIBRATION_CACHE, a folder or 0 for none; default $XDG_CACHE_HOME or
+  // ~/.cache/slimquant/calibration), or "" when there is no usable folder.
+  std::string default_calibration_checkpoint() const;
 
   PostTrainingQuantizationOptions options_;
   ir::Graph float_graph_;
   std::unique_ptr<PTQ> ptq_;
   std::optional<ir::Graph> quantized_;
   CalibrationReport report_;
+  std::string checkpoint_;
+  bool created_cache_dir_ = false;
   PrecisionFallbackResult fallback_;
   std::vector<std::string> warnings_;
 };
