@@ -22,6 +22,7 @@ Action register_quantize(CLI::App& app) {
     std::string model, data, eval_data, output, config_path, metric = "top1", keys;
     std::string cache_dir = "./temp_post_training";
     bool use_cache = false;
+    bool requantize = false;
     DataFlags flags;
     PtqFlags ptq;
     EvalCommandFlags eval_command;
@@ -38,6 +39,9 @@ Action register_quantize(CLI::App& app) {
   cmd->add_flag("--is-use-cache-file", a->use_cache,
                 "keep the calibration state in --cache-dir while calibrating (resumes after a crash)");
   cmd->add_option("--cache-dir", a->cache_dir, "directory of the calibration cache")->capture_default_str();
+  cmd->add_flag("--requantize", a->requantize,
+                "MODEL is already quantized (static QDQ): dequantize its weights, drop its Q/DQ pairs and quantize "
+                "again (without it such a model is refused, exit 4)");
   cmd->add_option("--fallback-sqnr", a->fallback_sqnr_db,
                   "precision fallback: when the INT8 outputs are below this SQNR (dB) against FP32 on the first "
                   "calibration samples, the most damaging layers (at most 10%) stay in float; 0 disables")
@@ -99,6 +103,7 @@ Action register_quantize(CLI::App& app) {
     if (batch_nums > 0) po.batch_nums = batch_nums;
     po.config = config;
     po.is_use_cache_file = use_cache;
+    po.requantize = a->requantize;
     po.cache_dir = cache_dir;
     po.fallback_sqnr_db = fallback_sqnr_db;
     quant::PostTrainingQuantization ptq(po);

@@ -12,6 +12,7 @@
 #include "slimquant/core/progress.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
+#include "slimquant/quant/prequantized.h"
 
 namespace slimquant::quant {
 
@@ -169,9 +170,24 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   make_weight_observer(config.global().weight, config.observer_options);
 
   float_graph_ = ir::load_model(o.model_dir, o.model_filename, o.params_filename);
+  const QuantizedFormFound already = find_quantized_form(float_graph_);
+  if (already.form != QuantizedForm::kNone) {
+    SQ_CHECK(o.requantize, ErrorKind::kUnsupported,
+             "'" + o.model_dir + "' is already quantized: " + already.describe() +
+                 ". Quantize its float source, or pass requantize (CLI --requantize) to quantize it again from "
+                 "its dequantized weights");
+    SQ_CHECK(already.form == QuantizedForm::kStaticQdq, ErrorKind::kUnsupported,
+             "'" + o.model_dir + "' is already quantized: " + already.describe() +
+                 "; only static QDQ files can be requantized: quantize its float source instead");
+    float_graph_ = dequantized_model(float_graph_);
+  }
   ptq_ = std::make_unique<PTQ>(std::move(config));
   ptq_->quantize(float_graph_);
   warnings_ = ptq_->warnings();
+  if (already.form != QuantizedForm::kNone)
+    warnings_.push_back("requantizing a " + already.describe() +
+                        " file: its weights were dequantized and its activation Q/DQ pairs removed first; the "
+                        "first rounding stays in the weights");
   quantized_.reset();
   report_ = {};
   fallback_ = {};

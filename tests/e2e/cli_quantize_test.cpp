@@ -2,6 +2,8 @@
 // the bad inputs of the PTQ issue, each with its exit code and a message naming the problem.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -133,6 +135,26 @@ TEST(CliQuantizeBadInput, WarningsForSkipsMatchingNothingAndTooManyBatches) {
   EXPECT_NE(r.output.find("warning: skip pattern '/typo/*' matches no"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("warning: skip tensor 'no_such_tensor'"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("warning: batch_nums is 9"), std::string::npos) << r.output;
+}
+
+// A model that is already quantized is named by form and refused (exit 4), or quantized again from
+// its dequantized weights with --requantize.
+TEST(CliQuantize, AlreadyQuantizedModelIsRefusedOrRequantized) {
+  test::TempDir tmp("cli_requantize");
+  const std::string model = test::source_path("tests/fixtures/int8/resnet_small.int8.onnx");
+  auto refused = test::run_cli("quantize " + model + " " + kSmallCalib + "--no-eval -o " + tmp.path("q.onnx"));
+  EXPECT_EQ(refused.exit_code, 4) << refused.output;
+  EXPECT_NE(refused.output.find("is already quantized: static QDQ"), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("--requantize"), std::string::npos) << refused.output;
+  EXPECT_FALSE(std::filesystem::exists(tmp.path("q.onnx")));
+  auto again = test::run_cli("quantize " + model + " " + kSmallCalib + "--eval-dataset fashion-mnist:test -o " +
+                             tmp.path("q.onnx") + " --requantize --json");
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_GT(last_json_line(again.output)["int8_top1"].get<double>(), 0.8);
+  const ir::Graph written = ir::load_onnx(tmp.path("q.onnx"));
+  EXPECT_EQ(std::count_if(written.nodes.begin(), written.nodes.end(),
+                          [](const ir::Node& n) { return n.op_type == "DequantizeLinear"; }),
+            31) << "one grid again, not a second one stacked on the first";
 }
 
 }  // namespace

@@ -52,6 +52,9 @@ struct PostTrainingQuantizationOptions {
   std::vector<std::string> skip_quant;  // op types, node names or globs
   bool asymmetric_activations = false;
   bool bias_correction = false;  // QuantConfig::bias_correction
+  // A model that is already quantized (prequantized.h) is refused with kUnsupported naming its
+  // form, unless this is set: then a static QDQ file is dequantized and quantized again.
+  bool requantize = false;
   // Keep the calibration state on disk in cache_dir (written as batches complete, deleted when
   // the model is saved): an interrupted calibration resumes where it stopped. Without it the state
   // is kept in the user's cache instead (calibration_checkpoint()). Observers never
