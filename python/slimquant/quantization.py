@@ -46,9 +46,11 @@ class AVGObserver(_Observer):
 
 
 class MSEObserver(_Observer):
-    """Clipping threshold minimising the quantization MSE."""
+    """Clipping threshold minimising the quantization MSE; as a weight observer, one threshold for
+    the whole weight (per tensor), searched on its values."""
 
     algo = "mse"
+    weight_algo = "mse"
 
 
 class EMDObserver(_Observer):
@@ -135,7 +137,8 @@ class FakeQuanterWithAbsMaxObserver(_Quanter):
 # Paddle layer classes given to add_type_config, by class name -> the documents' op names.
 _PADDLE_LAYER_TYPES = {"Linear": "mul", "Conv2D": "conv2d", "Conv2DTranspose": "conv2d_transpose"}
 
-_WEIGHT_OBSERVERS = "AbsMaxChannelWiseWeightObserver (the default), MSEChannelWiseWeightObserver or AbsmaxObserver"
+_WEIGHT_OBSERVERS = ("AbsMaxChannelWiseWeightObserver (the default), MSEChannelWiseWeightObserver, AbsmaxObserver or "
+                     "MSEObserver (per tensor)")
 
 
 def _names(value, what):
@@ -205,9 +208,8 @@ class QuantConfig:
                                   "(activations: AbsmaxObserver, AVGObserver, MSEObserver, EMDObserver, "
                                   "HistObserver, KLObserver)")
                 if part == "weight" and value.weight_algo is None:
-                    use = ("MSEChannelWiseWeightObserver (MSE per channel; slimquant has no per-tensor MSE weight "
-                           "observer)" if isinstance(value, MSEObserver) else _WEIGHT_OBSERVERS)
-                    raise invalid(f"{where}: {name} observes activations only, not weights; for weights use {use}")
+                    raise invalid(f"{where}: {name} observes activations only, not weights; for weights use "
+                                  f"{_WEIGHT_OBSERVERS}")
                 setattr(rule, part, value.algo if part == "activation" else value.weight_algo)
                 value._apply(self._config)
                 if part == "weight" and value.quant_bits != 8:
@@ -402,7 +404,7 @@ class PTQ:
 # at inference (what all three mean once deployed). slimquant's own values choose the grid.
 _PADDLE_ACTIVATION_QUANTIZE_TYPES = ("range_abs_max", "moving_average_abs_max", "abs_max")
 _ACTIVATION_QUANTIZE_TYPES = _PADDLE_ACTIVATION_QUANTIZE_TYPES + ("symmetric", "asymmetric")
-_WEIGHT_QUANTIZE_TYPES = ("channel_wise_abs_max", "abs_max", "mse_channel_wise")
+_WEIGHT_QUANTIZE_TYPES = ("channel_wise_abs_max", "abs_max", "mse_channel_wise", "mse")
 # What a QuantConfig decides; given together with config= they would be dropped, so they conflict.
 _CONFIG_DECIDES = ("algo", "weight_quantize_type", "weight_bits", "quantizable_op_type", "is_full_quantize",
                    "hist_percent", "skip_tensor_list", "skip_quant", "activation_quantize_type", "deploy_backend",

@@ -3,13 +3,14 @@ with PaddleSlim's names and defaults, seed 003's QuantConfig semantics, and no p
 ignored: wrong values name the parameter, conflicts name both, parameters without effect warn."""
 import inspect
 import json
+import tempfile
 import types
 import warnings
 
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import slimquant
 from conftest import BATCH_NUMS, BATCH_SIZE, MODELS, batches, top1_eval
@@ -325,15 +326,15 @@ def onnx_nodes(model, tmp=None):
 
 
 def test_observers_for_weights_are_checked_at_config_time():
-    with pytest.raises(ValueError, match="MSEObserver observes activations only.*MSEChannelWiseWeightObserver"):
-        slimquant.QuantConfig(activation=None, weight=slimquant.MSEObserver())
     config = slimquant.QuantConfig(activation=None, weight=None)
     with pytest.raises(ValueError, match="KLObserver observes activations only.*AbsMaxChannelWiseWeightObserver"):
         config.add_type_config("Conv", activation=slimquant.KLObserver(), weight=slimquant.KLObserver())
     with pytest.raises(ValueError, match="unknown weight observer 'KL'"):
         config.add_type_config("Conv", weight="KL")
-    # AbsmaxObserver is also a per-tensor weight observer.
+    # AbsmaxObserver and MSEObserver are also per-tensor weight observers.
     config.add_type_config("Conv", activation=slimquant.AbsmaxObserver(), weight=slimquant.AbsmaxObserver())
+    config.add_type_config("Gemm", activation=slimquant.MSEObserver(), weight=slimquant.MSEObserver())
+    config.add_type_config("MatMul", weight="mse")
 
 
 def test_quant_config_none_none_quantizes_only_configured_layers(model_path, fashion):
@@ -358,7 +359,7 @@ def test_seed_003_example_with_its_names(model_path, fashion):
     model = model_path
     q_config = slimquant.QuantConfig(activation=None, weight=None)
     act_quanter = slimquant.MSEObserver()
-    weight_quanter = slimquant.MSEChannelWiseWeightObserver()  # MSEObserver() is refused for weights, naming this
+    weight_quanter = slimquant.MSEObserver()  # per tensor for weights
     q_config.add_type_config([paddle.nn.Linear], activation=act_quanter, weight=weight_quanter)
     ptq = slimquant.PTQ(q_config)
     model = ptq.quantize(model, inplace=False)
@@ -370,7 +371,14 @@ def test_seed_003_example_with_its_names(model_path, fashion):
             break
     model = ptq.convert(model, inplace=False)
     assert pred.shape == (BATCH_SIZE, 10)
-    assert [l["op_type"] for l in ptq.layers] == ["Gemm"]  # paddle.nn.Linear -> the model's Gemm, nothing else
+    assert [(l["op_type"], l["weight_observer"]) for l in ptq.layers] == [("Gemm", "mse")]  # paddle.nn.Linear
+    with tempfile.TemporaryDirectory() as d:
+        model.save(f"{d}/m.onnx")
+        graph = onnx.load(f"{d}/m.onnx").graph
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    weight_dq = [n for n in graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits
+                 and inits[n.input[0]].dtype == np.int8]
+    assert len(weight_dq) == 1 and inits[weight_dq[0].input[1]].size == 1  # one scale for the whole weight
     logits = slimquant.Session(model).run(images[:64])["logits"]
     fp32 = slimquant.Session(model_path).run(images[:64])["logits"]
     assert (logits.argmax(1) == fp32.argmax(1)).mean() > 0.95

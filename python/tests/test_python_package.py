@@ -3,7 +3,9 @@ quantized model, the same evaluation and the same layer ranking; eval_function e
 reach the caller with the checkpoint kept; seed 002's example must run as written."""
 import json
 import pathlib
+import re
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -87,6 +89,27 @@ def test_analysis_with_eval_function_matches_cli(tmp_path, model_path, fashion, 
     assert (tmp_path / "statistics.csv").exists()
 
 
+def test_skip_tensor_list_takes_the_layers_analysis_txt_ranks(tmp_path, model_path, fashion, cli_analysis):
+    """Seed 000's workflow: the worst layers of analysis.txt passed to skip_tensor_list stay in
+    float, exactly those, with no warning."""
+    images, labels = fashion
+    lines = [l for l in (cli_analysis / "analysis.txt").read_text().splitlines() if not l.startswith("#")]
+    worst = [line.split("\t")[0] for line in lines[:3]]
+
+    def quantize(**kwargs):
+        ptq = slimquant.PostTrainingQuantization(
+            executor=None, sample_generator=sample_generator(images), model_dir=model_path, batch_size=BATCH_SIZE,
+            batch_nums=BATCH_NUMS, algo="KL", fallback_sqnr_db=0.0, **kwargs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # "matches nothing" would be a warning
+            ptq.quantize()
+        return [l["name"] for l in ptq.layers]
+
+    every_layer = quantize()
+    assert quantize(skip_tensor_list=worst) == [name for name in every_layer if name not in worst]
+    assert len(every_layer) == len(lines) > 10
+
+
 def test_eval_function_exception_stops_analysis_and_keeps_checkpoint(tmp_path, model_path, fashion, cli_analysis):
     evaluate = top1_eval(*fashion)
     calls = []
@@ -116,6 +139,65 @@ def test_eval_function_exception_stops_analysis_and_keeps_checkpoint(tmp_path, m
     report = analysis_quant(model_path, fashion, tmp_path, counting, num_histogram_plots=0).metric_error_analyse()
     assert len(resumed) == len(report["layers"]) - 4
     assert ranking_lines(tmp_path, len(report["layers"])) == ranking_lines(cli_analysis, len(report["layers"]))
+
+
+def test_finished_save_dir_with_another_eval_function_is_refused(tmp_path, model_path, fashion):
+    images, labels = fashion
+    calls = []
+
+    def counting(evaluate):
+        def eval_function(session):
+            calls.append(1)
+            return evaluate(session)
+        return eval_function
+
+    first = analysis_quant(model_path, fashion, tmp_path, counting(top1_eval(images, labels)),
+                           num_histogram_plots=0).metric_error_analyse()
+    # The same evaluation again: one model is evaluated to check it, the outputs are rewritten.
+    del calls[:]
+    again = analysis_quant(model_path, fashion, tmp_path, counting(top1_eval(images, labels)),
+                           num_histogram_plots=0).metric_error_analyse()
+    assert len(calls) == 1
+    assert again["layers"] == first["layers"]
+    report = (tmp_path / "analysis.json").read_bytes()
+    # Another evaluation (other data) does not get the old metrics back.
+    other = analysis_quant(model_path, fashion, tmp_path, top1_eval(images[:100], labels[:100]),
+                           num_histogram_plots=0)
+    with pytest.raises(slimquant.InvalidArgumentError, match=re.escape(f"save_dir '{tmp_path}'") + ".*to start over"):
+        other.metric_error_analyse()
+    assert (tmp_path / "analysis.json").read_bytes() == report
+    (tmp_path / "analysis_checkpoint.json").unlink()  # as the message says: starts over
+    assert other.metric_error_analyse()["fp32_metric"] != first["fp32_metric"]
+
+
+def test_second_analysis_in_the_same_process_while_a_forked_worker_lives(tmp_path, model_path, fashion):
+    """A data loader's worker forked inside eval_function keeps a copy of the save_dir lock's
+    descriptor; once the analysis has finished, the next one into that save_dir still runs."""
+    import os
+    evaluate = top1_eval(*fashion)
+    read_end, write_end = os.pipe()
+    workers = []
+
+    def forking(session):
+        if not workers:
+            pid = os.fork()
+            if pid == 0:  # the worker: waits until the test closes the pipe
+                os.close(write_end)
+                os.read(read_end, 1)
+                os._exit(0)
+            workers.append(pid)
+        return evaluate(session)
+
+    try:
+        analysis_quant(model_path, fashion, tmp_path, forking, num_histogram_plots=0).metric_error_analyse()
+        assert os.waitpid(workers[0], os.WNOHANG) == (0, 0)  # still alive
+        report = analysis_quant(model_path, fashion, tmp_path, evaluate, num_histogram_plots=0).metric_error_analyse()
+        assert len(report["layers"]) > 10
+    finally:
+        os.close(write_end)
+        os.close(read_end)
+        for pid in workers:
+            os.waitpid(pid, 0)
 
 
 def test_lent_session_cannot_outlive_eval_function(tmp_path, model_path, fashion):

@@ -66,6 +66,10 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
     fd_ = -1;
     std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
     while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    if (err == EWOULDBLOCK && holder == std::to_string(::getpid()))
+      fail(ErrorKind::kIo, what + " '" + dir + "' is in use by this process (pid " + holder +
+                               "): an analysis into it is still running here (in another thread, or the one whose "
+                               "eval_function started this one); let it finish first, or choose another " + what);
     if (err == EWOULDBLOCK)
       fail(ErrorKind::kIo, what + " '" + dir + "' is in use by another slimquant process" +
                                (holder.empty() ? std::string() : " (pid " + holder + ")") +
@@ -80,7 +84,12 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what) {
 }
 
 DirectoryLock::~DirectoryLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+  if (fd_ < 0) return;
+  // Unlocked explicitly: closing releases the flock only when no other descriptor shares it, and a
+  // child forked meanwhile (a data loader's worker, a subprocess pool) holds a copy of this one; it
+  // would keep the directory locked, under this process's pid, after the analysis has finished.
+  ::flock(fd_, LOCK_UN);
+  ::close(fd_);
 }
 
 Checkpoint::Checkpoint(std::string path, nlohmann::json fingerprint)

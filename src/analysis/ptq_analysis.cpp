@@ -393,6 +393,41 @@ SensitivityReport analyze_ptq(const quant::PTQ& ptq, const data::Dataset& data, 
   return report;
 }
 
+namespace {
+
+// A finished checkpoint of a user evaluation would otherwise be reused without a single call: the
+// fingerprint can name a command, not what an opaque eval_function computes, so another function
+// (or data) into the same save_dir silently returned the old ranking. One model is evaluated again
+// (the base, else the first layer's) and must give the stored metric. An unfinished checkpoint
+// resumes without this check: "fix the eval_function and rerun" continues where it stopped.
+void check_same_evaluation(const std::function<ir::Graph()>& build_base, const std::vector<ModelSweepLayer>& layers,
+                           const std::function<double(const ir::Graph& model, bool is_base)>& evaluate,
+                           const nlohmann::json& state, const SweepOptions& options) {
+  const bool qat = options.progress_label == "analyze-qat";
+  std::string which;
+  double stored = 0, now = 0;
+  if (build_base) {
+    which = qat ? "the quantized model" : "the FP32 model";
+    stored = state["base"].get<double>();
+    now = evaluate(build_base(), true);
+  } else {
+    which = "layer '" + layers.front().name + "'";
+    stored = state["done"][layers.front().name].get<double>();
+    now = evaluate(layers.front().build(), false);
+  }
+  if (std::abs(now - stored) <= 1e-6 * std::max({1.0, std::abs(now), std::abs(stored)})) return;
+  const std::filesystem::path path(options.checkpoint_path);
+  std::ostringstream os;
+  os << std::setprecision(10) << "save_dir '" << path.parent_path().string()
+     << "' holds a finished analysis made with another evaluation: its checkpoint '" << path.string() << "' has "
+     << stored << " for " << which << ", the evaluation now gives " << now
+     << ". Its results are not reused: delete '" << path.string()
+     << "' (or the save_dir) to start over, or choose another save_dir";
+  fail(ErrorKind::kInvalidArgument, os.str());
+}
+
+}  // namespace
+
 SweepResult sweep_models(const std::function<ir::Graph()>& build_base, const std::vector<ModelSweepLayer>& layers,
                          const std::function<double(const ir::Graph& model, bool is_base)>& evaluate,
                          const SweepOptions& options) {
@@ -410,6 +445,10 @@ SweepResult sweep_models(const std::function<ir::Graph()>& build_base, const std
   auto save = [&] {
     if (checkpoint) checkpoint->save(state);
   };
+  const bool finished = (!build_base || !state["base"].is_null()) &&
+                        std::all_of(layers.begin(), layers.end(),
+                                    [&](const ModelSweepLayer& l) { return state["done"].contains(l.name); });
+  if (finished && !state["done"].empty()) check_same_evaluation(build_base, layers, evaluate, state, options);
   Progress progress(options.progress_label, layers.size() + (build_base ? 1 : 0), "models");
   SweepResult sweep;
   sweep.batches_resumed = state["done"].size();

@@ -61,7 +61,7 @@ void add_ptq_flags(CLI::App* app, PtqFlags& f, PtqFlagSet set) {
     app->add_option("--batch-nums", f.batch_nums, "calibration batches (0 = the whole data set)")
         ->capture_default_str()
         ->check(non_negative_integer());
-    app->add_option("--weight-quantize-type", f.weight_type, "abs_max, channel_wise_abs_max, mse_channel_wise")
+    app->add_option("--weight-quantize-type", f.weight_type, "abs_max, mse (per tensor), channel_wise_abs_max, mse_channel_wise")
         ->default_str(quant::QuantRule().weight);
   }
   app->add_option("--weight-bits", f.weight_bits, "weight bits, 2..8")
@@ -74,11 +74,17 @@ void add_ptq_flags(CLI::App* app, PtqFlags& f, PtqFlagSet set) {
                     "int8, NVIDIA's Q/DQ placement)")
         ->default_str(quant::deploy_backend_name(quant::QuantConfig().deploy_backend))
         ->check(CLI::IsMember({"slimquant", "onnxruntime", "tensorrt"}));
+  if (calibration)
+    app->add_option("--activation-quantize-type", f.activation_quantize_type,
+                    "symmetric (default; Paddle's range_abs_max, moving_average_abs_max, abs_max mean the same: fixed "
+                    "scales from --algo) or asymmetric (u8 with a zero point)")
+        ->check(CLI::IsMember({"symmetric", "asymmetric", "range_abs_max", "moving_average_abs_max", "abs_max"}));
   app->add_option("--quantizable-op-type", f.op_types, "op types to quantize (a,b,...)")
       ->default_str(CLI::detail::join(quant::QuantConfig().quantizable_op_type, ","));
   if (calibration)
     app->add_flag("--is-full-quantize", f.full, "also quantize pooling, Add, Concat, Softmax, Reshape, ...");
-  app->add_option("--skip-tensor-list", f.skip_tensors, "tensors whose readers/writers stay float (a,b,...)");
+  app->add_option("--skip-tensor-list", f.skip_tensors,
+                  "layers (node names, as analysis.txt lists them) or tensors whose readers/writers stay float (a,b,...)");
   app->add_option("--skip-nodes", f.skip_nodes, "op types, node names or globs that stay float (repeatable)");
 }
 
@@ -88,6 +94,8 @@ void apply_ptq_flags(const PtqFlags& f, quant::QuantConfig& config) {
   if (f.hist_percent > 0) config.observer_options.hist_percent = f.hist_percent;
   if (f.weight_bits > 0) config.weight_bits = f.weight_bits;
   if (!f.deploy_backend.empty()) config.deploy_backend = quant::parse_deploy_backend(f.deploy_backend);
+  if (!f.activation_quantize_type.empty())
+    config.asymmetric_activations = quant::parse_activation_quantize_type(f.activation_quantize_type);
   if (!f.op_types.empty()) config.quantizable_op_type = split_list(f.op_types);
   if (f.full) config.is_full_quantize = true;
   for (const auto& t : split_list(f.skip_tensors)) config.skip_tensor_list.push_back(t);
@@ -339,25 +347,61 @@ std::string data_spec_path(const std::string& spec) {
   return kind == "images" || kind == "npy" ? spec.substr(colon + 1) : "";
 }
 
+namespace {
+
+// The file names of a Paddle inference model: program (.pdmodel, or __model__ in the older
+// format) and parameters (.pdiparams; .pdparams from training).
+bool is_paddle_model_name(const std::filesystem::path& file) {
+  const std::string ext = file.extension().string();
+  return ext == ".pdmodel" || ext == ".pdiparams" || ext == ".pdparams" || file.filename() == "__model__";
+}
+
+// slimquant reads ONNX; a Paddle model otherwise fails deep in the protobuf parser with no hint.
+// The message gives the paddle2onnx command for this very model.
+[[noreturn]] void refuse_paddle_model(const std::filesystem::path& file) {
+  const std::filesystem::path dir = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
+  std::string command = "paddle2onnx --model_dir " + dir.string();
+  if (file.filename() != "__model__") {  // the older format keeps one file per parameter: no names to give
+    const std::string stem = file.stem().string();
+    command += " --model_filename " + stem + ".pdmodel --params_filename " + stem + ".pdiparams";
+  }
+  command += " --save_file model.onnx";
+  fail(ErrorKind::kUnsupported, "'" + file.string() + "' is a PaddlePaddle model; slimquant reads ONNX models. Convert "
+                                "it first with paddle2onnx (pip install paddle2onnx): " + command +
+                                ", then give model.onnx");
+}
+
+}  // namespace
+
 std::string resolve_model_file(const std::string& model, const std::string& model_filename) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::file_status st = fs::status(model, ec);
   SQ_CHECK(st.type() != fs::file_type::not_found, ErrorKind::kIo, "model '" + model + "' does not exist");
-  if (st.type() == fs::file_type::regular) return model;
+  if (st.type() == fs::file_type::regular) {
+    if (is_paddle_model_name(model)) refuse_paddle_model(model);
+    return model;
+  }
   SQ_CHECK(st.type() == fs::file_type::directory, ErrorKind::kInvalidArgument,
            "model '" + model + "' is not a regular file: give an .onnx file, or a directory holding one");
   if (!model_filename.empty()) {
-    const std::string file = (fs::path(model) / model_filename).string();
+    const fs::path file = fs::path(model) / model_filename;
+    if (is_paddle_model_name(file)) refuse_paddle_model(file);
     SQ_CHECK(fs::is_regular_file(file, ec), ErrorKind::kIo,
              "model directory '" + model + "' has no model file '" + model_filename + "'");
-    return file;
+    return file.string();
   }
   std::vector<std::string> candidates;
-  for (const auto& e : fs::directory_iterator(model, ec))
-    if (e.path().extension() == ".onnx" && e.is_regular_file(ec)) candidates.push_back(e.path().string());
+  std::vector<fs::path> paddle_programs;
+  for (const auto& e : fs::directory_iterator(model, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    if (e.path().extension() == ".onnx") candidates.push_back(e.path().string());
+    if (e.path().extension() == ".pdmodel" || e.path().filename() == "__model__") paddle_programs.push_back(e.path());
+  }
   std::sort(candidates.begin(), candidates.end());
+  std::sort(paddle_programs.begin(), paddle_programs.end());
   if (candidates.size() == 1) return candidates[0];
+  if (candidates.empty() && !paddle_programs.empty()) refuse_paddle_model(paddle_programs.front());
   std::string listed;
   for (size_t i = 0; i < candidates.size() && i < 5; ++i) listed += (i ? ", " : " (") + fs::path(candidates[i]).filename().string();
   if (!listed.empty()) listed += candidates.size() > 5 ? ", ...)" : ")";

@@ -38,7 +38,7 @@ void add_data_flags(CLI::App* app, DataFlags& flags, std::string& positional);
 // The PTQ settings `quantize`, `analyze` and `qat` share (seed parameter names as flags). Empty or
 // zero: not given, the config file's (or quant::QuantConfig's default) value stays.
 struct PtqFlags {
-  std::string algo, weight_type, op_types, skip_tensors, deploy_backend;
+  std::string algo, weight_type, op_types, skip_tensors, deploy_backend, activation_quantize_type;
   std::vector<std::string> skip_nodes;
   size_t batch_size = 32, batch_nums = 10;
   bool full = false;
@@ -52,7 +52,7 @@ enum class PtqFlagSet {
                  // --quantizable-op-type, --skip-tensor-list, --skip-nodes
 };
 // --algo, --hist-percent, --batch-size, --batch-nums, --weight-quantize-type, --weight-bits, --deploy-backend,
-// --quantizable-op-type, --is-full-quantize, --skip-tensor-list, --skip-nodes.
+// --activation-quantize-type, --quantizable-op-type, --is-full-quantize, --skip-tensor-list, --skip-nodes.
 void add_ptq_flags(CLI::App* app, PtqFlags& flags, PtqFlagSet set = PtqFlagSet::kCalibration);
 // The flags given override `config` (the YAML's settings); checks the observer names, weight_bits
 // and op types before any work.
@@ -132,8 +132,10 @@ using quant::parse_config_double;
 using quant::parse_config_size;
 
 // The model file a MODEL argument names: an .onnx file, or a directory holding exactly one .onnx
-// file (or `model_filename`). Throws kIo when it does not exist, kInvalidArgument naming what was
-// expected otherwise. Commands resolve it first so outputs can be checked against it.
+// file (or `model_filename`). Throws kIo when it does not exist, kUnsupported (exit 4) with the
+// paddle2onnx command for a Paddle model (.pdmodel, .pdiparams, __model__, or a folder holding one
+// and no .onnx), kInvalidArgument naming what was expected otherwise. Commands resolve it first so
+// outputs can be checked against it.
 std::string resolve_model_file(const std::string& model, const std::string& model_filename = "");
 
 // "a,b,,c" -> {a, b, c}: comma-separated flag values (op types, tensor names).

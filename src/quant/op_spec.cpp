@@ -19,13 +19,14 @@ const std::map<std::string, OpQuantSpec>& builtin_op_specs() {
     m["Gemm"] = {{0}, 1, gemm_axis, true};
     m["MatMul"] = {{0, 1}, 1, matmul_axis, true};
     // Full quantization: data-movement and elementwise ops quantized on all or first inputs.
-    for (const char* op : {"Add", "Sub", "Mul", "Concat", "Sum", "Max", "Min", "Equal", "Greater", "Less"})
+    for (const char* op : {"Add", "Sub", "Mul", "Concat", "Sum", "Max", "Min", "Equal", "Greater", "Less",
+                           "GreaterOrEqual", "LessOrEqual"})
       m[op] = {{-1}, -1, nullptr, false};
     for (const char* op : {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Softmax", "Reshape",
                            "Transpose", "Resize", "Slice", "Squeeze", "Unsqueeze", "Flatten", "Relu", "Clip",
                            "Sigmoid", "LeakyRelu", "HardSwish", "HardSigmoid", "Tanh", "Split", "Gather",
                            "DepthToSpace", "SpaceToDepth", "Pad", "ReduceMean", "LayerNormalization",
-                           "BatchNormalization", "Div", "Pow", "Sqrt", "Erf"})
+                           "BatchNormalization", "Div", "Pow", "Sqrt", "Erf", "ArgMax"})
       m[op] = {{0}, -1, nullptr, false};
     return m;
   }();
@@ -74,9 +75,22 @@ std::vector<std::string> onnx_op_types_for(const std::string& name) {
       {"flatten_contiguous_range", {"Flatten"}},
       {"split", {"Split"}},
       {"gather", {"Gather"}},
+      {"trilinear_interp", {"Resize"}},
+      {"trilinear_interp_v2", {"Resize"}},
       {"equal", {"Equal"}},
+      // What paddle2onnx writes: not_equal is Not(Equal(a, b)) (the comparison reads the floats);
+      // greater_equal / less_equal are GreaterOrEqual / LessOrEqual from opset 12 and
+      // Not(Less) / Not(Greater) below it (the version converter keeps that form); mean, the mean
+      // of all elements, is a ReduceMean.
+      {"not_equal", {"Equal"}},
       {"greater_than", {"Greater"}},
+      {"greater_equal", {"GreaterOrEqual", "Less"}},
       {"less_than", {"Less"}},
+      {"less_equal", {"LessOrEqual", "Greater"}},
+      {"argmax", {"ArgMax"}},
+      {"arg_max", {"ArgMax"}},
+      {"mean", {"ReduceMean"}},
+      {"reduce_mean", {"ReduceMean"}},
       {"layer_norm", {"LayerNormalization"}},
       {"batch_norm", {"BatchNormalization"}},
       {"scale", {"Mul"}},

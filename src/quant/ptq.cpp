@@ -297,14 +297,22 @@ void PTQ::quantize(const ir::Graph& float_graph) {
     layers_.push_back(std::move(layer));
   }
   // For our runtime, squeeze-excitation inputs are quantized for every reader (see
-  // squeeze_excitation_inputs), unless one of them is skipped: as codes they cost a quarter of the
-  // float32 traffic, for about no accuracy (docs/int8_execution.md).
+  // squeeze_excitation_inputs), unless one of them is skipped or left in float by its rule: as
+  // codes they cost a quarter of the float32 traffic, for about no accuracy
+  // (docs/int8_execution.md). They are a Conv's output codes, so only where Conv is a quantized
+  // type: quantizable_op_type bounds this rule too (a list without Conv, e.g. conv2d_transpose
+  // alone, quantizes no pool, Mul or Add). Whether that one Conv is skipped does not matter: the
+  // analysis and the fallback leave a layer in float without changing the others.
   if (config_.deploy_backend == DeployBackend::kSlimquant) {
     for (const auto& [x, readers] : squeeze_excitation_inputs(float_graph_)) {
       if (known_non_float(x)) continue;
-      bool skipped = false;
-      for (int r : readers) skipped |= config_.is_skipped(float_graph_.nodes[static_cast<size_t>(r)]);
-      if (skipped) continue;
+      if (!config_.quantizes_op_type("Conv")) continue;  // squeeze_excitation_inputs: x is a Conv's output
+      bool left_float = false;
+      for (int r : readers) {
+        const ir::Node& reader = float_graph_.nodes[static_cast<size_t>(r)];
+        left_float |= config_.is_skipped(reader) || !config_.rule_for(reader).quantize;
+      }
+      if (left_float) continue;
       for (int r : readers) {
         const ir::Node& node = float_graph_.nodes[static_cast<size_t>(r)];
         if (node.op_type == "GlobalAveragePool") {

@@ -19,6 +19,13 @@ bool matches(const std::string& pattern, const std::string& text) {
   return pattern == text || fnmatch(pattern.c_str(), text.c_str(), 0) == 0;
 }
 bool contains(const std::vector<std::string>& v, const std::string& x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+// Whether `op_type` is one of `names` (ONNX types or source names such as conv2d, mapped).
+bool is_listed(const std::vector<std::string>& names, const std::string& op_type) {
+  for (const auto& t : names)
+    for (const auto& o : onnx_op_types_for(t))
+      if (o == op_type) return true;
+  return false;
+}
 }  // namespace
 
 QuantConfig& QuantConfig::add_type_config(const std::vector<std::string>& op_types, QuantRule rule) {
@@ -57,8 +64,10 @@ const QuantRule& QuantConfig::rule_for(const ir::Node& node) const {
 bool QuantConfig::is_skipped(const ir::Node& node) const {
   for (const auto& p : skip_quant)
     if (p == node.op_type || matches(p, node.name)) return true;
+  // An entry is a tensor or a layer (node) name: analysis.txt ranks layers by node name, and seed
+  // 000 tells users to pass those names here.
   for (const auto& t : skip_tensor_list)
-    if (contains(node.inputs, t) || contains(node.outputs, t)) return true;
+    if (t == node.name || contains(node.inputs, t) || contains(node.outputs, t)) return true;
   return false;
 }
 
@@ -96,9 +105,7 @@ const OpQuantSpec* QuantConfig::spec_for(const ir::Node& node) const {
   if (auto it = custom_specs_.find(node.op_type); it != custom_specs_.end()) spec = &it->second;
   else if (auto b = builtin_op_specs().find(node.op_type); b != builtin_op_specs().end()) spec = &b->second;
   if (!spec) return nullptr;
-  bool listed = false;
-  for (const auto& t : quantizable_op_type)
-    for (const auto& o : onnx_op_types_for(t)) listed |= o == node.op_type;
+  const bool listed = is_listed(quantizable_op_type, node.op_type);
   switch (deploy_backend) {
     case DeployBackend::kSlimquant:
       if (!listed && !is_full_quantize) return nullptr;
@@ -114,6 +121,11 @@ const OpQuantSpec* QuantConfig::spec_for(const ir::Node& node) const {
   }
   if (is_skipped(node) || !rule_for(node).quantize) return nullptr;
   return spec;
+}
+
+bool QuantConfig::quantizes_op_type(const std::string& op_type) const {
+  const bool has_spec = custom_specs_.count(op_type) || builtin_op_specs().count(op_type);
+  return has_spec && (is_full_quantize || is_listed(quantizable_op_type, op_type));
 }
 
 int QuantConfig::effective_weight_bits() const { return weight_bits != 0 ? weight_bits : 8; }
@@ -144,8 +156,10 @@ std::vector<std::string> QuantConfig::unmatched_skips(const ir::Graph& graph) co
   }
   for (const auto& t : skip_tensor_list) {
     bool hit = false;
-    for (const auto& n : graph.nodes) hit |= contains(n.inputs, t) || contains(n.outputs, t);
-    if (!hit) out.push_back("skip tensor '" + t + "' is not read or written by any node of the model");
+    for (const auto& n : graph.nodes) hit |= t == n.name || contains(n.inputs, t) || contains(n.outputs, t);
+    if (!hit)
+      out.push_back("skip_tensor_list entry '" + t + "' is neither a layer (node) name nor a tensor read or written "
+                    "by a node of the model");
   }
   return out;
 }
@@ -266,10 +280,12 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
       else if (key == "skip_tensor_list") cfg.skip_tensor_list = string_list(v, key);
       else if (key == "skip_quant") cfg.skip_quant = string_list(v, key);
       else if (key == "activation_quantize_type") {
-        const auto t = v.as<std::string>();
-        if (t != "symmetric" && t != "asymmetric")
-          fail(ErrorKind::kInvalidArgument, "activation_quantize_type must be symmetric or asymmetric, got '" + t + "'");
-        cfg.asymmetric_activations = t == "asymmetric";
+        cfg.asymmetric_activations = parse_activation_quantize_type(v.as<std::string>());
+      } else if (key == "activation_bits") {
+        const int bits = v.as<int>();
+        if (bits != 8)
+          fail(ErrorKind::kUnsupported, "config file '" + path + "': activation_bits must be 8 (got " +
+                                            std::to_string(bits) + "): activations are quantized to 8 bits");
       } else if (key == "type_config" || key == "name_config" || key == "layer_config") {
         if (!v.IsMap()) fail(ErrorKind::kInvalidArgument, "config key '" + key + "' must map names to rules");
         for (const auto& entry : v) {
@@ -294,6 +310,17 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
     fail(ErrorKind::kInvalidArgument, "config file '" + path + "': weight_bits must be in [2, 8] (got " +
                                           std::to_string(cfg.weight_bits) + ")");
   return cfg;
+}
+
+bool parse_activation_quantize_type(const std::string& type) {
+  // Paddle's three values name the fake-quant op of its training-format program; in its PTQ the
+  // scale comes from `algo` all the same, and once exported every activation scale is fixed: what
+  // all three mean in a QDQ model, our symmetric grid.
+  if (type == "range_abs_max" || type == "moving_average_abs_max" || type == "abs_max" || type == "symmetric")
+    return false;
+  if (type == "asymmetric") return true;
+  fail(ErrorKind::kInvalidArgument, "activation_quantize_type must be range_abs_max, moving_average_abs_max, abs_max "
+                                    "(Paddle's names: fixed scales from algo), symmetric or asymmetric, got '" + type + "'");
 }
 
 size_t parse_config_size(const std::string& v, const std::string& key) {

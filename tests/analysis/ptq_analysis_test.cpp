@@ -1,9 +1,12 @@
 // PTQ analysis: the fast sweep (prefix reuse) gives the same numbers as evaluating every
 // single-layer-quantized model whole; checkpoints refuse foreign analyses; metric states resume.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "slimquant/analysis/checkpoint.h"
 #include "slimquant/analysis/evaluate.h"
@@ -140,6 +143,35 @@ TEST(PtqAnalysis, CompleteCheckpointIsNotRecomputed) {
   EXPECT_EQ(first.to_text(), second.to_text());
 }
 
+// Seed 000: "pass the layers analysis.txt ranks worst to skip_tensor_list". Those are node names;
+// exactly those layers stay in float, nothing else changes, and no entry warns as unmatched.
+TEST(PtqAnalysis, SkipTensorListTakesTheLayerNamesTheAnalysisRanks) {
+  test::SingleThread single_thread;
+  auto ptq = calibrated("resnet_small", "abs_max");
+  auto data = data::open_dataset(fmnist("test", 64));
+  test::TempDir tmp("ptq_skip_names");
+  auto metric = analysis::make_metric("top1_agreement");
+  analysis::PtqAnalysisOptions o;
+  o.save_dir = tmp.path();
+  o.batch_size = 32;
+  const auto report = analysis::analyze_ptq(*ptq, *data, *metric, o);
+  ASSERT_GE(report.ranked.size(), 5u);
+  std::set<std::string> worst;
+  for (size_t i = 0; i < 3; ++i) worst.insert(report.ranked[i].name);
+
+  quant::QuantConfig cfg = ptq->config();
+  cfg.skip_tensor_list.assign(worst.begin(), worst.end());
+  quant::PTQ skipping(cfg);
+  skipping.quantize(ir::load_onnx(test::fixture_model("resnet_small")));
+  EXPECT_TRUE(skipping.warnings().empty()) << skipping.warnings().front();
+  std::vector<std::string> expected, got;
+  for (const auto& l : ptq->layers())
+    if (!worst.count(l.name)) expected.push_back(l.name);
+  for (const auto& l : skipping.layers()) got.push_back(l.name);
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(got.size(), report.ranked.size() - 3);
+}
+
 TEST(MetricState, SaveLoadContinuesExactly) {
   test::SingleThread single_thread;
   auto data = data::open_dataset(fmnist("test", 96));
@@ -184,6 +216,80 @@ TEST(Checkpoint, AtomicWriteAndUnwritableDirectory) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kIo);
   }
+}
+
+// A second analysis into a save_dir from the same process: once the first has finished, it runs,
+// even when a child forked during the first (a data loader's worker) still holds a copy of the
+// lock's descriptor; while the first still runs, the refusal says it is this process.
+TEST(DirectoryLock, ReleasedForTheSameProcessEvenWithAForkedChildAlive) {
+  test::TempDir tmp("lock_fork");
+  int to_child[2];
+  ASSERT_EQ(::pipe(to_child), 0);
+  pid_t child = -1;
+  {
+    analysis::DirectoryLock first(tmp.path(), "save_dir");
+    child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {  // inherits the lock's descriptor; waits until the parent closes the pipe
+      ::close(to_child[1]);
+      char byte;
+      while (::read(to_child[0], &byte, 1) > 0) {
+      }
+      ::_exit(0);
+    }
+    ::close(to_child[0]);
+    try {
+      analysis::DirectoryLock nested(tmp.path(), "save_dir");
+      ADD_FAILURE() << "a save_dir in use was locked twice";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kIo);
+      EXPECT_NE(std::string(e.what()).find("in use by this process (pid " + std::to_string(::getpid()) + ")"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  // The child is still alive with its copy of the descriptor.
+  ASSERT_EQ(::waitpid(child, nullptr, WNOHANG), 0);
+  EXPECT_NO_THROW(analysis::DirectoryLock(tmp.path(), "save_dir"));
+  ::close(to_child[1]);
+  ::waitpid(child, nullptr, 0);
+}
+
+// A finished save_dir analysed again: the same evaluation rewrites the outputs after checking one
+// model (one call), another evaluation (here the same metric on other data) is refused naming the
+// save_dir and how to start over, and the stored results stay.
+TEST(PtqAnalysis, FinishedSaveDirWithAnotherEvalFunctionIsRefused) {
+  test::SingleThread single_thread;
+  auto ptq = calibrated("resnet_small", "abs_max");
+  test::TempDir tmp("ptq_fn_other");
+  auto agreement_on = [&](size_t images, int& calls) {
+    return [&calls, images, data = std::shared_ptr<data::Dataset>(data::open_dataset(fmnist("test", images)))](
+               runtime::Session& s) {
+      ++calls;
+      auto m = analysis::make_metric("top1");
+      return analysis::evaluate(s, *data, *m, {}).value;
+    };
+  };
+  analysis::PtqAnalysisOptions o;
+  o.save_dir = tmp.path();
+  int first_calls = 0, again_calls = 0, other_calls = 0;
+  const auto first = analysis::analyze_ptq(*ptq, agreement_on(64, first_calls), true, o);
+  EXPECT_EQ(static_cast<size_t>(first_calls), ptq->layers().size() + 1);
+  const auto again = analysis::analyze_ptq(*ptq, agreement_on(64, again_calls), true, o);
+  EXPECT_EQ(again_calls, 1);
+  EXPECT_EQ(again.to_text(), first.to_text());
+  const std::string report = test::read_file(tmp.path("analysis.json"));
+  try {
+    analysis::analyze_ptq(*ptq, agreement_on(50, other_calls), true, o);
+    FAIL() << "another evaluation reused the finished checkpoint";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("save_dir '" + tmp.path() + "'"), std::string::npos) << what;
+    EXPECT_NE(what.find("to start over"), std::string::npos) << what;
+  }
+  EXPECT_EQ(other_calls, 1);
+  EXPECT_EQ(test::read_file(tmp.path("analysis.json")), report);
 }
 
 TEST(PtqAnalysis, EvalFunctionPathRanksLikeTheMetric) {

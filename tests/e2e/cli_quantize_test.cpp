@@ -5,6 +5,9 @@
 #include <algorithm>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "slimquant/core/npy.h"
@@ -17,6 +20,11 @@ using namespace slimquant;
 namespace {
 
 const std::string kSmallCalib = "--dataset fashion-mnist:train --limit 64 --batch-size 32 ";
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
 
 nlohmann::json last_json_line(const std::string& output) {
   auto end = output.find_last_not_of('\n');
@@ -95,6 +103,41 @@ TEST(CliQuantize, SideInputFeedsASecondModelInput) {
   EXPECT_NE(missing.output.find("--side-input"), std::string::npos) << missing.output;
 }
 
+// Paddle's ptq_config words on the command line: --activation-quantize-type's Paddle values give
+// the symmetric export (the same bytes as the default), asymmetric gives u8 with zero points;
+// --skip-tensor-list takes layer names as analysis.txt lists them.
+TEST(CliQuantize, PaddleActivationQuantizeTypesAndLayerNamesInSkipTensorList) {
+  test::TempDir tmp("cli_q_paddle");
+  auto quantize = [&](const std::string& model, const std::string& flags, const std::string& out) {
+    auto r = test::run_cli("quantize " + test::fixture_model(model) + " " + kSmallCalib + flags + " --no-eval -o " +
+                           tmp.path(out));
+    EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+    return r.output;
+  };
+  // MobileNetV2's linear bottlenecks have negative activations: asymmetric changes their grid.
+  quantize("mobilenetv2_small", "", "default.onnx");
+  quantize("mobilenetv2_small", "--activation-quantize-type moving_average_abs_max", "paddle.onnx");
+  quantize("mobilenetv2_small", "--activation-quantize-type asymmetric", "asym.onnx");
+  EXPECT_EQ(file_bytes(tmp.path("paddle.onnx")), file_bytes(tmp.path("default.onnx")));
+  EXPECT_NE(file_bytes(tmp.path("asym.onnx")), file_bytes(tmp.path("default.onnx")));
+  auto bad = test::run_cli("quantize " + test::fixture_model("mobilenetv2_small") + " " + kSmallCalib +
+                           "--activation-quantize-type moving_avg --no-eval -o " + tmp.path("bad.onnx"));
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+
+  const std::string output = quantize("resnet_small", "--skip-tensor-list /stem/stem.0/Conv,/fc/Gemm", "skipped.onnx");
+  EXPECT_EQ(output.find("warning: skip_tensor_list"), std::string::npos) << output;
+  const ir::Graph skipped = ir::load_onnx(tmp.path("skipped.onnx"));
+  std::set<std::string> float_layers, int8_layers;
+  for (const auto& n : skipped.nodes) {
+    if (n.op_type != "Conv" && n.op_type != "Gemm") continue;
+    const int p = skipped.producer(n.inputs.at(1));  // a quantized layer reads its weight through a DequantizeLinear
+    (p >= 0 && skipped.nodes[static_cast<size_t>(p)].op_type == "DequantizeLinear" ? int8_layers : float_layers)
+        .insert(n.name);
+  }
+  EXPECT_EQ(float_layers, (std::set<std::string>{"/fc/Gemm", "/stem/stem.0/Conv"}));
+  EXPECT_GT(int8_layers.size(), 10u);
+}
+
 TEST(CliQuantizeBadInput, EachProblemHasItsExitCodeAndMessage) {
   test::TempDir tmp("cli_q_bad");
   const std::string model = test::fixture_model("resnet_small");
@@ -133,7 +176,8 @@ TEST(CliQuantizeBadInput, WarningsForSkipsMatchingNothingAndTooManyBatches) {
                          tmp.path("q.onnx"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("warning: skip pattern '/typo/*' matches no"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("warning: skip tensor 'no_such_tensor'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("warning: skip_tensor_list entry 'no_such_tensor' is neither a layer"), std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("warning: batch_nums is 9"), std::string::npos) << r.output;
 }
 

@@ -104,6 +104,43 @@ TEST(CliBadInput, NotAnOnnxFile) {
   EXPECT_NE(r.output.find("x.onnx"), std::string::npos) << r.output;
 }
 
+// A Paddle inference model (seed 000/002's model_dir) is refused with exit 4 (unsupported) and the
+// paddle2onnx command for it, by every command and in every form: the files themselves, a folder
+// holding them, a folder plus model_filename.
+TEST(CliBadInput, PaddleModelIsRefusedWithThePaddle2OnnxCommand) {
+  test::TempDir tmp("paddle");
+  std::filesystem::create_directories(tmp.path("infer"));
+  std::filesystem::create_directories(tmp.path("old"));
+  std::ofstream(tmp.path("infer/inference.pdmodel")) << "paddle program";
+  std::ofstream(tmp.path("infer/inference.pdiparams")) << "paddle weights";
+  std::ofstream(tmp.path("old/__model__")) << "paddle program";
+  const std::string calib = " fashion-mnist:train --limit 32 --no-eval -o " + tmp.path("q.onnx");
+  struct Case {
+    std::string command, words;
+  };
+  const std::string named = "--model_dir " + tmp.path("infer") + " --model_filename inference.pdmodel "
+                            "--params_filename inference.pdiparams --save_file model.onnx";
+  const std::vector<Case> cases = {
+      {"info " + tmp.path("infer/inference.pdmodel"), named},
+      {"info " + tmp.path("infer/inference.pdiparams"), named},
+      {"quantize " + tmp.path("infer") + calib, named},
+      {"eval " + tmp.path("infer") + " fashion-mnist:test --limit 8", named},
+      {"analyze " + tmp.path("infer") + " fashion-mnist:test --limit 8 --save-dir " + tmp.path("a"), named},
+      {"info " + tmp.path("old"), "paddle2onnx --model_dir " + tmp.path("old") + " --save_file model.onnx"},
+  };
+  for (const auto& c : cases) {
+    auto r = run_cli(c.command);
+    EXPECT_EQ(r.exit_code, 4) << c.command << "\n" << r.output;
+    EXPECT_NE(r.output.find("is a PaddlePaddle model"), std::string::npos) << c.command << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.words), std::string::npos) << c.command << "\n" << r.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(tmp.path("q.onnx")));
+  // A folder holding an .onnx file next to Paddle files is an ONNX model folder.
+  std::filesystem::copy_file(kModel, tmp.path("infer/model.onnx"));
+  auto ok = run_cli("info " + tmp.path("infer"));
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+}
+
 TEST(CliBadInput, MissingModelFile) {
   auto r = run_cli("info /nonexistent/model.onnx");
   EXPECT_EQ(r.exit_code, 7) << r.output;

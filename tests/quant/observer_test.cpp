@@ -564,6 +564,53 @@ TEST(ObserverWeights, ChannelWiseAbsMaxExactPerChannel) {
   EXPECT_EQ(pt->params(QuantScheme::kSymmetric).scale, std::vector<float>{1.0f / 127});
 }
 
+// Seed 003's MSEObserver as a weight observer: one threshold for the whole tensor, the grid point
+// (search_fractions(100, 0.3) of max|w|) with the least squared error, found by brute force here.
+TEST(ObserverWeights, MsePerTensorIsTheBruteForceGridOptimum) {
+  // Closed form: values on the abs_max grid itself quantize exactly, so nothing is clipped.
+  std::vector<float> on_grid;
+  for (int k = -127; k <= 127; ++k) on_grid.push_back(0.01f * static_cast<float>(k));
+  auto exact = make_weight_observer("mse");
+  EXPECT_EQ(exact->name(), "mse");
+  exact->observe(tensor(on_grid, {5, 51}));
+  const QuantParam pe = exact->params(QuantScheme::kSymmetric);
+  ASSERT_EQ(pe.scale.size(), 1u);
+  EXPECT_EQ(pe.axis, -1);
+  EXPECT_FLOAT_EQ(pe.scale[0], exact->observed_abs_max() / 127.0f);
+
+  // A small heavy-tailed weight: at the brute-force optimum on 8 and on 4 bits, where the coarse
+  // grid makes clipping pay (about 0.66 of max|w| here, half the squared error of no clipping).
+  const std::vector<float> w = laplace(2048, 0.02f, 7);
+  const float wmin = *std::min_element(w.begin(), w.end()), wmax = *std::max_element(w.begin(), w.end());
+  const std::vector<double> f = search_fractions(100, 0.3);
+  for (int bits : {8, 4}) {
+    auto mse = make_weight_observer("mse", {.weight_bits = bits});
+    mse->observe(tensor(w, {16, 8, 4, 4}));
+    const QuantParam pm = mse->params(QuantScheme::kSymmetric);
+    ASSERT_EQ(pm.scale.size(), 1u);
+    double best = std::numeric_limits<double>::infinity(), unclipped = 0;
+    float best_scale = 0;
+    for (auto k = f.rbegin(); k != f.rend(); ++k) {
+      const double t = *k * std::max(-wmin, wmax);
+      const QuantParam p = params_from_range({static_cast<float>(std::max<double>(-t, wmin)),
+                                              static_cast<float>(std::min<double>(t, wmax))},
+                                             QuantScheme::kSymmetric, bits);
+      double e = 0;  // brute_mse on the grid of `bits`
+      const float qmax = static_cast<float>((1 << (bits - 1)) - 1);
+      for (float v : w) {
+        const float q = std::clamp(std::nearbyint(v / p.scale[0]), -qmax, qmax) * p.scale[0];
+        e += (v - q) * static_cast<double>(v - q);
+      }
+      if (k == f.rbegin()) unclipped = e;
+      if (e < best) best = e, best_scale = p.scale[0];
+    }
+    EXPECT_EQ(pm.scale[0], best_scale) << bits << " bits";
+    if (bits == 4) {
+      EXPECT_LT(best, 0.7 * unclipped);
+    }
+  }
+}
+
 TEST(ObserverWeights, MseChannelWiseNeverWorseThanAbsMax) {
   for (int64_t axis : {0, 1}) {
     // Conv-like [6, 256, 16, 16] along axis 0, or MatMul-like [65536, 6] along axis 1 (strided).

@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
+#include <random>
+#include <set>
 
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
@@ -10,6 +13,7 @@
 #include "slimquant/runtime/session.h"
 #include "quant/int8_test_util.h"
 #include "quant/qdq_export.h"
+#include "graph_builder.h"
 #include "test_util.h"
 
 using namespace slimquant;
@@ -47,6 +51,10 @@ TEST(QuantConfig, SkipsAndQuantizableTypes) {
   auto reads_special = node("Conv", "/body/conv2");
   reads_special.inputs[0] = "special";
   EXPECT_EQ(cfg.spec_for(reads_special), nullptr);
+  // A layer (node) name in skip_tensor_list skips that node only (analysis.txt's names, seed 000).
+  cfg.skip_tensor_list.push_back("/body/conv3");
+  EXPECT_EQ(cfg.spec_for(node("Conv", "/body/conv3")), nullptr);
+  EXPECT_NE(cfg.spec_for(node("Conv", "/body/conv4")), nullptr);
   // Add is only quantized with is_full_quantize.
   EXPECT_EQ(cfg.spec_for(node("Add", "/add")), nullptr);
   cfg.is_full_quantize = true;
@@ -87,6 +95,69 @@ TEST(QuantConfig, YamlUsesSourceParameterNamesAndRejectsTypos) {
 
 // Found by fuzz_yaml_config: a non-scalar key next to ptq_config escaped as a yaml-cpp exception
 // (exit code 1); observer options out of range were accepted until calibration.
+// Seed 002's is_full_quantize list: every one of its 25 names is a known quantizable op type, the
+// six mapped last to what paddle2onnx writes for them.
+TEST(QuantConfig, EverySeedFullQuantizeNameMapsToQuantizableOnnxTypes) {
+  const std::vector<std::string> seed_names = {
+      "conv2d", "depthwise_conv2d", "mul", "pool2d", "elementwise_add", "concat", "softmax", "argmax", "transpose",
+      "equal", "gather", "greater_equal", "greater_than", "less_equal", "less_than", "mean", "not_equal", "reshape",
+      "reshape2", "bilinear_interp", "nearest_interp", "trilinear_interp", "slice", "squeeze", "elementwise_sub"};
+  quant::QuantConfig cfg;
+  cfg.quantizable_op_type = seed_names;
+  EXPECT_NO_THROW(cfg.validate());
+  const std::map<std::string, std::vector<std::string>> mapped = {
+      {"argmax", {"ArgMax"}},
+      {"greater_equal", {"GreaterOrEqual", "Less"}},
+      {"less_equal", {"LessOrEqual", "Greater"}},
+      {"mean", {"ReduceMean"}},
+      {"not_equal", {"Equal"}},
+      {"trilinear_interp", {"Resize"}}};
+  for (const auto& [paddle, onnx] : mapped) {
+    EXPECT_EQ(quant::onnx_op_types_for(paddle), onnx) << paddle;
+    quant::QuantConfig only;
+    only.quantizable_op_type = {paddle};
+    EXPECT_NO_THROW(only.validate()) << paddle;
+    for (const auto& op : onnx) {
+      EXPECT_NE(only.spec_for(node(op, "/n")), nullptr) << paddle << " -> " << op;
+      EXPECT_TRUE(only.quantizes_op_type(op)) << op;
+    }
+    EXPECT_EQ(only.spec_for(node("Conv", "/conv")), nullptr) << paddle;
+  }
+}
+
+// Paddle's ptq_config values: activation_quantize_type's three Paddle names are fixed symmetric
+// scales (what they mean once exported), asymmetric stays asymmetric, anything else names the choices.
+TEST(QuantConfig, YamlTakesPaddleActivationQuantizeTypes) {
+  test::TempDir tmp("yaml_paddle");
+  for (const std::string type : {"moving_average_abs_max", "range_abs_max", "abs_max", "symmetric"}) {
+    std::ofstream(tmp.path("a.yaml")) << "ptq_config:\n  activation_quantize_type: " << type
+                                      << "\n  activation_bits: 8\n  algo: KL\n";
+    quant::QuantConfig base;
+    base.asymmetric_activations = true;
+    const auto cfg = quant::load_quant_config_yaml(tmp.path("a.yaml"), base);
+    EXPECT_FALSE(cfg.asymmetric_activations) << type;
+    EXPECT_EQ(cfg.global().activation, "KL");
+  }
+  std::ofstream(tmp.path("asym.yaml")) << "activation_quantize_type: asymmetric\n";
+  EXPECT_TRUE(quant::load_quant_config_yaml(tmp.path("asym.yaml")).asymmetric_activations);
+  std::ofstream(tmp.path("bad.yaml")) << "activation_quantize_type: moving_average\n";
+  try {
+    quant::load_quant_config_yaml(tmp.path("bad.yaml"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("moving_average_abs_max"), std::string::npos) << e.what();
+  }
+  std::ofstream(tmp.path("bits.yaml")) << "activation_bits: 16\n";
+  try {
+    quant::load_quant_config_yaml(tmp.path("bits.yaml"));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("activation_bits"), std::string::npos) << e.what();
+  }
+}
+
 TEST(QuantConfig, YamlErrorsAreInvalidArgumentsNamingTheFile) {
   test::TempDir tmp("yaml_errors");
   std::ofstream(tmp.path("key.yaml")) << "ptq_config: {algo: KL}\n? [1, 2]\n: 3\n";
@@ -363,6 +434,78 @@ TEST(Ptq, FullQuantizeLeavesShapeArithmeticAlone) {
   EXPECT_NO_THROW(ir::check_onnx(qdq));
   const Tensor y = runtime::Session(qdq).run_single(x);
   EXPECT_EQ(y.shape(), (Shape{3, 8, 8, 8}));
+}
+
+// Squeeze-excitation block: c = Conv(x); gate = HardSigmoid(Conv(Relu(Conv(GlobalAveragePool(c)))));
+// y = Mul(c, gate), upsampled by a ConvTranspose. For our runtime PTQ quantizes c for its pool and
+// gating (the squeeze-excitation rule), but only where Conv is a quantized type.
+namespace {
+ir::Graph squeeze_excitation_graph() {
+  std::mt19937 rng(32);
+  test::GraphBuilder b;
+  b.g.opset = 13;
+  b.g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{1, ""}, {4, ""}, {8, ""}, {8, ""}}});
+  const std::string c = b.node("Conv", {"x", b.constant(test::random_tensor({8, 4, 3, 3}, rng, -0.3f, 0.3f))},
+                               {{"pads", std::vector<int64_t>(4, 1)}});
+  const std::string pooled = b.node("GlobalAveragePool", {c});
+  const std::string squeezed =
+      b.node("Relu", {b.node("Conv", {pooled, b.constant(test::random_tensor({4, 8, 1, 1}, rng))})});
+  const std::string gate =
+      b.node("HardSigmoid", {b.node("Conv", {squeezed, b.constant(test::random_tensor({8, 4, 1, 1}, rng))})});
+  const std::string gated = b.node("Mul", {c, gate});
+  b.g.outputs.push_back({b.node("ConvTranspose", {gated, b.constant(test::random_tensor({8, 2, 2, 2}, rng))},
+                                {{"strides", std::vector<int64_t>{2, 2}}}),
+                         DType::kFloat32, std::nullopt});
+  return b.g;
+}
+
+// The op types of the PTQ's layers, and of the nodes reading a DequantizeLinear in its export.
+std::pair<std::multiset<std::string>, std::multiset<std::string>> quantized_op_types(quant::QuantConfig cfg) {
+  quant::PTQ ptq(std::move(cfg));
+  ptq.quantize(squeeze_excitation_graph());
+  std::mt19937 rng(33);
+  ptq.sample({{"x", test::random_tensor({1, 4, 8, 8}, rng)}});
+  std::multiset<std::string> layers, reading_dq;
+  for (const auto& l : ptq.layers()) layers.insert(l.op_type);
+  const ir::Graph q = ptq.convert();
+  for (const ir::Node& n : q.nodes) {
+    if (n.op_type == "QuantizeLinear" || n.op_type == "DequantizeLinear") continue;
+    for (const auto& in : n.inputs) {
+      const int p = q.producer(in);
+      if (p >= 0 && q.nodes[static_cast<size_t>(p)].op_type == "DequantizeLinear") {
+        reading_dq.insert(n.op_type);
+        break;
+      }
+    }
+  }
+  return {layers, reading_dq};
+}
+}  // namespace
+
+TEST(Ptq, QuantizableOpTypeBoundsTheSqueezeExcitationRule) {
+  // The default list: the rule applies (the pool and the gating Mul read c's codes; the squeeze
+  // convolution reading the pooled vector stays float).
+  const auto [default_layers, default_readers] = quantized_op_types(quant::QuantConfig());
+  EXPECT_EQ(default_layers.count("GlobalAveragePool"), 1u);
+  EXPECT_EQ(default_layers.count("Mul"), 1u);
+  EXPECT_EQ(default_readers.count("GlobalAveragePool"), 1u);
+  EXPECT_EQ(default_readers.count("Mul"), 1u);
+
+  // Only ConvTranspose (Paddle's name or ONNX's): nothing else is quantized, pattern rules included.
+  for (const std::string name : {"conv2d_transpose", "ConvTranspose"}) {
+    quant::QuantConfig cfg;
+    cfg.quantizable_op_type = {name};
+    const auto [layers, readers] = quantized_op_types(cfg);
+    EXPECT_EQ(layers, (std::multiset<std::string>{"ConvTranspose"})) << name;
+    EXPECT_EQ(readers, (std::multiset<std::string>{"ConvTranspose"})) << name;
+  }
+
+  // QuantConfig(None, None) + a type rule (seed 003): the pool and Mul have no rule quantizing them.
+  quant::QuantConfig none(quant::QuantRule{"abs_max", "channel_wise_abs_max", false});
+  none.add_type_config({"Conv"}, quant::QuantRule{"abs_max", "channel_wise_abs_max", true});
+  const auto [conv_layers, conv_readers] = quantized_op_types(none);
+  EXPECT_EQ(conv_layers.count("GlobalAveragePool") + conv_layers.count("Mul") + conv_layers.count("ConvTranspose"), 0u);
+  EXPECT_GE(conv_layers.count("Conv"), 1u);
 }
 
 // Which zero points the export writes: every activation's, of its type, even u8 with zero point 0

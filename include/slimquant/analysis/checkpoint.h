@@ -20,8 +20,11 @@ void write_file_atomic(const std::string& path, const std::string& text);
 uint32_t crc32(std::string_view bytes);
 
 // An exclusive lock on a directory (flock on DIR/.slimquant.lock, holding the owner's pid) for as
-// long as the object lives, so two processes never analyse into one save_dir at the same time.
-// Throws kIo naming the directory (and the other process's pid) when another process holds it.
+// long as the object lives, so two analyses never write into one save_dir at the same time.
+// Throws kIo naming the directory and the holder: another process (its pid), or this process (an
+// analysis still running in it, e.g. from another thread or from inside an eval_function).
+// Released explicitly on destruction, so a child forked meanwhile (a data loader's worker) that
+// inherited the descriptor does not keep holding it.
 class DirectoryLock {
  public:
   DirectoryLock(const std::string& dir, const std::string& what);

@@ -180,8 +180,10 @@ class Observer {
 // result depends only on the values observed, not on how they were split into batches.
 std::unique_ptr<Observer> make_activation_observer(const std::string& algo,
                                                    const ObserverOptions& options = {});
-// Weight observers by name: "abs_max" (per tensor), "channel_wise_abs_max" (per-channel
-// [min, max] along options.channel_axis), "mse_channel_wise" (per channel, the threshold on
+// Weight observers by name: "abs_max" (per tensor), "mse" (per tensor, the threshold on
+// search_fractions(weight_search_steps, weight_search_min_fraction) with the least squared error over
+// all the values), "channel_wise_abs_max" (per-channel [min, max] along options.channel_axis),
+// "mse_channel_wise" (per channel, the threshold on
 // search_fractions(weight_search_steps, weight_search_min_fraction) with the least squared error
 // over that channel's values; keeps a reference to the observed weight, no copy). Per-channel
 // params() carry one scale / zero point per channel and axis = the normalised channel axis.

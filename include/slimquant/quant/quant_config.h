@@ -52,7 +52,8 @@ class QuantConfig {
   std::vector<std::string> quantizable_op_type = {"Conv", "ConvTranspose", "MatMul", "Gemm"};
   // Also quantize every other op with a spec (pooling, Add, Concat, Softmax, Reshape, ...).
   bool is_full_quantize = false;
-  // Nodes reading or writing any of these tensors stay in float.
+  // Stay in float: every node reading or writing one of these tensors, and the node (layer) of
+  // each name that is a node name, as analysis.txt lists layers (seed 000 passes those here).
   std::vector<std::string> skip_tensor_list;
   // Op types, node names, or globs on node names (`skip_quant`) that stay in float.
   std::vector<std::string> skip_quant;
@@ -82,11 +83,14 @@ class QuantConfig {
   // type, skipped, or its rule says quantize=false).
   const OpQuantSpec* spec_for(const ir::Node& node) const;
   const QuantRule& rule_for(const ir::Node& node) const;
+  // Whether nodes of `op_type` are quantizable under quantizable_op_type / is_full_quantize (rules
+  // and skips aside).
+  bool quantizes_op_type(const std::string& op_type) const;
   bool is_skipped(const ir::Node& node) const;
   // Throws kInvalidArgument naming an entry of quantizable_op_type that is neither a known op
   // type (ONNX or source-document name) nor registered with add_qat_layer_mapping.
   void validate() const;
-  // Skip entries (skip_quant patterns, skip_tensor_list tensors) that match nothing in `graph`,
+  // Skip entries (skip_quant patterns, skip_tensor_list tensors or layers) that match nothing in `graph`,
   // one message each: a typo there would otherwise silently quantize what the user meant to skip.
   std::vector<std::string> unmatched_skips(const ir::Graph& graph) const;
   // A stable text of everything that affects the result (for checkpoints and caches).
@@ -100,13 +104,19 @@ class QuantConfig {
 
 // Reads the source documents' keys from YAML into `base`: algo, hist_percent, bins, deploy_backend,
 // weight_quantize_type, quantizable_op_type, is_full_quantize, skip_tensor_list, skip_quant,
-// activation_quantize_type (symmetric|asymmetric), type_config / name_config / layer_config
+// activation_quantize_type (symmetric|asymmetric, or Paddle's range_abs_max|moving_average_abs_max|abs_max:
+// fixed symmetric scales from `algo`), activation_bits (8), type_config / name_config / layer_config
 // (maps of key -> {algo, weight_quantize_type, quantize}), bias_correction, channel_wise_conv_inputs, round_type (round; adaround
 // is refused as not implemented). Unknown keys are an error naming the key
 // (typos must not silently change nothing); keys for the calibration flow (batch_size, batch_nums,
 // is_use_cache_file, cache_dir, model_dir, ...) are returned in `extra`.
 QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig base = QuantConfig(),
                                    std::map<std::string, std::string>* extra = nullptr);
+
+// activation_quantize_type: true for asymmetric; Paddle's range_abs_max, moving_average_abs_max and
+// abs_max (fixed scales from algo, as Paddle's QDQ export has them) and symmetric give false.
+// kInvalidArgument listing the values otherwise.
+bool parse_activation_quantize_type(const std::string& type);
 
 // The flow keys' values (`extra` holds them as text), checked like the command-line flags:
 // kInvalidArgument naming the key on bad text.

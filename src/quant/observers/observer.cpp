@@ -295,7 +295,7 @@ std::vector<std::string> activation_algos() {
 }
 
 std::vector<std::string> weight_algos() {
-  return {"abs_max", "channel_wise_abs_max", "mse_channel_wise"};
+  return {"abs_max", "mse", "channel_wise_abs_max", "mse_channel_wise"};
 }
 
 std::unique_ptr<Observer> make_activation_observer(const std::string& algo,
@@ -332,6 +332,10 @@ std::unique_ptr<Observer> make_weight_observer(const std::string& type,
          "weight observer " + type + ": weight_bits must be in [2, 8] (got " + std::to_string(options.weight_bits) + ")");
   if (t == "abs_max") return detail::make_weight_abs_max_observer(options);
   if (t == "channel_wise_abs_max") return detail::make_channel_wise_abs_max_observer(options);
+  if (t == "mse") {
+    validate(options, "mse_channel_wise");  // the same weight search grid
+    return detail::make_mse_weight_observer(options);
+  }
   if (t == "mse_channel_wise") {
     validate(options, "mse_channel_wise");
     return detail::make_mse_channel_wise_observer(options);

@@ -110,5 +110,6 @@ std::unique_ptr<Observer> make_emd_observer(const ObserverOptions& o);
 std::unique_ptr<Observer> make_weight_abs_max_observer(const ObserverOptions& options);
 std::unique_ptr<Observer> make_channel_wise_abs_max_observer(const ObserverOptions& o);
 std::unique_ptr<Observer> make_mse_channel_wise_observer(const ObserverOptions& o);
+std::unique_ptr<Observer> make_mse_weight_observer(const ObserverOptions& o);
 
 }  // namespace slimquant::quant::detail

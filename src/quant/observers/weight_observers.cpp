@@ -1,6 +1,6 @@
-// Weight observers: abs_max (per tensor), channel_wise_abs_max, mse_channel_wise.
+// Weight observers: abs_max and mse (per tensor), channel_wise_abs_max, mse_channel_wise.
 // A weight is a constant observed once and completely, so these describe the last observed tensor
-// (observing again replaces it) and need no histogram: mse_channel_wise searches on the values.
+// (observing again replaces it) and need no histogram: the mse observers search on the values.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -205,8 +205,62 @@ class MseChannelWiseObserver final : public ChannelWiseObserver {
   mutable std::array<std::optional<std::vector<ClipRange>>, 3> cache_;
 };
 
+// Per tensor (seed 003's MSEObserver as a weight observer): the threshold T = f * max|w| (f on
+// search_fractions(weight_search_steps, weight_search_min_fraction)) whose quantization has the
+// smallest squared error over all the values; the channel-wise search with one channel. Keeps a
+// reference to the observed weight; results are cached per scheme.
+class MseWeightObserver final : public Observer {
+ public:
+  explicit MseWeightObserver(const ObserverOptions& o)
+      : Observer(/*accumulate=*/false, o.weight_bits),
+        fractions_(search_fractions(o.weight_search_steps, o.weight_search_min_fraction)) {}
+  std::string name() const override { return "mse"; }
+
+ protected:
+  void on_observe(const Tensor& x, const float*, int64_t, const BatchStats&) override {
+    weight_ = x;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& c : cache_) c.reset();
+  }
+
+  ClipRange clip_range(QuantScheme scheme) const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& cached = cache_[static_cast<size_t>(scheme)];
+    if (!cached) cached = search(scheme);
+    return *cached;
+  }
+
+ private:
+  ClipRange search(QuantScheme scheme) const {
+    const double lo = std::min(observed_min(), 0.0f), hi = std::max(observed_max(), 0.0f);
+    const double abs_max = std::max(-lo, hi);
+    ClipRange best{static_cast<float>(lo), static_cast<float>(hi)};
+    if (abs_max == 0.0) return best;
+    double best_err = std::numeric_limits<double>::infinity();
+    // Largest threshold first, strict improvements: ties keep less clipping.
+    for (auto f = fractions_.rbegin(); f != fractions_.rend(); ++f) {
+      const double t = *f * abs_max;
+      const ClipRange r{static_cast<float>(std::max(-t, lo)), static_cast<float>(std::min(t, hi))};
+      const double err = squared_error(weight_.data<float>(), weight_.numel(), affine_grid(r.lo, r.hi, scheme, bits_));
+      if (err < best_err) {
+        best_err = err;
+        best = r;
+      }
+    }
+    return best;
+  }
+
+  std::vector<double> fractions_;
+  Tensor weight_;
+  mutable std::mutex mutex_;
+  mutable std::array<std::optional<ClipRange>, 3> cache_;
+};
+
 }  // namespace
 
+std::unique_ptr<Observer> make_mse_weight_observer(const ObserverOptions& o) {
+  return std::make_unique<MseWeightObserver>(o);
+}
 std::unique_ptr<Observer> make_weight_abs_max_observer(const ObserverOptions& o) {
   return std::make_unique<WeightAbsMaxObserver>(o);
 }
