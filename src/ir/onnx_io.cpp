@@ -404,8 +404,15 @@ void graph_to_proto(const Graph& g, onnx::GraphProto* gp) {
   gp->set_name(g.name.empty() ? "graph" : g.name);
   for (const auto& n : g.nodes) node_to_proto(n, gp->add_node());
   for (const auto& [name, t] : g.initializers) tensor_to_proto(t, name, gp->add_initializer());
-  for (const auto& i : g.inputs) value_info_to_proto(i, gp->add_input());
-  for (const auto& o : g.outputs) value_info_to_proto(o, gp->add_output());
+  // Optional values are written back with their optional type.
+  auto write = [&](const ValueInfo& v, onnx::ValueInfoProto* out) {
+    value_info_to_proto(v, out);
+    if (!g.optional_values.count(v.name)) return;
+    onnx::TypeProto tensor = out->type();
+    *out->mutable_type()->mutable_optional_type()->mutable_elem_type() = tensor;
+  };
+  for (const auto& i : g.inputs) write(i, gp->add_input());
+  for (const auto& o : g.outputs) write(o, gp->add_output());
   for (const auto& [name, v] : g.value_info)
     if (v.dtype != DType::kUndefined) value_info_to_proto(v, gp->add_value_info());
 }
@@ -567,10 +574,20 @@ void fill_graph_from_proto(const onnx::GraphProto& gp, const LoadScope& scope, G
     if (is_onnx_16bit_float(t.data_type())) g.stored_float_types[t.name()] = t.data_type();
   }
   // Sequence, map and optional values need a different runtime model; say so up front.
+  // An optional(tensor) value is read as its tensor type (and remembered as optional).
+  auto as_tensor_type = [&](const onnx::ValueInfoProto& v) {
+    if (!v.has_type() || !v.type().has_optional_type() || !v.type().optional_type().elem_type().has_tensor_type())
+      return v;
+    onnx::ValueInfoProto plain = v;
+    *plain.mutable_type() = v.type().optional_type().elem_type();
+    g.optional_values.insert(v.name());
+    return plain;
+  };
   auto require_tensor = [&](const onnx::ValueInfoProto& v, const char* role) {
     if (v.has_type() && !v.type().has_tensor_type())
       fail(ErrorKind::kUnsupported, std::string("graph ") + role + " '" + v.name() +
-                                        "' is a sequence, map or optional value; only tensors are supported");
+                                        "' is a sequence or map value (or an optional one); only tensors and "
+                                        "optional tensors are supported");
     // String interfaces and types we lack: say so instead of misreading the data.
     const int elem_type = v.has_type() ? v.type().tensor_type().elem_type() : 0;
     if (is_onnx_16bit_float(elem_type)) {
@@ -583,12 +600,14 @@ void fill_graph_from_proto(const onnx::GraphProto& gp, const LoadScope& scope, G
       }
     }
   };
-  for (const auto& v : gp.input()) {
-    if (g.initializers.count(v.name())) continue;
+  for (const auto& given : gp.input()) {
+    if (g.initializers.count(given.name())) continue;
+    const onnx::ValueInfoProto v = as_tensor_type(given);
     require_tensor(v, "input");
     g.inputs.push_back(value_info_from_proto(v));
   }
-  for (const auto& v : gp.output()) {
+  for (const auto& given : gp.output()) {
+    const onnx::ValueInfoProto v = as_tensor_type(given);
     require_tensor(v, "output");
     g.outputs.push_back(value_info_from_proto(v));
   }

@@ -82,7 +82,8 @@ class Plan {
     std::map<std::string, Tensor> result;
     for (size_t k = 0; k < wanted_.size(); ++k) {
       Tensor& t = slots.values[wanted_slots_[k]];
-      if (!t.defined()) fail(ErrorKind::kInternal, "output '" + wanted_[k] + "' was not produced");
+      if (!t.defined() && !graph_.optional_values.count(wanted_[k]))  // an empty optional is undefined
+        fail(ErrorKind::kInternal, "output '" + wanted_[k] + "' was not produced");
       result[wanted_[k]] = t;
     }
     return result;
@@ -246,7 +247,8 @@ void check_feeds(const ir::Graph& graph, const std::map<std::string, Tensor>& fe
       for (const auto& in : graph.inputs) names += (names.empty() ? "'" : ", '") + in.name + "'";
       fail(ErrorKind::kInvalidArgument, "unknown input '" + name + "'; the model's inputs are " + names);
     }
-    if (!t.defined()) fail(ErrorKind::kInvalidArgument, "input '" + name + "' is an empty tensor");
+    if (!t.defined() && !graph.optional_values.count(name))
+      fail(ErrorKind::kInvalidArgument, "input '" + name + "' is an empty tensor");
     if (declared && declared->dtype != DType::kUndefined && declared->dtype != t.dtype())
       fail(ErrorKind::kInvalidArgument, "input '" + name + "' has dtype " + dtype_name(t.dtype()) +
                                             ", the model expects " + dtype_name(declared->dtype));

@@ -5,6 +5,7 @@
 
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/runtime/session.h"
+#include "test_util.h"
 
 using namespace slimquant;
 
@@ -116,5 +117,42 @@ TEST(ControlFlow, UnsupportedOpInABranchNamesTheIfAndTheOp) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("If 'y_node'"), std::string::npos) << msg;
     EXPECT_NE(msg.find("NoSuchOp"), std::string::npos) << msg;
+  }
+}
+
+// A TorchScript export whose If branches return Optional[Tensor] (one of them empty), read back by
+// OptionalHasElement and OptionalGetElement: y = 2x + 1 when sum(x) > 0, else x - 1. It runs both
+// ways, and survives export (the optional types are written back) and reload.
+TEST(ControlFlow, OptionalValuesFromIfBranchesRunBothWays) {
+  test::TempDir tmp("optional_if");
+  const ir::Graph g = ir::load_onnx(test::source_path("tests/fixtures/models/control_flow/optional_if.onnx"));
+  ir::save_onnx(g, tmp.path("again.onnx"));
+  for (const ir::Graph& model : {g, ir::load_onnx(tmp.path("again.onnx"))}) {
+    runtime::Session s(model);
+    const Tensor positive = Tensor::from_vector<float>({2, 3}, {1, 2, 3, 4, 5, 6});
+    const Tensor negative = Tensor::from_vector<float>({2, 3}, {-1, -2, -3, -4, -5, 6});
+    EXPECT_EQ(s.run({{"x", positive}}).at("y").to_float_vector(), (std::vector<float>{3, 5, 7, 9, 11, 13}));
+    EXPECT_EQ(s.run({{"x", negative}}).at("y").to_float_vector(), (std::vector<float>{-2, -3, -4, -5, -6, 5}));
+  }
+}
+
+// Reading an empty optional is the model's error, named as such.
+TEST(ControlFlow, OptionalGetElementOfAnEmptyOptionalIsNamed) {
+  ir::Graph g;
+  g.opset = 16;
+  g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{2, ""}, {3, ""}}});
+  g.nodes.push_back(make_node("Optional", {}, {"none"}));
+  g.nodes.push_back(make_node("OptionalHasElement", {"none"}, {"has"}));
+  g.nodes.push_back(make_node("OptionalGetElement", {"none"}, {"y"}));
+  g.outputs.push_back({"has", DType::kBool, std::nullopt});
+  runtime::Session has(g);
+  EXPECT_EQ(has.run({{"x", Tensor(DType::kFloat32, {2, 3})}}).at("has").to_int64_vector(), (std::vector<int64_t>{0}));
+  g.outputs = {{"y", DType::kFloat32, std::nullopt}};
+  try {
+    runtime::Session get(g);
+    get.run({{"x", Tensor(DType::kFloat32, {2, 3})}});
+    FAIL() << "an empty optional was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the optional value is empty"), std::string::npos) << e.what();
   }
 }

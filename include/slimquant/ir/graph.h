@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -81,6 +82,9 @@ struct Graph {
   // Cast, an input followed by a Cast to float, an output preceded by a Cast), so an export keeps
   // the model's interface and a weight left in float keeps its size.
   std::map<std::string, int> stored_float_types;
+  // Inputs and outputs declared optional(tensor) (If branches of scripted exports): a value that may
+  // hold no tensor, held as an undefined Tensor when empty. Sequences stay unsupported.
+  std::set<std::string> optional_values;
 
   bool is_initializer(const std::string& v) const { return initializers.count(v) != 0; }
   const Tensor* initializer(const std::string& v) const;

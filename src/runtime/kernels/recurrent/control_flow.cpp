@@ -2,6 +2,9 @@
 // exports branch on "no boxes left" before NonMaxSuppression, ROI pooling on the level count).
 // Each branch is compiled once into its own Session whose graph inputs are the outer values the
 // branch reads (ir::Node::captured); the plan hands them over as the node's trailing inputs.
+// Optional tensors (Optional, OptionalHasElement, OptionalGetElement: scripted exports return
+// Optional[Tensor] from If branches) are tensors that may be undefined: an empty optional reaches a
+// kernel as a missing input.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -27,8 +30,9 @@ class IfKernel final : public Kernel {
     Branch& b = take_then ? then_ : else_;
     std::map<std::string, Tensor> feeds;
     const size_t first = node_.declared_inputs();
-    for (size_t k = 0; k < node_.captured.size(); ++k)
-      if (b.reads.count(node_.captured[k])) feeds[node_.captured[k]] = ctx.input(first + k);
+    for (size_t k = 0; k < node_.captured.size(); ++k)  // an empty optional is fed as undefined
+      if (b.reads.count(node_.captured[k]))
+        feeds[node_.captured[k]] = ctx.has_input(first + k) ? ctx.input(first + k) : Tensor();
     std::map<std::string, Tensor> out = b.session->run(feeds);
     const auto& names = b.session->outputs();
     SQ_CHECK(names.size() == ctx.num_outputs(), ErrorKind::kInvalidModel,
@@ -36,6 +40,10 @@ class IfKernel final : public Kernel {
                  std::to_string(names.size()) + " outputs, the node " + std::to_string(ctx.num_outputs()));
     for (size_t i = 0; i < names.size(); ++i) {
       const Tensor& v = out.at(names[i].name);
+      if (!v.defined()) {  // an empty optional
+        ctx.set_output(i, Tensor());
+        continue;
+      }
       // A copy: the branch's buffers are reused by its next run.
       Tensor& y = ctx.allocate_output(i, v.dtype(), v.shape());
       if (v.nbytes() > 0) std::memcpy(y.raw(), v.raw(), v.nbytes());
@@ -62,6 +70,7 @@ class IfKernel final : public Kernel {
       for (const auto& o : sub.outputs) read = read || o.name == name;
       if (!read || defined.count(name) || sub.is_initializer(name)) continue;
       sub.inputs.push_back({name, DType::kUndefined, std::nullopt});
+      sub.optional_values.insert(name);  // the outer value may be an empty optional
       b.reads.insert(name);
     }
     SessionOptions options;
@@ -80,8 +89,34 @@ class IfKernel final : public Kernel {
 
 }  // namespace
 
+// Optional(x): x, or an empty optional without input. OptionalGetElement(x): x, which must not be
+// empty (a plain tensor is its own element). OptionalHasElement(x): whether x holds a tensor.
+class OptionalKernel final : public Kernel {
+ public:
+  explicit OptionalKernel(const KernelInit& init) : node_(init.node) {}
+
+  void run(KernelContext& ctx) override {
+    const bool present = ctx.has_input(0) && ctx.input(0).defined();
+    if (node_.op_type == "OptionalHasElement") {
+      ctx.allocate_output(0, DType::kBool, {}).data<bool>()[0] = present;
+    } else if (present) {
+      ctx.set_output(0, ctx.input(0));
+    } else {
+      SQ_CHECK(node_.op_type == "Optional", ErrorKind::kInvalidArgument,
+               node_.describe() + ": the optional value is empty (the model's own control flow should have "
+                                  "checked it with OptionalHasElement)");
+      ctx.set_output(0, Tensor());
+    }
+  }
+
+ private:
+  const ir::Node& node_;
+};
+
 void register_control_flow_kernels(KernelRegistry& r) {
   r.add("If", [](const KernelInit& init) -> std::unique_ptr<Kernel> { return std::make_unique<IfKernel>(init); });
+  for (const char* op : {"Optional", "OptionalHasElement", "OptionalGetElement"})
+    r.add(op, [](const KernelInit& init) -> std::unique_ptr<Kernel> { return std::make_unique<OptionalKernel>(init); });
 }
 
 }  // namespace slimquant::runtime
