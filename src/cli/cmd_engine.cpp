@@ -7,7 +7,6 @@
 #include <optional>
 #include <random>
 #include <set>
-#include <span>
 
 #include "cli/common.h"
 #include "slimquant/analysis/evaluate.h"
@@ -199,10 +198,7 @@ Action register_run(CLI::App& app) {
         write_npy_float16(paths[i], t);
         type = "float16";
       } else if (stored != stored_float_types.end() && t.dtype() == DType::kFloat32) {
-        Tensor rounded = t.clone();
-        for (float& v : std::span<float>(rounded.data<float>(), static_cast<size_t>(rounded.numel())))
-          v = round_to_16bit_float(v, stored->second);
-        write_npy(paths[i], rounded);
+        write_npy(paths[i], t);  // already rounded: the loader ends a 16-bit output with a rounding Cast
         type = "bfloat16 (as float32)";
       } else {
         write_npy(paths[i], t);
