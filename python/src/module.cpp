@@ -44,6 +44,7 @@
 #include "slimquant/quant/ptq.h"
 #include "slimquant/quant/quant_config.h"
 #include "slimquant/runtime/session.h"
+#include "slimquant/train/qat.h"
 
 namespace py = pybind11;
 using namespace slimquant;
@@ -294,10 +295,16 @@ py::dict report_dict(const analysis::SensitivityReport& r) {
   return d;
 }
 
-// A data set over samples held in memory (the statistics mode reads a Dataset): [N, ...] float32.
+// A data set over samples held in memory (the statistics mode and QAT read a Dataset): [N, ...]
+// float32, with N class labels or none.
 class ArrayDataset : public data::Dataset {
  public:
-  ArrayDataset(std::string name, Tensor samples) : name_(std::move(name)), samples_(std::move(samples)) {
+  ArrayDataset(std::string name, Tensor samples, std::vector<int64_t> labels = {})
+      : name_(std::move(name)), samples_(std::move(samples)), labels_(std::move(labels)) {
+    SQ_CHECK(samples_.rank() >= 1 && samples_.dtype() == DType::kFloat32, ErrorKind::kInvalidArgument,
+             name_ + ": samples must be a float32 array [N, ...]");
+    SQ_CHECK(labels_.empty() || labels_.size() == size(), ErrorKind::kInvalidArgument,
+             name_ + ": " + std::to_string(labels_.size()) + " labels for " + std::to_string(size()) + " samples");
     shape_.assign(samples_.shape().begin() + 1, samples_.shape().end());
   }
   const std::string& name() const override { return name_; }
@@ -308,14 +315,32 @@ class ArrayDataset : public data::Dataset {
     const size_t n = static_cast<size_t>(shape_numel(shape_));
     std::memcpy(dst, samples_.data<float>() + index * n, n * sizeof(float));
   }
-  bool has_labels() const override { return false; }
-  int64_t label(size_t) const override { fail(ErrorKind::kInvalidArgument, name_ + " has no labels"); }
+  bool has_labels() const override { return !labels_.empty(); }
+  int64_t label(size_t index) const override {
+    SQ_CHECK(index < labels_.size(), ErrorKind::kInvalidArgument, name_ + " has no label for sample " + std::to_string(index));
+    return labels_[index];
+  }
 
  private:
   std::string name_;
   Tensor samples_;
+  std::vector<int64_t> labels_;
   Shape shape_;
 };
+
+// (samples [N, ...] float32, labels [N] int64 or None) from Python -> a data set owning copies.
+std::unique_ptr<data::Dataset> dataset_from_arrays(py::handle samples, py::handle labels, const std::string& name) {
+  Tensor x = to_tensor(samples, name + " samples");
+  SQ_CHECK(x.dtype() == DType::kFloat32, ErrorKind::kInvalidArgument, name + ": samples must be float32");
+  std::vector<int64_t> y;
+  if (!labels.is_none()) {
+    Tensor l = to_tensor(labels, name + " labels");
+    SQ_CHECK(l.dtype() == DType::kInt64 && l.rank() == 1, ErrorKind::kInvalidArgument,
+             name + ": labels must be a 1-D int64 array");
+    y.assign(l.data<int64_t>(), l.data<int64_t>() + l.numel());
+  }
+  return std::make_unique<ArrayDataset>(name, x.clone(), std::move(y));
+}
 
 // Batches of the data (each [n, ...] for the single model input, float32) stacked into one data set.
 std::unique_ptr<data::Dataset> dataset_from_batches(const std::vector<Tensor>& batches, const std::string& name) {
@@ -602,6 +627,131 @@ PYBIND11_MODULE(_slimquant, m) {
                         py::arg("resumed_batches") = r.resumed_batches, py::arg("seconds") = r.seconds);
       })
       .def_property_readonly("float_layers", [](const quant::PostTrainingQuantization& p) { return p.fallback().float_layers; });
+
+  // ---- quantization-aware training (seed 003's QAT): the library's train::QAT
+  py::class_<train::QATOptions>(m, "_QATOptions")
+      .def(py::init<>())
+      .def_readwrite("weight_quanter", &train::QATOptions::weight_quanter)
+      .def_readwrite("act_quanter", &train::QATOptions::act_quanter)
+      .def_readwrite("epochs", &train::QATOptions::epochs)
+      .def_readwrite("batch_size", &train::QATOptions::batch_size)
+      .def_readwrite("steps_per_epoch", &train::QATOptions::steps_per_epoch)
+      .def_property("optimizer", [](const train::QATOptions& o) { return o.optimizer.type; },
+                    [](train::QATOptions& o, const std::string& t) { o.optimizer.type = t; })
+      .def_property("momentum", [](const train::QATOptions& o) { return o.optimizer.momentum; },
+                    [](train::QATOptions& o, float v) { o.optimizer.momentum = v; })
+      .def_property("nesterov", [](const train::QATOptions& o) { return o.optimizer.nesterov; },
+                    [](train::QATOptions& o, bool v) { o.optimizer.nesterov = v; })
+      .def_property("weight_decay", [](const train::QATOptions& o) { return o.optimizer.weight_decay; },
+                    [](train::QATOptions& o, float v) { o.optimizer.weight_decay = v; })
+      .def_readwrite("lr", &train::QATOptions::lr)
+      .def_readwrite("lr_schedule", &train::QATOptions::lr_schedule)
+      .def_readwrite("warmup_fraction", &train::QATOptions::warmup_fraction)
+      .def_readwrite("distill", &train::QATOptions::distill)
+      .def_readwrite("temperature", &train::QATOptions::temperature)
+      .def_readwrite("calib_batches", &train::QATOptions::calib_batches)
+      .def_readwrite("seed", &train::QATOptions::seed)
+      .def_readwrite("num_threads", &train::QATOptions::num_threads)
+      .def("add_quanter_spec", [](train::QATOptions& o, const std::string& name, const std::string& type,
+                                  std::optional<float> init_value, std::optional<bool> per_channel, float lr_scale,
+                                  bool symmetric, std::optional<bool> sign) {
+        train::QuanterSpec spec;
+        spec.type = type;
+        spec.init_value = init_value;
+        spec.per_channel = per_channel;
+        spec.lr_scale = lr_scale;
+        spec.symmetric = symmetric;
+        spec.sign = sign;
+        o.quanter_specs[name] = spec;
+      }, py::arg("name"), py::arg("type"), py::arg("init_value") = py::none(), py::arg("per_channel") = py::none(),
+         py::arg("lr_scale") = 1.0f, py::arg("symmetric") = false, py::arg("sign") = py::none());
+
+  py::class_<train::QAT>(m, "_QAT")
+      .def(py::init<quant::QuantConfig, train::QATOptions>())
+      // calib_samples / calib_labels: arrays [N, ...] / [N] (labels may be None), or None for no calibration.
+      .def("prepare", [](train::QAT& q, const ir::Graph& g, py::object calib_samples) {
+        std::unique_ptr<data::Dataset> calib;
+        if (!calib_samples.is_none()) calib = dataset_from_arrays(calib_samples, py::none(), "calibration_data");
+        py::gil_scoped_release release;
+        q.prepare(g, calib.get());
+      }, py::arg("model"), py::arg("calibration_samples") = py::none())
+      .def("set_training_options", &train::QAT::set_training_options)
+      .def("fit", [](train::QAT& q, py::handle samples, py::handle labels, py::object on_epoch) {
+        auto data = dataset_from_arrays(samples, labels, "training data");
+        std::function<void(const train::EpochReport&)> report;
+        if (!on_epoch.is_none()) {
+          auto fn = hold(std::move(on_epoch));
+          report = [fn](const train::EpochReport& r) {
+            py::gil_scoped_acquire gil;
+            (*fn)(py::dict(py::arg("epoch") = r.epoch, py::arg("steps") = r.steps, py::arg("mean_loss") = r.mean_loss,
+                           py::arg("seconds") = r.seconds, py::arg("samples") = r.samples));
+          };
+        }
+        py::gil_scoped_release release;
+        q.fit(*data, report);
+      }, py::arg("samples"), py::arg("labels"), py::arg("on_epoch") = py::none())
+      .def("train_step", [](train::QAT& q, py::handle x, py::handle y, float lr) {
+        data::Batch batch;
+        batch.inputs = to_tensor(x, "train_step x");
+        SQ_CHECK(batch.inputs.dtype() == DType::kFloat32, ErrorKind::kInvalidArgument, "train_step: x must be float32");
+        if (!y.is_none()) {
+          Tensor l = to_tensor(y, "train_step y");
+          SQ_CHECK(l.dtype() == DType::kInt64 && l.rank() == 1 && l.numel() == batch.inputs.dim(0),
+                   ErrorKind::kInvalidArgument, "train_step: y must be 1-D int64 with one label per sample of x");
+          batch.labels.assign(l.data<int64_t>(), l.data<int64_t>() + l.numel());
+        }
+        py::gil_scoped_release release;
+        return q.train_step(batch, lr);
+      }, py::arg("x"), py::arg("y"), py::arg("lr"))
+      .def("simulate", [](train::QAT& q, py::handle x) {
+        Tensor input = to_tensor(x, "QAT model input");
+        SQ_CHECK(input.dtype() == DType::kFloat32, ErrorKind::kInvalidArgument, "QAT model input must be float32");
+        Tensor out;
+        {
+          py::gil_scoped_release release;
+          out = q.simulate(input);
+        }
+        return to_numpy(out);
+      })
+      .def("convert", [](train::QAT& q) {
+        py::gil_scoped_release release;
+        return q.convert();
+      })
+      .def("ptq_model", &train::QAT::ptq_graph)
+      .def_property_readonly("calibrated", &train::QAT::calibrated)
+      .def_property_readonly("optimizer_steps", [](train::QAT& q) { return q.optimizer().steps(); })
+      .def_property_readonly("completed_epochs", &train::QAT::completed_epochs)
+      .def_property_readonly("lr", [](const train::QAT& q) { return q.options().lr; })
+      .def_property_readonly("input_name", &train::QAT::input_name)
+      .def_property_readonly("output_name", &train::QAT::output_name)
+      .def_property_readonly("float_model", &train::QAT::float_graph)
+      .def_property_readonly("layers", [](const train::QAT& q) {
+        py::list out;
+        for (const auto& l : q.layers())
+          out.append(py::dict(py::arg("name") = l.name, py::arg("op_type") = l.op_type,
+                              py::arg("activations") = l.activations, py::arg("weight") = l.weight));
+        return out;
+      })
+      // Per quantized tensor: the quanter's type, its trainable parameters and what it exports.
+      .def_property_readonly("quanters", [](const train::QAT& q) {
+        py::dict out;
+        for (const auto& [tensor, quanter] : q.quanters()) {
+          py::dict params;
+          for (train::Parameter* p : quanter->parameters()) params[py::str(p->name)] = to_numpy(p->value.clone());
+          py::dict d(py::arg("type") = quanter->name(), py::arg("is_weight") = quanter->init().is_weight,
+                     py::arg("bits") = quanter->init().bits, py::arg("parameters") = params);
+          try {
+            const QuantParam e = quanter->export_params();
+            d["scale"] = e.scale;
+            d["zero_point"] = e.zero_point;
+            d["dtype"] = std::string(dtype_name(e.dtype));
+          } catch (const Error&) {
+            d["scale"] = py::none();  // a quanter that initialises on its first batch has seen none yet
+          }
+          out[py::str(tensor)] = d;
+        }
+        return out;
+      });
 
   // ---- analyses (seeds 000, 001) and the target search
   py::class_<analysis::SensitivityReport>(m, "_SensitivityReport")

@@ -76,7 +76,7 @@ class SGD : public Optimizer {
           v[i] = mu * v[i] + gi;
           d = options_.nesterov ? gi + mu * v[i] : v[i];
         }
-        w[i] -= lr * d;
+        w[i] -= lr * p.lr_scale * d;
       }
     }
   }
@@ -100,12 +100,12 @@ class Adam : public Optimizer {
       float* v = buffer(s, "v").data<float>();
       for (int64_t i = 0; i < p.value.numel(); ++i) {
         float gi = g[i];
-        if (decoupled_) w[i] -= lr * wd * w[i];
+        if (decoupled_) w[i] -= lr * p.lr_scale * wd * w[i];
         else gi += wd * w[i];
         m[i] = static_cast<float>(b1 * m[i] + (1.0 - b1) * gi);
         v[i] = static_cast<float>(b2 * v[i] + (1.0 - b2) * static_cast<double>(gi) * gi);
         const double mhat = m[i] / c1, vhat = v[i] / c2;
-        w[i] -= static_cast<float>(lr * mhat / (std::sqrt(vhat) + options_.eps));
+        w[i] -= static_cast<float>(lr * p.lr_scale * mhat / (std::sqrt(vhat) + options_.eps));
       }
     }
   }

@@ -85,17 +85,84 @@ size_t steps_in_epoch(size_t train_size, size_t batch_size, size_t limit) {
 }  // namespace
 
 QAT::QAT(quant::QuantConfig config, QATOptions options) : config_(std::move(config)), options_(std::move(options)) {
+  check_training_options();
+  for (const auto& [name, spec] : options_.quanter_specs) {
+    SQ_CHECK(spec.type != name, ErrorKind::kInvalidArgument,
+             "QAT: quanter spec '" + name + "' must not reuse a quanter type name");
+    SQ_CHECK(!spec.init_value || spec.type == "pact", ErrorKind::kInvalidArgument,
+             "QAT: quanter spec '" + name + "': init_value is PACT's initial clip; " + spec.type + " has none");
+  }
+  quanter_type(options_.weight_quanter, true);
+  quanter_type(options_.act_quanter, false);
+}
+
+void QAT::check_training_options() {
   SQ_CHECK(options_.batch_size > 0, ErrorKind::kInvalidArgument, "QAT: batch_size must be at least 1");
   SQ_CHECK(options_.epochs >= 0, ErrorKind::kInvalidArgument, "QAT: epochs must not be negative");
   if (options_.lr == 0.0f) options_.lr = options_.optimizer.type == "sgd" ? 1e-3f : 1e-4f;
   SQ_CHECK(options_.lr > 0 && std::isfinite(options_.lr), ErrorKind::kInvalidArgument,
            "QAT: the learning rate must be positive, got " + std::to_string(options_.lr));
-  check_quanter_name(options_.weight_quanter, true);
-  check_quanter_name(options_.act_quanter, false);
   make_optimizer(options_.optimizer);  // unknown optimizer names fail before any work
   LRSchedule probe;
   probe.type = options_.lr_schedule;
   probe.at(0);
+}
+
+std::string QAT::quanter_type(const std::string& name, bool is_weight) const {
+  auto it = options_.quanter_specs.find(name);
+  const std::string& type = it == options_.quanter_specs.end() ? name : it->second.type;
+  check_quanter_name(type, is_weight);
+  return type;
+}
+
+void QAT::apply_quanter_spec(const std::string& name, QuanterInit& init) const {
+  auto it = options_.quanter_specs.find(name);
+  if (it == options_.quanter_specs.end()) return;
+  const QuanterSpec& spec = it->second;
+  init.init_value = spec.init_value;
+  if (spec.per_channel && init.is_weight) init.per_channel = *spec.per_channel;
+  init.lr_scale = spec.lr_scale;
+  init.symmetric = spec.symmetric;
+  init.sign = spec.sign;
+}
+
+void QAT::set_training_options(QATOptions options) {
+  // The quanters are placed: keep the settings that made them.
+  options.weight_quanter = options_.weight_quanter;
+  options.act_quanter = options_.act_quanter;
+  options.quanter_specs = options_.quanter_specs;
+  options.calib_batches = options_.calib_batches;
+  QATOptions previous = std::move(options_);
+  options_ = std::move(options);
+  try {
+    check_training_options();
+  } catch (...) {
+    options_ = std::move(previous);
+    throw;
+  }
+  if (!graph_) return;
+  build_optimizer();
+  completed_epochs_ = 0;
+  if (options_.distill && !teacher_) {
+    runtime::SessionOptions so;
+    so.num_threads = options_.num_threads;
+    teacher_ = std::make_unique<runtime::Session>(ptq_->float_graph(), so);
+  }
+}
+
+void QAT::build_optimizer() {
+  // Weight decay on weight tensors only: not on biases, LayerNorm scales or quanter parameters.
+  optimizer_ = make_optimizer(options_.optimizer);
+  std::set<Parameter*> quanter_params;
+  for (const auto& [t, q] : quanters_)
+    for (Parameter* p : q->parameters()) quanter_params.insert(p);
+  std::set<Parameter*> added;
+  for (Parameter* p : graph_->parameters()) {
+    if (!added.insert(p).second) continue;
+    optimizer_->add(p, !quanter_params.count(p) && p->value.rank() >= 2);
+  }
+  for (Parameter* p : quanter_params)
+    if (added.insert(p).second) optimizer_->add(p, false);
 }
 
 QAT::~QAT() = default;
@@ -114,8 +181,8 @@ void QAT::prepare(const ir::Graph& float_graph, const data::Dataset* calib) {
   // Validate every rule's quanter names before any work.
   for (const auto& node : float_graph.nodes) {
     const quant::QuantRule& rule = config_.rule_for(node);
-    if (!rule.activation_quanter.empty()) check_quanter_name(rule.activation_quanter, false);
-    if (!rule.weight_quanter.empty()) check_quanter_name(rule.weight_quanter, true);
+    if (!rule.activation_quanter.empty()) quanter_type(rule.activation_quanter, false);
+    if (!rule.weight_quanter.empty()) quanter_type(rule.weight_quanter, true);
   }
   ptq_ = std::make_unique<quant::PTQ>(config_);
   ptq_->quantize(float_graph);
@@ -160,7 +227,8 @@ void QAT::prepare(const ir::Graph& float_graph, const data::Dataset* calib) {
           init.never_negative = !obs.seen_negative();
         }
       }
-      auto q = make_quanter(name, init, t);
+      apply_quanter_spec(name, init);
+      auto q = make_quanter(quanter_type(name, false), init, t);
       quanters_[t] = q.get();
       quanter_names_[t] = q->name();
       graph_->insert_on_tensor(t, std::move(q), t + "_quanter");
@@ -175,25 +243,15 @@ void QAT::prepare(const ir::Graph& float_graph, const data::Dataset* calib) {
       init.bits = config_.effective_weight_bits();
       init.channel_axis = layer.weight_axis;
       init.initial_weight = p->value.clone();
-      auto q = make_quanter(name, init, layer.weight);
+      apply_quanter_spec(name, init);
+      auto q = make_quanter(quanter_type(name, true), init, layer.weight);
       quanters_[layer.weight] = q.get();
       quanter_names_[layer.weight] = q->name();
       graph_->insert_on_tensor(layer.weight, std::move(q), layer.weight + "_quanter");
     }
   }
 
-  // Weight decay on weight tensors only: not on biases, LayerNorm scales or quanter parameters.
-  optimizer_ = make_optimizer(options_.optimizer);
-  std::set<Parameter*> quanter_params;
-  for (const auto& [t, q] : quanters_)
-    for (Parameter* p : q->parameters()) quanter_params.insert(p);
-  std::set<Parameter*> added;
-  for (Parameter* p : graph_->parameters()) {
-    if (!added.insert(p).second) continue;
-    optimizer_->add(p, !quanter_params.count(p) && p->value.rank() >= 2);
-  }
-  for (Parameter* p : quanter_params)
-    if (added.insert(p).second) optimizer_->add(p, false);
+  build_optimizer();
 
   teacher_.reset();
   if (options_.distill) {
@@ -368,6 +426,16 @@ std::string QAT::config_fingerprint() const {
   j["distill"] = options_.distill ? "T=" + std::to_string(options_.temperature) : "off";
   j["calib_batches"] = options_.calib_batches;
   j["seed"] = options_.seed;
+  // Only when there are any, so that the CLI's checkpoints keep their fingerprint.
+  for (const auto& [name, spec] : options_.quanter_specs) {
+    nlohmann::json& e = j["quanter_specs"][name];
+    e["type"] = spec.type;
+    if (spec.init_value) e["init_value"] = std::to_string(*spec.init_value);
+    if (spec.per_channel) e["per_channel"] = *spec.per_channel;
+    e["lr_scale"] = std::to_string(spec.lr_scale);
+    e["symmetric"] = spec.symmetric;
+    if (spec.sign) e["sign"] = *spec.sign;
+  }
   return j.dump();
 }
 

@@ -119,13 +119,22 @@ std::unique_ptr<Quanter> make_quanter(const std::string& name, const QuanterInit
     SQ_CHECK(init.bits == 8, ErrorKind::kUnsupported,
              "activation quanter '" + name + "': only 8-bit activations are exported, got " + std::to_string(init.bits) +
                  " bits");
-  if (n == "pact") return std::make_unique<PACTQuanter>(init, prefix);
-  if (n == "lsq_plus") {
-    if (init.is_weight) return std::make_unique<WeightLSQplusQuanter>(init, prefix);
-    return std::make_unique<ActLSQplusQuanter>(init, prefix);
-  }
-  if (n == "moving_abs_max") return std::make_unique<MovingAbsMaxQuanter>(init, prefix, kMovingRate);
-  return std::make_unique<AbsMaxWeightQuanter>(init, prefix);
+  SQ_CHECK(!init.init_value || n == "pact", ErrorKind::kInvalidArgument,
+           "quanter '" + name + "': init_value is PACT's initial clip; " + n + " has none");
+  SQ_CHECK(!init.symmetric || (n == "lsq_plus" && !init.is_weight), ErrorKind::kInvalidArgument,
+           "quanter '" + name + "': the symmetric setting is the activation lsq_plus quanter's");
+  SQ_CHECK(!init.sign || init.symmetric, ErrorKind::kInvalidArgument,
+           "quanter '" + name + "': sign applies to the symmetric activation lsq_plus quanter only");
+  SQ_CHECK(std::isfinite(init.lr_scale) && init.lr_scale > 0.0f, ErrorKind::kInvalidArgument,
+           "quanter '" + name + "': the learning-rate factor must be positive, got " + std::to_string(init.lr_scale));
+  std::unique_ptr<Quanter> q;
+  if (n == "pact") q = std::make_unique<PACTQuanter>(init, prefix);
+  else if (n == "lsq_plus" && init.is_weight) q = std::make_unique<WeightLSQplusQuanter>(init, prefix);
+  else if (n == "lsq_plus") q = std::make_unique<ActLSQplusQuanter>(init, prefix);
+  else if (n == "moving_abs_max") q = std::make_unique<MovingAbsMaxQuanter>(init, prefix, kMovingRate);
+  else q = std::make_unique<AbsMaxWeightQuanter>(init, prefix);
+  for (Parameter* p : q->parameters()) p->lr_scale = init.lr_scale;
+  return q;
 }
 
 // ---- PACT ---------------------------------------------------------------------------------------
@@ -134,7 +143,13 @@ PACTQuanter::PACTQuanter(const QuanterInit& init, const std::string& prefix)
     : Quanter(init), alpha_(make_param(prefix + ".alpha", {}, 1.0f)) {
   // Weights are signed; activations are signed unless calibration saw no negative value.
   signed_ = init.is_weight || !init.never_negative;
-  if (!init.is_weight && init.has_range) {
+  sign_known_ = init.is_weight || init.has_range;
+  if (init.init_value) {
+    SQ_CHECK(std::isfinite(*init.init_value) && *init.init_value > 0.0f, ErrorKind::kInvalidArgument,
+             "PACT quanter '" + prefix + "': init_value must be a positive number, got " + std::to_string(*init.init_value));
+    alpha_.value.data<float>()[0] = *init.init_value;
+    initialised_ = true;
+  } else if (!init.is_weight && init.has_range) {
     alpha_.value.data<float>()[0] = std::max({init.range.hi, -init.range.lo, quant::kMinScale});
     initialised_ = true;
   } else if (init.is_weight && init.initial_weight.defined()) {
@@ -146,13 +161,15 @@ PACTQuanter::PACTQuanter(const QuanterInit& init, const std::string& prefix)
 std::vector<Tensor> PACTQuanter::forward(const std::vector<Tensor>& inputs, bool training) {
   const Tensor& x = single_input(inputs, "pact");
   float& alpha = alpha_.value.data<float>()[0];
+  if (!sign_known_) {
+    // No calibration: the first tensor seen decides between s8 and u8 (zero point 0).
+    float lo = 0.0f;
+    for (float v : x.values<float>()) lo = std::min(lo, v);
+    signed_ = lo < 0.0f;
+    sign_known_ = true;
+  }
   if (!initialised_) {
     // No calibration: start from the abs max of the first tensor seen (no clipping at first).
-    if (!init_.is_weight && !init_.has_range) {
-      float lo = 0.0f;
-      for (float v : x.values<float>()) lo = std::min(lo, v);
-      signed_ = lo < 0.0f;
-    }
     alpha = std::max(abs_max_of(x), quant::kMinScale);
     initialised_ = true;
   }
@@ -311,11 +328,21 @@ QuantParam WeightLSQplusQuanter::export_params() const {
 ActLSQplusQuanter::ActLSQplusQuanter(const QuanterInit& init, const std::string& prefix)
     : Quanter(init), scale_(make_param(prefix + ".scale", {}, 1.0f)), beta_(make_param(prefix + ".beta", {}, 0.0f)) {
   SQ_CHECK(!init.is_weight, ErrorKind::kInternal, "ActLSQplusQuanter on a weight");
+  sign_known_ = true;  // asymmetric: the offset covers either sign
+  if (init.symmetric) {
+    sign_known_ = init.sign.has_value() || init.has_range;
+    signed_ = init.sign ? *init.sign : !init.never_negative;
+  }
   if (init.has_range) {
-    // The asymmetric u8 parameters of the calibrated range: s = (hi - lo) / 255, beta = lo.
     const float lo = std::min(init.range.lo, 0.0f), hi = std::max(init.range.hi, 0.0f);
-    scale_.value.data<float>()[0] = std::max((hi - lo) / 255.0f, quant::kMinScale);
-    beta_.value.data<float>()[0] = lo;
+    if (init.symmetric) {
+      // The symmetric grid covering the calibrated range.
+      scale_.value.data<float>()[0] = std::max(signed_ ? std::max(hi, -lo) / 127.0f : hi / 255.0f, quant::kMinScale);
+    } else {
+      // The asymmetric u8 parameters of the calibrated range: s = (hi - lo) / 255, beta = lo.
+      scale_.value.data<float>()[0] = std::max((hi - lo) / 255.0f, quant::kMinScale);
+      beta_.value.data<float>()[0] = lo;
+    }
     initialised_ = true;
   }
 }
@@ -325,15 +352,26 @@ std::vector<Tensor> ActLSQplusQuanter::forward(const std::vector<Tensor>& inputs
   const float* xp = x.data<float>();
   float& s = scale_.value.data<float>()[0];
   float& beta = beta_.value.data<float>()[0];
-  if (!initialised_) {
+  if (!initialised_ || !sign_known_) {
     float lo = 0.0f, hi = 0.0f;
     for (int64_t i = 0; i < x.numel(); ++i) lo = std::min(lo, xp[i]), hi = std::max(hi, xp[i]);
-    s = std::max((hi - lo) / 255.0f, quant::kMinScale);
-    beta = lo;
-    initialised_ = true;
+    if (init_.symmetric && !sign_known_) {
+      signed_ = lo < 0.0f;
+      sign_known_ = true;
+    }
+    if (!initialised_) {
+      if (init_.symmetric) {
+        s = std::max(signed_ ? std::max(hi, -lo) / 127.0f : hi / 255.0f, quant::kMinScale);
+      } else {
+        s = std::max((hi - lo) / 255.0f, quant::kMinScale);
+        beta = lo;
+      }
+      initialised_ = true;
+    }
   }
   s = std::max(s, quant::kMinScale);
-  const float zp = quant_math::saturate_round(-beta / s, 0.0f, 255.0f);
+  const float qmin = this->qmin(), qmax = this->qmax();
+  const float zp = init_.symmetric ? 0.0f : quant_math::saturate_round(-beta / s, 0.0f, 255.0f);
   Tensor y(DType::kFloat32, x.shape());
   float* yp = y.data<float>();
   float* ds = nullptr;
@@ -347,12 +385,13 @@ std::vector<Tensor> ActLSQplusQuanter::forward(const std::vector<Tensor>& inputs
   }
   for (int64_t i = 0; i < x.numel(); ++i) {
     const float u = xp[i] / s + zp;
-    const float r = quant_math::saturate_round(u, 0.0f, 255.0f);
+    const float r = quant_math::saturate_round(u, qmin, qmax);
     yp[i] = (r - zp) * s;
     if (ds) {
-      const int8_t reg = u < 0.0f ? -1 : (u > 255.0f ? 1 : 0);
+      const int8_t reg = u < qmin ? -1 : (u > qmax ? 1 : 0);
       region[i] = reg;
-      ds[i] = reg == 0 ? r - u : (reg < 0 ? 0.0f : 255.0f);
+      // Below the range the asymmetric form's output is beta (the offset), not a multiple of s.
+      ds[i] = reg == 0 ? r - u : (reg < 0 ? (init_.symmetric ? qmin : 0.0f) : qmax);
     }
   }
   return {y};
@@ -372,15 +411,16 @@ std::vector<Tensor> ActLSQplusQuanter::backward(const std::vector<Tensor>& grads
     if (region[i] == 0) dxp[i] = gp[i];
     else dbeta += gp[i];
   }
-  const double gs = 1.0 / std::sqrt(static_cast<double>(per_sample_) * 255.0);
+  const double gs = 1.0 / std::sqrt(static_cast<double>(per_sample_) * qmax());
   add_grad(scale_, 0, static_cast<float>(dscale * gs));
-  add_grad(beta_, 0, static_cast<float>(dbeta * gs));
+  if (!init_.symmetric) add_grad(beta_, 0, static_cast<float>(dbeta * gs));
   return {dx};
 }
 
 QuantParam ActLSQplusQuanter::export_params() const {
   SQ_CHECK(initialised_, ErrorKind::kInvalidData, "lsq_plus quanter '" + scale_.name + "' has seen no data");
   const float s = std::max(scale_.value.data<float>()[0], quant::kMinScale);
+  if (init_.symmetric) return per_tensor_params(signed_ ? DType::kInt8 : DType::kUInt8, s, 0);
   const float zp = quant_math::saturate_round(-beta_.value.data<float>()[0] / s, 0.0f, 255.0f);
   return per_tensor_params(DType::kUInt8, s, static_cast<int32_t>(zp));
 }

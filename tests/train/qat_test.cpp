@@ -274,6 +274,68 @@ TEST(QATFlow, QuantConfigRulesChooseQuantersPerType) {
   EXPECT_EQ(loaded.rule_for(fc).weight_quanter, "abs_max");
 }
 
+TEST(QATFlow, NamedQuanterSpecsCarrySettingsPerRule) {
+  OneThread one_thread;
+  auto train_set = fmnist("train", 64);
+  quant::QuantConfig cfg;
+  quant::QuantRule gemm;
+  gemm.activation_quanter = "clip#1";
+  gemm.weight_quanter = "tensor_lsq#2";
+  cfg.add_type_config({"Gemm"}, gemm);
+  train::QATOptions o = small_options();
+  train::QuanterSpec clip;
+  clip.type = "pact";
+  clip.init_value = 3.5f;
+  clip.lr_scale = 10.0f;
+  train::QuanterSpec per_tensor;
+  per_tensor.type = "lsq_plus";
+  per_tensor.per_channel = false;
+  o.quanter_specs["clip#1"] = clip;
+  o.quanter_specs["tensor_lsq#2"] = per_tensor;
+  train::QAT qat(cfg, o);
+  qat.prepare(ir::load_onnx(test::fixture_model("resnet_small")), train_set.get());
+  size_t gemms = 0;
+  for (const auto& l : qat.layers()) {
+    if (l.op_type != "Gemm") {
+      EXPECT_EQ(qat.quanters().at(l.weight)->export_params().scale.size(),
+                static_cast<size_t>(qat.float_graph().initializer(l.weight)->dim(0)))
+          << "the default weight quanter is per channel";
+      continue;
+    }
+    ++gemms;
+    auto* pact = dynamic_cast<train::PACTQuanter*>(qat.quanters().at(l.activations.at(0)));
+    ASSERT_NE(pact, nullptr);
+    EXPECT_FLOAT_EQ(pact->alpha().value.data<float>()[0], 3.5f);  // init_value, not the calibration
+    EXPECT_FLOAT_EQ(pact->alpha().lr_scale, 10.0f);
+    EXPECT_EQ(qat.quanters().at(l.weight)->export_params().scale.size(), 1u);  // per tensor
+  }
+  EXPECT_GE(gemms, 1u);
+
+  // New training settings keep the quanters and restart the optimizer.
+  data::BatchLoader loader(*train_set, 32);
+  qat.train_step(loader.batch(0), 1e-3f);
+  EXPECT_EQ(qat.optimizer().steps(), 1);
+  train::QATOptions next = o;
+  next.optimizer.type = "adam";
+  next.lr = 0.0f;
+  next.epochs = 1;
+  next.steps_per_epoch = 1;
+  next.quanter_specs.clear();  // ignored: the quanters are in place
+  qat.set_training_options(next);
+  EXPECT_EQ(qat.optimizer().steps(), 0);
+  EXPECT_FLOAT_EQ(qat.options().lr, 1e-4f);
+  EXPECT_EQ(qat.options().quanter_specs.size(), 2u);
+  qat.fit(*train_set);
+  EXPECT_EQ(qat.optimizer().steps(), 1);
+  next.optimizer.type = "lion";
+  EXPECT_THROW(qat.set_training_options(next), Error);
+  EXPECT_EQ(qat.options().optimizer.type, "adam");  // unchanged after a refused change
+
+  per_tensor.init_value = 1.0f;
+  o.quanter_specs["bad#3"] = per_tensor;
+  EXPECT_THROW(train::QAT(cfg, o), Error);  // init_value is PACT's
+}
+
 TEST(QATCli, TrainsExportsReportsAndResumes) {
   test::TempDir tmp("qat_cli");
   const std::string out = tmp.path("q.onnx");

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "slimquant/train/optimizer.h"
 #include "slimquant/train/quanters.h"
 
 using namespace slimquant;
@@ -188,4 +189,64 @@ TEST(QuanterFactory, NamesAndErrors) {
     EXPECT_NE(std::string(e.what()).find("unknown weight quanter 'moving_abs_max'"), std::string::npos) << e.what();
   }
   EXPECT_THROW(check_quanter_name("lsq", false), Error);
+}
+
+TEST(QuanterPACT, InitValueReplacesTheCalibratedClip) {
+  QuanterInit init = act_init(-1.0f, 1.0f);
+  init.init_value = 2.5f;
+  auto q = make_quanter("pact", init, "t");
+  // alpha 2.5, scale 2.5/127: 2.0 stays inside the clip (2.0 * 50.8 = 101.6 -> 102).
+  auto y = q->forward({vec({2}, {2.0f, 3.0f})}, false);
+  expect_near(values(y[0]), {102 * 2.5 / 127, 2.5}, 1e-5);
+  EXPECT_FLOAT_EQ(q->export_params().scale.at(0), 2.5f / 127);
+  init.init_value = -1.0f;
+  EXPECT_THROW(make_quanter("pact", init, "t"), Error);
+  init.init_value = 1.0f;
+  EXPECT_THROW(make_quanter("lsq_plus", init, "t"), Error);  // PACT's setting only
+}
+
+TEST(QuanterFactory, LearningRateFactorReachesTheParameters) {
+  QuanterInit init = act_init(-1.0f, 1.0f);
+  init.lr_scale = 1000.0f;
+  auto q = make_quanter("pact", init, "t");
+  ASSERT_EQ(q->parameters().size(), 1u);
+  EXPECT_FLOAT_EQ(q->parameters()[0]->lr_scale, 1000.0f);
+  // SGD without momentum: alpha -= lr * lr_scale * grad = 1e-3 * 1000 * 0.25.
+  OptimizerOptions o;
+  o.type = "sgd";
+  o.momentum = 0.0f;
+  auto opt = make_optimizer(o);
+  opt->add(q->parameters()[0], false);
+  opt->zero_grad();
+  q->parameters()[0]->grad.data<float>()[0] = 0.25f;
+  opt->step(1e-3f);
+  EXPECT_NEAR(q->parameters()[0]->value.data<float>()[0], 1.0f - 0.25f, 1e-6);
+}
+
+TEST(QuanterActLSQplus, SymmetricHasNoOffsetAndHonoursSign) {
+  QuanterInit init = act_init(-1.0f, 2.0f);
+  init.symmetric = true;
+  ActLSQplusQuanter q(init, "t");
+  ASSERT_EQ(q.parameters().size(), 1u);  // the scale only
+  // Signed (calibration saw negatives): s = 2/127. -3 clips to -127; 0.5 -> 31.75 -> 32; 5 clips to 127.
+  auto y = q.forward({vec({1, 3}, {-3.0f, 0.5f, 5.0f})}, true);
+  const double s = 2.0 / 127;
+  expect_near(values(y[0]), {-127 * s, 32 * s, 127 * s}, 1e-6);
+  q.scale().zero_grad();
+  auto dx = q.backward({vec({1, 3}, {1, 1, 1})});
+  expect_near(values(dx[0]), {0, 1, 0});
+  // dL/ds = gs * (-127 + (32 - 31.75) + 127), gs = 1 / sqrt(3 * 127).
+  EXPECT_NEAR(q.scale().grad.data<float>()[0], 0.25 / std::sqrt(3.0 * 127), 1e-5);
+  auto p = q.export_params();
+  EXPECT_EQ(p.dtype, DType::kInt8);
+  EXPECT_EQ(p.zero_point.at(0), 0);
+  EXPECT_FLOAT_EQ(p.scale.at(0), 2.0f / 127);
+
+  // sign = false: u8 with zero point 0 whatever the calibration saw; negatives clip to 0.
+  init.sign = false;
+  ActLSQplusQuanter u(init, "u");
+  auto yu = u.forward({vec({2}, {-1.0f, 1.0f})}, false);
+  expect_near(values(yu[0]), {0.0, std::round(1.0 / (2.0 / 255)) * 2.0 / 255}, 1e-6);
+  EXPECT_EQ(u.export_params().dtype, DType::kUInt8);
+  EXPECT_FLOAT_EQ(u.export_params().scale.at(0), 2.0f / 255);
 }

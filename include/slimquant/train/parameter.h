@@ -11,6 +11,9 @@ struct Parameter {
   std::string name;
   Tensor value;
   Tensor grad;  // same shape as value; allocated (zeros) by zero_grad() when undefined
+  // Multiplies the optimizer's learning rate for this parameter (PaddleSlim's ParamAttr
+  // learning_rate, e.g. PACT's clip trained 1000x faster than the weights).
+  float lr_scale = 1.0f;
   void zero_grad();
 };
 

@@ -14,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,8 +30,20 @@
 
 namespace slimquant::train {
 
+// A quanter with settings, registered under a name in QATOptions::quanter_specs (the Python API
+// registers each quanter object given to a QuantConfig this way: PaddleSlim's constructor arguments).
+struct QuanterSpec {
+  std::string type;                 // a make_quanter name: pact, lsq_plus, moving_abs_max, abs_max
+  std::optional<float> init_value;  // QuanterInit::init_value (pact)
+  std::optional<bool> per_channel;  // weight quanters: QuanterInit::per_channel
+  float lr_scale = 1.0f;            // QuanterInit::lr_scale
+  bool symmetric = false;           // activation lsq_plus: QuanterInit::symmetric
+  std::optional<bool> sign;         // with symmetric: QuanterInit::sign
+};
+
 struct QATOptions {
   // Default quanters; QuantRule::activation_quanter / weight_quanter override them per rule.
+  // Each of these names is a make_quanter name or a key of quanter_specs.
   std::string weight_quanter = "lsq_plus";  // lsq_plus | pact | abs_max
   std::string act_quanter = "pact";         // pact | lsq_plus | moving_abs_max
   int epochs = 1;
@@ -58,6 +71,8 @@ struct QATOptions {
   // Written after every epoch (atomically) and resumed from by fit() when it exists.
   std::string checkpoint;
   int num_threads = 0;  // teacher session threads (0 = OpenMP default)
+  // Named quanter settings (see QuanterSpec); empty from the CLI.
+  std::map<std::string, QuanterSpec> quanter_specs;
 };
 
 struct EpochReport {
@@ -81,6 +96,12 @@ class QAT {
   // one of another model or configuration), then runs epoch after epoch, saving after each.
   // Without distill the data set must have labels (kInvalidArgument otherwise).
   void fit(const data::Dataset& train, const std::function<void(const EpochReport&)>& on_epoch = {});
+  // New training settings after prepare() (the Python API takes them per train() call): epochs,
+  // batch size, steps, optimizer, learning rate and schedule, distillation, seed, checkpoint. The
+  // weights, quanters and calibration are kept; the optimizer starts afresh (its state and the
+  // schedule's step count from zero) and fit() runs all the new epochs. The quanter settings of
+  // `options` are ignored: prepare() placed the quanters.
+  void set_training_options(QATOptions options);
   // One optimizer step on a batch (labels needed unless distilling); returns the loss before it.
   double train_step(const data::Batch& batch, float lr);
   // Logits of the training graph in evaluation mode: the float simulation of the exported model.
@@ -115,6 +136,12 @@ class QAT {
 
  private:
   Tensor teacher_logits(const Tensor& input);
+  // The make_quanter name a quanter name stands for (a quanter_specs key or itself), checked.
+  std::string quanter_type(const std::string& name, bool is_weight) const;
+  // Applies the settings of a quanter_specs entry to `init` (nothing for a plain name).
+  void apply_quanter_spec(const std::string& name, QuanterInit& init) const;
+  void check_training_options();  // also sets the default learning rate
+  void build_optimizer();
   float lr_at(int64_t step, size_t train_size) const;
 
   quant::QuantConfig config_;

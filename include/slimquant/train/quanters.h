@@ -12,7 +12,8 @@
 //                 initialised to max(|mu - 3 sigma|, |mu + 3 sigma|) / 2^(b-1) of the weights (of the
 //                 channel). dL/dw = g inside, 0 outside; dL/ds = gs * g * (round(u) - u) inside,
 //                 -127 or 127 outside, with gs = 1 / sqrt(n * Qp), n = elements sharing s.
-//   ActLSQplus    asymmetric u8: u = x/s + z with z = clamp(round(-beta/s), 0, 255) (the offset beta
+//   ActLSQplus    (QuanterInit::symmetric: LSQ without offset, s8 or u8 with zero point 0, dL/ds as
+//                 below with Qp = 127 or 255.) Otherwise asymmetric u8: u = x/s + z with z = clamp(round(-beta/s), 0, 255) (the offset beta
 //                 snapped to the zero point the export can state), y = s * (clamp(round(u), 0, 255) - z).
 //                 dL/dx = g inside; dL/ds = gs * g * (round(u) - u) inside, 0 below, 255 above;
 //                 dL/dbeta = gs * g outside, 0 inside; gs = 1 / sqrt(n * Qp), n = elements per sample.
@@ -21,6 +22,7 @@
 //                 threshold = accum / state (r = 0.9); no trainable parameters, STE inside.
 //   abs_max (weights)  per-channel max|w| / 127 of the current weights, recomputed every forward.
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,6 +49,16 @@ struct QuanterInit {
   bool never_negative = false;
   // Weights: 2..8 (QuantConfig::weight_bits; values within +-(2^(bits-1) - 1)). Activations: 8.
   int bits = 8;
+  // PACT: the initial clip alpha, instead of the calibrated range, the initial weights or the first
+  // batch (PaddleSlim's PACTQuanter init_value). Must be positive.
+  std::optional<float> init_value;
+  // Multiplies the learning rate of the quanter's parameters (PaddleSlim's PACT learning_rate).
+  float lr_scale = 1.0f;
+  // ActLSQplus: symmetric = no offset (LSQ, PaddleSlim's symmetric=True): y = s * clamp(round(x/s)),
+  // on s8 [-127, 127] when signed, u8 [0, 255] (zero point 0) otherwise; `sign` unset = u8 when
+  // calibration saw no negative value (or the first batch has none).
+  bool symmetric = false;
+  std::optional<bool> sign;
 };
 
 class Quanter : public TrainOp {
@@ -98,6 +110,7 @@ class PACTQuanter : public Quanter {
  private:
   Parameter alpha_;
   bool signed_ = true, initialised_ = false;
+  bool sign_known_ = false;  // activations without calibration take the sign of the first batch
   Tensor region_;  // per element: -1 below the range, 0 inside, +1 above
 };
 
@@ -126,14 +139,21 @@ class ActLSQplusQuanter : public Quanter {
   std::string name() const override { return "lsq_plus"; }
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs, bool training) override;
   std::vector<Tensor> backward(const std::vector<Tensor>& grad_outputs) override;
-  std::vector<Parameter*> parameters() override { return {&scale_, &beta_}; }
+  std::vector<Parameter*> parameters() override {
+    if (init_.symmetric) return {&scale_};
+    return {&scale_, &beta_};
+  }
   QuantParam export_params() const override;
   Parameter& scale() { return scale_; }
   Parameter& beta() { return beta_; }
 
  private:
+  // The integer range: [0, 255] asymmetric or unsigned, [-127, 127] signed symmetric.
+  float qmin() const { return init_.symmetric && signed_ ? -127.0f : 0.0f; }
+  float qmax() const { return init_.symmetric && signed_ ? 127.0f : 255.0f; }
   Parameter scale_, beta_;
   bool initialised_ = false;
+  bool signed_ = false, sign_known_ = false;  // symmetric only
   Tensor ds_, region_;
   int64_t per_sample_ = 1;
 };
