@@ -1,4 +1,4 @@
-"""slimquant: ONNX -> INT8 post-training quantization, sensitivity analysis and an INT8 CPU runtime.
+"""slimquant: ONNX -> INT8 post-training quantization, quantization-aware training, sensitivity analysis and an INT8 CPU runtime.
 
 The names and parameters are the source documents' (PaddleSlim's), adapted to ONNX files; see
 docs/python.md for a walkthrough and the table of PaddleSlim names.
@@ -32,6 +32,8 @@ from .quantization import (  # noqa: F401
     PACTQuanter,
     PostTrainingQuantization,
     PTQ,
+    QAT,
+    QATModel,
     QuantConfig,
     WeightLSQplusQuanter,
 )

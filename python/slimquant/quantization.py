@@ -6,6 +6,8 @@ calibration, observers and QDQ conversion are the same code the command line run
 """
 import os
 
+import numpy as np
+
 from . import _slimquant as _sq
 from ._compat import (check_bool, check_choice, check_data, check_float, check_int, check_path, check_str_list,
                       explicit_arguments, invalid, refuse_paddle_model, warn, warn_unused)
@@ -102,36 +104,214 @@ class MSEChannelWiseWeightObserver(_Observer):
 
 
 class _Quanter:
-    """A QAT quanter of QuantConfig (used by `slimquant qat`; post-training flows only record it and
-    warn that they calibrate with observers instead)."""
+    """A QAT quanter of QuantConfig: QAT(config) trains with it; post-training flows record it and
+    warn that they calibrate that part with its observer instead.
 
-    name = ""
+    Each subclass takes PaddleSlim's constructor arguments; those the library honours reach its
+    quanter (through a named spec in the QAT options), the others warn when given, naming
+    themselves. `kwargs` holds the arguments the caller gave."""
+
+    name = ""  # the library's quanter type
     roles = ("activation", "weight")
 
-    def __init__(self, **kwargs):
-        self.kwargs = kwargs
+    def _record(self, explicit, values):
+        self.kwargs = {k: values[k] for k in values if k in explicit}
+
+    def _spec(self, part):
+        """Settings of the library's QuanterSpec for this quanter in `part` ("activation"/"weight")."""
+        return {}
+
+    def _check_role(self, part, where):
+        if part not in self.roles:
+            raise invalid(f"{where}: {type(self).__name__} is not a {part} quanter (it quantizes "
+                          f"{' and '.join(self.roles)}s)")
+
+    def _weight_bits(self):
+        return None
 
     def __repr__(self):
-        return f"{type(self).__name__}()"
+        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+        return f"{type(self).__name__}({args})"
+
+
+def _check_dtype(dtype, who):
+    # Training runs in float32; PaddleSlim's other trainable dtypes (float16) are not available.
+    return check_choice(dtype, f"{who}: dtype", ("float32",))
+
+
+def _check_bits(quant_bits, who, part_can_be_weight):
+    bits = check_int(quant_bits, f"{who}: quant_bits", 2 if part_can_be_weight else 8, 8)
+    return bits
+
+
+def _warn_given(who, explicit, values, why):
+    for parameter, reason in why.items():
+        if parameter in explicit:
+            warn_unused(f"{who}: {parameter}={values[parameter]!r}", reason)
 
 
 class PACTQuanter(_Quanter):
+    """PACT: a learnable clip alpha; the clipped tensor is quantized on the grid alpha / 127 (signed),
+    alpha / 255 (never-negative activations) or alpha / (2^(bits-1) - 1) (weights).
+
+    init_value: the initial alpha. None (slimquant's default) starts from the calibrated range
+    (QAT.quantize(calibration_data=...)), the weights' max |w|, or the first batch's max |x|;
+    PaddleSlim's default 100 is the clip in front of a separate quantizer, and a 100-wide 8-bit grid
+    here would lose most activations. learning_rate: the factor on the optimizer's rate for alpha
+    (PaddleSlim: 1000); None = 1, the optimizer's own rate. quanter: PaddleSlim's quantizer behind
+    the clip; slimquant's PACT quantizes itself, so a quanter given warns. quant_bits: weights 2..8
+    (the config's weight bits), activations 8."""
+
     name = "pact"
+
+    @explicit_arguments  # a parameter without effect warns when given, even with its default value
+    def __init__(self, quanter=None, init_value=None, learning_rate=None, dtype="float32", name=None, *,
+                 quant_bits=8):
+        who = "PACTQuanter"
+        values = dict(quanter=quanter, init_value=init_value, learning_rate=learning_rate, dtype=dtype, name=name,
+                      quant_bits=quant_bits)
+        self.init_value = None if init_value is None else check_float(init_value, f"{who}: init_value", 0.0,
+                                                                      float("inf"), low_open=True)
+        self.learning_rate = 1.0 if learning_rate is None else check_float(
+            learning_rate, f"{who}: learning_rate", 0.0, float("inf"), low_open=True)
+        _check_dtype(dtype, who)
+        self.quant_bits = _check_bits(quant_bits, who, True)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"{who}: name must be a str or None, got {type(name).__name__} {name!r}")
+        if quanter is not None:
+            warn_unused(f"{who}: quanter={getattr(quanter, '__name__', type(quanter).__name__)}",
+                        "slimquant's PACT quantizes the clipped tensor itself (scale alpha / 127, or / 255 for "
+                        "never-negative activations)")
+        if name is not None:
+            warn_unused(f"{who}: name={name!r}", "quanter parameters are named after the tensor they quantize")
+        self._record(self._explicit, values)
+
+    def _spec(self, part):
+        return {"init_value": self.init_value, "lr_scale": self.learning_rate}
+
+    def _check_role(self, part, where):
+        super()._check_role(part, where)
+        if part == "activation" and self.quant_bits != 8:
+            raise invalid(f"{where}: PACTQuanter quant_bits={self.quant_bits}: activations are quantized to 8 bits")
+
+    def _weight_bits(self):
+        return self.quant_bits
 
 
 class WeightLSQplusQuanter(_Quanter):
+    """LSQ+ for weights: a learnable step s (per output channel with per_channel=True, one per weight
+    otherwise: PaddleSlim's default), initialised to max(|mu - 3 sigma|, |mu + 3 sigma|) / 2^(bits-1)
+    of the weights; symmetric signed grid of quant_bits (2..8) bits."""
+
     name = "lsq_plus"
     roles = ("weight",)
 
+    @explicit_arguments
+    def __init__(self, quant_bits=8, sign=True, symmetric=True, per_channel=False, batch_init=20, quant_linear=False,
+                 channel_num=None, reduce_type=None, dtype="float32", name=None, all_postive=False):
+        who = "WeightLSQplusQuanter"
+        values = dict(quant_bits=quant_bits, sign=sign, symmetric=symmetric, per_channel=per_channel,
+                      batch_init=batch_init, quant_linear=quant_linear, channel_num=channel_num,
+                      reduce_type=reduce_type, dtype=dtype, name=name, all_postive=all_postive)
+        self.quant_bits = _check_bits(quant_bits, who, True)
+        if not check_bool(sign, f"{who}: sign"):
+            raise invalid(f"{who}: sign=False (unsigned weights) is not supported: weights are exported on a "
+                          "signed symmetric grid")
+        if not check_bool(symmetric, f"{who}: symmetric"):
+            raise invalid(f"{who}: symmetric=False is not supported: weights are exported with zero point 0")
+        if check_bool(all_postive, f"{who}: all_postive"):
+            raise invalid(f"{who}: all_postive=True is not supported: weights are exported on a signed grid")
+        self.per_channel = check_bool(per_channel, f"{who}: per_channel")
+        check_int(batch_init, f"{who}: batch_init", 1)
+        check_bool(quant_linear, f"{who}: quant_linear")
+        check_int(channel_num, f"{who}: channel_num", 1, allow_none=True)
+        if reduce_type is not None:
+            check_choice(reduce_type, f"{who}: reduce_type", ("max",))
+        _check_dtype(dtype, who)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"{who}: name must be a str or None, got {type(name).__name__} {name!r}")
+        _warn_given(who, self._explicit, values, {
+            "batch_init": "the step is initialised once from the weights before training (they barely move "
+                          "over the first batches)",
+            "quant_linear": "the channel axis comes from the ONNX op (a Gemm/MatMul weight's output columns)",
+            "channel_num": "the channel count comes from the weight's shape",
+            "reduce_type": "training runs in one process; there is nothing to reduce across",
+            "name": "quanter parameters are named after the tensor they quantize",
+        })
+        self._record(self._explicit, values)
+
+    def _spec(self, part):
+        return {"per_channel": self.per_channel}
+
+    def _weight_bits(self):
+        return self.quant_bits
+
 
 class ActLSQplusQuanter(_Quanter):
+    """LSQ+ for activations (one scale per tensor). symmetric=True (PaddleSlim's default): a
+    learnable step s, y = s * clamp(round(x / s)) on s8 [-127, 127] (sign=True) or u8 [0, 255]
+    with zero point 0 (sign=False). symmetric=False: LSQ+ with a learnable offset beta, asymmetric
+    u8 (the zero point is round(-beta / s)), what `slimquant qat --act-quanter lsq_plus` uses.
+    The step starts from the calibrated range, else the first batch."""
+
     name = "lsq_plus"
     roles = ("activation",)
 
+    @explicit_arguments
+    def __init__(self, quant_bits=8, sign=True, symmetric=True, per_channel=False, batch_init=20, quant_linear=False,
+                 reduce_type=None, dtype="float32", name=None, all_postive=False):
+        who = "ActLSQplusQuanter"
+        values = dict(quant_bits=quant_bits, sign=sign, symmetric=symmetric, per_channel=per_channel,
+                      batch_init=batch_init, quant_linear=quant_linear, reduce_type=reduce_type, dtype=dtype,
+                      name=name, all_postive=all_postive)
+        self.quant_bits = _check_bits(quant_bits, who, False)
+        self.sign = check_bool(sign, f"{who}: sign")
+        self.symmetric = check_bool(symmetric, f"{who}: symmetric")
+        # all_postive: the activations are known to be >= 0, i.e. an unsigned grid.
+        if check_bool(all_postive, f"{who}: all_postive"):
+            self.sign = False
+        check_bool(per_channel, f"{who}: per_channel")
+        check_int(batch_init, f"{who}: batch_init", 1)
+        check_bool(quant_linear, f"{who}: quant_linear")
+        if reduce_type is not None:
+            check_choice(reduce_type, f"{who}: reduce_type", ("max",))
+        _check_dtype(dtype, who)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"{who}: name must be a str or None, got {type(name).__name__} {name!r}")
+        unused = {
+            "per_channel": "activations have one scale per tensor (PaddleSlim's ActLSQplusQuanter too)",
+            "batch_init": "the step starts from the calibration (or the first batch) before training",
+            "quant_linear": "activations have no channel axis to choose",
+            "reduce_type": "training runs in one process; there is nothing to reduce across",
+            "name": "quanter parameters are named after the tensor they quantize",
+        }
+        if not self.symmetric:
+            unused["sign"] = "the asymmetric grid's offset covers either sign"
+        _warn_given(who, self._explicit, values, unused)
+        self._record(self._explicit, values)
+
+    def _spec(self, part):
+        return {"symmetric": self.symmetric, "sign": self.sign if self.symmetric else None}
+
 
 class FakeQuanterWithAbsMaxObserver(_Quanter):
+    """Moving-average abs max of the activations (rate 0.9), no trainable parameters."""
+
     name = "moving_abs_max"
     roles = ("activation",)
+
+    @explicit_arguments
+    def __init__(self, moving_rate=0.9, bit_length=8, dtype="float32", name=None):
+        who = "FakeQuanterWithAbsMaxObserver"
+        values = dict(moving_rate=moving_rate, bit_length=bit_length, dtype=dtype, name=name)
+        if check_float(moving_rate, f"{who}: moving_rate", 0.0, 1.0, low_open=True) != 0.9:
+            warn_unused(f"{who}: moving_rate={moving_rate!r}", "the library's moving average uses rate 0.9")
+        if check_int(bit_length, f"{who}: bit_length") != 8:
+            raise invalid(f"{who}: bit_length must be 8 (got {bit_length}): activations are quantized to 8 bits")
+        _check_dtype(dtype, who)
+        if name is not None:
+            warn_unused(f"{who}: name={name!r}", "quanters are named after the tensor they quantize")
+        self._record(self._explicit, values)
 
 
 # Paddle layer classes given to add_type_config, by class name -> the documents' op names.
@@ -183,6 +363,8 @@ class QuantConfig:
     def __init__(self, activation=_UNSET, weight=_UNSET):
         self._config = _sq._QuantConfig(_sq.QuantRule())
         self._quanters = []  # (where, quanter): post-training flows warn that they do not train
+        self._quanter_specs = {}  # spec name (what the rules hold) -> (quanter, part)
+        self._weight_bits_from = None  # the weight quanter whose quant_bits set the config's weight bits
         if activation is None and weight is None:
             self._config.global_rule = _sq.QuantRule(quantize=False)
         else:
@@ -215,9 +397,8 @@ class QuantConfig:
                 if part == "weight" and value.quant_bits != 8:
                     self._config.weight_bits = value.quant_bits
             elif isinstance(value, _Quanter):
-                if part not in value.roles:
-                    raise invalid(f"{where}: {type(value).__name__} is not a {part} quanter")
-                setattr(rule, part + "_quanter", value.name)
+                value._check_role(part, where)
+                setattr(rule, part + "_quanter", self._register_quanter(value, part, where))
                 self._quanters.append((f"{where} {part}", value))
             elif isinstance(value, str):
                 known = _sq.activation_algos() if part == "activation" else _sq.weight_algos()
@@ -227,6 +408,24 @@ class QuantConfig:
             else:
                 raise TypeError(f"{where} {part}: expected an observer, a quanter or a name, got {value!r}")
         return rule
+
+    def _register_quanter(self, quanter, part, where):
+        """The name the rule holds for `quanter` in `part`: one per quanter object and role, so that
+        QAT finds its settings (QATOptions.quanter_specs)."""
+        for key, (known, known_part) in self._quanter_specs.items():
+            if known is quanter and known_part == part:
+                return key
+        key = f"{quanter.name}#{len(self._quanter_specs) + 1}"
+        self._quanter_specs[key] = (quanter, part)
+        bits = quanter._weight_bits() if part == "weight" else None
+        if bits is not None:
+            previous = self._weight_bits_from
+            if previous is not None and previous.quant_bits != bits:
+                raise invalid(f"{where}: {type(quanter).__name__} quant_bits={bits} differs from {previous!r}: the "
+                              "weights of one model are quantized to one bit width (QuantConfig weight_bits)")
+            self._weight_bits_from = quanter
+            self._config.weight_bits = bits
+        return key
 
     def add_layer_config(self, layer, activation=None, weight=None):
         """Rule for nodes named exactly `layer` (a name or a list of names)."""
@@ -298,6 +497,8 @@ class QuantConfig:
         self = cls.__new__(cls)
         self._config = config
         self._quanters = []
+        self._quanter_specs = {}
+        self._weight_bits_from = None
         _check_output_keys(extra, f"config file '{os.fspath(path)}'")
         return self, extra
 
@@ -318,8 +519,8 @@ def _check_output_keys(extra, where):
 def _warn_quanters(config, who):
     for where, quanter in getattr(config, "_quanters", []):
         warn(f"{who}: {where} is {type(quanter).__name__}{' ' + str(quanter.kwargs) if quanter.kwargs else ''}: "
-             "quanters train in quantization-aware training (slimquant qat); post-training quantization "
-             "calibrates that part with its observer instead")
+             "quanters train in quantization-aware training (slimquant.QAT, or slimquant qat); post-training "
+             "quantization calibrates that part with its observer instead")
 
 
 def _model(model, model_filename=None, params_filename=None):
@@ -397,6 +598,308 @@ class PTQ:
     @property
     def layers(self):
         return self._ptq.layers
+
+
+# ---- quantization-aware training (seed 003's QAT): the library's train::QAT
+
+
+def _as_array(value, what, dtype=None):
+    try:
+        array = np.asarray(value)
+    except Exception as e:  # noqa: BLE001 (anything numpy cannot read is the caller's type error)
+        raise TypeError(f"{what}: expected an array, got {type(value).__name__}") from e
+    if array.dtype == object:
+        raise TypeError(f"{what}: expected a numeric array, got {type(value).__name__}")
+    return array if dtype is None else array.astype(dtype, copy=False)
+
+
+def _sample_array(value, input_name, what):
+    """One batch of model input: an array, a dict {input name: array}, or (array, label)."""
+    if isinstance(value, dict):
+        if len(value) != 1 or (input_name is not None and input_name not in value):
+            raise invalid(f"{what}: a dict batch must hold exactly the model input '{input_name}' "
+                          f"(got {sorted(value)})")
+        value = next(iter(value.values()))
+    elif isinstance(value, (tuple, list)) and len(value) >= 1 and not np.isscalar(value[0]) and (
+            isinstance(value[0], dict) or hasattr(value[0], "__array__") or hasattr(value[0], "shape")):
+        return _sample_array(value[0], input_name, what)
+    return np.ascontiguousarray(_as_array(value, what, np.float32))
+
+
+def _labels_array(value, count, what):
+    labels = _as_array(value, what).reshape(-1)
+    if labels.dtype.kind not in "iu":
+        raise TypeError(f"{what}: labels must be integers (class indices), got dtype {labels.dtype}")
+    if labels.size != count:
+        raise invalid(f"{what}: {labels.size} labels for {count} samples")
+    return np.ascontiguousarray(labels.astype(np.int64))
+
+
+def _is_array_like(value):
+    return isinstance(value, np.ndarray) or hasattr(value, "__array__")
+
+
+def _collect(data, what, input_name, labels_required):
+    """Training or calibration data -> (samples [N, ...] float32, labels [N] int64 or None).
+    Accepted: a tuple (samples, labels) of arrays; an array of samples (calibration); an iterable of
+    batches (x, y), [x, y], {input: x} or x; or a callable returning such an iterator (a reader)."""
+    if data is None:
+        raise TypeError(f"{what} is required: (images, labels) arrays or an iterable of (x, y) batches")
+    if isinstance(data, tuple) and len(data) == 2 and _is_array_like(data[0]) and _is_array_like(data[1]) and \
+            np.ndim(data[1]) == 1 and len(data[1]) == len(data[0]) and np.ndim(data[0]) > 1:
+        samples = _sample_array(data[0], input_name, what)
+        return samples, _labels_array(data[1], len(samples), what)
+    if _is_array_like(data) and not isinstance(data, (list, tuple)):
+        if labels_required:
+            raise invalid(f"{what}: samples without labels; give (images, labels) or (x, y) batches")
+        return _sample_array(data, input_name, what), None
+    check_data(data, what)
+    iterable = data() if callable(data) and not hasattr(data, "__iter__") else data
+    xs, ys = [], []
+    for item in iterable:
+        x = _sample_array(item, input_name, what)
+        label = None
+        if isinstance(item, (tuple, list)) and len(item) >= 2:
+            label = item[1]
+        if label is None and labels_required:
+            raise invalid(f"{what}: batch {len(xs)} has no labels; give (x, y) batches")
+        xs.append(x if x.ndim > 1 else x[None])
+        if label is not None:
+            ys.append(_labels_array(label, len(xs[-1]), what))
+    if not xs:
+        raise _sq.InvalidDataError(f"{what} is empty")
+    samples = np.ascontiguousarray(np.concatenate(xs))
+    labels = np.concatenate(ys) if ys and len(ys) == len(xs) else None
+    return samples, labels
+
+
+def _aligned(array):
+    """The library reads C-contiguous arrays in place when 64-byte aligned; the data is copied into
+    an aligned buffer once here instead of on every call."""
+    if array.ctypes.data % 64 == 0:
+        return array
+    buffer = np.empty(array.nbytes + 64, dtype=np.uint8)
+    offset = (-buffer.ctypes.data) % 64
+    out = buffer[offset:offset + array.nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
+
+
+_OPTIMIZERS = ("sgd", "adam", "adamw")
+_LR_SCHEDULES = ("cosine", "step", "constant")
+
+
+class QATModel:
+    """QAT.quantize()'s result: the model with a quanter on every tensor PTQ would quantize, trained
+    by the library's engine (the code `slimquant qat` runs).
+
+    model(x) / forward(x): the first output of the fake-quantized model (evaluation mode: what the
+    converted INT8 model computes) for a batch x (array, {input: array} or (array, label)).
+    train_step(x, y, lr=None): one optimizer step on a batch, returns the loss (cross-entropy with
+    the labels y, or the distillation loss without them when configured with distill=True).
+    train(data, epochs=1, ...): epochs over (images, labels) or (x, y) batches, shuffled per epoch.
+    QAT.convert(model) gives the QDQ slimquant.Model."""
+
+    def __init__(self, qat_config, options, model, calibration_data=None):
+        self._config = qat_config
+        self._options = options
+        self._float_model = model
+        self._input_name = model.inputs[0].name
+        self._trained = False
+        self._prepare(calibration_data)
+
+    def _prepare(self, calibration_data):
+        samples = None
+        if calibration_data is not None:
+            samples, _ = _collect(calibration_data, "calibration_data", self._input_name, labels_required=False)
+            samples = _aligned(samples)
+        impl = _sq._QAT(self._config, self._options)
+        impl.prepare(self._float_model, samples)
+        self._impl = impl
+
+    # -- calibration
+
+    def calibrate(self, data, batch_size=None, batch_nums=None):
+        """Initialises the activation quanters from a PTQ calibration (the config's observers) on
+        `data`: batch_nums batches of batch_size samples (defaults: those QAT.quantize was given),
+        as `slimquant qat` does with --calib-batches. Only before training: it prepares the model
+        again from the float weights."""
+        if self._trained:
+            raise invalid("calibrate: the model has been trained already; calibrate before training (or "
+                          "QAT.quantize(..., calibration_data=...))")
+        if batch_size is not None:
+            self._options.batch_size = check_int(batch_size, "batch_size", 1)
+        if batch_nums is not None:
+            self._options.calib_batches = check_int(batch_nums, "batch_nums", 1)
+        self._prepare(data)
+        return self
+
+    @property
+    def calibrated(self):
+        return self._impl.calibrated
+
+    # -- evaluation
+
+    def forward(self, x):
+        return self._impl.simulate(_sample_array(x, self._input_name, "model input"))
+
+    __call__ = forward
+
+    # -- training
+
+    def configure(self, optimizer=None, lr=None, momentum=None, nesterov=None, weight_decay=None, distill=None,
+                  temperature=None):
+        """Optimizer and loss for train_step (train() takes the same arguments): optimizer "sgd"
+        (momentum 0.9, the default), "adam" or "adamw"; lr the default rate of train_step (None: 1e-3
+        for sgd, 1e-4 for adam/adamw); distill=True learns from the float model's outputs (KL
+        divergence at `temperature`), no labels needed. Starts a fresh optimizer state."""
+        o = self._options
+        if optimizer is not None:
+            o.optimizer = check_choice(optimizer, "optimizer", _OPTIMIZERS)
+            if lr is None:
+                o.lr = 0.0  # the optimizer's default rate
+        if lr is not None:
+            o.lr = check_float(lr, "lr", 0.0, float("inf"), low_open=True)
+        if momentum is not None:
+            o.momentum = check_float(momentum, "momentum", 0.0, 1.0)
+        if nesterov is not None:
+            o.nesterov = check_bool(nesterov, "nesterov")
+        if weight_decay is not None:
+            o.weight_decay = check_float(weight_decay, "weight_decay", 0.0, float("inf"))
+        if distill is not None:
+            o.distill = check_bool(distill, "distill")
+        if temperature is not None:
+            o.temperature = check_float(temperature, "temperature", 0.0, float("inf"), low_open=True)
+        self._impl.set_training_options(o)
+        return self
+
+    def train_step(self, x, y=None, lr=None):
+        """One optimizer step of the library's engine on the batch x with labels y (the GIL is
+        released meanwhile); returns the loss before the step. lr: this step's rate (default: the
+        configured one)."""
+        x = _sample_array(x, self._input_name, "train_step x")
+        if y is not None:
+            y = _labels_array(y, len(x), "train_step y")
+        rate = self._impl.lr if lr is None else check_float(lr, "lr", 0.0, float("inf"), low_open=True)
+        loss = self._impl.train_step(x, y, rate)
+        self._trained = True
+        return loss
+
+    @explicit_arguments
+    def train(self, data=None, epochs=1, lr=None, optimizer="sgd", batch_size=32, steps_per_epoch=None,
+              momentum=0.9, nesterov=False, weight_decay=0.0, lr_schedule="cosine", warmup_fraction=0.05,
+              distill=False, temperature=1.0, seed=0, verbose=False):
+        """Trains `epochs` epochs over `data`: (images, labels) arrays, or an iterable of (x, y)
+        batches (gathered, then shuffled and re-batched by batch_size every epoch, as `slimquant qat`
+        does; without labels only with distill=True). lr is the peak rate of the schedule
+        (cosine with warmup_fraction linear warmup, step, constant); None: 1e-3 for sgd, 1e-4 for
+        adam. steps_per_epoch limits each epoch to that many batches of a fresh shuffle. Each call
+        starts a fresh optimizer and schedule. Returns one dict per epoch (epoch, steps, mean_loss,
+        seconds, samples); verbose=True prints them."""
+        if data is None:
+            raise TypeError("train(data, ...): data is required ((images, labels) arrays or (x, y) batches); "
+                            "this model is always in evaluation mode outside train()/train_step()")
+        o = self._options
+        o.epochs = check_int(epochs, "epochs", 0)
+        o.batch_size = check_int(batch_size, "batch_size", 1)
+        o.steps_per_epoch = check_int(steps_per_epoch, "steps_per_epoch", 1, allow_none=True) or 0
+        o.optimizer = check_choice(optimizer, "optimizer", _OPTIMIZERS)
+        o.lr = 0.0 if lr is None else check_float(lr, "lr", 0.0, float("inf"), low_open=True)
+        o.momentum = check_float(momentum, "momentum", 0.0, 1.0)
+        o.nesterov = check_bool(nesterov, "nesterov")
+        o.weight_decay = check_float(weight_decay, "weight_decay", 0.0, float("inf"))
+        o.lr_schedule = check_choice(lr_schedule, "lr_schedule", _LR_SCHEDULES)
+        o.warmup_fraction = check_float(warmup_fraction, "warmup_fraction", 0.0, 1.0)
+        o.distill = check_bool(distill, "distill")
+        o.temperature = check_float(temperature, "temperature", 0.0, float("inf"), low_open=True)
+        o.seed = check_int(seed, "seed", 0)
+        verbose = check_bool(verbose, "verbose")
+        samples, labels = _collect(data, "data", self._input_name, labels_required=not o.distill)
+        self._impl.set_training_options(o)
+        reports = []
+
+        def on_epoch(report):
+            reports.append(report)
+            if verbose:
+                print(f"epoch {report['epoch']}/{o.epochs}: mean loss {report['mean_loss']:.4f}, "
+                      f"{report['seconds']:.1f} s ({report['samples']} samples)")
+
+        self._trained = True
+        self._impl.fit(_aligned(samples), labels, on_epoch)
+        return reports
+
+    # -- inspection
+
+    @property
+    def layers(self):
+        """The quantized layers (name, op_type, activations, weight), as PTQ.layers."""
+        return self._impl.layers
+
+    @property
+    def quanters(self):
+        """Per quantized tensor: type, is_weight, bits, parameters (name -> array: alpha, scale,
+        beta) and the exported scale / zero_point / dtype (None before a lazily initialised quanter
+        has seen data)."""
+        return self._impl.quanters
+
+    @property
+    def steps(self):
+        """Optimizer steps since the optimizer was (re)started."""
+        return self._impl.optimizer_steps
+
+    def ptq_model(self):
+        """The PTQ model of the calibration (the baseline QAT improves on); needs calibration data."""
+        return self._impl.ptq_model()
+
+
+class QAT:
+    """Seed 003's quantization-aware training: QAT(config).quantize(model) -> a trainable QATModel
+    (train it: model.train(data) or model.train_step(x, y) in your own loop) -> QAT.convert(model)
+    -> the QDQ slimquant.Model, the form `slimquant qat` writes.
+
+    The config's quanters (PACTQuanter, WeightLSQplusQuanter, ActLSQplusQuanter,
+    FakeQuanterWithAbsMaxObserver) choose the quanter per rule; parts given an observer (or left
+    unset) get the library's defaults, `slimquant qat`'s: WeightLSQplusQuanter per channel for
+    weights, PACT for activations. Observers choose the calibration that initialises them."""
+
+    def __init__(self, config=None):
+        if config is not None and not isinstance(config, QuantConfig):
+            raise TypeError(f"QAT: config must be a QuantConfig, got {type(config).__name__}")
+        self._config = config if config is not None else QuantConfig()
+
+    def _options(self, batch_size, batch_nums, num_threads):
+        o = _sq._QATOptions()
+        o.batch_size = check_int(batch_size, "batch_size", 1)
+        o.calib_batches = check_int(batch_nums, "batch_nums", 1)
+        o.num_threads = check_int(num_threads, "num_threads", 0)
+        for key, (quanter, part) in self._config._quanter_specs.items():
+            o.add_quanter_spec(key, quanter.name, **quanter._spec(part))
+        return o
+
+    def quantize(self, model, inplace=False, *, calibration_data=None, batch_size=32, batch_nums=8, num_threads=0,
+                 model_filename=None, params_filename=None):
+        """Puts quanters on `model` (an .onnx path, a folder with model_filename, or a Model) and
+        returns the trainable QATModel. calibration_data (optional, as model.calibrate): a PTQ
+        calibration over batch_nums batches of batch_size samples initialises the activation
+        quanters, as `slimquant qat` does; without it they start from the first batch they see.
+        num_threads: threads of every engine call of the model (0: all cores; 1 is much faster on
+        a machine busy with other work, as the CLI's --threads)."""
+        if check_bool(inplace, "inplace"):
+            warn_unused("QAT.quantize: inplace=True", "an ONNX model is not changed in place; use the returned model")
+        graph = _model(model, model_filename, params_filename)
+        if len(graph.inputs) != 1:
+            raise _sq.UnsupportedError(f"QAT trains single-input models; this one has {len(graph.inputs)} inputs")
+        return QATModel(self._config._config, self._options(batch_size, batch_nums, num_threads), graph,
+                        calibration_data)
+
+    def convert(self, model, inplace=False):
+        """The QDQ slimquant.Model of the trained model (.save(path), Session(model)): the trained
+        weights quantized by their quanters' scales, the activations' Q/DQ pairs from theirs."""
+        if not isinstance(model, QATModel):
+            raise TypeError(f"QAT.convert: model must be what QAT.quantize returned, got {type(model).__name__}")
+        if check_bool(inplace, "inplace"):
+            warn_unused("QAT.convert: inplace=True", "the QDQ model is a new model; use the returned model")
+        return model._impl.convert()
 
 
 # activation_quantize_type: Paddle's values name the fake-quant op of its training-format program;

@@ -18,6 +18,8 @@
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -364,6 +366,25 @@ std::unique_ptr<data::Dataset> dataset_from_batches(const std::vector<Tensor>& b
   return std::make_unique<ArrayDataset>(name, std::move(all));
 }
 
+// Limits this thread's OpenMP teams for one call into the engine (QATOptions::num_threads > 0), as
+// the CLI's --threads does for the whole process: training runs many small parallel regions, which
+// a busy machine slows down many times over with more threads than free cores.
+class ThreadLimit {
+ public:
+  explicit ThreadLimit(int n) : previous_(omp_get_max_threads()), active_(n > 0) {
+    if (active_) omp_set_num_threads(n);
+  }
+  ~ThreadLimit() {
+    if (active_) omp_set_num_threads(previous_);
+  }
+  ThreadLimit(const ThreadLimit&) = delete;
+  ThreadLimit& operator=(const ThreadLimit&) = delete;
+
+ private:
+  int previous_;
+  bool active_;
+};
+
 // ---- errors
 
 void register_errors(py::module_& m) {
@@ -673,6 +694,7 @@ PYBIND11_MODULE(_slimquant, m) {
         std::unique_ptr<data::Dataset> calib;
         if (!calib_samples.is_none()) calib = dataset_from_arrays(calib_samples, py::none(), "calibration_data");
         py::gil_scoped_release release;
+        const ThreadLimit threads(q.options().num_threads);
         q.prepare(g, calib.get());
       }, py::arg("model"), py::arg("calibration_samples") = py::none())
       .def("set_training_options", &train::QAT::set_training_options)
@@ -688,6 +710,7 @@ PYBIND11_MODULE(_slimquant, m) {
           };
         }
         py::gil_scoped_release release;
+        const ThreadLimit threads(q.options().num_threads);
         q.fit(*data, report);
       }, py::arg("samples"), py::arg("labels"), py::arg("on_epoch") = py::none())
       .def("train_step", [](train::QAT& q, py::handle x, py::handle y, float lr) {
@@ -701,6 +724,7 @@ PYBIND11_MODULE(_slimquant, m) {
           batch.labels.assign(l.data<int64_t>(), l.data<int64_t>() + l.numel());
         }
         py::gil_scoped_release release;
+        const ThreadLimit threads(q.options().num_threads);
         return q.train_step(batch, lr);
       }, py::arg("x"), py::arg("y"), py::arg("lr"))
       .def("simulate", [](train::QAT& q, py::handle x) {
@@ -709,12 +733,14 @@ PYBIND11_MODULE(_slimquant, m) {
         Tensor out;
         {
           py::gil_scoped_release release;
+          const ThreadLimit threads(q.options().num_threads);
           out = q.simulate(input);
         }
         return to_numpy(out);
       })
       .def("convert", [](train::QAT& q) {
         py::gil_scoped_release release;
+        const ThreadLimit threads(q.options().num_threads);
         return q.convert();
       })
       .def("ptq_model", &train::QAT::ptq_graph)
