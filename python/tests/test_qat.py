@@ -316,3 +316,44 @@ def test_seed_003_example_as_quantization_aware_training(model_path, fashion_tra
     images = fashion_train[0][:64]
     fp32 = slimquant.Session(model_path).run(images)["logits"]
     assert (slimquant.Session(model).run(images)["logits"].argmax(1) == fp32.argmax(1)).mean() > 0.9
+
+
+def test_configure_distillation_calibrate_and_the_gil(model_path, fashion_train):
+    images, labels = fashion_train
+    model = slimquant.QAT().quantize(model_path, **ONE_THREAD)
+    with pytest.raises(ValueError, match="no labels"):
+        model.train_step(images[:32])  # cross-entropy needs labels
+    model.configure(optimizer="adam", distill=True, temperature=2.0)
+    losses = [model.train_step(images[i:i + 32]) for i in range(0, 96, 32)]  # against the float model
+    assert model.steps == 3 and all(np.isfinite(losses)) and min(losses) >= 0.0
+    with pytest.raises(ValueError, match="calibrate before training"):
+        model.calibrate(images)
+
+    # The engine runs without the GIL: another Python thread keeps counting meanwhile at a good
+    # part of the pace it counts while this thread sleeps (held, it would count only in the few
+    # milliseconds of Python around the engine's calls).
+    import threading
+    import time
+    model = slimquant.QAT().quantize(model_path, calibration_data=images, batch_nums=2, **ONE_THREAD)
+    assert model.calibrated
+    done = threading.Event()
+    ticks = 0
+
+    def count():
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    try:
+        start, t0 = ticks, time.perf_counter()
+        time.sleep(0.2)
+        idle_rate = (ticks - start) / (time.perf_counter() - t0)
+        start, t0 = ticks, time.perf_counter()
+        model.train((images, labels), epochs=1, steps_per_epoch=4)
+        training_rate = (ticks - start) / (time.perf_counter() - t0)
+    finally:
+        done.set()
+        counter.join()
+    assert training_rate > 0.25 * idle_rate, (training_rate, idle_rate)

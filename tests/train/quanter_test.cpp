@@ -245,8 +245,8 @@ TEST(QuanterActLSQplus, SymmetricHasNoOffsetAndHonoursSign) {
   // sign = false: u8 with zero point 0 whatever the calibration saw; negatives clip to 0.
   init.sign = false;
   ActLSQplusQuanter u(init, "u");
-  auto yu = u.forward({vec({2}, {-1.0f, 1.0f})}, false);
-  expect_near(values(yu[0]), {0.0, std::round(1.0 / (2.0 / 255)) * 2.0 / 255}, 1e-6);
+  auto yu = u.forward({vec({2}, {-1.0f, 1.5f})}, false);
+  expect_near(values(yu[0]), {0.0, 191 * 2.0 / 255}, 1e-6);  // 1.5 / (2/255) = 191.25 -> 191
   EXPECT_EQ(u.export_params().dtype, DType::kUInt8);
   EXPECT_FLOAT_EQ(u.export_params().scale.at(0), 2.0f / 255);
 }
