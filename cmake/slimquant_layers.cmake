@@ -41,10 +41,20 @@ function(_slimquant_as_layer target layer)
   target_compile_options(${target} PRIVATE ${SLIMQUANT_WARNINGS})
 endfunction()
 
-# slimquant_add_layer(<layer> [LAYERS <lower layers it uses>...] [DETAIL <layers whose detail it reads>...])
-# Compiles every .cpp under src/<layer>/ (globbed: new files are picked up at the next build).
+# The standard headers most files of every layer include, precompiled once per layer: parsing them
+# was a third of each file's compile time (about 96,000 preprocessed lines for a 200-line kernel).
+set(SLIMQUANT_LAYER_PRECOMPILED_HEADERS
+    <algorithm> <cmath> <cstdint> <cstring> <filesystem> <functional> <limits> <map> <memory> <optional>
+    <set> <sstream> <string> <unordered_map> <vector>)
+
+# slimquant_add_layer(<layer> [LAYERS <lower layers it uses>...] [DETAIL <layers whose detail it reads>...]
+#                     [PRECOMPILE <third-party headers>...])
+# Compiles every .cpp under src/<layer>/ (globbed: new files are picked up at the next build), with
+# the standard headers above and the PRECOMPILE ones (heavy third-party headers most of its files
+# include, directly or through the layer's headers) precompiled. Only system and third-party
+# headers go there: a project header in it would hide a missing include from the layering checks.
 function(slimquant_add_layer layer)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "LAYERS;DETAIL")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "LAYERS;DETAIL;PRECOMPILE")
   foreach(dep IN LISTS arg_LAYERS arg_DETAIL)
     if(NOT TARGET slimquant_${dep})
       message(FATAL_ERROR "layer ${layer} uses layer '${dep}', which is not declared before it: a layer "
@@ -70,8 +80,10 @@ function(slimquant_add_layer layer)
   foreach(dep IN LISTS arg_LAYERS)
     target_link_libraries(${target} PUBLIC slimquant_${dep})
   endforeach()
-  set_target_properties(${target} PROPERTIES SLIMQUANT_DETAIL_OF "${arg_DETAIL}")
+  set_target_properties(${target} PROPERTIES SLIMQUANT_DETAIL_OF "${arg_DETAIL}"
+                                             SLIMQUANT_PRECOMPILED_HEADERS "${SLIMQUANT_LAYER_PRECOMPILED_HEADERS};${arg_PRECOMPILE}")
   _slimquant_as_layer(${target} ${layer})
+  target_precompile_headers(${target} PRIVATE ${SLIMQUANT_LAYER_PRECOMPILED_HEADERS} ${arg_PRECOMPILE})
   set(SLIMQUANT_LAYER_TARGETS ${SLIMQUANT_LAYER_TARGETS} ${target} PARENT_SCOPE)
 endfunction()
 

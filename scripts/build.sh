@@ -5,7 +5,13 @@
 # build/python, where the package is built. docs/python.md: other environments.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+# Ninja when installed (scripts/install-deps.sh installs it): it schedules every target's objects as
+# one graph, where make finishes each target before starting those that depend on it and leaves a
+# core idle at each boundary. A build folder configured earlier keeps its generator (CMake refuses
+# to change it).
+generator=()
+if [ ! -f build/CMakeCache.txt ] && command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
+cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"  # nproc honours OMP_NUM_THREADS
 
 if [ -f build/python/slimquant/__init__.py ] && [ -x /usr/bin/python3 ]; then

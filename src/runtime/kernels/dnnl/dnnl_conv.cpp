@@ -185,7 +185,7 @@ class ConvKernel final : public Kernel {
       std::string key = "conv|" + describe(src_md) + "|" + describe(wei_md) + "|" + describe(dst_md) + "|" +
                         describe(attr) + (bs ? "|b" : "|");
       for (const Dims* v : {&g.strides, &g.dilations, &g.pad_begin, &g.pad_end})
-        for (const auto e : *v) key += "," + std::to_string(e);
+        for (const auto e : *v) key.append(",").append(std::to_string(e));
       return fastest_implementation<cf::primitive_desc>(key, [&] { return cf::primitive_desc(d, attr, dnnl_engine()); });
     });
     p.out_layout = output_layout_for(pd.dst_desc(), p.out_shape, DType::kFloat32, out_blocked);

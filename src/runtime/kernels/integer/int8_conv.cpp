@@ -347,7 +347,7 @@ class QConvKernel final : public Kernel {
                           describe(dst_md) + "|" + describe(attr) + (pw.bias.defined() ? "|b" : "|") +
                           (q_.x.zero_point[0] != 0 ? "z" : "");
         for (const Dims* v : {&g.strides, &g.dilations, &g.pad_begin, &g.pad_end})
-          for (const auto e : *v) key += "," + std::to_string(e);
+          for (const auto e : *v) key.append(",").append(std::to_string(e));
         const cf::primitive_desc pd = dnnl_kernels::fastest_implementation<cf::primitive_desc>(
             key, [&] { return cf::primitive_desc(d, attr, dnnl_engine()); });
         if (int8 && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return false;
