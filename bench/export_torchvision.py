@@ -6,7 +6,10 @@ exercised, dynamic batch. Next to each MODEL.onnx it writes MODEL.input.npy (2 r
 MODEL.output.npy (PyTorch's output for them), and a calibration set calibRES/x.npy per resolution.
 Needs Debian's python3-torchvision (apt-get install python3-torchvision).
 
-  /usr/bin/python3 bench/export_torchvision.py OUT_DIR [name ...]
+  /usr/bin/python3 bench/export_torchvision.py OUT_DIR [--resolution N] [name ...]
+
+--resolution N exports at NxN instead of each model's usual resolution (e.g. 1024 for the
+segmentation networks: precision recovery and memory at high resolution).
 
 Then, e.g.:
   build/slimquant run OUT_DIR/resnet18.onnx --input input=OUT_DIR/resnet18.input.npy --output-dir o
@@ -59,13 +62,20 @@ class OutputTensor(torch.nn.Module):
 
 def main():
     out = sys.argv[1]
-    only = set(sys.argv[2:])
+    args = sys.argv[2:]
+    resolution = None
+    if "--resolution" in args:
+        i = args.index("--resolution")
+        resolution = int(args[i + 1])
+        del args[i:i + 2]
+    only = set(args)
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
     for name, make, res, opset in SPECS:
         if only and name not in only:
             continue
+        res = resolution or res
         model = OutputTensor(make().eval())
         g = torch.Generator().manual_seed(1)
         with torch.no_grad():

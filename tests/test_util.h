@@ -6,7 +6,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <sstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 namespace slimquant::test {
 
@@ -61,6 +64,16 @@ inline CommandResult run_command(const std::string& command) {
   int status = pclose(pipe);
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
+}
+
+// The last line of a command's output that starts with '{', parsed (null when there is none): the
+// --json line of a CLI command.
+inline nlohmann::json last_json_line(const std::string& output) {
+  std::istringstream in(output);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty() && line[0] == '{') last = line;
+  return last.empty() ? nlohmann::json() : nlohmann::json::parse(last);
 }
 
 // Runs `slimquant ARGS` and captures its output and exit code.

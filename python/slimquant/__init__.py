@@ -37,7 +37,7 @@ from .quantization import (  # noqa: F401
     QuantConfig,
     WeightLSQplusQuanter,
 )
-from .quant_post import quant_post, quant_post_static  # noqa: F401
+from .quant_post import quant_post, quant_post_dynamic, quant_post_static  # noqa: F401
 from .analysis import AnalysisPTQ, AnalysisQAT, AnalysisQuant  # noqa: F401
 from ._compat import Executor, Program  # noqa: F401  (what a Paddle-style eval_function receives)
 

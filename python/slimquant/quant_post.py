@@ -1,10 +1,12 @@
 """PaddleSlim's function entry point for post-training quantization (seed 004's quant_post, later
 quant_post_static), over PostTrainingQuantization with PaddleSlim's parameter names, defaults and
 meanings."""
-from ._compat import check_bool, explicit_arguments_function, warn_unused
+from . import _slimquant as _sq
+from ._compat import (check_bool, check_int, check_path, check_str_list, explicit_arguments_function, invalid, warn,
+                      warn_unused, refuse_paddle_model)
 from .quantization import PostTrainingQuantization, _output_path
 
-__all__ = ["quant_post_static", "quant_post"]
+__all__ = ["quant_post_static", "quant_post", "quant_post_dynamic"]
 
 
 @explicit_arguments_function
@@ -63,3 +65,51 @@ def quant_post_static(explicit, executor, model_dir, quantize_model_path, sample
 
 # Seed 004's name (PaddleSlim 1.x); the same function.
 quant_post = quant_post_static
+
+
+@explicit_arguments_function
+def quant_post_dynamic(explicit, model_dir, save_model_dir, model_filename=None, params_filename=None,
+                       save_model_filename=None, save_params_filename=None, quantizable_op_type=("conv2d", "mul"),
+                       weight_bits=8, generate_test_model=False, onnx_format=False):
+    """PaddleSlim's weight-only quantization: the weights of the quantizable_op_type layers (default
+    conv2d and mul = ONNX Conv, MatMul and Gemm) are stored as int8 codes with one scale per output
+    channel behind a DequantizeLinear, activations stay float, and no data is needed (slimquant
+    quantize --mode weight-only). Writes save_model_dir/save_model_filename (default model.onnx;
+    save_model_dir itself when it ends in .onnx) and returns its path (PaddleSlim returns None).
+    The file is about a quarter of the float one; slimquant's runtime and ONNX Runtime dequantize
+    the weights once when they load it.
+
+    weight_bits: 8 (PaddleSlim's default), or 2..7 for a narrower grid in the same int8 storage;
+    PaddleSlim's 16 is refused (int16 weights need ONNX opset 21's DequantizeLinear). Without effect
+    here (a warning names each one given): save_params_filename (the ONNX file holds the weights),
+    generate_test_model (the saved model runs as is), onnx_format (the output is always ONNX).
+    """
+    model_dir = check_path(model_dir, "model_dir")
+    refuse_paddle_model(model_dir, model_filename, params_filename)
+    if not isinstance(weight_bits, bool) and weight_bits == 16:
+        raise invalid("weight_bits=16: 16-bit weights need ONNX opset 21's int16 DequantizeLinear, which slimquant "
+                      "does not write; use weight_bits=8")
+    weight_bits = check_int(weight_bits, "weight_bits", 2, 8)
+    op_types = check_str_list(quantizable_op_type, "quantizable_op_type", allow_none=False)
+    if check_bool(generate_test_model, "generate_test_model"):
+        warn_unused("generate_test_model=True", "the saved model itself runs in slimquant and ONNX Runtime (its "
+                    "weights are dequantized when it is loaded): there is no separate test model")
+    if "onnx_format" in explicit:
+        check_bool(onnx_format, "onnx_format")
+        warn_unused(f"onnx_format={onnx_format!r}", "the output is always an ONNX model (weights through "
+                    "DequantizeLinear)")
+    path = _output_path(save_model_dir, save_model_filename, save_params_filename, "save_model_dir",
+                        "save_model_filename", "save_params_filename")
+    o = _sq._PostTrainingQuantizationOptions()
+    o.model_dir = model_dir
+    o.model_filename = model_filename or ""
+    o.params_filename = params_filename or ""
+    o.mode = "weight-only"
+    o.weight_bits = weight_bits
+    o.quantizable_op_type = op_types
+    ptq = _sq._PostTrainingQuantization(o)
+    ptq.quantize()
+    for w in ptq.warnings:
+        warn(w)
+    ptq.save_quantized_model(path)
+    return path

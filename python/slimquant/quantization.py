@@ -974,7 +974,9 @@ class PostTrainingQuantization:
     executor and scope are accepted for the documents' code and not used (slimquant runs on its own
     CPU runtime; a warning says so). algo: "KL", "hist", "abs_max" (= "direct"), "min_max", "avg",
     "mse", "emd" (the CLI's default). config (a QuantConfig) decides algo, weight_quantize_type,
-    quantizable_op_type, ...: giving both is an error naming them.
+    quantizable_op_type, ...: giving both is an error naming them. mode="weight-only" quantizes the
+    weights only (per channel; activations stay float) and takes no calibration data (as
+    quant_post_dynamic).
     """
 
     @explicit_arguments
@@ -985,8 +987,9 @@ class PostTrainingQuantization:
                  weight_bits=8, activation_bits=8, weight_quantize_type="channel_wise_abs_max",
                  onnx_format=True, skip_tensor_list=None, skip_quant=None, hist_percent=0.99999,
                  deploy_backend="slimquant", activation_quantize_type="range_abs_max", round_type="round",
-                 bias_correction=False, fallback_sqnr_db=20.0, config=None):
+                 bias_correction=False, fallback_sqnr_db=20.0, config=None, mode="static"):
         who = type(self).__name__
+        mode = check_choice(mode, "mode", ("static", "weight-only", "weight_only"))
         if executor is not None:
             warn_unused("executor", "slimquant runs the ONNX model on its own CPU runtime")
         if scope is not None:
@@ -1009,10 +1012,14 @@ class PostTrainingQuantization:
             check_data(data, name)
         if len(given) > 1:
             raise invalid(f"{' and '.join(given)} are both given: give exactly one source of calibration data")
-        if not given:
-            raise invalid(f"{who} needs calibration data: sample_generator, batch_generator or data_loader")
+        if not given and mode == "static":
+            raise invalid(f"{who} needs calibration data: sample_generator, batch_generator or data_loader "
+                          "(mode='weight-only' quantizes weights only and needs none)")
+        if given and mode != "static":
+            raise invalid(f"mode={mode!r} quantizes weights only and calibrates nothing: {next(iter(given))} "
+                          "would not be used")
         batch_size = check_int(batch_size, "batch_size", 1)
-        if "batch_size" in self._explicit and "sample_generator" not in given:
+        if "batch_size" in self._explicit and given and "sample_generator" not in given:
             warn_unused("batch_size", f"{next(iter(given))} yields whole batches (batch_size applies to "
                         "sample_generator)")
         batch_nums = check_int(batch_nums, "batch_nums", 1, allow_none=True)
@@ -1051,9 +1058,10 @@ class PostTrainingQuantization:
         o.fallback_sqnr_db = check_float(fallback_sqnr_db, "fallback_sqnr_db", 0.0, float("inf"))
         if config is not None:
             o.config = config._config
+        o.mode = mode
         if "sample_generator" in given:
             o.set_sample_generator(sample_generator)
-        else:
+        elif given:
             o.set_batch_generator(next(iter(given.values())))
         self._impl = _sq._PostTrainingQuantization(o)
         self._quantized = None

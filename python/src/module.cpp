@@ -616,6 +616,7 @@ PYBIND11_MODULE(_slimquant, m) {
       .def_readwrite("skip_quant", &Options::skip_quant)
       .def_readwrite("asymmetric_activations", &Options::asymmetric_activations)
       .def_readwrite("bias_correction", &Options::bias_correction)
+      .def_readwrite("mode", &Options::mode)
       .def_readwrite("is_use_cache_file", &Options::is_use_cache_file)
       .def_readwrite("cache_dir", &Options::cache_dir)
       .def_readwrite("fallback_sqnr_db", &Options::fallback_sqnr_db)

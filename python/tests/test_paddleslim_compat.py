@@ -423,3 +423,57 @@ def test_quanters_in_a_post_training_config_warn_naming_them(model_path, fashion
         slimquant.PTQ(config)
     with pytest.warns(UserWarning, match="PostTrainingQuantization: QuantConfig activation is PACTQuanter"):
         slimquant.PostTrainingQuantization(model_dir=model_path, data_loader=batches(*fashion)[:1], config=config)
+
+
+# ---- item 4: quant_post_dynamic (weight-only, no data)
+
+
+def test_quant_post_dynamic_quantizes_weights_only_without_data(tmp_path, model_path, fashion):
+    params = inspect.signature(slimquant.quant_post_dynamic).parameters
+    assert list(params)[:2] == ["model_dir", "save_model_dir"]
+    assert params["weight_bits"].default == 8
+    assert list(params["quantizable_op_type"].default) == ["conv2d", "mul"]
+    path = slimquant.quant_post_dynamic(model_dir=model_path, save_model_dir=str(tmp_path / "dyn"),
+                                        save_model_filename="w.onnx")
+    assert path == str(tmp_path / "dyn" / "w.onnx")
+    graph = onnx.load(path).graph
+    ops = [n.op_type for n in graph.node]
+    assert "QuantizeLinear" not in ops, "activations stay float"
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    codes = [inits[n.input[0]] for n in graph.node if n.op_type == "DequantizeLinear"]
+    assert codes and all(c.dtype == np.int8 for c in codes)
+    conv_count = ops.count("Conv")
+    assert len(codes) >= conv_count, "every convolution's weight is int8"
+    import os
+    assert os.path.getsize(path) < 0.35 * os.path.getsize(model_path)
+    # The model computes what the float one does, within the weights' rounding.
+    images, labels = fashion
+    x = images[:64]
+    fp32 = slimquant.Session(model_path).run(x)
+    weights = slimquant.Session(path).run(x)
+    fp32, weights = (list(r.values())[0] if isinstance(r, dict) else r[0] for r in (fp32, weights))
+    assert (fp32.argmax(axis=1) == weights.argmax(axis=1)).mean() >= 62 / 64
+    # The same through PostTrainingQuantization(mode="weight-only"), which takes no data.
+    ptq = slimquant.PostTrainingQuantization(model_dir=model_path, mode="weight-only")
+    ptq.quantize()
+    same = ptq.save_quantized_model(str(tmp_path / "same.onnx"))
+    with open(same, "rb") as a, open(path, "rb") as b:
+        assert a.read() == b.read()
+
+
+def test_quant_post_dynamic_refuses_what_it_cannot_do(tmp_path, model_path, fashion):
+    with pytest.raises(ValueError, match="weight_bits=16"):
+        slimquant.quant_post_dynamic(model_path, str(tmp_path / "a"), weight_bits=16)
+    with pytest.raises(ValueError, match="weight_bits"):
+        slimquant.quant_post_dynamic(model_path, str(tmp_path / "a"), weight_bits=9)
+    with pytest.raises(TypeError, match="quantizable_op_type"):
+        slimquant.quant_post_dynamic(model_path, str(tmp_path / "a"), quantizable_op_type="conv2d")
+    with pytest.warns(UserWarning, match="generate_test_model"):
+        slimquant.quant_post_dynamic(model_path, str(tmp_path / "b"), generate_test_model=True)
+    images, _ = fashion
+    with pytest.raises(ValueError, match="weight-only"):
+        slimquant.PostTrainingQuantization(model_dir=model_path, mode="weight-only",
+                                           sample_generator=sample_reader(images, 8))
+    with pytest.raises(ValueError, match="mode"):
+        slimquant.PostTrainingQuantization(model_dir=model_path, mode="dynamic",
+                                           sample_generator=sample_reader(images, 8))

@@ -19,7 +19,7 @@ namespace slimquant::cli {
 Action register_quantize(CLI::App& app) {
   auto* cmd = app.add_subcommand("quantize", "post-training quantization to a QDQ ONNX model");
   struct Args {
-    std::string model, data, eval_data, output, config_path, metric = "top1", keys;
+    std::string model, data, eval_data, output, config_path, metric = "top1", keys, mode;
     std::string cache_dir = "./temp_post_training";
     bool use_cache = false;
     bool requantize = false;
@@ -36,6 +36,9 @@ Action register_quantize(CLI::App& app) {
   add_data_flags(cmd, a->flags, a->data);
   cmd->add_option("-o,--output", a->output, "where to write the QDQ model")->required();
   add_ptq_flags(cmd, a->ptq);
+  cmd->add_option("--mode", a->mode,
+                  "static (default: weights and activations, activation ranges calibrated on DATA) or weight-only "
+                  "(weights only, per channel; activations stay float; DATA optional, for the evaluation)");
   cmd->add_flag("--is-use-cache-file", a->use_cache,
                 "keep the calibration state in --cache-dir while calibrating (resumes after a crash)");
   cmd->add_option("--cache-dir", a->cache_dir, "directory of the calibration cache")->capture_default_str();
@@ -73,6 +76,14 @@ Action register_quantize(CLI::App& app) {
     if (extra.count("fallback_sqnr_db") && !flag_given("--fallback-sqnr"))
       fallback_sqnr_db = parse_config_double(extra["fallback_sqnr_db"], "fallback_sqnr_db");
     apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
+    if (!a->mode.empty()) config.mode = quant::parse_quant_mode(a->mode);
+    const bool weight_only = config.mode == quant::QuantMode::kWeightOnly;
+    // Flags that only a calibration uses would be silently ignored.
+    for (const char* calibration_flag : {"--algo", "--hist-percent", "--batch-size", "--batch-nums", "--activation-quantize-type",
+                                         "--is-use-cache-file", "--fallback-sqnr"})
+      SQ_CHECK(!weight_only || !flag_given(calibration_flag), ErrorKind::kInvalidArgument,
+               std::string(calibration_flag) + " sets up the calibration of activations, which --mode weight-only "
+                                               "does not run (it quantizes weights only)");
     SQ_CHECK(batch_size > 0, ErrorKind::kInvalidArgument, "--batch-size must be at least 1");
     // Bad metric names and key files fail before calibration.
     SQ_CHECK(!a->no_eval || !a->eval_command.given(), ErrorKind::kInvalidArgument,
@@ -94,11 +105,14 @@ Action register_quantize(CLI::App& app) {
     std::optional<ir::Graph> model_inputs;
     if (!flags.side_inputs.empty()) model_inputs = ir::load_model(model_file);
     const ir::Graph* for_ranks = model_inputs ? &*model_inputs : nullptr;
-    auto dataset = data::open_dataset(flags.options("quantize: the calibration", for_ranks));
+    // Weight-only needs no data; given, it is the evaluation's.
+    const bool no_data = weight_only && flags.dataset.empty();
+    auto dataset = no_data ? nullptr : data::open_dataset(flags.options("quantize: the calibration", for_ranks));
+    if (no_data && a->eval_data.empty() && !a->eval_command.given()) metric.reset();
 
     quant::PostTrainingQuantizationOptions po;
     po.model_dir = model_file;
-    po.dataset = dataset.get();
+    po.dataset = weight_only ? nullptr : dataset.get();
     po.batch_size = batch_size;
     if (batch_nums > 0) po.batch_nums = batch_nums;
     po.config = config;
@@ -115,13 +129,20 @@ Action register_quantize(CLI::App& app) {
     const auto& rep = ptq.report();
     const double calib_seconds = rep.seconds;
     const int weight_bits = config.effective_weight_bits();
-    std::cout << "quantized " << ptq.ptq().layers().size() << " layers (" << config.global().activation << ", "
-              << config.global().weight << ", " << weight_bits << "-bit weights, for "
-              << quant::deploy_backend_name(config.deploy_backend) << ") from " << rep.batches << " batches of " << batch_size << " in "
-              << std::fixed << std::setprecision(2) << calib_seconds << " s";
+    if (weight_only) {
+      size_t weighted = 0;
+      for (const auto& l : ptq.ptq().layers()) weighted += l.weight.empty() ? 0 : 1;
+      std::cout << "quantized the weights of " << weighted << " layers (" << config.global().weight << ", " << weight_bits
+                << "-bit, activations float)";
+    } else {
+      std::cout << "quantized " << ptq.ptq().layers().size() << " layers (" << config.global().activation << ", "
+                << config.global().weight << ", " << weight_bits << "-bit weights, for "
+                << quant::deploy_backend_name(config.deploy_backend) << ") from " << rep.batches << " batches of " << batch_size
+                << " in " << std::fixed << std::setprecision(2) << calib_seconds << " s";
+    }
     if (rep.resumed_batches) std::cout << " (" << rep.resumed_batches << " batches resumed from the cache)";
     std::cout << " -> " << a->output << std::endl;
-    if (config.deploy_backend == quant::DeployBackend::kSlimquant)
+    if (config.deploy_backend == quant::DeployBackend::kSlimquant && !weight_only)
       std::cout << "the file is shaped for slimquant's runtime; for ONNX Runtime or TensorRT quantize with "
                    "--deploy-backend onnxruntime or tensorrt (docs/quantization.md)" << std::endl;
     const quant::PrecisionFallbackResult& fallback = ptq.fallback();
@@ -135,7 +156,8 @@ Action register_quantize(CLI::App& app) {
       } else if (fallback.float_layers.empty()) {
         std::cout << "no layer left in float helps" << std::endl;
       } else {
-        std::cout << fallback.float_layers.size() << " of " << ptq.ptq().layers().size() << " layers kept in float (";
+        std::cout << fallback.float_layers.size() << " of " << ptq.ptq().layers().size() << " layers kept in float, ranked by "
+                  << (fallback.ranking == "output" ? "output SQNR" : "added noise") << " (";
         for (size_t i = 0; i < fallback.float_layers.size(); ++i) std::cout << (i ? ", " : "") << fallback.float_layers[i];
         std::cout << "): " << fallback.sqnr_db_after << " dB" << std::endl;
       }
@@ -152,11 +174,15 @@ Action register_quantize(CLI::App& app) {
                      {"calib_batches", rep.batches},
                      {"weight_bits", weight_bits},
                      {"deploy_backend", quant::deploy_backend_name(config.deploy_backend)},
+                     {"mode", quant::quant_mode_name(config.mode)},
                      {"fallback_float_layers", fallback.float_layers},
                      {"fallback_channel_wise_conv_inputs", fallback.channel_wise_conv_inputs},
                      {"fallback_sqnr_db_per_tensor", fallback.sqnr_db_per_tensor},
                      {"fallback_sqnr_db_before", fallback.sqnr_db_before},
                      {"fallback_sqnr_db_after", fallback.sqnr_db_after},
+                     {"fallback_ranking", fallback.ranking},
+                     {"fallback_samples", fallback.samples},
+                     {"fallback_evaluations", fallback.evaluations},
                      {"output", a->output},
                      {"fp32_bytes", fp32_bytes},
                      {"int8_bytes", int8_bytes}};
@@ -168,7 +194,7 @@ Action register_quantize(CLI::App& app) {
                 << user_metric->name << ": " << v_int8 << " (--eval-command)" << std::endl;
       j["fp32_" + user_metric->name] = v_fp32;
       j["int8_" + user_metric->name] = v_int8;
-    } else if (!a->no_eval) {
+    } else if (!a->no_eval && metric) {
       std::unique_ptr<data::Dataset> eval_owned;
       if (!a->eval_data.empty()) {
         DataFlags eval_flags = flags;

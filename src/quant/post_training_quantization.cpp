@@ -13,6 +13,7 @@
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/prequantized.h"
+#include "slimquant/runtime/session.h"
 
 namespace slimquant::quant {
 
@@ -73,20 +74,18 @@ std::map<std::string, Tensor> name_inputs(std::map<std::string, Tensor> feeds, c
 }
 
 // The first `count` rows (along axis 0) of every tensor of a batch.
+size_t rows_of(const std::map<std::string, Tensor>& feeds) {
+  return feeds.empty() || feeds.begin()->second.rank() == 0 ? 0 : static_cast<size_t>(feeds.begin()->second.dim(0));
+}
+
 std::map<std::string, Tensor> leading_rows(const std::map<std::string, Tensor>& batch, size_t count) {
-  std::map<std::string, Tensor> out;
+  int64_t rows = static_cast<int64_t>(count);
   for (const auto& [name, t] : batch) {
     SQ_CHECK(t.rank() >= 1, ErrorKind::kInvalidArgument,
              "batch_generator: input '" + name + "' has no batch dimension (a scalar)");
-    Shape shape = t.shape();
-    const size_t rows = std::min<size_t>(count, static_cast<size_t>(shape[0]));
-    const size_t row_bytes = shape[0] ? t.nbytes() / static_cast<size_t>(shape[0]) : 0;
-    shape[0] = static_cast<int64_t>(rows);
-    Tensor r(t.dtype(), shape);
-    std::memcpy(r.raw(), t.raw(), rows * row_bytes);
-    out[name] = std::move(r);
+    rows = std::min(rows, t.dim(0));
   }
-  return out;
+  return runtime::feed_rows(batch, 0, rows);
 }
 
 }  // namespace
@@ -107,6 +106,7 @@ QuantConfig PostTrainingQuantization::make_config() const {
   c.asymmetric_activations = options_.asymmetric_activations;
   c.bias_correction = options_.bias_correction;
   c.deploy_backend = parse_deploy_backend(options_.deploy_backend);
+  c.mode = parse_quant_mode(options_.mode);
   return c;
 }
 
@@ -155,10 +155,10 @@ const ir::Graph& PostTrainingQuantization::quantized_graph() const {
 
 const ir::Graph& PostTrainingQuantization::quantize() {
   const auto& o = options_;
-  SQ_CHECK((o.dataset != nullptr) + static_cast<int>(static_cast<bool>(o.sample_generator)) +
-                   static_cast<int>(static_cast<bool>(o.batch_generator)) ==
-               1,
-           ErrorKind::kInvalidArgument,
+  const int sources = (o.dataset != nullptr) + static_cast<int>(static_cast<bool>(o.sample_generator)) +
+                      static_cast<int>(static_cast<bool>(o.batch_generator));
+  const bool weight_only = (o.config ? o.config->mode : parse_quant_mode(o.mode)) == QuantMode::kWeightOnly;
+  SQ_CHECK(sources == 1 || (weight_only && sources == 0), ErrorKind::kInvalidArgument,
            "PostTrainingQuantization: give exactly one calibration source, dataset, sample_generator or "
            "batch_generator (data_loader)");
   SQ_CHECK(o.batch_size > 0, ErrorKind::kInvalidArgument, "batch_size must be at least 1");
@@ -191,7 +191,13 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   quantized_.reset();
   report_ = {};
   fallback_ = {};
+  if (weight_only) {  // nothing to calibrate: the weights quantize from their own values
+    if (sources > 0) warnings_.push_back("weight-only mode: the calibration data is not used");
+    quantized_ = ptq_->convert_weights_only();
+    return *quantized_;
+  }
   std::map<std::string, Tensor> fallback_samples;  // the first calibration samples
+  size_t calibrated_samples = 0;                     // resumed ones included
 
   // The cache directory must be usable before any work is done.
   bool created_cache_dir = false;
@@ -263,6 +269,7 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     progress.finish();
     ptq_->merge_calibration_across_ranks();
     report_.samples = static_cast<size_t>(distributed::all_reduce_sum(static_cast<int64_t>(report_.samples)));
+    calibrated_samples = std::min(total * o.batch_size, o.dataset->size());
   } else if (o.batch_generator) {
     // Resuming: the generator replays from the start; batches already observed are skipped.
     for (size_t i = 0; i < report_.resumed_batches; ++i) {
@@ -270,9 +277,10 @@ const ir::Graph& PostTrainingQuantization::quantize() {
       SQ_CHECK(skipped.has_value(), ErrorKind::kInvalidData,
                "batch_generator ended before the " + std::to_string(report_.resumed_batches) +
                    " batches the calibration cache holds");
+      std::map<std::string, Tensor> feeds = name_inputs(std::move(*skipped), float_graph_.inputs, "batch_generator");
+      calibrated_samples += rows_of(feeds);
       if (i == 0 && o.fallback_sqnr_db > 0)  // the samples a fresh run compares on
-        fallback_samples =
-            leading_rows(name_inputs(std::move(*skipped), float_graph_.inputs, "batch_generator"), kFallbackSamples);
+        fallback_samples = leading_rows(feeds, kFallbackSamples);
     }
     const size_t total = o.batch_nums.value_or(0);  // 0: until the generator ends
     Progress progress("calibrate", total, "batches");
@@ -284,13 +292,14 @@ const ir::Graph& PostTrainingQuantization::quantize() {
       std::map<std::string, Tensor> feeds = name_inputs(std::move(*batch), float_graph_.inputs, "batch_generator");
       if (fallback_samples.empty() && o.fallback_sqnr_db > 0) fallback_samples = leading_rows(feeds, kFallbackSamples);
       ptq_->sample(feeds);
-      report_.samples += feeds.empty() || feeds.begin()->second.rank() == 0 ? 0 : static_cast<size_t>(feeds.begin()->second.dim(0));
+      report_.samples += rows_of(feeds);
       ++done;
       progress.advance();
       after_batch(done, total);
     }
     progress.finish();
     SQ_CHECK(done > 0, ErrorKind::kInvalidData, "batch_generator (data_loader) gave no calibration batches");
+    calibrated_samples += report_.samples;
     if (o.batch_nums && done < *o.batch_nums)
       warnings_.push_back("batch_nums is " + std::to_string(*o.batch_nums) + " but the data_loader ended after " +
                           std::to_string(done) + " batches: calibrated on those");
@@ -334,6 +343,7 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     }
     progress.finish();
     SQ_CHECK(done > 0, ErrorKind::kInvalidData, "sample_generator gave no calibration samples");
+    calibrated_samples = report_.resumed_batches * o.batch_size + report_.samples;
     if (o.batch_nums && done < *o.batch_nums)
       warnings_.push_back("batch_nums is " + std::to_string(*o.batch_nums) + " but sample_generator ended after " +
                           std::to_string(done) + " batches: calibrated on those");
@@ -347,6 +357,9 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     PrecisionFallbackOptions fo;
     fo.target_sqnr_db = o.fallback_sqnr_db;
     fo.max_float_fraction = o.fallback_max_float_fraction;
+    // Recovery costs at most about twice the calibration (a large network at high resolution
+    // calibrated on a few images is not evaluated once per layer).
+    fo.max_sample_runs = 2 * std::max<size_t>(calibrated_samples, 1);
     fallback_ = choose_precision_fallback(*ptq_, fallback_samples, fo);
   }
   quantized_ = fallback_.float_layers.empty() ? ptq_->convert() : ptq_->convert(fallback_.quantized_layers(*ptq_));

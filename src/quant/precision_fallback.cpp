@@ -52,13 +52,102 @@ std::vector<std::string> compared_values(const ir::Graph& g) {
   }
   return values;
 }
+
+
+// Rows of the first feed (every feed shares them).
+int64_t sample_count(const std::map<std::string, Tensor>& samples) {
+  return samples.empty() || samples.begin()->second.rank() == 0 ? 1 : samples.begin()->second.dim(0);
+}
+
+// Noise power and signal power of a value.
+struct NoiseSum {
+  double noise = 0, signal = 0;
+  double ratio() const { return signal > 0 ? noise / signal : (noise > 0 ? 1.0 : 0.0); }
+};
+
+// Up to this many elements of each value, at a fixed stride, stand for the whole value: enough for
+// a noise ratio, and the float pass keeps only these (a 1024x1024 network's activations do not fit).
+constexpr int64_t kProbedElements = 4096;
+
+// The layers ranked by the noise each adds in context: the float pass keeps a strided sample of every
+// layer's input and output values, the quantized model's pass measures its noise ratio on the same
+// elements, and a layer's score is the noise ratio of its output minus the largest of its quantized
+// inputs' (what its own input and weight rounding added, with what came before it). Runs `samples`
+// through the float and the quantized model once each: the cost of one evaluation more than the
+// reference.
+std::vector<std::pair<double, std::string>> added_noise_ranking(const PTQ& ptq, const std::map<std::string, Tensor>& samples,
+                                                                const runtime::SessionOptions& so) {
+  std::map<std::string, std::vector<float>> probes;  // by value name: the float values kept
+  const ir::Graph& g = ptq.float_graph();
+  std::map<std::string, std::string> output_of;  // layer -> its output value
+  for (const auto& n : g.nodes) output_of[n.name] = n.outputs.empty() ? "" : n.outputs[0];
+  for (const auto& l : ptq.layers()) {
+    for (const auto& a : l.activations) probes[a];
+    if (!output_of[l.name].empty()) probes[output_of[l.name]];
+  }
+  auto stride_of = [](int64_t n) { return std::max<int64_t>(1, n / kProbedElements); };
+  runtime::RunOptions keep;
+  for (const auto& [name, v] : probes) keep.observe.push_back(name);
+  keep.on_value = [&](const std::string& name, const Tensor& value) {
+    auto p = probes.find(name);
+    if (p == probes.end() || value.dtype() != DType::kFloat32) return;
+    const int64_t stride = stride_of(value.numel());
+    for (int64_t i = 0; i < value.numel(); i += stride) p->second.push_back(value.data<float>()[i]);
+  };
+  runtime::Session(g, so).run(samples, keep);
+
+  std::map<std::string, NoiseSum> noise;
+  runtime::RunOptions compare;
+  compare.observe = keep.observe;
+  compare.on_value = [&](const std::string& name, const Tensor& value) {
+    auto p = probes.find(name);
+    if (p == probes.end() || value.dtype() != DType::kFloat32) return;
+    const int64_t stride = stride_of(value.numel());
+    NoiseSum& sum = noise[name];
+    size_t k = 0;
+    for (int64_t i = 0; i < value.numel() && k < p->second.size(); i += stride, ++k) {
+      const double ref = p->second[k], d = ref - value.data<float>()[i];
+      sum.noise += d * d;
+      sum.signal += ref * ref;
+    }
+  };
+  runtime::Session(ptq.convert(), so).run(samples, compare);
+
+  std::vector<std::pair<double, std::string>> ranking;
+  for (const auto& l : ptq.layers()) {
+    double before = 0;
+    for (const auto& a : l.activations) before = std::max(before, noise[a].ratio());
+    const std::string& out = output_of[l.name];
+    const double added = (out.empty() ? 0.0 : noise[out].ratio()) - before;
+    ranking.push_back({-added, l.name});  // most added noise first after an ascending sort
+  }
+  return ranking;
+}
+
 }  // namespace
 
-PrecisionFallbackResult choose_precision_fallback(PTQ& ptq, const std::map<std::string, Tensor>& samples,
+PrecisionFallbackResult choose_precision_fallback(PTQ& ptq, const std::map<std::string, Tensor>& all_samples,
                                                   const PrecisionFallbackOptions& options) {
   PrecisionFallbackResult result;
   const auto& layers = ptq.layers();
   if (options.target_sqnr_db <= 0 || layers.empty()) return result;
+  const auto budget = static_cast<size_t>(std::ceil(options.max_float_fraction * static_cast<double>(layers.size())));
+  // The exact ranking's evaluations: reference, before, channel-wise, one per layer, up to one per
+  // float layer; the other's: reference, before, channel-wise, the probe's two passes, doubling groups.
+  const int64_t available = sample_count(all_samples);
+  const size_t exact_runs = (3 + layers.size() + std::min(budget, layers.size())) * static_cast<size_t>(available);
+  const bool exact = options.max_sample_runs == 0 || exact_runs <= options.max_sample_runs;
+  size_t noise_ranking_runs = 5;  // reference, before, channel-wise, the probe's float and quantized passes
+  for (size_t k = 1; k < budget; k *= 2) ++noise_ranking_runs;
+  ++noise_ranking_runs;  // the whole budget
+  const int64_t used = exact ? available
+                             : std::clamp<int64_t>(static_cast<int64_t>(options.max_sample_runs / noise_ranking_runs), 1,
+                                                   available);
+  const std::map<std::string, Tensor> samples =
+      used == available ? all_samples : runtime::feed_rows(all_samples, 0, used);
+  result.samples = static_cast<size_t>(used);
+  result.ranking = exact ? "output" : "added noise";
+
   runtime::SessionOptions so;
   so.num_threads = 0;
   runtime::RunOptions compared;
@@ -88,28 +177,36 @@ PrecisionFallbackResult choose_precision_fallback(PTQ& ptq, const std::map<std::
     }
   }
 
-  // Rank: the output SQNR with each layer alone quantized, most damaging first. Leave-one-out
-  // ranking (each layer alone in float) finds only the single worst layer on a model whose errors
-  // compound: with everything else quantized, one more float layer barely moves the output
-  // (PP-OCRv4 rec: it chose one layer, 80.5 exact; this ranking's five layers: within a point of FP32).
   std::vector<std::pair<double, std::string>> damage;
-  Progress progress("fallback", layers.size(), "layers");
-  for (const auto& l : layers) {
-    PrecisionFallbackResult only;
-    for (const auto& other : layers)
-      if (other.name != l.name) only.float_layers.push_back(other.name);
-    ++result.evaluations;
-    runtime::Session session(ptq.convert(only.quantized_layers(ptq)), so);
-    damage.push_back({output_sqnr_db(reference, session.run(samples, compared)), l.name});
-    progress.advance();
+  if (exact) {
+    // Rank: the output SQNR with each layer alone quantized, most damaging first. Leave-one-out
+    // ranking (each layer alone in float) finds only the single worst layer on a model whose errors
+    // compound: with everything else quantized, one more float layer barely moves the output
+    // (PP-OCRv4 rec: it chose one layer, 80.5 exact; this ranking's five layers: within a point of FP32).
+    Progress progress("fallback", layers.size(), "layers");
+    for (const auto& l : layers) {
+      PrecisionFallbackResult only;
+      for (const auto& other : layers)
+        if (other.name != l.name) only.float_layers.push_back(other.name);
+      ++result.evaluations;
+      runtime::Session session(ptq.convert(only.quantized_layers(ptq)), so);
+      damage.push_back({output_sqnr_db(reference, session.run(samples, compared)), l.name});
+      progress.advance();
+    }
+    progress.finish();
+  } else {
+    damage = added_noise_ranking(ptq, samples, so);
   }
-  progress.finish();
   std::stable_sort(damage.begin(), damage.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  const auto budget = static_cast<size_t>(std::ceil(options.max_float_fraction * static_cast<double>(layers.size())));
-  std::vector<std::string> chosen;
+  // Exact: one layer more per step. Otherwise groups of 1, 2, 4, ... and the whole budget.
+  std::vector<size_t> sizes;
+  const size_t most = std::min(budget, damage.size());
+  for (size_t k = 1; k <= most; k = exact ? k + 1 : k * 2) sizes.push_back(k);
+  if (!exact && most > 0 && sizes.back() != most) sizes.push_back(most);
   double best = result.sqnr_db_before;
-  for (size_t k = 0; k < std::min(budget, damage.size()); ++k) {
-    chosen.push_back(damage[k].second);
+  for (size_t k : sizes) {
+    std::vector<std::string> chosen;
+    for (size_t i = 0; i < k; ++i) chosen.push_back(damage[i].second);
     const double s = sqnr_without(chosen);
     if (s > best) {
       best = s;

@@ -391,6 +391,28 @@ void PTQ::sample(const Tensor& batch) {
   sample({{float_graph_.inputs[0].name, batch}});
 }
 
+ir::Graph PTQ::convert_weights_only(const std::optional<std::set<std::string>>& only_layers) const {
+  SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::convert_weights_only called before quantize()");
+  // The layers with a weight, read as float: their activation lists emptied.
+  std::vector<Layer> weighted;
+  for (const auto& l : layers_)
+    if (!l.weight.empty() && (!only_layers || only_layers->count(l.name))) {
+      Layer w = l;
+      w.activations.clear();
+      weighted.push_back(std::move(w));
+    }
+  std::vector<const Layer*> chosen;
+  for (const auto& l : weighted) chosen.push_back(&l);
+  QdqExportOptions options;
+  options.state_weight_zero_points = config_.deploy_backend != DeployBackend::kSlimquant;
+  options.bias_correction = config_.bias_correction;
+  ir::Graph out = write_qdq_graph(float_graph_, chosen, {}, [this](const Layer& l) { return weight_params(l); }, options);
+  out.metadata["slimquant.weight_bits"] = std::to_string(config_.effective_weight_bits());
+  out.metadata["slimquant.mode"] = quant_mode_name(QuantMode::kWeightOnly);
+  out.metadata["slimquant.deploy_backend"] = deploy_backend_name(config_.deploy_backend);
+  return out;
+}
+
 namespace {
 constexpr char kCacheMagic[] = "slimquant-calibration-v2";
 }
@@ -517,6 +539,7 @@ QuantParam PTQ::weight_params(const Layer& layer, const Tensor* weight) const {
 
 ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) const {
   SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::convert called before quantize()");
+  if (config_.mode == QuantMode::kWeightOnly) return convert_weights_only(only_layers);
   SQ_CHECK(batches_ > 0 || observers_.empty(), ErrorKind::kInvalidData,
            "no calibration data was fed: the calibration data set is empty");
   ir::Graph g = float_graph_;

@@ -78,6 +78,18 @@ DeployBackend parse_deploy_backend(const std::string& name) {
   fail(ErrorKind::kInvalidArgument, "deploy_backend must be slimquant, onnxruntime or tensorrt, got '" + name + "'");
 }
 
+QuantMode parse_quant_mode(const std::string& name) {
+  if (name == "static") return QuantMode::kStatic;
+  if (name == "weight-only" || name == "weight_only") return QuantMode::kWeightOnly;
+  if (name == "dynamic")
+    fail(ErrorKind::kInvalidArgument,
+         "mode 'dynamic' (activation scales computed per inference) is not available yet: use static (calibrated "
+         "activations) or weight-only (no data needed)");
+  fail(ErrorKind::kInvalidArgument, "mode must be static or weight-only, got '" + name + "'");
+}
+
+const char* quant_mode_name(QuantMode mode) { return mode == QuantMode::kWeightOnly ? "weight-only" : "static"; }
+
 const char* deploy_backend_name(DeployBackend backend) {
   switch (backend) {
     case DeployBackend::kSlimquant: return "slimquant";
@@ -187,6 +199,7 @@ std::string QuantConfig::fingerprint() const {
   for (const auto& t : skip_quant) os << t << ',';
   os << "|backend:" << deploy_backend_name(deploy_backend) << "|asym:" << asymmetric_activations << "|hist:" << observer_options.hist_percent << ',' << observer_options.bins
      << "|wbits:" << effective_weight_bits();
+  if (mode != QuantMode::kStatic) os << "|mode:" << quant_mode_name(mode);  // static: as before modes existed
   if (bias_correction) os << "|bias_correction";
   if (channel_wise_conv_inputs) os << "|channel_wise_conv_inputs";
   for (const auto& [op, spec] : custom_specs_) os << "|custom:" << op;
@@ -264,6 +277,7 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
       else if (key == "bins") cfg.observer_options.bins = v.as<int>();
       else if (key == "weight_bits") cfg.weight_bits = v.as<int>();
       else if (key == "deploy_backend") cfg.deploy_backend = parse_deploy_backend(v.as<std::string>());
+      else if (key == "mode") cfg.mode = parse_quant_mode(v.as<std::string>());
       else if (key == "quantizable_op_type") cfg.quantizable_op_type = string_list(v, key);
       else if (key == "is_full_quantize") cfg.is_full_quantize = v.as<bool>();
       else if (key == "bias_correction") cfg.bias_correction = v.as<bool>();

@@ -297,12 +297,16 @@ int64_t declared_batch(const ir::Graph& graph, const std::map<std::string, Tenso
   return declared;
 }
 
-// Rows [first, first + count) of every feed.
+}  // namespace
+
 std::map<std::string, Tensor> feed_rows(const std::map<std::string, Tensor>& feeds, int64_t first, int64_t count) {
   std::map<std::string, Tensor> part;
   for (const auto& [name, t] : feeds) {
+    SQ_CHECK(t.rank() >= 1 && first >= 0 && count >= 0 && first + count <= t.dim(0), ErrorKind::kInvalidArgument,
+             "feed '" + name + "' of shape " + shape_str(t.shape()) + " has no rows " + std::to_string(first) + ".." +
+                 std::to_string(first + count));
     Shape shape = t.shape();
-    const size_t row = t.nbytes() / static_cast<size_t>(shape[0]);
+    const size_t row = shape[0] ? t.nbytes() / static_cast<size_t>(shape[0]) : 0;
     shape[0] = count;
     Tensor rows(t.dtype(), shape);
     std::memcpy(rows.raw(), static_cast<const char*>(t.raw()) + static_cast<size_t>(first) * row,
@@ -311,6 +315,8 @@ std::map<std::string, Tensor> feed_rows(const std::map<std::string, Tensor>& fee
   }
   return part;
 }
+
+namespace {
 
 // A shape error that a smaller batch may not meet (a kernel or the plan refusing a batch).
 bool is_shape_error(const Error& e) {

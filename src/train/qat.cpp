@@ -85,6 +85,10 @@ size_t steps_in_epoch(size_t train_size, size_t batch_size, size_t limit) {
 }  // namespace
 
 QAT::QAT(quant::QuantConfig config, QATOptions options) : config_(std::move(config)), options_(std::move(options)) {
+  SQ_CHECK(config_.mode == quant::QuantMode::kStatic, ErrorKind::kInvalidArgument,
+           std::string("QAT trains quanters on weights and activations (mode static); mode ") +
+               quant::quant_mode_name(config_.mode) + " quantizes without training: use quantize --mode " +
+               quant::quant_mode_name(config_.mode));
   check_training_options();
   for (const auto& [name, spec] : options_.quanter_specs) {
     SQ_CHECK(spec.type != name, ErrorKind::kInvalidArgument,

@@ -23,15 +23,6 @@ inline std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-// The last line of a command's output that starts with '{', parsed (null when there is none).
-inline nlohmann::json last_json_line(const std::string& output) {
-  std::istringstream in(output);
-  std::string line, last;
-  while (std::getline(in, line))
-    if (!line.empty() && line[0] == '{') last = line;
-  return last.empty() ? nlohmann::json() : nlohmann::json::parse(last);
-}
-
 // One OpenMP thread while a test runs (restored after): these tests check numbers, not speed, and
 // on a shared, overloaded machine OpenMP's spinning worker threads make them over ten times slower.
 class SingleThread {

@@ -13,6 +13,7 @@
 #include "slimquant/core/npy.h"
 #include "slimquant/ir/onnx_io.h"
 #include "multi_input_model.h"
+#include "onnx_runtime_peer.h"
 #include "test_util.h"
 
 using namespace slimquant;
@@ -26,11 +27,7 @@ std::string file_bytes(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-nlohmann::json last_json_line(const std::string& output) {
-  auto end = output.find_last_not_of('\n');
-  auto start = output.rfind('\n', end);
-  return nlohmann::json::parse(output.substr(start == std::string::npos ? 0 : start + 1, end - start));
-}
+using test::last_json_line;
 
 TEST(CliQuantize, JsonReportsAccuracySizesAndLatency) {
   test::TempDir tmp("cli_q");
@@ -74,6 +71,56 @@ TEST(CliQuantize, WeightBitsFlagSetsTheGridAndTheMetadata) {
       if (t.dtype() == DType::kInt8 && t.rank() > 1)
         for (int64_t v : t.to_int64_vector()) max_abs = std::max(max_abs, std::abs(v));
     EXPECT_EQ(max_abs, (1 << (bits - 1)) - 1) << bits << " bits";  // each channel's max maps to the top
+  }
+}
+
+// --mode weight-only: no data needed, int8 weights per channel behind DequantizeLinear, float
+// activations; ONNX Runtime (pinned and latest) computes what our runtime does; calibration flags
+// and the mode not built yet are refused by name.
+TEST(CliQuantize, WeightOnlyModeNeedsNoDataAndRunsInOnnxRuntime) {
+  test::TempDir tmp("cli_q_weight_only");
+  const std::string model = test::fixture_model("resnet_small");
+  auto r = test::run_cli("quantize " + model + " --mode weight-only -o " + tmp.path("w.onnx") + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("quantized the weights of"), std::string::npos) << r.output;
+  const auto j = last_json_line(r.output);
+  EXPECT_EQ(j["mode"], "weight-only");
+  EXPECT_LT(j["int8_bytes"].get<double>(), 0.35 * j["fp32_bytes"].get<double>());
+  const ir::Graph g = ir::load_onnx(tmp.path("w.onnx"));
+  EXPECT_EQ(g.metadata.at("slimquant.mode"), "weight-only");
+  for (const auto& n : g.nodes) EXPECT_NE(n.op_type, "QuantizeLinear");
+
+  // With data, the FP32 / weight-only comparison runs on it.
+  auto e = test::run_cli("quantize " + model + " --mode weight-only fashion-mnist:test --limit 64 -o " +
+                         tmp.path("w2.onnx") + " --json");
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  const auto je = last_json_line(e.output);
+  EXPECT_LE(std::abs(je["int8_top1"].get<double>() - je["fp32_top1"].get<double>()), 0.02);
+  EXPECT_EQ(file_bytes(tmp.path("w.onnx")), file_bytes(tmp.path("w2.onnx"))) << "the data does not change the weights";
+
+  for (const std::string bad : {"--algo KL", "--batch-nums 4", "--fallback-sqnr 10"}) {
+    auto b = test::run_cli("quantize " + model + " --mode weight-only " + bad + " -o " + tmp.path("x.onnx"));
+    EXPECT_EQ(b.exit_code, 5) << bad << ": " << b.output;
+    EXPECT_NE(b.output.find(bad.substr(0, bad.find(' '))), std::string::npos) << b.output;
+  }
+  auto d = test::run_cli("quantize " + model + " --mode dynamic -o " + tmp.path("x.onnx"));
+  EXPECT_EQ(d.exit_code, 5) << d.output;
+  EXPECT_NE(d.output.find("not available yet"), std::string::npos) << d.output;
+
+  if (!test::have_onnx_runtime()) GTEST_SKIP() << "Node.js / onnxruntime-node not installed";
+  const std::string input = test::source_path("tests/fixtures/models/resnet_small.input.npy");
+  auto run = test::run_cli("run " + tmp.path("w.onnx") + " --input input=" + input + " --output-dir " + tmp.path("ours"));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const Tensor ours = read_npy(tmp.path("ours/logits.npy"));
+  for (const char* package : {"onnxruntime-node", "onnxruntime-node-latest"}) {
+    const Tensor ort = test::onnx_runtime_logits(package, tmp.path("w.onnx"), input, tmp.path(std::string("ort_") + package));
+    ASSERT_EQ(ort.numel(), ours.numel()) << package;
+    float worst = 0, range = 0;
+    for (int64_t i = 0; i < ours.numel(); ++i) {
+      worst = std::max(worst, std::abs(ort.data<float>()[i] - ours.data<float>()[i]));
+      range = std::max(range, std::abs(ours.data<float>()[i]));
+    }
+    EXPECT_LT(worst, 1e-4f * range + 1e-5f) << package << ": float arithmetic on the same dequantized weights";
   }
 }
 

@@ -16,11 +16,7 @@ using test::run_cli;
 
 namespace {
 
-nlohmann::json last_json_line(const std::string& output) {
-  auto end = output.find_last_not_of('\n');
-  auto start = output.rfind('\n', end);
-  return nlohmann::json::parse(output.substr(start == std::string::npos ? 0 : start + 1, end - start));
-}
+using test::last_json_line;
 
 const std::string kModel = test::fixture_model("resnet_small");
 

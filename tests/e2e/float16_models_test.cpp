@@ -12,6 +12,7 @@
 #include "slimquant/core/npy.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/runtime/session.h"
+#include "e2e/onnx_runtime_peer.h"
 #include "test_util.h"
 
 using namespace slimquant;
@@ -153,30 +154,8 @@ TEST(Float16Cast, RoundsAsTheStoredTypeDoes) {
 
 namespace {
 
-nlohmann::json last_json_line(const std::string& output) {
-  auto end = output.find_last_not_of('\n');
-  auto start = output.rfind('\n', end);
-  return nlohmann::json::parse(output.substr(start == std::string::npos ? 0 : start + 1, end - start));
-}
+using test::last_json_line;
 
-bool have_ort() {
-  return std::system("command -v node >/dev/null 2>&1") == 0 &&
-         std::filesystem::exists(test::source_path("bench/node_modules/onnxruntime-node/package.json")) &&
-         std::filesystem::exists(test::source_path("bench/node_modules/onnxruntime-node-latest/package.json"));
-}
-
-// ONNX Runtime (`package`) runs `model` on `input` with default options; returns its logits.
-Tensor ort_logits(const std::string& package, const std::string& model, const std::string& input,
-                  const std::string& out_dir) {
-  const auto r = test::run_command("node " + test::source_path("bench/check_deploy.js") + " --ort-worker " + package +
-                                   " " + model + " " + input + " " + out_dir);
-  const std::string& out = r.output;
-  EXPECT_EQ(r.exit_code, 0) << out;
-  const auto j = last_json_line(out);
-  EXPECT_EQ(j["load"], "ok") << out;
-  EXPECT_EQ(j["run"], "ok") << out;
-  return read_npy(out_dir + "/default/logits.npy");
-}
 
 // The whole-float16 model through the command line: info names the types, run writes float16 and
 // equals ONNX Runtime within float16 rounding, quantize exports a smaller file with the same
@@ -221,12 +200,12 @@ TEST(Float16Cli, InfoRunQuantizeKeepTheInterfaceAndMatchOnnxRuntime) {
   const Tensor ours_int8 = read_npy(tmp.path("int8/logits.npy"));
   EXPECT_EQ(argmax_rows(ours_int8), argmax_rows(ours));
 
-  if (!have_ort()) GTEST_SKIP() << "Node.js / onnxruntime-node not installed";
+  if (!test::have_onnx_runtime()) GTEST_SKIP() << "Node.js / onnxruntime-node not installed";
   const float range = 20.0f;  // the logits span about this much
   for (const char* package : {"onnxruntime-node", "onnxruntime-node-latest"}) {
-    const Tensor ort_fp = ort_logits(package, model, input_path, tmp.path(std::string("ort_fp_") + package));
+    const Tensor ort_fp = test::onnx_runtime_logits(package, model, input_path, tmp.path(std::string("ort_fp_") + package));
     EXPECT_LT(max_abs_diff(ort_fp, ours), 0.004f * range) << package;
-    const Tensor ort_q = ort_logits(package, tmp.path("q.onnx"), input_path, tmp.path(std::string("ort_q_") + package));
+    const Tensor ort_q = test::onnx_runtime_logits(package, tmp.path("q.onnx"), input_path, tmp.path(std::string("ort_q_") + package));
     EXPECT_EQ(argmax_rows(ort_q), argmax_rows(ours_int8)) << package;
     EXPECT_LT(max_abs_diff(ort_q, ours_int8), 0.05f * range) << package;
   }

@@ -336,6 +336,20 @@ TEST(QATFlow, NamedQuanterSpecsCarrySettingsPerRule) {
   EXPECT_THROW(train::QAT(cfg, o), Error);  // init_value is PACT's
 }
 
+// QAT trains quanters on weights and activations: a weight-only configuration is refused, naming
+// the command that quantizes that way.
+TEST(QATFlow, WeightOnlyModeIsRefusedWithTheCommandToUse) {
+  quant::QuantConfig cfg;
+  cfg.mode = quant::QuantMode::kWeightOnly;
+  try {
+    train::QAT qat(cfg, train::QATOptions());
+    FAIL() << "weight-only QAT was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("quantize --mode weight-only"), std::string::npos) << e.what();
+  }
+}
+
 TEST(QATCli, TrainsExportsReportsAndResumes) {
   test::TempDir tmp("qat_cli");
   const std::string out = tmp.path("q.onnx");

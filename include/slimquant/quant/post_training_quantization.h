@@ -52,6 +52,9 @@ struct PostTrainingQuantizationOptions {
   std::vector<std::string> skip_quant;  // op types, node names or globs
   bool asymmetric_activations = false;
   bool bias_correction = false;  // QuantConfig::bias_correction
+  // static or weight-only (QuantConfig::mode). weight-only needs no calibration source: the
+  // weights are quantized from their own values and activations stay float.
+  std::string mode = "static";
   // A model that is already quantized (prequantized.h) is refused with kUnsupported naming its
   // form, unless this is set: then a static QDQ file is dequantized and quantized again.
   bool requantize = false;

@@ -21,6 +21,13 @@ struct PrecisionFallbackOptions {
   double target_sqnr_db = 20.0;
   // At most this fraction of the quantized layers (rounded up) stays in float.
   double max_float_fraction = 0.1;
+  // Work bound in single-sample inferences (0 = none). The exact ranking runs one evaluation per
+  // layer; when that does not fit (a large network at high resolution), layers are ranked by the
+  // noise each adds in the quantized model (one pass of it, compared with the reference pass on a
+  // strided sample of every layer's input and output), tried in doubling groups, on as few samples
+  // as the bound allows. PostTrainingQuantization bounds it by twice the
+  // calibration's samples.
+  size_t max_sample_runs = 0;
 };
 
 struct PrecisionFallbackResult {
@@ -32,6 +39,10 @@ struct PrecisionFallbackResult {
   bool channel_wise_conv_inputs = false;
   double sqnr_db_per_tensor = 0;
   size_t evaluations = 0;                 // quantized models evaluated
+  size_t samples = 0;                     // samples each evaluation ran
+  // "output" (each layer alone quantized, measured at the output) or "added noise" (the noise each
+  // layer adds to what reaches it, in the whole quantized model).
+  std::string ranking;
   std::set<std::string> quantized_layers(const PTQ& ptq) const;  // every layer but float_layers
 };
 
@@ -42,7 +53,7 @@ double output_sqnr_db(const std::map<std::string, Tensor>& reference, const std:
 // quantizes convolution inputs per channel (kept when that raises the SQNR; `ptq` is left set
 // accordingly), then ranks layers by the output SQNR with each alone quantized and leaves the most
 // damaging ones in float one at a time until the target is met or the budget is spent; keeps the
-// best set seen.
+// best set seen. Beyond options.max_sample_runs, the cheaper ranking described there.
 PrecisionFallbackResult choose_precision_fallback(PTQ& ptq, const std::map<std::string, Tensor>& samples,
                                                   const PrecisionFallbackOptions& options = {});
 

@@ -59,8 +59,12 @@ class PTQ {
   // Problems that do not stop quantization but that a user wants to hear about (e.g. a skip
   // pattern that matches no node). Filled by quantize().
   const std::vector<std::string>& warnings() const { return warnings_; }
-  // The QDQ graph: every layer quantized, or only `only_layers` (names from layers()).
+  // The QDQ graph: every layer quantized, or only `only_layers` (names from layers()); under
+  // QuantMode::kWeightOnly, convert_weights_only().
   ir::Graph convert(const std::optional<std::set<std::string>>& only_layers = std::nullopt) const;
+  // The weight-only graph (QuantMode::kWeightOnly): each chosen layer's weight on its per-channel
+  // grid behind a DequantizeLinear, every activation float. Needs no calibration.
+  ir::Graph convert_weights_only(const std::optional<std::set<std::string>>& only_layers = std::nullopt) const;
 
   const std::vector<Layer>& layers() const { return layers_; }
   const ir::Graph& float_graph() const { return float_graph_; }

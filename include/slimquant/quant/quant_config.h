@@ -28,6 +28,17 @@ enum class DeployBackend { kSlimquant, kOnnxRuntime, kTensorRT };
 DeployBackend parse_deploy_backend(const std::string& name);  // throws kInvalidArgument naming the choices
 const char* deploy_backend_name(DeployBackend backend);
 
+// What is quantized (`--mode`, YAML `mode`):
+// - kStatic: weights and activations; activation ranges fixed by calibration.
+// - kWeightOnly: weights only, on their per-channel grid of weight_bits behind a DequantizeLinear;
+//   activations stay float and no data is needed (PaddleSlim's quant_post_dynamic). The file is
+//   about a quarter of the float one; runtimes dequantize the weights once when they load it.
+enum class QuantMode { kStatic, kWeightOnly };
+// static, weight-only (or weight_only); anything else, and dynamic (not built yet), is
+// kInvalidArgument naming the choices.
+QuantMode parse_quant_mode(const std::string& name);
+const char* quant_mode_name(QuantMode mode);
+
 struct QuantRule {
   std::string activation = "emd";  // activation observer (`algo`); default chosen in docs/quantization.md
   std::string weight = "channel_wise_abs_max";     // weight observer (`weight_quantize_type`)
@@ -61,6 +72,7 @@ class QuantConfig {
   bool asymmetric_activations = false;
   // The runtime the export is shaped for (see DeployBackend).
   DeployBackend deploy_backend = DeployBackend::kSlimquant;
+  QuantMode mode = QuantMode::kStatic;
   // Weight bits (`weight_bits`), 2..8; 0 = the default, 8: the exported file does not depend on
   // the CPU that made it (on CPUs without VNNI our runtime still executes 8-bit weights exactly,
   // docs/int8_execution.md). The value used is recorded in the model's metadata
@@ -106,7 +118,8 @@ class QuantConfig {
 // weight_quantize_type, quantizable_op_type, is_full_quantize, skip_tensor_list, skip_quant,
 // activation_quantize_type (symmetric|asymmetric, or Paddle's range_abs_max|moving_average_abs_max|abs_max:
 // fixed symmetric scales from `algo`), activation_bits (8), type_config / name_config / layer_config
-// (maps of key -> {algo, weight_quantize_type, quantize}), bias_correction, channel_wise_conv_inputs, round_type (round; adaround
+// (maps of key -> {algo, weight_quantize_type, quantize}), bias_correction, channel_wise_conv_inputs, mode
+// (static | weight-only), round_type (round; adaround
 // is refused as not implemented). Unknown keys are an error naming the key
 // (typos must not silently change nothing); keys for the calibration flow (batch_size, batch_nums,
 // is_use_cache_file, cache_dir, model_dir, ...) are returned in `extra`.

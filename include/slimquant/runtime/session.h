@@ -58,6 +58,9 @@ struct RunOptions {
   bool observe_in_any_layout = false;
 };
 
+// Rows [first, first + count) along axis 0 of every feed (each must have at least first + count).
+std::map<std::string, Tensor> feed_rows(const std::map<std::string, Tensor>& feeds, int64_t first, int64_t count);
+
 class Plan;
 
 class Session {
