@@ -73,11 +73,12 @@ std::map<std::string, Tensor> name_inputs(std::map<std::string, Tensor> feeds, c
   return feeds;
 }
 
-// The first `count` rows (along axis 0) of every tensor of a batch.
+// Samples in a batch: the rows (axis 0) of its first tensor.
 size_t rows_of(const std::map<std::string, Tensor>& feeds) {
   return feeds.empty() || feeds.begin()->second.rank() == 0 ? 0 : static_cast<size_t>(feeds.begin()->second.dim(0));
 }
 
+// The first `count` rows (along axis 0) of every tensor of a batch.
 std::map<std::string, Tensor> leading_rows(const std::map<std::string, Tensor>& batch, size_t count) {
   int64_t rows = static_cast<int64_t>(count);
   for (const auto& [name, t] : batch) {
@@ -349,6 +350,7 @@ const ir::Graph& PostTrainingQuantization::quantize() {
                           std::to_string(done) + " batches: calibrated on those");
   }
   report_.batches = ptq_->samples_seen();
+  ptq_->release_calibration_buffers();
   report_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // The finished calibration is kept until the model is converted.
   if (!checkpoint.empty() && distributed::size() == 1 && report_.batches > report_.resumed_batches)

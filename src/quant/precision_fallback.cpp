@@ -53,7 +53,6 @@ std::vector<std::string> compared_values(const ir::Graph& g) {
   return values;
 }
 
-
 // Rows of the first feed (every feed shares them).
 int64_t sample_count(const std::map<std::string, Tensor>& samples) {
   return samples.empty() || samples.begin()->second.rank() == 0 ? 1 : samples.begin()->second.dim(0);
@@ -69,60 +68,66 @@ struct NoiseSum {
 // a noise ratio, and the float pass keeps only these (a 1024x1024 network's activations do not fit).
 constexpr int64_t kProbedElements = 4096;
 
-// The layers ranked by the noise each adds in context: the float pass keeps a strided sample of every
-// layer's input and output values, the quantized model's pass measures its noise ratio on the same
-// elements, and a layer's score is the noise ratio of its output minus the largest of its quantized
-// inputs' (what its own input and weight rounding added, with what came before it). Runs `samples`
-// through the float and the quantized model once each: the cost of one evaluation more than the
-// reference.
-std::vector<std::pair<double, std::string>> added_noise_ranking(const PTQ& ptq, const std::map<std::string, Tensor>& samples,
-                                                                const runtime::SessionOptions& so) {
-  std::map<std::string, std::vector<float>> probes;  // by value name: the float values kept
-  const ir::Graph& g = ptq.float_graph();
-  std::map<std::string, std::string> output_of;  // layer -> its output value
-  for (const auto& n : g.nodes) output_of[n.name] = n.outputs.empty() ? "" : n.outputs[0];
-  for (const auto& l : ptq.layers()) {
-    for (const auto& a : l.activations) probes[a];
-    if (!output_of[l.name].empty()) probes[output_of[l.name]];
-  }
-  auto stride_of = [](int64_t n) { return std::max<int64_t>(1, n / kProbedElements); };
-  runtime::RunOptions keep;
-  for (const auto& [name, v] : probes) keep.observe.push_back(name);
-  keep.on_value = [&](const std::string& name, const Tensor& value) {
-    auto p = probes.find(name);
-    if (p == probes.end() || value.dtype() != DType::kFloat32) return;
-    const int64_t stride = stride_of(value.numel());
-    for (int64_t i = 0; i < value.numel(); i += stride) p->second.push_back(value.data<float>()[i]);
-  };
-  runtime::Session(g, so).run(samples, keep);
-
-  std::map<std::string, NoiseSum> noise;
-  runtime::RunOptions compare;
-  compare.observe = keep.observe;
-  compare.on_value = [&](const std::string& name, const Tensor& value) {
-    auto p = probes.find(name);
-    if (p == probes.end() || value.dtype() != DType::kFloat32) return;
-    const int64_t stride = stride_of(value.numel());
-    NoiseSum& sum = noise[name];
-    size_t k = 0;
-    for (int64_t i = 0; i < value.numel() && k < p->second.size(); i += stride, ++k) {
-      const double ref = p->second[k], d = ref - value.data<float>()[i];
-      sum.noise += d * d;
-      sum.signal += ref * ref;
+// The layers ranked by the noise each adds in context: the float reference pass keeps a strided
+// sample of every layer's input and output values (keep_in), one pass of the quantized model
+// measures its noise ratio on the same elements (compare_in), and a layer's score is the noise ratio
+// of its output minus the largest of its quantized inputs' (what its own input and weight rounding
+// added to what reached it).
+class AddedNoise {
+ public:
+  explicit AddedNoise(const PTQ& ptq) : ptq_(ptq) {
+    for (const auto& n : ptq.float_graph().nodes) output_of_[n.name] = n.outputs.empty() ? "" : n.outputs[0];
+    for (const auto& l : ptq.layers()) {
+      for (const auto& a : l.activations) probes_[a];
+      if (!output_of_[l.name].empty()) probes_[output_of_[l.name]];
     }
-  };
-  runtime::Session(ptq.convert(), so).run(samples, compare);
-
-  std::vector<std::pair<double, std::string>> ranking;
-  for (const auto& l : ptq.layers()) {
-    double before = 0;
-    for (const auto& a : l.activations) before = std::max(before, noise[a].ratio());
-    const std::string& out = output_of[l.name];
-    const double added = (out.empty() ? 0.0 : noise[out].ratio()) - before;
-    ranking.push_back({-added, l.name});  // most added noise first after an ascending sort
   }
-  return ranking;
-}
+
+  void keep_in(runtime::RunOptions& run) {
+    for (const auto& [name, v] : probes_) run.observe.push_back(name);
+    run.on_value = [this](const std::string& name, const Tensor& value) {
+      auto p = probes_.find(name);
+      if (p == probes_.end() || value.dtype() != DType::kFloat32) return;
+      const int64_t stride = stride_of(value.numel());
+      for (int64_t i = 0; i < value.numel(); i += stride) p->second.push_back(value.data<float>()[i]);
+    };
+  }
+
+  void compare_in(runtime::RunOptions& run) {
+    for (const auto& [name, v] : probes_) run.observe.push_back(name);
+    run.on_value = [this](const std::string& name, const Tensor& value) {
+      auto p = probes_.find(name);
+      if (p == probes_.end() || value.dtype() != DType::kFloat32) return;
+      const int64_t stride = stride_of(value.numel());
+      NoiseSum& sum = noise_[name];
+      size_t k = 0;
+      for (int64_t i = 0; i < value.numel() && k < p->second.size(); i += stride, ++k) {
+        const double ref = p->second[k], d = ref - value.data<float>()[i];
+        sum.noise += d * d;
+        sum.signal += ref * ref;
+      }
+    };
+  }
+
+  // (minus the added noise ratio, layer): most added noise first after an ascending sort.
+  std::vector<std::pair<double, std::string>> ranking() {
+    std::vector<std::pair<double, std::string>> out;
+    for (const auto& l : ptq_.layers()) {
+      double before = 0;
+      for (const auto& a : l.activations) before = std::max(before, noise_[a].ratio());
+      const std::string& value = output_of_[l.name];
+      out.push_back({before - (value.empty() ? 0.0 : noise_[value].ratio()), l.name});
+    }
+    return out;
+  }
+
+ private:
+  static int64_t stride_of(int64_t n) { return std::max<int64_t>(1, n / kProbedElements); }
+  const PTQ& ptq_;
+  std::map<std::string, std::string> output_of_;       // layer -> its output value
+  std::map<std::string, std::vector<float>> probes_;  // value -> the float elements kept
+  std::map<std::string, NoiseSum> noise_;             // value -> its noise in the quantized model
+};
 
 }  // namespace
 
@@ -133,11 +138,11 @@ PrecisionFallbackResult choose_precision_fallback(PTQ& ptq, const std::map<std::
   if (options.target_sqnr_db <= 0 || layers.empty()) return result;
   const auto budget = static_cast<size_t>(std::ceil(options.max_float_fraction * static_cast<double>(layers.size())));
   // The exact ranking's evaluations: reference, before, channel-wise, one per layer, up to one per
-  // float layer; the other's: reference, before, channel-wise, the probe's two passes, doubling groups.
+  // float layer; the other's: reference, before, channel-wise, the probe pass, doubling groups.
   const int64_t available = sample_count(all_samples);
   const size_t exact_runs = (3 + layers.size() + std::min(budget, layers.size())) * static_cast<size_t>(available);
   const bool exact = options.max_sample_runs == 0 || exact_runs <= options.max_sample_runs;
-  size_t noise_ranking_runs = 5;  // reference, before, channel-wise, the probe's float and quantized passes
+  size_t noise_ranking_runs = 4;  // reference (which keeps the probes), before, channel-wise, the probe pass
   for (size_t k = 1; k < budget; k *= 2) ++noise_ranking_runs;
   ++noise_ranking_runs;  // the whole budget
   const int64_t used = exact ? available
@@ -152,7 +157,10 @@ PrecisionFallbackResult choose_precision_fallback(PTQ& ptq, const std::map<std::
   so.num_threads = 0;
   runtime::RunOptions compared;
   compared.outputs = compared_values(ptq.float_graph());
-  const std::map<std::string, Tensor> reference = runtime::Session(ptq.float_graph(), so).run(samples, compared);
+  AddedNoise added_noise(ptq);
+  runtime::RunOptions reference_run = compared;
+  if (!exact) added_noise.keep_in(reference_run);
+  const std::map<std::string, Tensor> reference = runtime::Session(ptq.float_graph(), so).run(samples, reference_run);
   auto sqnr_without = [&](const std::vector<std::string>& in_float) {
     PrecisionFallbackResult r;
     r.float_layers = in_float;
@@ -195,7 +203,10 @@ PrecisionFallbackResult choose_precision_fallback(PTQ& ptq, const std::map<std::
     }
     progress.finish();
   } else {
-    damage = added_noise_ranking(ptq, samples, so);
+    runtime::RunOptions probe;
+    added_noise.compare_in(probe);
+    runtime::Session(ptq.convert(), so).run(samples, probe);
+    damage = added_noise.ranking();
   }
   std::stable_sort(damage.begin(), damage.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   // Exact: one layer more per step. Otherwise groups of 1, 2, 4, ... and the whole budget.

@@ -386,6 +386,10 @@ void PTQ::sample(const std::map<std::string, Tensor>& feeds) {
   ++batches_;
 }
 
+void PTQ::release_calibration_buffers() {
+  if (session_) session_->release_plans();
+}
+
 void PTQ::sample(const Tensor& batch) {
   SQ_CHECK(float_graph_.inputs.size() == 1, ErrorKind::kInvalidArgument, "PTQ::sample(Tensor) needs a single-input model");
   sample({{float_graph_.inputs[0].name, batch}});

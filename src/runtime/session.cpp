@@ -215,6 +215,7 @@ Session::Session(ir::Graph graph, SessionOptions options) : graph_(std::move(gra
 }
 
 Session::~Session() = default;
+void Session::release_plans() { plans_.clear(); }
 Session::Session(Session&&) noexcept = default;
 Session& Session::operator=(Session&&) noexcept = default;
 

@@ -38,6 +38,9 @@ class PTQ {
   void sample(const std::map<std::string, Tensor>& feeds);
   void sample(const Tensor& batch);  // single-input models
   size_t samples_seen() const { return batches_; }  // calibration batches fed so far
+  // Frees the calibration session's buffers and plans once no more batches come (the precision
+  // recovery that follows then holds its own sessions, not these too); sample() still works after.
+  void release_calibration_buffers();
 
   // A hash of everything the calibration result depends on: the prepared model, the QuantConfig
   // and the observers attached. Set by quantize().

@@ -87,6 +87,9 @@ class Session {
   const std::vector<ir::ValueInfo>& outputs() const { return graph_.outputs; }
   const SessionOptions& options() const { return options_; }
   size_t cached_plan_count() const { return plans_.size(); }
+  // Drops the compiled plans and the buffers they hold (the memory goes back to the system); the
+  // next run compiles again. For a session whose work is done but which must stay alive.
+  void release_plans();
   // The most samples one run of the model takes (see run), or 0 while none is known.
   int64_t batch_limit() const { return batch_limit_; }
 
