@@ -1,6 +1,6 @@
-"""PaddleSlim's function entry point for post-training quantization (seed 004's quant_post, later
-quant_post_static), over PostTrainingQuantization with PaddleSlim's parameter names, defaults and
-meanings."""
+"""PaddleSlim's function entry points for post-training quantization (seed 004's quant_post, later
+quant_post_static; and quant_post_dynamic, weights only), over PostTrainingQuantization with
+PaddleSlim's parameter names, defaults and meanings."""
 from . import _slimquant as _sq
 from ._compat import (check_bool, check_int, check_path, check_str_list, explicit_arguments_function, invalid, warn,
                       warn_unused, refuse_paddle_model)
