@@ -156,17 +156,17 @@ const ir::Graph& PostTrainingQuantization::quantized_graph() const {
 
 const ir::Graph& PostTrainingQuantization::quantize() {
   const auto& o = options_;
+  // Names are checked before the model is read: a typo should not cost a model load.
+  QuantConfig config = make_config();
   const int sources = (o.dataset != nullptr) + static_cast<int>(static_cast<bool>(o.sample_generator)) +
                       static_cast<int>(static_cast<bool>(o.batch_generator));
-  const bool weight_only = (o.config ? o.config->mode : parse_quant_mode(o.mode)) == QuantMode::kWeightOnly;
+  const bool weight_only = config.mode == QuantMode::kWeightOnly;
   SQ_CHECK(sources == 1 || (weight_only && sources == 0), ErrorKind::kInvalidArgument,
            "PostTrainingQuantization: give exactly one calibration source, dataset, sample_generator or "
            "batch_generator (data_loader)");
   SQ_CHECK(o.batch_size > 0, ErrorKind::kInvalidArgument, "batch_size must be at least 1");
   SQ_CHECK(!o.batch_nums || *o.batch_nums > 0, ErrorKind::kInvalidArgument,
            "batch_nums must be at least 1 (leave it unset to use every sample)");
-  // Names are checked before the model is read: a typo should not cost a model load.
-  QuantConfig config = make_config();
   make_activation_observer(config.global().activation, config.observer_options);
   make_weight_observer(config.global().weight, config.observer_options);
 

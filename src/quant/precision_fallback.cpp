@@ -84,29 +84,22 @@ class AddedNoise {
   }
 
   void keep_in(runtime::RunOptions& run) {
-    for (const auto& [name, v] : probes_) run.observe.push_back(name);
-    run.on_value = [this](const std::string& name, const Tensor& value) {
-      auto p = probes_.find(name);
-      if (p == probes_.end() || value.dtype() != DType::kFloat32) return;
-      const int64_t stride = stride_of(value.numel());
-      for (int64_t i = 0; i < value.numel(); i += stride) p->second.push_back(value.data<float>()[i]);
-    };
+    visit_probed(run, [](const std::string&, std::vector<float>& kept, const float* x, int64_t n, int64_t stride) {
+      for (int64_t i = 0; i < n; i += stride) kept.push_back(x[i]);
+    });
   }
 
   void compare_in(runtime::RunOptions& run) {
-    for (const auto& [name, v] : probes_) run.observe.push_back(name);
-    run.on_value = [this](const std::string& name, const Tensor& value) {
-      auto p = probes_.find(name);
-      if (p == probes_.end() || value.dtype() != DType::kFloat32) return;
-      const int64_t stride = stride_of(value.numel());
+    visit_probed(run, [this](const std::string& name, std::vector<float>& kept, const float* x, int64_t n,
+                             int64_t stride) {
       NoiseSum& sum = noise_[name];
       size_t k = 0;
-      for (int64_t i = 0; i < value.numel() && k < p->second.size(); i += stride, ++k) {
-        const double ref = p->second[k], d = ref - value.data<float>()[i];
+      for (int64_t i = 0; i < n && k < kept.size(); i += stride, ++k) {
+        const double ref = kept[k], d = ref - x[i];
         sum.noise += d * d;
         sum.signal += ref * ref;
       }
-    };
+    });
   }
 
   // (minus the added noise ratio, layer): most added noise first after an ascending sort.
@@ -122,7 +115,16 @@ class AddedNoise {
   }
 
  private:
-  static int64_t stride_of(int64_t n) { return std::max<int64_t>(1, n / kProbedElements); }
+  // Observes every probed value in `run`; `visit(name, its kept elements, values, count, stride)`.
+  template <typename Visit>
+  void visit_probed(runtime::RunOptions& run, Visit visit) {
+    for (const auto& [name, v] : probes_) run.observe.push_back(name);
+    run.on_value = [this, visit](const std::string& name, const Tensor& value) {
+      auto p = probes_.find(name);
+      if (p == probes_.end() || value.dtype() != DType::kFloat32) return;
+      visit(name, p->second, value.data<float>(), value.numel(), std::max<int64_t>(1, value.numel() / kProbedElements));
+    };
+  }
   const PTQ& ptq_;
   std::map<std::string, std::string> output_of_;       // layer -> its output value
   std::map<std::string, std::vector<float>> probes_;  // value -> the float elements kept
