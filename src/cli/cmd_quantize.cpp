@@ -151,8 +151,9 @@ Action register_quantize(CLI::App& app) {
     const quant::PrecisionFallbackResult& fallback = ptq.fallback();
     if (fallback.triggered) {
       std::cout << "precision fallback: INT8 output SQNR " << std::setprecision(1) << fallback.sqnr_db_per_tensor
-                << " dB < " << fallback_sqnr_db << " dB on the first calibration samples; ";
-      if (fallback.channel_wise_conv_inputs)
+                << " dB" << (algo_choice.channel_wise_conv_inputs ? " (per-channel convolution inputs)" : "") << " < "
+                << fallback_sqnr_db << " dB on the first calibration samples; ";
+      if (fallback.channel_wise_conv_inputs && !algo_choice.channel_wise_conv_inputs)
         std::cout << "convolution inputs quantized per channel: " << fallback.sqnr_db_before << " dB; ";
       if (fallback.sqnr_db_before >= fallback_sqnr_db) {
         std::cout << "no layer left in float" << std::endl;
@@ -191,9 +192,12 @@ Action register_quantize(CLI::App& app) {
                      {"fp32_bytes", fp32_bytes},
                      {"int8_bytes", int8_bytes}};
     if (!algo_choice.chosen.empty()) {
-      nlohmann::json measured = nlohmann::json::object();
-      for (const auto& [algo, db] : algo_choice.sqnr_db) measured[algo] = db;
-      j["algo_choice_sqnr_db"] = measured;
+      nlohmann::json measured = nlohmann::json::array();
+      for (const auto& c : algo_choice.scores)
+        measured.push_back({{"algo", c.algo}, {"channel_wise_conv_inputs", c.channel_wise_conv_inputs}, {"sqnr_db", c.sqnr_db},
+                            {"agreement", c.agreement}});
+      j["algo_choice_scores"] = measured;
+      j["algo_choice_channel_wise_conv_inputs"] = algo_choice.channel_wise_conv_inputs;
       j["algo_choice_samples"] = algo_choice.samples;
       j["algo_choice_held_back"] = algo_choice.held_back;
     }

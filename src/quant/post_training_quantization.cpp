@@ -382,7 +382,9 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     ptq_->save_calibration_state(checkpoint, data_identity());
   if (algo_candidates > 0) {
     const bool unseen = !held_back.empty();
-    algo_choice_ = choose_activation_algo(*ptq_, unseen ? held_back : leading_rows(first_rows, choice_rows()), unseen);
+    AlgoChoiceOptions ao;
+    ao.channel_wise_below_sqnr_db = o.fallback_sqnr_db;
+    algo_choice_ = choose_activation_algo(*ptq_, unseen ? held_back : leading_rows(first_rows, choice_rows()), unseen, ao);
     quantized_metadata["slimquant.activation_algo"] = algo_choice_.chosen;
   }
   if (o.fallback_sqnr_db > 0 && !first_rows.empty()) {
@@ -394,6 +396,9 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     // calibrated on a few images is not evaluated once per layer).
     fo.max_sample_runs = 2 * std::max<size_t>(calibrated_samples, 1);
     fallback_ = choose_precision_fallback(*ptq_, fallback_samples, fo);
+    // Per-channel convolution inputs may have been chosen with the observer (the recovery's first
+    // remedy, measured there on the model as exported).
+    fallback_.channel_wise_conv_inputs = fallback_.channel_wise_conv_inputs || algo_choice_.channel_wise_conv_inputs;
   }
   quantized_ = fallback_.float_layers.empty() ? ptq_->convert() : ptq_->convert(fallback_.quantized_layers(*ptq_));
   for (const auto& [key, value] : quantized_metadata) quantized_->metadata[key] = value;

@@ -112,19 +112,19 @@ TEST(AlgoChoice, TheDefaultKeepsTheCandidateClosestToFp32OnHeldBackSamples) {
   ASSERT_FALSE(choice.chosen.empty());
   EXPECT_TRUE(choice.held_back);
   EXPECT_EQ(choice.samples, quant::algo_choice_samples(64, 5));
-  ASSERT_EQ(choice.sqnr_db.size(), quant::auto_algo_candidates().size());
-  // The winner is the first candidate within the margin of the best, and every SQNR is a real one.
-  double best = -1e9;
-  for (const auto& [algo, db] : choice.sqnr_db) {
-    EXPECT_GT(db, 15.0) << algo;
-    EXPECT_LT(db, 100.0) << algo;
-    best = std::max(best, db);
+  ASSERT_GE(choice.scores.size(), quant::auto_algo_candidates().size());
+  // The winner: a later candidate only with more equal decisions, or as many and more SQNR by the
+  // margin; every SQNR is a real one (the fixtures' logits have no Softmax: SQNR alone).
+  size_t expected = 0;
+  for (size_t i = 0; i < choice.scores.size(); ++i) {
+    const auto& c = choice.scores[i];
+    EXPECT_GT(c.sqnr_db, 15.0) << c.algo;
+    EXPECT_LT(c.sqnr_db, 100.0) << c.algo;
+    EXPECT_EQ(c.agreement, -1.0) << c.algo;
+    if (c.sqnr_db > choice.scores[expected].sqnr_db + quant::kAlgoChoiceMarginDb) expected = i;
   }
-  std::string expected;
-  double leader = -1e9;
-  for (const auto& [algo, db] : choice.sqnr_db)
-    if (expected.empty() || db > leader + quant::kAlgoChoiceMarginDb) expected = algo, leader = db;
-  EXPECT_EQ(choice.chosen, expected);
+  EXPECT_EQ(choice.chosen, choice.scores[expected].algo);
+  EXPECT_FALSE(choice.channel_wise_conv_inputs) << "without a recovery target, per-tensor inputs only";
   EXPECT_EQ(chosen_graph.metadata.at("slimquant.activation_algo"), choice.chosen);
   EXPECT_NE(choice.describe().find("held-back"), std::string::npos);
 
@@ -161,6 +161,55 @@ TEST(AlgoChoice, WithNoSpareDataItComparesOnCalibrationSamplesAndSaysSo) {
   EXPECT_FALSE(choice.held_back);
   EXPECT_EQ(choice.samples, quant::algo_choice_samples(20, 5));
   EXPECT_NE(choice.describe().find("calibration sample"), std::string::npos);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(AlgoChoice, ClassScoresAreJudgedByDecisionsAndADriftingModelAlsoWithPerChannelInputs) {
+  // The ViT fixture with a Softmax on its logits: its outputs are class decisions.
+  ir::Graph g = ir::load_onnx(test::fixture_model("vit_small"));
+  ir::Node softmax;
+  softmax.op_type = "Softmax";
+  softmax.name = "probabilities";
+  softmax.inputs = {g.outputs[0].name};
+  softmax.outputs = {"probabilities"};
+  softmax.attrs["axis"] = ir::AttributeValue(int64_t{-1});
+  g.nodes.push_back(softmax);
+  g.outputs[0].name = "probabilities";
+  test::TempDir tmp("algo_choice_softmax");
+  ir::save_onnx(g, tmp.path("vit_softmax.onnx"));
+
+  data::DataOptions d;
+  d.spec = "fashion-mnist:train";
+  d.limit = 48;
+  auto ds = data::open_dataset(d);
+  quant::PostTrainingQuantizationOptions o;
+  o.model_dir = tmp.path("vit_softmax.onnx");
+  o.dataset = ds.get();
+  o.batch_size = 16;
+  o.batch_nums = 2;
+  o.fallback_sqnr_db = 150;  // out of reach: the candidates are measured with per-channel inputs too
+  quant::PostTrainingQuantization ptq(o);
+  ptq.quantize();
+  const quant::ActivationAlgoChoice& choice = ptq.algo_choice();
+  const size_t n = quant::auto_algo_candidates().size();
+  ASSERT_EQ(choice.scores.size(), 2 * n);
+  size_t expected = 0;
+  for (size_t i = 0; i < choice.scores.size(); ++i) {
+    const auto& c = choice.scores[i];
+    EXPECT_EQ(c.channel_wise_conv_inputs, i >= n) << c.algo;
+    EXPECT_GE(c.agreement, 0.8) << c.algo << ": share of the held-back samples' decisions";
+    EXPECT_LE(c.agreement, 1.0) << c.algo;
+    const auto& lead = choice.scores[expected];
+    if (c.agreement > lead.agreement || (c.agreement == lead.agreement && c.sqnr_db > lead.sqnr_db + quant::kAlgoChoiceMarginDb))
+      expected = i;
+  }
+  EXPECT_EQ(choice.chosen, choice.scores[expected].algo);
+  EXPECT_EQ(choice.channel_wise_conv_inputs, choice.scores[expected].channel_wise_conv_inputs);
+  EXPECT_EQ(ptq.ptq().channel_wise_conv_inputs(), choice.channel_wise_conv_inputs) << "the PTQ is left as chosen";
+  EXPECT_NE(choice.describe().find("class decisions"), std::string::npos) << choice.describe();
 }
 
 }  // namespace
