@@ -103,9 +103,9 @@ TEST(CliQuantize, WeightOnlyModeNeedsNoDataAndRunsInOnnxRuntime) {
     EXPECT_EQ(b.exit_code, 5) << bad << ": " << b.output;
     EXPECT_NE(b.output.find(bad.substr(0, bad.find(' '))), std::string::npos) << b.output;
   }
-  auto d = test::run_cli("quantize " + model + " --mode dynamic -o " + tmp.path("x.onnx"));
+  auto d = test::run_cli("quantize " + model + " --mode int4 -o " + tmp.path("x.onnx"));
   EXPECT_EQ(d.exit_code, 5) << d.output;
-  EXPECT_NE(d.output.find("not available yet"), std::string::npos) << d.output;
+  EXPECT_NE(d.output.find("static, weight-only or dynamic"), std::string::npos) << d.output;
 
   if (!test::have_onnx_runtime()) GTEST_SKIP() << "Node.js / onnxruntime-node not installed";
   const std::string input = test::source_path("tests/fixtures/models/resnet_small.input.npy");
