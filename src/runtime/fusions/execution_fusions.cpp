@@ -7,6 +7,7 @@
 #include "runtime/fused_ops/fused_activation.h"
 #include "runtime/fusions/channel_quantize_fusion.h"
 #include "runtime/fusions/dequantize_fusion.h"
+#include "runtime/fusions/dynamic_matmul_fusion.h"
 #include "runtime/fusions/scaled_operand_fusion.h"
 #include "runtime/fusions/upsample_fusion.h"
 #include "runtime/fused_ops/residual_conv.h"
@@ -359,6 +360,7 @@ std::vector<ir::Rule> execution_fusion_rules() {
       channel_quantize_fusion_rule(),
       scaled_operand_fusion_rule(),
       dequantize_fusion_rule(),
+      dynamic_matmul_fusion_rule(),
   };
   rules.insert(rules.end(), std::make_move_iterator(fusions.begin()), std::make_move_iterator(fusions.end()));
   return rules;

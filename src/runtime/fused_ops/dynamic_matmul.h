@@ -1,0 +1,21 @@
+#pragma once
+// The execution-only dynamically quantized MatMul (QuantMode::kDynamic's file, ONNX Runtime's
+// quantize_dynamic form): the plan's fusion (fusions/dynamic_matmul_fusion.cpp) turns
+//
+//   DynamicQuantizeLinear(x) -> MatMulInteger(x_q, w_q, z_x, z_w = 0) -> Cast(float)
+//     -> Mul(., Mul(s_x, s_w)) [-> Add(., bias)]
+//
+// into one node that kernels/integer/dynamic_matmul.cpp runs: x's range and codes as
+// DynamicQuantizeLinear computes them, one int8 matmul, y = float(acc) * (s_x * s_w[j]) (+ bias[j]).
+#include <cstddef>
+
+namespace slimquant::runtime::fused_ops {
+
+inline constexpr const char* kDynamicMatMulDomain = "com.slimquant.exec";
+inline constexpr const char* kDynamicMatMul = "DynamicQuantMatMul";
+
+// x: float32 [..., K]; w: constant s8 [K, N]; w_zero_point: constant zeros (one or N) or absent;
+// w_scale: constant float32, one or N values; bias: constant float32, one or N values, or absent.
+enum DynamicMatMulInput : size_t { kDynamicX, kDynamicW, kDynamicWZeroPoint, kDynamicWScale, kDynamicBias };
+
+}  // namespace slimquant::runtime::fused_ops
