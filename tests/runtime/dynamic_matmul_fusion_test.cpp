@@ -8,6 +8,7 @@
 #include <random>
 
 #include "runtime/fusions/execution_fusions.h"
+#include "runtime/kernels/integer/int8_common.h"
 #include "slimquant/runtime/session.h"
 
 using namespace slimquant;
@@ -117,6 +118,68 @@ TEST(DynamicMatMulFusion, FusedEqualsOpByOpAndTheClosedForm) {
       // Equal integers: only the rounding of the final multiply (and add) may differ.
       EXPECT_LE(worst_unfused, 1e-6f * range) << out << " " << shape_str(shape);
       EXPECT_LE(worst_closed, 1e-5f * range) << out << " " << shape_str(shape);
+      EXPECT_GT(range, 0.f);
+    }
+  }
+}
+
+// The exporter's ConvInteger form: u8 weights = s8 codes + 128 with one zero point 128, per-channel
+// scales and bias as [1, M, 1, 1]; stride 2, pads 1, and a grouped convolution.
+TEST(DynamicMatMulFusion, FusedConvolutionEqualsOpByOp) {
+  std::mt19937 rng(9);
+  for (const int64_t group : {int64_t{1}, int64_t{2}}) {
+    const int64_t c = 4, m = 6;
+    ir::Graph g;
+    g.name = "dynamic_conv";
+    g.opset = 13;
+    ir::ValueInfo x;
+    x.name = "x";
+    x.dtype = DType::kFloat32;
+    g.inputs = {x};
+    Tensor w(DType::kUInt8, {m, c / group, 3, 3});
+    std::uniform_int_distribution<int> code(1, 255);
+    for (auto& v : w.values<uint8_t>()) v = static_cast<uint8_t>(code(rng));
+    w.data<uint8_t>()[0] = 1;  // -127: full range
+    g.initializers["w"] = w;
+    g.initializers["w_zero_point"] = Tensor::scalar<uint8_t>(128);
+    Tensor s(DType::kFloat32, {1, m, 1, 1}), b(DType::kFloat32, {1, m, 1, 1});
+    std::uniform_real_distribution<float> u(0.001f, 0.02f);
+    for (auto& v : s.values<float>()) v = u(rng);
+    for (auto& v : b.values<float>()) v = u(rng) * 50.f - 0.5f;
+    g.initializers["w_scale"] = s;
+    g.initializers["b"] = b;
+    ir::Node conv = node("ConvInteger", {"xq", "w", "xz", "w_zero_point"}, {"acc"});
+    conv.attrs["pads"] = std::vector<int64_t>{1, 1, 1, 1};
+    conv.attrs["strides"] = std::vector<int64_t>{2, 2};
+    conv.attrs["group"] = group;
+    ir::Node cast = node("Cast", {"acc"}, {"accf"});
+    cast.attrs["to"] = int64_t{1};
+    g.nodes = {node("DynamicQuantizeLinear", {"x"}, {"xq", "xs", "xz"}), conv, cast,
+               node("Mul", {"xs", "w_scale"}, {"scales"}), node("Mul", {"accf", "scales"}, {"scaled"}),
+               node("Add", {"scaled", "b"}, {"y"})};
+    g.outputs = {{"y", DType::kFloat32, std::nullopt}};
+    {
+      ir::Graph fused = g;
+      const int expected = runtime::int8::cpu_has_exact_int8_dot() ? 1 : 0;  // the fused one needs VNNI
+      EXPECT_EQ(ir::count_of(runtime::apply_execution_fusions(fused, {"x", "y"}), "fuse_dynamic_matmul"), expected);
+    }
+    runtime::SessionOptions unfused_options;
+    unfused_options.fuse_activations = false;
+    runtime::Session fused(g), unfused(g, unfused_options);
+    for (const Shape& shape : {Shape{1, c, 9, 9}, Shape{3, c, 16, 12}}) {
+      Tensor xt(DType::kFloat32, shape);
+      std::uniform_real_distribution<float> ux(-0.7f, 2.f);
+      for (auto& v : xt.values<float>()) v = ux(rng);
+      const Tensor ya = fused.run({{"x", xt}}).at("y");
+      const Tensor yb = unfused.run({{"x", xt}}).at("y");
+      ASSERT_EQ(ya.shape(), yb.shape());
+      EXPECT_EQ(ya.shape(), (Shape{shape[0], m, (shape[2] + 1) / 2, (shape[3] + 1) / 2}));
+      float range = 0, worst = 0;
+      for (int64_t i = 0; i < ya.numel(); ++i) {
+        range = std::max(range, std::abs(yb.data<float>()[i]));
+        worst = std::max(worst, std::abs(ya.data<float>()[i] - yb.data<float>()[i]));
+      }
+      EXPECT_LE(worst, 1e-6f * range) << "group " << group << " " << shape_str(shape);
       EXPECT_GT(range, 0.f);
     }
   }

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "runtime/fused_ops/dynamic_matmul.h"
+#include "runtime/kernels/integer/int8_common.h"
 
 namespace slimquant::runtime {
 namespace {
@@ -10,6 +11,7 @@ namespace {
 struct DynamicMatMul {
   int quantize = -1, matmul = -1, cast = -1, scales = -1, scale = -1, bias_add = -1;
   std::string x, w, w_zero_point, w_scale, bias, output;
+  bool conv = false;
 };
 
 // A float32 initializer of one or n values.
@@ -18,11 +20,31 @@ bool one_or_n_floats(const ir::Graph& g, const std::string& v, int64_t n) {
   return t && t->dtype() == DType::kFloat32 && (t->numel() == 1 || t->numel() == n);
 }
 
+// One value, or n along axis 1 of a rank-4 output ([n, 1, 1] or [1, n, 1, 1]).
+bool per_output_channel(const ir::Graph& g, const std::string& v, int64_t n) {
+  const Tensor* t = g.initializer(v);
+  if (!t) return false;
+  if (t->numel() == 1) return true;
+  return t->rank() >= 3 && t->rank() <= 4 && t->dim(t->rank() - 3) == n && t->numel() == n;
+}
+
+// One value, or n along the last axis ([n] or [1, n]).
+bool per_column(const ir::Graph& g, const std::string& v, int64_t n) {
+  const Tensor* t = g.initializer(v);
+  if (!t) return false;
+  return t->numel() == 1 || (t->rank() <= 2 && t->shape().back() == n && t->numel() == n);
+}
+
 std::optional<DynamicMatMul> select_dynamic_matmul(const ir::Rewriter& rw, int i) {
   const ir::Graph& g = rw.graph();
   const ir::Node& mm = rw.node(i);
-  if (!ir::is_onnx_op(mm, "MatMulInteger") || mm.inputs.size() < 3 || mm.outputs.size() != 1) return std::nullopt;
+  // The fused convolution runs on oneDNN's int8 primitive alone, exact with VNNI only (the
+  // unfused ConvInteger is exact everywhere).
+  const bool conv = ir::is_onnx_op(mm, "ConvInteger") && int8::cpu_has_exact_int8_dot();
+  if ((!conv && !ir::is_onnx_op(mm, "MatMulInteger")) || mm.inputs.size() < 3 || mm.outputs.size() != 1)
+    return std::nullopt;
   DynamicMatMul m;
+  m.conv = conv;
   m.matmul = i;
   // x_q and z_x from one DynamicQuantizeLinear.
   m.quantize = rw.producer(mm.inputs[0]);
@@ -35,14 +57,18 @@ std::optional<DynamicMatMul> select_dynamic_matmul(const ir::Rewriter& rw, int i
   // Constant symmetric s8 weights [K, N].
   m.w = mm.inputs[1];
   const Tensor* w = g.initializer(m.w);
-  if (!w || w->dtype() != DType::kInt8 || w->rank() != 2) return std::nullopt;
-  const int64_t n = w->dim(1);
+  if (!w || w->rank() != (conv ? 4u : 2u)) return std::nullopt;
+  const int64_t n = conv ? w->dim(0) : w->dim(1);
   m.w_zero_point = mm.input(3);
-  if (!m.w_zero_point.empty()) {
-    const Tensor* zp = g.initializer(m.w_zero_point);
-    if (!zp || zp->dtype() != DType::kInt8 || (zp->numel() != 1 && zp->numel() != n)) return std::nullopt;
-    for (int8_t z : zp->values<int8_t>())
-      if (z != 0) return std::nullopt;
+  const Tensor* zp = m.w_zero_point.empty() ? nullptr : g.initializer(m.w_zero_point);
+  if (!m.w_zero_point.empty() && (!zp || zp->dtype() != w->dtype())) return std::nullopt;
+  if (w->dtype() == DType::kInt8) {  // symmetric: zero points 0
+    if (zp && zp->numel() != 1 && zp->numel() != n) return std::nullopt;
+    if (zp)
+      for (int8_t z : zp->values<int8_t>())
+        if (z != 0) return std::nullopt;
+  } else if (!conv || w->dtype() != DType::kUInt8 || !zp || zp->numel() != 1 || zp->data<uint8_t>()[0] != 128) {
+    return std::nullopt;  // u8 weights: only the exporter's s8 + 128 form
   }
   // Cast to float, then the scale Mul by S = Mul(s_x, w_scale).
   m.cast = rw.sole_reader_op(mm.outputs[0], "Cast");
@@ -56,14 +82,15 @@ std::optional<DynamicMatMul> select_dynamic_matmul(const ir::Rewriter& rw, int i
   const ir::Node& sm = rw.node(m.scales);
   if (!ir::is_onnx_op(sm, "Mul") || sm.inputs.size() != 2) return std::nullopt;
   m.w_scale = ir::other_input(sm, dq.outputs[1]);
-  if (m.w_scale.empty() || !one_or_n_floats(g, m.w_scale, n)) return std::nullopt;
+  if (m.w_scale.empty() || !one_or_n_floats(g, m.w_scale, n) ||
+      !(conv ? per_output_channel(g, m.w_scale, n) : per_column(g, m.w_scale, n)))
+    return std::nullopt;
   m.output = rw.node(m.scale).outputs[0];
   // An Add of a per-column constant.
   const int add = rw.sole_reader_op(m.output, "Add");
   if (add >= 0 && rw.node(add).inputs.size() == 2) {
     const std::string b = ir::other_input(rw.node(add), m.output);
-    const Tensor* bt = g.initializer(b);
-    if (one_or_n_floats(g, b, n) && bt->rank() <= 2 && (bt->rank() < 2 || bt->dim(0) == 1)) {
+    if (one_or_n_floats(g, b, n) && (conv ? per_output_channel(g, b, n) : per_column(g, b, n))) {
       m.bias_add = add;
       m.bias = b;
       m.output = rw.node(add).outputs[0];
@@ -74,7 +101,8 @@ std::optional<DynamicMatMul> select_dynamic_matmul(const ir::Rewriter& rw, int i
 
 void fuse_dynamic_matmul(ir::Rewriter& rw, const DynamicMatMul& m) {
   ir::Node fused;
-  fused.op_type = fused_ops::kDynamicMatMul;
+  fused.op_type = m.conv ? fused_ops::kDynamicConv : fused_ops::kDynamicMatMul;
+  if (m.conv) fused.attrs = rw.node(m.matmul).attrs;
   fused.domain = fused_ops::kDynamicMatMulDomain;
   fused.name = rw.node(m.matmul).name;
   fused.inputs = {m.x, m.w, m.w_zero_point, m.w_scale, m.bias};

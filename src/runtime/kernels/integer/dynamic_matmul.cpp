@@ -18,6 +18,7 @@
 
 #include "runtime/fused_ops/dynamic_matmul.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
+#include "runtime/kernels/dnnl/dnnl_descriptors.h"
 #include "runtime/kernels/integer/dynamic_quantize.h"
 #include "runtime/kernels/integer/int8_common.h"
 #include "runtime/kernels/integer/integer_gemm.h"
@@ -175,8 +176,129 @@ class DynamicMatMulKernel final : public Kernel {
   std::map<int64_t, Primitive> prims_;  // by rows M
 };
 
+
+// The 2-D ConvInteger form (fused_ops::kDynamicConv): the same steps on oneDNN's int8 convolution
+// (src and dst in the layouts it picks, reordered from and to the plain tensors; u8 weights with
+// zero point 128 turned back into their s8 codes once). oneDNN subtracts the src zero point from
+// the padding too, as ConvInteger pads with it.
+class DynamicConvKernel final : public Kernel {
+ public:
+  explicit DynamicConvKernel(const KernelInit& init) : node_(init.node) {
+    const Tensor* w = init.constant_input(kDynamicW);
+    SQ_CHECK(w && w->rank() == 4 && (w->dtype() == DType::kInt8 || w->dtype() == DType::kUInt8),
+             ErrorKind::kInvalidModel, node_.describe() + ": w must be a constant 8-bit [M, C / group, kh, kw]");
+    w_ = Tensor(DType::kInt8, w->shape());
+    if (w->dtype() == DType::kUInt8) {
+      for (int64_t i = 0; i < w->numel(); ++i)
+        w_.data<int8_t>()[i] = static_cast<int8_t>(int32_t{w->data<uint8_t>()[i]} - 128);
+    } else {
+      std::copy(w->data<int8_t>(), w->data<int8_t>() + w->numel(), w_.data<int8_t>());
+    }
+    m_ = w_.dim(0);
+    group_ = node_.attr_int("group", 1);
+    SQ_CHECK(group_ >= 1 && m_ % group_ == 0, ErrorKind::kInvalidModel, node_.describe() + ": bad group");
+    window_ = dnnl_kernels::WindowAttrs::parse(node_).resolved(node_, 2);
+    w_scale_ = per_column(node_, init.constant_input(kDynamicWScale), m_, "w_scale");
+    if (!node_.input(kDynamicBias).empty()) bias_ = per_column(node_, init.constant_input(kDynamicBias), m_, "bias");
+    SQ_CHECK(int8::resolve_compute(int8::Compute::kAuto, int8::max_abs_int8(w_)) == int8::Compute::kInt8,
+             ErrorKind::kUnsupported, node_.describe() + ": needs exact int8 dot products (VNNI) or 7-bit weights");
+  }
+
+  void run(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(kDynamicX);
+    SQ_CHECK(x.dtype() == DType::kFloat32 && x.rank() == 4 && x.dim(1) == w_.dim(1) * group_,
+             ErrorKind::kInvalidArgument,
+             node_.describe() + ": x must be float32 [N, " + std::to_string(w_.dim(1) * group_) + ", H, W], got " +
+                 dtype_name(x.dtype()) + " " + shape_str(x.shape()));
+    const integer::DynamicQuantParams p = integer::dynamic_quant_params(x.data<float>(), x.numel());
+    Tensor xq(DType::kUInt8, x.shape());
+    const Tensor zero_point_t = Tensor::scalar(p.zero_point);
+    quantize_linear(x, Tensor::scalar(p.scale), &zero_point_t, 0, xq, node_.describe());
+    scales_.resize(static_cast<size_t>(m_));
+    for (int64_t j = 0; j < m_; ++j) scales_[static_cast<size_t>(j)] = p.scale * w_scale_[static_cast<size_t>(j)];
+    Plan& plan = plan_for(x.shape());
+    Tensor& y = ctx.allocate_output(0, DType::kFloat32, plan.out_shape);
+    if (y.numel() == 0) return;
+    int32_t zp = p.zero_point;
+    memory src_user(plan.src_user, dnnl_engine(), xq.raw());
+    memory dst_user(plan.dst_user, dnnl_engine(), y.raw());
+    memory src = src_user, dst = dst_user;
+    if (plan.src_reorder) {
+      src = dnnl_scratch_memory(DnnlScratch::kSrc, plan.pd.src_desc());
+      plan.src_reorder->execute(dnnl_stream(), src_user, src);
+    }
+    if (plan.dst_reorder) dst = dnnl_scratch_memory(DnnlScratch::kDst, plan.pd.dst_desc());
+    memory scales({{m_}, memory::data_type::f32, memory::format_tag::a}, dnnl_engine(), scales_.data());
+    memory zp_mem({{1}, memory::data_type::s32, memory::format_tag::a}, dnnl_engine(), &zp);
+    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
+                                         {DNNL_ARG_WEIGHTS, plan.weights},
+                                         {DNNL_ARG_DST, dst},
+                                         {DNNL_ARG_ATTR_OUTPUT_SCALES, scales},
+                                         {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zp_mem}};
+    if (!bias_.empty())
+      args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] =
+          memory({{1, m_, 1, 1}, memory::data_type::f32, memory::format_tag::nchw}, dnnl_engine(), bias_.data());
+    plan.prim.execute(dnnl_stream(), args);
+    if (plan.dst_reorder) plan.dst_reorder->execute(dnnl_stream(), dst, dst_user);
+    dnnl_stream().wait();
+  }
+
+ private:
+  struct Plan {
+    dnnl::convolution_forward::primitive_desc pd;
+    dnnl::convolution_forward prim;
+    memory weights;
+    memory::desc src_user, dst_user;
+    std::optional<dnnl::reorder> src_reorder, dst_reorder;
+    Shape out_shape;
+  };
+
+  Plan& plan_for(const Shape& x) {
+    auto it = plans_.find(x);
+    if (it != plans_.end()) return it->second;
+    if (plans_.size() >= 8) plans_.erase(plans_.begin());
+    const dnnl_kernels::WindowGeometry geo = dnnl_kernels::forward_geometry(node_, window_, {x[2], x[3]}, false);
+    const memory::dims src_dims{x[0], x[1], x[2], x[3]}, dst_dims{x[0], m_, geo.out[0], geo.out[1]};
+    const memory::dims w_dims = group_ == 1 ? memory::dims{m_, w_.dim(1), w_.dim(2), w_.dim(3)}
+                                            : memory::dims{group_, m_ / group_, w_.dim(1), w_.dim(2), w_.dim(3)};
+    using tag = memory::format_tag;
+    dnnl::primitive_attr attr;
+    attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
+    attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+    if (!bias_.empty()) {
+      dnnl::post_ops ops;
+      ops.append_binary(dnnl::algorithm::binary_add, memory::desc({1, m_, 1, 1}, memory::data_type::f32, tag::any));
+      attr.set_post_ops(ops);
+    }
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::library);
+    const dnnl::convolution_forward::desc d(
+        dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+        memory::desc(src_dims, memory::data_type::u8, tag::any), memory::desc(w_dims, memory::data_type::s8, tag::any),
+        memory::desc(dst_dims, memory::data_type::f32, tag::any), geo.strides, geo.dilations, geo.pad_begin, geo.pad_end);
+    const auto pd = dnnl_kernels::make_pd(node_, "dynamic int8 convolution",
+                                          [&] { return dnnl::convolution_forward::primitive_desc(d, attr, dnnl_engine()); });
+    Plan plan{pd, dnnl::convolution_forward(pd), memory(pd.weights_desc(), dnnl_engine()),
+              memory::desc(src_dims, memory::data_type::u8, tag::nchw),
+              memory::desc(dst_dims, memory::data_type::f32, tag::nchw), std::nullopt, std::nullopt,
+              Shape{x[0], m_, geo.out[0], geo.out[1]}};
+    memory w_user({w_dims, memory::data_type::s8, group_ == 1 ? tag::oihw : tag::goihw}, dnnl_engine(), w_.raw());
+    dnnl::reorder(w_user, plan.weights).execute(dnnl_stream(), w_user, plan.weights);
+    dnnl_stream().wait();
+    if (pd.src_desc() != plan.src_user) plan.src_reorder = dnnl::reorder(plan.src_user, pd.src_desc());
+    if (pd.dst_desc() != plan.dst_user) plan.dst_reorder = dnnl::reorder(pd.dst_desc(), plan.dst_user);
+    return plans_.emplace(x, std::move(plan)).first->second;
+  }
+
+  const ir::Node& node_;
+  Tensor w_;
+  int64_t m_ = 0, group_ = 1;
+  dnnl_kernels::WindowAttrs window_;
+  std::vector<float> w_scale_, bias_, scales_;
+  std::map<Shape, Plan> plans_;
+};
 }  // namespace
 
+std::unique_ptr<Kernel> make_dynamic_conv(const KernelInit& init) { return std::make_unique<DynamicConvKernel>(init); }
 std::unique_ptr<Kernel> make_dynamic_matmul(const KernelInit& init) { return std::make_unique<DynamicMatMulKernel>(init); }
 
 }  // namespace slimquant::runtime

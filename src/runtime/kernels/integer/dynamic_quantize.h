@@ -22,4 +22,5 @@ DynamicQuantParams dynamic_quant_params(const float* x, int64_t count);
 namespace slimquant::runtime {
 // The fused dynamically quantized MatMul's kernel (fused_ops/dynamic_matmul.h).
 std::unique_ptr<Kernel> make_dynamic_matmul(const KernelInit& init);
+std::unique_ptr<Kernel> make_dynamic_conv(const KernelInit& init);
 }  // namespace slimquant::runtime

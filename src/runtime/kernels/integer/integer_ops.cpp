@@ -744,6 +744,7 @@ KernelFactory factory() {
 
 void register_integer_kernels(KernelRegistry& r) {
   r.add(fused_ops::kDynamicMatMul, make_dynamic_matmul, fused_ops::kDynamicMatMulDomain);
+  r.add(fused_ops::kDynamicConv, make_dynamic_conv, fused_ops::kDynamicMatMulDomain);
   r.add("DynamicQuantizeLinear", factory<DynamicQuantizeLinearKernel>());
   r.add("MatMulInteger", factory<MatMulIntegerKernel>());
   r.add("ConvInteger", factory<ConvIntegerKernel>());
