@@ -12,7 +12,9 @@
 // Runtime 1.20.1 has no ConvInteger for s8 weights and 1.30.0 refuses a per-channel w_zero_point
 // (docs/quantization.md, "Dynamic mode"). Gemm folds alpha into the weight and transB into its
 // layout (transA = 1 stays float). Everything else stays float.
+#include <map>
 #include <set>
+#include <utility>
 
 #include "slimquant/core/error.h"
 #include "slimquant/quant/ptq.h"
@@ -46,16 +48,17 @@ Tensor gemm_weight_kn(const Tensor& w, bool trans_b, float alpha) {
 ir::Graph PTQ::convert_dynamic(const std::optional<std::set<std::string>>& only_layers) const {
   SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::convert_dynamic called before quantize()");
   const ir::Graph& src = float_graph_;
-  std::map<std::string, const Layer*> by_name;
+  // Layers by node name and weight (unnamed nodes have an empty layer name).
+  std::map<std::pair<std::string, std::string>, const Layer*> by_name;
   for (const auto& l : layers_)
-    if (!l.weight.empty() && (!only_layers || only_layers->count(l.name))) by_name[l.name] = &l;
+    if (!l.weight.empty() && (!only_layers || only_layers->count(l.name))) by_name[{l.name, l.weight}] = &l;
 
   ir::Graph out = src;
   out.nodes.clear();
   std::set<std::string> quantized_inputs;  // activations whose DynamicQuantizeLinear is written
   const int bits = config_.effective_weight_bits();
   for (const ir::Node& node : src.nodes) {
-    auto it = by_name.find(node.name);
+    auto it = node.inputs.size() > 1 ? by_name.find({node.name, node.inputs[1]}) : by_name.end();
     const bool kind_ok = node.op_type == "MatMul" || node.op_type == "Gemm" || node.op_type == "Conv";
     if (it == by_name.end() || !kind_ok || node.outputs.size() != 1 || node.input(0).empty() ||
         src.is_initializer(node.input(0))) {
