@@ -197,7 +197,9 @@ class DynamicConvKernel final : public Kernel {
     m_ = w_.dim(0);
     group_ = node_.attr_int("group", 1);
     SQ_CHECK(group_ >= 1 && m_ % group_ == 0, ErrorKind::kInvalidModel, node_.describe() + ": bad group");
-    window_ = dnnl_kernels::WindowAttrs::parse(node_).resolved(node_, 2);
+    window_ = dnnl_kernels::WindowAttrs::parse(node_);
+    if (window_.kernel.empty()) window_.kernel = {w_.dim(2), w_.dim(3)};
+    window_ = window_.resolved(node_, 2);
     w_scale_ = per_column(node_, init.constant_input(kDynamicWScale), m_, "w_scale");
     if (!node_.input(kDynamicBias).empty()) bias_ = per_column(node_, init.constant_input(kDynamicBias), m_, "bias");
     SQ_CHECK(int8::resolve_compute(int8::Compute::kAuto, int8::max_abs_int8(w_)) == int8::Compute::kInt8,
