@@ -1,8 +1,8 @@
 #!/bin/bash
 # Dynamic quantization, slimquant vs ONNX Runtime (docs/quantization.md, "Dynamic mode"):
 #   speed:   our `quantize --mode dynamic` file run by slimquant and by ONNX Runtime (the latest
-#            onnxruntime-node, 1.30.0), one thread, batch 1 and 32, median of RUNS runs (`slimquant
-#            bench`, compare_runtimes.js's ORT timing worker: graph optimizations all);
+#            onnxruntime-node, 1.30.0), one thread, batch 1 and 32, median CPU time of RUNS runs
+#            (build/slimquant_latency, compare_runtimes.js's ORT timing worker: graph optimizations all);
 #   quality: argmax agreement and max |logit diff| against FP32 on the first N Fashion-MNIST test
 #            images of ours (slimquant runtime) and of the ORT-style dynamic file
 #            (bench/ort_style_quantize.py --mode dynamic: what quantize_dynamic writes, its defaults)
@@ -61,10 +61,12 @@ print(f"{q(base + '.ours/logits.npy'):<26} {q(base + '.peer/default/logits.npy')
 PY
 )
   for batch in 1 32; do
-    sq=$("$BUILD/slimquant" bench "$ours" --shape ${batch}x1x28x28 --runs "$RUNS" --threads 1 --json | tail -1 |
-      $PY -c 'import json,sys; print(json.load(sys.stdin)["median_ms"])')
+    # CPU-time medians (wall time on a shared machine includes preemption): slimquant_latency
+    # (bench/latency.cpp) and compare_runtimes.js's ORT worker measure both.
+    sq=$("$BUILD/slimquant_latency" "$ours" ${batch}x1x28x28 "$RUNS" | tail -1 |
+      $PY -c 'import json,sys; print(json.load(sys.stdin)["cpu_median_ms"])')
     ort=$(node "$ROOT/bench/compare_runtimes.js" --ort-worker "$ours" ${batch}x1x28x28 "$RUNS" onnxruntime-node-latest | tail -1 |
-      $PY -c 'import json,sys; print(json.load(sys.stdin)["median_ms"])')
+      $PY -c 'import json,sys; print(json.load(sys.stdin)["cpu_median_ms"])')
     printf '%-18s %8s %10.3f %10.3f %8.2f | %s\n' "$m" "$batch" "$sq" "$ort" "$($PY -c "print($ort / $sq)")" \
       "$([ "$batch" = 1 ] && echo "$quality" || echo)"
   done
