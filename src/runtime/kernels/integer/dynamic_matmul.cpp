@@ -286,8 +286,11 @@ class DynamicConvKernel final : public Kernel {
     memory w_user({w_dims, memory::data_type::s8, group_ == 1 ? tag::oihw : tag::goihw}, dnnl_engine(), w_.raw());
     dnnl::reorder(w_user, plan.weights).execute(dnnl_stream(), w_user, plan.weights);
     dnnl_stream().wait();
-    if (pd.src_desc() != plan.src_user) plan.src_reorder = dnnl::reorder(plan.src_user, pd.src_desc());
-    if (pd.dst_desc() != plan.dst_user) plan.dst_reorder = dnnl::reorder(pd.dst_desc(), plan.dst_user);
+    auto reorder = [](const memory::desc& from, const memory::desc& to) {
+      return dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), from, dnnl_engine(), to));
+    };
+    if (pd.src_desc() != plan.src_user) plan.src_reorder = reorder(plan.src_user, pd.src_desc());
+    if (pd.dst_desc() != plan.dst_user) plan.dst_reorder = reorder(pd.dst_desc(), plan.dst_user);
     return plans_.emplace(x, std::move(plan)).first->second;
   }
 
