@@ -6,12 +6,11 @@
 //   acc[i,j] = sum_l (x_q[i,l] - z_x) * w_q[l,j]             s32, exact
 //   y[i,j]   = float(acc[i,j]) * (s_x * s_w[j]) (+ bias[j])  f32
 //
-// The product runs on oneDNN's int8 matmul (u8 src with the run-time zero point z_x, s8 weights
-// reordered once per primitive, run-time per-column output scales s_x * s_w[j], the bias as a
-// binary add post-op after them) when it is exact: CPUs with VNNI, or weights within +-63
-// (int8_common.h). Otherwise the exact int16 loops of integer_gemm.h. Integer sums are exact either
-// way, so the output equals the unfused execution's up to the float rounding of the final
-// multiply and add.
+// The product runs on oneDNN's int8 matmul (u8 src, s8 weights reordered once per primitive, s32
+// dst) when it is exact: CPUs with VNNI, or weights within +-63 (int8_common.h); otherwise on the
+// exact int16 loops of integer_gemm.h. The zero point comes out of the sum (acc - z_x * sum_l w[l, j],
+// oneDNN 2.6 has no run-time src zero point for every primitive), and the epilogue is the op-by-op
+// Cast, Mul, Add: the output equals the unfused execution's.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -77,6 +76,9 @@ class DynamicMatMulKernel final : public Kernel {
     w_scale_ = per_column(node_, init.constant_input(kDynamicWScale), n_, "w_scale");
     if (!node_.input(kDynamicBias).empty()) bias_ = per_column(node_, init.constant_input(kDynamicBias), n_, "bias");
     exact_int8_ = int8::resolve_compute(int8::Compute::kAuto, int8::max_abs_int8(w_)) == int8::Compute::kInt8;
+    w_sum_.assign(static_cast<size_t>(n_), 0);
+    for (int64_t l = 0; l < k_; ++l)
+      for (int64_t j = 0; j < n_; ++j) w_sum_[static_cast<size_t>(j)] += w_.data<int8_t>()[l * n_ + j];
     if (!exact_int8_) {  // B transposed to columns as int16, for integer::gemm_s16_nt
       w16_.resize(static_cast<size_t>(k_ * n_));
       for (int64_t l = 0; l < k_; ++l)
@@ -118,16 +120,11 @@ class DynamicMatMulKernel final : public Kernel {
     if (prims_.size() >= 8) prims_.erase(prims_.begin());
     const memory::desc src({m, k_}, memory::data_type::u8, memory::format_tag::ab);
     const memory::desc wany({k_, n_}, memory::data_type::s8, memory::format_tag::any);
-    const memory::desc dst({m, n_}, memory::data_type::f32, memory::format_tag::ab);
+    const memory::desc dst({m, n_}, memory::data_type::s32, memory::format_tag::ab);
     dnnl::primitive_attr attr;
-    attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
-    attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
-    if (!bias_.empty()) {
-      dnnl::post_ops ops;
-      ops.append_binary(dnnl::algorithm::binary_add, memory::desc({1, n_}, memory::data_type::f32, memory::format_tag::ab));
-      attr.set_post_ops(ops);
-    }
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wany, dst), attr, dnnl_engine());
+    const auto pd = dnnl_kernels::make_pd(node_, "int8 matmul", [&] {
+      return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wany, dst), attr, dnnl_engine());
+    });
     Primitive prim{dnnl::matmul(pd), memory(pd.weights_desc(), dnnl_engine())};
     memory user({{k_, n_}, memory::data_type::s8, memory::format_tag::ab}, dnnl_engine(), const_cast<void*>(w_.raw()));
     dnnl::reorder(user, prim.weights).execute(dnnl_stream(), user, prim.weights);
@@ -137,21 +134,26 @@ class DynamicMatMulKernel final : public Kernel {
 
   void run_dnnl(int64_t m, const uint8_t* xq, uint8_t zero_point, float* y) {
     const Primitive& p = primitive(m);
-    int32_t zp = zero_point;
+    acc_.resize(static_cast<size_t>(m * n_));
     memory src({{m, k_}, memory::data_type::u8, memory::format_tag::ab}, dnnl_engine(), const_cast<uint8_t*>(xq));
-    memory dst({{m, n_}, memory::data_type::f32, memory::format_tag::ab}, dnnl_engine(), y);
-    memory scales({{n_}, memory::data_type::f32, memory::format_tag::a}, dnnl_engine(), scales_.data());
-    memory zp_mem({{1}, memory::data_type::s32, memory::format_tag::a}, dnnl_engine(), &zp);
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
-                                         {DNNL_ARG_WEIGHTS, p.weights},
-                                         {DNNL_ARG_DST, dst},
-                                         {DNNL_ARG_ATTR_OUTPUT_SCALES, scales},
-                                         {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zp_mem}};
-    if (!bias_.empty())
-      args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] =
-          memory({{1, n_}, memory::data_type::f32, memory::format_tag::ab}, dnnl_engine(), bias_.data());
-    p.prim.execute(dnnl_stream(), args);
+    memory dst({{m, n_}, memory::data_type::s32, memory::format_tag::ab}, dnnl_engine(), acc_.data());
+    p.prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, p.weights}, {DNNL_ARG_DST, dst}});
     dnnl_stream().wait();
+    // sum_l (x_q - z_x) w = sum_l x_q w - z_x * sum_l w (exact in int32), then the op-by-op
+    // epilogue: Cast, Mul by s_x * s_w[j], Add bias[j].
+    const int32_t zx = zero_point;
+    for (int64_t i = 0; i < m; ++i) {
+      const int32_t* a = acc_.data() + i * n_;
+      float* out = y + i * n_;
+      if (bias_.empty()) {
+        for (int64_t j = 0; j < n_; ++j)
+          out[j] = static_cast<float>(a[j] - zx * w_sum_[static_cast<size_t>(j)]) * scales_[static_cast<size_t>(j)];
+      } else {
+        for (int64_t j = 0; j < n_; ++j)
+          out[j] = static_cast<float>(a[j] - zx * w_sum_[static_cast<size_t>(j)]) * scales_[static_cast<size_t>(j)] +
+                   bias_[static_cast<size_t>(j)];
+      }
+    }
   }
 
   void run_exact_loops(int64_t m, const uint8_t* xq, uint8_t zero_point, float* y) {
@@ -171,16 +173,21 @@ class DynamicMatMulKernel final : public Kernel {
   Tensor w_;
   int64_t k_ = 0, n_ = 0;
   std::vector<float> w_scale_, bias_, scales_;
+  std::vector<int32_t> w_sum_, acc_;  // column sums of w; the s32 products
   bool exact_int8_ = true;
   std::vector<int16_t> w16_;
   std::map<int64_t, Primitive> prims_;  // by rows M
 };
 
 
-// The 2-D ConvInteger form (fused_ops::kDynamicConv): the same steps on oneDNN's int8 convolution
-// (src and dst in the layouts it picks, reordered from and to the plain tensors; u8 weights with
-// zero point 128 turned back into their s8 codes once). oneDNN subtracts the src zero point from
-// the padding too, as ConvInteger pads with it.
+// The 2-D ConvInteger form (fused_ops::kDynamicConv). oneDNN 2.6 has no int8 convolution with a
+// run-time src zero point for every shape (a ViT's patch embedding has none), so the zero point is
+// taken out of the sum instead: with x_q padded explicitly with z_x where the convolution pads
+// (ConvInteger pads with the zero point), conv(x_q - z_x, w) = conv(x_q, w) - z_x * sum(w[m]); the
+// int8 primitive writes conv(x_q, w) as s32 and the epilogue computes
+//   y = float(acc - z_x * sum(w[m])) * (s_x * s_w[m]) (+ bias[m])
+// which is the op-by-op arithmetic (Cast, Mul, Add) exactly. u8 weights with zero point 128 are
+// turned back into their s8 codes once.
 class DynamicConvKernel final : public Kernel {
  public:
   explicit DynamicConvKernel(const KernelInit& init) : node_(init.node) {
@@ -196,7 +203,12 @@ class DynamicConvKernel final : public Kernel {
     }
     m_ = w_.dim(0);
     group_ = node_.attr_int("group", 1);
-    SQ_CHECK(group_ >= 1 && m_ % group_ == 0, ErrorKind::kInvalidModel, node_.describe() + ": bad group");
+    SQ_CHECK(group_ >= 1 && m_ % group_ == 0, ErrorKind::kInvalidModel,
+             node_.describe() + ": " + std::to_string(m_) + " output channels and group " + std::to_string(group_));
+    const int64_t depth = w_.numel() / std::max<int64_t>(m_, 1);
+    w_sum_.assign(static_cast<size_t>(m_), 0);
+    for (int64_t o = 0; o < m_; ++o)
+      for (int64_t l = 0; l < depth; ++l) w_sum_[static_cast<size_t>(o)] += w_.data<int8_t>()[o * depth + l];
     window_ = dnnl_kernels::WindowAttrs::parse(node_);
     if (window_.kernel.empty()) window_.kernel = {w_.dim(2), w_.dim(3)};
     window_ = window_.resolved(node_, 2);
@@ -216,33 +228,54 @@ class DynamicConvKernel final : public Kernel {
     Tensor xq(DType::kUInt8, x.shape());
     const Tensor zero_point_t = Tensor::scalar(p.zero_point);
     quantize_linear(x, Tensor::scalar(p.scale), &zero_point_t, 0, xq, node_.describe());
-    scales_.resize(static_cast<size_t>(m_));
-    for (int64_t j = 0; j < m_; ++j) scales_[static_cast<size_t>(j)] = p.scale * w_scale_[static_cast<size_t>(j)];
-    Plan& plan = plan_for(x.shape());
+    const dnnl_kernels::WindowGeometry geo = dnnl_kernels::forward_geometry(node_, window_, {x.dim(2), x.dim(3)}, false);
+    const bool padded = std::any_of(geo.pad_begin.begin(), geo.pad_begin.end(), [](auto v) { return v != 0; }) ||
+                        std::any_of(geo.pad_end.begin(), geo.pad_end.end(), [](auto v) { return v != 0; });
+    // With z_x != 0 the padding must hold z_x: pad x_q explicitly and convolve without padding.
+    const bool explicit_pad = padded && p.zero_point != 0;
+    Tensor src = xq;
+    if (explicit_pad) {
+      const int64_t h = x.dim(2), w = x.dim(3), ph = h + geo.pad_begin[0] + geo.pad_end[0],
+                    pw = w + geo.pad_begin[1] + geo.pad_end[1];
+      src = Tensor(DType::kUInt8, {x.dim(0), x.dim(1), ph, pw});
+      uint8_t* d = src.data<uint8_t>();
+      std::fill(d, d + src.numel(), p.zero_point);
+      for (int64_t nc = 0; nc < x.dim(0) * x.dim(1); ++nc)
+        for (int64_t r = 0; r < h; ++r)
+          std::copy(xq.data<uint8_t>() + (nc * h + r) * w, xq.data<uint8_t>() + (nc * h + r + 1) * w,
+                    d + (nc * ph + r + geo.pad_begin[0]) * pw + geo.pad_begin[1]);
+    }
+    Plan& plan = plan_for(src.shape(), geo, explicit_pad);
     Tensor& y = ctx.allocate_output(0, DType::kFloat32, plan.out_shape);
     if (y.numel() == 0) return;
-    int32_t zp = p.zero_point;
-    memory src_user(plan.src_user, dnnl_engine(), xq.raw());
-    memory dst_user(plan.dst_user, dnnl_engine(), y.raw());
-    memory src = src_user, dst = dst_user;
+    Tensor acc(DType::kInt32, plan.out_shape);
+    memory src_user(plan.src_user, dnnl_engine(), src.raw());
+    memory dst_user(plan.dst_user, dnnl_engine(), acc.raw());
+    memory src_mem = src_user, dst_mem = dst_user;
     if (plan.src_reorder) {
-      src = dnnl_scratch_memory(DnnlScratch::kSrc, plan.pd.src_desc());
-      plan.src_reorder->execute(dnnl_stream(), src_user, src);
+      src_mem = dnnl_scratch_memory(DnnlScratch::kSrc, plan.pd.src_desc());
+      plan.src_reorder->execute(dnnl_stream(), src_user, src_mem);
     }
-    if (plan.dst_reorder) dst = dnnl_scratch_memory(DnnlScratch::kDst, plan.pd.dst_desc());
-    memory scales({{m_}, memory::data_type::f32, memory::format_tag::a}, dnnl_engine(), scales_.data());
-    memory zp_mem({{1}, memory::data_type::s32, memory::format_tag::a}, dnnl_engine(), &zp);
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src},
-                                         {DNNL_ARG_WEIGHTS, plan.weights},
-                                         {DNNL_ARG_DST, dst},
-                                         {DNNL_ARG_ATTR_OUTPUT_SCALES, scales},
-                                         {DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, zp_mem}};
-    if (!bias_.empty())
-      args[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] =
-          memory({{1, m_, 1, 1}, memory::data_type::f32, memory::format_tag::nchw}, dnnl_engine(), bias_.data());
-    plan.prim.execute(dnnl_stream(), args);
-    if (plan.dst_reorder) plan.dst_reorder->execute(dnnl_stream(), dst, dst_user);
+    if (plan.dst_reorder) dst_mem = dnnl_scratch_memory(DnnlScratch::kDst, plan.pd.dst_desc());
+    plan.prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, plan.weights}, {DNNL_ARG_DST, dst_mem}});
+    if (plan.dst_reorder) plan.dst_reorder->execute(dnnl_stream(), dst_mem, dst_user);
     dnnl_stream().wait();
+    // The epilogue, in the op-by-op order: Cast, Mul by s_x * s_w[m], Add bias[m].
+    const int64_t pixels = plan.out_shape[2] * plan.out_shape[3];
+    const int32_t zx = p.zero_point;
+    for (int64_t n = 0; n < plan.out_shape[0]; ++n)
+      for (int64_t o = 0; o < m_; ++o) {
+        const int32_t* a = acc.data<int32_t>() + (n * m_ + o) * pixels;
+        float* out = y.data<float>() + (n * m_ + o) * pixels;
+        const int32_t correction = zx * w_sum_[static_cast<size_t>(o)];
+        const float scale = p.scale * w_scale_[static_cast<size_t>(o)];
+        if (bias_.empty()) {
+          for (int64_t i = 0; i < pixels; ++i) out[i] = static_cast<float>(a[i] - correction) * scale;
+        } else {
+          const float b = bias_[static_cast<size_t>(o)];
+          for (int64_t i = 0; i < pixels; ++i) out[i] = static_cast<float>(a[i] - correction) * scale + b;
+        }
+      }
   }
 
  private:
@@ -255,33 +288,29 @@ class DynamicConvKernel final : public Kernel {
     Shape out_shape;
   };
 
-  Plan& plan_for(const Shape& x) {
-    auto it = plans_.find(x);
+  Plan& plan_for(const Shape& x, const dnnl_kernels::WindowGeometry& geo, bool explicit_pad) {
+    Shape key = x;
+    key.push_back(explicit_pad ? 1 : 0);
+    auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
     if (plans_.size() >= 8) plans_.erase(plans_.begin());
-    const dnnl_kernels::WindowGeometry geo = dnnl_kernels::forward_geometry(node_, window_, {x[2], x[3]}, false);
+    using tag = memory::format_tag;
+    const memory::dims zero{0, 0};
     const memory::dims src_dims{x[0], x[1], x[2], x[3]}, dst_dims{x[0], m_, geo.out[0], geo.out[1]};
     const memory::dims w_dims = group_ == 1 ? memory::dims{m_, w_.dim(1), w_.dim(2), w_.dim(3)}
                                             : memory::dims{group_, m_ / group_, w_.dim(1), w_.dim(2), w_.dim(3)};
-    using tag = memory::format_tag;
     dnnl::primitive_attr attr;
-    attr.set_output_scales(1 << 1, {DNNL_RUNTIME_F32_VAL});
-    attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
-    if (!bias_.empty()) {
-      dnnl::post_ops ops;
-      ops.append_binary(dnnl::algorithm::binary_add, memory::desc({1, m_, 1, 1}, memory::data_type::f32, tag::any));
-      attr.set_post_ops(ops);
-    }
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::library);
     const dnnl::convolution_forward::desc d(
         dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
         memory::desc(src_dims, memory::data_type::u8, tag::any), memory::desc(w_dims, memory::data_type::s8, tag::any),
-        memory::desc(dst_dims, memory::data_type::f32, tag::any), geo.strides, geo.dilations, geo.pad_begin, geo.pad_end);
-    const auto pd = dnnl_kernels::make_pd(node_, "dynamic int8 convolution",
+        memory::desc(dst_dims, memory::data_type::s32, tag::any), geo.strides, geo.dilations,
+        explicit_pad ? zero : geo.pad_begin, explicit_pad ? zero : geo.pad_end);
+    const auto pd = dnnl_kernels::make_pd(node_, "int8 convolution",
                                           [&] { return dnnl::convolution_forward::primitive_desc(d, attr, dnnl_engine()); });
     Plan plan{pd, dnnl::convolution_forward(pd), memory(pd.weights_desc(), dnnl_engine()),
               memory::desc(src_dims, memory::data_type::u8, tag::nchw),
-              memory::desc(dst_dims, memory::data_type::f32, tag::nchw), std::nullopt, std::nullopt,
+              memory::desc(dst_dims, memory::data_type::s32, tag::nchw), std::nullopt, std::nullopt,
               Shape{x[0], m_, geo.out[0], geo.out[1]}};
     memory w_user({w_dims, memory::data_type::s8, group_ == 1 ? tag::oihw : tag::goihw}, dnnl_engine(), w_.raw());
     dnnl::reorder(w_user, plan.weights).execute(dnnl_stream(), w_user, plan.weights);
@@ -291,14 +320,15 @@ class DynamicConvKernel final : public Kernel {
     };
     if (pd.src_desc() != plan.src_user) plan.src_reorder = reorder(plan.src_user, pd.src_desc());
     if (pd.dst_desc() != plan.dst_user) plan.dst_reorder = reorder(pd.dst_desc(), plan.dst_user);
-    return plans_.emplace(x, std::move(plan)).first->second;
+    return plans_.emplace(key, std::move(plan)).first->second;
   }
 
   const ir::Node& node_;
   Tensor w_;
   int64_t m_ = 0, group_ = 1;
+  std::vector<int32_t> w_sum_;
   dnnl_kernels::WindowAttrs window_;
-  std::vector<float> w_scale_, bias_, scales_;
+  std::vector<float> w_scale_, bias_;
   std::map<Shape, Plan> plans_;
 };
 }  // namespace
