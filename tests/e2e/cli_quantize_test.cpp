@@ -170,8 +170,11 @@ TEST(CliQuantize, DynamicModeNeedsNoDataAndRunsInOnnxRuntime) {
         worst = std::max(worst, std::abs(ort.data<float>()[i] - ours.data<float>()[i]));
         range = std::max(range, std::abs(ours.data<float>()[i]));
       }
-      // The same integers; float rounding of the scales (and a code that a rounding tie moves) only.
-      EXPECT_LT(worst, 1e-3f * range) << name << " in " << package;
+      // ONNX Runtime 1.30.0 computes our logits (same codes, same integer sums, same epilogue order);
+      // 1.20.1 differs from 1.30.0 itself on vit_small's dynamic file by 2e-3 of the range (its
+      // DynamicQuantizeLinear moves some codes; on the FP32 model the two agree within 2e-7).
+      const bool latest = std::string(package) == "onnxruntime-node-latest";
+      EXPECT_LT(worst, (latest ? 1e-5f : 5e-3f) * range) << name << " in " << package;
     }
   }
 }
