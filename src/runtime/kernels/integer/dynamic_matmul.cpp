@@ -46,6 +46,13 @@ namespace {
 using dnnl::memory;
 using namespace fused_ops;
 
+// t as a dtype tensor of `shape`, allocated only when it is not one already (a kernel's scratch
+// kept between runs: a fresh Tensor is zero-filled).
+Tensor& scratch(Tensor& t, DType dtype, const Shape& shape) {
+  if (!t.defined() || t.dtype() != dtype || t.shape() != shape) t = Tensor(dtype, shape);
+  return t;
+}
+
 // A constant's values expanded to n (one value, or n of them).
 std::vector<float> per_column(const ir::Node& node, const Tensor* t, int64_t n, const char* what) {
   SQ_CHECK(t != nullptr, ErrorKind::kInvalidModel, node.describe() + ": " + what + " must be a constant");
@@ -97,7 +104,7 @@ class DynamicMatMulKernel final : public Kernel {
     out_shape.push_back(n_);
     const int64_t m = k_ > 0 ? x.numel() / k_ : 0;
     const integer::DynamicQuantParams p = integer::dynamic_quant_params(x.data<float>(), x.numel());
-    Tensor xq(DType::kUInt8, x.shape());
+    Tensor& xq = scratch(xq_, DType::kUInt8, x.shape());
     const Tensor zero_point_t = Tensor::scalar(p.zero_point);
     quantize_linear(x, Tensor::scalar(p.scale), &zero_point_t, 0, xq, node_.describe());
     scales_.resize(static_cast<size_t>(n_));
@@ -174,6 +181,7 @@ class DynamicMatMulKernel final : public Kernel {
   int64_t k_ = 0, n_ = 0;
   std::vector<float> w_scale_, bias_, scales_;
   std::vector<int32_t> w_sum_, acc_;  // column sums of w; the s32 products
+  Tensor xq_;                          // x's codes
   bool exact_int8_ = true;
   std::vector<int16_t> w16_;
   std::map<int64_t, Primitive> prims_;  // by rows M
@@ -225,7 +233,7 @@ class DynamicConvKernel final : public Kernel {
              node_.describe() + ": x must be float32 [N, " + std::to_string(w_.dim(1) * group_) + ", H, W], got " +
                  dtype_name(x.dtype()) + " " + shape_str(x.shape()));
     const integer::DynamicQuantParams p = integer::dynamic_quant_params(x.data<float>(), x.numel());
-    Tensor xq(DType::kUInt8, x.shape());
+    Tensor& xq = scratch(xq_, DType::kUInt8, x.shape());
     const Tensor zero_point_t = Tensor::scalar(p.zero_point);
     quantize_linear(x, Tensor::scalar(p.scale), &zero_point_t, 0, xq, node_.describe());
     const dnnl_kernels::WindowGeometry geo = dnnl_kernels::forward_geometry(node_, window_, {x.dim(2), x.dim(3)}, false);
@@ -237,7 +245,7 @@ class DynamicConvKernel final : public Kernel {
     if (explicit_pad) {
       const int64_t h = x.dim(2), w = x.dim(3), ph = h + geo.pad_begin[0] + geo.pad_end[0],
                     pw = w + geo.pad_begin[1] + geo.pad_end[1];
-      src = Tensor(DType::kUInt8, {x.dim(0), x.dim(1), ph, pw});
+      src = scratch(padded_, DType::kUInt8, {x.dim(0), x.dim(1), ph, pw});
       uint8_t* d = src.data<uint8_t>();
       std::fill(d, d + src.numel(), p.zero_point);
       for (int64_t nc = 0; nc < x.dim(0) * x.dim(1); ++nc)
@@ -248,7 +256,7 @@ class DynamicConvKernel final : public Kernel {
     Plan& plan = plan_for(src.shape(), geo, explicit_pad);
     Tensor& y = ctx.allocate_output(0, DType::kFloat32, plan.out_shape);
     if (y.numel() == 0) return;
-    Tensor acc(DType::kInt32, plan.out_shape);
+    Tensor& acc = scratch(acc_, DType::kInt32, plan.out_shape);
     memory src_user(plan.src_user, dnnl_engine(), src.raw());
     memory dst_user(plan.dst_user, dnnl_engine(), acc.raw());
     memory src_mem = src_user, dst_mem = dst_user;
@@ -327,6 +335,7 @@ class DynamicConvKernel final : public Kernel {
   Tensor w_;
   int64_t m_ = 0, group_ = 1;
   std::vector<int32_t> w_sum_;
+  Tensor xq_, padded_, acc_;  // scratch kept between runs: x's codes, padded, the s32 sums
   dnnl_kernels::WindowAttrs window_;
   std::vector<float> w_scale_, bias_;
   std::map<Shape, Plan> plans_;
