@@ -64,7 +64,8 @@ ir::Graph three_layer_kinds() {
   gemm.attrs["alpha"] = 0.5f;
   gemm.attrs["beta"] = 2.f;
   g.nodes = {conv, gemm, node("MatMul", "mm", {"v", "mm_w"}, {"m"}), node("MatMul", "mm3", {"t", "mm3_w"}, {"m3"})};
-  for (const char* out : {"c", "gm", "m", "m3"}) g.outputs.push_back({out, DType::kFloat32, std::nullopt});
+  g.outputs = {float_input("c", {2, 4, 5, 5}), float_input("gm", {5, 7}), float_input("m", {5, 4}),
+               float_input("m3", {2, 3, 8})};
   return g;
 }
 
