@@ -16,6 +16,7 @@
 #include <map>
 
 #include "runtime/fused_ops/dynamic_matmul.h"
+#include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
 #include "runtime/kernels/dnnl/dnnl_descriptors.h"
 #include "runtime/kernels/integer/dynamic_quantize.h"
@@ -26,13 +27,31 @@ namespace slimquant::runtime {
 
 namespace integer {
 
+namespace {
+// min(0, x...) and max(0, x...) skipping NaNs, in 16 lanes the compiler vectorises (x < lo ? x : lo
+// is std::min's comparison, so the result is the same as one running minimum).
+SQ_AVX512_AVX2_CLONES void range_with_zero(const float* x, int64_t count, float& lo_out, float& hi_out) {
+  constexpr int kLanes = 16;
+  float lo[kLanes] = {}, hi[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= count; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) {
+      const float v = x[i + j];
+      lo[j] = v < lo[j] ? v : lo[j];
+      hi[j] = hi[j] < v ? v : hi[j];
+    }
+  for (; i < count; ++i) {
+    lo[0] = x[i] < lo[0] ? x[i] : lo[0];
+    hi[0] = hi[0] < x[i] ? x[i] : hi[0];
+  }
+  lo_out = 0.f, hi_out = 0.f;
+  for (int j = 0; j < kLanes; ++j) lo_out = std::min(lo_out, lo[j]), hi_out = std::max(hi_out, hi[j]);
+}
+}  // namespace
+
 DynamicQuantParams dynamic_quant_params(const float* x, int64_t count) {
   float lo = 0.f, hi = 0.f;  // the range always holds 0; NaNs are skipped
-#pragma omp simd reduction(min : lo) reduction(max : hi)
-  for (int64_t i = 0; i < count; ++i) {
-    lo = std::min(lo, x[i]);
-    hi = std::max(hi, x[i]);
-  }
+  range_with_zero(x, count, lo, hi);
   DynamicQuantParams p;
   p.scale = hi == lo ? 1.f : (hi - lo) / 255.f;
   p.zero_point = static_cast<uint8_t>(quant_math::saturate_round(0.f - lo / p.scale, 0.f, 255.f));  // NaN -> 0
@@ -45,6 +64,29 @@ namespace {
 
 using dnnl::memory;
 using namespace fused_ops;
+
+// The op-by-op epilogue (Cast, Mul by the scale, Add the bias) of the s32 sums, with the zero point's
+// share `correction` taken out first. Per column j of m rows of n (MatMul; bias may be null):
+SQ_AVX512_AVX2_CLONES void dequantize_rows(const int32_t* acc, int64_t m, int64_t n, const int32_t* correction,
+                                           const float* scale, const float* bias, float* y) {
+  for (int64_t i = 0; i < m; ++i, acc += n, y += n) {
+    if (bias) {
+      for (int64_t j = 0; j < n; ++j) y[j] = static_cast<float>(acc[j] - correction[j]) * scale[j] + bias[j];
+    } else {
+      for (int64_t j = 0; j < n; ++j) y[j] = static_cast<float>(acc[j] - correction[j]) * scale[j];
+    }
+  }
+}
+// One channel's n sums (convolution).
+SQ_AVX512_AVX2_CLONES void dequantize_channel(const int32_t* acc, int64_t n, int32_t correction, float scale,
+                                              const float* bias, float* y) {
+  if (bias) {
+    const float b = *bias;
+    for (int64_t j = 0; j < n; ++j) y[j] = static_cast<float>(acc[j] - correction) * scale + b;
+  } else {
+    for (int64_t j = 0; j < n; ++j) y[j] = static_cast<float>(acc[j] - correction) * scale;
+  }
+}
 
 // t as a dtype tensor of `shape`, allocated only when it is not one already (a kernel's scratch
 // kept between runs: a fresh Tensor is zero-filled).
@@ -148,19 +190,9 @@ class DynamicMatMulKernel final : public Kernel {
     dnnl_stream().wait();
     // sum_l (x_q - z_x) w = sum_l x_q w - z_x * sum_l w (exact in int32), then the op-by-op
     // epilogue: Cast, Mul by s_x * s_w[j], Add bias[j].
-    const int32_t zx = zero_point;
-    for (int64_t i = 0; i < m; ++i) {
-      const int32_t* a = acc_.data() + i * n_;
-      float* out = y + i * n_;
-      if (bias_.empty()) {
-        for (int64_t j = 0; j < n_; ++j)
-          out[j] = static_cast<float>(a[j] - zx * w_sum_[static_cast<size_t>(j)]) * scales_[static_cast<size_t>(j)];
-      } else {
-        for (int64_t j = 0; j < n_; ++j)
-          out[j] = static_cast<float>(a[j] - zx * w_sum_[static_cast<size_t>(j)]) * scales_[static_cast<size_t>(j)] +
-                   bias_[static_cast<size_t>(j)];
-      }
-    }
+    correction_.resize(static_cast<size_t>(n_));
+    for (int64_t j = 0; j < n_; ++j) correction_[static_cast<size_t>(j)] = int32_t{zero_point} * w_sum_[static_cast<size_t>(j)];
+    dequantize_rows(acc_.data(), m, n_, correction_.data(), scales_.data(), bias_.empty() ? nullptr : bias_.data(), y);
   }
 
   void run_exact_loops(int64_t m, const uint8_t* xq, uint8_t zero_point, float* y) {
@@ -180,7 +212,7 @@ class DynamicMatMulKernel final : public Kernel {
   Tensor w_;
   int64_t k_ = 0, n_ = 0;
   std::vector<float> w_scale_, bias_, scales_;
-  std::vector<int32_t> w_sum_, acc_;  // column sums of w; the s32 products
+  std::vector<int32_t> w_sum_, acc_, correction_;  // column sums of w; the s32 products; z_x * w_sum_
   Tensor xq_;                          // x's codes
   bool exact_int8_ = true;
   std::vector<int16_t> w16_;
@@ -270,19 +302,12 @@ class DynamicConvKernel final : public Kernel {
     dnnl_stream().wait();
     // The epilogue, in the op-by-op order: Cast, Mul by s_x * s_w[m], Add bias[m].
     const int64_t pixels = plan.out_shape[2] * plan.out_shape[3];
-    const int32_t zx = p.zero_point;
     for (int64_t n = 0; n < plan.out_shape[0]; ++n)
       for (int64_t o = 0; o < m_; ++o) {
-        const int32_t* a = acc.data<int32_t>() + (n * m_ + o) * pixels;
-        float* out = y.data<float>() + (n * m_ + o) * pixels;
-        const int32_t correction = zx * w_sum_[static_cast<size_t>(o)];
+        const int32_t correction = int32_t{p.zero_point} * w_sum_[static_cast<size_t>(o)];
         const float scale = p.scale * w_scale_[static_cast<size_t>(o)];
-        if (bias_.empty()) {
-          for (int64_t i = 0; i < pixels; ++i) out[i] = static_cast<float>(a[i] - correction) * scale;
-        } else {
-          const float b = bias_[static_cast<size_t>(o)];
-          for (int64_t i = 0; i < pixels; ++i) out[i] = static_cast<float>(a[i] - correction) * scale + b;
-        }
+        dequantize_channel(acc.data<int32_t>() + (n * m_ + o) * pixels, pixels, correction, scale,
+                           bias_.empty() ? nullptr : &bias_[static_cast<size_t>(o)], y.data<float>() + (n * m_ + o) * pixels);
       }
   }
 
