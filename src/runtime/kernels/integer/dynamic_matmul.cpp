@@ -13,6 +13,7 @@
 // Cast, Mul, Add: the output equals the unfused execution's.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include "runtime/fused_ops/dynamic_matmul.h"
@@ -30,22 +31,24 @@ namespace integer {
 namespace {
 // min(0, x...) and max(0, x...) skipping NaNs, in 16 lanes the compiler vectorises (x < lo ? x : lo
 // is std::min's comparison, so the result is the same as one running minimum).
+using Floats16 = float __attribute__((vector_size(64)));  // GCC vector: one zmm, two ymm, ...
+
 SQ_AVX512_AVX2_CLONES void range_with_zero(const float* x, int64_t count, float& lo_out, float& hi_out) {
   constexpr int kLanes = 16;
-  float lo[kLanes] = {}, hi[kLanes] = {};
+  Floats16 lo = {}, hi = {};
   int64_t i = 0;
-  for (; i + kLanes <= count; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) {
-      const float v = x[i + j];
-      lo[j] = v < lo[j] ? v : lo[j];
-      hi[j] = hi[j] < v ? v : hi[j];
-    }
-  for (; i < count; ++i) {
-    lo[0] = x[i] < lo[0] ? x[i] : lo[0];
-    hi[0] = hi[0] < x[i] ? x[i] : hi[0];
+  for (; i + kLanes <= count; i += kLanes) {
+    Floats16 v;
+    std::memcpy(&v, x + i, sizeof v);
+    lo = v < lo ? v : lo;
+    hi = hi < v ? v : hi;
   }
   lo_out = 0.f, hi_out = 0.f;
   for (int j = 0; j < kLanes; ++j) lo_out = std::min(lo_out, lo[j]), hi_out = std::max(hi_out, hi[j]);
+  for (; i < count; ++i) {
+    lo_out = x[i] < lo_out ? x[i] : lo_out;
+    hi_out = hi_out < x[i] ? x[i] : hi_out;
+  }
 }
 }  // namespace
 
