@@ -32,6 +32,16 @@ Names follow ORT's: `T_QuantizeLinear` -> `T_QuantizeLinear_Output` -> `T_Dequan
 
   /usr/bin/python3 bench/ort_style_quantize.py FP32.onnx CALIB OUT.onnx [--batch-size 32] [--batches 10]
                                                [--ort latest|pinned]
+  /usr/bin/python3 bench/ort_style_quantize.py --mode dynamic FP32.onnx OUT.onnx [--weight-type qint8|quint8]
+
+`--mode dynamic` writes what `onnxruntime.quantization.quantize_dynamic(model, out)` writes with its
+defaults (per_channel=False, reduce_range=False, weight_type QInt8, its IntegerOps registry), no data:
+every MatMul and Conv reads DynamicQuantizeLinear codes (u8) of its float activation inputs and
+per-tensor weights (QInt8: symmetric s8, scale = max|w| / 127; QUInt8: asymmetric u8), as
+MatMulInteger / ConvInteger -> Cast -> Mul(x_scale * w_scale) [-> Add(bias) for Conv]; a MatMul of two
+activations (attention) quantizes both dynamically. Gemm stays float (not in the registry). ONNX
+Runtime 1.20.1 has no ConvInteger for s8 weights: for convolutional models use --weight-type quint8,
+as ORT's documentation advises.
 
 CALIB: `fashion-mnist:train` (Debian's IDX files, pixels/255, [N,1,28,28]) or `npy:DIR` (DIR holds one
 batched float array [N, ...], e.g. bench/export_torchvision.py's calibRES/x.npy). The first
@@ -589,11 +599,79 @@ def name_unnamed_nodes(graph):
             used.add(candidate)
 
 
+# ---------------------------------------------------------------------------------------------
+# ORT's quantize_dynamic
+
+
+def quantize_dynamic(model, weight_type):
+    graph = model.graph
+    inits = initializer_map(graph)
+    new_nodes, new_inits = [], []
+    dynamic = {}  # float tensor -> (codes, scale, zero point)
+
+    def dynamic_input(name):
+        if name not in dynamic:
+            dynamic[name] = (name + "_quantized", name + "_scale", name + "_zero_point")
+            new_nodes.append(helper.make_node("DynamicQuantizeLinear", [name], list(dynamic[name]),
+                                              name=name + "_QuantizeLinear"))
+        return dynamic[name]
+
+    def weight(name):
+        w = numpy_helper.to_array(inits[name]).astype(np.float32)
+        if weight_type == "qint8":
+            scale = int8_symmetric_scale(np.abs(w).max())
+            zp = np.int8(0)
+            q = quantize_array(w, scale, 0, -127, 127, np.int8)
+        else:
+            scale, zp = uint8_asymmetric_params(w.min(), w.max())
+            q = quantize_array(w, scale, zp, 0, 255, np.uint8)
+        new_inits.extend([numpy_helper.from_array(q, name + "_quantized"),
+                          numpy_helper.from_array(np.array(scale, np.float32), name + "_scale"),
+                          numpy_helper.from_array(np.array(zp, q.dtype), name + "_zero_point")])
+        return name + "_quantized", name + "_scale", name + "_zero_point"
+
+    types = tensor_types(model)
+    for node in graph.node:
+        is_float = lambda n: n in inits or types.get(n) in FLOAT_TYPES
+        if node.op_type not in ("MatMul", "Conv") or not all(is_float(i) for i in node.input[:2]) or \
+                node.input[0] in inits:
+            new_nodes.append(node)
+            continue
+        a = dynamic_input(node.input[0])
+        b = weight(node.input[1]) if node.input[1] in inits else dynamic_input(node.input[1])
+        out = node.output[0]
+        op = "MatMulInteger" if node.op_type == "MatMul" else "ConvInteger"
+        q = helper.make_node(op, [a[0], b[0], a[2], b[2]], [out + "_output_quantized"], name=node.name + "_quant")
+        if op == "ConvInteger":
+            q.attribute.extend(node.attribute)
+        new_nodes.append(q)
+        new_nodes.append(helper.make_node("Cast", [out + "_output_quantized"], [out + "_output_quantized_cast_output"],
+                                          to=TensorProto.FLOAT, name=out + "_output_quantized_cast"))
+        new_nodes.append(helper.make_node("Mul", [a[1], b[1]], [out + "_scales_mul"], name=node.name + "_scales_mul"))
+        bias = node.input[2] if op == "ConvInteger" and len(node.input) > 2 and node.input[2] else None
+        scaled = out + "_output_scale_mul_output" if bias else out
+        new_nodes.append(helper.make_node("Mul", [out + "_output_quantized_cast_output", out + "_scales_mul"], [scaled],
+                                          name=node.name + "_output_scale_mul"))
+        if bias:
+            b_values = numpy_helper.to_array(inits[bias]).astype(np.float32)
+            new_inits.append(numpy_helper.from_array(b_values.reshape(1, -1, 1, 1), bias + "_reshaped"))
+            new_nodes.append(helper.make_node("Add", [scaled, bias + "_reshaped"], [out], name=node.name + "_bias_add"))
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    graph.initializer.extend(new_inits)
+    remove_unused_initializers(graph)
+    return model
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="FP32 ONNX model")
-    parser.add_argument("calib", help="fashion-mnist:train or npy:DIR")
-    parser.add_argument("output", help="QDQ model to write")
+    parser.add_argument("calib", help="fashion-mnist:train or npy:DIR (static mode; dynamic: the output)")
+    parser.add_argument("output", nargs="?", help="QDQ model to write")
+    parser.add_argument("--mode", choices=["static", "dynamic"], default="static",
+                        help="static: quantize_static QDQ (default); dynamic: quantize_dynamic, no data")
+    parser.add_argument("--weight-type", choices=["qint8", "quint8"], default="qint8",
+                        help="dynamic mode's weight type (quantize_dynamic's weight_type, default QInt8)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--ort", choices=["latest", "pinned"], default="latest",
@@ -601,6 +679,22 @@ def main():
     args = parser.parse_args()
     if not os.path.isfile(args.model):
         fail(f"{args.model}: no such file")
+    if args.mode == "dynamic":
+        output = args.output or args.calib
+        model = preprocess(onnx.load(args.model))
+        name_unnamed_nodes(model.graph)
+        quantized = quantize_dynamic(model, args.weight_type)
+        del quantized.graph.value_info[:]
+        quantized.producer_name = "slimquant bench/ort_style_quantize.py (ORT quantize_dynamic emulation)"
+        onnx.checker.check_model(quantized)
+        onnx.save(quantized, output)
+        counts = {}
+        for node in quantized.graph.node:
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+        print(json.dumps({"output": output, "mode": "dynamic", "weight_type": args.weight_type, "nodes": counts}))
+        return
+    if args.output is None:
+        fail("static mode needs CALIB and OUTPUT")
 
     model = preprocess(onnx.load(args.model))
     name_unnamed_nodes(model.graph)

@@ -976,7 +976,8 @@ class PostTrainingQuantization:
     "mse", "emd" (the CLI's default). config (a QuantConfig) decides algo, weight_quantize_type,
     quantizable_op_type, ...: giving both is an error naming them. mode="weight-only" quantizes the
     weights only (per channel; activations stay float) and takes no calibration data (as
-    quant_post_dynamic).
+    quant_post_dynamic); mode="dynamic" quantizes the weights per channel and the MatMul / Gemm / Conv
+    inputs per inference (ONNX Runtime's quantize_dynamic form), with no calibration data either.
     """
 
     @explicit_arguments
@@ -989,7 +990,7 @@ class PostTrainingQuantization:
                  deploy_backend="slimquant", activation_quantize_type="range_abs_max", round_type="round",
                  bias_correction=False, fallback_sqnr_db=20.0, config=None, mode="static"):
         who = type(self).__name__
-        mode = check_choice(mode, "mode", ("static", "weight-only", "weight_only"))
+        mode = check_choice(mode, "mode", ("static", "weight-only", "weight_only", "dynamic"))
         if executor is not None:
             warn_unused("executor", "slimquant runs the ONNX model on its own CPU runtime")
         if scope is not None:
@@ -1014,10 +1015,9 @@ class PostTrainingQuantization:
             raise invalid(f"{' and '.join(given)} are both given: give exactly one source of calibration data")
         if not given and mode == "static":
             raise invalid(f"{who} needs calibration data: sample_generator, batch_generator or data_loader "
-                          "(mode='weight-only' quantizes weights only and needs none)")
+                          "(mode='weight-only' and mode='dynamic' need none)")
         if given and mode != "static":
-            raise invalid(f"mode={mode!r} quantizes weights only and calibrates nothing: {next(iter(given))} "
-                          "would not be used")
+            raise invalid(f"mode={mode!r} calibrates nothing: {next(iter(given))} would not be used")
         batch_size = check_int(batch_size, "batch_size", 1)
         if "batch_size" in self._explicit and given and "sample_generator" not in given:
             warn_unused("batch_size", f"{next(iter(given))} yields whole batches (batch_size applies to "

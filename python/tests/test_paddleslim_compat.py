@@ -461,6 +461,31 @@ def test_quant_post_dynamic_quantizes_weights_only_without_data(tmp_path, model_
         assert a.read() == b.read()
 
 
+def test_dynamic_mode_quantizes_activations_per_inference_without_data(tmp_path, model_path, fashion):
+    ptq = slimquant.PostTrainingQuantization(model_dir=model_path, mode="dynamic")
+    ptq.quantize()
+    path = ptq.save_quantized_model(str(tmp_path / "dyn.onnx"))
+    model = onnx.load(path)
+    assert {p.key: p.value for p in model.metadata_props}["slimquant.mode"] == "dynamic"
+    ops = [n.op_type for n in model.graph.node]
+    assert "QuantizeLinear" not in ops and "DequantizeLinear" not in ops
+    assert ops.count("DynamicQuantizeLinear") >= 1
+    assert "Conv" not in ops and "Gemm" not in ops, "every Conv and the Gemm read integers"
+    assert ops.count("ConvInteger") == 16 and ops.count("MatMulInteger") == 1
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "ConvInteger":  # u8 codes = s8 + 128, one zero point 128
+            assert inits[n.input[1]].dtype == np.uint8 and int(inits[n.input[3]]) == 128
+        if n.op_type == "MatMulInteger":
+            assert inits[n.input[1]].dtype == np.int8 and not inits[n.input[3]].any()
+    images, _ = fashion
+    x = images[:64]
+    fp32 = slimquant.Session(model_path).run(x)
+    dyn = slimquant.Session(path).run(x)
+    fp32, dyn = (list(r.values())[0] if isinstance(r, dict) else r[0] for r in (fp32, dyn))
+    assert (fp32.argmax(axis=1) == dyn.argmax(axis=1)).sum() >= 62
+
+
 def test_quant_post_dynamic_refuses_what_it_cannot_do(tmp_path, model_path, fashion):
     with pytest.raises(ValueError, match="weight_bits=16"):
         slimquant.quant_post_dynamic(model_path, str(tmp_path / "a"), weight_bits=16)

@@ -37,8 +37,9 @@ Action register_quantize(CLI::App& app) {
   cmd->add_option("-o,--output", a->output, "where to write the QDQ model")->required();
   add_ptq_flags(cmd, a->ptq);
   cmd->add_option("--mode", a->mode,
-                  "static (default: weights and activations, activation ranges calibrated on DATA) or weight-only "
-                  "(weights only, per channel; activations stay float; DATA optional, for the evaluation)");
+                  "static (default: weights and activations, activation ranges calibrated on DATA), weight-only "
+                  "(weights only, per channel; activations stay float; DATA optional, for the evaluation) or dynamic "
+                  "(per-channel weights, activation scales computed per inference; DATA optional)");
   cmd->add_flag("--is-use-cache-file", a->use_cache,
                 "keep the calibration state in --cache-dir while calibrating (resumes after a crash)");
   cmd->add_option("--cache-dir", a->cache_dir, "directory of the calibration cache")->capture_default_str();
@@ -77,13 +78,13 @@ Action register_quantize(CLI::App& app) {
       fallback_sqnr_db = parse_config_double(extra["fallback_sqnr_db"], "fallback_sqnr_db");
     apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     if (!a->mode.empty()) config.mode = quant::parse_quant_mode(a->mode);
-    const bool weight_only = config.mode == quant::QuantMode::kWeightOnly;
+    const bool weight_only = !quant::needs_calibration(config.mode);  // weight-only or dynamic: no data
     // Flags that only a calibration uses would be silently ignored.
     for (const char* calibration_flag : {"--algo", "--hist-percent", "--batch-size", "--batch-nums", "--activation-quantize-type",
                                          "--is-use-cache-file", "--fallback-sqnr"})
       SQ_CHECK(!weight_only || !flag_given(calibration_flag), ErrorKind::kInvalidArgument,
-               std::string(calibration_flag) + " sets up the calibration of activations, which --mode weight-only "
-                                               "does not run (it quantizes weights only)");
+               std::string(calibration_flag) + " sets up the calibration of activations, which --mode " +
+                   quant::quant_mode_name(config.mode) + " does not run (it needs no data)");
     SQ_CHECK(batch_size > 0, ErrorKind::kInvalidArgument, "--batch-size must be at least 1");
     // Bad metric names and key files fail before calibration.
     SQ_CHECK(!a->no_eval || !a->eval_command.given(), ErrorKind::kInvalidArgument,
@@ -129,7 +130,12 @@ Action register_quantize(CLI::App& app) {
     const auto& rep = ptq.report();
     const double calib_seconds = rep.seconds;
     const int weight_bits = config.effective_weight_bits();
-    if (weight_only) {
+    if (config.mode == quant::QuantMode::kDynamic) {
+      size_t dynamic = 0;
+      for (const auto& n : qdq.nodes) dynamic += n.op_type == "MatMulInteger" || n.op_type == "ConvInteger";
+      std::cout << "quantized " << dynamic << " layers dynamically (" << weight_bits
+                << "-bit weights per channel, activation scales computed per inference)";
+    } else if (weight_only) {
       size_t weighted = 0;
       for (const auto& l : ptq.ptq().layers()) weighted += l.weight.empty() ? 0 : 1;
       std::cout << "quantized the weights of " << weighted << " layers (" << config.global().weight << ", " << weight_bits

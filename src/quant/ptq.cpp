@@ -555,6 +555,7 @@ QuantParam PTQ::weight_params(const Layer& layer, const Tensor* weight) const {
 ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) const {
   SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::convert called before quantize()");
   if (config_.mode == QuantMode::kWeightOnly) return convert_weights_only(only_layers);
+  if (config_.mode == QuantMode::kDynamic) return convert_dynamic(only_layers);
   SQ_CHECK(batches_ > 0 || observers_.empty(), ErrorKind::kInvalidData,
            "no calibration data was fed: the calibration data set is empty");
   ir::Graph g = float_graph_;

@@ -81,14 +81,14 @@ DeployBackend parse_deploy_backend(const std::string& name) {
 QuantMode parse_quant_mode(const std::string& name) {
   if (name == "static") return QuantMode::kStatic;
   if (name == "weight-only" || name == "weight_only") return QuantMode::kWeightOnly;
-  if (name == "dynamic")
-    fail(ErrorKind::kInvalidArgument,
-         "mode 'dynamic' (activation scales computed per inference) is not available yet: use static (calibrated "
-         "activations) or weight-only (no data needed)");
-  fail(ErrorKind::kInvalidArgument, "mode must be static or weight-only, got '" + name + "'");
+  if (name == "dynamic") return QuantMode::kDynamic;
+  fail(ErrorKind::kInvalidArgument, "mode must be static, weight-only or dynamic, got '" + name + "'");
 }
 
-const char* quant_mode_name(QuantMode mode) { return mode == QuantMode::kWeightOnly ? "weight-only" : "static"; }
+const char* quant_mode_name(QuantMode mode) {
+  if (mode == QuantMode::kDynamic) return "dynamic";
+  return mode == QuantMode::kWeightOnly ? "weight-only" : "static";
+}
 
 const char* deploy_backend_name(DeployBackend backend) {
   switch (backend) {

@@ -106,12 +106,7 @@ TEST(WeightOnly, ModeNamesYamlAndFingerprint) {
   EXPECT_EQ(quant::parse_quant_mode("static"), quant::QuantMode::kStatic);
   EXPECT_EQ(quant::parse_quant_mode("weight-only"), quant::QuantMode::kWeightOnly);
   EXPECT_EQ(quant::parse_quant_mode("weight_only"), quant::QuantMode::kWeightOnly);
-  try {
-    quant::parse_quant_mode("dynamic");
-    FAIL() << "dynamic is not built yet";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not available yet"), std::string::npos) << e.what();
-  }
+  EXPECT_EQ(quant::parse_quant_mode("dynamic"), quant::QuantMode::kDynamic);
   EXPECT_THROW(quant::parse_quant_mode("int4"), Error);
   test::TempDir tmp("weight_only_yaml");
   {

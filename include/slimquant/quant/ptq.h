@@ -63,11 +63,16 @@ class PTQ {
   // pattern that matches no node). Filled by quantize().
   const std::vector<std::string>& warnings() const { return warnings_; }
   // The QDQ graph: every layer quantized, or only `only_layers` (names from layers()); under
-  // QuantMode::kWeightOnly, convert_weights_only().
+  // QuantMode::kWeightOnly, convert_weights_only(); under kDynamic, convert_dynamic().
   ir::Graph convert(const std::optional<std::set<std::string>>& only_layers = std::nullopt) const;
   // The weight-only graph (QuantMode::kWeightOnly): each chosen layer's weight on its per-channel
   // grid behind a DequantizeLinear, every activation float. Needs no calibration.
   ir::Graph convert_weights_only(const std::optional<std::set<std::string>>& only_layers = std::nullopt) const;
+  // The dynamic graph (QuantMode::kDynamic, ONNX Runtime's quantize_dynamic form): each chosen
+  // MatMul / Gemm / Conv reads DynamicQuantizeLinear's u8 codes of its input and its per-channel
+  // int8 weight through MatMulInteger / ConvInteger, then Cast, Mul by the scales, Add the bias.
+  // Needs no calibration (ptq_dynamic.cpp).
+  ir::Graph convert_dynamic(const std::optional<std::set<std::string>>& only_layers = std::nullopt) const;
 
   const std::vector<Layer>& layers() const { return layers_; }
   const ir::Graph& float_graph() const { return float_graph_; }

@@ -33,11 +33,15 @@ const char* deploy_backend_name(DeployBackend backend);
 // - kWeightOnly: weights only, on their per-channel grid of weight_bits behind a DequantizeLinear;
 //   activations stay float and no data is needed (PaddleSlim's quant_post_dynamic). The file is
 //   about a quarter of the float one; runtimes dequantize the weights once when they load it.
-enum class QuantMode { kStatic, kWeightOnly };
-// static, weight-only (or weight_only); anything else, and dynamic (not built yet), is
-// kInvalidArgument naming the choices.
+// - kDynamic: weights per channel, activations quantized per inference from their own min/max
+//   (ONNX Runtime's quantize_dynamic form: DynamicQuantizeLinear -> MatMulInteger / ConvInteger
+//   -> Cast -> Mul (-> Add)); no data needed (PTQ::convert_dynamic).
+enum class QuantMode { kStatic, kWeightOnly, kDynamic };
+// static, weight-only (or weight_only), dynamic; anything else is kInvalidArgument naming the choices.
 QuantMode parse_quant_mode(const std::string& name);
 const char* quant_mode_name(QuantMode mode);
+// Only kStatic calibrates activations (reads data).
+inline bool needs_calibration(QuantMode mode) { return mode == QuantMode::kStatic; }
 
 struct QuantRule {
   // Activation observer (`algo`). "auto" weighs several (observer.h); PostTrainingQuantization then

@@ -25,7 +25,9 @@
 
 #include "runtime/kernels/dnnl/dnnl_common.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
+#include "runtime/kernels/integer/dynamic_quantize.h"
 #include "runtime/kernels/integer/integer_gemm.h"
+#include "runtime/fused_ops/dynamic_matmul.h"
 #include "runtime/kernels/register_all.h"
 
 namespace slimquant::runtime {
@@ -717,16 +719,9 @@ class DynamicQuantizeLinearKernel final : public Kernel {
     const Tensor& x = ctx.input(0);
     SQ_CHECK(x.dtype() == DType::kFloat32, ErrorKind::kInvalidModel,
              node_.describe() + ": x must be float32, got " + dtype_name(x.dtype()));
-    const float* xd = x.data<float>();
-    const int64_t count = x.numel();
-    float lo = 0.f, hi = 0.f;  // the range always holds 0; NaNs are skipped
-#pragma omp simd reduction(min : lo) reduction(max : hi)
-    for (int64_t i = 0; i < count; ++i) {
-      lo = std::min(lo, xd[i]);
-      hi = std::max(hi, xd[i]);
-    }
-    const float scale = hi == lo ? 1.f : (hi - lo) / 255.f;
-    const float zero_point = quant_math::saturate_round(0.f - lo / scale, 0.f, 255.f);  // NaN (infinite x) -> 0
+    const integer::DynamicQuantParams p = integer::dynamic_quant_params(x.data<float>(), x.numel());
+    const float scale = p.scale;
+    const uint8_t zero_point = p.zero_point;
     const Tensor scale_t = Tensor::scalar(scale);
     const Tensor zero_point_t = Tensor::scalar(static_cast<uint8_t>(zero_point));
     Tensor& y = ctx.allocate_output(0, DType::kUInt8, x.shape());
@@ -748,6 +743,8 @@ KernelFactory factory() {
 }  // namespace
 
 void register_integer_kernels(KernelRegistry& r) {
+  r.add(fused_ops::kDynamicMatMul, make_dynamic_matmul, fused_ops::kDynamicMatMulDomain);
+  r.add(fused_ops::kDynamicConv, make_dynamic_conv, fused_ops::kDynamicMatMulDomain);
   r.add("DynamicQuantizeLinear", factory<DynamicQuantizeLinearKernel>());
   r.add("MatMulInteger", factory<MatMulIntegerKernel>());
   r.add("ConvInteger", factory<ConvIntegerKernel>());

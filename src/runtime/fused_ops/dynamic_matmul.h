@@ -1,0 +1,25 @@
+#pragma once
+// The execution-only dynamically quantized MatMul (QuantMode::kDynamic's file, ONNX Runtime's
+// quantize_dynamic form): the plan's fusion (fusions/dynamic_matmul_fusion.cpp) turns
+//
+//   DynamicQuantizeLinear(x) -> MatMulInteger(x_q, w_q, z_x, z_w = 0) -> Cast(float)
+//     -> Mul(., Mul(s_x, s_w)) [-> Add(., bias)]
+//
+// (or ConvInteger) into one node that kernels/integer/dynamic_matmul.cpp runs: x's range and codes as
+// DynamicQuantizeLinear computes them, one int8 matmul, y = float(acc) * (s_x * s_w[j]) (+ bias[j]).
+#include <cstddef>
+
+namespace slimquant::runtime::fused_ops {
+
+inline constexpr const char* kDynamicMatMulDomain = "com.slimquant.exec";
+inline constexpr const char* kDynamicMatMul = "DynamicQuantMatMul";
+// The same for ConvInteger (2-D): w constant [M, C / group, kh, kw], s8 with zero point 0 or u8 with
+// one zero point 128 (the exporter's ONNX Runtime-compatible form), w_scale and bias one or M
+// values ([1, M, 1, 1] in the file); the Conv attributes copied from the ConvInteger.
+inline constexpr const char* kDynamicConv = "DynamicQuantConv";
+
+// x: float32 [..., K]; w: constant s8 [K, N]; w_zero_point: constant zeros (one or N) or absent;
+// w_scale: constant float32, one or N values; bias: constant float32, one or N values, or absent.
+enum DynamicMatMulInput : size_t { kDynamicX, kDynamicW, kDynamicWZeroPoint, kDynamicWScale, kDynamicBias };
+
+}  // namespace slimquant::runtime::fused_ops

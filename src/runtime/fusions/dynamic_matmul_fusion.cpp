@@ -1,0 +1,126 @@
+#include "runtime/fusions/dynamic_matmul_fusion.h"
+
+#include <optional>
+
+#include "runtime/fused_ops/dynamic_matmul.h"
+#include "runtime/kernels/integer/int8_common.h"
+
+namespace slimquant::runtime {
+namespace {
+
+struct DynamicMatMul {
+  int quantize = -1, matmul = -1, cast = -1, scales = -1, scale = -1, bias_add = -1;
+  std::string x, w, w_zero_point, w_scale, bias, output;
+  bool conv = false;
+};
+
+// A float32 initializer of one or n values.
+bool one_or_n_floats(const ir::Graph& g, const std::string& v, int64_t n) {
+  const Tensor* t = g.initializer(v);
+  return t && t->dtype() == DType::kFloat32 && (t->numel() == 1 || t->numel() == n);
+}
+
+// One value, or n along axis 1 of a rank-4 output ([n, 1, 1] or [1, n, 1, 1]).
+bool per_output_channel(const ir::Graph& g, const std::string& v, int64_t n) {
+  const Tensor* t = g.initializer(v);
+  if (!t) return false;
+  if (t->numel() == 1) return true;
+  return t->rank() >= 3 && t->rank() <= 4 && t->dim(t->rank() - 3) == n && t->numel() == n;
+}
+
+// One value, or n along the last axis ([n] or [1, n]).
+bool per_column(const ir::Graph& g, const std::string& v, int64_t n) {
+  const Tensor* t = g.initializer(v);
+  if (!t) return false;
+  return t->numel() == 1 || (t->rank() <= 2 && t->shape().back() == n && t->numel() == n);
+}
+
+std::optional<DynamicMatMul> select_dynamic_matmul(const ir::Rewriter& rw, int i) {
+  const ir::Graph& g = rw.graph();
+  const ir::Node& mm = rw.node(i);
+  // The fused convolution runs on oneDNN's int8 primitive alone, exact with VNNI only (the
+  // unfused ConvInteger is exact everywhere).
+  const bool conv = ir::is_onnx_op(mm, "ConvInteger") && int8::cpu_has_exact_int8_dot();
+  if ((!conv && !ir::is_onnx_op(mm, "MatMulInteger")) || mm.inputs.size() < 3 || mm.outputs.size() != 1)
+    return std::nullopt;
+  DynamicMatMul m;
+  m.conv = conv;
+  m.matmul = i;
+  // x_q and z_x from one DynamicQuantizeLinear.
+  m.quantize = rw.producer(mm.inputs[0]);
+  if (m.quantize < 0) return std::nullopt;
+  const ir::Node& dq = rw.node(m.quantize);
+  if (!ir::is_onnx_op(dq, "DynamicQuantizeLinear") || dq.outputs.size() != 3 || mm.inputs[2] != dq.outputs[2] ||
+      !rw.is_private(dq.outputs[0]))
+    return std::nullopt;
+  m.x = dq.inputs[0];
+  // Constant symmetric s8 weights [K, N].
+  m.w = mm.inputs[1];
+  const Tensor* w = g.initializer(m.w);
+  if (!w || w->rank() != (conv ? 4u : 2u)) return std::nullopt;
+  const int64_t n = conv ? w->dim(0) : w->dim(1);
+  m.w_zero_point = mm.input(3);
+  const Tensor* zp = m.w_zero_point.empty() ? nullptr : g.initializer(m.w_zero_point);
+  if (!m.w_zero_point.empty() && (!zp || zp->dtype() != w->dtype())) return std::nullopt;
+  if (w->dtype() == DType::kInt8) {  // symmetric: zero points 0
+    if (zp && zp->numel() != 1 && zp->numel() != n) return std::nullopt;
+    if (zp)
+      for (int8_t z : zp->values<int8_t>())
+        if (z != 0) return std::nullopt;
+  } else if (!conv || w->dtype() != DType::kUInt8 || !zp || zp->numel() != 1 || zp->data<uint8_t>()[0] != 128) {
+    return std::nullopt;  // u8 weights: only the exporter's s8 + 128 form
+  }
+  // Cast to float, then the scale Mul by S = Mul(s_x, w_scale).
+  m.cast = rw.sole_reader_op(mm.outputs[0], "Cast");
+  if (m.cast < 0 || rw.node(m.cast).attr_int("to", 0) != 1) return std::nullopt;
+  const std::string& accf = rw.node(m.cast).outputs[0];
+  m.scale = rw.sole_reader_op(accf, "Mul");
+  if (m.scale < 0 || rw.node(m.scale).inputs.size() != 2) return std::nullopt;
+  const std::string s = ir::other_input(rw.node(m.scale), accf);
+  m.scales = rw.producer(s);
+  if (s.empty() || m.scales < 0 || rw.sole_reader(s) != m.scale) return std::nullopt;
+  const ir::Node& sm = rw.node(m.scales);
+  if (!ir::is_onnx_op(sm, "Mul") || sm.inputs.size() != 2) return std::nullopt;
+  m.w_scale = ir::other_input(sm, dq.outputs[1]);
+  if (m.w_scale.empty() || !one_or_n_floats(g, m.w_scale, n) ||
+      !(conv ? per_output_channel(g, m.w_scale, n) : per_column(g, m.w_scale, n)))
+    return std::nullopt;
+  m.output = rw.node(m.scale).outputs[0];
+  // An Add of a per-column constant.
+  const int add = rw.sole_reader_op(m.output, "Add");
+  if (add >= 0 && rw.node(add).inputs.size() == 2) {
+    const std::string b = ir::other_input(rw.node(add), m.output);
+    if (one_or_n_floats(g, b, n) && (conv ? per_output_channel(g, b, n) : per_column(g, b, n))) {
+      m.bias_add = add;
+      m.bias = b;
+      m.output = rw.node(add).outputs[0];
+    }
+  }
+  return m;
+}
+
+void fuse_dynamic_matmul(ir::Rewriter& rw, const DynamicMatMul& m) {
+  ir::Node fused;
+  fused.op_type = m.conv ? fused_ops::kDynamicConv : fused_ops::kDynamicMatMul;
+  if (m.conv) fused.attrs = rw.node(m.matmul).attrs;
+  fused.domain = fused_ops::kDynamicMatMulDomain;
+  fused.name = rw.node(m.matmul).name;
+  fused.inputs = {m.x, m.w, m.w_zero_point, m.w_scale, m.bias};
+  fused.outputs = {m.output};
+  const int last = m.bias_add >= 0 ? m.bias_add : m.scale;
+  for (int n : {m.matmul, m.cast, m.scales, m.scale})
+    if (n != last) rw.remove(n);
+  rw.replace(last, std::move(fused));
+  // The DynamicQuantizeLinear goes when nothing reads it any more.
+  bool read = false;
+  for (const auto& v : rw.node(m.quantize).outputs) read |= !rw.readers(v).empty() || !rw.is_private(v);
+  if (!read) rw.remove(m.quantize);
+}
+
+}  // namespace
+
+ir::Rule dynamic_matmul_fusion_rule() {
+  return ir::make_rule<DynamicMatMul>("fuse_dynamic_matmul", select_dynamic_matmul, fuse_dynamic_matmul);
+}
+
+}  // namespace slimquant::runtime

@@ -1,0 +1,376 @@
+// The fused dynamically quantized MatMul (fused_ops/dynamic_matmul.h), one kernel for what the
+// unfused file runs as DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul (-> Add):
+//
+//   s_x, z_x = dynamic_quant_params(x)                      (the same as DynamicQuantizeLinear's)
+//   x_q      = saturate(round_half_even(x / s_x) + z_x)      u8 (quantize_linear, the same codes)
+//   acc[i,j] = sum_l (x_q[i,l] - z_x) * w_q[l,j]             s32, exact
+//   y[i,j]   = float(acc[i,j]) * (s_x * s_w[j]) (+ bias[j])  f32
+//
+// The product runs on oneDNN's int8 matmul (u8 src, s8 weights reordered once per primitive, s32
+// dst) when it is exact: CPUs with VNNI, or weights within +-63 (int8_common.h); otherwise on the
+// exact int16 loops of integer_gemm.h. The zero point comes out of the sum (acc - z_x * sum_l w[l, j],
+// oneDNN 2.6 has no run-time src zero point for every primitive), and the epilogue is the op-by-op
+// Cast, Mul, Add: the output equals the unfused execution's.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "runtime/fused_ops/dynamic_matmul.h"
+#include "runtime/kernels/cpu_clones.h"
+#include "runtime/kernels/elementwise/elementwise_qdq.h"
+#include "runtime/kernels/dnnl/dnnl_descriptors.h"
+#include "runtime/kernels/integer/dynamic_quantize.h"
+#include "runtime/kernels/integer/int8_common.h"
+#include "runtime/kernels/integer/integer_gemm.h"
+
+namespace slimquant::runtime {
+
+namespace integer {
+
+namespace {
+// min(0, x...) and max(0, x...) skipping NaNs, in 16 lanes the compiler vectorises (x < lo ? x : lo
+// is std::min's comparison, so the result is the same as one running minimum).
+using Floats16 = float __attribute__((vector_size(64)));  // GCC vector: one zmm, two ymm, ...
+
+SQ_AVX512_AVX2_CLONES void range_with_zero(const float* x, int64_t count, float& lo_out, float& hi_out) {
+  constexpr int kLanes = 16;
+  Floats16 lo = {}, hi = {};
+  int64_t i = 0;
+  for (; i + kLanes <= count; i += kLanes) {
+    Floats16 v;
+    std::memcpy(&v, x + i, sizeof v);
+    lo = v < lo ? v : lo;
+    hi = hi < v ? v : hi;
+  }
+  lo_out = 0.f, hi_out = 0.f;
+  for (int j = 0; j < kLanes; ++j) lo_out = std::min(lo_out, lo[j]), hi_out = std::max(hi_out, hi[j]);
+  for (; i < count; ++i) {
+    lo_out = x[i] < lo_out ? x[i] : lo_out;
+    hi_out = hi_out < x[i] ? x[i] : hi_out;
+  }
+}
+}  // namespace
+
+DynamicQuantParams dynamic_quant_params(const float* x, int64_t count) {
+  float lo = 0.f, hi = 0.f;  // the range always holds 0; NaNs are skipped
+  range_with_zero(x, count, lo, hi);
+  DynamicQuantParams p;
+  p.scale = hi == lo ? 1.f : (hi - lo) / 255.f;
+  p.zero_point = static_cast<uint8_t>(quant_math::saturate_round(0.f - lo / p.scale, 0.f, 255.f));  // NaN -> 0
+  return p;
+}
+
+}  // namespace integer
+
+namespace {
+
+using dnnl::memory;
+using namespace fused_ops;
+
+// The op-by-op epilogue (Cast, Mul by the scale, Add the bias) of the s32 sums, with the zero point's
+// share `correction` taken out first. Per column j of m rows of n (MatMul; bias may be null):
+SQ_AVX512_AVX2_CLONES void dequantize_rows(const int32_t* acc, int64_t m, int64_t n, const int32_t* correction,
+                                           const float* scale, const float* bias, float* y) {
+  for (int64_t i = 0; i < m; ++i, acc += n, y += n) {
+    if (bias) {
+      for (int64_t j = 0; j < n; ++j) y[j] = static_cast<float>(acc[j] - correction[j]) * scale[j] + bias[j];
+    } else {
+      for (int64_t j = 0; j < n; ++j) y[j] = static_cast<float>(acc[j] - correction[j]) * scale[j];
+    }
+  }
+}
+// One channel's n sums (convolution).
+SQ_AVX512_AVX2_CLONES void dequantize_channel(const int32_t* acc, int64_t n, int32_t correction, float scale,
+                                              const float* bias, float* y) {
+  if (bias) {
+    const float b = *bias;
+    for (int64_t j = 0; j < n; ++j) y[j] = static_cast<float>(acc[j] - correction) * scale + b;
+  } else {
+    for (int64_t j = 0; j < n; ++j) y[j] = static_cast<float>(acc[j] - correction) * scale;
+  }
+}
+
+// t as a dtype tensor of `shape`, allocated only when it is not one already (a kernel's scratch
+// kept between runs: a fresh Tensor is zero-filled).
+Tensor& scratch(Tensor& t, DType dtype, const Shape& shape) {
+  if (!t.defined() || t.dtype() != dtype || t.shape() != shape) t = Tensor(dtype, shape);
+  return t;
+}
+
+// A constant's values expanded to n (one value, or n of them).
+std::vector<float> per_column(const ir::Node& node, const Tensor* t, int64_t n, const char* what) {
+  SQ_CHECK(t != nullptr, ErrorKind::kInvalidModel, node.describe() + ": " + what + " must be a constant");
+  SQ_CHECK(t->dtype() == DType::kFloat32 && (t->numel() == 1 || t->numel() == n), ErrorKind::kInvalidModel,
+           node.describe() + ": " + what + " must be float32 with one or " + std::to_string(n) + " values, got " +
+               dtype_name(t->dtype()) + " " + shape_str(t->shape()));
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) v[static_cast<size_t>(j)] = t->data<float>()[t->numel() == 1 ? 0 : j];
+  return v;
+}
+
+class DynamicMatMulKernel final : public Kernel {
+ public:
+  explicit DynamicMatMulKernel(const KernelInit& init) : node_(init.node) {
+    const Tensor* w = init.constant_input(kDynamicW);
+    SQ_CHECK(w && w->dtype() == DType::kInt8 && w->rank() == 2, ErrorKind::kInvalidModel,
+             node_.describe() + ": w must be a constant int8 [K, N]");
+    w_ = *w;
+    k_ = w_.dim(0);
+    n_ = w_.dim(1);
+    if (!node_.input(kDynamicWZeroPoint).empty()) {
+      const Tensor* zp = init.constant_input(kDynamicWZeroPoint);
+      SQ_CHECK(zp && zp->dtype() == DType::kInt8, ErrorKind::kInvalidModel,
+               node_.describe() + ": w_zero_point must be a constant int8");
+      for (int8_t z : zp->values<int8_t>())
+        SQ_CHECK(z == 0, ErrorKind::kInvalidModel, node_.describe() + ": w_zero_point must be 0 (symmetric weights)");
+    }
+    w_scale_ = per_column(node_, init.constant_input(kDynamicWScale), n_, "w_scale");
+    if (!node_.input(kDynamicBias).empty()) bias_ = per_column(node_, init.constant_input(kDynamicBias), n_, "bias");
+    exact_int8_ = int8::resolve_compute(int8::Compute::kAuto, int8::max_abs_int8(w_)) == int8::Compute::kInt8;
+    w_sum_.assign(static_cast<size_t>(n_), 0);
+    for (int64_t l = 0; l < k_; ++l)
+      for (int64_t j = 0; j < n_; ++j) w_sum_[static_cast<size_t>(j)] += w_.data<int8_t>()[l * n_ + j];
+    if (!exact_int8_) {  // B transposed to columns as int16, for integer::gemm_s16_nt
+      w16_.resize(static_cast<size_t>(k_ * n_));
+      for (int64_t l = 0; l < k_; ++l)
+        for (int64_t j = 0; j < n_; ++j) w16_[static_cast<size_t>(j * k_ + l)] = w_.data<int8_t>()[l * n_ + j];
+    }
+  }
+
+  void run(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(kDynamicX);
+    SQ_CHECK(x.dtype() == DType::kFloat32, ErrorKind::kInvalidModel,
+             node_.describe() + ": x must be float32, got " + dtype_name(x.dtype()));
+    SQ_CHECK(x.rank() >= 1 && x.shape().back() == k_, ErrorKind::kInvalidArgument,
+             node_.describe() + ": x " + shape_str(x.shape()) + " cannot be multiplied by w [" + std::to_string(k_) +
+                 ", " + std::to_string(n_) + "]");
+    Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+    out_shape.push_back(n_);
+    const int64_t m = k_ > 0 ? x.numel() / k_ : 0;
+    const integer::DynamicQuantParams p = integer::dynamic_quant_params(x.data<float>(), x.numel());
+    Tensor& xq = scratch(xq_, DType::kUInt8, x.shape());
+    const Tensor zero_point_t = Tensor::scalar(p.zero_point);
+    quantize_linear(x, Tensor::scalar(p.scale), &zero_point_t, 0, xq, node_.describe());
+    scales_.resize(static_cast<size_t>(n_));
+    for (int64_t j = 0; j < n_; ++j) scales_[static_cast<size_t>(j)] = p.scale * w_scale_[static_cast<size_t>(j)];
+    Tensor& y = ctx.allocate_output(0, DType::kFloat32, out_shape);
+    if (m == 0 || n_ == 0) return;
+    if (exact_int8_) run_dnnl(m, xq.data<uint8_t>(), p.zero_point, y.data<float>());
+    else run_exact_loops(m, xq.data<uint8_t>(), p.zero_point, y.data<float>());
+  }
+
+ private:
+  struct Primitive {
+    dnnl::matmul prim;
+    memory weights;
+  };
+
+  const Primitive& primitive(int64_t m) {
+    auto it = prims_.find(m);
+    if (it != prims_.end()) return it->second;
+    if (prims_.size() >= 8) prims_.erase(prims_.begin());
+    const memory::desc src({m, k_}, memory::data_type::u8, memory::format_tag::ab);
+    const memory::desc wany({k_, n_}, memory::data_type::s8, memory::format_tag::any);
+    const memory::desc dst({m, n_}, memory::data_type::s32, memory::format_tag::ab);
+    dnnl::primitive_attr attr;
+    const auto pd = dnnl_kernels::make_pd(node_, "int8 matmul", [&] {
+      return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wany, dst), attr, dnnl_engine());
+    });
+    Primitive prim{dnnl::matmul(pd), memory(pd.weights_desc(), dnnl_engine())};
+    memory user({{k_, n_}, memory::data_type::s8, memory::format_tag::ab}, dnnl_engine(), const_cast<void*>(w_.raw()));
+    dnnl::reorder(user, prim.weights).execute(dnnl_stream(), user, prim.weights);
+    dnnl_stream().wait();
+    return prims_.emplace(m, std::move(prim)).first->second;
+  }
+
+  void run_dnnl(int64_t m, const uint8_t* xq, uint8_t zero_point, float* y) {
+    const Primitive& p = primitive(m);
+    acc_.resize(static_cast<size_t>(m * n_));
+    memory src({{m, k_}, memory::data_type::u8, memory::format_tag::ab}, dnnl_engine(), const_cast<uint8_t*>(xq));
+    memory dst({{m, n_}, memory::data_type::s32, memory::format_tag::ab}, dnnl_engine(), acc_.data());
+    p.prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, p.weights}, {DNNL_ARG_DST, dst}});
+    dnnl_stream().wait();
+    // sum_l (x_q - z_x) w = sum_l x_q w - z_x * sum_l w (exact in int32), then the op-by-op
+    // epilogue: Cast, Mul by s_x * s_w[j], Add bias[j].
+    correction_.resize(static_cast<size_t>(n_));
+    for (int64_t j = 0; j < n_; ++j) correction_[static_cast<size_t>(j)] = int32_t{zero_point} * w_sum_[static_cast<size_t>(j)];
+    dequantize_rows(acc_.data(), m, n_, correction_.data(), scales_.data(), bias_.empty() ? nullptr : bias_.data(), y);
+  }
+
+  void run_exact_loops(int64_t m, const uint8_t* xq, uint8_t zero_point, float* y) {
+    std::vector<int16_t> a16(static_cast<size_t>(m * k_));
+    integer::widen(xq, m * k_, zero_point, a16.data());
+    std::vector<int32_t> acc(static_cast<size_t>(m * n_));
+    integer::gemm_s16_nt(a16.data(), k_, m, w16_.data(), k_, n_, k_, acc.data(), n_, 1);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n_; ++j) {
+        float v = static_cast<float>(acc[static_cast<size_t>(i * n_ + j)]) * scales_[static_cast<size_t>(j)];
+        if (!bias_.empty()) v += bias_[static_cast<size_t>(j)];
+        y[i * n_ + j] = v;
+      }
+  }
+
+  const ir::Node& node_;
+  Tensor w_;
+  int64_t k_ = 0, n_ = 0;
+  std::vector<float> w_scale_, bias_, scales_;
+  std::vector<int32_t> w_sum_, acc_, correction_;  // column sums of w; the s32 products; z_x * w_sum_
+  Tensor xq_;                          // x's codes
+  bool exact_int8_ = true;
+  std::vector<int16_t> w16_;
+  std::map<int64_t, Primitive> prims_;  // by rows M
+};
+
+
+// The 2-D ConvInteger form (fused_ops::kDynamicConv). oneDNN 2.6 has no int8 convolution with a
+// run-time src zero point for every shape (a ViT's patch embedding has none), so the zero point is
+// taken out of the sum instead: with x_q padded explicitly with z_x where the convolution pads
+// (ConvInteger pads with the zero point), conv(x_q - z_x, w) = conv(x_q, w) - z_x * sum(w[m]); the
+// int8 primitive writes conv(x_q, w) as s32 and the epilogue computes
+//   y = float(acc - z_x * sum(w[m])) * (s_x * s_w[m]) (+ bias[m])
+// which is the op-by-op arithmetic (Cast, Mul, Add) exactly. u8 weights with zero point 128 are
+// turned back into their s8 codes once.
+class DynamicConvKernel final : public Kernel {
+ public:
+  explicit DynamicConvKernel(const KernelInit& init) : node_(init.node) {
+    const Tensor* w = init.constant_input(kDynamicW);
+    SQ_CHECK(w && w->rank() == 4 && (w->dtype() == DType::kInt8 || w->dtype() == DType::kUInt8),
+             ErrorKind::kInvalidModel, node_.describe() + ": w must be a constant 8-bit [M, C / group, kh, kw]");
+    w_ = Tensor(DType::kInt8, w->shape());
+    if (w->dtype() == DType::kUInt8) {
+      for (int64_t i = 0; i < w->numel(); ++i)
+        w_.data<int8_t>()[i] = static_cast<int8_t>(int32_t{w->data<uint8_t>()[i]} - 128);
+    } else {
+      std::copy(w->data<int8_t>(), w->data<int8_t>() + w->numel(), w_.data<int8_t>());
+    }
+    m_ = w_.dim(0);
+    group_ = node_.attr_int("group", 1);
+    SQ_CHECK(group_ >= 1 && m_ % group_ == 0, ErrorKind::kInvalidModel,
+             node_.describe() + ": " + std::to_string(m_) + " output channels and group " + std::to_string(group_));
+    const int64_t depth = w_.numel() / std::max<int64_t>(m_, 1);
+    w_sum_.assign(static_cast<size_t>(m_), 0);
+    for (int64_t o = 0; o < m_; ++o)
+      for (int64_t l = 0; l < depth; ++l) w_sum_[static_cast<size_t>(o)] += w_.data<int8_t>()[o * depth + l];
+    window_ = dnnl_kernels::WindowAttrs::parse(node_);
+    if (window_.kernel.empty()) window_.kernel = {w_.dim(2), w_.dim(3)};
+    window_ = window_.resolved(node_, 2);
+    w_scale_ = per_column(node_, init.constant_input(kDynamicWScale), m_, "w_scale");
+    if (!node_.input(kDynamicBias).empty()) bias_ = per_column(node_, init.constant_input(kDynamicBias), m_, "bias");
+    SQ_CHECK(int8::resolve_compute(int8::Compute::kAuto, int8::max_abs_int8(w_)) == int8::Compute::kInt8,
+             ErrorKind::kUnsupported, node_.describe() + ": needs exact int8 dot products (VNNI) or 7-bit weights");
+  }
+
+  void run(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(kDynamicX);
+    SQ_CHECK(x.dtype() == DType::kFloat32 && x.rank() == 4 && x.dim(1) == w_.dim(1) * group_,
+             ErrorKind::kInvalidArgument,
+             node_.describe() + ": x must be float32 [N, " + std::to_string(w_.dim(1) * group_) + ", H, W], got " +
+                 dtype_name(x.dtype()) + " " + shape_str(x.shape()));
+    const integer::DynamicQuantParams p = integer::dynamic_quant_params(x.data<float>(), x.numel());
+    Tensor& xq = scratch(xq_, DType::kUInt8, x.shape());
+    const Tensor zero_point_t = Tensor::scalar(p.zero_point);
+    quantize_linear(x, Tensor::scalar(p.scale), &zero_point_t, 0, xq, node_.describe());
+    const dnnl_kernels::WindowGeometry geo = dnnl_kernels::forward_geometry(node_, window_, {x.dim(2), x.dim(3)}, false);
+    const bool padded = std::any_of(geo.pad_begin.begin(), geo.pad_begin.end(), [](auto v) { return v != 0; }) ||
+                        std::any_of(geo.pad_end.begin(), geo.pad_end.end(), [](auto v) { return v != 0; });
+    // With z_x != 0 the padding must hold z_x: pad x_q explicitly and convolve without padding.
+    const bool explicit_pad = padded && p.zero_point != 0;
+    Tensor src = xq;
+    if (explicit_pad) {
+      const int64_t h = x.dim(2), w = x.dim(3), ph = h + geo.pad_begin[0] + geo.pad_end[0],
+                    pw = w + geo.pad_begin[1] + geo.pad_end[1];
+      src = scratch(padded_, DType::kUInt8, {x.dim(0), x.dim(1), ph, pw});
+      uint8_t* d = src.data<uint8_t>();
+      std::fill(d, d + src.numel(), p.zero_point);
+      for (int64_t nc = 0; nc < x.dim(0) * x.dim(1); ++nc)
+        for (int64_t r = 0; r < h; ++r)
+          std::copy(xq.data<uint8_t>() + (nc * h + r) * w, xq.data<uint8_t>() + (nc * h + r + 1) * w,
+                    d + (nc * ph + r + geo.pad_begin[0]) * pw + geo.pad_begin[1]);
+    }
+    Plan& plan = plan_for(src.shape(), geo, explicit_pad);
+    Tensor& y = ctx.allocate_output(0, DType::kFloat32, plan.out_shape);
+    if (y.numel() == 0) return;
+    Tensor& acc = scratch(acc_, DType::kInt32, plan.out_shape);
+    memory src_user(plan.src_user, dnnl_engine(), src.raw());
+    memory dst_user(plan.dst_user, dnnl_engine(), acc.raw());
+    memory src_mem = src_user, dst_mem = dst_user;
+    if (plan.src_reorder) {
+      src_mem = dnnl_scratch_memory(DnnlScratch::kSrc, plan.pd.src_desc());
+      plan.src_reorder->execute(dnnl_stream(), src_user, src_mem);
+    }
+    if (plan.dst_reorder) dst_mem = dnnl_scratch_memory(DnnlScratch::kDst, plan.pd.dst_desc());
+    plan.prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, plan.weights}, {DNNL_ARG_DST, dst_mem}});
+    if (plan.dst_reorder) plan.dst_reorder->execute(dnnl_stream(), dst_mem, dst_user);
+    dnnl_stream().wait();
+    // The epilogue, in the op-by-op order: Cast, Mul by s_x * s_w[m], Add bias[m].
+    const int64_t pixels = plan.out_shape[2] * plan.out_shape[3];
+    for (int64_t n = 0; n < plan.out_shape[0]; ++n)
+      for (int64_t o = 0; o < m_; ++o) {
+        const int32_t correction = int32_t{p.zero_point} * w_sum_[static_cast<size_t>(o)];
+        const float scale = p.scale * w_scale_[static_cast<size_t>(o)];
+        dequantize_channel(acc.data<int32_t>() + (n * m_ + o) * pixels, pixels, correction, scale,
+                           bias_.empty() ? nullptr : &bias_[static_cast<size_t>(o)], y.data<float>() + (n * m_ + o) * pixels);
+      }
+  }
+
+ private:
+  struct Plan {
+    dnnl::convolution_forward::primitive_desc pd;
+    dnnl::convolution_forward prim;
+    memory weights;
+    memory::desc src_user, dst_user;
+    std::optional<dnnl::reorder> src_reorder, dst_reorder;
+    Shape out_shape;
+  };
+
+  Plan& plan_for(const Shape& x, const dnnl_kernels::WindowGeometry& geo, bool explicit_pad) {
+    Shape key = x;
+    key.push_back(explicit_pad ? 1 : 0);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second;
+    if (plans_.size() >= 8) plans_.erase(plans_.begin());
+    using tag = memory::format_tag;
+    const memory::dims zero{0, 0};
+    const memory::dims src_dims{x[0], x[1], x[2], x[3]}, dst_dims{x[0], m_, geo.out[0], geo.out[1]};
+    const memory::dims w_dims = group_ == 1 ? memory::dims{m_, w_.dim(1), w_.dim(2), w_.dim(3)}
+                                            : memory::dims{group_, m_ / group_, w_.dim(1), w_.dim(2), w_.dim(3)};
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::library);
+    const dnnl::convolution_forward::desc d(
+        dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+        memory::desc(src_dims, memory::data_type::u8, tag::any), memory::desc(w_dims, memory::data_type::s8, tag::any),
+        memory::desc(dst_dims, memory::data_type::s32, tag::any), geo.strides, geo.dilations,
+        explicit_pad ? zero : geo.pad_begin, explicit_pad ? zero : geo.pad_end);
+    const auto pd = dnnl_kernels::make_pd(node_, "int8 convolution",
+                                          [&] { return dnnl::convolution_forward::primitive_desc(d, attr, dnnl_engine()); });
+    Plan plan{pd, dnnl::convolution_forward(pd), memory(pd.weights_desc(), dnnl_engine()),
+              memory::desc(src_dims, memory::data_type::u8, tag::nchw),
+              memory::desc(dst_dims, memory::data_type::s32, tag::nchw), std::nullopt, std::nullopt,
+              Shape{x[0], m_, geo.out[0], geo.out[1]}};
+    memory w_user({w_dims, memory::data_type::s8, group_ == 1 ? tag::oihw : tag::goihw}, dnnl_engine(), w_.raw());
+    dnnl::reorder(w_user, plan.weights).execute(dnnl_stream(), w_user, plan.weights);
+    dnnl_stream().wait();
+    auto reorder = [](const memory::desc& from, const memory::desc& to) {
+      return dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), from, dnnl_engine(), to));
+    };
+    if (pd.src_desc() != plan.src_user) plan.src_reorder = reorder(plan.src_user, pd.src_desc());
+    if (pd.dst_desc() != plan.dst_user) plan.dst_reorder = reorder(pd.dst_desc(), plan.dst_user);
+    return plans_.emplace(key, std::move(plan)).first->second;
+  }
+
+  const ir::Node& node_;
+  Tensor w_;
+  int64_t m_ = 0, group_ = 1;
+  std::vector<int32_t> w_sum_;
+  Tensor xq_, padded_, acc_;  // scratch kept between runs: x's codes, padded, the s32 sums
+  dnnl_kernels::WindowAttrs window_;
+  std::vector<float> w_scale_, bias_;
+  std::map<Shape, Plan> plans_;
+};
+}  // namespace
+
+std::unique_ptr<Kernel> make_dynamic_conv(const KernelInit& init) { return std::make_unique<DynamicConvKernel>(init); }
+std::unique_ptr<Kernel> make_dynamic_matmul(const KernelInit& init) { return std::make_unique<DynamicMatMulKernel>(init); }
+
+}  // namespace slimquant::runtime

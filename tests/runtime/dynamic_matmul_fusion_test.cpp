@@ -1,0 +1,196 @@
+// The fused dynamically quantized MatMul (fusions/dynamic_matmul_fusion.cpp,
+// kernels/integer/dynamic_matmul.cpp): the quantize_dynamic chain DynamicQuantizeLinear ->
+// MatMulInteger -> Cast -> Mul (-> Add) runs as one node whose output equals the op-by-op
+// execution's and the closed form's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "runtime/fusions/execution_fusions.h"
+#include "runtime/kernels/integer/int8_common.h"
+#include "slimquant/runtime/session.h"
+
+using namespace slimquant;
+
+namespace {
+
+ir::Node node(const std::string& op, std::vector<std::string> in, std::vector<std::string> out) {
+  ir::Node n;
+  n.op_type = op;
+  n.name = out[0] + "_node";
+  n.inputs = std::move(in);
+  n.outputs = std::move(out);
+  return n;
+}
+
+// y = dynamic MatMul of x by w with bias b, y2 = the same x by w2 without bias (one
+// DynamicQuantizeLinear for both, as the exporter writes a shared activation).
+ir::Graph dynamic_matmuls(int64_t k, int64_t n, std::mt19937& rng) {
+  ir::Graph g;
+  g.name = "dynamic_matmuls";
+  g.opset = 13;
+  ir::ValueInfo x;
+  x.name = "x";
+  x.dtype = DType::kFloat32;
+  g.inputs = {x};
+  std::uniform_int_distribution<int> code(-127, 127);
+  std::uniform_real_distribution<float> u(0.001f, 0.02f);
+  for (const char* w : {"w", "w2"}) {
+    Tensor t(DType::kInt8, {k, n});
+    for (auto& v : t.values<int8_t>()) v = static_cast<int8_t>(code(rng));
+    t.data<int8_t>()[0] = 127;  // full range: oneDNN's u8 x s8 sums are exact only with VNNI
+    g.initializers[w] = t;
+    Tensor s(DType::kFloat32, {n});
+    for (auto& v : s.values<float>()) v = u(rng);
+    g.initializers[std::string(w) + "_scale"] = s;
+  }
+  g.initializers["w_zero_point"] = Tensor(DType::kInt8, {n});
+  Tensor b(DType::kFloat32, {n});
+  for (auto& v : b.values<float>()) v = u(rng) * 50.f - 0.5f;
+  g.initializers["b"] = b;
+  g.nodes = {node("DynamicQuantizeLinear", {"x"}, {"xq", "xs", "xz"})};
+  for (const std::string w : {"w", "w2"}) {
+    g.nodes.push_back(node("MatMulInteger", {"xq", w, "xz", "w_zero_point"}, {w + "_acc"}));
+    ir::Node cast = node("Cast", {w + "_acc"}, {w + "_accf"});
+    cast.attrs["to"] = int64_t{1};
+    g.nodes.push_back(cast);
+    g.nodes.push_back(node("Mul", {"xs", w + "_scale"}, {w + "_scales"}));
+  }
+  g.nodes.push_back(node("Mul", {"w_accf", "w_scales"}, {"scaled"}));
+  g.nodes.push_back(node("Add", {"scaled", "b"}, {"y"}));
+  g.nodes.push_back(node("Mul", {"w2_accf", "w2_scales"}, {"y2"}));
+  g.outputs = {{"y", DType::kFloat32, std::nullopt}, {"y2", DType::kFloat32, std::nullopt}};
+  return g;
+}
+
+TEST(DynamicMatMulFusion, FusedEqualsOpByOpAndTheClosedForm) {
+  std::mt19937 rng(3);
+  const int64_t k = 96, n = 40;
+  const ir::Graph g = dynamic_matmuls(k, n, rng);
+  {
+    ir::Graph fused = g;
+    const ir::RuleCounts counts = runtime::apply_execution_fusions(fused, {"x", "y", "y2"});
+    EXPECT_EQ(ir::count_of(counts, "fuse_dynamic_matmul"), 2);
+    ASSERT_EQ(fused.nodes.size(), 2u) << "one node per MatMul; the shared DynamicQuantizeLinear is gone";
+    for (const auto& nd : fused.nodes) EXPECT_EQ(nd.op_type, "DynamicQuantMatMul");
+  }
+  runtime::SessionOptions unfused_options;
+  unfused_options.fuse_activations = false;
+  runtime::Session fused(g), unfused(g, unfused_options);
+  for (const Shape& shape : {Shape{1, k}, Shape{3, 7, k}, Shape{64, k}}) {
+    Tensor x(DType::kFloat32, shape);
+    std::uniform_real_distribution<float> u(-1.5f, 3.f);
+    for (auto& v : x.values<float>()) v = u(rng);
+    const auto a = fused.run({{"x", x}});
+    const auto b = unfused.run({{"x", x}});
+    // The closed form: DynamicQuantizeLinear's parameters and codes, exact integer sums.
+    float lo = 0, hi = 0;
+    for (float v : x.values<float>()) lo = std::min(lo, v), hi = std::max(hi, v);
+    const float sx = (hi - lo) / 255.f;
+    const int zx = static_cast<int>(std::nearbyint(-lo / sx));
+    const int64_t m = x.numel() / k;
+    for (const std::string out : {"y", "y2"}) {
+      const std::string w = out == "y" ? "w" : "w2";
+      const Tensor& ya = a.at(out);
+      const Tensor& yb = b.at(out);
+      Shape want(shape.begin(), shape.end() - 1);
+      want.push_back(n);
+      ASSERT_EQ(ya.shape(), want);
+      ASSERT_EQ(yb.shape(), want);
+      const int8_t* wq = g.initializer(w)->data<int8_t>();
+      const float* ws = g.initializer(w + "_scale")->data<float>();
+      float range = 0, worst_unfused = 0, worst_closed = 0;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          int64_t acc = 0;
+          for (int64_t l = 0; l < k; ++l) {
+            const float q = std::nearbyint(x.data<float>()[i * k + l] / sx) + static_cast<float>(zx);
+            acc += (static_cast<int64_t>(std::clamp(q, 0.f, 255.f)) - zx) * wq[l * n + j];
+          }
+          float expect = static_cast<float>(acc) * (sx * ws[j]);
+          if (out == "y") expect += g.initializer("b")->data<float>()[j];
+          const float va = ya.data<float>()[i * n + j], vb = yb.data<float>()[i * n + j];
+          range = std::max(range, std::abs(vb));
+          worst_unfused = std::max(worst_unfused, std::abs(va - vb));
+          worst_closed = std::max(worst_closed, std::abs(va - expect));
+        }
+      // Equal integers: only the rounding of the final multiply (and add) may differ.
+      EXPECT_LE(worst_unfused, 1e-6f * range) << out << " " << shape_str(shape);
+      EXPECT_LE(worst_closed, 1e-5f * range) << out << " " << shape_str(shape);
+      EXPECT_GT(range, 0.f);
+    }
+  }
+}
+
+// The exporter's ConvInteger form: u8 weights = s8 codes + 128 with one zero point 128, per-channel
+// scales and bias as [1, M, 1, 1]; stride 2, pads 1, and a grouped convolution.
+TEST(DynamicMatMulFusion, FusedConvolutionEqualsOpByOp) {
+  std::mt19937 rng(9);
+  for (const int64_t group : {int64_t{1}, int64_t{2}}) {
+    const int64_t c = 4, m = 6;
+    ir::Graph g;
+    g.name = "dynamic_conv";
+    g.opset = 13;
+    ir::ValueInfo x;
+    x.name = "x";
+    x.dtype = DType::kFloat32;
+    g.inputs = {x};
+    Tensor w(DType::kUInt8, {m, c / group, 3, 3});
+    std::uniform_int_distribution<int> code(1, 255);
+    for (auto& v : w.values<uint8_t>()) v = static_cast<uint8_t>(code(rng));
+    w.data<uint8_t>()[0] = 1;  // -127: full range
+    g.initializers["w"] = w;
+    g.initializers["w_zero_point"] = Tensor::scalar<uint8_t>(128);
+    Tensor s(DType::kFloat32, {1, m, 1, 1}), b(DType::kFloat32, {1, m, 1, 1});
+    std::uniform_real_distribution<float> u(0.001f, 0.02f);
+    for (auto& v : s.values<float>()) v = u(rng);
+    for (auto& v : b.values<float>()) v = u(rng) * 50.f - 0.5f;
+    g.initializers["w_scale"] = s;
+    g.initializers["b"] = b;
+    ir::Node conv = node("ConvInteger", {"xq", "w", "xz", "w_zero_point"}, {"acc"});
+    conv.attrs["pads"] = std::vector<int64_t>{1, 1, 1, 1};
+    conv.attrs["strides"] = std::vector<int64_t>{2, 2};
+    conv.attrs["group"] = group;
+    ir::Node cast = node("Cast", {"acc"}, {"accf"});
+    cast.attrs["to"] = int64_t{1};
+    g.nodes = {node("DynamicQuantizeLinear", {"x"}, {"xq", "xs", "xz"}), conv, cast,
+               node("Mul", {"xs", "w_scale"}, {"scales"}), node("Mul", {"accf", "scales"}, {"scaled"}),
+               node("Add", {"scaled", "b"}, {"y"})};
+    g.outputs = {{"y", DType::kFloat32, std::nullopt}};
+    {
+      ir::Graph fused = g;
+      const int expected = runtime::int8::cpu_has_exact_int8_dot() ? 1 : 0;  // the fused one needs VNNI
+      EXPECT_EQ(ir::count_of(runtime::apply_execution_fusions(fused, {"x", "y"}), "fuse_dynamic_matmul"), expected);
+    }
+    runtime::SessionOptions unfused_options;
+    unfused_options.fuse_activations = false;
+    runtime::Session fused(g), unfused(g, unfused_options);
+    for (const Shape& shape : {Shape{1, c, 9, 9}, Shape{3, c, 16, 12}}) {
+      Tensor xt(DType::kFloat32, shape);
+      std::uniform_real_distribution<float> ux(-0.7f, 2.f);
+      for (auto& v : xt.values<float>()) v = ux(rng);
+      const Tensor ya = fused.run({{"x", xt}}).at("y");
+      const Tensor yb = unfused.run({{"x", xt}}).at("y");
+      ASSERT_EQ(ya.shape(), yb.shape());
+      EXPECT_EQ(ya.shape(), (Shape{shape[0], m, (shape[2] + 1) / 2, (shape[3] + 1) / 2}));
+      float range = 0, worst = 0;
+      for (int64_t i = 0; i < ya.numel(); ++i) {
+        range = std::max(range, std::abs(yb.data<float>()[i]));
+        worst = std::max(worst, std::abs(ya.data<float>()[i] - yb.data<float>()[i]));
+      }
+      EXPECT_LE(worst, 1e-6f * range) << "group " << group << " " << shape_str(shape);
+      EXPECT_GT(range, 0.f);
+    }
+  }
+}
+
+// A chain whose intermediate value is kept (a hook, a requested output) stays op by op.
+TEST(DynamicMatMulFusion, KeptIntermediatesAreNotFused) {
+  std::mt19937 rng(5);
+  ir::Graph g = dynamic_matmuls(16, 8, rng);
+  const ir::RuleCounts counts = runtime::apply_execution_fusions(g, {"x", "y", "y2", "w_accf", "w2_scales"});
+  EXPECT_EQ(ir::count_of(counts, "fuse_dynamic_matmul"), 0);
+}
+
+}  // namespace
