@@ -78,11 +78,11 @@ Action register_quantize(CLI::App& app) {
       fallback_sqnr_db = parse_config_double(extra["fallback_sqnr_db"], "fallback_sqnr_db");
     apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     if (!a->mode.empty()) config.mode = quant::parse_quant_mode(a->mode);
-    const bool weight_only = !quant::needs_calibration(config.mode);  // weight-only or dynamic: no data
+    const bool uncalibrated = !quant::needs_calibration(config.mode);  // weight-only or dynamic: no activation ranges
     // Flags that only a calibration uses would be silently ignored.
     for (const char* calibration_flag : {"--algo", "--hist-percent", "--batch-size", "--batch-nums", "--activation-quantize-type",
                                          "--is-use-cache-file", "--fallback-sqnr"})
-      SQ_CHECK(!weight_only || !flag_given(calibration_flag), ErrorKind::kInvalidArgument,
+      SQ_CHECK(!uncalibrated || !flag_given(calibration_flag), ErrorKind::kInvalidArgument,
                std::string(calibration_flag) + " sets up the calibration of activations, which --mode " +
                    quant::quant_mode_name(config.mode) + " does not run (it needs no data)");
     SQ_CHECK(batch_size > 0, ErrorKind::kInvalidArgument, "--batch-size must be at least 1");
@@ -107,13 +107,13 @@ Action register_quantize(CLI::App& app) {
     if (!flags.side_inputs.empty()) model_inputs = ir::load_model(model_file);
     const ir::Graph* for_ranks = model_inputs ? &*model_inputs : nullptr;
     // Weight-only needs no data; given, it is the evaluation's.
-    const bool no_data = weight_only && flags.dataset.empty();
+    const bool no_data = uncalibrated && flags.dataset.empty();
     auto dataset = no_data ? nullptr : data::open_dataset(flags.options("quantize: the calibration", for_ranks));
     if (no_data && a->eval_data.empty() && !a->eval_command.given()) metric.reset();
 
     quant::PostTrainingQuantizationOptions po;
     po.model_dir = model_file;
-    po.dataset = weight_only ? nullptr : dataset.get();
+    po.dataset = uncalibrated ? nullptr : dataset.get();
     po.batch_size = batch_size;
     if (batch_nums > 0) po.batch_nums = batch_nums;
     po.config = config;
@@ -135,7 +135,7 @@ Action register_quantize(CLI::App& app) {
       for (const auto& n : qdq.nodes) dynamic += n.op_type == "MatMulInteger" || n.op_type == "ConvInteger";
       std::cout << "quantized " << dynamic << " layers dynamically (" << weight_bits
                 << "-bit weights per channel, activation scales computed per inference)";
-    } else if (weight_only) {
+    } else if (config.mode == quant::QuantMode::kWeightOnly) {
       size_t weighted = 0;
       for (const auto& l : ptq.ptq().layers()) weighted += l.weight.empty() ? 0 : 1;
       std::cout << "quantized the weights of " << weighted << " layers (" << config.global().weight << ", " << weight_bits
@@ -148,7 +148,7 @@ Action register_quantize(CLI::App& app) {
     }
     if (rep.resumed_batches) std::cout << " (" << rep.resumed_batches << " batches resumed from the cache)";
     std::cout << " -> " << a->output << std::endl;
-    if (config.deploy_backend == quant::DeployBackend::kSlimquant && !weight_only)
+    if (config.deploy_backend == quant::DeployBackend::kSlimquant && !uncalibrated)
       std::cout << "the file is shaped for slimquant's runtime; for ONNX Runtime or TensorRT quantize with "
                    "--deploy-backend onnxruntime or tensorrt (docs/quantization.md)" << std::endl;
     const quant::ActivationAlgoChoice& algo_choice = ptq.algo_choice();

@@ -12,7 +12,7 @@ namespace slimquant::quant {
 
 namespace {
 
-// A class-score output: a graph output written by Softmax / LogSoftmax, and its class axis.
+// A class-score output: the Softmax / LogSoftmax result behind a graph output, and its class axis.
 struct DecisionOutput {
   std::string name;
   int64_t axis = -1;
@@ -21,13 +21,9 @@ struct DecisionOutput {
 
 std::vector<DecisionOutput> decision_outputs(const ir::Graph& g) {
   std::vector<DecisionOutput> out;
-  for (const auto& o : g.outputs) {
-    const int p = g.producer(o.name);
-    if (p < 0) continue;
-    const ir::Node& n = g.nodes[static_cast<size_t>(p)];
-    if (n.op_type != "Softmax" && n.op_type != "LogSoftmax") continue;
-    out.push_back({o.name, n.attr_int("axis", g.opset >= 13 ? -1 : 1), g.opset < 13});
-  }
+  for (const auto& o : g.outputs)
+    if (const ir::Node* n = softmax_writing(g, o.name))  // its own result: Reshape keeps the argmax of each row
+      out.push_back({n->outputs[0], n->attr_int("axis", g.opset >= 13 ? -1 : 1), g.opset < 13});
   return out;
 }
 

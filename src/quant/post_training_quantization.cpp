@@ -163,8 +163,8 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   QuantConfig config = make_config();
   const int sources = (o.dataset != nullptr) + static_cast<int>(static_cast<bool>(o.sample_generator)) +
                       static_cast<int>(static_cast<bool>(o.batch_generator));
-  const bool weight_only = !needs_calibration(config.mode);  // weight-only and dynamic read no data
-  SQ_CHECK(sources == 1 || (weight_only && sources == 0), ErrorKind::kInvalidArgument,
+  const bool uncalibrated = !needs_calibration(config.mode);  // weight-only and dynamic read no data
+  SQ_CHECK(sources == 1 || (uncalibrated && sources == 0), ErrorKind::kInvalidArgument,
            "PostTrainingQuantization: give exactly one calibration source, dataset, sample_generator or "
            "batch_generator (data_loader)");
   SQ_CHECK(o.batch_size > 0, ErrorKind::kInvalidArgument, "batch_size must be at least 1");
@@ -197,7 +197,7 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   fallback_ = {};
   algo_choice_ = {};
   std::map<std::string, std::string> quantized_metadata;
-  if (weight_only) {  // nothing to calibrate: the weights quantize from their own values
+  if (uncalibrated) {  // nothing to calibrate: the weights quantize from their own values
     if (sources > 0)
       warnings_.push_back(std::string(quant_mode_name(ptq_->config().mode)) + " mode: the calibration data is not used");
     quantized_ = ptq_->convert();

@@ -39,13 +39,20 @@ std::set<std::string> PrecisionFallbackResult::quantized_layers(const PTQ& ptq) 
 
 // Probabilities near 0 and 1 hide the logit errors that change a decision (PP-OCRv4 rec: two
 // fallback choices of equal probability SQNR differed by 8 points of exact match).
+const ir::Node* softmax_writing(const ir::Graph& g, const std::string& output) {
+  int p = g.producer(output);
+  // Opset < 13 Softmax on rank > 2, as the opset upgrade writes it: Reshape(Softmax(Flatten(x))).
+  if (p >= 0 && g.nodes[static_cast<size_t>(p)].op_type == "Reshape") p = g.producer(g.nodes[static_cast<size_t>(p)].input(0));
+  if (p < 0) return nullptr;
+  const ir::Node& n = g.nodes[static_cast<size_t>(p)];
+  return n.op_type == "Softmax" || n.op_type == "LogSoftmax" ? &n : nullptr;
+}
+
 std::vector<std::string> drift_measured_values(const ir::Graph& g) {
   std::vector<std::string> values;
   for (const auto& out : g.outputs) {
-    const int p = g.producer(out.name);
-    const bool softmax = p >= 0 && (g.nodes[static_cast<size_t>(p)].op_type == "Softmax" ||
-                                    g.nodes[static_cast<size_t>(p)].op_type == "LogSoftmax");
-    values.push_back(softmax ? g.nodes[static_cast<size_t>(p)].input(0) : out.name);
+    const ir::Node* softmax = softmax_writing(g, out.name);
+    values.push_back(softmax ? softmax->input(0) : out.name);
   }
   return values;
 }

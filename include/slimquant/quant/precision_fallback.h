@@ -46,8 +46,11 @@ struct PrecisionFallbackResult {
   std::set<std::string> quantized_layers(const PTQ& ptq) const;  // every layer but float_layers
 };
 
+// The Softmax / LogSoftmax node whose result a graph output is (directly, or through the Reshape
+// that follows an opset < 13 Softmax after the opset upgrade), or nullptr.
+const ir::Node* softmax_writing(const ir::Graph& graph, const std::string& output);
 // The values whose drift from FP32 is measured: the graph outputs, except that an output written by
-// Softmax / LogSoftmax is measured at its input (the logits).
+// Softmax / LogSoftmax (softmax_writing) is measured at its input (the logits).
 std::vector<std::string> drift_measured_values(const ir::Graph& graph);
 
 // SQNR in dB of `quantized` against `reference` over every float output they share.
