@@ -108,6 +108,9 @@ QuantConfig PostTrainingQuantization::make_config() const {
   c.bias_correction = options_.bias_correction;
   c.deploy_backend = parse_deploy_backend(options_.deploy_backend);
   c.mode = parse_quant_mode(options_.mode);
+  c.block_size = options_.block_size;
+  c.weight_rounding = parse_weight_rounding(options_.weight_rounding);
+  c.validate();
   return c;
 }
 
@@ -192,8 +195,11 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   quantized_.reset();
   report_ = {};
   fallback_ = {};
-  if (weight_only) {  // nothing to calibrate: the weights quantize from their own values
+  // GPTQ (4-bit weight-only) calibrates: it needs each layer's input statistics.
+  const bool gptq = weight_only && ptq_->config().weight_rounding == WeightRounding::kGptq;
+  if (weight_only && !(gptq && sources > 0)) {  // nothing to calibrate: the weights quantize from their own values
     if (sources > 0) warnings_.push_back("weight-only mode: the calibration data is not used");
+    if (gptq) warnings_.push_back("weight_rounding gptq needs calibration data and none was given: rounding to nearest (rtn)");
     quantized_ = ptq_->convert_weights_only();
     return *quantized_;
   }
@@ -214,6 +220,7 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   // Without a cache_dir the calibration is still kept while the job runs, in the user's cache: a
   // job that fails after a long calibration (precision recovery, export) resumes from it.
   checkpoint_ = o.is_use_cache_file ? cache_path() : default_calibration_checkpoint();
+  if (gptq) checkpoint_.clear();  // the cache holds observers, not GPTQ's X^T X: not resumable
   const std::string& checkpoint = checkpoint_;
   if (!checkpoint.empty()) {
     // Distributed: rank 0 alone keeps the cache (it holds the first batches, the others are merged
@@ -355,7 +362,7 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   // The finished calibration is kept until the model is converted.
   if (!checkpoint.empty() && distributed::size() == 1 && report_.batches > report_.resumed_batches)
     ptq_->save_calibration_state(checkpoint, data_identity());
-  if (!fallback_samples.empty()) {
+  if (!fallback_samples.empty() && !weight_only) {
     PrecisionFallbackOptions fo;
     fo.target_sqnr_db = o.fallback_sqnr_db;
     fo.max_float_fraction = o.fallback_max_float_fraction;

@@ -7,6 +7,7 @@
 #include "runtime/fused_ops/fused_activation.h"
 #include "runtime/fusions/channel_quantize_fusion.h"
 #include "runtime/fusions/dequantize_fusion.h"
+#include "runtime/fusions/qb4w_matmul_fusion.h"
 #include "runtime/fusions/scaled_operand_fusion.h"
 #include "runtime/fusions/upsample_fusion.h"
 #include "runtime/fused_ops/residual_conv.h"
@@ -347,6 +348,7 @@ std::vector<ir::Rule> execution_fusion_rules() {
   // activation fusion then puts into the producing Conv.
   std::vector<ir::Rule> rules = ir::execution_merge_rules();
   std::vector<ir::Rule> fusions = {
+      qb4w_matmul_fusion_rule(),  // first: it takes only a plain MatMul / Gemm
       ir::make_rule<ActivationFusion>("fuse_activation", select_activation, fuse_activation),
       ir::make_rule<ResidualAdd>("fuse_residual_add", select_residual_add, fuse_residual_add),
       ir::make_rule<QuantizedOutput>("fold_quantize_into_residual_qconv", select_residual_qconv_quantize,
