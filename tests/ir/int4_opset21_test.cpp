@@ -38,7 +38,7 @@ ir::Graph blocked_dequantize_graph(int64_t opset) {
   mm.inputs = {"x", "w"};
   mm.outputs = {"y"};
   g.nodes = {dq, mm};
-  g.inputs = {ir::ValueInfo{"x", DType::kFloat32, std::vector<ir::Dim>{ir::Dim{1}, ir::Dim{3}}}};
+  g.inputs = {ir::ValueInfo{"x", DType::kFloat32, std::vector<ir::Dim>{ir::Dim{1, ""}, ir::Dim{3, ""}}}};
   g.outputs = {ir::ValueInfo{"y", DType::kFloat32, std::nullopt}};
   return g;
 }

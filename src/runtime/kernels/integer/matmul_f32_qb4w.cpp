@@ -18,6 +18,10 @@
 #include <dnnl.h>
 #include <immintrin.h>
 #include <omp.h>
+// GCC 12's AVX-512 intrinsic headers start some results from _mm512_undefined_*(), which
+// -Wmaybe-uninitialized reports once they are inlined here (as in int8_depthwise.cpp).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include <algorithm>
 #include <cstring>
