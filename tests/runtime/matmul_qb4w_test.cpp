@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 
 #include "graph_builder.h"
@@ -69,7 +70,7 @@ std::vector<double> reference(const Case& c, const Built& b, const Tensor& a) {
   return y;
 }
 
-TEST(MatMulQb4w, FusedKernelEqualsDequantizeLinearThenMatMul) {
+void expect_fused_equals_unfused() {
   std::mt19937 rng(7);
   // K a multiple of the block and not (the last block shorter, as ONNX allows: scales take
   // ceil(K / block_size) blocks), K below 32, batch 1, a few rows (the 4-bit dot products) and many
@@ -105,6 +106,16 @@ TEST(MatMulQb4w, FusedKernelEqualsDequantizeLinearThenMatMul) {
       EXPECT_NEAR(got.data<float>()[i], exact[static_cast<size_t>(i)], bound) << i;
     }
   }
+}
+
+TEST(MatMulQb4w, FusedKernelEqualsDequantizeLinearThenMatMul) {
+  // Every ISA path this CPU can run (SLIMQUANT_QB4W_ISA caps the kernel's choice at creation).
+  for (const char* isa : {"avx512", "avx2", "scalar"}) {
+    SCOPED_TRACE(isa);
+    setenv("SLIMQUANT_QB4W_ISA", isa, 1);
+    expect_fused_equals_unfused();
+  }
+  unsetenv("SLIMQUANT_QB4W_ISA");
 }
 
 TEST(MatMulQb4w, BlockedDequantizeLinearNeedsMatchingScales) {
