@@ -1,4 +1,5 @@
-// QuantizeLinear / DequantizeLinear (opsets 10 and 13: per tensor, and per axis from 13) and the
+// QuantizeLinear / DequantizeLinear (opsets 10 and 13: per tensor, and per axis from 13; blocked
+// DequantizeLinear from 21, dequantize_blocked) and the
 // fused fake-quantization used by simulation, with core/quant_param.h's arithmetic:
 //   q = saturate(round_half_even(x / s) + z)        y = float(q - z) * s
 // (saturation before rounding, on v = x / s against [qmin - z, qmax - z]). Every loop vectorises.
@@ -636,8 +637,8 @@ void dequantize_blocked_typed(const Q* x, const float* s, const Q* z, float* y, 
 }
 }  // namespace
 
-static void dequantize_blocked(const Tensor& x, const Tensor& scale, const Tensor* zero_point, int64_t axis, int64_t block,
-                        Tensor& y, const std::string& who) {
+static void dequantize_blocked(const Tensor& x, const Tensor& scale, const Tensor* zero_point, int64_t axis,
+                               int64_t block, Tensor& y, const std::string& who) {
   SQ_CHECK(scale.dtype() == DType::kFloat32, ErrorKind::kInvalidArgument,
            who + ": scale must be float32, got " + dtype_name(scale.dtype()));
   SQ_CHECK(x.dtype() == DType::kInt8 || x.dtype() == DType::kUInt8, ErrorKind::kUnsupported,
