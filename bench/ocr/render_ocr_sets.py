@@ -10,6 +10,10 @@ line of text.
 
 Output (under --out, default bench/ocr/sets):
   rec_calib/, rec_test/  x.npy [N,3,48,320] float32 + labels.txt (one UTF-8 line per sample)
+  rec_hard_calib/, rec_hard_test/  the same for lines of 4-14 characters drawn uniformly from the
+                         whole key file (rare characters and symbols included; what both CJK fonts
+                         draw): harder than natural text, and harder than the calibration of a
+                         model prepares it for
   cls_calib/, cls_test/  x.npy [N,3,48,192] float32 + labels.npy (0 = upright, 1 = rotated 180)
   det_calib/, det_test/  x.npy [N,3,640,640] float32 (pages of several lines; no labels: det is
                          scored against the FP32 model with --metric mask_iou)
@@ -44,7 +48,7 @@ DET_SIZE = 640
 DET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 DET_STD = np.array([0.229, 0.224, 0.225], np.float32)
 # Seeds per set: distinct, so the sets differ; fixed, so reruns give the same bytes.
-SEEDS = {"rec_calib": 1001, "rec_test": 2002, "cls_calib": 3003, "cls_test": 4004, "det_calib": 5005, "det_test": 6006}
+SEEDS = {"rec_hard_calib": 7007, "rec_hard_test": 8008, "rec_calib": 1001, "rec_test": 2002, "cls_calib": 3003, "cls_test": 4004, "det_calib": 5005, "det_test": 6006}
 
 
 def read_keys(path):
@@ -87,6 +91,8 @@ class CharPools:
         self.digits = [c for c in string.digits if c in keyset]
         self.punct = [c for c in ",.:;-/()%!?&" if c in keyset]
         self.cn_punct = [c for c in "，。：；、（）！？" if c in keyset]
+        # Every key both CJK fonts draw (they cover the Latin keys too), the space excepted.
+        self.any_key = sorted(covered([c for c in keyset if c.strip() == c and c], CJK_FONTS))
         if len(self.chinese) < 1000 or len(self.lower) < 26 or len(self.digits) < 10:
             sys.exit("error: the key file or the fonts lack the expected characters "
                      f"({len(self.chinese)} Chinese, {len(self.lower)} lowercase, {len(self.digits)} digits)")
@@ -125,6 +131,11 @@ def make_text(rng, pools):
     cn = "".join(rng.choice(pools.chinese) for _ in range(rng.randint(2, 6)))
     other = latin_word(rng, pools) if rng.random() < 0.5 else "".join(rng.choice(pools.digits) for _ in range(rng.randint(1, 5)))
     return (cn + other if rng.random() < 0.5 else other + cn), "cn"
+
+
+def random_key_text(rng, pools):
+    """A line of 4-14 characters drawn uniformly from the whole key file."""
+    return "".join(rng.choice(pools.any_key) for _ in range(rng.randint(4, 14))), "cn"
 
 
 def colours(rng):
@@ -179,11 +190,11 @@ def rec_preprocess(rgb, width):
     return out
 
 
-def unique_lines(rng, pools, count, taken):
-    """`count` (text, script) pairs, none in `taken` (which gains them)."""
+def unique_lines(rng, pools, count, taken, make=make_text):
+    """`count` (text, script) pairs from make(rng, pools), none in `taken` (which gains them)."""
     out = []
     while len(out) < count:
-        text, script = make_text(rng, pools)
+        text, script = make(rng, pools)
         if text in taken or text.strip() != text:
             continue
         taken.add(text)
@@ -256,6 +267,8 @@ def main():
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "sets"))
     p.add_argument("--rec-calib", type=int, default=200)
     p.add_argument("--rec-test", type=int, default=400)
+    p.add_argument("--rec-hard-calib", type=int, default=200)
+    p.add_argument("--rec-hard-test", type=int, default=400)
     p.add_argument("--cls-calib", type=int, default=200)
     p.add_argument("--cls-test", type=int, default=400)
     p.add_argument("--det-calib", type=int, default=8)
@@ -271,6 +284,10 @@ def main():
                                 ("cls_calib", args.cls_calib, write_cls), ("cls_test", args.cls_test, write_cls)]:
         rng, nrng = random.Random(SEEDS[name]), np.random.default_rng(SEEDS[name])
         n = writer(args.out, name, unique_lines(rng, pools, count, taken), rng, nrng)
+        print(f"{name}: {n} lines -> {os.path.join(args.out, name)}")
+    for name, count in [("rec_hard_calib", args.rec_hard_calib), ("rec_hard_test", args.rec_hard_test)]:
+        rng, nrng = random.Random(SEEDS[name]), np.random.default_rng(SEEDS[name])
+        n = write_rec(args.out, name, unique_lines(rng, pools, count, taken, random_key_text), rng, nrng)
         print(f"{name}: {n} lines -> {os.path.join(args.out, name)}")
     for name, pages in [("det_calib", args.det_calib), ("det_test", args.det_test)]:
         rng, nrng = random.Random(SEEDS[name]), np.random.default_rng(SEEDS[name])

@@ -19,6 +19,7 @@
 #include "slimquant/core/progress.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
+#include "slimquant/quant/algo_choice.h"
 #include "slimquant/quant/ptq.h"
 
 namespace slimquant::cli {
@@ -188,6 +189,19 @@ Action register_analyze(CLI::App& app) {
     }
     progress.finish();
     ptq.merge_calibration_across_ranks();
+    // algo auto: layers are ranked under the observer quantize would choose, compared on the samples
+    // after the calibrated ones when the data has them.
+    quant::ActivationAlgoChoice algo_choice;
+    if (const size_t candidates = ptq.selectable_activation_algos().size()) {
+      const size_t calibrated = std::min(batches * batch_size, calib->size());
+      const size_t rows = quant::algo_choice_samples(calibrated, candidates);
+      const bool unseen = calib->size() > calibrated;
+      const size_t first = unseen ? calibrated : 0;
+      algo_choice = quant::choose_activation_algo(
+          ptq, loader.load_range(first, std::min(rows, calib->size() - first)).feeds(main_input), unseen);
+      if (distributed::is_root())
+        std::cout << "activation observer: auto chose " << algo_choice.describe() << "; --algo NAME fixes one" << std::endl;
+    }
     const double calib_seconds = progress.elapsed_seconds();
 
     analysis::PtqAnalysisOptions po;
@@ -197,6 +211,7 @@ Action register_analyze(CLI::App& app) {
     po.num_threads = a->threads;
     po.fingerprint_extra = {{"calibration", calib->name() + " x" + std::to_string(calib->size())},
                             {"calibration_batches", std::to_string(batches) + "x" + std::to_string(batch_size)}};
+    if (!algo_choice.chosen.empty()) po.fingerprint_extra["activation_algo"] = algo_choice.chosen;
     if (user_metric) po.fingerprint_extra["eval_command"] = {{"command", a->eval_command.command}, {"key", a->eval_command.key}};
     auto t0 = std::chrono::steady_clock::now();
     analysis::SensitivityReport report = user_metric ? analysis::analyze_ptq(ptq, *user_metric, po)
@@ -205,6 +220,7 @@ Action register_analyze(CLI::App& app) {
     report.timings["calibration_seconds"] = calib_seconds;
     report.timings["analysis_seconds"] = analysis_seconds;
     report.extra["model"] = model;
+    if (!algo_choice.chosen.empty()) report.extra["activation_algo"] = algo_choice.chosen;
     if (user_metric) {
       report.extra["eval_command"] = a->eval_command.command;
       report.extra["calibration"] = calib->name();

@@ -161,6 +161,9 @@ Action register_quantize(CLI::App& app) {
     if (config.deploy_backend == quant::DeployBackend::kSlimquant && !weight_only)
       std::cout << "the file is shaped for slimquant's runtime; for ONNX Runtime or TensorRT quantize with "
                    "--deploy-backend onnxruntime or tensorrt (docs/quantization.md)" << std::endl;
+    const quant::ActivationAlgoChoice& algo_choice = ptq.algo_choice();
+    if (!algo_choice.chosen.empty())
+      std::cout << "activation observer: auto chose " << algo_choice.describe() << "; --algo NAME fixes one" << std::endl;
     const quant::PrecisionFallbackResult& fallback = ptq.fallback();
     if (fallback.triggered) {
       std::cout << "precision fallback: INT8 output SQNR " << std::setprecision(1) << fallback.sqnr_db_per_tensor
@@ -191,6 +194,7 @@ Action register_quantize(CLI::App& app) {
                      {"weight_bits", weight_bits},
                      {"deploy_backend", quant::deploy_backend_name(config.deploy_backend)},
                      {"mode", quant::quant_mode_name(config.mode)},
+                     {"algo", algo_choice.chosen.empty() ? config.global().activation : algo_choice.chosen},
                      {"fallback_float_layers", fallback.float_layers},
                      {"fallback_channel_wise_conv_inputs", fallback.channel_wise_conv_inputs},
                      {"fallback_sqnr_db_per_tensor", fallback.sqnr_db_per_tensor},
@@ -202,6 +206,13 @@ Action register_quantize(CLI::App& app) {
                      {"output", a->output},
                      {"fp32_bytes", fp32_bytes},
                      {"int8_bytes", int8_bytes}};
+    if (!algo_choice.chosen.empty()) {
+      nlohmann::json measured = nlohmann::json::object();
+      for (const auto& [algo, db] : algo_choice.sqnr_db) measured[algo] = db;
+      j["algo_choice_sqnr_db"] = measured;
+      j["algo_choice_samples"] = algo_choice.samples;
+      j["algo_choice_held_back"] = algo_choice.held_back;
+    }
     if (user_metric) {
       // The user's program scores the model files themselves: the FP32 input and the QDQ output.
       const double v_fp32 = analysis::run_metric_command(a->eval_command.options(), model_file);

@@ -51,7 +51,9 @@ static std::string shortest_text(float value) {
 
 void add_ptq_flags(CLI::App* app, PtqFlags& f, PtqFlagSet set) {
   const bool calibration = set == PtqFlagSet::kCalibration;
-  app->add_option("--algo", f.algo, "activation observer: emd, mse, KL, hist, abs_max (direct), min_max, avg")
+  app->add_option("--algo", f.algo, "activation observer: auto (each of emd, KL, mse, hist and avg calibrated, and the one whose INT8 "
+                  "model stays closest to FP32 on samples held back from calibration kept; QAT: emd), emd, mse, KL, "
+                  "hist, abs_max (direct), min_max, avg")
       ->default_str(quant::QuantRule().activation);
   if (calibration) {
     app->add_option("--hist-percent", f.hist_percent, "percentile for algo hist")

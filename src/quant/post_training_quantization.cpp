@@ -1,5 +1,6 @@
 #include "slimquant/quant/post_training_quantization.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,8 @@ namespace slimquant::quant {
 namespace {
 // Calibration samples the precision fallback compares against FP32 (each candidate is one run).
 constexpr size_t kFallbackSamples = 8;
+// The first calibration rows kept for the comparisons after calibration (algo_choice_samples: 16 at most).
+constexpr size_t kFirstRows = std::max<size_t>(kFallbackSamples, 16);
 }  // namespace
 
 namespace {
@@ -195,6 +198,8 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   quantized_.reset();
   report_ = {};
   fallback_ = {};
+  algo_choice_ = {};
+  std::map<std::string, std::string> quantized_metadata;
   // GPTQ (4-bit weight-only) calibrates: it needs each layer's input statistics.
   const bool gptq = weight_only && ptq_->config().weight_rounding == WeightRounding::kGptq;
   if (weight_only && !(gptq && sources > 0)) {  // nothing to calibrate: the weights quantize from their own values
@@ -203,8 +208,13 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     quantized_ = ptq_->convert_weights_only();
     return *quantized_;
   }
-  std::map<std::string, Tensor> fallback_samples;  // the first calibration samples
-  size_t calibrated_samples = 0;                     // resumed ones included
+  std::map<std::string, Tensor> first_rows;  // the first calibration samples (kFirstRows)
+  size_t calibrated_samples = 0;               // resumed ones included
+  const size_t algo_candidates = ptq_->selectable_activation_algos().size();
+  const bool keep_first_rows = o.fallback_sqnr_db > 0 || algo_candidates > 0;
+  // Samples that the calibration did not see, for algo "auto" (the data beyond batch_nums).
+  std::map<std::string, Tensor> held_back;
+  auto choice_rows = [&] { return algo_choice_samples(calibrated_samples, algo_candidates); };
 
   // The cache directory must be usable before any work is done.
   bool created_cache_dir = false;
@@ -265,8 +275,8 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     const distributed::Range mine = distributed::block_of(total - report_.resumed_batches);
     Progress progress("calibrate", report_.resumed_batches + mine.end - mine.begin, "batches");
     progress.advance(report_.resumed_batches);
-    if (o.fallback_sqnr_db > 0)
-      fallback_samples = loader.load_range(0, std::min<size_t>(kFallbackSamples, o.dataset->size())).feeds(main_input);
+    if (keep_first_rows)
+      first_rows = loader.load_range(0, std::min<size_t>(kFirstRows, o.dataset->size())).feeds(main_input);
     for (size_t i = report_.resumed_batches + mine.begin; i < report_.resumed_batches + mine.end; ++i) {
       data::Batch b = loader.batch(i);
       ptq_->sample(b.feeds(main_input));
@@ -278,6 +288,9 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     ptq_->merge_calibration_across_ranks();
     report_.samples = static_cast<size_t>(distributed::all_reduce_sum(static_cast<int64_t>(report_.samples)));
     calibrated_samples = std::min(total * o.batch_size, o.dataset->size());
+    if (algo_candidates > 0 && o.dataset->size() > calibrated_samples)
+      held_back = loader.load_range(calibrated_samples, std::min(choice_rows(), o.dataset->size() - calibrated_samples))
+                      .feeds(main_input);
   } else if (o.batch_generator) {
     // Resuming: the generator replays from the start; batches already observed are skipped.
     for (size_t i = 0; i < report_.resumed_batches; ++i) {
@@ -287,8 +300,8 @@ const ir::Graph& PostTrainingQuantization::quantize() {
                    " batches the calibration cache holds");
       std::map<std::string, Tensor> feeds = name_inputs(std::move(*skipped), float_graph_.inputs, "batch_generator");
       calibrated_samples += rows_of(feeds);
-      if (i == 0 && o.fallback_sqnr_db > 0)  // the samples a fresh run compares on
-        fallback_samples = leading_rows(feeds, kFallbackSamples);
+      if (i == 0 && keep_first_rows)  // the samples a fresh run compares on
+        first_rows = leading_rows(feeds, kFirstRows);
     }
     const size_t total = o.batch_nums.value_or(0);  // 0: until the generator ends
     Progress progress("calibrate", total, "batches");
@@ -298,7 +311,7 @@ const ir::Graph& PostTrainingQuantization::quantize() {
       auto batch = o.batch_generator();
       if (!batch) break;
       std::map<std::string, Tensor> feeds = name_inputs(std::move(*batch), float_graph_.inputs, "batch_generator");
-      if (fallback_samples.empty() && o.fallback_sqnr_db > 0) fallback_samples = leading_rows(feeds, kFallbackSamples);
+      if (first_rows.empty() && keep_first_rows) first_rows = leading_rows(feeds, kFirstRows);
       ptq_->sample(feeds);
       report_.samples += rows_of(feeds);
       ++done;
@@ -311,6 +324,9 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     if (o.batch_nums && done < *o.batch_nums)
       warnings_.push_back("batch_nums is " + std::to_string(*o.batch_nums) + " but the data_loader ended after " +
                           std::to_string(done) + " batches: calibrated on those");
+    else if (algo_candidates > 0 && o.batch_nums)
+      if (auto next = o.batch_generator())
+        held_back = leading_rows(name_inputs(std::move(*next), float_graph_.inputs, "batch_generator"), choice_rows());
   } else {
     std::map<std::string, size_t> ranks;
     for (const auto& in : float_graph_.inputs) ranks[in.name] = in.dims ? in.dims->size() : 0;
@@ -321,10 +337,10 @@ const ir::Graph& PostTrainingQuantization::quantize() {
       SQ_CHECK(skipped.has_value(), ErrorKind::kInvalidData,
                "sample_generator ended before the " + std::to_string(report_.resumed_batches) +
                    " batches the calibration cache holds");
-      if (o.fallback_sqnr_db > 0 && skipped_first.size() < std::min(kFallbackSamples, o.batch_size))
+      if (keep_first_rows && skipped_first.size() < std::min(kFirstRows, o.batch_size))
         skipped_first.push_back(name_inputs(std::move(*skipped), float_graph_.inputs, "sample_generator"));
     }
-    if (!skipped_first.empty()) fallback_samples = stack_samples(skipped_first, ranks);
+    if (!skipped_first.empty()) first_rows = stack_samples(skipped_first, ranks);
     const size_t total = o.batch_nums.value_or(0);  // 0: until the generator ends
     Progress progress("calibrate", total, "batches");
     progress.advance(report_.resumed_batches);
@@ -337,10 +353,10 @@ const ir::Graph& PostTrainingQuantization::quantize() {
         samples.push_back(name_inputs(std::move(*s), float_graph_.inputs, "sample_generator"));
       }
       if (samples.empty()) break;
-      if (fallback_samples.empty() && o.fallback_sqnr_db > 0) {
+      if (first_rows.empty() && keep_first_rows) {
         const std::vector<std::map<std::string, Tensor>> first(
-            samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(std::min(kFallbackSamples, samples.size())));
-        fallback_samples = stack_samples(first, ranks);
+            samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(std::min(kFirstRows, samples.size())));
+        first_rows = stack_samples(first, ranks);
       }
       ptq_->sample(stack_samples(samples, ranks));
       report_.samples += samples.size();
@@ -352,9 +368,18 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     progress.finish();
     SQ_CHECK(done > 0, ErrorKind::kInvalidData, "sample_generator gave no calibration samples");
     calibrated_samples = report_.resumed_batches * o.batch_size + report_.samples;
-    if (o.batch_nums && done < *o.batch_nums)
+    if (o.batch_nums && done < *o.batch_nums) {
       warnings_.push_back("batch_nums is " + std::to_string(*o.batch_nums) + " but sample_generator ended after " +
                           std::to_string(done) + " batches: calibrated on those");
+    } else if (algo_candidates > 0 && o.batch_nums) {
+      std::vector<std::map<std::string, Tensor>> next;
+      while (next.size() < choice_rows())
+        if (auto s = o.sample_generator())
+          next.push_back(name_inputs(std::move(*s), float_graph_.inputs, "sample_generator"));
+        else
+          break;
+      if (!next.empty()) held_back = stack_samples(next, ranks);
+    }
   }
   report_.batches = ptq_->samples_seen();
   ptq_->release_calibration_buffers();
@@ -362,7 +387,13 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   // The finished calibration is kept until the model is converted.
   if (!checkpoint.empty() && distributed::size() == 1 && report_.batches > report_.resumed_batches)
     ptq_->save_calibration_state(checkpoint, data_identity());
-  if (!fallback_samples.empty() && !weight_only) {
+  if (algo_candidates > 0 && !weight_only) {  // weight-only (GPTQ) quantizes no activation
+    const bool unseen = !held_back.empty();
+    algo_choice_ = choose_activation_algo(*ptq_, unseen ? held_back : leading_rows(first_rows, choice_rows()), unseen);
+    quantized_metadata["slimquant.activation_algo"] = algo_choice_.chosen;
+  }
+  if (o.fallback_sqnr_db > 0 && !first_rows.empty() && !weight_only) {
+    const std::map<std::string, Tensor> fallback_samples = leading_rows(first_rows, kFallbackSamples);
     PrecisionFallbackOptions fo;
     fo.target_sqnr_db = o.fallback_sqnr_db;
     fo.max_float_fraction = o.fallback_max_float_fraction;
@@ -372,6 +403,7 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     fallback_ = choose_precision_fallback(*ptq_, fallback_samples, fo);
   }
   quantized_ = fallback_.float_layers.empty() ? ptq_->convert() : ptq_->convert(fallback_.quantized_layers(*ptq_));
+  for (const auto& [key, value] : quantized_metadata) quantized_->metadata[key] = value;
   if (!fallback_.float_layers.empty()) {
     std::string names;
     for (const auto& l : fallback_.float_layers) names += (names.empty() ? "" : ", ") + l;

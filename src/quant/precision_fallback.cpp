@@ -37,12 +37,9 @@ std::set<std::string> PrecisionFallbackResult::quantized_layers(const PTQ& ptq) 
   return out;
 }
 
-namespace {
-// The values whose drift is measured: the graph outputs, except that an output written by Softmax
-// / LogSoftmax is measured before it. Probabilities near 0 and 1 hide the logit errors that change
-// a decision (PP-OCRv4 rec: two fallback choices of equal probability SQNR differed by 8 points of
-// exact match).
-std::vector<std::string> compared_values(const ir::Graph& g) {
+// Probabilities near 0 and 1 hide the logit errors that change a decision (PP-OCRv4 rec: two
+// fallback choices of equal probability SQNR differed by 8 points of exact match).
+std::vector<std::string> drift_measured_values(const ir::Graph& g) {
   std::vector<std::string> values;
   for (const auto& out : g.outputs) {
     const int p = g.producer(out.name);
@@ -52,6 +49,8 @@ std::vector<std::string> compared_values(const ir::Graph& g) {
   }
   return values;
 }
+
+namespace {
 
 // Rows of the first feed (every feed shares them).
 int64_t sample_count(const std::map<std::string, Tensor>& samples) {
@@ -158,7 +157,7 @@ PrecisionFallbackResult choose_precision_fallback(PTQ& ptq, const std::map<std::
   runtime::SessionOptions so;
   so.num_threads = 0;
   runtime::RunOptions compared;
-  compared.outputs = compared_values(ptq.float_graph());
+  compared.outputs = drift_measured_values(ptq.float_graph());
   AddedNoise added_noise(ptq);
   runtime::RunOptions reference_run = compared;
   if (!exact) added_noise.keep_in(reference_run);

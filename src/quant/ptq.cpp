@@ -557,6 +557,17 @@ void PTQ::merge_calibration_across_ranks() {
   load_channel_abs_max(merged, channel_abs_max_, false);
 }
 
+std::vector<std::string> PTQ::selectable_activation_algos() const {
+  for (const auto& [tensor, obs] : observers_)
+    if (obs->name() == "auto") return auto_algo_candidates();
+  return {};
+}
+
+void PTQ::select_activation_algo(const std::string& algo) {
+  for (auto& [tensor, obs] : observers_) select_auto_candidate(*obs, algo);
+  selected_activation_algo_ = algo;
+}
+
 std::vector<std::string> PTQ::observed_tensors() const {
   std::vector<std::string> out;
   for (const auto& [name, obs] : observers_) out.push_back(name);

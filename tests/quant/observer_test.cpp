@@ -229,7 +229,7 @@ TEST(ObserverErrors, UnknownNamesListTheKnownOnes) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
     EXPECT_EQ(std::string(e.what()),
               "unknown activation algo 'percentile' (known: abs_max, direct, min_max, avg, hist, "
-              "KL, mse, emd)");
+              "KL, mse, emd, auto)");
   }
   try {
     make_weight_observer("KL");

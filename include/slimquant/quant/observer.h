@@ -22,6 +22,10 @@
 
 namespace slimquant::quant {
 
+namespace detail {
+class AutoObserver;
+}
+
 // How a clipping range becomes scale / zero point (params_from_range below). Every scheme first
 // widens the range to include 0 so that 0 (padding, ReLU) is represented exactly.
 enum class QuantScheme {
@@ -155,6 +159,10 @@ class Observer {
   bool per_sample_abs_max_ = false;
 
  private:
+  friend class detail::AutoObserver;  // feeds its candidates one scan of each tensor
+  // observe() after validation and the scan: the algorithm, then the running statistics.
+  void accept(const Tensor& x, const float* data, int64_t n, const BatchStats& batch);
+
   bool accumulate_;
   std::vector<float> sample_abs_max_;  // observe()'s buffer for BatchStats::sample_abs_max
   float min_ = 0.0f, max_ = 0.0f;  // valid once count_ > 0
@@ -176,6 +184,10 @@ class Observer {
 //  "mse" / "emd": the T on search_fractions() minimising, over everything observed, the mean
 //        squared error between x and its quantize-dequantize under the requested scheme (mse), or
 //        |mean diff| + |std diff| (emd); computed from a signed histogram of fine_bins bins.
+//  "auto": observes with every algorithm of auto_algo_candidates() at once (one scan of each tensor)
+//         and reports the selected one's range; emd until select_auto_candidate() picks another.
+//         PostTrainingQuantization selects, per model, the candidate whose quantized model stays
+//         closest to FP32 on samples held back from calibration (algo_choice.h).
 // Histograms span a power-of-two range that doubles when a batch exceeds it, merging bins; the
 // result depends only on the values observed, not on how they were split into batches.
 std::unique_ptr<Observer> make_activation_observer(const std::string& algo,
@@ -190,6 +202,11 @@ std::unique_ptr<Observer> make_activation_observer(const std::string& algo,
 std::unique_ptr<Observer> make_weight_observer(const std::string& type,
                                                const ObserverOptions& options = {});
 std::vector<std::string> activation_algos();
+// The algorithms an "auto" observer weighs, the first being its selection until told otherwise.
+std::vector<std::string> auto_algo_candidates();
+// Makes an "auto" observer report `algo` (one of auto_algo_candidates()); false when `observer` is
+// not an "auto" observer, kInvalidArgument for another algo.
+bool select_auto_candidate(Observer& observer, const std::string& algo);
 std::vector<std::string> weight_algos();
 
 // The clipping-threshold grid of the searching observers, as fractions of max|x|: `steps`

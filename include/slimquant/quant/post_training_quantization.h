@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "slimquant/data/dataset.h"
+#include "slimquant/quant/algo_choice.h"
 #include "slimquant/quant/precision_fallback.h"
 #include "slimquant/quant/ptq.h"
 
@@ -41,7 +42,10 @@ struct PostTrainingQuantizationOptions {
   BatchGenerator batch_generator;
   size_t batch_size = 10;
   std::optional<size_t> batch_nums;  // unset: every sample the data has
-  std::string algo = "emd";  // the product default (docs/quantization.md), not the source's KL
+  // The activation observer; "auto" (the product default, docs/quantization.md; the source's is KL)
+  // calibrates with each of auto_algo_candidates() and keeps the one whose quantized model stays
+  // closest to FP32 on samples held back from calibration (algo_choice.h).
+  std::string algo = "auto";
   std::string weight_quantize_type = "channel_wise_abs_max";
   int weight_bits = 0;  // 0 = the default, 8 (QuantConfig::weight_bits)
   std::string deploy_backend = "slimquant";  // slimquant, onnxruntime or tensorrt (QuantConfig::deploy_backend)
@@ -109,6 +113,8 @@ class PostTrainingQuantization {
   const ir::Graph& quantized_graph() const;
   const PTQ& ptq() const { return *ptq_; }
   const CalibrationReport& report() const { return report_; }
+  // The activation observer "auto" chose, with what it measured (chosen empty for an explicit algo).
+  const ActivationAlgoChoice& algo_choice() const { return algo_choice_; }
   // What the precision fallback measured and chose (float_layers empty when not needed).
   const PrecisionFallbackResult& fallback() const { return fallback_; }
   // Non-fatal problems (skip entries matching nothing, batch_nums beyond the data).
@@ -132,6 +138,7 @@ class PostTrainingQuantization {
   std::string checkpoint_;
   bool created_cache_dir_ = false;
   PrecisionFallbackResult fallback_;
+  ActivationAlgoChoice algo_choice_;
   std::vector<std::string> warnings_;
 };
 

@@ -46,6 +46,10 @@ struct PrecisionFallbackResult {
   std::set<std::string> quantized_layers(const PTQ& ptq) const;  // every layer but float_layers
 };
 
+// The values whose drift from FP32 is measured: the graph outputs, except that an output written by
+// Softmax / LogSoftmax is measured at its input (the logits).
+std::vector<std::string> drift_measured_values(const ir::Graph& graph);
+
 // SQNR in dB of `quantized` against `reference` over every float output they share.
 double output_sqnr_db(const std::map<std::string, Tensor>& reference, const std::map<std::string, Tensor>& quantized);
 

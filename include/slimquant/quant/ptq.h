@@ -92,6 +92,12 @@ class PTQ {
   // activations with zero point 0.
   void set_channel_wise_conv_inputs(bool enabled) { channel_wise_conv_inputs_ = enabled; }
   bool channel_wise_conv_inputs() const { return channel_wise_conv_inputs_; }
+  // Observers of algo "auto" weigh several algorithms at once (observer.h). selectable_activation_algos()
+  // lists them (empty when no tensor has such an observer); select_activation_algo() makes every
+  // such observer report one of them, and convert() then writes that algorithm's scales.
+  std::vector<std::string> selectable_activation_algos() const;
+  void select_activation_algo(const std::string& algo);
+  const std::string& selected_activation_algo() const { return selected_activation_algo_; }
   // Per channel (axis 1) max |x| of every convolution input seen in calibration.
   const std::map<std::string, std::vector<float>>& channel_abs_max() const { return channel_abs_max_; }
 
@@ -110,6 +116,7 @@ class PTQ {
   // accumulated by sample(); empty otherwise.
   std::map<std::string, std::vector<double>> input_gram_;
   bool channel_wise_conv_inputs_ = false;
+  std::string selected_activation_algo_;  // "" until select_activation_algo()
   void rewrite_channel_wise_conv_inputs(ir::Graph& qdq, const std::vector<const Layer*>& chosen,
                                         const std::map<std::string, QuantParam>& act) const;
   std::unique_ptr<runtime::Session> session_;

@@ -49,7 +49,9 @@ WeightRounding parse_weight_rounding(const std::string& name);  // rtn | gptq, e
 const char* weight_rounding_name(WeightRounding rounding);
 
 struct QuantRule {
-  std::string activation = "emd";  // activation observer (`algo`); default chosen in docs/quantization.md
+  // Activation observer (`algo`). "auto" weighs several (observer.h); PostTrainingQuantization then
+  // chooses one per model (algo_choice.h), other flows use the first candidate, emd.
+  std::string activation = "auto";
   std::string weight = "channel_wise_abs_max";     // weight observer (`weight_quantize_type`)
   bool quantize = true;                            // false: leave the matching nodes in float
   // QAT quanters (train::make_quanter names: pact, lsq_plus, moving_abs_max, abs_max); empty = the

@@ -148,9 +148,13 @@ void Observer::observe(const Tensor& x) {
     s = detail::scan_min_max(p, n);
   }
   if (!s.finite) fail_here(ErrorKind::kInvalidData, "tensor contains NaN/Inf");
+  accept(x, p, n, BatchStats{s.min, s.max, std::max(-s.min, s.max), per_sample});
+}
+
+void Observer::accept(const Tensor& x, const float* p, int64_t n, const BatchStats& s) {
   // The algorithm first: if it rejects the tensor (e.g. a bad channel axis), the running
   // statistics stay as they were.
-  on_observe(x, p, n, BatchStats{s.min, s.max, std::max(-s.min, s.max), per_sample});
+  on_observe(x, p, n, s);
   if (!accumulate_ || count_ == 0) {
     min_ = s.min;
     max_ = s.max;
@@ -291,7 +295,7 @@ void validate(const ObserverOptions& o, const std::string& algo) {
 }  // namespace
 
 std::vector<std::string> activation_algos() {
-  return {"abs_max", "direct", "min_max", "avg", "hist", "KL", "mse", "emd"};
+  return {"abs_max", "direct", "min_max", "avg", "hist", "KL", "mse", "emd", "auto"};
 }
 
 std::vector<std::string> weight_algos() {
@@ -319,6 +323,10 @@ std::unique_ptr<Observer> make_activation_observer(const std::string& algo,
   if (a == "emd") {
     validate(options, "emd");
     return detail::make_emd_observer(options);
+  }
+  if (a == "auto") {
+    for (const auto& candidate : auto_algo_candidates()) validate(options, candidate);
+    return detail::make_auto_observer(options);
   }
   fail(ErrorKind::kInvalidArgument,
        "unknown activation algo '" + algo + "' (known: " + join(activation_algos()) + ")");

@@ -106,6 +106,7 @@ std::unique_ptr<Observer> make_hist_observer(const ObserverOptions& o);
 std::unique_ptr<Observer> make_kl_observer(const ObserverOptions& o);
 std::unique_ptr<Observer> make_mse_observer(const ObserverOptions& o);
 std::unique_ptr<Observer> make_emd_observer(const ObserverOptions& o);
+std::unique_ptr<Observer> make_auto_observer(const ObserverOptions& o);
 
 std::unique_ptr<Observer> make_weight_abs_max_observer(const ObserverOptions& options);
 std::unique_ptr<Observer> make_channel_wise_abs_max_observer(const ObserverOptions& o);
