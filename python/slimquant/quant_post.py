@@ -70,7 +70,7 @@ quant_post = quant_post_static
 @explicit_arguments_function
 def quant_post_dynamic(explicit, model_dir, save_model_dir, model_filename=None, params_filename=None,
                        save_model_filename=None, save_params_filename=None, quantizable_op_type=("conv2d", "mul"),
-                       weight_bits=8, generate_test_model=False, onnx_format=False):
+                       weight_bits=8, generate_test_model=False, onnx_format=False, block_size=None):
     """PaddleSlim's weight-only quantization: the weights of the quantizable_op_type layers (default
     conv2d and mul = ONNX Conv, MatMul and Gemm) are stored as int8 codes with one scale per output
     channel behind a DequantizeLinear, activations stay float, and no data is needed (slimquant
@@ -79,7 +79,9 @@ def quant_post_dynamic(explicit, model_dir, save_model_dir, model_filename=None,
     The file is about a quarter of the float one; slimquant's runtime and ONNX Runtime dequantize
     the weights once when they load it.
 
-    weight_bits: 8 (PaddleSlim's default), or 2..7 for a narrower grid in the same int8 storage;
+    weight_bits: 8 (PaddleSlim's default), or 2..7 for a narrower grid in the same int8 storage; 4
+    stores MatMul / Gemm weights as INT4 in blocks of block_size (32, 64 or 128; default 32) input
+    features, read by an opset-21 blocked DequantizeLinear (Conv weights stay 8-bit per channel);
     PaddleSlim's 16 is refused (int16 weights need ONNX opset 21's DequantizeLinear). Without effect
     here (a warning names each one given): save_params_filename (the ONNX file holds the weights),
     generate_test_model (the saved model runs as is), onnx_format (the output is always ONNX).
@@ -106,6 +108,7 @@ def quant_post_dynamic(explicit, model_dir, save_model_dir, model_filename=None,
     o.params_filename = params_filename or ""
     o.mode = "weight-only"
     o.weight_bits = weight_bits
+    o.block_size = check_int(block_size, "block_size", 32, 128, allow_none=True) or 0
     o.quantizable_op_type = op_types
     ptq = _sq._PostTrainingQuantization(o)
     ptq.quantize()

@@ -973,11 +973,16 @@ class PostTrainingQuantization:
     (array, label); the data is any iterable, or a callable returning an iterator (a reader).
     executor and scope are accepted for the documents' code and not used (slimquant runs on its own
     CPU runtime; a warning says so). algo: "KL", "hist", "abs_max" (= "direct"), "min_max", "avg",
-    "mse", "emd" (the CLI's default). config (a QuantConfig) decides algo, weight_quantize_type,
+    "mse", "emd", "auto" (the CLI's default: the candidate closest to FP32, docs/quantization.md). config
+    (a QuantConfig) decides algo, weight_quantize_type,
     quantizable_op_type, ...: giving both is an error naming them. mode="weight-only" quantizes the
     weights only (per channel; activations stay float) and takes no calibration data (as
     quant_post_dynamic); mode="dynamic" quantizes the weights per channel and the MatMul / Gemm / Conv
     inputs per inference (ONNX Runtime's quantize_dynamic form), with no calibration data either.
+    With mode="weight-only" and weight_bits=4, MatMul / Gemm weights are stored
+    as INT4 with one scale per block_size (32, 64 or 128) input features (an opset-21 blocked
+    DequantizeLinear); weight_rounding="gptq" rounds them by GPTQ from the calibration data given
+    (rounding to nearest, "rtn", without data).
     """
 
     @explicit_arguments
@@ -988,7 +993,8 @@ class PostTrainingQuantization:
                  weight_bits=8, activation_bits=8, weight_quantize_type="channel_wise_abs_max",
                  onnx_format=True, skip_tensor_list=None, skip_quant=None, hist_percent=0.99999,
                  deploy_backend="slimquant", activation_quantize_type="range_abs_max", round_type="round",
-                 bias_correction=False, fallback_sqnr_db=20.0, config=None, mode="static"):
+                 bias_correction=False, fallback_sqnr_db=20.0, config=None, mode="static", block_size=None,
+                 weight_rounding="rtn"):
         who = type(self).__name__
         mode = check_choice(mode, "mode", ("static", "weight-only", "weight_only", "dynamic"))
         if executor is not None:
@@ -1016,7 +1022,8 @@ class PostTrainingQuantization:
         if not given and mode == "static":
             raise invalid(f"{who} needs calibration data: sample_generator, batch_generator or data_loader "
                           "(mode='weight-only' and mode='dynamic' need none)")
-        if given and mode != "static":
+        weight_rounding = check_choice(weight_rounding, "weight_rounding", ("rtn", "gptq"))
+        if given and mode != "static" and not (mode in ("weight-only", "weight_only") and weight_rounding == "gptq"):
             raise invalid(f"mode={mode!r} calibrates nothing: {next(iter(given))} would not be used")
         batch_size = check_int(batch_size, "batch_size", 1)
         if "batch_size" in self._explicit and given and "sample_generator" not in given:
@@ -1059,6 +1066,8 @@ class PostTrainingQuantization:
         if config is not None:
             o.config = config._config
         o.mode = mode
+        o.block_size = check_int(block_size, "block_size", 32, 128, allow_none=True) or 0
+        o.weight_rounding = weight_rounding
         if "sample_generator" in given:
             o.set_sample_generator(sample_generator)
         elif given:

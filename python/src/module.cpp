@@ -617,6 +617,8 @@ PYBIND11_MODULE(_slimquant, m) {
       .def_readwrite("asymmetric_activations", &Options::asymmetric_activations)
       .def_readwrite("bias_correction", &Options::bias_correction)
       .def_readwrite("mode", &Options::mode)
+      .def_readwrite("block_size", &Options::block_size)
+      .def_readwrite("weight_rounding", &Options::weight_rounding)
       .def_readwrite("is_use_cache_file", &Options::is_use_cache_file)
       .def_readwrite("cache_dir", &Options::cache_dir)
       .def_readwrite("fallback_sqnr_db", &Options::fallback_sqnr_db)

@@ -2,6 +2,7 @@
 #include <filesystem>
 #include <iostream>
 #include <sstream>
+#include <string_view>
 
 #include "cli/common.h"
 #include "slimquant/analysis/evaluate.h"
@@ -19,7 +20,8 @@ namespace slimquant::cli {
 Action register_quantize(CLI::App& app) {
   auto* cmd = app.add_subcommand("quantize", "post-training quantization to a QDQ ONNX model");
   struct Args {
-    std::string model, data, eval_data, output, config_path, metric = "top1", keys, mode;
+    std::string model, data, eval_data, output, config_path, metric = "top1", keys, mode, weight_rounding;
+    int block_size = 0;
     std::string cache_dir = "./temp_post_training";
     bool use_cache = false;
     bool requantize = false;
@@ -40,6 +42,12 @@ Action register_quantize(CLI::App& app) {
                   "static (default: weights and activations, activation ranges calibrated on DATA), weight-only "
                   "(weights only, per channel; activations stay float; DATA optional, for the evaluation) or dynamic "
                   "(per-channel weights, activation scales computed per inference; DATA optional)");
+  cmd->add_option("--block-size", a->block_size,
+                  "weight-only with --weight-bits 4: MatMul/Gemm weights as INT4 with one scale per this many input "
+                  "features (32, 64 or 128; default 32), an opset-21 blocked DequantizeLinear");
+  cmd->add_option("--weight-rounding", a->weight_rounding,
+                  "4-bit weight-only rounding: rtn (to nearest, default) or gptq (error feedback through the layer "
+                  "inputs' Hessian; calibrates on DATA, rtn without it)");
   cmd->add_flag("--is-use-cache-file", a->use_cache,
                 "keep the calibration state in --cache-dir while calibrating (resumes after a crash)");
   cmd->add_option("--cache-dir", a->cache_dir, "directory of the calibration cache")->capture_default_str();
@@ -76,13 +84,18 @@ Action register_quantize(CLI::App& app) {
     double fallback_sqnr_db = a->fallback_sqnr_db;
     if (extra.count("fallback_sqnr_db") && !flag_given("--fallback-sqnr"))
       fallback_sqnr_db = parse_config_double(extra["fallback_sqnr_db"], "fallback_sqnr_db");
-    apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     if (!a->mode.empty()) config.mode = quant::parse_quant_mode(a->mode);
+    if (a->block_size != 0) config.block_size = a->block_size;
+    if (!a->weight_rounding.empty()) config.weight_rounding = quant::parse_weight_rounding(a->weight_rounding);
+    apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     const bool uncalibrated = !quant::needs_calibration(config.mode);  // weight-only or dynamic: no activation ranges
+    const bool gptq = config.weight_rounding == quant::WeightRounding::kGptq;  // calibrates (4-bit weight-only)
     // Flags that only a calibration uses would be silently ignored.
     for (const char* calibration_flag : {"--algo", "--hist-percent", "--batch-size", "--batch-nums", "--activation-quantize-type",
                                          "--is-use-cache-file", "--fallback-sqnr"})
-      SQ_CHECK(!uncalibrated || !flag_given(calibration_flag), ErrorKind::kInvalidArgument,
+      SQ_CHECK(!uncalibrated || !flag_given(calibration_flag) ||
+                   (gptq && std::string_view(calibration_flag).starts_with("--batch-")),
+               ErrorKind::kInvalidArgument,
                std::string(calibration_flag) + " sets up the calibration of activations, which --mode " +
                    quant::quant_mode_name(config.mode) + " does not run (it needs no data)");
     SQ_CHECK(batch_size > 0, ErrorKind::kInvalidArgument, "--batch-size must be at least 1");
@@ -113,7 +126,7 @@ Action register_quantize(CLI::App& app) {
 
     quant::PostTrainingQuantizationOptions po;
     po.model_dir = model_file;
-    po.dataset = uncalibrated ? nullptr : dataset.get();
+    po.dataset = uncalibrated && !gptq ? nullptr : dataset.get();
     po.batch_size = batch_size;
     if (batch_nums > 0) po.batch_nums = batch_nums;
     po.config = config;
@@ -140,6 +153,9 @@ Action register_quantize(CLI::App& app) {
       for (const auto& l : ptq.ptq().layers()) weighted += l.weight.empty() ? 0 : 1;
       std::cout << "quantized the weights of " << weighted << " layers (" << config.global().weight << ", " << weight_bits
                 << "-bit, activations float)";
+      if (weight_bits == 4)
+        std::cout << "; MatMul/Gemm weights INT4 in blocks of " << (config.block_size ? config.block_size : 32)
+                  << " input features, " << quant::weight_rounding_name(config.weight_rounding) << " rounding";
     } else {
       std::cout << "quantized " << ptq.ptq().layers().size() << " layers (" << config.global().activation << ", "
                 << config.global().weight << ", " << weight_bits << "-bit weights, for "

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -200,7 +201,57 @@ Tensor widened_16bit_tensor(const onnx::TensorProto& p, const std::string& base_
   return wide;
 }
 
+// ONNX's 4-bit integer types (IR version 10, opset 21): not dtypes here. Their tensors are held
+// unpacked, one value a byte (Graph::stored_4bit_types), and packed again when saved.
+constexpr int kOnnxUInt4 = 21;
+constexpr int kOnnxInt4 = 22;
+bool is_onnx_4bit(int onnx_type) { return onnx_type == kOnnxUInt4 || onnx_type == kOnnxInt4; }
+
+// ONNX's layout: two values a byte, the first in the low nibble; an odd count leaves the last high
+// nibble 0.
+void unpack_4bit(const uint8_t* packed, int64_t count, bool is_signed, int8_t* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    const int v = (packed[i / 2] >> (4 * (i & 1))) & 0xF;
+    out[i] = static_cast<int8_t>(is_signed ? (v ^ 8) - 8 : v);
+  }
+}
+
+std::string packed_4bit(const Tensor& t, const std::string& name) {
+  const bool is_signed = t.dtype() == DType::kInt8;
+  if (!is_signed && t.dtype() != DType::kUInt8)
+    fail(ErrorKind::kInvalidModel, "initializer '" + name + "' is stored as a 4-bit type but holds " + dtype_name(t.dtype()));
+  const auto* v = static_cast<const int8_t*>(t.raw());
+  std::string bytes(static_cast<size_t>((t.numel() + 1) / 2), '\0');
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const int x = is_signed ? v[i] : static_cast<uint8_t>(v[i]);
+    if (x < (is_signed ? -8 : 0) || x > (is_signed ? 7 : 15))
+      fail(ErrorKind::kInvalidModel, "initializer '" + name + "' is stored as " + (is_signed ? "INT4" : "UINT4") +
+                                         " but holds " + std::to_string(x) + " at element " + std::to_string(i));
+    bytes[static_cast<size_t>(i / 2)] = static_cast<char>(bytes[static_cast<size_t>(i / 2)] | ((x & 0xF) << (4 * (i & 1))));
+  }
+  return bytes;
+}
+
+// A 4-bit tensor read (raw, external or int32_data: the packed bytes in each case) and unpacked to
+// int8 (INT4) or uint8 (UINT4).
+Tensor unpacked_4bit_tensor(const onnx::TensorProto& p, const std::string& base_dir) {
+  const Shape shape(p.dims().begin(), p.dims().end());
+  const bool is_signed = p.data_type() == kOnnxInt4;
+  const DType dtype = is_signed ? DType::kInt8 : DType::kUInt8;
+  checked_tensor_bytes(dtype, shape, "tensor '" + p.name() + "'", ErrorKind::kInvalidModel);
+  const int64_t numel = shape_numel(shape);
+  onnx::TensorProto bytes = p;
+  bytes.clear_dims();
+  bytes.add_dims((numel + 1) / 2);
+  bytes.set_data_type(onnx::TensorProto::UINT8);
+  const Tensor packed = stored_tensor_from_proto(bytes, DType::kUInt8, base_dir);
+  Tensor t(dtype, shape);
+  unpack_4bit(packed.data<uint8_t>(), numel, is_signed, static_cast<int8_t*>(t.raw()));
+  return t;
+}
+
 Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir) {
+  if (is_onnx_4bit(p.data_type())) return unpacked_4bit_tensor(p, base_dir);
   if (p.data_type() == onnx::TensorProto::STRING)
     fail(ErrorKind::kUnsupported, "tensor '" + p.name() + "': string tensors are not supported");
   if (is_onnx_16bit_float(p.data_type())) return widened_16bit_tensor(p, base_dir);
@@ -419,9 +470,105 @@ void graph_to_proto(const Graph& g, onnx::GraphProto* gp) {
 
 }  // namespace
 
+int64_t library_opset() {
+  const auto& known = onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
+  const auto it = known.find("");
+  return it == known.end() ? 1 : it->second.second;
+}
+
+namespace {
+// The newest ai.onnx opset slimquant reads although its ONNX library (Debian's 1.12 knows 17) may
+// not: between the library's opset and this one, the operators below changed their inputs,
+// attributes or meaning, and a node of one of them is refused; every other operator's newer
+// versions only widened its types (4-bit and 8-bit float types, strings), which the graph's dtypes
+// already limit, or are new operators the runtime does not have. DequantizeLinear's opset-21
+// block_size is implemented by the runtime (blocked scales).
+constexpr int64_t kNewestOnnxOpset = 21;
+struct OpsetChange {
+  const char* op;
+  int64_t since;
+  const char* what;
+};
+constexpr OpsetChange kOpsetChanges[] = {
+    {"ReduceMax", 18, "axes became an input"},      {"ReduceMin", 18, "axes became an input"},
+    {"ReduceMean", 18, "axes became an input"},     {"ReduceProd", 18, "axes became an input"},
+    {"ReduceL1", 18, "axes became an input"},       {"ReduceL2", 18, "axes became an input"},
+    {"ReduceLogSum", 18, "axes became an input"},   {"ReduceLogSumExp", 18, "axes became an input"},
+    {"ReduceSumSquare", 18, "axes became an input"}, {"Split", 18, "num_outputs was added"},
+    {"Pad", 18, "an axes input and the wrap mode were added"},
+    {"Resize", 18, "antialias, axes, keep_aspect_ratio_policy and half_pixel_symmetric were added"},
+    {"ScatterND", 18, "reduction max/min were added"}, {"ScatterElements", 18, "reduction max/min were added"},
+    {"LpPool", 18, "ceil_mode and dilations were added"}, {"AveragePool", 19, "dilations were added"},
+    {"GridSample", 20, "its modes were renamed and N-D inputs added"},
+    {"GroupNormalization", 21, "scale and bias became per channel"},
+    {"QuantizeLinear", 21, "block_size and output_dtype were added"},
+};
+
+// The first node (in branches too) whose operator changed between opsets `from` (exclusive) and
+// `to`: "node 'n' (ReduceMean): axes became an input in opset 18"; empty when none.
+std::string changed_operator(const Graph& g, int64_t from, int64_t to) {
+  for (const Node& n : g.nodes) {
+    if (n.domain.empty() || n.domain == "ai.onnx")
+      for (const OpsetChange& c : kOpsetChanges)
+        if (n.op_type == c.op && c.since > from && c.since <= to &&
+            !(n.op_type == "QuantizeLinear" && !n.attrs.count("block_size") && !n.attrs.count("output_dtype")))
+          return "node '" + n.name + "' (" + n.op_type + "): " + c.what + " in opset " + std::to_string(c.since);
+    for (const auto& [key, value] : n.attrs)
+      if (const auto* branch = std::get_if<std::shared_ptr<const Graph>>(&value))
+        if (std::string found = changed_operator(**branch, from, to); !found.empty()) return found;
+  }
+  return {};
+}
+}  // namespace
+
+void libonnx_view(onnx::ModelProto& m) {
+  const int64_t known = library_opset();
+  bool capped = false;
+  for (auto& op : *m.mutable_opset_import())
+    if ((op.domain().empty() || op.domain() == "ai.onnx") && op.version() > known) {
+      op.set_version(known);
+      capped = true;
+    }
+  if (!capped) return;
+  if (m.ir_version() > onnx::Version::IR_VERSION) m.set_ir_version(onnx::Version::IR_VERSION);
+  std::function<void(onnx::GraphProto&)> strip = [&](onnx::GraphProto& gp) {
+    for (auto& t : *gp.mutable_initializer())
+      if (is_onnx_4bit(t.data_type())) {
+        Tensor wide = unpacked_4bit_tensor(t, ".");
+        t.set_data_type(static_cast<int>(wide.dtype()));
+        t.set_raw_data(wide.raw(), wide.nbytes());
+      }
+    for (auto& n : *gp.mutable_node()) {
+      if (n.op_type() == "DequantizeLinear" || n.op_type() == "QuantizeLinear") {
+        auto* attrs = n.mutable_attribute();
+        for (int i = attrs->size() - 1; i >= 0; --i)
+          if (attrs->Get(i).name() == "block_size" || attrs->Get(i).name() == "output_dtype") attrs->DeleteSubrange(i, 1);
+      }
+      for (auto& a : *n.mutable_attribute())
+        if (a.has_g()) strip(*a.mutable_g());
+    }
+  };
+  strip(*m.mutable_graph());
+}
+
+void raise_opset_beyond_library(Graph& graph, int64_t target_opset) {
+  const int64_t known = library_opset();
+  SQ_CHECK(target_opset <= kNewestOnnxOpset, ErrorKind::kUnsupported,
+           "slimquant writes ai.onnx opsets up to " + std::to_string(kNewestOnnxOpset) + ", not " +
+               std::to_string(target_opset));
+  if (graph.opset < known) convert_opset(graph, known);
+  if (const std::string changed = changed_operator(graph, graph.opset, target_opset); !changed.empty())
+    fail(ErrorKind::kUnsupported, "cannot raise the model from opset " + std::to_string(graph.opset) + " to " +
+                                      std::to_string(target_opset) + ": " + changed +
+                                      ", which this converter does not rewrite");
+  graph.opset = target_opset;
+  if (graph.ir_version < 10) graph.ir_version = 10;  // opset 21 and INT4 came with IR version 10
+}
+
 namespace {
 // An opset newer than the ONNX library knows has operator definitions nobody here has read (shape
-// inference would guess from older ones and kernels would run the old semantics): refuse it.
+// inference would guess from older ones and kernels would run the old semantics): refuse it, but
+// for ai.onnx up to kNewestOnnxOpset, where the changes are known (changed_operator).
 void check_opset_versions(const Graph& g) {
   const auto& known = onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
   auto check = [&](const std::string& domain, int64_t version) {
@@ -429,6 +576,7 @@ void check_opset_versions(const Graph& g) {
       fail(ErrorKind::kInvalidModel, "the model imports opset " + std::to_string(version) + " of domain '" +
                                          (domain.empty() ? "ai.onnx" : domain) + "'; opset versions start at 1");
     const auto it = known.find(domain);
+    if (domain.empty() && version <= kNewestOnnxOpset) return;
     if (it != known.end() && version > it->second.second)
       fail(ErrorKind::kUnsupported, "the model uses opset " + std::to_string(version) + " of domain '" +
                                         (domain.empty() ? "ai.onnx" : domain) + "'; slimquant supports opsets up to " +
@@ -553,6 +701,11 @@ Graph parse_onnx(const std::string& bytes, const std::string& base_dir, const st
   for (const auto& kv : m.metadata_props()) g.metadata[kv.key()] = kv.value();
   const LoadScope scope{base_dir, g.opset, g.extra_opsets};
   fill_graph_from_proto(m.graph(), scope, g);
+  if (g.opset > library_opset())
+    if (const std::string changed = changed_operator(g, library_opset(), g.opset); !changed.empty())
+      fail(ErrorKind::kUnsupported, what + " uses opset " + std::to_string(g.opset) + ": " + changed +
+                                        ", which slimquant does not implement (its ONNX library knows opsets up to " +
+                                        std::to_string(library_opset()) + ")");
   adopt_16bit_storage_casts(g);
   // Exporters usually emit topological order, but the spec does not promise it to readers.
   g.topological_sort();
@@ -572,6 +725,7 @@ void fill_graph_from_proto(const onnx::GraphProto& gp, const LoadScope& scope, G
   for (const auto& t : gp.initializer()) {
     g.initializers[t.name()] = tensor_from_proto(t, base_dir);
     if (is_onnx_16bit_float(t.data_type())) g.stored_float_types[t.name()] = t.data_type();
+    if (is_onnx_4bit(t.data_type())) g.stored_4bit_types[t.name()] = t.data_type();
   }
   // Sequence, map and optional values need a different runtime model; say so up front.
   // An optional(tensor) value is read as its tensor type (and remembered as optional).
@@ -680,7 +834,7 @@ Node cast_node(std::string name, std::string from, std::string to, int64_t type)
 
 // The model as its file stores it: what the model stores as float16/bfloat16 and this graph holds
 // in float32 (Graph::stored_float_types, rounding Casts) is written back in that type.
-onnx::ModelProto stored_model_proto(const Graph& graph) {
+onnx::ModelProto stored_model_proto_16bit(const Graph& graph) {
   const bool may_round = std::any_of(graph.nodes.begin(), graph.nodes.end(), rounds_to_16bit) ||
                             std::any_of(graph.nodes.begin(), graph.nodes.end(),
                                         [](const Node& n) { return !n.captured.empty(); });
@@ -755,7 +909,27 @@ onnx::ModelProto stored_model_proto(const Graph& graph) {
   return m;
 }
 
-void check_model_proto(const onnx::ModelProto& m) {
+// 4-bit initializers (Graph::stored_4bit_types) packed; a model with them is IR version 10 at least.
+onnx::ModelProto stored_model_proto(const Graph& graph) {
+  onnx::ModelProto m = stored_model_proto_16bit(graph);
+  if (graph.stored_4bit_types.empty()) return m;
+  bool any = false;
+  for (auto& t : *m.mutable_graph()->mutable_initializer()) {
+    const auto it = graph.stored_4bit_types.find(t.name());
+    if (it == graph.stored_4bit_types.end()) continue;
+    const auto init = graph.initializers.find(t.name());
+    if (init == graph.initializers.end()) continue;
+    t.set_raw_data(packed_4bit(init->second, t.name()));
+    t.set_data_type(it->second);
+    any = true;
+  }
+  if (any && m.ir_version() < 10) m.set_ir_version(10);
+  return m;
+}
+
+void check_model_proto(const onnx::ModelProto& given) {
+  onnx::ModelProto m = given;
+  libonnx_view(m);
   try {
     onnx::checker::check_model(m);
   } catch (const std::exception& e) {
@@ -909,6 +1083,7 @@ void infer_shapes_with_safe_propagation(onnx::ModelProto& model) {
 void infer_shapes_onnx(Graph& graph) {
   check_node_attributes(graph);
   onnx::ModelProto m = to_model_proto(graph);
+  libonnx_view(m);
   try {
     infer_shapes_with_safe_propagation(m);
   } catch (const std::exception& e) {
@@ -1016,10 +1191,12 @@ void spell_out_coerced_softmax(Graph& graph) {
 
 void convert_opset(Graph& graph, int64_t target_opset) {
   if (graph.opset == target_opset) return;
+  if (target_opset > library_opset()) return raise_opset_beyond_library(graph, target_opset);
   Graph source = graph;
   if (source.opset < 13 && target_opset >= 13) spell_out_coerced_softmax(source);
   check_node_attributes(source);
   onnx::ModelProto model = to_model_proto(source);
+  libonnx_view(model);
   // Some adapters need the shapes of the values they rewrite: infer what ONNX can.
   try {
     infer_shapes_with_safe_propagation(model);

@@ -111,6 +111,9 @@ QuantConfig PostTrainingQuantization::make_config() const {
   c.bias_correction = options_.bias_correction;
   c.deploy_backend = parse_deploy_backend(options_.deploy_backend);
   c.mode = parse_quant_mode(options_.mode);
+  c.block_size = options_.block_size;
+  c.weight_rounding = parse_weight_rounding(options_.weight_rounding);
+  c.validate();
   return c;
 }
 
@@ -197,9 +200,12 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   fallback_ = {};
   algo_choice_ = {};
   std::map<std::string, std::string> quantized_metadata;
-  if (uncalibrated) {  // nothing to calibrate: the weights quantize from their own values
+  // GPTQ (4-bit weight-only) calibrates: it needs each layer's input statistics.
+  const bool gptq = ptq_->config().mode == QuantMode::kWeightOnly && ptq_->config().weight_rounding == WeightRounding::kGptq;
+  if (uncalibrated && !(gptq && sources > 0)) {  // nothing to calibrate: the weights quantize from their own values
     if (sources > 0)
       warnings_.push_back(std::string(quant_mode_name(ptq_->config().mode)) + " mode: the calibration data is not used");
+    if (gptq) warnings_.push_back("weight_rounding gptq needs calibration data and none was given: rounding to nearest (rtn)");
     quantized_ = ptq_->convert();
     return *quantized_;
   }
@@ -225,6 +231,7 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   // Without a cache_dir the calibration is still kept while the job runs, in the user's cache: a
   // job that fails after a long calibration (precision recovery, export) resumes from it.
   checkpoint_ = o.is_use_cache_file ? cache_path() : default_calibration_checkpoint();
+  if (gptq) checkpoint_.clear();  // the cache holds observers, not GPTQ's X^T X: not resumable
   const std::string& checkpoint = checkpoint_;
   if (!checkpoint.empty()) {
     // Distributed: rank 0 alone keeps the cache (it holds the first batches, the others are merged
@@ -381,14 +388,14 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   // The finished calibration is kept until the model is converted.
   if (!checkpoint.empty() && distributed::size() == 1 && report_.batches > report_.resumed_batches)
     ptq_->save_calibration_state(checkpoint, data_identity());
-  if (algo_candidates > 0) {
+  if (algo_candidates > 0 && !uncalibrated) {  // weight-only (GPTQ) quantizes no activation
     const bool unseen = !held_back.empty();
     AlgoChoiceOptions ao;
     ao.channel_wise_below_sqnr_db = o.fallback_sqnr_db;
     algo_choice_ = choose_activation_algo(*ptq_, unseen ? held_back : leading_rows(first_rows, choice_rows()), unseen, ao);
     quantized_metadata["slimquant.activation_algo"] = algo_choice_.chosen;
   }
-  if (o.fallback_sqnr_db > 0 && !first_rows.empty()) {
+  if (o.fallback_sqnr_db > 0 && !first_rows.empty() && !uncalibrated) {
     const std::map<std::string, Tensor> fallback_samples = leading_rows(first_rows, kFallbackSamples);
     PrecisionFallbackOptions fo;
     fo.target_sqnr_db = o.fallback_sqnr_db;

@@ -15,6 +15,7 @@
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/optimize.h"
+#include "quant/blocked_export.h"
 #include "quant/qdq_export.h"
 
 namespace slimquant::quant {
@@ -348,6 +349,17 @@ void PTQ::quantize(const ir::Graph& float_graph) {
     }
   }
   warnings_ = config_.unmatched_skips(float_graph_);
+  // GPTQ: X^T X of each 4-bit layer's input (Gemm with transA reads A transposed: rounded to nearest).
+  input_gram_.clear();
+  if (config_.mode == QuantMode::kWeightOnly && config_.effective_weight_bits() == 4 &&
+      config_.weight_rounding == WeightRounding::kGptq)
+    for (const auto& node : float_graph_.nodes) {
+      const int64_t axis = blocked_weight_axis(node, float_graph_);
+      const bool layer = std::any_of(layers_.begin(), layers_.end(), [&](const Layer& l) { return l.name == node.name; });
+      if (axis < 0 || !layer || node.attr_int("transA", 0) || float_graph_.is_initializer(node.inputs[0])) continue;
+      const int64_t k = float_graph_.initializer(node.inputs[1])->dim(axis);
+      input_gram_.try_emplace(node.inputs[0], static_cast<size_t>(k * k), 0.0);
+    }
 
   std::string identity = ir::serialize_onnx(float_graph_) + '\x1f' + config_.fingerprint();
   for (const auto& [tensor, obs] : observers_) identity += '\x1f' + tensor + '=' + obs->name();
@@ -365,12 +377,18 @@ void PTQ::sample(const std::map<std::string, Tensor>& feeds) {
   runtime::RunOptions run;
   std::vector<std::string> wanted;
   for (const auto& [name, obs] : observers_) wanted.push_back(name);
+  for (const auto& [name, gram] : input_gram_)
+    if (!observers_.count(name)) wanted.push_back(name);
   run.observe = wanted;  // seen by the hook, then released: memory stays that of inference
   // Every activation observer depends only on each sample's multiset of values, so blocked
   // activations could be observed in place, without a plain copy; the per-channel maxima need
   // the channels where the plain layout has them.
-  run.observe_in_any_layout = channel_abs_max_.empty();
+  run.observe_in_any_layout = channel_abs_max_.empty() && input_gram_.empty();
   run.on_value = [&](const std::string& name, const Tensor& value) {
+    if (auto g = input_gram_.find(name); g != input_gram_.end() && value.dtype() == DType::kFloat32 && value.rank() >= 1) {
+      const int64_t k = value.dim(value.rank() - 1);
+      if (static_cast<size_t>(k * k) == g->second.size()) accumulate_gram(value.data<float>(), value.numel() / k, k, g->second);
+    }
     auto it = observers_.find(name);
     if (it == observers_.end()) return;
     if (value.dtype() != DType::kFloat32) return;
@@ -405,12 +423,50 @@ ir::Graph PTQ::convert_weights_only(const std::optional<std::set<std::string>>& 
       w.activations.clear();
       weighted.push_back(std::move(w));
     }
+  // 4 bits: MatMul / Gemm weights in INT4 blocks along their input features (blocked_weights.h),
+  // GPTQ-rounded where calibration saw the layer's input. Other weights (Conv) stay on the 8-bit
+  // per-channel grid: 4 bits per output channel of a convolution costs far more accuracy than a
+  // block of 32 inputs does, and convolutions are not where weight bytes bound the time.
+  const bool four_bit = config_.effective_weight_bits() == 4;
+  const int64_t block_size = config_.block_size != 0 ? config_.block_size : 32;
+  std::vector<BlockedLayer> blocked;
+  bool any_gptq = false;
   std::vector<const Layer*> chosen;
-  for (const auto& l : weighted) chosen.push_back(&l);
+  for (const auto& l : weighted) {
+    const auto node = std::find_if(float_graph_.nodes.begin(), float_graph_.nodes.end(),
+                                   [&](const ir::Node& n) { return n.name == l.name; });
+    const int64_t axis = four_bit && node != float_graph_.nodes.end() ? blocked_weight_axis(*node, float_graph_) : -1;
+    if (axis < 0) {
+      chosen.push_back(&l);
+      continue;
+    }
+    const Tensor& w = *float_graph_.initializer(l.weight);
+    const auto gram = input_gram_.find(node->inputs[0]);
+    const bool seen = gram != input_gram_.end() &&
+                      std::any_of(gram->second.begin(), gram->second.end(), [](double v) { return v != 0; });
+    any_gptq |= seen;
+    blocked.push_back({l.name, l.weight, axis,
+                       seen ? quantize_blocked_gptq(w, axis, block_size, gram->second)
+                            : quantize_blocked_rtn(w, axis, block_size)});
+  }
   QdqExportOptions options;
   options.state_weight_zero_points = config_.deploy_backend != DeployBackend::kSlimquant;
   options.bias_correction = config_.bias_correction;
-  ir::Graph out = write_qdq_graph(float_graph_, chosen, {}, [this](const Layer& l) { return weight_params(l); }, options);
+  auto params = [&](const Layer& l) {
+    if (!four_bit) return weight_params(l);
+    ObserverOptions eight = config_.observer_options;  // the layers 4 bits leave at 8
+    eight.channel_axis = l.weight_axis;
+    eight.weight_bits = 8;
+    auto obs = make_weight_observer(l.weight_observer, eight);
+    obs->observe(*float_graph_.initializer(l.weight));
+    return obs->params(QuantScheme::kSymmetric);
+  };
+  ir::Graph out = write_qdq_graph(float_graph_, chosen, {}, params, options);
+  write_blocked_weights(out, blocked, block_size);
+  if (four_bit) {
+    out.metadata["slimquant.block_size"] = std::to_string(block_size);
+    out.metadata["slimquant.weight_rounding"] = any_gptq ? "gptq" : "rtn";
+  }
   out.metadata["slimquant.weight_bits"] = std::to_string(config_.effective_weight_bits());
   out.metadata["slimquant.mode"] = quant_mode_name(QuantMode::kWeightOnly);
   out.metadata["slimquant.deploy_backend"] = deploy_backend_name(config_.deploy_backend);

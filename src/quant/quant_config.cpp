@@ -90,6 +90,34 @@ const char* quant_mode_name(QuantMode mode) {
   return mode == QuantMode::kWeightOnly ? "weight-only" : "static";
 }
 
+WeightRounding parse_weight_rounding(const std::string& name) {
+  if (name == "rtn") return WeightRounding::kRtn;
+  if (name == "gptq") return WeightRounding::kGptq;
+  fail(ErrorKind::kInvalidArgument, "weight_rounding must be rtn or gptq, got '" + name + "'");
+}
+
+const char* weight_rounding_name(WeightRounding rounding) { return rounding == WeightRounding::kGptq ? "gptq" : "rtn"; }
+
+namespace {
+// block_size and weight_rounding gptq belong to weight-only 4-bit weights.
+void check_blocked_weight_settings(const QuantConfig& c) {
+  const std::string where;
+  const bool four_bit_weight_only = c.mode == QuantMode::kWeightOnly && c.effective_weight_bits() == 4;
+  if (c.block_size != 0) {
+    if (c.block_size != 32 && c.block_size != 64 && c.block_size != 128)
+      fail(ErrorKind::kInvalidArgument, where + "block_size must be 32, 64 or 128 (got " + std::to_string(c.block_size) + ")");
+    if (!four_bit_weight_only)
+      fail(ErrorKind::kInvalidArgument, where + "block_size sets the blocks of 4-bit weights: it needs mode weight-only "
+                                                "and weight_bits 4 (mode is " + quant_mode_name(c.mode) +
+                                                ", weight_bits " + std::to_string(c.effective_weight_bits()) + ")");
+  }
+  if (c.weight_rounding == WeightRounding::kGptq && !four_bit_weight_only)
+    fail(ErrorKind::kInvalidArgument, where + "weight_rounding gptq rounds 4-bit blocked weights: it needs mode "
+                                              "weight-only and weight_bits 4 (mode is " + quant_mode_name(c.mode) +
+                                              ", weight_bits " + std::to_string(c.effective_weight_bits()) + ")");
+}
+}  // namespace
+
 const char* deploy_backend_name(DeployBackend backend) {
   switch (backend) {
     case DeployBackend::kSlimquant: return "slimquant";
@@ -146,6 +174,7 @@ void QuantConfig::validate() const {
   if (weight_bits != 0 && (weight_bits < 2 || weight_bits > 8))
     fail(ErrorKind::kInvalidArgument,
          "weight_bits must be in [2, 8] (got " + std::to_string(weight_bits) + ")");
+  check_blocked_weight_settings(*this);
   for (const auto& t : quantizable_op_type) {
     for (const auto& o : onnx_op_types_for(t)) {
       if (builtin_op_specs().count(o) || custom_specs_.count(o)) continue;
@@ -200,6 +229,8 @@ std::string QuantConfig::fingerprint() const {
   os << "|backend:" << deploy_backend_name(deploy_backend) << "|asym:" << asymmetric_activations << "|hist:" << observer_options.hist_percent << ',' << observer_options.bins
      << "|wbits:" << effective_weight_bits();
   if (mode != QuantMode::kStatic) os << "|mode:" << quant_mode_name(mode);  // static: as before modes existed
+  if (block_size != 0) os << "|block:" << block_size;
+  if (weight_rounding != WeightRounding::kRtn) os << "|rounding:" << weight_rounding_name(weight_rounding);
   if (bias_correction) os << "|bias_correction";
   if (channel_wise_conv_inputs) os << "|channel_wise_conv_inputs";
   for (const auto& [op, spec] : custom_specs_) os << "|custom:" << op;
@@ -278,6 +309,8 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
       else if (key == "weight_bits") cfg.weight_bits = v.as<int>();
       else if (key == "deploy_backend") cfg.deploy_backend = parse_deploy_backend(v.as<std::string>());
       else if (key == "mode") cfg.mode = parse_quant_mode(v.as<std::string>());
+      else if (key == "block_size") cfg.block_size = v.as<int>();
+      else if (key == "weight_rounding") cfg.weight_rounding = parse_weight_rounding(v.as<std::string>());
       else if (key == "quantizable_op_type") cfg.quantizable_op_type = string_list(v, key);
       else if (key == "is_full_quantize") cfg.is_full_quantize = v.as<bool>();
       else if (key == "bias_correction") cfg.bias_correction = v.as<bool>();
@@ -323,6 +356,9 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
   if (cfg.weight_bits != 0 && (cfg.weight_bits < 2 || cfg.weight_bits > 8))
     fail(ErrorKind::kInvalidArgument, "config file '" + path + "': weight_bits must be in [2, 8] (got " +
                                           std::to_string(cfg.weight_bits) + ")");
+  if (cfg.block_size != 0 && cfg.block_size != 32 && cfg.block_size != 64 && cfg.block_size != 128)
+    fail(ErrorKind::kInvalidArgument, "config file '" + path + "': block_size must be 32, 64 or 128 (got " +
+                                          std::to_string(cfg.block_size) + ")");
   return cfg;
 }
 

@@ -2,6 +2,7 @@
 // foldable node evaluated once), and the pipeline Session and the quantizers run on a float model.
 #include "slimquant/runtime/optimize.h"
 
+#include "runtime/fusions/qb4w_matmul_fusion.h"
 #include "runtime/session_internal.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/ir/rewrite.h"
@@ -62,6 +63,7 @@ std::vector<Tensor> try_fold(const ir::Graph& g, const ir::Node& node, const Fol
   const KernelFactory* factory = node.domain.empty() ? KernelRegistry::instance().find(node.op_type) : nullptr;
   const bool foldable = factory && !kNondeterministicOps.count(node.op_type) &&
                         !(options.keep_dequantize_linear && node.op_type == "DequantizeLinear") &&
+                        !foldable_into_qb4w_matmul(g, node) &&  // the plan fuses it: 4-bit weights stay 4-bit
                         !node.outputs.empty();
   if (!foldable || node.inputs.empty()) return {};
   try {

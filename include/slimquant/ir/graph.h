@@ -82,6 +82,9 @@ struct Graph {
   // Cast, an input followed by a Cast to float, an output preceded by a Cast), so an export keeps
   // the model's interface and a weight left in float keeps its size.
   std::map<std::string, int> stored_float_types;
+  // Initializers the file stores as 4-bit integers (ONNX INT4 = 22, UINT4 = 21; packed two a byte,
+  // low nibble first): held unpacked here as int8 / uint8, written back packed by save_onnx.
+  std::map<std::string, int> stored_4bit_types;
   // Inputs and outputs declared optional(tensor) (If branches of scripted exports): a value that may
   // hold no tensor, held as an undefined Tensor when empty. Sequences stay unsupported.
   std::set<std::string> optional_values;

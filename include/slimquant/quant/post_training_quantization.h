@@ -59,6 +59,11 @@ struct PostTrainingQuantizationOptions {
   // static or weight-only (QuantConfig::mode). weight-only needs no calibration source: the
   // weights are quantized from their own values and activations stay float.
   std::string mode = "static";
+  // Weight-only mode, weight_bits 4: blocks of MatMul / Gemm weights (QuantConfig::block_size; 0 =
+  // 32) and their rounding, rtn or gptq (QuantConfig::weight_rounding; gptq calibrates from the
+  // data source given, and falls back to rtn with a note without one).
+  int block_size = 0;
+  std::string weight_rounding = "rtn";
   // A model that is already quantized (prequantized.h) is refused with kUnsupported naming its
   // form, unless this is set: then a static QDQ file is dequantized and quantized again.
   bool requantize = false;

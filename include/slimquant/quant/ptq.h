@@ -117,6 +117,9 @@ class PTQ {
   std::vector<Layer> layers_;
   std::map<std::string, std::unique_ptr<Observer>> observers_;  // by activation tensor
   std::map<std::string, std::vector<float>> channel_abs_max_;     // conv inputs: max |x| per channel
+  // GPTQ (weight_rounding gptq): X^T X (K x K, row-major, double) of each blocked layer's input,
+  // accumulated by sample(); empty otherwise.
+  std::map<std::string, std::vector<double>> input_gram_;
   bool channel_wise_conv_inputs_ = false;
   std::string selected_activation_algo_;  // "" until select_activation_algo()
   void rewrite_channel_wise_conv_inputs(ir::Graph& qdq, const std::vector<const Layer*>& chosen,

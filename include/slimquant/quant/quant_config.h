@@ -43,6 +43,15 @@ const char* quant_mode_name(QuantMode mode);
 // Only kStatic calibrates activations (reads data).
 inline bool needs_calibration(QuantMode mode) { return mode == QuantMode::kStatic; }
 
+// How weight-only mode rounds the weights (`--weight-rounding`, YAML `weight_rounding`): kRtn to
+// the nearest grid point; kGptq (Frantar et al. 2022) column by column, each column's rounding
+// error spread over the columns not yet rounded through the inverse Hessian of the layer's
+// calibration inputs (H = 2 X^T X), so the layer's output error is what is minimised. GPTQ needs
+// calibration data; without it RTN is used and said so.
+enum class WeightRounding { kRtn, kGptq };
+WeightRounding parse_weight_rounding(const std::string& name);  // rtn | gptq, else kInvalidArgument
+const char* weight_rounding_name(WeightRounding rounding);
+
 struct QuantRule {
   // Activation observer (`algo`). "auto" weighs several (observer.h); PostTrainingQuantization then
   // chooses one per model (algo_choice.h), other flows use the first candidate, emd.
@@ -85,6 +94,12 @@ class QuantConfig {
   // (slimquant.weight_bits).
   int weight_bits = 0;
   int effective_weight_bits() const;
+  // Weight-only mode with weight_bits 4 (`block_size`, 32 | 64 | 128; 0 = 32 there): MatMul / Gemm
+  // weights stored as ONNX INT4 with one scale per block of block_size values along the reduction
+  // (input-feature) axis, read by an opset-21 blocked DequantizeLinear (docs/quantization.md,
+  // "4-bit weights"). Other bits and modes refuse a block size.
+  int block_size = 0;
+  WeightRounding weight_rounding = WeightRounding::kRtn;
   // PaddleSlim's `bias_correction`: after rounding, each weight channel's dequantized values are
   // shifted and scaled so that their mean and standard deviation equal the float channel's, then
   // rounded again on the same grid (removes the systematic part of the rounding error; data-free).

@@ -8,6 +8,7 @@
 #include "runtime/fusions/channel_quantize_fusion.h"
 #include "runtime/fusions/dequantize_fusion.h"
 #include "runtime/fusions/dynamic_matmul_fusion.h"
+#include "runtime/fusions/qb4w_matmul_fusion.h"
 #include "runtime/fusions/scaled_operand_fusion.h"
 #include "runtime/fusions/upsample_fusion.h"
 #include "runtime/fused_ops/residual_conv.h"
@@ -350,6 +351,7 @@ std::vector<ir::Rule> execution_fusion_rules() {
   std::vector<ir::Rule> fusions = {
       // First: fold_scaling_into_elementwise would take the chain's per-channel scale Mul.
       dynamic_matmul_fusion_rule(),
+      qb4w_matmul_fusion_rule(),  // early: it takes only a plain MatMul / Gemm
       ir::make_rule<ActivationFusion>("fuse_activation", select_activation, fuse_activation),
       ir::make_rule<ResidualAdd>("fuse_residual_add", select_residual_add, fuse_residual_add),
       ir::make_rule<QuantizedOutput>("fold_quantize_into_residual_qconv", select_residual_qconv_quantize,

@@ -1,4 +1,5 @@
-// QuantizeLinear / DequantizeLinear (opsets 10 and 13: per tensor, and per axis from 13) and the
+// QuantizeLinear / DequantizeLinear (opsets 10 and 13: per tensor, and per axis from 13; blocked
+// DequantizeLinear from 21, dequantize_blocked) and the
 // fused fake-quantization used by simulation, with core/quant_param.h's arithmetic:
 //   q = saturate(round_half_even(x / s) + z)        y = float(q - z) * s
 // (saturation before rounding, on v = x / s against [qmin - z, qmax - z]). Every loop vectorises.
@@ -611,6 +612,61 @@ void dequantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_
   });
 }
 
+namespace {
+// Blocked DequantizeLinear (opset 21, block_size B > 0): scale (and zero point) have x's rank, with
+// dim `axis` ceil(x.dim(axis) / B) and the others equal to x's; y[..., k, ...] = (x - z) * s at
+// [..., k / B, ...]. The last block may be shorter than B. Codes are int8 / uint8 (also what INT4 /
+// UINT4 initializers are held as).
+template <typename Q>
+void dequantize_blocked_typed(const Q* x, const float* s, const Q* z, float* y, int64_t outer, int64_t k, int64_t inner,
+                              int64_t block) {
+  const int64_t kb = (k + block - 1) / block;
+  ew::parallel_range(outer * k, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t o = r / k, kk = r % k;
+      const float* sr = s + (o * kb + kk / block) * inner;
+      const Q* zr = z ? z + (o * kb + kk / block) * inner : nullptr;
+      const Q* xr = x + r * inner;
+      float* yr = y + r * inner;
+      if (zr)
+        for (int64_t i = 0; i < inner; ++i) yr[i] = static_cast<float>(int32_t{xr[i]} - int32_t{zr[i]}) * sr[i];
+      else
+        for (int64_t i = 0; i < inner; ++i) yr[i] = static_cast<float>(xr[i]) * sr[i];
+    }
+  });
+}
+}  // namespace
+
+static void dequantize_blocked(const Tensor& x, const Tensor& scale, const Tensor* zero_point, int64_t axis,
+                               int64_t block, Tensor& y, const std::string& who) {
+  SQ_CHECK(scale.dtype() == DType::kFloat32, ErrorKind::kInvalidArgument,
+           who + ": scale must be float32, got " + dtype_name(scale.dtype()));
+  SQ_CHECK(x.dtype() == DType::kInt8 || x.dtype() == DType::kUInt8, ErrorKind::kUnsupported,
+           who + ": blocked dequantization of " + dtype_name(x.dtype()) + " is not supported (int4, uint4, int8, uint8)");
+  SQ_CHECK(block > 0, ErrorKind::kInvalidModel, who + ": block_size must be positive, got " + std::to_string(block));
+  const int64_t rank = static_cast<int64_t>(x.rank());
+  SQ_CHECK(rank >= 1, ErrorKind::kInvalidModel, who + ": blocked dequantization needs an input of rank 1 or more");
+  const int64_t ax = normalize_axis(axis, rank, who);
+  Shape want = x.shape();
+  want[static_cast<size_t>(ax)] = (x.dim(ax) + block - 1) / block;
+  SQ_CHECK(scale.shape() == want, ErrorKind::kInvalidModel,
+           who + ": with block_size " + std::to_string(block) + " on axis " + std::to_string(ax) + " of input " +
+               shape_str(x.shape()) + " the scale must have shape " + shape_str(want) + ", got " + shape_str(scale.shape()));
+  if (zero_point)
+    SQ_CHECK(zero_point->dtype() == x.dtype() && zero_point->shape() == want, ErrorKind::kInvalidModel,
+             who + ": the zero point must be " + dtype_name(x.dtype()) + " " + shape_str(want) + ", got " +
+                 dtype_name(zero_point->dtype()) + " " + shape_str(zero_point->shape()));
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < ax; ++d) outer *= x.dim(d);
+  for (int64_t d = ax + 1; d < rank; ++d) inner *= x.dim(d);
+  if (x.dtype() == DType::kInt8)
+    dequantize_blocked_typed(x.data<int8_t>(), scale.data<float>(), zero_point ? zero_point->data<int8_t>() : nullptr,
+                             y.data<float>(), outer, x.dim(ax), inner, block);
+  else
+    dequantize_blocked_typed(x.data<uint8_t>(), scale.data<float>(), zero_point ? zero_point->data<uint8_t>() : nullptr,
+                             y.data<float>(), outer, x.dim(ax), inner, block);
+}
+
 void fake_quantize_linear(const Tensor& x, const Tensor& scale, const Tensor* zero_point, int64_t axis, DType qtype,
                           Tensor& y, const std::string& who) {
   SQ_CHECK(x.dtype() == DType::kFloat32, ErrorKind::kUnsupported,
@@ -635,15 +691,22 @@ namespace {
 struct QdqAttrs {
   int64_t axis = 1;
   bool per_axis_allowed = true;
+  int64_t block_size = 0;  // DequantizeLinear (opset 21): blocked scales
 };
 
-QdqAttrs qdq_attrs(const KernelInit& init) {
+QdqAttrs qdq_attrs(const KernelInit& init, bool blocks_allowed) {
   reject_fused_activation(init.node);
   QdqAttrs a;
   a.per_axis_allowed = init.opset >= 13;
   a.axis = init.node.attr_int("axis", 1);
-  if (init.node.attr_int("block_size", 0) != 0)
+  a.block_size = init.node.attr_int("block_size", 0);
+  if (a.block_size != 0 && !blocks_allowed)
     fail(ErrorKind::kUnsupported, init.node.describe() + ": blocked quantization (block_size) is not supported");
+  if (a.block_size < 0)
+    fail(ErrorKind::kInvalidModel, init.node.describe() + ": block_size must not be negative, got " +
+                                       std::to_string(a.block_size));
+  if (init.node.attr_int("output_dtype", 0) != 0)
+    fail(ErrorKind::kUnsupported, init.node.describe() + ": output_dtype (opset 21) is not supported");
   return a;
 }
 
@@ -664,7 +727,7 @@ SQ_AVX2_CLONES void interleave_byte_planes(const uint8_t* __restrict x, int64_t 
 
 class QuantizeLinearKernel final : public Kernel {
  public:
-  explicit QuantizeLinearKernel(const KernelInit& init) : node_(init.node), attrs_(qdq_attrs(init)) {}
+  explicit QuantizeLinearKernel(const KernelInit& init) : node_(init.node), attrs_(qdq_attrs(init, false)) {}
   void run(KernelContext& ctx) override {
     const Tensor& scale = ctx.input(1);
     const Tensor* zp = ctx.optional_input(2);
@@ -756,10 +819,15 @@ class QuantizeLinearKernel final : public Kernel {
 
 class DequantizeLinearKernel final : public Kernel {
  public:
-  explicit DequantizeLinearKernel(const KernelInit& init) : node_(init.node), attrs_(qdq_attrs(init)) {}
+  explicit DequantizeLinearKernel(const KernelInit& init) : node_(init.node), attrs_(qdq_attrs(init, true)) {}
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
     const Tensor& scale = ctx.input(1);
+    if (attrs_.block_size > 0) {
+      Tensor& y = ctx.allocate_output(0, DType::kFloat32, x.shape());
+      dequantize_blocked(x, scale, ctx.optional_input(2), attrs_.axis, attrs_.block_size, y, node_.describe());
+      return;
+    }
     check_per_axis(node_, attrs_, scale);
     Tensor& y = ctx.allocate_output(0, DType::kFloat32, x.shape());
     dequantize_linear(x, scale, ctx.optional_input(2), attrs_.axis, y, node_.describe());

@@ -1,4 +1,5 @@
 // Registers the fused INT8 kernels (domain com.slimquant) that INT8 lowering produces.
+#include "runtime/fused_ops/matmul_qb4w.h"
 #include "runtime/kernels/integer/int8_common.h"
 #include "runtime/kernels/register_all.h"
 
@@ -9,6 +10,7 @@ void register_int8_kernels(KernelRegistry& r) {
   r.add(int8::kQConv, int8::make_qconv, int8::kDomain);
   r.add(int8::kQGemm, int8::make_qgemm, int8::kDomain);
   r.add(int8::kQMatMul, int8::make_qmatmul, int8::kDomain);
+  r.add(fused_ops::kMatMulQb4w, fused_ops::make_matmul_f32_qb4w, fused_ops::kMatMulQb4wDomain);  // weight-only 4-bit
 }
 
 }  // namespace slimquant::runtime

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Batch-1 latency of a stack of 12 MatMul layers 4096 x 4096 (y = x W, 768 MiB of FP32 weights):
+# slimquant FP32, slimquant 4-bit (weight-only, INT4 blocks of 32, the fused MatMulQb4w kernel), and
+# ONNX Runtime 1.30 (onnxruntime-node-latest) on the same two files. One thread, median of the runs.
+#
+#   bench/int4_linear_stack.sh [--runs 20] [--layers 12] [--dim 4096] [--block-size 32] [--out DIR] [--build DIR]
+#
+# The FP32 model is written by /usr/bin/python3 with onnx's helper (random N(0, 0.02) weights), the
+# 4-bit one by `slimquant quantize --mode weight-only --weight-bits 4` (round to nearest: no data).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+runs=20 layers=12 dim=4096 block=32 out=/tmp/int4_linear_stack build="$root/build"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --runs) runs=$2; shift 2 ;;
+    --layers) layers=$2; shift 2 ;;
+    --dim) dim=$2; shift 2 ;;
+    --block-size) block=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$out"
+fp32="$out/stack_${layers}x${dim}.onnx" int4="$out/stack_${layers}x${dim}.int4_b${block}.onnx"
+if [ ! -f "$fp32" ]; then
+  /usr/bin/python3 - "$fp32" "$layers" "$dim" <<'EOF'
+import sys
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, TensorProto
+path, layers, dim = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rng = np.random.default_rng(0)
+nodes, inits, x = [], [], "x"
+for i in range(layers):
+    w = (rng.standard_normal((dim, dim)) * 0.02).astype(np.float32)
+    inits.append(numpy_helper.from_array(w, f"w{i}"))
+    y = "y" if i == layers - 1 else f"h{i}"
+    nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [y], name=f"linear{i}"))
+    x = y
+g = helper.make_graph(nodes, "linear_stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, dim])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, dim])], inits)
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], producer_name="int4_linear_stack")
+m.ir_version = 8
+onnx.save(m, path)
+EOF
+fi
+[ -f "$int4" ] || "$build/slimquant" quantize "$fp32" --mode weight-only --weight-bits 4 --block-size "$block" \
+  -o "$int4" >/dev/null
+echo "CPU: $(lscpu | grep 'Model name' | sed 's/Model name:[ ]*//')"
+echo "files: fp32 $(du -m "$fp32" | cut -f1) MiB, int4 $(du -m "$int4" | cut -f1) MiB"
+ours() { OMP_NUM_THREADS=1 "$build/slimquant" bench "$1" --shape "1x$dim" --runs "$runs" --warmup 3 --threads 1 --json |
+  tail -1 | /usr/bin/python3 -c 'import json,sys; print("%.3f" % json.load(sys.stdin)["median_ms"])'; }
+ort() {
+  node -e '
+const ort = require(process.argv[1]);
+(async () => {
+  const s = await ort.InferenceSession.create(process.argv[2], { intraOpNumThreads: 1, interOpNumThreads: 1 });
+  const dim = Number(process.argv[3]), runs = Number(process.argv[4]);
+  const x = new ort.Tensor("float32", Float32Array.from({ length: dim }, (_, i) => Math.sin(i)), [1, dim]);
+  for (let i = 0; i < 3; ++i) await s.run({ x });
+  const t = [];
+  for (let i = 0; i < runs; ++i) { const t0 = process.hrtime.bigint(); await s.run({ x }); t.push(Number(process.hrtime.bigint() - t0) / 1e6); }
+  t.sort((a, b) => a - b);
+  console.log(t[Math.floor(t.length / 2)].toFixed(3));
+})().catch((e) => { console.log("fails: " + e.message.split("\n")[0]); });
+' "$root/bench/node_modules/$1" "$2" "$dim" "$runs"
+}
+sq_fp32=$(ours "$fp32")
+sq_int4=$(ours "$int4")
+ort_fp32=$(ort onnxruntime-node-latest "$fp32")
+ort_int4=$(ort onnxruntime-node-latest "$int4")
+echo "batch 1, one thread, median of $runs runs (ms):"
+echo "  slimquant FP32  $sq_fp32"
+echo "  slimquant INT4  $sq_int4  ($(/usr/bin/python3 -c "print('%.2f' % ($sq_fp32 / $sq_int4))")x FP32)"
+echo "  ORT 1.30 FP32   $ort_fp32"
+echo "  ORT 1.30 INT4   $ort_int4"

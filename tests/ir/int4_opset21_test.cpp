@@ -1,0 +1,133 @@
+// ONNX's INT4 / UINT4 initializers (held unpacked, saved packed two a byte, low nibble first) and
+// ai.onnx opset 21, newer than the ONNX library (1.12, opset 17) the loader links.
+#include <gtest/gtest.h>
+
+#include <onnx/onnx_pb.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "slimquant/ir/onnx_io.h"
+#include "test_util.h"
+
+using namespace slimquant;
+
+namespace {
+
+ir::Graph blocked_dequantize_graph(int64_t opset) {
+  ir::Graph g;
+  g.opset = opset;
+  g.ir_version = 10;
+  Tensor codes(DType::kInt8, {3, 5});  // 15 values: an odd count leaves the last high nibble 0
+  for (int64_t i = 0; i < 15; ++i) codes.data<int8_t>()[i] = static_cast<int8_t>(i - 8);
+  g.initializers["codes"] = codes;
+  g.stored_4bit_types["codes"] = 22;
+  Tensor scales(DType::kFloat32, {2, 5});
+  for (auto& s : scales.values<float>()) s = 0.5f;
+  g.initializers["scales"] = scales;
+  ir::Node dq;
+  dq.op_type = "DequantizeLinear";
+  dq.name = "dq";
+  dq.inputs = {"codes", "scales"};
+  dq.outputs = {"w"};
+  dq.attrs["axis"] = int64_t{0};
+  dq.attrs["block_size"] = int64_t{2};
+  ir::Node mm;
+  mm.op_type = "MatMul";
+  mm.name = "mm";
+  mm.inputs = {"x", "w"};
+  mm.outputs = {"y"};
+  g.nodes = {dq, mm};
+  g.inputs = {ir::ValueInfo{"x", DType::kFloat32, std::vector<ir::Dim>{ir::Dim{1, ""}, ir::Dim{3, ""}}}};
+  g.outputs = {ir::ValueInfo{"y", DType::kFloat32, std::vector<ir::Dim>{ir::Dim{1, ""}, ir::Dim{5, ""}}}};
+  return g;
+}
+
+onnx::ModelProto read_proto(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  onnx::ModelProto m;
+  EXPECT_TRUE(m.ParseFromString(s.str()));
+  return m;
+}
+
+TEST(Int4Tensors, SavedPackedLowNibbleFirstAndLoadedUnpacked) {
+  test::TempDir tmp("int4_opset21");
+  const ir::Graph g = blocked_dequantize_graph(21);
+  ir::save_onnx(g, tmp.path("m.onnx"));
+  const onnx::ModelProto m = read_proto(tmp.path("m.onnx"));
+  EXPECT_EQ(m.ir_version(), 10);
+  ASSERT_EQ(m.opset_import_size(), 1);
+  EXPECT_EQ(m.opset_import(0).version(), 21);
+  const onnx::TensorProto* codes = nullptr;
+  for (const auto& t : m.graph().initializer())
+    if (t.name() == "codes") codes = &t;
+  ASSERT_NE(codes, nullptr);
+  EXPECT_EQ(codes->data_type(), 22);
+  ASSERT_EQ(codes->raw_data().size(), 8u);
+  // -8, -7 -> nibbles 0x8, 0x9 -> byte 0x98; the 15th value (6 -> 0x6) alone in the last byte.
+  EXPECT_EQ(static_cast<uint8_t>(codes->raw_data()[0]), 0x98);
+  EXPECT_EQ(static_cast<uint8_t>(codes->raw_data()[7]), 0x06);
+
+  const ir::Graph back = ir::load_onnx(tmp.path("m.onnx"));
+  EXPECT_EQ(back.opset, 21);
+  EXPECT_EQ(back.stored_4bit_types.at("codes"), 22);
+  const Tensor& c = back.initializers.at("codes");
+  ASSERT_EQ(c.dtype(), DType::kInt8);
+  ASSERT_EQ(c.shape(), (Shape{3, 5}));
+  for (int64_t i = 0; i < 15; ++i) EXPECT_EQ(c.data<int8_t>()[i], i - 8);
+  EXPECT_EQ(back.nodes[0].attr_int("block_size", 0), 2);
+  // Shape inference (libonnx 1.12 sees the node at its newest opset, 17) still types the output.
+  ir::Graph typed = back;
+  EXPECT_NO_THROW(ir::infer_shapes_onnx(typed));
+}
+
+TEST(Int4Tensors, OutOfRangeCodesAreRefusedOnSave) {
+  test::TempDir tmp("int4_range");
+  ir::Graph g = blocked_dequantize_graph(21);
+  g.initializers["codes"].data<int8_t>()[4] = 9;
+  try {
+    ir::save_onnx(g, tmp.path("m.onnx"));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("INT4"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Opset21, OperatorsThatChangedAfterTheLibrarysOpsetAreRefusedNamingThem) {
+  test::TempDir tmp("opset21_changed");
+  ir::Graph g = blocked_dequantize_graph(21);
+  ir::Node reduce;
+  reduce.op_type = "ReduceMean";
+  reduce.name = "mean";
+  reduce.inputs = {"y"};
+  reduce.outputs = {"m"};
+  g.nodes.push_back(reduce);
+  g.outputs = {ir::ValueInfo{"m", DType::kFloat32, std::vector<ir::Dim>{ir::Dim{1, ""}, ir::Dim{1, ""}}}};
+  ir::save_onnx(g, tmp.path("m.onnx"));
+  try {
+    ir::load_onnx(tmp.path("m.onnx"));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("ReduceMean"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("opset 18"), std::string::npos) << e.what();
+  }
+  // Raising such a graph to 21 is refused the same way; one without them is raised.
+  ir::Graph at17 = blocked_dequantize_graph(17);
+  at17.nodes.erase(at17.nodes.begin());
+  at17.nodes[0].inputs[1] = "wf";
+  at17.initializers.clear();
+  at17.stored_4bit_types.clear();
+  at17.initializers["wf"] = Tensor(DType::kFloat32, {3, 5});
+  ir::Graph with_reduce = at17;
+  with_reduce.nodes.push_back(reduce);
+  EXPECT_THROW(ir::convert_opset(with_reduce, 21), Error);
+  ir::convert_opset(at17, 21);
+  EXPECT_EQ(at17.opset, 21);
+  EXPECT_GE(at17.ir_version, 10);
+  EXPECT_THROW(ir::convert_opset(at17, 22), Error);
+}
+
+}  // namespace

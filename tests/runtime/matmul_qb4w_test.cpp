@@ -1,0 +1,138 @@
+// 4-bit blocked weights in the runtime: the opset-21 blocked DequantizeLinear, and the fused
+// MatMulQb4w kernel that reads the 4-bit codes, against the unfused DequantizeLinear + MatMul and
+// a plain double-precision loop.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <random>
+
+#include "graph_builder.h"
+#include "runtime/fusions/execution_fusions.h"
+#include "slimquant/runtime/session.h"
+
+using namespace slimquant;
+
+namespace {
+
+struct Case {
+  int64_t m, k, n, block;
+  bool gemm_transposed;  // Gemm(transB = 1) with a bias, codes [N, K], axis 1; else MatMul, [K, N], axis 0
+};
+
+struct Built {
+  ir::Graph g;
+  Tensor codes, scales, bias;
+};
+
+Built blocked_matmul(const Case& c, std::mt19937& rng) {
+  test::GraphBuilder b;
+  b.g.opset = 21;
+  b.g.ir_version = 10;
+  const int64_t kb = (c.k + c.block - 1) / c.block;
+  Built out;
+  out.codes = Tensor(DType::kInt8, c.gemm_transposed ? Shape{c.n, c.k} : Shape{c.k, c.n});
+  std::uniform_int_distribution<int> code(-8, 7);
+  for (auto& v : out.codes.values<int8_t>()) v = static_cast<int8_t>(code(rng));
+  out.scales = test::random_tensor(c.gemm_transposed ? Shape{c.n, kb} : Shape{kb, c.n}, rng, 0.01f, 0.1f);
+  const std::string codes = b.constant(out.codes), scales = b.constant(out.scales);
+  b.g.stored_4bit_types[codes] = 22;
+  const std::string w = b.node("DequantizeLinear", {codes, scales},
+                               {{"axis", int64_t{c.gemm_transposed ? 1 : 0}}, {"block_size", c.block}});
+  std::string y;
+  if (c.gemm_transposed) {
+    out.bias = test::random_tensor({c.n}, rng);
+    y = b.node("Gemm", {"a", w, b.constant(out.bias)}, {{"transB", int64_t{1}}});
+  } else {
+    y = b.node("MatMul", {"a", w});
+  }
+  b.g.inputs = {ir::ValueInfo{"a", DType::kFloat32, std::nullopt}};
+  b.g.outputs = {ir::ValueInfo{y, DType::kFloat32, std::nullopt}};
+  out.g = std::move(b.g);
+  return out;
+}
+
+// y = a . dequantize(codes, scales) (+ bias), in double.
+std::vector<double> reference(const Case& c, const Built& b, const Tensor& a) {
+  const int64_t kb = (c.k + c.block - 1) / c.block;
+  std::vector<double> y(static_cast<size_t>(c.m * c.n), 0.0);
+  for (int64_t r = 0; r < c.m; ++r)
+    for (int64_t j = 0; j < c.n; ++j) {
+      double acc = b.bias.defined() ? b.bias.data<float>()[j] : 0.0;
+      for (int64_t k = 0; k < c.k; ++k) {
+        const double q = c.gemm_transposed ? b.codes.data<int8_t>()[j * c.k + k] : b.codes.data<int8_t>()[k * c.n + j];
+        const double s = c.gemm_transposed ? b.scales.data<float>()[j * kb + k / c.block]
+                                           : b.scales.data<float>()[(k / c.block) * c.n + j];
+        acc += a.data<float>()[r * c.k + k] * q * s;
+      }
+      y[static_cast<size_t>(r * c.n + j)] = acc;
+    }
+  return y;
+}
+
+void expect_fused_equals_unfused() {
+  std::mt19937 rng(7);
+  // K a multiple of the block and not (the last block shorter, as ONNX allows: scales take
+  // ceil(K / block_size) blocks), K below 32, batch 1, a few rows (the 4-bit dot products) and many
+  // (dequantized panels through sgemm).
+  for (const Case c : {Case{1, 64, 48, 32, false}, Case{1, 100, 33, 32, false}, Case{3, 200, 17, 64, true},
+                       Case{1, 20, 5, 32, true}, Case{20, 256, 300, 128, false}, Case{9, 130, 40, 64, true},
+                       Case{1, 1000, 70, 128, true}}) {
+    SCOPED_TRACE("m " + std::to_string(c.m) + " k " + std::to_string(c.k) + " n " + std::to_string(c.n) + " block " +
+                 std::to_string(c.block) + (c.gemm_transposed ? " Gemm" : " MatMul"));
+    const Built built = blocked_matmul(c, rng);
+    // Structure: the plan's fusion turns DequantizeLinear + MatMul / Gemm into one node.
+    ir::Graph fused_graph = built.g;
+    const ir::RuleCounts counts = runtime::apply_execution_fusions(fused_graph, {});
+    EXPECT_EQ(ir::count_of(counts, "fold_blocked_dequantize_into_matmul"), 1);
+    ASSERT_EQ(fused_graph.nodes.size(), 1u);
+    EXPECT_EQ(fused_graph.nodes[0].op_type, "MatMulQb4w");
+
+    const Tensor a = test::random_tensor({c.m, c.k}, rng);
+    runtime::SessionOptions plain;
+    plain.fuse_activations = false;  // no execution fusions: DequantizeLinear, then MatMul / Gemm
+    runtime::Session fused(built.g), unfused(built.g, plain);
+    const Tensor got = fused.run({{"a", a}}).begin()->second;
+    const Tensor want = unfused.run({{"a", a}}).begin()->second;
+    const std::vector<double> exact = reference(c, built, a);
+    ASSERT_EQ(got.shape(), (Shape{c.m, c.n}));
+    ASSERT_EQ(want.shape(), got.shape());
+    double magnitude = 0;
+    for (double v : exact) magnitude = std::max(magnitude, std::abs(v));
+    // Float rounding of K products, taken in a different order: a few ulps of the row's magnitude.
+    const double bound = 4e-6 * std::sqrt(static_cast<double>(c.k)) * (magnitude + 1.0);
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      EXPECT_NEAR(got.data<float>()[i], want.data<float>()[i], bound) << i;
+      EXPECT_NEAR(got.data<float>()[i], exact[static_cast<size_t>(i)], bound) << i;
+    }
+  }
+}
+
+TEST(MatMulQb4w, FusedKernelEqualsDequantizeLinearThenMatMul) {
+  // Every ISA path this CPU can run (SLIMQUANT_QB4W_ISA caps the kernel's choice at creation).
+  for (const char* isa : {"avx512", "avx2", "scalar"}) {
+    SCOPED_TRACE(isa);
+    setenv("SLIMQUANT_QB4W_ISA", isa, 1);
+    expect_fused_equals_unfused();
+  }
+  unsetenv("SLIMQUANT_QB4W_ISA");
+}
+
+TEST(MatMulQb4w, BlockedDequantizeLinearNeedsMatchingScales) {
+  std::mt19937 rng(3);
+  Built built = blocked_matmul(Case{1, 64, 8, 32, false}, rng);
+  // A scale tensor with the wrong block count is refused by the DequantizeLinear, naming the rule.
+  const std::string scales = built.g.nodes[0].inputs[1];
+  built.g.initializers[scales] = test::random_tensor({3, 8}, rng, 0.01f, 0.1f);
+  runtime::SessionOptions plain;
+  plain.fuse_activations = false;
+  try {
+    runtime::Session s(built.g, plain);
+    s.run({{"a", test::random_tensor({1, 64}, rng)}});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("block_size"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
