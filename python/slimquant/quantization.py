@@ -1113,5 +1113,12 @@ class PostTrainingQuantization:
         return self._impl.float_layers
 
     @property
+    def algo_choice(self):
+        """With algo="auto": the observer chosen and what each candidate measured against FP32 (dict:
+        chosen, channel_wise_conv_inputs, samples, held_back, scores, description); chosen is ""
+        for an explicit algo."""
+        return self._impl.algo_choice
+
+    @property
     def layers(self):
         return self._impl.ptq.layers

@@ -650,7 +650,17 @@ PYBIND11_MODULE(_slimquant, m) {
         return py::dict(py::arg("batches") = r.batches, py::arg("samples") = r.samples,
                         py::arg("resumed_batches") = r.resumed_batches, py::arg("seconds") = r.seconds);
       })
-      .def_property_readonly("float_layers", [](const quant::PostTrainingQuantization& p) { return p.fallback().float_layers; });
+      .def_property_readonly("float_layers", [](const quant::PostTrainingQuantization& p) { return p.fallback().float_layers; })
+      .def_property_readonly("algo_choice", [](const quant::PostTrainingQuantization& p) {
+        const quant::ActivationAlgoChoice& c = p.algo_choice();
+        py::list scores;
+        for (const auto& s : c.scores)
+          scores.append(py::dict(py::arg("algo") = s.algo, py::arg("channel_wise_conv_inputs") = s.channel_wise_conv_inputs,
+                                 py::arg("sqnr_db") = s.sqnr_db, py::arg("agreement") = s.agreement));
+        return py::dict(py::arg("chosen") = c.chosen, py::arg("channel_wise_conv_inputs") = c.channel_wise_conv_inputs,
+                        py::arg("samples") = c.samples, py::arg("held_back") = c.held_back, py::arg("scores") = scores,
+                        py::arg("description") = c.chosen.empty() ? std::string() : c.describe());
+      });
 
   // ---- quantization-aware training (seed 003's QAT): the library's train::QAT
   py::class_<train::QATOptions>(m, "_QATOptions")

@@ -502,3 +502,24 @@ def test_quant_post_dynamic_refuses_what_it_cannot_do(tmp_path, model_path, fash
     with pytest.raises(ValueError, match="mode"):
         slimquant.PostTrainingQuantization(model_dir=model_path, mode="dynamic",
                                            sample_generator=sample_reader(images, 8))
+
+
+def test_algo_auto_chooses_a_candidate_and_says_which(tmp_path, model_path, fashion):
+    images, _ = fashion
+    data = [images[i:i + 16] for i in range(0, 64, 16)]
+    ptq = slimquant.PostTrainingQuantization(model_dir=model_path, data_loader=data, batch_nums=3, algo="auto",
+                                             fallback_sqnr_db=0)
+    ptq.quantize()
+    choice = ptq.algo_choice
+    assert choice["chosen"] in ("emd", "KL", "mse", "hist", "avg")
+    assert choice["held_back"], "the fourth batch was not calibrated"
+    assert [s["algo"] for s in choice["scores"]] == ["emd", "KL", "mse", "hist", "avg"]
+    assert all(s["sqnr_db"] > 15 for s in choice["scores"])
+    assert choice["chosen"] in choice["description"]
+    path = ptq.save_quantized_model(str(tmp_path / "auto.onnx"))
+    meta = {p.key: p.value for p in onnx.load(path).metadata_props}
+    assert meta["slimquant.activation_algo"] == choice["chosen"]
+    explicit = slimquant.PostTrainingQuantization(model_dir=model_path, data_loader=data, batch_nums=3, algo="KL",
+                                                  fallback_sqnr_db=0)
+    explicit.quantize()
+    assert explicit.algo_choice["chosen"] == ""
