@@ -18,7 +18,17 @@ class AutoObserver final : public Observer {
  public:
   explicit AutoObserver(const ObserverOptions& options) : Observer(/*accumulate=*/true) {
     per_sample_abs_max_ = true;  // avg's statistic, computed in the one scan
-    for (const auto& algo : auto_algo_candidates()) candidates_.push_back(make_activation_observer(algo, options));
+    // mse reads emd's signed histogram and hist KL's |x| histogram: two histograms filled, not four.
+    auto made = [&](const std::string& name) -> const Observer& {  // a histogram's owner, made before
+      for (const auto& c : candidates_)
+        if (c->name() == name) return *c;
+      fail(ErrorKind::kInternal, "observer auto: " + name + " must come before the candidates sharing its histogram");
+    };
+    for (const auto& algo : auto_algo_candidates()) {
+      if (algo == "mse") candidates_.push_back(make_mse_observer_sharing(made("emd"), options));
+      else if (algo == "hist") candidates_.push_back(make_hist_observer_sharing(made("KL"), options));
+      else candidates_.push_back(make_activation_observer(algo, options));
+    }
   }
   std::string name() const override { return "auto"; }
 

@@ -21,7 +21,7 @@ class AbsHistogramObserver : public Observer {
 
  protected:
   void on_observe(const Tensor&, const float* data, int64_t n, const BatchStats& b) override {
-    hist_.add(data, n, b.abs_max);
+    if (shared_ == nullptr) hist_.add(data, n, b.abs_max);
   }
   void save_algo_state(std::ostream& out) const override { hist_.save(out); }
   void load_algo_state(std::istream& in) override { hist_.load(in); }
@@ -33,6 +33,13 @@ class AbsHistogramObserver : public Observer {
 
   ObserverOptions options_;
   Pow2Histogram hist_;
+  const Pow2Histogram* shared_ = nullptr;  // share_histogram_of()
+
+ public:
+  // Reads `owner`'s histogram instead of filling its own (owner: a histogram observer with the same
+  // options that observes the same tensors; "auto" keeps one |x| histogram for KL and hist).
+  void share_histogram_of(const AbsHistogramObserver& owner) { shared_ = &owner.hist_; }
+  const Pow2Histogram& histogram() const { return shared_ ? *shared_ : hist_; }
 };
 
 // Threshold below which a fraction hist_percent of all |x| lie, interpolated linearly inside the
@@ -48,17 +55,18 @@ class HistObserver final : public AbsHistogramObserver {
  private:
   double threshold() const {
     const double abs_max = observed_abs_max();
-    if (!hist_.has_range() || options_.hist_percent >= 1.0f) return abs_max;
+    const Pow2Histogram& hist = histogram();
+    if (!hist.has_range() || options_.hist_percent >= 1.0f) return abs_max;
     const double target = static_cast<double>(options_.hist_percent) *
                           static_cast<double>(observed_count());
-    const auto counts = hist_.counts();
-    const double w = hist_.bin_width();
+    const auto counts = hist.counts();
+    const double w = hist.bin_width();
     double cum = 0.0;
-    for (int64_t j = 0; j < hist_.bins(); ++j) {
+    for (int64_t j = 0; j < hist.bins(); ++j) {
       // Exact zeros belong to the first bin [0, w).
-      const double c = static_cast<double>(counts[j] + (j == 0 ? hist_.zeros() : 0));
+      const double c = static_cast<double>(counts[j] + (j == 0 ? hist.zeros() : 0));
       if (c > 0.0 && cum + c >= target) {
-        const double t = hist_.bin_lo(j) + std::clamp((target - cum) / c, 0.0, 1.0) * w;
+        const double t = hist.bin_lo(j) + std::clamp((target - cum) / c, 0.0, 1.0) * w;
         return std::min(t, abs_max);
       }
       cum += c;
@@ -191,6 +199,11 @@ std::unique_ptr<Observer> make_hist_observer(const ObserverOptions& o) {
 }
 std::unique_ptr<Observer> make_kl_observer(const ObserverOptions& o) {
   return std::make_unique<KlObserver>(o);
+}
+std::unique_ptr<Observer> make_hist_observer_sharing(const Observer& kl, const ObserverOptions& o) {
+  auto hist = std::make_unique<HistObserver>(o);
+  hist->share_histogram_of(dynamic_cast<const AbsHistogramObserver&>(kl));
+  return hist;
 }
 
 }  // namespace slimquant::quant::detail

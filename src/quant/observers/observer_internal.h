@@ -107,6 +107,10 @@ std::unique_ptr<Observer> make_kl_observer(const ObserverOptions& o);
 std::unique_ptr<Observer> make_mse_observer(const ObserverOptions& o);
 std::unique_ptr<Observer> make_emd_observer(const ObserverOptions& o);
 std::unique_ptr<Observer> make_auto_observer(const ObserverOptions& o);
+// hist / mse reading the histogram of a KL / emd observer made with the same options that observes
+// the same tensors (which must outlive them) instead of filling their own: "auto"'s candidates.
+std::unique_ptr<Observer> make_hist_observer_sharing(const Observer& kl, const ObserverOptions& o);
+std::unique_ptr<Observer> make_mse_observer_sharing(const Observer& emd, const ObserverOptions& o);
 
 std::unique_ptr<Observer> make_weight_abs_max_observer(const ObserverOptions& options);
 std::unique_ptr<Observer> make_channel_wise_abs_max_observer(const ObserverOptions& o);

@@ -86,9 +86,13 @@ class SearchObserver final : public Observer {
 
   std::string name() const override { return loss_ == SearchLoss::kMse ? "mse" : "emd"; }
 
+  // Reads `owner`'s histogram instead of filling its own (owner: a search observer with the same
+  // options that observes the same tensors; "auto" keeps one histogram for mse and emd).
+  void share_histogram_of(const SearchObserver& owner) { shared_ = &owner.hist_; }
+
  protected:
   void on_observe(const Tensor&, const float* data, int64_t n, const BatchStats& b) override {
-    hist_.add(data, n, b.abs_max);
+    if (shared_ == nullptr) hist_.add(data, n, b.abs_max);
   }
   void save_algo_state(std::ostream& out) const override { hist_.save(out); }
   void load_algo_state(std::istream& in) override { hist_.load(in); }
@@ -100,8 +104,9 @@ class SearchObserver final : public Observer {
 
   ClipRange clip_range(QuantScheme scheme) const override {
     const double abs_max = observed_abs_max();
-    if (!hist_.has_range() || abs_max <= 0.0) return clip_to_observed(0.0);
-    const HistogramMoments moments(hist_);
+    const Pow2Histogram& hist = shared_ ? *shared_ : hist_;
+    if (!hist.has_range() || abs_max <= 0.0) return clip_to_observed(0.0);
+    const HistogramMoments moments(hist);
     const double n = static_cast<double>(observed_count());
     const Moments& all = moments.total();
     const double mean_x = all.m1 / n;
@@ -148,6 +153,7 @@ class SearchObserver final : public Observer {
   SearchLoss loss_;
   std::vector<double> fractions_;
   Pow2Histogram hist_;
+  const Pow2Histogram* shared_ = nullptr;
 };
 
 }  // namespace
@@ -157,6 +163,11 @@ std::unique_ptr<Observer> make_mse_observer(const ObserverOptions& o) {
 }
 std::unique_ptr<Observer> make_emd_observer(const ObserverOptions& o) {
   return std::make_unique<SearchObserver>(SearchLoss::kEmd, o);
+}
+std::unique_ptr<Observer> make_mse_observer_sharing(const Observer& emd, const ObserverOptions& o) {
+  auto mse = std::make_unique<SearchObserver>(SearchLoss::kMse, o);
+  mse->share_histogram_of(dynamic_cast<const SearchObserver&>(emd));
+  return mse;
 }
 
 }  // namespace slimquant::quant::detail
