@@ -20,6 +20,7 @@
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/algo_choice.h"
+#include "slimquant/quant/calibration.h"
 #include "slimquant/quant/ptq.h"
 
 namespace slimquant::cli {
@@ -174,35 +175,33 @@ Action register_analyze(CLI::App& app) {
     const data::Dataset& eval_set = eval_owned ? *eval_owned : *calib;
     if (metric) check_metric_labels(*metric, eval_set);
 
-    const std::string main_input = data::main_input_name(graph_input_names(graph), *calib);
     quant::PTQ ptq(config);
     ptq.quantize(graph);
-    data::BatchLoader loader(*calib, batch_size);
-    const size_t batches = batch_nums == 0 ? loader.num_batches() : std::min(batch_nums, loader.num_batches());
-    SQ_CHECK(batches > 0, ErrorKind::kInvalidData, "calibration data set '" + calib->name() + "' is empty");
-    // Distributed: every rank calibrates on its block of batches, then the observers are merged.
-    const distributed::Range my_batches = distributed::block_of(batches);
-    Progress progress("calibrate", my_batches.end - my_batches.begin, "batches");
-    for (size_t i = my_batches.begin; i < my_batches.end; ++i) {
-      ptq.sample(loader.batch(i).feeds(main_input));
-      progress.advance();
-    }
-    progress.finish();
-    ptq.merge_calibration_across_ranks();
     // algo auto: layers are ranked under the observer quantize would choose, compared on the samples
-    // after the calibrated ones when the data has them.
+    // after the calibrated ones when the data has them, else on the first calibration samples.
+    const size_t candidates = ptq.selectable_activation_algos().size();
+    quant::CalibrationLoopOptions lo;
+    if (batch_nums > 0) lo.batch_nums = batch_nums;
+    if (candidates > 0) {
+      lo.first_rows = quant::algo_choice_samples(calib->size(), candidates);
+      lo.held_back_rows = [candidates](size_t calibrated) { return quant::algo_choice_samples(calibrated, candidates); };
+    }
+    // Distributed: every rank calibrates on its block of batches, then the observers are merged.
+    const auto source = quant::dataset_calibration_source(*calib, batch_size, graph.inputs);
+    const quant::CalibrationRun calibration = quant::calibrate(ptq, *source, lo);
+    const size_t batches = calibration.batches;
+    if (distributed::is_root())
+      for (const auto& w : calibration.warnings) std::cerr << "warning: " << w << "\n";
     quant::ActivationAlgoChoice algo_choice;
-    if (const size_t candidates = ptq.selectable_activation_algos().size()) {
-      const size_t calibrated = std::min(batches * batch_size, calib->size());
-      const size_t rows = quant::algo_choice_samples(calibrated, candidates);
-      const bool unseen = calib->size() > calibrated;
-      const size_t first = unseen ? calibrated : 0;
+    if (candidates > 0) {
+      const bool unseen = !calibration.held_back.empty();
+      const size_t rows = quant::algo_choice_samples(calibration.calibrated_samples, candidates);
       algo_choice = quant::choose_activation_algo(
-          ptq, loader.load_range(first, std::min(rows, calib->size() - first)).feeds(main_input), unseen);
+          ptq, unseen ? calibration.held_back : quant::leading_rows(calibration.first_rows, rows), unseen);
       if (distributed::is_root())
         std::cout << "activation observer: auto chose " << algo_choice.describe() << "; --algo NAME fixes one" << std::endl;
     }
-    const double calib_seconds = progress.elapsed_seconds();
+    const double calib_seconds = calibration.seconds;
 
     analysis::PtqAnalysisOptions po;
     po.batch_size = a->eval_batch_size;
@@ -248,6 +247,7 @@ Action register_analyze(CLI::App& app) {
 
     if (num_plots > 0 && distributed::is_root()) {
       data::BatchLoader plot_loader(*calib, batch_size);
+      const std::string main_input = data::main_input_name(graph_input_names(graph), *calib);
       auto calibration_batches = [&](const auto& visit) {
         for (size_t b = 0; b < std::min(batches, plot_loader.num_batches()); ++b) visit(plot_loader.batch(b).feeds(main_input));
       };

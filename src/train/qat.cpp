@@ -21,6 +21,7 @@
 #include "slimquant/core/atomic_file.h"
 #include "slimquant/core/npy.h"
 #include "slimquant/core/progress.h"
+#include "slimquant/quant/calibration.h"
 #include "slimquant/train/loss.h"
 
 namespace slimquant::train {
@@ -200,16 +201,11 @@ void QAT::prepare(const ir::Graph& float_graph, const data::Dataset* calib) {
 
   bool& calibrated = calibrated_;
   calibrated = false;
-  if (calib && options_.calib_batches > 0) {
-    data::BatchLoader loader(*calib, options_.batch_size);
-    const size_t n = std::min(options_.calib_batches, loader.num_batches());
-    Progress progress("calibrate", n, "batches");
-    for (size_t i = 0; i < n; ++i) {
-      ptq_->sample(loader.batch(i).inputs);
-      progress.advance();
-    }
-    progress.finish();
-    calibrated = n > 0;
+  if (calib && options_.calib_batches > 0 && calib->size() > 0) {
+    const auto source = quant::dataset_calibration_source(*calib, options_.batch_size, g.inputs);
+    quant::CalibrationLoopOptions lo;
+    lo.batch_nums = std::min(options_.calib_batches, *source->known_batches());
+    calibrated = quant::calibrate(*ptq_, *source, lo).batches > 0;
   }
 
   graph_ = std::make_unique<TrainGraph>(g);

@@ -16,21 +16,13 @@
 
 #include "slimquant/data/dataset.h"
 #include "slimquant/quant/algo_choice.h"
+#include "slimquant/quant/calibration.h"
 #include "slimquant/quant/precision_fallback.h"
 #include "slimquant/quant/ptq.h"
 
 namespace slimquant::quant {
 
-// One calibration sample per call (graph inputs by name, without the batch dimension, or with a
-// batch dimension of 1); std::nullopt ends the data. The source documents' `sample_generator`.
-using SampleGenerator = std::function<std::optional<std::map<std::string, Tensor>>()>;
-// One calibration batch per call (graph inputs by name, each with the batch dimension first; the
-// batches may differ in size); std::nullopt ends the data. The source documents' `data_loader` /
-// `batch_generator`: batch_size does not apply, batch_nums counts these batches.
-using BatchGenerator = std::function<std::optional<std::map<std::string, Tensor>>()>;
-// In a sample or batch of either generator, the name "" stands for the model's only input (the
-// Python package's bare arrays); with several inputs every one must be named.
-
+// SampleGenerator and BatchGenerator: calibration.h.
 struct PostTrainingQuantizationOptions {
   // The FP32 model: a directory holding it (model_filename names the file when not model.onnx),
   // or the .onnx file itself; params_filename names an external-data file (checked to exist).

@@ -1,0 +1,320 @@
+#include "slimquant/quant/calibration.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <numeric>
+
+#include "slimquant/core/distributed.h"
+#include "slimquant/core/progress.h"
+#include "slimquant/data/batch.h"
+#include "slimquant/runtime/session.h"
+
+namespace slimquant::quant {
+
+namespace {
+
+// Rows (samples) of a batch: axis 0 of its first tensor.
+size_t rows_of(const Feeds& feeds) {
+  return feeds.empty() || feeds.begin()->second.rank() == 0 ? 0 : static_cast<size_t>(feeds.begin()->second.dim(0));
+}
+
+// Gives the entry named "" (a bare array from a generator) the name of the model's only input.
+Feeds name_inputs(Feeds feeds, const std::vector<ir::ValueInfo>& inputs, const char* source) {
+  auto unnamed = feeds.find("");
+  if (unnamed == feeds.end()) return feeds;
+  SQ_CHECK(inputs.size() == 1 && feeds.size() == 1, ErrorKind::kInvalidArgument,
+           std::string(source) + " gave an unnamed array, but the model has " + std::to_string(inputs.size()) +
+               " inputs: give a dict of input name -> array");
+  Tensor t = std::move(unnamed->second);
+  feeds.clear();
+  feeds[inputs[0].name] = std::move(t);
+  return feeds;
+}
+
+// Stacks single samples (each input without a batch dimension, or with a batch dimension of 1)
+// into one batch per input; `ranks` holds each input's rank in the model (0 = unknown).
+Feeds stack_samples(const std::vector<Feeds>& samples, const std::map<std::string, size_t>& ranks) {
+  Feeds batch;
+  const auto& first = samples.front();
+  for (const auto& [name, t0] : first) {
+    auto rank_it = ranks.find(name);
+    SQ_CHECK(rank_it != ranks.end(), ErrorKind::kInvalidArgument,
+             "sample_generator gave '" + name + "', which is not an input of the model");
+    const bool has_batch_dim = rank_it->second != 0 && t0.rank() == rank_it->second;
+    SQ_CHECK(!has_batch_dim || t0.dim(0) == 1, ErrorKind::kInvalidArgument,
+             "sample_generator must give one sample per call; input '" + name + "' has batch dimension " +
+                 std::to_string(t0.dim(0)));
+    Shape shape = t0.shape();
+    if (has_batch_dim) shape.erase(shape.begin());
+    shape.insert(shape.begin(), static_cast<int64_t>(samples.size()));
+    Tensor out(t0.dtype(), shape);
+    auto* dst = static_cast<std::byte*>(out.raw());
+    for (size_t i = 0; i < samples.size(); ++i) {
+      auto it = samples[i].find(name);
+      SQ_CHECK(it != samples[i].end(), ErrorKind::kInvalidArgument,
+               "sample_generator: sample lacks input '" + name + "' that the first sample had");
+      const Tensor& t = it->second;
+      SQ_CHECK(t.dtype() == t0.dtype() && t.numel() == t0.numel(), ErrorKind::kInvalidArgument,
+               "sample_generator: samples of input '" + name + "' differ in dtype or shape (" + shape_str(t.shape()) +
+                   " vs " + shape_str(t0.shape()) + ")");
+      std::memcpy(dst + i * t0.nbytes(), t.raw(), t0.nbytes());
+    }
+    batch[name] = std::move(out);
+  }
+  return batch;
+}
+
+class DatasetSource final : public CalibrationSource {
+ public:
+  DatasetSource(const data::Dataset& data, size_t batch_size, const std::vector<ir::ValueInfo>& model_inputs)
+      : loader_(data, batch_size) {
+    std::vector<std::string> names;
+    for (const auto& in : model_inputs) names.push_back(in.name);
+    main_input_ = data::main_input_name(names, data);
+  }
+  std::optional<size_t> known_batches() const override { return loader_.num_batches(); }
+  bool random_access() const override { return true; }
+  std::optional<Feeds> batch(size_t i) override {
+    if (i >= loader_.num_batches()) return std::nullopt;
+    return loader_.batch(i).feeds(main_input_);
+  }
+  Feeds rows_after(size_t batches, size_t rows) override {
+    const size_t first = samples_in(batches), size = loader_.dataset().size();
+    if (first >= size || rows == 0) return {};
+    return loader_.load_range(first, std::min(rows, size - first)).feeds(main_input_);
+  }
+  size_t samples_in(size_t batches) const override {
+    return std::min(batches * loader_.batch_size(), loader_.dataset().size());
+  }
+  std::string name() const override { return "'" + loader_.dataset().name() + "'"; }
+
+ private:
+  data::BatchLoader loader_;
+  std::string main_input_;
+};
+
+// Generators are read once, in order; rows_per_batch_ remembers what each batch held.
+class SequentialSource : public CalibrationSource {
+ public:
+  std::optional<size_t> known_batches() const override { return std::nullopt; }
+  bool random_access() const override { return false; }
+  std::optional<Feeds> batch(size_t i) override {
+    SQ_CHECK(i == rows_per_batch_.size(), ErrorKind::kInternal, "a generator's batches are read in order");
+    if (ended_) return std::nullopt;
+    std::optional<Feeds> b = next_batch();
+    if (!b || b->empty()) {
+      ended_ = true;
+      return std::nullopt;
+    }
+    rows_per_batch_.push_back(rows_of(*b));
+    return b;
+  }
+  size_t samples_in(size_t batches) const override {
+    const size_t n = std::min(batches, rows_per_batch_.size());
+    return std::accumulate(rows_per_batch_.begin(), rows_per_batch_.begin() + static_cast<std::ptrdiff_t>(n), size_t{0});
+  }
+
+ protected:
+  // The next batch; nullopt or an empty batch when the data has ended.
+  virtual std::optional<Feeds> next_batch() = 0;
+  bool ended_ = false;
+  std::vector<size_t> rows_per_batch_;
+};
+
+class BatchGeneratorSource final : public SequentialSource {
+ public:
+  BatchGeneratorSource(BatchGenerator next, const std::vector<ir::ValueInfo>& inputs) : next_(std::move(next)), inputs_(inputs) {}
+  Feeds rows_after(size_t batches, size_t rows) override {
+    if (ended_ || rows == 0 || batches != rows_per_batch_.size()) return {};
+    std::optional<Feeds> b = next_();
+    if (!b) return {};
+    return leading_rows(name_inputs(std::move(*b), inputs_, "batch_generator"), rows);
+  }
+  std::string name() const override { return "the data_loader"; }
+
+ private:
+  std::optional<Feeds> next_batch() override {
+    std::optional<Feeds> b = next_();
+    if (!b) return std::nullopt;
+    return name_inputs(std::move(*b), inputs_, "batch_generator");
+  }
+  BatchGenerator next_;
+  std::vector<ir::ValueInfo> inputs_;
+};
+
+class SampleGeneratorSource final : public SequentialSource {
+ public:
+  SampleGeneratorSource(SampleGenerator next, size_t batch_size, const std::vector<ir::ValueInfo>& inputs)
+      : next_(std::move(next)), batch_size_(batch_size), inputs_(inputs) {
+    for (const auto& in : inputs) ranks_[in.name] = in.dims ? in.dims->size() : 0;
+  }
+  Feeds rows_after(size_t batches, size_t rows) override {
+    if (ended_ || batches != rows_per_batch_.size()) return {};
+    std::vector<Feeds> samples = read_samples(rows);
+    return samples.empty() ? Feeds{} : stack_samples(samples, ranks_);
+  }
+  std::string name() const override { return "sample_generator"; }
+
+ private:
+  std::optional<Feeds> next_batch() override {
+    std::vector<Feeds> samples = read_samples(batch_size_);
+    // A short batch is the last one: the generator has ended.
+    if (samples.size() < batch_size_) ended_next_ = true;
+    if (samples.empty()) return std::nullopt;
+    return stack_samples(samples, ranks_);
+  }
+  std::vector<Feeds> read_samples(size_t count) {
+    std::vector<Feeds> samples;
+    if (ended_next_) {
+      ended_ = true;
+      return samples;
+    }
+    while (samples.size() < count) {
+      std::optional<Feeds> s = next_();
+      if (!s) {
+        ended_next_ = true;
+        break;
+      }
+      samples.push_back(name_inputs(std::move(*s), inputs_, "sample_generator"));
+    }
+    return samples;
+  }
+  SampleGenerator next_;
+  size_t batch_size_;
+  std::vector<ir::ValueInfo> inputs_;
+  std::map<std::string, size_t> ranks_;
+  bool ended_next_ = false;  // the generator has ended; the batch that saw it is the last
+};
+
+}  // namespace
+
+Feeds leading_rows(const Feeds& batch, size_t count) {
+  int64_t rows = static_cast<int64_t>(count);
+  for (const auto& [name, t] : batch) {
+    SQ_CHECK(t.rank() >= 1, ErrorKind::kInvalidArgument,
+             "batch_generator: input '" + name + "' has no batch dimension (a scalar)");
+    rows = std::min(rows, t.dim(0));
+  }
+  return runtime::feed_rows(batch, 0, rows);
+}
+
+std::unique_ptr<CalibrationSource> dataset_calibration_source(const data::Dataset& data, size_t batch_size,
+                                                              const std::vector<ir::ValueInfo>& model_inputs) {
+  return std::make_unique<DatasetSource>(data, batch_size, model_inputs);
+}
+std::unique_ptr<CalibrationSource> batch_generator_calibration_source(BatchGenerator next,
+                                                                      const std::vector<ir::ValueInfo>& model_inputs) {
+  return std::make_unique<BatchGeneratorSource>(std::move(next), model_inputs);
+}
+std::unique_ptr<CalibrationSource> sample_generator_calibration_source(SampleGenerator next, size_t batch_size,
+                                                                       const std::vector<ir::ValueInfo>& model_inputs) {
+  SQ_CHECK(batch_size > 0, ErrorKind::kInvalidArgument, "batch_size must be at least 1");
+  return std::make_unique<SampleGeneratorSource>(std::move(next), batch_size, model_inputs);
+}
+
+CalibrationRun calibrate(PTQ& ptq, CalibrationSource& source, const CalibrationLoopOptions& o) {
+  CalibrationRun run;
+  const std::string& checkpoint = o.checkpoint;
+  if (!checkpoint.empty()) {
+    // Distributed: rank 0 alone keeps the checkpoint (it holds the first batches, the others are
+    // merged after them), and the others skip what it resumed.
+    if (distributed::is_root() && ptq.load_calibration_state(checkpoint, o.data_identity))
+      run.resumed_batches = ptq.samples_seen();
+    run.resumed_batches = std::stoul(distributed::broadcast(std::to_string(run.resumed_batches)));
+  }
+
+  // The batches to observe: known in advance for a data set, until batch_nums or the end otherwise.
+  const bool bounded = o.batch_nums || source.known_batches();
+  size_t total = o.batch_nums.value_or(0);  // 0: until the source ends
+  if (const std::optional<size_t> available = source.known_batches()) {
+    SQ_CHECK(*available > 0, ErrorKind::kInvalidData, "calibration data set " + source.name() + " is empty");
+    total = o.batch_nums.value_or(*available);
+    if (total > *available) {
+      run.warnings.push_back("batch_nums is " + std::to_string(total) + " but " + source.name() + " holds only " +
+                             std::to_string(*available) + " batches (" + std::to_string(source.samples_in(*available)) +
+                             " samples): calibrating on all of them");
+      total = *available;
+    }
+  }
+  SQ_CHECK(!bounded || run.resumed_batches <= total, ErrorKind::kInvalidData,
+           "calibration checkpoint '" + checkpoint + "' holds more batches than this run asks for");
+
+  // Distributed (random-access sources): each rank observes one contiguous block of the remaining
+  // batches, and the observers are merged in rank order, which is batch order (the result is the
+  // one-process one). A sequential source is read whole by each process.
+  const bool sharded = source.random_access() && distributed::size() > 1;
+  size_t first = run.resumed_batches, last = bounded ? total : SIZE_MAX;
+  if (sharded) {
+    const distributed::Range mine = distributed::block_of(total - run.resumed_batches);
+    first = run.resumed_batches + mine.begin;
+    last = run.resumed_batches + mine.end;
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  auto last_save = start;
+  auto after_batch = [&](size_t done) {
+    // A rank's own share is not a prefix of the batches: a sharded calibration is saved only once
+    // merged (nothing to save here), and resumes from a one-process checkpoint.
+    if (checkpoint.empty() || done == total || distributed::size() > 1) return;
+    // At most about once a second: the state is small, but a model with hundreds of observed
+    // tensors and tiny batches should not spend its time writing.
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_save < std::chrono::seconds(1)) return;
+    ptq.save_calibration_state(checkpoint, o.data_identity);
+    last_save = now;
+  };
+
+  // The samples a fresh run compares on come from the first batch, also when it was resumed.
+  auto keep_first_rows = [&](const Feeds& b) {
+    if (o.first_rows > 0 && run.first_rows.empty()) run.first_rows = leading_rows(b, o.first_rows);
+  };
+  if (source.random_access()) {
+    if (o.first_rows > 0) run.first_rows = source.rows_after(0, o.first_rows);
+  } else {
+    for (size_t i = 0; i < run.resumed_batches; ++i) {  // a generator replays from its start
+      std::optional<Feeds> skipped = source.batch(i);
+      SQ_CHECK(skipped.has_value(), ErrorKind::kInvalidData,
+               source.name() + " ended before the " + std::to_string(run.resumed_batches) +
+                   " batches the calibration checkpoint holds");
+      keep_first_rows(*skipped);
+    }
+  }
+
+  Progress progress(o.progress_label, bounded ? run.resumed_batches + (last - first) : 0, "batches");
+  progress.advance(run.resumed_batches);
+  size_t done = first;
+  for (; done < last; ++done) {
+    std::optional<Feeds> b = source.batch(done);
+    if (!b) break;
+    keep_first_rows(*b);
+    ptq.sample(*b);
+    run.samples += rows_of(*b);
+    progress.advance();
+    after_batch(done + 1);
+  }
+  progress.finish();
+  SQ_CHECK(done > 0 || source.known_batches(), ErrorKind::kInvalidData, source.name() + " gave no calibration batches");
+  if (sharded) {
+    ptq.merge_calibration_across_ranks();
+    run.samples = static_cast<size_t>(distributed::all_reduce_sum(static_cast<int64_t>(run.samples)));
+  }
+  const size_t calibrated_batches = sharded ? total : done;
+  if (o.batch_nums && calibrated_batches < *o.batch_nums && !source.known_batches())
+    run.warnings.push_back("batch_nums is " + std::to_string(*o.batch_nums) + " but " + source.name() + " ended after " +
+                           std::to_string(calibrated_batches) + " batches: calibrated on those");
+  run.calibrated_samples = source.samples_in(calibrated_batches);
+  // Held back: only what the calibration did not reach (a generator read to its end has nothing).
+  const size_t held_rows = o.held_back_rows ? o.held_back_rows(run.calibrated_samples) : 0;
+  if (held_rows > 0 && (source.known_batches() || (o.batch_nums && calibrated_batches == *o.batch_nums)))
+    run.held_back = source.rows_after(calibrated_batches, held_rows);
+  run.batches = ptq.samples_seen();
+  ptq.release_calibration_buffers();
+  run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // The finished calibration is kept: a later step that fails resumes from it.
+  if (!checkpoint.empty() && distributed::size() == 1 && run.batches > run.resumed_batches)
+    ptq.save_calibration_state(checkpoint, o.data_identity);
+  return run;
+}
+
+}  // namespace slimquant::quant
