@@ -90,13 +90,15 @@ class AddedNoise {
   }
 
   void keep_in(runtime::RunOptions& run) {
-    visit_probed(run, [](const std::string&, std::vector<float>& kept, const float* x, int64_t n, int64_t stride) {
+    visit_probed(run, ptq_.float_graph(), [](const std::string&, std::vector<float>& kept, const float* x, int64_t n, int64_t stride) {
       for (int64_t i = 0; i < n; i += stride) kept.push_back(x[i]);
     });
   }
 
-  void compare_in(runtime::RunOptions& run) {
-    visit_probed(run, [this](const std::string& name, std::vector<float>& kept, const float* x, int64_t n,
+  // `quantized`: the graph the run executes. A probed value it no longer has (a Relu / Clip output
+  // the ONNX Runtime form folds into its QuantizeLinear) is not measured.
+  void compare_in(runtime::RunOptions& run, const ir::Graph& quantized) {
+    visit_probed(run, quantized, [this](const std::string& name, std::vector<float>& kept, const float* x, int64_t n,
                              int64_t stride) {
       NoiseSum& sum = noise_[name];
       size_t k = 0;
@@ -121,10 +123,13 @@ class AddedNoise {
   }
 
  private:
-  // Observes every probed value in `run`; `visit(name, its kept elements, values, count, stride)`.
+  // Observes every probed value of `g` in `run`; `visit(name, its kept elements, values, count, stride)`.
   template <typename Visit>
-  void visit_probed(runtime::RunOptions& run, Visit visit) {
-    for (const auto& [name, v] : probes_) run.observe.push_back(name);
+  void visit_probed(runtime::RunOptions& run, const ir::Graph& g, Visit visit) {
+    for (const auto& [name, v] : probes_)
+      if (g.producer(name) >= 0 ||
+          std::any_of(g.inputs.begin(), g.inputs.end(), [&](const ir::ValueInfo& in) { return in.name == name; }))
+        run.observe.push_back(name);
     run.on_value = [this, visit](const std::string& name, const Tensor& value) {
       auto p = probes_.find(name);
       if (p == probes_.end() || value.dtype() != DType::kFloat32) return;
@@ -212,8 +217,9 @@ PrecisionFallbackResult choose_precision_fallback(PTQ& ptq, const std::map<std::
     progress.finish();
   } else {
     runtime::RunOptions probe;
-    added_noise.compare_in(probe);
-    runtime::Session(ptq.convert(), so).run(samples, probe);
+    const ir::Graph quantized = ptq.convert();
+    added_noise.compare_in(probe, quantized);
+    runtime::Session(quantized, so).run(samples, probe);
     damage = added_noise.ranking();
   }
   std::stable_sort(damage.begin(), damage.end(), [](const auto& a, const auto& b) { return a.first < b.first; });

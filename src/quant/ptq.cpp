@@ -16,6 +16,7 @@
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/optimize.h"
 #include "quant/blocked_export.h"
+#include "quant/deploy_policy.h"
 #include "quant/qdq_export.h"
 
 namespace slimquant::quant {
@@ -205,25 +206,6 @@ Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales
 
 PTQ::PTQ(QuantConfig config) : config_(std::move(config)) {}
 
-// TensorRT fuses an Add into the weighted op (Conv, Gemm, ...) that produces one of its inputs when
-// that op's output has no other reader and carries no Q/DQ; the other (residual) input must be
-// quantized. An Add with no such input is an int8 elementwise Add: both inputs are quantized.
-std::vector<int> PTQ::tensorrt_add_inputs_to_quantize(const ir::Node& add) const {
-  int fused = -1;
-  for (size_t i = 0; i < add.inputs.size() && fused < 0; ++i) {
-    const int p = float_graph_.producer(add.inputs[i]);
-    if (p < 0) continue;
-    const ir::Node& producer = float_graph_.nodes[static_cast<size_t>(p)];
-    const OpQuantSpec* spec = config_.spec_for(producer);
-    if (spec && spec->compute_op && float_graph_.consumers(add.inputs[i]).size() == 1 &&
-        !float_graph_.is_graph_output(add.inputs[i]))
-      fused = static_cast<int>(i);
-  }
-  std::vector<int> quantized;
-  for (size_t i = 0; i < add.inputs.size(); ++i)
-    if (static_cast<int>(i) != fused) quantized.push_back(static_cast<int>(i));
-  return quantized;
-}
 PTQ::~PTQ() = default;
 
 void PTQ::quantize(const ir::Graph& float_graph) {
@@ -279,8 +261,7 @@ void PTQ::quantize(const ir::Graph& float_graph) {
         continue;  // Conv/Gemm with a runtime weight: no per-channel weight to quantize
       }
     }
-    if (config_.deploy_backend == DeployBackend::kTensorRT && node.op_type == "Add")
-      act_inputs = tensorrt_add_inputs_to_quantize(node);
+    act_inputs = DeployPolicy::of(config_.deploy_backend).activation_inputs(float_graph_, config_, node, act_inputs);
     for (int i : act_inputs) {
       const std::string& in = node.input(static_cast<size_t>(i));
       if (in.empty() || float_graph_.is_initializer(in)) continue;  // biases, shapes, constants
@@ -297,57 +278,8 @@ void PTQ::quantize(const ir::Graph& float_graph) {
       channel_abs_max_[node.input(0)];
     layers_.push_back(std::move(layer));
   }
-  // For our runtime, squeeze-excitation inputs are quantized for every reader (see
-  // squeeze_excitation_inputs), unless one of them is skipped or left in float by its rule: as
-  // codes they cost a quarter of the float32 traffic, for about no accuracy
-  // (docs/int8_execution.md). They are a Conv's output codes, so only where Conv is a quantized
-  // type: quantizable_op_type bounds this rule too (a list without Conv, e.g. conv2d_transpose
-  // alone, quantizes no pool, Mul or Add). Whether that one Conv is skipped does not matter: the
-  // analysis and the fallback leave a layer in float without changing the others.
-  if (config_.deploy_backend == DeployBackend::kSlimquant) {
-    for (const auto& [x, readers] : squeeze_excitation_inputs(float_graph_)) {
-      if (known_non_float(x)) continue;
-      if (!config_.quantizes_op_type("Conv")) continue;  // squeeze_excitation_inputs: x is a Conv's output
-      bool left_float = false;
-      for (int r : readers) {
-        const ir::Node& reader = float_graph_.nodes[static_cast<size_t>(r)];
-        left_float |= config_.is_skipped(reader) || !config_.rule_for(reader).quantize;
-      }
-      if (left_float) continue;
-      for (int r : readers) {
-        const ir::Node& node = float_graph_.nodes[static_cast<size_t>(r)];
-        if (node.op_type == "GlobalAveragePool") {
-          // The squeeze convolution reading the pooled vector stays float: int8 gains nothing on C
-          // values, and ONNX Runtime would fuse DequantizeLinear -> pool -> its input's
-          // QuantizeLinear into a QLinearGlobalAveragePool, which fails on the per-channel scale
-          // precision recovery gives convolution inputs (see rewrite_channel_wise_conv_inputs).
-          const std::string& pooled = node.outputs[0];
-          std::erase_if(layers_, [&](const Layer& l) {
-            return l.op_type == "Conv" && l.activations == std::vector<std::string>{pooled};
-          });
-          const bool still_read = std::any_of(layers_.begin(), layers_.end(), [&](const Layer& l) {
-            return std::find(l.activations.begin(), l.activations.end(), pooled) != l.activations.end();
-          });
-          if (!still_read) {
-            observers_.erase(pooled);
-            channel_abs_max_.erase(pooled);
-          }
-        }
-        auto it = std::find_if(layers_.begin(), layers_.end(), [&](const Layer& l) { return l.name == node.name; });
-        if (it == layers_.end()) {
-          Layer layer;
-          layer.name = node.name;
-          layer.op_type = node.op_type;
-          layers_.push_back(std::move(layer));
-          it = std::prev(layers_.end());
-        }
-        if (std::find(it->activations.begin(), it->activations.end(), x) == it->activations.end())
-          it->activations.push_back(x);
-        if (!observers_.count(x))
-          observers_[x] = make_activation_observer(config_.rule_for(node).activation, config_.observer_options);
-      }
-    }
-  }
+  if (DeployPolicy::of(config_.deploy_backend).quantizes_squeeze_excitation_inputs())
+    quantize_squeeze_excitation_inputs(known_non_float);
   warnings_ = config_.unmatched_skips(float_graph_);
   // GPTQ: X^T X of each 4-bit layer's input (Gemm with transA reads A transposed: rounded to nearest).
   input_gram_.clear();
@@ -449,8 +381,8 @@ ir::Graph PTQ::convert_weights_only(const std::optional<std::set<std::string>>& 
                        seen ? quantize_blocked_gptq(w, axis, block_size, gram->second)
                             : quantize_blocked_rtn(w, axis, block_size)});
   }
-  QdqExportOptions options;
-  options.state_weight_zero_points = config_.deploy_backend != DeployBackend::kSlimquant;
+  QdqExportOptions options;  // no activation is quantized: biases stay float
+  options.state_weight_zero_points = DeployPolicy::of(config_.deploy_backend).export_options().state_weight_zero_points;
   options.bias_correction = config_.bias_correction;
   auto params = [&](const Layer& l) {
     if (!four_bit) return weight_params(l);
@@ -574,17 +506,66 @@ std::vector<std::string> PTQ::observed_tensors() const {
   return out;
 }
 
+// For our runtime, squeeze-excitation inputs are quantized for every reader (see
+// squeeze_excitation_inputs), unless one of them is skipped or left in float by its rule: as
+// codes they cost a quarter of the float32 traffic, for about no accuracy
+// (docs/int8_execution.md). They are a Conv's output codes, so only where Conv is a quantized
+// type: quantizable_op_type bounds this rule too (a list without Conv, e.g. conv2d_transpose
+// alone, quantizes no pool, Mul or Add). Whether that one Conv is skipped does not matter: the
+// analysis and the fallback leave a layer in float without changing the others.
+void PTQ::quantize_squeeze_excitation_inputs(const std::function<bool(const std::string&)>& known_non_float) {
+  for (const auto& [x, readers] : squeeze_excitation_inputs(float_graph_)) {
+    if (known_non_float(x)) continue;
+    if (!config_.quantizes_op_type("Conv")) continue;  // squeeze_excitation_inputs: x is a Conv's output
+    bool left_float = false;
+    for (int r : readers) {
+      const ir::Node& reader = float_graph_.nodes[static_cast<size_t>(r)];
+      left_float |= config_.is_skipped(reader) || !config_.rule_for(reader).quantize;
+    }
+    if (left_float) continue;
+    for (int r : readers) {
+      const ir::Node& node = float_graph_.nodes[static_cast<size_t>(r)];
+      if (node.op_type == "GlobalAveragePool") {
+        // The squeeze convolution reading the pooled vector stays float: int8 gains nothing on C
+        // values, and ONNX Runtime would fuse DequantizeLinear -> pool -> its input's
+        // QuantizeLinear into a QLinearGlobalAveragePool, which fails on the per-channel scale
+        // precision recovery gives convolution inputs (see rewrite_channel_wise_conv_inputs).
+        const std::string& pooled = node.outputs[0];
+        std::erase_if(layers_, [&](const Layer& l) {
+          return l.op_type == "Conv" && l.activations == std::vector<std::string>{pooled};
+        });
+        const bool still_read = std::any_of(layers_.begin(), layers_.end(), [&](const Layer& l) {
+          return std::find(l.activations.begin(), l.activations.end(), pooled) != l.activations.end();
+        });
+        if (!still_read) {
+          observers_.erase(pooled);
+          channel_abs_max_.erase(pooled);
+        }
+      }
+      auto it = std::find_if(layers_.begin(), layers_.end(), [&](const Layer& l) { return l.name == node.name; });
+      if (it == layers_.end()) {
+        Layer layer;
+        layer.name = node.name;
+        layer.op_type = node.op_type;
+        layers_.push_back(std::move(layer));
+        it = std::prev(layers_.end());
+      }
+      if (std::find(it->activations.begin(), it->activations.end(), x) == it->activations.end())
+        it->activations.push_back(x);
+      if (!observers_.count(x))
+        observers_[x] = make_activation_observer(config_.rule_for(node).activation, config_.observer_options);
+    }
+  }
+}
+
 const Observer& PTQ::activation_observer(const std::string& tensor) const {
   auto it = observers_.find(tensor);
   SQ_CHECK(it != observers_.end(), ErrorKind::kInvalidArgument, "tensor '" + tensor + "' is not observed");
   return *it->second;
 }
 
-QuantScheme PTQ::activation_scheme(QuantScheme slimquant_default) const {
-  if (config_.deploy_backend == DeployBackend::kTensorRT) return QuantScheme::kSymmetric;
-  if (config_.deploy_backend == DeployBackend::kOnnxRuntime || config_.asymmetric_activations)
-    return QuantScheme::kAsymmetric;
-  return slimquant_default;
+QuantScheme PTQ::activation_scheme(QuantScheme observer_default) const {
+  return DeployPolicy::of(config_.deploy_backend).activation_scheme(observer_default, config_.asymmetric_activations);
 }
 
 QuantParam PTQ::activation_params(const std::string& tensor) const {
@@ -614,6 +595,7 @@ ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) 
   if (config_.mode == QuantMode::kDynamic) return convert_dynamic(only_layers);
   SQ_CHECK(batches_ > 0 || observers_.empty(), ErrorKind::kInvalidData,
            "no calibration data was fed: the calibration data set is empty");
+  const DeployPolicy& policy = DeployPolicy::of(config_.deploy_backend);
   ir::Graph g = float_graph_;
   std::vector<const Layer*> chosen;
   for (const auto& l : layers_)
@@ -640,8 +622,7 @@ ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) 
       const QuantScheme scheme =
           activation_scheme(lo < 0 ? QuantScheme::kSymmetric : QuantScheme::kUnsignedZeroPoint0);
       for (const auto& m : members) act[m] = params_from_range({lo, hi}, scheme);
-    } else if (node.op_type == "Softmax" && act.count(node.outputs[0]) &&
-               config_.deploy_backend != DeployBackend::kTensorRT) {
+    } else if (node.op_type == "Softmax" && act.count(node.outputs[0]) && policy.fixed_softmax_grid()) {
       // Probabilities: the fixed u8 grid 1/256 with zero point 0, as ONNX Runtime's quantizer
       // writes it. ORT's fused QLinearSoftmax returns 0 for large outputs when the scale is below
       // 1/256 (1.20.1 and 1.30.0: a calibrated 0.00249 turned [0.54, 0.46] into [0, 0]).
@@ -656,40 +637,16 @@ ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) 
     }
   }
 
-  QdqExportOptions options;
-  options.quantize_bias = config_.deploy_backend == DeployBackend::kOnnxRuntime;
-  options.state_weight_zero_points = config_.deploy_backend != DeployBackend::kSlimquant;
+  QdqExportOptions options = policy.export_options();
   options.bias_correction = config_.bias_correction;
   ir::Graph out =
       write_qdq_graph(float_graph_, chosen, act, [this](const Layer& l) { return weight_params(l); }, options);
-  if (channel_wise_conv_inputs_ && config_.deploy_backend == DeployBackend::kSlimquant)
-    rewrite_channel_wise_conv_inputs(out, chosen, act);
-  if (config_.deploy_backend == DeployBackend::kOnnxRuntime) fold_activations_into_quantize(out);
+  if (channel_wise_conv_inputs_) rewrite_channel_wise_conv_inputs(out, chosen, act);
+  policy.finish_export(out);
   out.metadata["slimquant.weight_bits"] = std::to_string(config_.effective_weight_bits());
   out.metadata["slimquant.deploy_backend"] = deploy_backend_name(config_.deploy_backend);
   return out;
 }
-
-namespace {
-// ONNX Runtime fuses DequantizeLinear -> op -> QuantizeLinear into one integer kernel around the
-// ops it runs in integers (QLinearGlobalAveragePool, QLinearAdd, QLinearConcat, ...), and those
-// take a single output scale: with a per-channel QuantizeLinear after them the model loads but
-// fails at run time (ONNX Runtime 1.30: "y_scale must be a scalar or 1D tensor of size 1", on the
-// pooled squeeze-excitation input of PP-OCRv4 det). True when x is written by an op other than a
-// weighted one (whose fused kernels check the output's scale) from a DequantizeLinear's output.
-bool written_by_integer_op_of_onnx_runtime(const ir::Graph& g, const std::string& x) {
-  const int p = g.producer(x);
-  if (p < 0) return false;
-  const ir::Node& op = g.nodes[static_cast<size_t>(p)];
-  if (op.op_type == "Conv" || op.op_type == "ConvTranspose" || op.op_type == "Gemm" || op.op_type == "MatMul" ||
-      op.op_type == "DequantizeLinear")
-    return false;
-  return std::any_of(op.inputs.begin(), op.inputs.end(), [&](const std::string& in) {
-    const int d = in.empty() ? -1 : g.producer(in);
-    return d >= 0 && g.nodes[static_cast<size_t>(d)].op_type == "DequantizeLinear";
-  });
-}
-}  // namespace
 
 void PTQ::rewrite_channel_wise_conv_inputs(ir::Graph& g, const std::vector<const Layer*>& chosen,
                                            const std::map<std::string, QuantParam>& act) const {
@@ -706,7 +663,7 @@ void PTQ::rewrite_channel_wise_conv_inputs(ir::Graph& g, const std::vector<const
       continue;
     auto node = std::find_if(g.nodes.begin(), g.nodes.end(), [&](const ir::Node& n) { return n.name == l->name; });
     if (node == g.nodes.end()) continue;
-    if (written_by_integer_op_of_onnx_runtime(g, x)) continue;
+    if (!DeployPolicy::of(config_.deploy_backend).allows_channel_wise_conv_input(g, x)) continue;
     const Tensor& w = *float_graph_.initializer(l->weight);
     const int64_t out_channels = w.shape()[0], group_in = w.shape()[1];
     const int64_t group = node->attr_int("group", 1);

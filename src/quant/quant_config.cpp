@@ -1,5 +1,7 @@
 #include "slimquant/quant/quant_config.h"
 
+#include "quant/deploy_policy.h"
+
 
 #include <fnmatch.h>
 #include <yaml-cpp/yaml.h>
@@ -127,38 +129,14 @@ const char* deploy_backend_name(DeployBackend backend) {
   return "?";
 }
 
-namespace {
-// Ops ONNX Runtime's CPU provider runs in integers when their inputs and output are Q/DQ'd
-// (QLinear* kernels, or Q/DQ dropped around data movement), as its quantizer places them. Relu and
-// Clip are not here: they are folded into the QuantizeLinear that follows them.
-const std::set<std::string> kOnnxRuntimeQuantizedOps = {
-    "Add", "Mul", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool", "Sigmoid", "LeakyRelu", "Softmax",
-    "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Resize", "Split", "Gather"};
-// Besides the weighted ops, where TensorRT's explicit quantization wants Q/DQ: pooling inputs and
-// the residual input of an Add (PTQ picks which inputs of an Add).
-const std::set<std::string> kTensorRtQuantizedOps = {"Add", "MaxPool", "AveragePool", "GlobalAveragePool"};
-}  // namespace
-
 const OpQuantSpec* QuantConfig::spec_for(const ir::Node& node) const {
   if (!node.domain.empty() && !custom_specs_.count(node.op_type)) return nullptr;
   const OpQuantSpec* spec = nullptr;
   if (auto it = custom_specs_.find(node.op_type); it != custom_specs_.end()) spec = &it->second;
   else if (auto b = builtin_op_specs().find(node.op_type); b != builtin_op_specs().end()) spec = &b->second;
   if (!spec) return nullptr;
-  const bool listed = is_listed(quantizable_op_type, node.op_type);
-  switch (deploy_backend) {
-    case DeployBackend::kSlimquant:
-      if (!listed && !is_full_quantize) return nullptr;
-      break;
-    case DeployBackend::kOnnxRuntime:
-      if (node.op_type == "Relu" || node.op_type == "Clip") return nullptr;  // folded into the next Q
-      if (!listed && !is_full_quantize && !kOnnxRuntimeQuantizedOps.count(node.op_type)) return nullptr;
-      break;
-    case DeployBackend::kTensorRT:
-      // Only where TensorRT fuses Q/DQ, whatever is_full_quantize says.
-      if (!(listed && spec->compute_op) && !kTensorRtQuantizedOps.count(node.op_type)) return nullptr;
-      break;
-  }
+  if (!DeployPolicy::of(deploy_backend).quantizes(node, *spec, is_listed(quantizable_op_type, node.op_type), is_full_quantize))
+    return nullptr;
   if (is_skipped(node) || !rule_for(node).quantize) return nullptr;
   return spec;
 }

@@ -24,9 +24,11 @@ struct Calibrated {
   std::map<std::string, Tensor> samples;
 };
 
-Calibrated calibrate(const std::string& model, int weight_bits) {
+Calibrated calibrate(const std::string& model, int weight_bits,
+                     quant::DeployBackend backend = quant::DeployBackend::kSlimquant) {
   quant::QuantConfig config;
   config.weight_bits = weight_bits;
+  config.deploy_backend = backend;
   Calibrated c{std::make_unique<quant::PTQ>(config), {}};
   c.ptq->quantize(ir::load_onnx(test::fixture_model(model)));
   data::DataOptions o;
@@ -111,6 +113,22 @@ TEST(PrecisionFallback, UnderAWorkBoundLayersAreRankedByTheirLocalNoise) {
   runtime::Session fp32(c.ptq->float_graph());
   runtime::Session chosen(c.ptq->convert(r.quantized_layers(*c.ptq)));
   EXPECT_NEAR(quant::output_sqnr_db(fp32.run(used), chosen.run(used)), r.sqnr_db_after, 1e-6);
+}
+
+// The ONNX Runtime form folds Relu / Clip into the QuantizeLinear after them, so their outputs, which
+// the float graph has, are gone from the quantized one: the noise ranking measures the values the
+// quantized model has instead of asking for a value nothing computes.
+TEST(PrecisionFallback, NoiseRankingOfTheOnnxRuntimeFormWithFoldedClips) {
+  const Calibrated c = calibrate("mobilenetv2_small", 4, quant::DeployBackend::kOnnxRuntime);
+  quant::PrecisionFallbackOptions options;
+  options.target_sqnr_db = 60.0;
+  options.max_float_fraction = 0.25;
+  options.max_sample_runs = 40;
+  const quant::PrecisionFallbackResult r = quant::choose_precision_fallback(*c.ptq, c.samples, options);
+  ASSERT_TRUE(r.triggered);
+  EXPECT_EQ(r.ranking, "added noise");
+  EXPECT_GE(r.sqnr_db_after, r.sqnr_db_before);  // layers are kept in float only where they help
+  EXPECT_LE(r.float_layers.size(), static_cast<size_t>(std::ceil(0.25 * c.ptq->layers().size())));
 }
 
 }  // namespace

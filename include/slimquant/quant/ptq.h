@@ -3,6 +3,7 @@
 // batches through the float model (Session hooks), convert() freezes the observers' scales into a
 // standard ONNX QDQ graph. Scales are kept after convert(), so convert() can be called again for
 // any subset of layers (the PTQ analysis quantizes one layer at a time without re-calibrating).
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -107,10 +108,12 @@ class PTQ {
   const std::map<std::string, std::vector<float>>& channel_abs_max() const { return channel_abs_max_; }
 
  private:
-  // The activation grid the deploy backend (and asymmetric_activations) asks for; for the slimquant
-  // backend, `slimquant_default` (the observer's choice).
-  QuantScheme activation_scheme(QuantScheme slimquant_default) const;
-  std::vector<int> tensorrt_add_inputs_to_quantize(const ir::Node& add) const;
+  // The activation grid the deploy backend (and asymmetric_activations) asks for, given the
+  // observer's own choice.
+  QuantScheme activation_scheme(QuantScheme observer_default) const;
+  // Quantizes each squeeze-excitation input (a Conv output read by a pool and the gating it
+  // computes) for all its readers, for a backend that reads it once as codes.
+  void quantize_squeeze_excitation_inputs(const std::function<bool(const std::string&)>& known_non_float);
 
   QuantConfig config_;
   ir::Graph float_graph_;

@@ -870,18 +870,26 @@ class PowKernel final : public Kernel {
         return;
       }
     }
+    // The exponent is read as float64, int64 or uint64: pow_value gives each exponent type's result
+    // from its value (a float exponent is rounded to T or computed in double, an integer one is a
+    // power by squaring), so three exponent types give every result (one instantiation each instead of one per type).
+    SQ_CHECK(y.dtype() != DType::kBool, ErrorKind::kUnsupported,
+             who + ": exponent dtype " + dtype_name(y.dtype()) + " is not supported");
+    const DType wide = dtype_is_float(y.dtype())                                       ? DType::kFloat64
+                       : (y.dtype() == DType::kUInt32 || y.dtype() == DType::kUInt64) ? DType::kUInt64
+                                                                                       : DType::kInt64;
+    const Tensor exponent = y.dtype() == wide ? y : y.cast(wide);
     dispatch_dtype(x.dtype(), [&](auto xt) {
       using T = decltype(xt);
       if constexpr (kIsFloat<T> || std::is_same_v<T, int32_t> || std::is_same_v<T, int64_t>) {
-        dispatch_dtype(y.dtype(), [&](auto yt) {
-          using U = decltype(yt);
-          if constexpr (kIsNumeric<U>) {
-            Tensor& out = ctx.allocate_output(0, dtype_of<T>, out_shape);
-            broadcast_binary<T, U, T>(x, y, out, [](T a, U b) { return pow_value(a, b); }, Activation{}, who);
-          } else {
-            fail(ErrorKind::kUnsupported, who + ": exponent dtype " + dtype_name(y.dtype()) + " is not supported");
-          }
-        });
+        Tensor& out = ctx.allocate_output(0, dtype_of<T>, out_shape);
+        auto raise = [&](auto exponent_tag) {
+          using U = decltype(exponent_tag);
+          broadcast_binary<T, U, T>(x, exponent, out, [](T a, U b) { return pow_value(a, b); }, Activation{}, who);
+        };
+        if (wide == DType::kFloat64) raise(double{});
+        else if (wide == DType::kUInt64) raise(uint64_t{});
+        else raise(int64_t{});
       } else {
         fail_dtype(node_, x.dtype());
       }
