@@ -206,3 +206,26 @@ TEST(LoopScan, SequenceInsertConstructAndOptionalSequences) {
   EXPECT_EQ(out.at("has_pair").to_int64_vector(), (std::vector<int64_t>{1}));
   EXPECT_EQ(out.at("pair_length").to_int64_vector(), (std::vector<int64_t>{2}));
 }
+
+// Without a condition input the specification ignores the body's condition output; ONNX Runtime
+// stops on it, and so do we (the body says stop after its first iteration: one of three).
+TEST(LoopScan, BodyConditionEndsALoopWithoutAConditionInputAsInOnnxRuntime) {
+  auto body = std::make_shared<ir::Graph>();
+  body->opset = 16;
+  body->inputs = {{"i", DType::kInt64, std::nullopt}, {"cond_in", DType::kBool, std::nullopt},
+                  {"a_in", DType::kFloat32, std::nullopt}};
+  body->nodes.push_back(graph_node("Not", {"cond_in"}, {"cond_out"}));
+  body->nodes.push_back(graph_node("Add", {"a_in", "x"}, {"a_out"}));
+  body->outputs = {{"cond_out", DType::kBool, std::nullopt}, {"a_out", DType::kFloat32, std::nullopt}};
+  ir::Graph g;
+  g.opset = 16;
+  g.inputs = {{"x", DType::kFloat32, std::vector<ir::Dim>{{3, ""}}}};
+  g.initializers["m"] = Tensor::scalar<int64_t>(3);
+  ir::Node loop = graph_node("Loop", {"m", "", "x", "x"}, {"y"});
+  loop.captured = {"x"};
+  loop.attrs["body"] = std::shared_ptr<const ir::Graph>(body);
+  g.nodes.push_back(loop);
+  g.outputs = {{"y", DType::kFloat32, std::nullopt}};
+  runtime::Session s(g);
+  EXPECT_EQ(s.run({{"x", Tensor::from_vector<float>({3}, {1, 2, 3})}}).at("y").to_float_vector(), (std::vector<float>{2, 4, 6}));
+}

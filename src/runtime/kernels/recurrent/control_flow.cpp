@@ -85,12 +85,9 @@ class LoopKernel final : public Kernel {
   }
 
   void run(KernelContext& ctx) override {
-    const bool has_trip_count = ctx.has_input(0), has_cond = ctx.has_input(1);
-    SQ_CHECK(has_trip_count || has_cond, ErrorKind::kInvalidModel,
-             node_.describe() + " has neither a trip count nor a condition: it would never end");
     const int64_t trip_count =
-        has_trip_count ? ctx.input(0).to_int64_vector().at(0) : std::numeric_limits<int64_t>::max();
-    bool cond = !has_cond || scalar_is_true(ctx.input(1), node_, "condition");
+        ctx.has_input(0) ? ctx.input(0).to_int64_vector().at(0) : std::numeric_limits<int64_t>::max();
+    bool cond = !ctx.has_input(1) || scalar_is_true(ctx.input(1), node_, "condition");
     std::vector<Tensor> carried(carried_);
     for (size_t k = 0; k < carried_; ++k)
       if (ctx.has_input(2 + k)) carried[k] = ctx.input(2 + k);
@@ -100,8 +97,9 @@ class LoopKernel final : public Kernel {
       std::vector<Tensor> feeds{Tensor::scalar<int64_t>(i), Tensor::scalar<bool>(cond)};
       feeds.insert(feeds.end(), std::make_move_iterator(carried.begin()), std::make_move_iterator(carried.end()));
       std::vector<Tensor> out = body_.run(std::move(feeds), ctx);
-      // Without a condition input the body's condition output is ignored (a `for` loop).
-      if (has_cond) cond = scalar_is_true(out[0], node_, "condition the body returns");
+      // Even without a condition input the body's condition ends the loop: the specification
+      // says it is ignored then, but ONNX Runtime honours it, and models are made to run there.
+      cond = scalar_is_true(out[0], node_, "condition the body returns");
       for (size_t k = 0; k < carried_; ++k) carried[k] = std::move(out[1 + k]);
       for (size_t k = 0; k < scans; ++k) scan_parts[k].push_back(std::move(out[1 + carried_ + k]));
     }
