@@ -128,7 +128,7 @@ class Plan {
     for (const auto& [slot, t] : constants_) slots.values[slot] = t;
     for (const auto& [name, slot] : feed_slots_) {
       slots.values[slot] = feeds.at(name);
-      if (hook) hook(name, slots.values[slot]);
+      if (hook && !slots.values[slot].is_sequence()) hook(name, slots.values[slot]);
     }
     if (hook)
       for (const auto& [name, slot] : observed_constants_) hook(name, slots.values[slot]);
@@ -154,7 +154,9 @@ class Plan {
       const int slot = step.outputs[k];
       if (slot < 0) continue;
       plan::store_step_output(step, k, slot, io, slots);
-      if (hook && slots.values[slot].defined()) show_to_hook(hook, hook_any_layout, slot, slots);
+      // Sequences are not shown: observers and statistics take tensors (a sequence looks empty).
+      if (hook && slots.values[slot].defined() && !slots.values[slot].is_sequence())
+        show_to_hook(hook, hook_any_layout, slot, slots);
     }
     for (int r : step.release) {
       slots.values[r] = Tensor();
