@@ -229,3 +229,26 @@ TEST(LoopScan, BodyConditionEndsALoopWithoutAConditionInputAsInOnnxRuntime) {
   runtime::Session s(g);
   EXPECT_EQ(s.run({{"x", Tensor::from_vector<float>({3}, {1, 2, 3})}}).at("y").to_float_vector(), (std::vector<float>{2, 4, 6}));
 }
+
+// SplitToSequence by a piece length (the last piece shorter) and by a list of lengths, joined again
+// by ConcatFromSequence along the split axis: the input comes back.
+TEST(LoopScan, SplitToSequenceByLengthsAndConcatFromSequenceRoundTrip) {
+  for (const Tensor& split : {Tensor::scalar<int64_t>(2), Tensor::from_vector<int64_t>({3}, {1, 0, 4})}) {
+    ir::Graph g;
+    g.opset = 16;
+    g.inputs = {{"x", DType::kFloat32, std::vector<ir::Dim>{{2, ""}, {5, ""}}}};
+    g.initializers["split"] = split;
+    g.nodes.push_back(graph_node("SplitToSequence", {"x", "split"}, {"pieces"}));
+    g.nodes.back().attrs["axis"] = int64_t{1};
+    g.nodes.push_back(graph_node("SequenceLength", {"pieces"}, {"count"}));
+    g.nodes.push_back(graph_node("ConcatFromSequence", {"pieces"}, {"joined"}));
+    g.nodes.back().attrs["axis"] = int64_t{-1};
+    g.outputs = {{"count", DType::kInt64, std::nullopt}, {"joined", DType::kFloat32, std::nullopt}};
+    runtime::Session s(g);
+    const Tensor x = Tensor::from_vector<float>({2, 5}, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+    const auto out = s.run({{"x", x}});
+    EXPECT_EQ(out.at("count").to_int64_vector(), (std::vector<int64_t>{3}));
+    EXPECT_EQ(out.at("joined").shape(), x.shape());
+    EXPECT_EQ(out.at("joined").to_float_vector(), x.to_float_vector());
+  }
+}

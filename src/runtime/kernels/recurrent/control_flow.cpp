@@ -20,7 +20,7 @@ namespace slimquant::runtime {
 namespace {
 
 bool scalar_is_true(const Tensor& t, const ir::Node& node, const char* what) {
-  SQ_CHECK(!t.is_sequence() && t.numel() == 1, ErrorKind::kInvalidArgument,
+  SQ_CHECK(t.defined() && !t.is_sequence() && t.numel() == 1, ErrorKind::kInvalidArgument,
            node.describe() + ": the " + what + " must hold one element, got shape " + shape_str(t.shape()));
   return t.to_float_vector()[0] != 0.f;
 }
