@@ -115,6 +115,27 @@ def onnx_seeds():
         [f32("x", [2, 3])], [f32("y", None)], [])
     write("onnx_loader", "if.onnx", branches)
 
+    # Loop with a carried value, a sequence built in the body and a scan output, reading an outer
+    # value; ConcatFromSequence after it.
+    i64, b = TensorProto.INT64, TensorProto.BOOL
+    seq_f32 = helper.make_tensor_sequence_value_info
+    body = helper.make_graph(
+        [helper.make_node("Add", ["acc_in", "x"], ["acc_out"]),
+         helper.make_node("SequenceInsert", ["seq_in", "acc_out"], ["seq_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Relu", ["acc_out"], ["scan_out"])],
+        "body", [helper.make_tensor_value_info("i", i64, []), helper.make_tensor_value_info("cond_in", b, []),
+                 f32("acc_in", None), seq_f32("seq_in", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("cond_out", b, []), f32("acc_out", None),
+         seq_f32("seq_out", TensorProto.FLOAT, None), f32("scan_out", None)])
+    loop = model_bytes(
+        [helper.make_node("SequenceEmpty", [], ["seq0"]),
+         helper.make_node("Loop", ["trips", "cond", "x", "seq0"], ["acc", "seq", "scans"], body=body),
+         helper.make_node("ConcatFromSequence", ["seq"], ["y"], axis=0)],
+        [f32("x", [2, 3])], [f32("y", None), f32("scans", None)],
+        [init(np.array(3, np.int64), "trips"), init(np.array(True), "cond")], opset=16)
+    write("onnx_loader", "loop.onnx", loop)
+
     # QDQ: quantized activations and per-channel int8 weights into a Conv.
     qdq = model_bytes(
         [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),

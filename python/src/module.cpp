@@ -132,6 +132,15 @@ py::array to_numpy(const Tensor& t) {
   return py::array(numpy_dtype(t.dtype()), shape, t.raw(), base);
 }
 
+// A session output as Python: an array, a list of arrays (a sequence) or None (an empty optional).
+py::object output_to_python(const Tensor& t) {
+  if (!t.defined()) return py::none();
+  if (!t.is_sequence()) return to_numpy(t);
+  py::list elements;
+  for (const Tensor& e : t.elements()) elements.append(to_numpy(e));
+  return elements;
+}
+
 // One item of user data -> feeds by input name ("" for a bare array: the model's only input).
 std::map<std::string, Tensor> to_feeds(py::handle item, const std::string& what) {
   std::map<std::string, Tensor> feeds;
@@ -485,7 +494,7 @@ PYBIND11_MODULE(_slimquant, m) {
              if (order.empty())
                for (const auto& o : s.outputs()) order.push_back(o.name);
              py::dict result;
-             for (const auto& name : order) result[py::str(name)] = to_numpy(out.at(name));
+             for (const auto& name : order) result[py::str(name)] = output_to_python(out.at(name));
              return result;
            },
            py::arg("feeds"), py::arg("output_names") = py::none(),

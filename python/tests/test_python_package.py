@@ -38,6 +38,24 @@ def test_session_runs_the_fixture_as_pytorch_did(model_path):
         slimquant.Session(model_path).run(images.astype(np.float64))
 
 
+def test_session_returns_a_sequence_output_as_a_list_of_arrays(tmp_path):
+    """A scripted for loop (Loop + sequence ops) runs as PyTorch did; a sequence output is a list."""
+    control_flow = MODELS / "control_flow"
+    loop = slimquant.Session(str(control_flow / "loop_for_append.onnx"))
+    y = loop.run(np.load(control_flow / "loop_for_append.input.npy"))["y"]
+    np.testing.assert_allclose(y, np.load(control_flow / "loop_for_append.expected.npy"), rtol=1e-5, atol=1e-5)
+    onnx = pytest.importorskip("onnx")
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("SplitToSequence", ["x"], ["rows"])], "split",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 2])],
+        [onnx.helper.make_tensor_sequence_value_info("rows", onnx.TensorProto.FLOAT, None)])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 16)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "split.onnx"))
+    rows = slimquant.Session(str(tmp_path / "split.onnx")).run(np.arange(6, dtype=np.float32).reshape(3, 2))["rows"]
+    assert isinstance(rows, list) and [r.tolist() for r in rows] == [[[0, 1]], [[2, 3]], [[4, 5]]]
+
+
 def test_quantize_from_generator_matches_cli(tmp_path, model_path, fashion, npy_dir):
     images, labels = fashion
     ptq = slimquant.PostTrainingQuantization(

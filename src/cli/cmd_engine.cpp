@@ -151,7 +151,7 @@ Action register_run(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("MODEL", a->model, "ONNX model file")->required();
   cmd->add_option("--input", a->inputs, "NAME=FILE.npy (repeat for several inputs)")->required();
-  cmd->add_option("--output-dir", a->output_dir, "directory for <output name>.npy files (and outputs.json: file -> output name)")->required();
+  cmd->add_option("--output-dir", a->output_dir, "directory for <output name>.npy files, <output name>.K.npy per element of a sequence output (and outputs.json: file -> output name)")->required();
   cmd->add_option("--threads", a->threads, "threads (0 = all cores)")->check(non_negative_integer());
   cmd->add_flag("--simulate", a->simulate, kSimulateHelp);
   return [=] {
@@ -190,6 +190,22 @@ Action register_run(CLI::App& app) {
     nlohmann::json index = nlohmann::json::object();
     for (size_t i = 0; i < output_names.size(); ++i) {
       const Tensor& t = outputs.at(output_names[i]);
+      if (!t.defined()) {  // an empty optional has nothing to write
+        std::cout << output_names[i] << " (empty optional, no file)\n";
+        continue;
+      }
+      if (t.is_sequence()) {  // one file per element: NAME.0.npy, NAME.1.npy, ...
+        const std::string stem = paths[i].substr(0, paths[i].size() - std::string(".npy").size());
+        for (size_t k = 0; k < t.elements().size(); ++k) {
+          const std::string path = stem + "." + std::to_string(k) + ".npy";
+          check_output_path(path, inputs, "output");
+          write_npy(path, t.elements()[k]);
+          index[fs::path(path).filename().string()] = output_names[i] + "[" + std::to_string(k) + "]";
+        }
+        std::cout << output_names[i] << " sequence of " << t.elements().size() << " " << dtype_name(t.dtype())
+                  << " tensors -> " << stem << ".K.npy\n";
+        continue;
+      }
       // A float16 output is written as float16, as the model declares it; numpy has no bfloat16,
       // so a bfloat16 output is written as float32 holding the bfloat16-rounded values.
       const auto stored = stored_float_types.find(output_names[i]);

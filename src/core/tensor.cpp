@@ -174,6 +174,25 @@ Tensor::Tensor(DType dtype, Shape shape, std::shared_ptr<std::byte[]> storage, s
                shape_str(shape_));
 }
 
+Tensor Tensor::sequence(DType element_type, std::vector<Tensor> elements) {
+  SQ_CHECK(element_type != DType::kUndefined, ErrorKind::kInvalidArgument, "a sequence needs an element type");
+  for (const Tensor& e : elements)
+    SQ_CHECK(e.dtype() == element_type && !e.is_sequence(), ErrorKind::kInvalidArgument,
+             std::string("a sequence of ") + dtype_name(element_type) + " tensors cannot hold a " +
+                 (e.is_sequence() ? "sequence" : dtype_name(e.dtype())) + " element");
+  Tensor t;
+  t.dtype_ = element_type;
+  t.shape_ = {0};
+  t.elements_ = std::make_shared<const std::vector<Tensor>>(std::move(elements));
+  return t;
+}
+
+const std::vector<Tensor>& Tensor::elements() const {
+  SQ_CHECK(elements_ != nullptr, ErrorKind::kInvalidArgument,
+           "expected a sequence, got a " + std::string(dtype_name(dtype_)) + " tensor of shape " + shape_str(shape_));
+  return *elements_;
+}
+
 void Tensor::check_type(DType expected) const {
   if (dtype_ != expected)
     fail(ErrorKind::kInternal, std::string("tensor holds ") + dtype_name(dtype_) + ", accessed as " +
@@ -208,6 +227,11 @@ Tensor Tensor::reshaped(Shape shape) const {
 
 Tensor Tensor::clone() const {
   if (!defined()) return {};
+  if (is_sequence()) {
+    std::vector<Tensor> copies;
+    for (const Tensor& e : elements()) copies.push_back(e.clone());
+    return sequence(dtype_, std::move(copies));
+  }
   Tensor t(dtype_, shape_);
   if (nbytes()) std::memcpy(t.raw(), raw(), nbytes());
   return t;

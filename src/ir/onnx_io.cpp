@@ -4,6 +4,7 @@
 #include "slimquant/core/atomic_file.h"
 
 #include <onnx/checker.h>
+#include <onnx/onnx-data.pb.h>
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 
@@ -455,12 +456,16 @@ void graph_to_proto(const Graph& g, onnx::GraphProto* gp) {
   gp->set_name(g.name.empty() ? "graph" : g.name);
   for (const auto& n : g.nodes) node_to_proto(n, gp->add_node());
   for (const auto& [name, t] : g.initializers) tensor_to_proto(t, name, gp->add_initializer());
-  // Optional values are written back with their optional type.
+  // Sequence and optional values are written back with their sequence / optional type.
   auto write = [&](const ValueInfo& v, onnx::ValueInfoProto* out) {
     value_info_to_proto(v, out);
+    if (g.sequence_values.count(v.name)) {
+      onnx::TypeProto tensor = out->type();
+      *out->mutable_type()->mutable_sequence_type()->mutable_elem_type() = tensor;
+    }
     if (!g.optional_values.count(v.name)) return;
-    onnx::TypeProto tensor = out->type();
-    *out->mutable_type()->mutable_optional_type()->mutable_elem_type() = tensor;
+    onnx::TypeProto inner = out->type();
+    *out->mutable_type()->mutable_optional_type()->mutable_elem_type() = inner;
   };
   for (const auto& i : g.inputs) write(i, gp->add_input());
   for (const auto& o : g.outputs) write(o, gp->add_output());
@@ -727,21 +732,30 @@ void fill_graph_from_proto(const onnx::GraphProto& gp, const LoadScope& scope, G
     if (is_onnx_16bit_float(t.data_type())) g.stored_float_types[t.name()] = t.data_type();
     if (is_onnx_4bit(t.data_type())) g.stored_4bit_types[t.name()] = t.data_type();
   }
-  // Sequence, map and optional values need a different runtime model; say so up front.
-  // An optional(tensor) value is read as its tensor type (and remembered as optional).
+  // optional(T) and seq(tensor) values are read as their tensor (element) type and remembered in
+  // optional_values / sequence_values; maps and nested sequences are refused up front.
   auto as_tensor_type = [&](const onnx::ValueInfoProto& v) {
-    if (!v.has_type() || !v.type().has_optional_type() || !v.type().optional_type().elem_type().has_tensor_type())
-      return v;
+    if (!v.has_type()) return v;
+    const onnx::TypeProto* type = &v.type();
+    const bool optional = type->has_optional_type();
+    if (optional) type = &type->optional_type().elem_type();
+    const bool sequence = type->has_sequence_type();
+    if (sequence) type = &type->sequence_type().elem_type();
+    if (!type->has_tensor_type()) return v;
     onnx::ValueInfoProto plain = v;
-    *plain.mutable_type() = v.type().optional_type().elem_type();
-    g.optional_values.insert(v.name());
+    *plain.mutable_type() = *type;
+    if (optional) g.optional_values.insert(v.name());
+    if (sequence) {
+      g.sequence_values.insert(v.name());
+      plain.mutable_type()->mutable_tensor_type()->clear_shape();  // elements' shapes may differ
+    }
     return plain;
   };
   auto require_tensor = [&](const onnx::ValueInfoProto& v, const char* role) {
     if (v.has_type() && !v.type().has_tensor_type())
       fail(ErrorKind::kUnsupported, std::string("graph ") + role + " '" + v.name() +
-                                        "' is a sequence or map value (or an optional one); only tensors and "
-                                        "optional tensors are supported");
+                                        "' is a map value or a sequence of non-tensors; only tensors, sequences of "
+                                        "tensors and optional ones of both are supported");
     // String interfaces and types we lack: say so instead of misreading the data.
     const int elem_type = v.has_type() ? v.type().tensor_type().elem_type() : 0;
     if (is_onnx_16bit_float(elem_type)) {
@@ -1109,6 +1123,40 @@ Tensor read_tensor_pb(const std::string& path, std::string* name) {
   if (!p.ParseFromString(bytes)) fail(ErrorKind::kInvalidData, "'" + path + "' is not a serialized ONNX TensorProto");
   if (name) *name = p.name();
   return tensor_from_proto(p, fs::path(path).parent_path().string());
+}
+
+namespace {
+Tensor sequence_from_proto(const onnx::SequenceProto& p, const std::string& base_dir, const std::string& what) {
+  SQ_CHECK(p.elem_type() == onnx::SequenceProto::TENSOR || p.tensor_values_size() > 0 || p.elem_type() == 0,
+           ErrorKind::kUnsupported, what + " is a sequence of non-tensors, which slimquant does not read");
+  std::vector<Tensor> elements;
+  for (const auto& t : p.tensor_values()) elements.push_back(tensor_from_proto(t, base_dir));
+  // An empty sequence does not say its element type; float is ONNX's default (SequenceEmpty).
+  const DType element_type = elements.empty() ? DType::kFloat32 : elements.front().dtype();
+  return Tensor::sequence(element_type, std::move(elements));
+}
+}  // namespace
+
+Tensor read_sequence_pb(const std::string& path, std::string* name) {
+  std::string bytes = read_file(path, "sequence file");
+  onnx::SequenceProto p;
+  if (!p.ParseFromString(bytes)) fail(ErrorKind::kInvalidData, "'" + path + "' is not a serialized ONNX SequenceProto");
+  if (name) *name = p.name();
+  return sequence_from_proto(p, fs::path(path).parent_path().string(), "'" + path + "'");
+}
+
+Tensor read_optional_pb(const std::string& path, std::string* name) {
+  std::string bytes = read_file(path, "optional file");
+  onnx::OptionalProto p;
+  if (!p.ParseFromString(bytes)) fail(ErrorKind::kInvalidData, "'" + path + "' is not a serialized ONNX OptionalProto");
+  if (name) *name = p.name();
+  const std::string base_dir = fs::path(path).parent_path().string();
+  if (p.has_tensor_value()) return tensor_from_proto(p.tensor_value(), base_dir);
+  if (p.has_sequence_value()) return sequence_from_proto(p.sequence_value(), base_dir, "'" + path + "'");
+  SQ_CHECK(p.elem_type() == onnx::OptionalProto::UNDEFINED || p.elem_type() == onnx::OptionalProto::TENSOR ||
+               p.elem_type() == onnx::OptionalProto::SEQUENCE,
+           ErrorKind::kUnsupported, "'" + path + "' holds an optional map or sparse tensor");
+  return Tensor();  // empty
 }
 }  // namespace slimquant::ir
 

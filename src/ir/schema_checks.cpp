@@ -265,7 +265,9 @@ void check_inputs_against_schema(const Node& n, const Graph& g) {
       fail(ErrorKind::kInvalidModel, n.describe() + ": input " + std::to_string(i) + " (" + formal.GetName() +
                                          ") is required but the node leaves it empty");
     const DType dtype = n.inputs[i].empty() ? DType::kUndefined : stated_dtype(g, n.inputs[i]);
-    if (dtype == DType::kUndefined || g.optional_values.count(n.inputs[i])) continue;  // optional(tensor): not typed here
+    // Optional and sequence values: their ValueInfo states the element type, not the ONNX type.
+    if (dtype == DType::kUndefined || g.optional_values.count(n.inputs[i]) || g.sequence_values.count(n.inputs[i]))
+      continue;
     const std::string type = onnx_type_string(dtype);
     const auto& allowed = formal.GetTypes();
     if (!allowed.empty() &&

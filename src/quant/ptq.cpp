@@ -281,6 +281,14 @@ void PTQ::quantize(const ir::Graph& float_graph) {
   if (DeployPolicy::of(config_.deploy_backend).quantizes_squeeze_excitation_inputs())
     quantize_squeeze_excitation_inputs(known_non_float);
   warnings_ = config_.unmatched_skips(float_graph_);
+  // The layers inside If / Loop / Scan bodies run in nested sessions that calibration cannot see.
+  for (const auto& node : float_graph_.nodes)
+    for (const auto& [key, value] : node.attrs)
+      if (std::holds_alternative<std::shared_ptr<const ir::Graph>>(value)) {
+        warnings_.push_back(node.describe() + ": its " + (node.op_type == "If" ? "branches stay" : "body stays") +
+                            " float (subgraph bodies are not quantized)");
+        break;
+      }
   // GPTQ: X^T X of each 4-bit layer's input (Gemm with transA reads A transposed: rounded to nearest).
   input_gram_.clear();
   if (config_.mode == QuantMode::kWeightOnly && config_.effective_weight_bits() == 4 &&

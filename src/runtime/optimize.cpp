@@ -80,7 +80,8 @@ bool worth_folding(const ir::Node& node, const std::vector<Tensor>& results, con
   size_t bytes = 0;
   bool complete = !results.empty();
   for (size_t i = 0; i < results.size(); ++i) {
-    if (!node.outputs[i].empty() && !results[i].defined()) complete = false;
+    // A sequence is no initializer: it stays computed at run time.
+    if (!node.outputs[i].empty() && (!results[i].defined() || results[i].is_sequence())) complete = false;
     bytes += results[i].defined() ? results[i].nbytes() : 0;
   }
   return complete && bytes <= options.max_folded_bytes;

@@ -29,6 +29,7 @@ const KernelRegistry& KernelRegistry::instance() {
     register_misc_math_kernels(r);
     register_integer_kernels(r);
     register_control_flow_kernels(r);
+    register_sequence_kernels(r);
     return r;
   }();
   return registry;

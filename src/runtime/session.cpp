@@ -94,7 +94,8 @@ class Plan {
   // producers (the folding drops those nodes); values in `keep` stay available when they fold.
   void bind_shapes_and_fold(const std::map<std::string, Tensor>& feeds, const std::set<std::string>& keep) {
     std::map<std::string, Shape> shapes;
-    for (const auto& [name, t] : feeds) shapes[name] = t.shape();
+    for (const auto& [name, t] : feeds)
+      if (t.defined() && !t.is_sequence()) shapes[name] = t.shape();  // a sequence's elements have their own
     ir::bind_input_shapes(graph_, shapes);
     FoldOptions fold;
     fold.keep = keep;
@@ -127,7 +128,7 @@ class Plan {
     for (const auto& [slot, t] : constants_) slots.values[slot] = t;
     for (const auto& [name, slot] : feed_slots_) {
       slots.values[slot] = feeds.at(name);
-      if (hook) hook(name, slots.values[slot]);
+      if (hook && !slots.values[slot].is_sequence()) hook(name, slots.values[slot]);
     }
     if (hook)
       for (const auto& [name, slot] : observed_constants_) hook(name, slots.values[slot]);
@@ -153,7 +154,9 @@ class Plan {
       const int slot = step.outputs[k];
       if (slot < 0) continue;
       plan::store_step_output(step, k, slot, io, slots);
-      if (hook && slots.values[slot].defined()) show_to_hook(hook, hook_any_layout, slot, slots);
+      // Sequences are not shown: observers and statistics take tensors (a sequence looks empty).
+      if (hook && slots.values[slot].defined() && !slots.values[slot].is_sequence())
+        show_to_hook(hook, hook_any_layout, slot, slots);
     }
     for (int r : step.release) {
       slots.values[r] = Tensor();
@@ -250,7 +253,10 @@ void check_feeds(const ir::Graph& graph, const std::map<std::string, Tensor>& fe
     }
     if (!t.defined() && !graph.optional_values.count(name))
       fail(ErrorKind::kInvalidArgument, "input '" + name + "' is an empty tensor");
-    if (declared && declared->dtype != DType::kUndefined && declared->dtype != t.dtype())
+    if (t.defined() && graph.sequence_values.count(name) && !t.is_sequence())
+      fail(ErrorKind::kInvalidArgument, "input '" + name + "' is a sequence of tensors, got a tensor of shape " +
+                                            shape_str(t.shape()));
+    if (declared && declared->dtype != DType::kUndefined && t.defined() && declared->dtype != t.dtype())
       fail(ErrorKind::kInvalidArgument, "input '" + name + "' has dtype " + dtype_name(t.dtype()) +
                                             ", the model expects " + dtype_name(declared->dtype));
   }
@@ -260,7 +266,8 @@ void check_feeds(const ir::Graph& graph, const std::map<std::string, Tensor>& fe
 std::string plan_key(const std::map<std::string, Tensor>& feeds, const std::vector<std::string>& wanted,
                      const std::vector<std::string>& observed) {
   std::ostringstream key;
-  for (const auto& [name, t] : feeds) key << name << ':' << static_cast<int>(t.dtype()) << shape_str(t.shape()) << ';';
+  for (const auto& [name, t] : feeds)
+    key << name << ':' << static_cast<int>(t.dtype()) << (t.is_sequence() ? "seq" : shape_str(t.shape())) << ';';
   key << '|';
   for (const auto& w : wanted) key << w << ';';
   key << '|';
@@ -277,7 +284,7 @@ namespace {
 int64_t shared_batch(const ir::Graph& graph, const std::map<std::string, Tensor>& feeds) {
   int64_t batch = -1;
   for (const auto& [name, t] : feeds) {
-    if (!t.defined() || t.rank() == 0 || (batch >= 0 && t.dim(0) != batch)) return -1;
+    if (!t.defined() || t.is_sequence() || t.rank() == 0 || (batch >= 0 && t.dim(0) != batch)) return -1;
     for (const auto& in : graph.inputs)
       if (in.name == name && in.dims && in.dims->size() + 1 == t.rank()) return -1;
     batch = t.dim(0);

@@ -36,8 +36,26 @@ const std::map<std::string, std::string> kDataDeviations = {
     {"test_castlike_BFLOAT16_to_FLOAT_expanded", "the data feeds 'like' as [1], the model declares [3x4]"},
 };
 
+std::string compare_tensors(const Tensor& got, const Tensor& want);
+
 // Compares with the ONNX backend tests' style tolerance (rtol 1e-3, atol 1e-5); NaN == NaN.
+// Sequences element by element (an empty one's element type is not in the data), optionals by
+// presence.
 std::string compare(const Tensor& got, const Tensor& want) {
+  if (got.defined() != want.defined())
+    return got.defined() ? "got a value, expected an empty optional" : "got an empty optional, expected a value";
+  if (!want.defined()) return "";
+  if (got.is_sequence() != want.is_sequence()) return got.is_sequence() ? "got a sequence, expected a tensor" : "got a tensor, expected a sequence";
+  if (!want.is_sequence()) return compare_tensors(got, want);
+  if (got.elements().size() != want.elements().size())
+    return "sequence of " + std::to_string(got.elements().size()) + " != expected " + std::to_string(want.elements().size());
+  for (size_t i = 0; i < want.elements().size(); ++i)
+    if (std::string diff = compare_tensors(got.elements()[i], want.elements()[i]); !diff.empty())
+      return "sequence element " + std::to_string(i) + ": " + diff;
+  return "";
+}
+
+std::string compare_tensors(const Tensor& got, const Tensor& want) {
   if (got.shape() != want.shape()) return "shape " + shape_str(got.shape()) + " != expected " + shape_str(want.shape());
   if (got.dtype() != want.dtype())
     return std::string("dtype ") + dtype_name(got.dtype()) + " != expected " + dtype_name(want.dtype());
@@ -86,10 +104,14 @@ std::string run_case(const fs::path& dir) {
     for (int64_t i = 0; i < t.numel(); ++i) values.data<float>()[i] = float_from_16bit(t.data<uint16_t>()[i], kOnnxBFloat16);
     return values;
   };
-  // This ONNX release has no OptionalProto to read optional inputs and outputs with (the ops are
-  // tested in tests/runtime/control_flow_test.cpp).
-  for (const auto& name : g.optional_values)
-    fail(ErrorKind::kUnsupported, "the test data of optional value '" + name + "' (an OptionalProto) is not read here");
+  // Sequence and optional values are stored as SequenceProto / OptionalProto.
+  const std::set<std::string> sequences = g.sequence_values, optionals = g.optional_values;
+  // The files are numbered in the graph's input (output) order, which says what each one holds.
+  auto read_value = [&](const fs::path& file, std::string& name, const std::string& declared_name) {
+    if (optionals.count(declared_name)) return ir::read_optional_pb(file.string(), &name);
+    if (sequences.count(declared_name)) return ir::read_sequence_pb(file.string(), &name);
+    return ir::read_tensor_pb(file.string(), &name);
+  };
   std::vector<std::string> input_names;
   for (const auto& in : g.inputs) input_names.push_back(in.name);
   std::vector<std::string> output_names;
@@ -101,7 +123,7 @@ std::string run_case(const fs::path& dir) {
     auto inputs = sorted_files(e.path(), "input_");
     for (size_t i = 0; i < inputs.size(); ++i) {
       std::string name;
-      Tensor t = ir::read_tensor_pb(inputs[i].string(), &name);
+      Tensor t = read_value(inputs[i], name, i < input_names.size() ? input_names[i] : "");
       if (name.empty() && i < input_names.size()) name = input_names[i];
       feeds[name] = as_declared(name, t);
     }
@@ -109,7 +131,7 @@ std::string run_case(const fs::path& dir) {
     auto outputs = sorted_files(e.path(), "output_");
     for (size_t i = 0; i < outputs.size(); ++i) {
       std::string name;
-      Tensor want = ir::read_tensor_pb(outputs[i].string(), &name);
+      Tensor want = read_value(outputs[i], name, i < output_names.size() ? output_names[i] : "");
       if (name.empty() && i < output_names.size()) name = output_names[i];
       want = as_declared(name, want);
       auto it = result.find(name);

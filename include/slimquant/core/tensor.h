@@ -1,6 +1,10 @@
 #pragma once
 // Tensor: dtype + shape + contiguous row-major storage, shared between copies (cheap to pass
 // around; clone() for a deep copy). Storage is 64-byte aligned for vector kernels.
+// A Tensor may instead hold an ONNX sequence (Tensor::sequence: an ordered list of tensors of one
+// element type), so that sessions, feeds, outputs and nested sessions carry sequences like any
+// value; to tensor code it looks empty (shape [0], no storage), and only the ops taking
+// sequences read its elements().
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -101,6 +105,8 @@ class Tensor {
   }
   template <typename T>
   static Tensor scalar(T v) { return from_vector<T>({}, {v}); }
+  // A sequence of `elements`, each of dtype `element_type` (checked).
+  static Tensor sequence(DType element_type, std::vector<Tensor> elements);
 
   bool defined() const { return dtype_ != DType::kUndefined; }
   DType dtype() const { return dtype_; }
@@ -136,6 +142,10 @@ class Tensor {
   Tensor cast(DType to) const;
   const std::shared_ptr<std::byte[]>& storage() const { return storage_; }
 
+  bool is_sequence() const { return elements_ != nullptr; }
+  // The elements of a sequence (dtype() is their type); throws kInvalidArgument for a tensor.
+  const std::vector<Tensor>& elements() const;
+
  private:
   void check_type(DType expected) const;
 
@@ -143,6 +153,7 @@ class Tensor {
   Shape shape_;
   std::shared_ptr<std::byte[]> storage_;
   size_t capacity_ = 0;
+  std::shared_ptr<const std::vector<Tensor>> elements_;  // non-null for a sequence
 };
 
 // 64-byte aligned, zeroed allocation; at most max_tensor_bytes() (kInvalidArgument above it).

@@ -85,9 +85,13 @@ struct Graph {
   // Initializers the file stores as 4-bit integers (ONNX INT4 = 22, UINT4 = 21; packed two a byte,
   // low nibble first): held unpacked here as int8 / uint8, written back packed by save_onnx.
   std::map<std::string, int> stored_4bit_types;
-  // Inputs and outputs declared optional(tensor) (If branches of scripted exports): a value that may
-  // hold no tensor, held as an undefined Tensor when empty. Sequences stay unsupported.
+  // Inputs and outputs declared optional(...) (If branches of scripted exports): a value that may
+  // hold nothing, held as an undefined Tensor when empty.
   std::set<std::string> optional_values;
+  // Inputs and outputs declared seq(tensor) (or optional(seq(tensor)), also in optional_values):
+  // their ValueInfo's dtype is the element type, their dims unknown; at run time the value is a
+  // Tensor::sequence. Maps stay unsupported.
+  std::set<std::string> sequence_values;
 
   bool is_initializer(const std::string& v) const { return initializers.count(v) != 0; }
   const Tensor* initializer(const std::string& v) const;

@@ -40,6 +40,10 @@ void check_constant_input_types(const Graph& graph);
 namespace slimquant::ir {
 // Reads a serialized TensorProto (.pb), as in ONNX's backend test data. Returns its name too.
 Tensor read_tensor_pb(const std::string& path, std::string* name = nullptr);
+// The same for a serialized SequenceProto of tensors (a Tensor::sequence) and an OptionalProto of
+// a tensor or a sequence (undefined when empty).
+Tensor read_sequence_pb(const std::string& path, std::string* name = nullptr);
+Tensor read_optional_pb(const std::string& path, std::string* name = nullptr);
 }  // namespace slimquant::ir
 
 namespace slimquant::ir {
