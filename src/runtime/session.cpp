@@ -405,7 +405,7 @@ std::map<std::string, Tensor> Session::join_parts(const std::vector<std::map<std
 }
 
 std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& feeds, const RunOptions& options) {
-  const int64_t batch = shared_batch(graph_, feeds);
+  const int64_t batch = options_.split_batches ? shared_batch(graph_, feeds) : -1;
   if (batch <= 1) return run_whole(feeds, options);
   if (batch_limit_ == 0) {
     const int64_t declared = declared_batch(graph_, feeds);

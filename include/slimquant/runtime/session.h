@@ -35,6 +35,10 @@ struct SessionOptions {
   bool blocked_layouts = true;
   int num_threads = 0;  // 0 = leave OpenMP's default
   size_t max_cached_plans = 8;
+  // Feeds sharing a leading dimension are a batch of samples: run in parts when the model declares
+  // a smaller batch or fails at this one (Session::run). Off where the leading dimension is not a
+  // batch (the bodies of If / Loop / Scan), so a shape error stays an error.
+  bool split_batches = true;
   // null: the session's own pool. Sessions sharing one must not run concurrently.
   std::shared_ptr<BufferPool> buffer_pool;
 };

@@ -36,6 +36,7 @@ Subgraph::Subgraph(const ir::Node& node, const char* attr, bool loose_input_shap
   outputs_ = body.outputs;
   SessionOptions options;
   options.max_cached_plans = 16;  // shapes of data-dependent values (box counts) vary per run
+  options.split_batches = false;  // a body's leading dimension is whatever the body computes on
   try {
     session_ = std::make_unique<Session>(std::move(body), options);
   } catch (const Error& e) {
