@@ -626,16 +626,12 @@ def evaluate_row(model, form, args, peers):
                                 work)
             if reference is not None:
                 row["int8_sqnr"] = sqnr_db(reference, int8_out)
-            peers.setdefault("int8_out", {})[form] = int8_out
         except RuntimeError as e:
             row["int8_error"] = str(e)
             if os.path.exists(int8_path):
                 os.remove(int8_path)
     if form in ("ort_static", "ort_dynamic") and ort_out is not None and reference is not None:
-        peers[f"{form}_sqnr"] = sqnr_db(reference, ort_out)
-        peers[f"{form}_out"] = ort_out
-    row["ort_static_sqnr"] = peers.get("ort_static_sqnr")
-    row["ort_dynamic_sqnr"] = peers.get("ort_dynamic_sqnr")
+        row["ort_run_sqnr"] = sqnr_db(reference, ort_out)
     shape = model.shape1()
     if not args.no_speed and shape is not None:
         dtype = np.float16 if model_input_types(path).get(next(iter(model_input_types(path)))) == TensorProto.FLOAT16 \
@@ -649,14 +645,8 @@ def evaluate_row(model, form, args, peers):
                 row[key] = fn()
             except RuntimeError as e:
                 row[key.replace("_ms", "_error")] = str(e)
-        if form in ("ort_static", "ort_dynamic") and ort_out is not None:
-            peers[f"{form}_ms"] = row.get("ort_fp32_ms")
-        best = [peers[k] for k in ("ort_static_ms", "ort_dynamic_ms") if peers.get(k) is not None]
-        row["ort_best_int8_ms"] = min(best) if best else None
         if row.get("ours_fp32_ms") and row.get("ort_fp32_ms") and form not in ("ort_static", "ort_dynamic"):
             row["fp32_ratio"] = row["ort_fp32_ms"] / row["ours_fp32_ms"]
-        if row.get("ours_int8_ms") and row.get("ort_best_int8_ms"):
-            row["int8_ratio"] = row["ort_best_int8_ms"] / row["ours_int8_ms"]
     return row
 
 
@@ -718,6 +708,8 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--no-speed", action="store_true")
+    parser.add_argument("--table-only", action="store_true",
+                        help="measure nothing: the table of the rows already in OUT_DIR/rows for --models x --forms")
     args = parser.parse_args()
     args.build = os.path.abspath(args.build)
     if args.forms == "all":
@@ -735,11 +727,19 @@ def main():
     t_start = time.time()
     cpu, isa = machine_line(args.build)
     rows = []
+    if args.table_only:
+        for name in args.models.split(","):
+            for form in (list(SileroModel.SHIPPED) + ["external"] if name == "silero_vad" else forms):
+                row_file = os.path.join(rows_dir, f"{name}.{form}.json")
+                if os.path.exists(row_file):
+                    rows.append(json.load(open(row_file)))
+        write_report(args, rows, cpu, isa, None)
+        return
     for model in make_models(args.models.split(","), args.out):
         peers = {}
-        for form in forms:
-            if isinstance(model, SileroModel) and form not in SileroModel.SHIPPED and form not in ("external",):
-                continue
+        # Silero's forms are the files its package ships, whatever --forms says (they are quick).
+        model_forms = list(SileroModel.SHIPPED) + ["external"] if isinstance(model, SileroModel) else forms
+        for form in model_forms:
             if form == "control_flow" and not isinstance(model, TorchvisionModel):
                 continue  # scripted control flow is made from the PyTorch source
             row_file = os.path.join(rows_dir, f"{model.name}.{form}.json")
@@ -750,8 +750,25 @@ def main():
             json.dump(row, open(row_file, "w"), indent=1)
             rows.append(row)
             log("   ", {k: v for k, v in row.items() if k not in ("model", "form")})
+    write_report(args, rows, cpu, isa, time.time() - t_start)
+
+
+def fill_peers(rows):
+    """ORT's static and dynamic INT8 are per-model facts measured in their own rows (ORT running the
+    ORT-style file): copy them into every row of the model, with the INT8 speed ratio."""
+    by_form = {(r["model"], r["form"]): r for r in rows}
+    for r in rows:
+        static, dynamic = by_form.get((r["model"], "ort_static"), {}), by_form.get((r["model"], "ort_dynamic"), {})
+        r["ort_static_sqnr"], r["ort_dynamic_sqnr"] = static.get("ort_run_sqnr"), dynamic.get("ort_run_sqnr")
+        times = [t for t in (static.get("ort_fp32_ms"), dynamic.get("ort_fp32_ms")) if t is not None]
+        r["ort_best_int8_ms"] = min(times) if times else None
+        r["int8_ratio"] = r["ort_best_int8_ms"] / r["ours_int8_ms"] if times and r.get("ours_int8_ms") else None
+
+
+def write_report(args, rows, cpu, isa, seconds):
+    fill_peers(rows)
     header = (f"CPU: {cpu}; oneDNN ISA: {isa}; one thread, batch 1, median CPU ms of {args.runs} runs; "
-              f"ORT: onnxruntime-node-latest; {time.time() - t_start:.0f} s in all")
+              f"ORT: onnxruntime-node-latest (1.30.0)" + (f"; {seconds:.0f} s in all" if seconds else ""))
     table = markdown(rows)
     with open(os.path.join(args.out, "model_forms.md"), "w") as f:
         f.write(header + "\n\n" + table + "\n")
