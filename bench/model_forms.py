@@ -100,6 +100,8 @@ def sh(cmd, timeout=1800, env=None):
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
     except subprocess.TimeoutExpired:
         return False, "", f"timed out after {timeout} s: {' '.join(cmd[:3])}"
+    except OSError as e:  # a binary being relinked by a build at that moment, say: the row says so
+        return False, "", f"error: cannot start {cmd[0]}: {e}"
     return p.returncode == 0, p.stdout, p.stderr
 
 
@@ -341,17 +343,62 @@ class OnnxFileModel(Model):
         elif form == "batch1":
             save(set_batch(model, 1), path)
         elif form.startswith("opset"):
-            n, current = int(form[5:]), opset_of(model)
-            if n <= 17:
-                from onnx import version_converter
-                save(version_converter.convert_version(model, n) if n != current else model, path)
-            else:
-                from onnx import version_converter
-                base17 = version_converter.convert_version(model, 17) if current != 17 else model
-                save(upgrade_opset(base17, n), path)
+            n = int(form[5:])
+            at = self.convert_version(model, min(n, 17))
+            save(upgrade_opset(at, n) if n > 17 else at, path)
         else:
             return False
         return True
+
+    def softmax_ranks(self, model):
+        """Rank of each Softmax output, from a run in ONNX Runtime (shape inference cannot follow
+        paddle2onnx's Shape/Reshape chains)."""
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        names = [n.output[0] for n in m.graph.node if n.op_type == "Softmax"]
+        if not names:
+            return {}
+        m.graph.output.extend([helper.make_empty_tensor_value_info(name) for name in names])
+        for o in m.graph.output[-len(names):]:
+            o.type.tensor_type.elem_type = TensorProto.FLOAT
+        probe = os.path.join(self.dir, "softmax_probe.onnx")
+        save(m, probe)
+        work = os.path.join(self.dir, "softmax_probe")
+        os.makedirs(work, exist_ok=True)
+        outs = run_ort(probe, feeds_for(probe, self.held_out, work, False), work)
+        return dict(zip(names, (o.ndim for o in outs[-len(names):])))
+
+    def convert_version(self, model, target):
+        """onnx's version converter, past its Softmax 12 -> 13 adapter, which needs the input's rank
+        and gets none from shape inference here: a Softmax over the last axis means the same in
+        both versions, so it stands in as a Relu (whose adapters need no shapes; the converter knows
+        no private domains) while the rest converts, and comes back as Softmax(axis=-1)."""
+        from onnx import version_converter
+        current = opset_of(model)
+        if current == target:
+            return model
+        set_aside = []
+        if current < 13 <= target:
+            ranks = self.softmax_ranks(model)
+            m = onnx.ModelProto()
+            m.CopyFrom(model)
+            for node in m.graph.node:
+                if node.op_type != "Softmax":
+                    continue
+                axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+                rank = ranks[node.output[0]]
+                if axis % rank != rank - 1:
+                    raise RuntimeError(f"Softmax {node.name} over axis {axis} of rank {rank}: its meaning changes at 13")
+                node.op_type = "Relu"
+                del node.attribute[:]
+                set_aside.append(node.output[0])
+            model = m
+        converted = version_converter.convert_version(model, target)
+        for node in converted.graph.node:
+            if node.op_type == "Relu" and node.output[0] in set_aside:
+                node.op_type = "Softmax"
+                node.attribute.append(helper.make_attribute("axis", -1))
+        return converted
 
     def shape1(self):
         return [1] + list(self.held_out["x"].shape[1:])
@@ -427,6 +474,16 @@ def ensure_form(model, form, build):
         raise RuntimeError("no base form")
     if not os.path.exists(base):
         ensure_form(model, "base", build)
+    if form in ("ort_static", "ort_dynamic") and opset_of(onnx.load(base, load_external_data=False)) < 13:
+        # ORT's quantizer needs opset 13 (per-channel QDQ) and converts first: from our opset-13 form.
+        opset13 = ensure_form(model, "opset13", build)
+        ensure_form_from(model, form, opset13, path)
+    else:
+        ensure_form_from(model, form, base, path)
+    return path
+
+
+def ensure_form_from(model, form, base, path):
     if form == "fp16":
         save(float16_model(onnx.load(base)), path)
     elif form == "bf16":
