@@ -31,12 +31,14 @@ Inputs: torchvision models read Fashion-MNIST images (Debian's dataset-fashion-m
 model's resolution, grey replicated to RGB, ImageNet mean/std; PaddleOCR models read rendered text
 lines (bench/ocr_samples.py); Silero reads a synthetic 16 kHz tone in noise.
 
-  /usr/bin/python3 bench/model_forms.py OUT_DIR [--build DIR] [--models a,b] [--forms a,b] [--quick]
-                                        [--runs 20] [--batches 1[,32]] [--no-speed]
+  /usr/bin/python3 bench/model_forms.py OUT_DIR [--build DIR] [--models a,b] [--forms a,b|all] [--quick]
+                                        [--runs 20] [--no-speed] [--table-only]
 
---quick: forms base, fp16, batch1, opset11, opset21, ort_static only; each row is also written
-to OUT_DIR/rows/MODEL.FORM.json as it completes. --forms all: every opset 11..21. Needs /usr/bin/python3 with numpy, onnx, torch,
-torchvision, PIL, and bench/node_modules (onnxruntime-node-latest).
+--quick: forms base, fp16, batch1, opset11, opset21, ort_static only. --forms all: every opset
+11..21. Each row is also written to OUT_DIR/rows/MODEL.FORM.json as it completes; --table-only
+prints the table of those rows again. Results and findings: docs/model_forms.md. Needs
+/usr/bin/python3 with numpy, onnx, torch, torchvision, PIL, and bench/node_modules
+(onnxruntime-node-latest).
 """
 import argparse
 import csv
