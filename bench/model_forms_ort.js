@@ -5,12 +5,13 @@
 //   node bench/model_forms_ort.js run MODEL OUT_DIR NAME=FILE.npy [...] [--ort latest|pinned]
 //       writes OUT_DIR/<i>.npy for the i-th output and OUT_DIR/outputs.json {file: output name}
 //   node bench/model_forms_ort.js time MODEL RUNS NAME=FILE.npy [...] [--ort latest|pinned]
-//       prints {"median_ms", "cpu_median_ms", "min_ms", "runs", "ort_version"} (5 untimed runs first)
+//       prints {"median_ms", "cpu_median_ms", "min_ms", "cpu_min_ms", "runs", "ort_version"} (bench/ort_timing.js)
 //
 // The last line printed is JSON; a failure prints {"error": "..."} and exits 1, so the caller can put
 // ORT's own message into its table.
 const fs = require('fs');
 const path = require('path');
+const { timeSession } = require('./ort_timing');
 
 const NPY_DTYPES = {  // numpy descr -> [ORT type, typed array constructor]
   '<f4': ['float32', Float32Array], '<f2': ['float16', Uint16Array], '<f8': ['float64', Float64Array],
@@ -56,12 +57,6 @@ function writeNpy(file, tensor) {
     Buffer.from(data.buffer, data.byteOffset, data.byteLength)]));
 }
 
-function median(xs) {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
-}
-
 async function main() {
   const args = process.argv.slice(2);
   const ortIndex = args.indexOf('--ort');
@@ -91,18 +86,7 @@ async function main() {
     console.log(JSON.stringify({ ort_version: version, outputs: session.outputNames }));
   } else if (command === 'time') {
     const runs = parseInt(third, 10);
-    for (let i = 0; i < 5; i++) await session.run(feeds);
-    const ms = [], cpu = [];
-    for (let i = 0; i < runs; i++) {
-      const c0 = process.cpuUsage();
-      const t0 = process.hrtime.bigint();
-      await session.run(feeds);
-      ms.push(Number(process.hrtime.bigint() - t0) / 1e6);
-      const c = process.cpuUsage(c0);
-      cpu.push((c.user + c.system) / 1e3);
-    }
-    console.log(JSON.stringify({ median_ms: median(ms), cpu_median_ms: median(cpu), min_ms: Math.min(...ms),
-      runs, ort_version: version }));
+    console.log(JSON.stringify({ ...(await timeSession(session, feeds, runs)), runs, ort_version: version }));
   } else {
     throw new Error(`unknown command '${command}' (run or time)`);
   }
