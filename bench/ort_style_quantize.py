@@ -536,6 +536,8 @@ class OrtStyleQuantizer:
         for bias, (input_name, weight, beta) in self.biases.items():
             if input_name not in self.quantized or weight not in self.quantized:
                 continue  # ORT needs both scales; its quantizer stops here, we leave the bias float
+            if bias + "_quantized" in self.inits:
+                continue  # also read as a plain constant (vit_b_16's conv_proj.bias) and quantized as one already
             input_scale = numpy_helper.to_array(self.inits[self.quantized[input_name][0]]).astype(np.float32)
             weight_scale = numpy_helper.to_array(self.inits[self.quantized[weight][0]]).astype(np.float32)
             bias_scale = (input_scale * weight_scale * np.float32(beta)).astype(np.float32)
