@@ -63,7 +63,7 @@ const latencyBin = path.join(buildDir, 'slimquant_latency');
 const ortStyleScript = path.join(__dirname, 'ort_style_quantize.py');
 const ortPackages = { latest: 'onnxruntime-node-latest', pinned: 'onnxruntime-node' };
 
-function median(xs) { const s = [...xs].sort((a, b) => a - b); const m = s.length >> 1; return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2; }
+const { timeSession } = require('./ort_timing');
 
 // Worker mode: time ONNX Runtime on one model and shape, print {median_ms, max_rss_kb}.
 async function ortWorker(modelPath, shape, runs, ortPackage) {
@@ -74,18 +74,8 @@ async function ortWorker(modelPath, shape, runs, ortPackage) {
   const n = shape.reduce((a, b) => a * b, 1);
   const data = Float32Array.from({ length: n }, (_, i) => ((i * 2654435761) % 1000) / 1000);
   const feeds = { [session.inputNames[0]]: new ort.Tensor('float32', data, shape) };
-  for (let i = 0; i < 5; i++) await session.run(feeds);
-  const ms = [], cpu = [];
-  for (let i = 0; i < runs; i++) {
-    const c0 = process.cpuUsage();
-    const t0 = process.hrtime.bigint();
-    await session.run(feeds);
-    ms.push(Number(process.hrtime.bigint() - t0) / 1e6);
-    const c = process.cpuUsage(c0);
-    cpu.push((c.user + c.system) / 1e3);
-  }
-  console.log(JSON.stringify({ median_ms: median(ms), cpu_median_ms: median(cpu), min_ms: Math.min(...ms),
-    cpu_min_ms: Math.min(...cpu), max_rss_kb: process.resourceUsage().maxRSS }));
+  const timing = await timeSession(session, feeds, runs);
+  console.log(JSON.stringify({ ...timing, max_rss_kb: process.resourceUsage().maxRSS }));
 }
 
 function ortLatency(modelPath, shape, runs, ortPackage) {

@@ -536,6 +536,8 @@ class OrtStyleQuantizer:
         for bias, (input_name, weight, beta) in self.biases.items():
             if input_name not in self.quantized or weight not in self.quantized:
                 continue  # ORT needs both scales; its quantizer stops here, we leave the bias float
+            if bias + "_quantized" in self.inits:
+                continue  # also read as a plain constant (vit_b_16's conv_proj.bias) and quantized as one already
             input_scale = numpy_helper.to_array(self.inits[self.quantized[input_name][0]]).astype(np.float32)
             weight_scale = numpy_helper.to_array(self.inits[self.quantized[weight][0]]).astype(np.float32)
             bias_scale = (input_scale * weight_scale * np.float32(beta)).astype(np.float32)
@@ -616,7 +618,11 @@ def quantize_dynamic(model, weight_type):
                                               name=name + "_QuantizeLinear"))
         return dynamic[name]
 
+    quantized_weights = {}  # an initializer two nodes share (an exporter's deduplication) is quantized once
+
     def weight(name):
+        if name in quantized_weights:
+            return quantized_weights[name]
         w = numpy_helper.to_array(inits[name]).astype(np.float32)
         if weight_type == "qint8":
             scale = int8_symmetric_scale(np.abs(w).max())
@@ -628,8 +634,10 @@ def quantize_dynamic(model, weight_type):
         new_inits.extend([numpy_helper.from_array(q, name + "_quantized"),
                           numpy_helper.from_array(np.array(scale, np.float32), name + "_scale"),
                           numpy_helper.from_array(np.array(zp, q.dtype), name + "_zero_point")])
-        return name + "_quantized", name + "_scale", name + "_zero_point"
+        quantized_weights[name] = (name + "_quantized", name + "_scale", name + "_zero_point")
+        return quantized_weights[name]
 
+    reshaped_biases = set()
     types = tensor_types(model)
     for node in graph.node:
         is_float = lambda n: n in inits or types.get(n) in FLOAT_TYPES
@@ -653,8 +661,10 @@ def quantize_dynamic(model, weight_type):
         new_nodes.append(helper.make_node("Mul", [out + "_output_quantized_cast_output", out + "_scales_mul"], [scaled],
                                           name=node.name + "_output_scale_mul"))
         if bias:
-            b_values = numpy_helper.to_array(inits[bias]).astype(np.float32)
-            new_inits.append(numpy_helper.from_array(b_values.reshape(1, -1, 1, 1), bias + "_reshaped"))
+            if bias + "_reshaped" not in reshaped_biases:
+                reshaped_biases.add(bias + "_reshaped")
+                b_values = numpy_helper.to_array(inits[bias]).astype(np.float32)
+                new_inits.append(numpy_helper.from_array(b_values.reshape(1, -1, 1, 1), bias + "_reshaped"))
             new_nodes.append(helper.make_node("Add", [scaled, bias + "_reshaped"], [out], name=node.name + "_bias_add"))
     del graph.node[:]
     graph.node.extend(new_nodes)
