@@ -489,38 +489,71 @@ namespace {
 // already limit, or are new operators the runtime does not have. DequantizeLinear's opset-21
 // block_size is implemented by the runtime (blocked scales).
 constexpr int64_t kNewestOnnxOpset = 21;
+// Whether a node of a newer opset uses what changed; a node that does not means what it meant in
+// the library's opset, and its checks and shape inference there hold (an attribute the older
+// schema lacks would not pass them, so a present one counts as used).
+bool has_input(const Node& n, size_t i) { return n.inputs.size() > i && !n.inputs[i].empty(); }
+bool reads_axes_input(const Node& n) { return has_input(n, 1); }
+bool splits_by_count(const Node& n) { return n.attrs.count("num_outputs") != 0; }
+bool pads_new_ways(const Node& n) { return has_input(n, 3) || n.attr_string("mode", "constant") == "wrap"; }
+bool resizes_new_ways(const Node& n) {
+  return n.attrs.count("antialias") || n.attrs.count("axes") || n.attrs.count("keep_aspect_ratio_policy") ||
+         n.attr_string("coordinate_transformation_mode", "half_pixel") == "half_pixel_symmetric";
+}
+bool reduces_by_max_or_min(const Node& n) {
+  const std::string r = n.attr_string("reduction", "none");
+  return r == "max" || r == "min";
+}
+bool pools_new_ways(const Node& n) { return n.attrs.count("ceil_mode") || n.attrs.count("dilations"); }
+bool dilates(const Node& n) { return n.attrs.count("dilations") != 0; }
+bool quantizes_blocked(const Node& n) { return n.attrs.count("block_size") || n.attrs.count("output_dtype"); }
+bool always(const Node&) { return true; }
+
 struct OpsetChange {
   const char* op;
   int64_t since;
   const char* what;
+  bool (*used_by)(const Node&);
 };
 constexpr OpsetChange kOpsetChanges[] = {
-    {"ReduceMax", 18, "axes became an input"},      {"ReduceMin", 18, "axes became an input"},
-    {"ReduceMean", 18, "axes became an input"},     {"ReduceProd", 18, "axes became an input"},
-    {"ReduceL1", 18, "axes became an input"},       {"ReduceL2", 18, "axes became an input"},
-    {"ReduceLogSum", 18, "axes became an input"},   {"ReduceLogSumExp", 18, "axes became an input"},
-    {"ReduceSumSquare", 18, "axes became an input"}, {"Split", 18, "num_outputs was added"},
-    {"Pad", 18, "an axes input and the wrap mode were added"},
-    {"Resize", 18, "antialias, axes, keep_aspect_ratio_policy and half_pixel_symmetric were added"},
-    {"ScatterND", 18, "reduction max/min were added"}, {"ScatterElements", 18, "reduction max/min were added"},
-    {"LpPool", 18, "ceil_mode and dilations were added"}, {"AveragePool", 19, "dilations were added"},
-    {"GridSample", 20, "its modes were renamed and N-D inputs added"},
-    {"GroupNormalization", 21, "scale and bias became per channel"},
-    {"QuantizeLinear", 21, "block_size and output_dtype were added"},
+    {"ReduceMax", 18, "axes became an input", reads_axes_input},
+    {"ReduceMin", 18, "axes became an input", reads_axes_input},
+    {"ReduceMean", 18, "axes became an input", reads_axes_input},
+    {"ReduceProd", 18, "axes became an input", reads_axes_input},
+    {"ReduceL1", 18, "axes became an input", reads_axes_input},
+    {"ReduceL2", 18, "axes became an input", reads_axes_input},
+    {"ReduceLogSum", 18, "axes became an input", reads_axes_input},
+    {"ReduceLogSumExp", 18, "axes became an input", reads_axes_input},
+    {"ReduceSumSquare", 18, "axes became an input", reads_axes_input},
+    {"Split", 18, "num_outputs was added", splits_by_count},
+    {"Pad", 18, "an axes input and the wrap mode were added", pads_new_ways},
+    {"Resize", 18, "antialias, axes, keep_aspect_ratio_policy and half_pixel_symmetric were added", resizes_new_ways},
+    {"ScatterND", 18, "reduction max/min were added", reduces_by_max_or_min},
+    {"ScatterElements", 18, "reduction max/min were added", reduces_by_max_or_min},
+    {"LpPool", 18, "ceil_mode and dilations were added", pools_new_ways},
+    {"AveragePool", 19, "dilations were added", dilates},
+    {"GridSample", 20, "its modes were renamed and N-D inputs added", always},
+    {"GroupNormalization", 21, "scale and bias became per channel", always},
+    {"QuantizeLinear", 21, "block_size and output_dtype were added", quantizes_blocked},
 };
 
 // The first node (in branches too) whose operator changed between opsets `from` (exclusive) and
-// `to`: "node 'n' (ReduceMean): axes became an input in opset 18"; empty when none.
-std::string changed_operator(const Graph& g, int64_t from, int64_t to) {
+// `to`: "node 'n' (ReduceMean): axes became an input in opset 18"; empty when none. Reading a
+// file of opset `to`: only nodes that use the change count. Raising a graph to `to`: every node of
+// a changed operator does (its older form would need rewriting), blocked QuantizeLinear aside.
+enum class OpsetDirection { kReading, kRaising };
+std::string changed_operator(const Graph& g, int64_t from, int64_t to, OpsetDirection direction) {
   for (const Node& n : g.nodes) {
     if (n.domain.empty() || n.domain == "ai.onnx")
-      for (const OpsetChange& c : kOpsetChanges)
-        if (n.op_type == c.op && c.since > from && c.since <= to &&
-            !(n.op_type == "QuantizeLinear" && !n.attrs.count("block_size") && !n.attrs.count("output_dtype")))
+      for (const OpsetChange& c : kOpsetChanges) {
+        if (n.op_type != c.op || c.since <= from || c.since > to) continue;
+        const bool counts = direction == OpsetDirection::kReading || n.op_type == "QuantizeLinear" ? c.used_by(n) : true;
+        if (counts)
           return "node '" + n.name + "' (" + n.op_type + "): " + c.what + " in opset " + std::to_string(c.since);
+      }
     for (const auto& [key, value] : n.attrs)
       if (const auto* branch = std::get_if<std::shared_ptr<const Graph>>(&value))
-        if (std::string found = changed_operator(**branch, from, to); !found.empty()) return found;
+        if (std::string found = changed_operator(**branch, from, to, direction); !found.empty()) return found;
   }
   return {};
 }
@@ -562,7 +595,8 @@ void raise_opset_beyond_library(Graph& graph, int64_t target_opset) {
            "slimquant writes ai.onnx opsets up to " + std::to_string(kNewestOnnxOpset) + ", not " +
                std::to_string(target_opset));
   if (graph.opset < known) convert_opset(graph, known);
-  if (const std::string changed = changed_operator(graph, graph.opset, target_opset); !changed.empty())
+  if (const std::string changed = changed_operator(graph, graph.opset, target_opset, OpsetDirection::kRaising);
+      !changed.empty())
     fail(ErrorKind::kUnsupported, "cannot raise the model from opset " + std::to_string(graph.opset) + " to " +
                                       std::to_string(target_opset) + ": " + changed +
                                       ", which this converter does not rewrite");
@@ -582,6 +616,10 @@ void check_opset_versions(const Graph& g) {
                                          (domain.empty() ? "ai.onnx" : domain) + "'; opset versions start at 1");
     const auto it = known.find(domain);
     if (domain.empty() && version <= kNewestOnnxOpset) return;
+    if (domain.empty())
+      fail(ErrorKind::kUnsupported, "the model uses opset " + std::to_string(version) +
+                                        " of domain 'ai.onnx'; slimquant supports opsets up to " +
+                                        std::to_string(kNewestOnnxOpset));
     if (it != known.end() && version > it->second.second)
       fail(ErrorKind::kUnsupported, "the model uses opset " + std::to_string(version) + " of domain '" +
                                         (domain.empty() ? "ai.onnx" : domain) + "'; slimquant supports opsets up to " +
@@ -707,7 +745,8 @@ Graph parse_onnx(const std::string& bytes, const std::string& base_dir, const st
   const LoadScope scope{base_dir, g.opset, g.extra_opsets};
   fill_graph_from_proto(m.graph(), scope, g);
   if (g.opset > library_opset())
-    if (const std::string changed = changed_operator(g, library_opset(), g.opset); !changed.empty())
+    if (const std::string changed = changed_operator(g, library_opset(), g.opset, OpsetDirection::kReading);
+        !changed.empty())
       fail(ErrorKind::kUnsupported, what + " uses opset " + std::to_string(g.opset) + ": " + changed +
                                         ", which slimquant does not implement (its ONNX library knows opsets up to " +
                                         std::to_string(library_opset()) + ")");
@@ -734,8 +773,13 @@ void fill_graph_from_proto(const onnx::GraphProto& gp, const LoadScope& scope, G
   }
   // optional(T) and seq(tensor) values are read as their tensor (element) type and remembered in
   // optional_values / sequence_values; maps and nested sequences are refused up front.
+  // A value whose type is present but empty (exporters write If branch outputs so) is a tensor of
+  // unknown type, as if it had none.
+  auto typed = [](const onnx::ValueInfoProto& v) {
+    return v.has_type() && v.type().value_case() != onnx::TypeProto::VALUE_NOT_SET;
+  };
   auto as_tensor_type = [&](const onnx::ValueInfoProto& v) {
-    if (!v.has_type()) return v;
+    if (!typed(v)) return v;
     const onnx::TypeProto* type = &v.type();
     const bool optional = type->has_optional_type();
     if (optional) type = &type->optional_type().elem_type();
@@ -752,7 +796,7 @@ void fill_graph_from_proto(const onnx::GraphProto& gp, const LoadScope& scope, G
     return plain;
   };
   auto require_tensor = [&](const onnx::ValueInfoProto& v, const char* role) {
-    if (v.has_type() && !v.type().has_tensor_type())
+    if (typed(v) && !v.type().has_tensor_type())
       fail(ErrorKind::kUnsupported, std::string("graph ") + role + " '" + v.name() +
                                         "' is a map value or a sequence of non-tensors; only tensors, sequences of "
                                         "tensors and optional ones of both are supported");

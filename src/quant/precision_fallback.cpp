@@ -41,8 +41,13 @@ std::set<std::string> PrecisionFallbackResult::quantized_layers(const PTQ& ptq) 
 // fallback choices of equal probability SQNR differed by 8 points of exact match).
 const ir::Node* softmax_writing(const ir::Graph& g, const std::string& output) {
   int p = g.producer(output);
-  // Opset < 13 Softmax on rank > 2, as the opset upgrade writes it: Reshape(Softmax(Flatten(x))).
-  if (p >= 0 && g.nodes[static_cast<size_t>(p)].op_type == "Reshape") p = g.producer(g.nodes[static_cast<size_t>(p)].input(0));
+  // Seen through: the Reshape of an opset < 13 Softmax on rank > 2, as the opset upgrade writes it
+  // (Reshape(Softmax(Flatten(x)))), and the Casts of a float16 model's output.
+  for (int step = 0; step < 4 && p >= 0; ++step) {
+    const ir::Node& n = g.nodes[static_cast<size_t>(p)];
+    if (n.op_type != "Reshape" && n.op_type != "Cast") break;
+    p = g.producer(n.input(0));
+  }
   if (p < 0) return nullptr;
   const ir::Node& n = g.nodes[static_cast<size_t>(p)];
   return n.op_type == "Softmax" || n.op_type == "LogSoftmax" ? &n : nullptr;

@@ -1,10 +1,12 @@
 #include "slimquant/quant/prequantized.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 
 #include "slimquant/core/error.h"
 #include "slimquant/ir/qdq_params.h"
+#include "quant/qdq_export.h"
 
 namespace slimquant::quant {
 namespace {
@@ -93,6 +95,7 @@ ir::Graph dequantized_model(const ir::Graph& source) {
   g.nodes = std::move(kept);
   // Activations: QuantizeLinear -> DequantizeLinear on a value -> the value itself.
   std::set<size_t> removed;
+  std::map<size_t, ir::Node> clamps;  // a Clip in place of a removed DequantizeLinear
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const ir::Node& q = g.nodes[i];
     if (!is_op(q, "QuantizeLinear") || q.outputs.size() != 1 || g.is_graph_output(q.outputs[0])) continue;
@@ -103,15 +106,41 @@ ir::Graph dequantized_model(const ir::Graph& source) {
     });
     if (!all_dq) continue;
     const std::string value = q.inputs[0];
-    for (int r : readers) {
-      rename_reads(g, g.nodes[static_cast<size_t>(r)].outputs[0], value);
-      removed.insert(static_cast<size_t>(r));
+    // A grid without negative values clamps: ONNX Runtime's quantizer folds a Relu or Clip into the
+    // QuantizeLinear after it, so the pair is the model's activation, kept as a Clip to the grid.
+    // (Not after an op that already bounds its output: our own exports keep their Relu.)
+    static const std::set<std::string> kBounded = {"Relu", "Clip", "Sigmoid", "HardSigmoid", "Softmax"};
+    const int producer = g.producer(value);
+    const bool bounded = producer >= 0 && kBounded.count(g.nodes[static_cast<size_t>(producer)].op_type);
+    const std::optional<std::pair<double, double>> grid = grid_bounds(g, q);
+    if (grid && grid->first >= 0.0 && !bounded) {
+      ir::Node clip;
+      clip.op_type = "Clip";
+      clip.name = q.name.empty() ? "" : q.name + "_clip";
+      clip.inputs = {value};
+      if (g.opset < 11) {  // bounds are attributes before opset 11
+        clip.attrs["min"] = static_cast<float>(grid->first);
+        clip.attrs["max"] = static_cast<float>(grid->second);
+      } else {
+        const std::string lo = g.unique_value_name(value + "_clip_min"), hi = g.unique_value_name(value + "_clip_max");
+        g.initializers[lo] = Tensor::scalar(static_cast<float>(grid->first));
+        g.initializers[hi] = Tensor::scalar(static_cast<float>(grid->second));
+        clip.inputs.push_back(lo);
+        clip.inputs.push_back(hi);
+      }
+      clip.outputs = {g.nodes[static_cast<size_t>(readers[0])].outputs[0]};
+      for (size_t k = 1; k < readers.size(); ++k) rename_reads(g, g.nodes[static_cast<size_t>(readers[k])].outputs[0], clip.outputs[0]);
+      clamps.emplace(static_cast<size_t>(readers[0]), std::move(clip));
+    } else {
+      for (int r : readers) rename_reads(g, g.nodes[static_cast<size_t>(r)].outputs[0], value);
     }
+    for (int r : readers) removed.insert(static_cast<size_t>(r));
     removed.insert(i);
   }
   std::vector<ir::Node> remaining;
   for (size_t i = 0; i < g.nodes.size(); ++i)
-    if (!removed.count(i)) remaining.push_back(std::move(g.nodes[i]));
+    if (auto c = clamps.find(i); c != clamps.end()) remaining.push_back(std::move(c->second));
+    else if (!removed.count(i)) remaining.push_back(std::move(g.nodes[i]));
   g.nodes = std::move(remaining);
   g.value_info.clear();  // types of removed integer values; sessions infer again
   g.remove_unused_initializers();

@@ -153,6 +153,8 @@ std::optional<float> clip_bound(const ir::Graph& g, const ir::Node& clip, size_t
   return t->data<float>()[0];
 }
 
+}  // namespace
+
 // The float interval a per-tensor QuantizeLinear's grid covers, [(qmin - zp) s, (qmax - zp) s].
 std::optional<std::pair<double, double>> grid_bounds(const ir::Graph& g, const ir::Node& q) {
   QuantParam p;
@@ -161,7 +163,6 @@ std::optional<std::pair<double, double>> grid_bounds(const ir::Graph& g, const i
   const double s = p.scale[0], z = p.zero_point[0];
   return std::make_pair((p.qmin() - z) * s, (p.qmax() - z) * s);
 }
-}  // namespace
 
 int fold_activations_into_quantize(ir::Graph& g) {
   int folded = 0;

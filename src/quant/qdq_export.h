@@ -6,6 +6,7 @@
 // zero points (0, int8) are left to DequantizeLinear's default. The graph carries no value_info.
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,5 +46,8 @@ ir::Graph write_qdq_graph(const ir::Graph& float_graph, const std::vector<const 
 // Q(Relu(x)) for every x. The grid keeps the activation's calibrated range. Returns how many were
 // folded.
 int fold_activations_into_quantize(ir::Graph& qdq);
+// The float interval an 8-bit per-tensor QuantizeLinear's grid covers, [(qmin - zp) s, (qmax - zp) s]
+// (nullopt for another one).
+std::optional<std::pair<double, double>> grid_bounds(const ir::Graph& g, const ir::Node& q);
 
 }  // namespace slimquant::quant

@@ -7,7 +7,9 @@ measures them on real networks; this keeps one fixture per form in the suite):
     version converter, which cannot go down from 13 (no Identity adapter), 21 by
     bench/model_forms.py's upgrade_opset from 17, which moves Reduce axes to an input);
   * a fixture with its batch fixed at 1 quantizes (calibration feeds it one sample per run) and its
-    INT8 model runs.
+    INT8 model runs;
+  * an If whose branch outputs are declared with an empty type (as Silero VAD's exports write them)
+    loads and runs as a tensor of unknown type.
 
   /usr/bin/python3 tests/e2e/model_forms_test.py SLIMQUANT_CLI [WORK_DIR]
 
@@ -78,6 +80,35 @@ def check_fixed_batch_one_quantizes(cli, work):
     assert out[0].shape[0] == 1 and np.all(np.isfinite(out[0]))
 
 
+def check_if_with_untyped_branch_outputs(cli, work):
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    untyped = onnx.ValueInfoProto()
+    untyped.name = "y"
+    untyped.type.CopyFrom(onnx.TypeProto())  # present but empty
+    def branch(name, op):
+        out = onnx.ValueInfoProto()
+        out.name = f"{name}_out"
+        out.type.CopyFrom(onnx.TypeProto())
+        return helper.make_graph([helper.make_node(op, ["x"], [f"{name}_out"])], name, [], [out])
+    cond = helper.make_node("ReduceMax", ["x"], ["m"], keepdims=0)
+    positive = helper.make_node("Greater", ["m", "zero"], ["c"])
+    branch_if = helper.make_node("If", ["c"], ["y"], then_branch=branch("then", "Relu"),
+                                 else_branch=branch("else", "Neg"))
+    zero = helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])
+    graph = helper.make_graph([cond, positive, branch_if], "untyped_if", [x], [untyped], [zero])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    path = os.path.join(work, "untyped_if.onnx")
+    onnx.save(model, path)
+    sample = os.path.join(work, "untyped_if.x.npy")
+    np.save(sample, np.array([-1.0, 2.0], dtype=np.float32))
+    p = subprocess.run([cli, "run", path, "--input", f"x={sample}", "--output-dir", os.path.join(work, "untyped_if")],
+                       capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert p.returncode == 0, f"run exited {p.returncode}: {p.stderr.strip()[-300:]}"
+    y = np.load(os.path.join(work, "untyped_if", "y.npy"))
+    assert np.array_equal(y, np.array([0.0, 2.0], dtype=np.float32)), y
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__)
@@ -90,6 +121,8 @@ def main():
               for name, opsets in other_opsets.items() for opset in opsets]
     checks.append(("resnet_small with batch fixed at 1 quantizes and runs",
                    lambda: check_fixed_batch_one_quantizes(cli, work)))
+    checks.append(("an If with untyped branch outputs loads and runs",
+                   lambda: check_if_with_untyped_branch_outputs(cli, work)))
     failed = 0
     for label, check in checks:
         try:

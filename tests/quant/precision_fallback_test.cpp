@@ -131,4 +131,31 @@ TEST(PrecisionFallback, NoiseRankingOfTheOnnxRuntimeFormWithFoldedClips) {
   EXPECT_LE(r.float_layers.size(), static_cast<size_t>(std::ceil(0.25 * c.ptq->layers().size())));
 }
 
+// Class scores are judged by the logits before their Softmax, also behind the Reshape an opset
+// upgrade writes and the Cast of a float16 model's output; other outputs by themselves.
+TEST(PrecisionFallback, TheLogitsBeforeASoftmaxAreMeasuredThroughReshapeAndCast) {
+  ir::Graph g;
+  g.opset = 13;
+  g.inputs.push_back({"x", DType::kFloat32, std::nullopt});
+  auto add = [&](const std::string& op, std::vector<std::string> in, const std::string& out) {
+    ir::Node n;
+    n.op_type = op;
+    n.name = out;
+    n.inputs = std::move(in);
+    n.outputs = {out};
+    g.nodes.push_back(n);
+  };
+  add("Relu", {"x"}, "logits");
+  add("Softmax", {"logits"}, "p");
+  add("Reshape", {"p", "shape"}, "p2");
+  add("Cast", {"p2"}, "scores");
+  add("Sigmoid", {"logits"}, "mask");
+  g.outputs = {{"scores", DType::kFloat32, std::nullopt}, {"mask", DType::kFloat32, std::nullopt}};
+  const ir::Node* softmax = quant::softmax_writing(g, "scores");
+  ASSERT_NE(softmax, nullptr);
+  EXPECT_EQ(softmax->outputs[0], "p");
+  EXPECT_EQ(quant::softmax_writing(g, "mask"), nullptr);
+  EXPECT_EQ(quant::drift_measured_values(g), (std::vector<std::string>{"logits", "mask"}));
+}
+
 }  // namespace

@@ -68,4 +68,69 @@ TEST(Prequantized, StaticQdqFileDequantizesToItsFloatModel) {
   }
 }
 
+// x -> [producer] -> QuantizeLinear -> DequantizeLinear -> y, the activation pair of a static QDQ
+// file, on an 8-bit grid of scale 0.1 with the given type and zero point.
+ir::Graph activation_pair(DType code_type, int zero_point, const std::string& producer) {
+  ir::Graph g;
+  g.opset = 13;
+  g.inputs.push_back({"x", DType::kFloat32, std::nullopt});
+  std::string value = "x";
+  if (!producer.empty()) {
+    ir::Node p;
+    p.op_type = producer;
+    p.name = "p";
+    p.inputs = {"x"};
+    p.outputs = {"v"};
+    g.nodes.push_back(p);
+    value = "v";
+  }
+  g.initializers["s"] = Tensor::scalar(0.1f);
+  g.initializers["z"] = code_type == DType::kUInt8 ? Tensor::scalar(static_cast<uint8_t>(zero_point))
+                                                   : Tensor::scalar(static_cast<int8_t>(zero_point));
+  ir::Node q, dq;
+  q.op_type = "QuantizeLinear";
+  q.name = "q";
+  q.inputs = {value, "s", "z"};
+  q.outputs = {"codes"};
+  dq.op_type = "DequantizeLinear";
+  dq.name = "dq";
+  dq.inputs = {"codes", "s", "z"};
+  dq.outputs = {"y_dq"};
+  ir::Node out;  // a float reader of the pair
+  out.op_type = "Identity";
+  out.name = "out";
+  out.inputs = {"y_dq"};
+  out.outputs = {"y"};
+  g.nodes.push_back(q);
+  g.nodes.push_back(dq);
+  g.nodes.push_back(out);
+  g.outputs.push_back({"y", DType::kFloat32, std::nullopt});
+  return g;
+}
+
+std::vector<float> run_dequantized(const ir::Graph& qdq, const std::vector<float>& x) {
+  const ir::Graph back = quant::dequantized_model(qdq);
+  for (const auto& n : back.nodes) EXPECT_TRUE(n.op_type != "QuantizeLinear" && n.op_type != "DequantizeLinear");
+  runtime::SessionOptions o;
+  o.optimize = false;  // keep Identity: the graph output is the rewired reader's
+  return runtime::Session(back, o)
+      .run({{"x", Tensor::from_vector<float>({static_cast<int64_t>(x.size())}, x)}})
+      .at("y")
+      .to_float_vector();
+}
+
+// ONNX Runtime's quantizer folds a Relu (or Clip) into the QuantizeLinear after it: a grid without
+// negative values is then the model's activation, and the float model keeps it as a Clip to the
+// grid. A grid with negative values only rounds: the pair goes. After an op that bounds its output
+// already (our exports keep their Relu), nothing is added.
+TEST(Prequantized, AGridWithoutNegativesIsKeptAsTheActivationItStandsFor) {
+  const std::vector<float> x = {-1.f, 0.5f, 30.f};
+  EXPECT_EQ(run_dequantized(activation_pair(DType::kUInt8, 0, ""), x), (std::vector<float>{0.f, 0.5f, 25.5f}));
+  EXPECT_EQ(run_dequantized(activation_pair(DType::kInt8, 0, ""), x), x);
+  EXPECT_EQ(run_dequantized(activation_pair(DType::kUInt8, 128, ""), x), x);
+  const ir::Graph relu = quant::dequantized_model(activation_pair(DType::kUInt8, 0, "Relu"));
+  EXPECT_EQ(std::count_if(relu.nodes.begin(), relu.nodes.end(), [](const ir::Node& n) { return n.op_type == "Clip"; }), 0);
+  EXPECT_EQ(run_dequantized(activation_pair(DType::kUInt8, 0, "Relu"), x), (std::vector<float>{0.f, 0.5f, 30.f}));
+}
+
 }  // namespace
