@@ -493,27 +493,31 @@ constexpr int64_t kNewestOnnxOpset = 21;
 // the library's opset, and its checks and shape inference there hold (an attribute the older
 // schema lacks would not pass them, so a present one counts as used).
 bool has_input(const Node& n, size_t i) { return n.inputs.size() > i && !n.inputs[i].empty(); }
-bool reads_axes_input(const Node& n) { return has_input(n, 1); }
-bool splits_by_count(const Node& n) { return n.attrs.count("num_outputs") != 0; }
-bool pads_new_ways(const Node& n) { return has_input(n, 3) || n.attr_string("mode", "constant") == "wrap"; }
-bool resizes_new_ways(const Node& n) {
+// A constant axes input is written back as the attribute for the library's checks (libonnx_view);
+// noop_with_empty_axes = 0 is the older meaning.
+bool reads_axes_input(const Graph& g, const Node& n) {
+  return (has_input(n, 1) && !g.is_initializer(n.inputs[1])) || n.attr_int("noop_with_empty_axes", 0) != 0;
+}
+bool splits_by_count(const Graph&, const Node& n) { return n.attrs.count("num_outputs") != 0; }
+bool pads_new_ways(const Graph&, const Node& n) { return has_input(n, 3) || n.attr_string("mode", "constant") == "wrap"; }
+bool resizes_new_ways(const Graph&, const Node& n) {
   return n.attrs.count("antialias") || n.attrs.count("axes") || n.attrs.count("keep_aspect_ratio_policy") ||
          n.attr_string("coordinate_transformation_mode", "half_pixel") == "half_pixel_symmetric";
 }
-bool reduces_by_max_or_min(const Node& n) {
+bool reduces_by_max_or_min(const Graph&, const Node& n) {
   const std::string r = n.attr_string("reduction", "none");
   return r == "max" || r == "min";
 }
-bool pools_new_ways(const Node& n) { return n.attrs.count("ceil_mode") || n.attrs.count("dilations"); }
-bool dilates(const Node& n) { return n.attrs.count("dilations") != 0; }
-bool quantizes_blocked(const Node& n) { return n.attrs.count("block_size") || n.attrs.count("output_dtype"); }
-bool always(const Node&) { return true; }
+bool pools_new_ways(const Graph&, const Node& n) { return n.attrs.count("ceil_mode") || n.attrs.count("dilations"); }
+bool dilates(const Graph&, const Node& n) { return n.attrs.count("dilations") != 0; }
+bool quantizes_blocked(const Graph&, const Node& n) { return n.attrs.count("block_size") || n.attrs.count("output_dtype"); }
+bool always(const Graph&, const Node&) { return true; }
 
 struct OpsetChange {
   const char* op;
   int64_t since;
   const char* what;
-  bool (*used_by)(const Node&);
+  bool (*used_by)(const Graph&, const Node&);
 };
 constexpr OpsetChange kOpsetChanges[] = {
     {"ReduceMax", 18, "axes became an input", reads_axes_input},
@@ -547,7 +551,7 @@ std::string changed_operator(const Graph& g, int64_t from, int64_t to, OpsetDire
     if (n.domain.empty() || n.domain == "ai.onnx")
       for (const OpsetChange& c : kOpsetChanges) {
         if (n.op_type != c.op || c.since <= from || c.since > to) continue;
-        const bool counts = direction == OpsetDirection::kReading || n.op_type == "QuantizeLinear" ? c.used_by(n) : true;
+        const bool counts = direction == OpsetDirection::kReading || n.op_type == "QuantizeLinear" ? c.used_by(g, n) : true;
         if (counts)
           return "node '" + n.name + "' (" + n.op_type + "): " + c.what + " in opset " + std::to_string(c.since);
       }
@@ -577,6 +581,30 @@ void libonnx_view(onnx::ModelProto& m) {
         t.set_raw_data(wide.raw(), wide.nbytes());
       }
     for (auto& n : *gp.mutable_node()) {
+      // Reductions of opset 18+: a constant axes input back to the attribute they had before.
+      static const std::set<std::string> kAxesInputSince18 = {
+          "ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
+          "ReduceLogSumExp", "ReduceSumSquare"};
+      if ((n.domain().empty() || n.domain() == "ai.onnx") && kAxesInputSince18.count(n.op_type())) {
+        auto* attrs = n.mutable_attribute();
+        for (int i = attrs->size() - 1; i >= 0; --i)
+          if (attrs->Get(i).name() == "noop_with_empty_axes" && attrs->Get(i).i() == 0) attrs->DeleteSubrange(i, 1);
+        if (n.input_size() >= 2) {
+          const onnx::TensorProto* axes = nullptr;
+          for (const auto& t : gp.initializer())
+            if (t.name() == n.input(1)) axes = &t;
+          if (axes || n.input(1).empty()) {
+            onnx::AttributeProto* a = nullptr;
+            if (axes) {
+              a = n.add_attribute();
+              a->set_name("axes");
+              a->set_type(onnx::AttributeProto::INTS);
+              for (int64_t v : tensor_from_proto(*axes, ".").to_int64_vector()) a->add_ints(v);
+            }
+            n.mutable_input()->DeleteSubrange(1, n.input_size() - 1);
+          }
+        }
+      }
       if (n.op_type() == "DequantizeLinear" || n.op_type() == "QuantizeLinear") {
         auto* attrs = n.mutable_attribute();
         for (int i = attrs->size() - 1; i >= 0; --i)

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "slimquant/ir/onnx_io.h"
+#include "slimquant/runtime/session.h"
 #include "test_util.h"
 
 using namespace slimquant;
@@ -108,8 +109,9 @@ TEST(Opset21, NodesUsingWhatChangedAfterTheLibrarysOpsetAreRefusedNamingThem) {
   // A ReduceMean without axes reduces everything in every opset: it uses nothing that changed.
   ir::save_onnx(g, tmp.path("all.onnx"));
   EXPECT_EQ(ir::load_onnx(tmp.path("all.onnx")).opset, 21);
-  // With the axes input of opset 18 it does (written into the file directly: save_onnx checks the
-  // model at the library's opset, where ReduceMean takes one input).
+  // The axes input of opset 18 (written into the file directly: save_onnx checks the model at the
+  // library's opset, where ReduceMean takes one input). A constant one loads and reduces that axis
+  // (the library checks it as the attribute it was); one computed at run time is refused.
   onnx::ModelProto m = read_proto(tmp.path("all.onnx"));
   for (auto& n : *m.mutable_graph()->mutable_node())
     if (n.name() == "mean") n.add_input("axes");
@@ -118,6 +120,21 @@ TEST(Opset21, NodesUsingWhatChangedAfterTheLibrarysOpsetAreRefusedNamingThem) {
   axes->set_data_type(onnx::TensorProto::INT64);
   axes->add_dims(1);
   axes->add_int64_data(1);
+  m.mutable_graph()->mutable_output(0)->mutable_type()->mutable_tensor_type()->clear_shape();
+  std::ofstream(tmp.path("constant_axes.onnx"), std::ios::binary) << m.SerializeAsString();
+  const ir::Graph constant_axes = ir::load_onnx(tmp.path("constant_axes.onnx"));
+  Tensor x(DType::kFloat32, {1, 3});
+  for (float& v : x.values<float>()) v = 1.f;
+  const Tensor mean = runtime::Session(constant_axes).run({{"x", x}}).at("m");
+  EXPECT_EQ(mean.shape(), (Shape{1, 1}));
+  // w = 0.5 * (code - 0): row sums of the codes over 3 rows, averaged over the 5 columns.
+  float expected = 0.f;
+  for (int64_t i = 0; i < 15; ++i) expected += 0.5f * static_cast<float>(i - 8);
+  EXPECT_FLOAT_EQ(mean.to_float_vector()[0], expected / 5.f);
+  m.mutable_graph()->mutable_initializer()->RemoveLast();
+  onnx::ValueInfoProto* runtime_axes = m.mutable_graph()->add_input();
+  runtime_axes->set_name("axes");
+  runtime_axes->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::INT64);
   std::ofstream(tmp.path("m.onnx"), std::ios::binary) << m.SerializeAsString();
   try {
     ir::load_onnx(tmp.path("m.onnx"));
