@@ -10,6 +10,13 @@
 
 namespace slimquant::test {
 
+// How many nodes of `g` run op_type `op`.
+inline int count_op(const ir::Graph& g, const std::string& op) {
+  int n = 0;
+  for (const auto& node : g.nodes) n += node.op_type == op;
+  return n;
+}
+
 inline Tensor random_tensor(const Shape& shape, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
   Tensor t(DType::kFloat32, shape);
   std::uniform_real_distribution<float> d(lo, hi);

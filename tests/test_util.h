@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -74,6 +76,20 @@ inline nlohmann::json last_json_line(const std::string& output) {
   while (std::getline(in, line))
     if (!line.empty() && line[0] == '{') last = line;
   return last.empty() ? nlohmann::json() : nlohmann::json::parse(last);
+}
+
+// A file's whole contents ("" when it cannot be read).
+inline std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The page count poppler's pdfinfo reads from a PDF; -1 when it cannot read one.
+inline int pdf_pages(const std::string& path) {
+  const CommandResult info = run_command("pdfinfo '" + path + "'");
+  const auto pos = info.output.find("Pages:");
+  if (info.exit_code != 0 || pos == std::string::npos) return -1;
+  return std::stoi(info.output.substr(pos + 6));
 }
 
 // Runs `slimquant ARGS` and captures its output and exit code.

@@ -16,13 +16,6 @@
 
 namespace slimquant::test {
 
-inline std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // One OpenMP thread while a test runs (restored after): these tests check numbers, not speed, and
 // on a shared, overloaded machine OpenMP's spinning worker threads make them over ten times slower.
 class SingleThread {
@@ -38,6 +31,7 @@ class SingleThread {
 
 // The same for the CLI run as a subprocess.
 inline const char* kSingleThreadEnv = "OMP_NUM_THREADS=1";
+inline CommandResult run_cli_single_threaded(const std::string& args) { return run_cli(args, kSingleThreadEnv); }
 
 inline data::DataOptions fmnist(const std::string& split, size_t limit) {
   data::DataOptions o;

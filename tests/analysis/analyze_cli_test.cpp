@@ -17,11 +17,11 @@
 
 using namespace slimquant;
 using test::last_json_line;
-using test::read_file;
+using test::file_bytes;
+using test::pdf_pages;
 
 namespace {
 
-test::CommandResult run(const std::string& args) { return test::run_cli(args, test::kSingleThreadEnv); }
 
 std::vector<std::string> analyze_args(const std::string& save_dir) {
   return {"--quiet", "analyze", test::fixture_model("resnet_small"), "fashion-mnist:test", "--limit", "1000",
@@ -62,7 +62,7 @@ TEST(AnalyzeCli, ResumeAfterSigkillGivesTheSameAnalysisTxt) {
     ASSERT_EQ(waitpid(pid, &status, WNOHANG), 0) << "analysis finished before it could be killed";
     if (std::filesystem::exists(checkpoint)) {
       try {
-        auto j = nlohmann::json::parse(read_file(checkpoint));
+        auto j = nlohmann::json::parse(file_bytes(checkpoint));
         done_at_kill = j["state"]["batches_done"].get<size_t>();
         total = j["state"]["batches_total"].get<size_t>();
       } catch (const std::exception&) {
@@ -80,13 +80,13 @@ TEST(AnalyzeCli, ResumeAfterSigkillGivesTheSameAnalysisTxt) {
   ASSERT_LT(done_at_kill, total);
   EXPECT_FALSE(std::filesystem::exists(killed + "/analysis.txt"));
 
-  auto resumed = run(joined(args));
+  auto resumed = test::run_cli_single_threaded(joined(args));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed after"), std::string::npos) << resumed.output;
-  auto fresh = run(joined(analyze_args(clean)));
+  auto fresh = test::run_cli_single_threaded(joined(analyze_args(clean)));
   ASSERT_EQ(fresh.exit_code, 0) << fresh.output;
   EXPECT_EQ(fresh.output.find("resumed after"), std::string::npos);
-  const std::string a = read_file(killed + "/analysis.txt"), b = read_file(clean + "/analysis.txt");
+  const std::string a = file_bytes(killed + "/analysis.txt"), b = file_bytes(clean + "/analysis.txt");
   EXPECT_FALSE(a.empty());
   EXPECT_EQ(a, b);
 }
@@ -94,12 +94,12 @@ TEST(AnalyzeCli, ResumeAfterSigkillGivesTheSameAnalysisTxt) {
 TEST(AnalyzeCli, TargetSearchPrintsACommandThatRebuildsTheModel) {
   test::TempDir tmp("target_cli");
   const std::string common = test::fixture_model("resnet_small") + " fashion-mnist:test --limit 256 --batch-size 32 --batch-nums 4 --algo abs_max";
-  auto q = run("quantize " + common + " --metric sqnr --json -o " + tmp.path("int8.onnx"));
+  auto q = test::run_cli_single_threaded("quantize " + common + " --metric sqnr --json -o " + tmp.path("int8.onnx"));
   ASSERT_EQ(q.exit_code, 0) << q.output;
   const double int8 = last_json_line(q.output)["int8_sqnr"].get<double>();
   std::ostringstream target;
   target << int8 + 6.0;
-  auto r = run("analyze " + common + " --metric sqnr --num-histogram-plots 0 --json --save-dir " +
+  auto r = test::run_cli_single_threaded("analyze " + common + " --metric sqnr --num-histogram-plots 0 --json --save-dir " +
                          tmp.path("out") + " --target-metric " + target.str());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto j = last_json_line(r.output);
@@ -108,57 +108,46 @@ TEST(AnalyzeCli, TargetSearchPrintsACommandThatRebuildsTheModel) {
   std::string cmd = j["target"]["command"].get<std::string>();
   ASSERT_EQ(cmd.rfind("slimquant quantize ", 0), 0u) << cmd;
   EXPECT_NE(cmd.find("--skip-nodes"), std::string::npos) << cmd;
-  auto again = run(cmd.substr(std::string("slimquant ").size()) + " --no-eval");
+  auto again = test::run_cli_single_threaded(cmd.substr(std::string("slimquant ").size()) + " --no-eval");
   ASSERT_EQ(again.exit_code, 0) << again.output;
-  const std::string chosen = read_file(tmp.path("out/target_model.onnx"));
+  const std::string chosen = file_bytes(tmp.path("out/target_model.onnx"));
   EXPECT_FALSE(chosen.empty());
-  EXPECT_EQ(chosen, read_file(tmp.path("out/target_model_requantized.onnx")));
+  EXPECT_EQ(chosen, file_bytes(tmp.path("out/target_model_requantized.onnx")));
   if (j["target"].contains("command_skip_tensor_list")) {
     std::string by_tensor = j["target"]["command_skip_tensor_list"].get<std::string>();
-    auto t = run(by_tensor.substr(std::string("slimquant ").size()) + " --no-eval");
+    auto t = test::run_cli_single_threaded(by_tensor.substr(std::string("slimquant ").size()) + " --no-eval");
     ASSERT_EQ(t.exit_code, 0) << t.output;
-    EXPECT_EQ(chosen, read_file(tmp.path("out/target_model_requantized.onnx"))) << by_tensor;
+    EXPECT_EQ(chosen, file_bytes(tmp.path("out/target_model_requantized.onnx"))) << by_tensor;
   }
 }
 
 TEST(AnalyzeCli, BadInputsFailWithClearMessages) {
   test::TempDir tmp("analyze_bad");
   const std::string model = test::fixture_model("resnet_small");
-  auto missing = run("analyze " + model + " npy:" + tmp.path("no_such_dir") + " --save-dir " + tmp.path("o1"));
+  auto missing = test::run_cli_single_threaded("analyze " + model + " npy:" + tmp.path("no_such_dir") + " --save-dir " + tmp.path("o1"));
   EXPECT_EQ(missing.exit_code, 7) << missing.output;
   EXPECT_NE(missing.output.find("no_such_dir"), std::string::npos) << missing.output;
 
-  auto metric = run("analyze " + model + " fashion-mnist:test --limit 64 --metric f1 --save-dir " + tmp.path("o2"));
+  auto metric = test::run_cli_single_threaded("analyze " + model + " fashion-mnist:test --limit 64 --metric f1 --save-dir " + tmp.path("o2"));
   EXPECT_EQ(metric.exit_code, 5) << metric.output;
   EXPECT_NE(metric.output.find("unknown metric 'f1'"), std::string::npos) << metric.output;
 
   std::ofstream(tmp.path("a_file")) << "x";
-  auto unwritable = run("analyze " + model + " fashion-mnist:test --limit 64 --save-dir " + tmp.path("a_file/sub"));
+  auto unwritable = test::run_cli_single_threaded("analyze " + model + " fashion-mnist:test --limit 64 --save-dir " + tmp.path("a_file/sub"));
   EXPECT_EQ(unwritable.exit_code, 7) << unwritable.output;
   EXPECT_NE(unwritable.output.find("save-dir"), std::string::npos) << unwritable.output;
 
-  auto no_model = run("analyze " + tmp.path("missing.onnx") + " fashion-mnist:test --limit 64 --save-dir " + tmp.path("o3"));
+  auto no_model = test::run_cli_single_threaded("analyze " + tmp.path("missing.onnx") + " fashion-mnist:test --limit 64 --save-dir " + tmp.path("o3"));
   EXPECT_EQ(no_model.exit_code, 7) << no_model.output;
 
-  auto qat_no_float = run("analyze-qat --quant-model " + model + " fashion-mnist:test --limit 64 --save-dir " + tmp.path("o4"));
+  auto qat_no_float = test::run_cli_single_threaded("analyze-qat --quant-model " + model + " fashion-mnist:test --limit 64 --save-dir " + tmp.path("o4"));
   EXPECT_EQ(qat_no_float.exit_code, 5) << qat_no_float.output;
   EXPECT_NE(qat_no_float.output.find("--float-model"), std::string::npos) << qat_no_float.output;
 
-  auto qat_float = run("analyze-qat --quant-model " + model + " --float-model " + model +
+  auto qat_float = test::run_cli_single_threaded("analyze-qat --quant-model " + model + " --float-model " + model +
                                  " fashion-mnist:test --limit 64 --save-dir " + tmp.path("o5"));
   EXPECT_EQ(qat_float.exit_code, 5) << qat_float.output;
   EXPECT_NE(qat_float.output.find("no quantized layer"), std::string::npos) << qat_float.output;
-}
-
-int pdf_pages(const std::string& path) {
-  FILE* p = popen(("pdfinfo '" + path + "' 2>/dev/null").c_str(), "r");
-  if (!p) return -1;
-  char buf[256];
-  int pages = -1;
-  while (fgets(buf, sizeof buf, p))
-    if (std::string(buf).rfind("Pages:", 0) == 0) pages = std::stoi(std::string(buf).substr(6));
-  pclose(p);
-  return pages;
 }
 
 TEST(AnalyzeCli, HistogramPdfsAndStatistics) {
@@ -166,7 +155,7 @@ TEST(AnalyzeCli, HistogramPdfsAndStatistics) {
     GTEST_SKIP() << "poppler-utils not installed";
   test::TempDir tmp("analyze_pdf");
   // vit_small: its attention MatMuls have no constant weight, yet every weight PDF gets 3 pages.
-  auto r = run("analyze " + test::fixture_model("vit_small") + " fashion-mnist:test --limit 128 --batch-nums 2 "
+  auto r = test::run_cli_single_threaded("analyze " + test::fixture_model("vit_small") + " fashion-mnist:test --limit 128 --batch-nums 2 "
                "--metric cosine --num-histogram-plots 3 --statistics --save-dir " + tmp.path());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // Cosine distances of single layers are ~1e-5: the ranking must show them, not 0.0000.
@@ -189,10 +178,10 @@ TEST(AnalyzeCli, HistogramPlotCountComesFromTheFlagThenTheConfigThenTheDefault) 
   std::ofstream(tmp.path("a.yaml")) << "num_histogram_plots: 2\n";
   const std::string base = "analyze " + test::fixture_model("resnet_small") +
                            " fashion-mnist:test --limit 64 --batch-nums 1 --metric sqnr --config " + tmp.path("a.yaml");
-  auto from_config = run(base + " --save-dir " + tmp.path("c"));
+  auto from_config = test::run_cli_single_threaded(base + " --save-dir " + tmp.path("c"));
   ASSERT_EQ(from_config.exit_code, 0) << from_config.output;
   EXPECT_EQ(pdf_pages(tmp.path("c/best_weight_hist_result.pdf")), 2);
-  auto from_flag = run(base + " --num-histogram-plots 1 --save-dir " + tmp.path("f"));
+  auto from_flag = test::run_cli_single_threaded(base + " --num-histogram-plots 1 --save-dir " + tmp.path("f"));
   ASSERT_EQ(from_flag.exit_code, 0) << from_flag.output;
   EXPECT_EQ(pdf_pages(tmp.path("f/best_weight_hist_result.pdf")), 1);
 }
@@ -200,21 +189,21 @@ TEST(AnalyzeCli, HistogramPlotCountComesFromTheFlagThenTheConfigThenTheDefault) 
 TEST(AnalyzeCli, QatFromYamlWithResume) {
   test::TempDir tmp("qat_cli");
   const std::string model = test::fixture_model("resnet_small");
-  auto q = run("quantize " + model + " fashion-mnist:test --limit 128 --batch-nums 2 --no-eval -o " + tmp.path("q.onnx"));
+  auto q = test::run_cli_single_threaded("quantize " + model + " fashion-mnist:test --limit 128 --batch-nums 2 --no-eval -o " + tmp.path("q.onnx"));
   ASSERT_EQ(q.exit_code, 0) << q.output;
   std::ofstream(tmp.path("qat.yaml")) << "quant_model_dir: " << tmp.path("q.onnx") << "\nfloat_model_dir: " << model
                                       << "\nquantizable_op_type: [conv2d, mul]\nqat_metric: None\nsave_dir: "
                                       << tmp.path("out") << "\nresume: true\nmetric: top1\n";
-  auto r = run("analyze-qat fashion-mnist:test --limit 128 --json --config " + tmp.path("qat.yaml"));
+  auto r = test::run_cli_single_threaded("analyze-qat fashion-mnist:test --limit 128 --json --config " + tmp.path("qat.yaml"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto j = last_json_line(r.output);
   EXPECT_EQ(j["kind"], "qat");
   EXPECT_FALSE(j["qat_metric_given"].get<bool>());
-  const std::string first = read_file(tmp.path("out/analysis.txt"));
-  auto again = run("analyze-qat fashion-mnist:test --limit 128 --config " + tmp.path("qat.yaml"));
+  const std::string first = file_bytes(tmp.path("out/analysis.txt"));
+  auto again = test::run_cli_single_threaded("analyze-qat fashion-mnist:test --limit 128 --config " + tmp.path("qat.yaml"));
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_NE(again.output.find("resumed after"), std::string::npos) << again.output;
-  EXPECT_EQ(first, read_file(tmp.path("out/analysis.txt")));
+  EXPECT_EQ(first, file_bytes(tmp.path("out/analysis.txt")));
 }
 
 }  // namespace

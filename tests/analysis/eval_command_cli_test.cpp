@@ -16,13 +16,12 @@
 
 using namespace slimquant;
 using test::last_json_line;
-using test::read_file;
+using test::file_bytes;
 
 namespace {
 
-nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(read_file(path)); }
+nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(file_bytes(path)); }
 
-test::CommandResult run(const std::string& args) { return test::run_cli(args, test::kSingleThreadEnv); }
 
 // The PTQ analysis of resnet_small on 32 test images, calibrated on them.
 std::string analyze_base(const std::string& save_dir) {
@@ -49,9 +48,9 @@ TEST(EvalCommandCli, RankingMatchesTheBuiltInMetricComputedByAProgram) {
   // sqnr: higher is better (the default direction); cosine distance: lower is better.
   for (const std::string metric : {"sqnr", "cosine"}) {
     const std::string builtin = tmp.path(metric + "_builtin"), by_command = tmp.path(metric + "_command");
-    auto a = run(analyze_base(builtin) + " --metric " + metric);
+    auto a = test::run_cli_single_threaded(analyze_base(builtin) + " --metric " + metric);
     ASSERT_EQ(a.exit_code, 0) << a.output;
-    auto b = run(analyze_base(by_command) + " --eval-command '" + eval_command_for(metric) + "' --eval-key " + metric +
+    auto b = test::run_cli_single_threaded(analyze_base(by_command) + " --eval-command '" + eval_command_for(metric) + "' --eval-key " + metric +
                  (metric == "cosine" ? " --metric-direction lower" : ""));
     ASSERT_EQ(b.exit_code, 0) << b.output;
     const auto ja = read_json(builtin + "/analysis.json"), jb = read_json(by_command + "/analysis.json");
@@ -74,7 +73,7 @@ TEST(EvalCommandCli, RankingMatchesTheBuiltInMetricComputedByAProgram) {
       }
     }
     // analysis.txt names the metric and its direction in its header.
-    const std::string header = read_file(by_command + "/analysis.txt").substr(0, 64);
+    const std::string header = file_bytes(by_command + "/analysis.txt").substr(0, 64);
     EXPECT_EQ(header.rfind("# ptq analysis, metric " + metric + " (" + (metric == "sqnr" ? "higher" : "lower"), 0), 0u)
         << header;
   }
@@ -88,7 +87,7 @@ TEST(EvalCommandCli, AFailingCommandIsAClearErrorAndFinishedLayersStay) {
                         << counter << "\nif [ $n -eq 5 ]; then echo 'out of GPU memory' >&2; exit 3; fi\n"
                         << "echo '{\"mAP\": 0.5, \"runs\": '$n'}'\n";
   const std::string args = analyze_base(tmp.path("out")) + " --eval-command 'sh " + script + " {model}' --eval-key mAP";
-  auto failed = run(args);
+  auto failed = test::run_cli_single_threaded(args);
   EXPECT_EQ(failed.exit_code, 5) << failed.output;
   EXPECT_NE(failed.output.find("--eval-command 'sh " + script + " {model}' failed with exit code 3"), std::string::npos)
       << failed.output;
@@ -96,10 +95,10 @@ TEST(EvalCommandCli, AFailingCommandIsAClearErrorAndFinishedLayersStay) {
   const auto checkpoint = read_json(tmp.path("out/analysis_checkpoint.json"));
   EXPECT_EQ(checkpoint["state"]["done"].size(), 3u) << checkpoint.dump();
 
-  auto resumed = run(args + " --json");
+  auto resumed = test::run_cli_single_threaded(args + " --json");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed after 3 layers"), std::string::npos) << resumed.output;
-  EXPECT_EQ(read_file(counter), "19\n");  // 5 runs, then the 14 layers left: no finished layer ran again
+  EXPECT_EQ(file_bytes(counter), "19\n");  // 5 runs, then the 14 layers left: no finished layer ran again
   EXPECT_EQ(last_json_line(resumed.output)["metric"], "mAP");
 }
 
@@ -107,20 +106,20 @@ TEST(EvalCommandCli, BadOutputAndBadFlagsAreErrors) {
   test::TempDir tmp("eval_command_bad");
   const std::string base = analyze_base(tmp.path("out"));
   std::ofstream(tmp.path("map.sh")) << "#!/bin/sh\necho '{\"map\": 1}'\n";
-  auto no_key = run(base + " --eval-command 'sh " + tmp.path("map.sh") + " {model}' --eval-key mAP");
+  auto no_key = test::run_cli_single_threaded(base + " --eval-command 'sh " + tmp.path("map.sh") + " {model}' --eval-key mAP");
   EXPECT_EQ(no_key.exit_code, 5) << no_key.output;
   EXPECT_NE(no_key.output.find("has no field 'mAP'"), std::string::npos) << no_key.output;
-  auto text = run(analyze_base(tmp.path("out2")) + " --eval-command 'echo done {model}'");
+  auto text = test::run_cli_single_threaded(analyze_base(tmp.path("out2")) + " --eval-command 'echo done {model}'");
   EXPECT_EQ(text.exit_code, 5) << text.output;
   EXPECT_NE(text.output.find("neither a finite number nor a JSON object"), std::string::npos) << text.output;
-  auto no_placeholder = run(analyze_base(tmp.path("out3")) + " --eval-command 'echo 1'");
+  auto no_placeholder = test::run_cli_single_threaded(analyze_base(tmp.path("out3")) + " --eval-command 'echo 1'");
   EXPECT_EQ(no_placeholder.exit_code, 5) << no_placeholder.output;
   EXPECT_NE(no_placeholder.output.find("has no {model}"), std::string::npos) << no_placeholder.output;
   // Flag combinations that cannot mean anything are command-line errors.
-  EXPECT_EQ(run(base + " --eval-key mAP").exit_code, 2);
-  EXPECT_EQ(run(base + " --metric-direction lower").exit_code, 2);
-  EXPECT_EQ(run(base + " --metric top1 --eval-command 'echo 1 {model}'").exit_code, 2);
-  EXPECT_EQ(run(base + " --eval-command 'echo 1 {model}' --metric-direction sideways").exit_code, 2);
+  EXPECT_EQ(test::run_cli_single_threaded(base + " --eval-key mAP").exit_code, 2);
+  EXPECT_EQ(test::run_cli_single_threaded(base + " --metric-direction lower").exit_code, 2);
+  EXPECT_EQ(test::run_cli_single_threaded(base + " --metric top1 --eval-command 'echo 1 {model}'").exit_code, 2);
+  EXPECT_EQ(test::run_cli_single_threaded(base + " --eval-command 'echo 1 {model}' --metric-direction sideways").exit_code, 2);
 }
 
 TEST(EvalCommandCli, ParsesNumbersAndJsonObjects) {
@@ -138,7 +137,7 @@ TEST(EvalCommandCli, ParsesNumbersAndJsonObjects) {
 TEST(EvalCommandCli, AnalyzeQatTargetSearchAndQuantizeTakeIt) {
   test::TempDir tmp("eval_command_qat");
   const std::string size = write_size_script(tmp), model = test::fixture_model("resnet_small");
-  auto q = run("quantize " + model + " fashion-mnist:test --limit 32 --batch-size 16 --batch_nums 2 --json -o " + tmp.path("q.onnx") +
+  auto q = test::run_cli_single_threaded("quantize " + model + " fashion-mnist:test --limit 32 --batch-size 16 --batch_nums 2 --json -o " + tmp.path("q.onnx") +
                " --eval-command '" + size + "' --eval-key size");
   ASSERT_EQ(q.exit_code, 0) << q.output;
   const auto jq = last_json_line(q.output);
@@ -148,7 +147,7 @@ TEST(EvalCommandCli, AnalyzeQatTargetSearchAndQuantizeTakeIt) {
   EXPECT_EQ(jq["int8_size"].get<double>(), static_cast<double>(std::filesystem::file_size(tmp.path("q.onnx"))));
 
   // analyze-qat: de-quantizing a layer restores its float weights, so every candidate is larger.
-  auto qat = run("analyze-qat --quant-model " + tmp.path("q.onnx") + " --float-model " + model + " --save-dir " +
+  auto qat = test::run_cli_single_threaded("analyze-qat --quant-model " + tmp.path("q.onnx") + " --float-model " + model + " --save-dir " +
                  tmp.path("qat") + " --eval-command '" + size + "' --metric-direction lower --json");
   ASSERT_EQ(qat.exit_code, 0) << qat.output;
   const auto jqat = read_json(tmp.path("qat/analysis.json"));
@@ -157,12 +156,12 @@ TEST(EvalCommandCli, AnalyzeQatTargetSearchAndQuantizeTakeIt) {
     EXPECT_GT(l["metric"].get<double>(), jqat["qat_metric"].get<double>()) << l["name"];
     EXPECT_LT(l["gain"].get<double>(), 0) << l["name"];  // larger is worse: a negative gain
   }
-  EXPECT_EQ(read_file(tmp.path("qat/analysis.txt")).rfind("# qat analysis, metric metric (lower is better), qat ", 0), 0u);
+  EXPECT_EQ(file_bytes(tmp.path("qat/analysis.txt")).rfind("# qat analysis, metric metric (lower is better), qat ", 0), 0u);
 
   // Target search: the fewest float layers that make the model at least `target` bytes.
   const double int8_bytes = jq["int8_size"].get<double>(), fp32_bytes = jq["fp32_size"].get<double>();
   const double target = int8_bytes + 0.25 * (fp32_bytes - int8_bytes);
-  auto t = run(analyze_base(tmp.path("target")) + " --eval-command '" + size + "' --target-metric " +
+  auto t = test::run_cli_single_threaded(analyze_base(tmp.path("target")) + " --eval-command '" + size + "' --target-metric " +
                std::to_string(static_cast<long long>(target)) + " --json");
   ASSERT_EQ(t.exit_code, 0) << t.output;
   const auto jt = last_json_line(t.output)["target"];
@@ -177,21 +176,21 @@ TEST(EvalCommandCli, AnalyzeQatTargetSearchAndQuantizeTakeIt) {
 TEST(CliHygiene, AModelWithoutDataIsAnError) {
   test::TempDir tmp("no_data");
   const std::string model = test::fixture_model("resnet_small");
-  auto q = run("quantize " + model + " -o " + tmp.path("q.onnx"));
+  auto q = test::run_cli_single_threaded("quantize " + model + " -o " + tmp.path("q.onnx"));
   EXPECT_EQ(q.exit_code, 5) << q.output;
   EXPECT_NE(q.output.find("quantize: the calibration needs DATA"), std::string::npos) << q.output;
   EXPECT_FALSE(std::filesystem::exists(tmp.path("q.onnx")));
-  auto a = run("analyze " + model + " --save-dir " + tmp.path("a"));
+  auto a = test::run_cli_single_threaded("analyze " + model + " --save-dir " + tmp.path("a"));
   EXPECT_EQ(a.exit_code, 5) << a.output;
   EXPECT_NE(a.output.find("analyze: the calibration needs DATA"), std::string::npos) << a.output;
-  auto e = run("eval " + model);
+  auto e = test::run_cli_single_threaded("eval " + model);
   EXPECT_EQ(e.exit_code, 5) << e.output;
   EXPECT_NE(e.output.find("eval needs DATA"), std::string::npos) << e.output;
 }
 
 TEST(CliHygiene, UnderscoreFlagNamesAreAliasesOfTheDashedOnes) {
   test::TempDir tmp("underscore");
-  auto r = run("quantize " + test::fixture_model("resnet_small") +
+  auto r = test::run_cli_single_threaded("quantize " + test::fixture_model("resnet_small") +
                " fashion-mnist:test --limit 32 --batch_size 16 --batch_nums=1 --weight_quantize_type abs_max --no-eval --json -o " +
                tmp.path("q.onnx"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -199,7 +198,7 @@ TEST(CliHygiene, UnderscoreFlagNamesAreAliasesOfTheDashedOnes) {
   EXPECT_EQ(j["calib_batches"], 1);
   EXPECT_NE(r.output.find("abs_max, 8-bit"), std::string::npos) << r.output;
   // Values keep their underscores; unknown names still fail as before.
-  EXPECT_EQ(run("quantize x.onnx d --no_such_flag -o y.onnx").exit_code, 2);
+  EXPECT_EQ(test::run_cli_single_threaded("quantize x.onnx d --no_such_flag -o y.onnx").exit_code, 2);
 }
 
 TEST(CliHygiene, PlainProgressWritesWholeLinesForLogs) {
@@ -208,7 +207,7 @@ TEST(CliHygiene, PlainProgressWritesWholeLinesForLogs) {
                           " fashion-mnist:test --limit 32 --batch-size 16 --batch-nums 2 --no-eval -o " + tmp.path("q.onnx") +
                           " --progress plain 2>" + tmp.path("stderr.txt") + " >/dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0);
-  const std::string err = read_file(tmp.path("stderr.txt"));
+  const std::string err = file_bytes(tmp.path("stderr.txt"));
   EXPECT_NE(err.find("calibrate 2/2 batches"), std::string::npos) << err;
   EXPECT_EQ(err.find('\r'), std::string::npos) << err;
   EXPECT_EQ(err.find('\033'), std::string::npos) << err;
@@ -217,7 +216,7 @@ TEST(CliHygiene, PlainProgressWritesWholeLinesForLogs) {
                             " fashion-mnist:test --limit 32 --batch-size 16 --batch-nums 2 --no-eval -o " + tmp.path("q2.onnx") +
                             " 2>" + tmp.path("stderr2.txt") + " >/dev/null";
   ASSERT_EQ(std::system(quiet.c_str()), 0);
-  EXPECT_EQ(read_file(tmp.path("stderr2.txt")), "");
+  EXPECT_EQ(file_bytes(tmp.path("stderr2.txt")), "");
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 using namespace slimquant;
 using analysis::HistogramAccumulator;
+using test::pdf_pages;
 using analysis::HistogramPlot;
 
 namespace {
@@ -28,15 +29,6 @@ std::string run(const std::string& cmd, int* exit_code) {
   const int status = pclose(pipe);
   *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return out;
-}
-
-int pdf_pages(const std::string& path) {
-  int rc = 0;
-  const std::string info = run("pdfinfo '" + path + "'", &rc);
-  EXPECT_EQ(rc, 0) << info;
-  const auto pos = info.find("Pages:");
-  if (pos == std::string::npos) return -1;
-  return std::stoi(info.substr(pos + 6));
 }
 
 template <typename F>

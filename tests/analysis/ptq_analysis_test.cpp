@@ -278,7 +278,7 @@ TEST(PtqAnalysis, FinishedSaveDirWithAnotherEvalFunctionIsRefused) {
   const auto again = analysis::analyze_ptq(*ptq, agreement_on(64, again_calls), true, o);
   EXPECT_EQ(again_calls, 1);
   EXPECT_EQ(again.to_text(), first.to_text());
-  const std::string report = test::read_file(tmp.path("analysis.json"));
+  const std::string report = test::file_bytes(tmp.path("analysis.json"));
   try {
     analysis::analyze_ptq(*ptq, agreement_on(50, other_calls), true, o);
     FAIL() << "another evaluation reused the finished checkpoint";
@@ -289,7 +289,7 @@ TEST(PtqAnalysis, FinishedSaveDirWithAnotherEvalFunctionIsRefused) {
     EXPECT_NE(what.find("to start over"), std::string::npos) << what;
   }
   EXPECT_EQ(other_calls, 1);
-  EXPECT_EQ(test::read_file(tmp.path("analysis.json")), report);
+  EXPECT_EQ(test::file_bytes(tmp.path("analysis.json")), report);
 }
 
 TEST(PtqAnalysis, EvalFunctionPathRanksLikeTheMetric) {

@@ -22,11 +22,7 @@ namespace {
 
 const std::string kSmallCalib = "--dataset fashion-mnist:train --limit 64 --batch-size 32 ";
 
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
+using test::file_bytes;
 using test::last_json_line;
 
 TEST(CliQuantize, JsonReportsAccuracySizesAndLatency) {

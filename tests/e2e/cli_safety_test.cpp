@@ -18,21 +18,17 @@
 #include "test_util.h"
 
 using namespace slimquant;
+using test::file_bytes;
 using test::run_cli;
 namespace fs = std::filesystem;
 
 namespace {
 
-const std::string kModel = test::fixture_model("resnet_small");
+const std::string kResnetSmall = test::fixture_model("resnet_small");
 const std::string kCalib = " --dataset fashion-mnist:train --limit 64 --batch-size 32 --batch-nums 1 --no-eval ";
 const std::string kQatData = " --dataset fashion-mnist:train --limit 64 --batch-size 32 --calib-batches 1 --no-eval ";
 
 std::string data_flags(const std::string& cmd) { return cmd == "qat" ? kQatData : kCalib; }
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 bool contains(const std::string& text, const std::string& words) { return text.find(words) != std::string::npos; }
 
@@ -40,7 +36,7 @@ bool contains(const std::string& text, const std::string& words) { return text.f
 
 TEST(CliOutputPaths, OutputNamingTheInputModelIsRefusedAndTheModelKept) {
   test::TempDir tmp("out_is_input");
-  fs::copy_file(kModel, tmp.path("m.onnx"));
+  fs::copy_file(kResnetSmall, tmp.path("m.onnx"));
   fs::create_hard_link(tmp.path("m.onnx"), tmp.path("alias.onnx"));  // the same file under another name
   const std::string before = file_bytes(tmp.path("m.onnx"));
   for (const std::string cmd : {"quantize", "qat"}) {
@@ -65,7 +61,7 @@ TEST(CliOutputPaths, DirectoriesAndSpecialFilesAreNeverReplaced) {
   // A FIFO stands for /dev/null and other special files (tests must not risk the real device: as
   // root a rename replaces it).
   for (const std::string& out : {tmp.path("dir"), tmp.path("fifo")}) {
-    auto r = run_cli("quantize " + kModel + kCalib + "-o " + out);
+    auto r = run_cli("quantize " + kResnetSmall + kCalib + "-o " + out);
     EXPECT_EQ(r.exit_code, 7) << out << "\n" << r.output;
     EXPECT_TRUE(contains(r.output, out)) << r.output;
     EXPECT_TRUE(contains(r.output, "is a directory") || contains(r.output, "is a FIFO")) << r.output;
@@ -104,17 +100,17 @@ TEST(AtomicFile, NeverRenamesOverASpecialFile) {
 TEST(CliModelDirectory, QuantizeTakesTheOnlyOnnxFileOfADirectory) {
   test::TempDir tmp("model_dir");
   fs::create_directories(tmp.path("one"));
-  fs::copy_file(kModel, tmp.path("one/model.onnx"));
+  fs::copy_file(kResnetSmall, tmp.path("one/model.onnx"));
   auto r = run_cli("quantize " + tmp.path("one") + kCalib + "--json -o " + tmp.path("q.onnx"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto end = r.output.find_last_not_of('\n');
   const auto j = nlohmann::json::parse(r.output.substr(r.output.rfind('\n', end) + 1));
-  EXPECT_EQ(j["fp32_bytes"].get<uint64_t>(), fs::file_size(kModel));
+  EXPECT_EQ(j["fp32_bytes"].get<uint64_t>(), fs::file_size(kResnetSmall));
   EXPECT_TRUE(fs::is_regular_file(tmp.path("q.onnx")));
 
   fs::create_directories(tmp.path("two"));
-  fs::copy_file(kModel, tmp.path("two/a.onnx"));
-  fs::copy_file(kModel, tmp.path("two/b.onnx"));
+  fs::copy_file(kResnetSmall, tmp.path("two/a.onnx"));
+  fs::copy_file(kResnetSmall, tmp.path("two/b.onnx"));
   fs::create_directories(tmp.path("none"));
   for (const std::string dir : {"two", "none"}) {
     auto bad = run_cli("quantize " + tmp.path(dir) + kCalib + "-o " + tmp.path(dir + ".onnx"));
@@ -167,13 +163,13 @@ TEST(CliAnalyze, ASaveDirInUseByAnotherProcessIsRefused) {
   {
     analysis::DirectoryLock held(tmp.path(), "--save-dir");  // stands in for a running analysis
     EXPECT_THROW(analysis::DirectoryLock(tmp.path(), "--save-dir"), Error);
-    auto r = run_cli("analyze " + kModel + " fashion-mnist:test --limit 32 --batch-nums 1 --eval-batch-size 32 "
+    auto r = run_cli("analyze " + kResnetSmall + " fashion-mnist:test --limit 32 --batch-nums 1 --eval-batch-size 32 "
                      "--metric sqnr --num-histogram-plots 0 --save-dir " + tmp.path());
     EXPECT_EQ(r.exit_code, 7) << r.output;
     EXPECT_TRUE(contains(r.output, "in use by another slimquant process (pid " + std::to_string(::getpid()) + ")"))
         << r.output;
     EXPECT_FALSE(fs::exists(tmp.path("analysis_checkpoint.json")));
-    auto q = run_cli("analyze-qat --quant-model " + kModel + " --float-model " + kModel +
+    auto q = run_cli("analyze-qat --quant-model " + kResnetSmall + " --float-model " + kResnetSmall +
                      " fashion-mnist:test --limit 32 --save-dir " + tmp.path());
     EXPECT_EQ(q.exit_code, 7) << q.output;
   }
@@ -182,7 +178,7 @@ TEST(CliAnalyze, ASaveDirInUseByAnotherProcessIsRefused) {
 
 TEST(CliAnalyze, AnotherMetricInTheSameSaveDirIsRefusedNotMixed) {
   test::TempDir tmp("analyze_mix");
-  const std::string base = "analyze " + kModel + " fashion-mnist:test --limit 32 --batch-nums 1 --eval-batch-size 32 "
+  const std::string base = "analyze " + kResnetSmall + " fashion-mnist:test --limit 32 --batch-nums 1 --eval-batch-size 32 "
                            "--num-histogram-plots 0 --save-dir " + tmp.path() + " --metric ";
   auto first = run_cli(base + "sqnr");
   ASSERT_EQ(first.exit_code, 0) << first.output;
@@ -224,19 +220,19 @@ TEST(CliExitCodes, BadCommandLinesExit2AndNegativeCountsNameTheFlag) {
     std::string args, flag;
   };
   const std::vector<Case> cases = {
-      {"quantize " + kModel + " --batch-nums -1 -o /tmp/x.onnx", "--batch-nums"},
-      {"quantize " + kModel + " --batch-size 0 -o /tmp/x.onnx", "--batch-size"},
-      {"eval " + kModel + " --limit -1", "--limit"},
-      {"eval " + kModel + " --threads -5", "--threads"},
-      {"bench " + kModel + " --runs 0", "--runs"},
-      {"qat " + kModel + " --epochs -2 -o /tmp/x.onnx", "--epochs"},
-      {"qat " + kModel + " --lr -0.1 -o /tmp/x.onnx", "--lr"},
-      {"analyze " + kModel + " --num-histogram-plots -1", "--num-histogram-plots"},
-      {"analyze " + kModel + " --hist-percent 2", "--hist-percent"},
-      {"eval " + kModel + " --channels 2", "--channels"},
-      {"quantize " + kModel, "--output"},          // a required option missing
+      {"quantize " + kResnetSmall + " --batch-nums -1 -o /tmp/x.onnx", "--batch-nums"},
+      {"quantize " + kResnetSmall + " --batch-size 0 -o /tmp/x.onnx", "--batch-size"},
+      {"eval " + kResnetSmall + " --limit -1", "--limit"},
+      {"eval " + kResnetSmall + " --threads -5", "--threads"},
+      {"bench " + kResnetSmall + " --runs 0", "--runs"},
+      {"qat " + kResnetSmall + " --epochs -2 -o /tmp/x.onnx", "--epochs"},
+      {"qat " + kResnetSmall + " --lr -0.1 -o /tmp/x.onnx", "--lr"},
+      {"analyze " + kResnetSmall + " --num-histogram-plots -1", "--num-histogram-plots"},
+      {"analyze " + kResnetSmall + " --hist-percent 2", "--hist-percent"},
+      {"eval " + kResnetSmall + " --channels 2", "--channels"},
+      {"quantize " + kResnetSmall, "--output"},          // a required option missing
       {"no-such-command", "subcommand"},           // CLI11's own codes (106, 109) before
-      {"eval " + kModel + " --no-such-flag", "--no-such-flag"},
+      {"eval " + kResnetSmall + " --no-such-flag", "--no-such-flag"},
   };
   for (const auto& c : cases) {
     auto r = run_cli(c.args);
@@ -252,15 +248,15 @@ TEST(CliExitCodes, ConfigValuesAreCheckedLikeFlags) {
   test::TempDir tmp("config_values");
   std::ofstream(tmp.path("neg.yaml")) << "batch_size: -1\n";
   const std::string calib = " --dataset fashion-mnist:train --limit 64 --batch-nums 1 --no-eval ";
-  auto neg = run_cli("quantize " + kModel + calib + "--config " + tmp.path("neg.yaml") + " -o " + tmp.path("q.onnx"));
+  auto neg = run_cli("quantize " + kResnetSmall + calib + "--config " + tmp.path("neg.yaml") + " -o " + tmp.path("q.onnx"));
   EXPECT_EQ(neg.exit_code, 5) << neg.output;  // std::stoul wrapped it to 2^64-1, or exit 1 on text
   EXPECT_TRUE(contains(neg.output, "batch_size")) << neg.output;
   std::ofstream(tmp.path("text.yaml")) << "batch_size: many\n";
-  auto qat = run_cli("qat " + kModel + " --dataset fashion-mnist:train --limit 64 --no-eval --config " + tmp.path("text.yaml") + " -o " + tmp.path("q.onnx"));
+  auto qat = run_cli("qat " + kResnetSmall + " --dataset fashion-mnist:train --limit 64 --no-eval --config " + tmp.path("text.yaml") + " -o " + tmp.path("q.onnx"));
   EXPECT_EQ(qat.exit_code, 5) << qat.output;
   EXPECT_TRUE(contains(qat.output, "batch_size")) << qat.output;
   std::ofstream(tmp.path("broken.yaml")) << "ptq_config: [unclosed\n";
-  auto broken = run_cli("quantize " + kModel + kCalib + "--config " + tmp.path("broken.yaml") + " -o " + tmp.path("q.onnx"));
+  auto broken = run_cli("quantize " + kResnetSmall + kCalib + "--config " + tmp.path("broken.yaml") + " -o " + tmp.path("q.onnx"));
   EXPECT_EQ(broken.exit_code, 5) << broken.output;
   // A special file as MODEL is refused, not read forever.
   auto dev = run_cli("info /dev/zero");

@@ -13,13 +13,9 @@
 #include "test_util.h"
 
 using namespace slimquant;
+using test::file_bytes;
 
 namespace {
-
-std::string file_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 const char* const kCalibration = " --dataset fashion-mnist:train --limit 96 --batch-size 32 --no-eval --threads 1 ";
 

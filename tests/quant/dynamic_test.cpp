@@ -11,8 +11,10 @@
 #include "slimquant/quant/post_training_quantization.h"
 #include "slimquant/quant/precision_fallback.h"
 #include "slimquant/quant/ptq.h"
+#include "graph_builder.h"
 
 using namespace slimquant;
+using test::count_op;
 
 namespace {
 
@@ -77,11 +79,6 @@ ir::Graph dynamic_of(const ir::Graph& f) {
   return ptq.convert();
 }
 
-int count_op(const ir::Graph& g, const std::string& op) {
-  int n = 0;
-  for (const auto& node : g.nodes) n += node.op_type == op;
-  return n;
-}
 
 int argmax_agreement(const Tensor& a, const Tensor& b) {
   int agree = 0;

@@ -16,15 +16,14 @@
 #include "slimquant/quant/ptq.h"
 #include "quant/int8_test_util.h"
 #include "test_util.h"
+#include "graph_builder.h"
 
 using namespace slimquant;
+using test::count_op;
 namespace i8 = runtime::int8;
 
 namespace {
 
-int count_op(const ir::Graph& g, const std::string& op) {
-  return static_cast<int>(std::count_if(g.nodes.begin(), g.nodes.end(), [&](const ir::Node& n) { return n.op_type == op; }));
-}
 
 // The nodes that produce `value` and, going up through each one's first input, its producers: at
 // most `depth` of them, nearest first.

@@ -17,6 +17,7 @@ using namespace slimquant;
 
 namespace {
 
+using test::count_op;
 using test::random_tensor;
 
 struct AffineGraph : test::GraphBuilder {
@@ -51,11 +52,6 @@ void expect_same_outputs(const ir::Graph& g) {
     EXPECT_NEAR(got.data<float>()[i], want.data<float>()[i], 1e-5f * (1.f + std::fabs(want.data<float>()[i]))) << i;
 }
 
-int count_op(const ir::Graph& g, const std::string& op) {
-  int n = 0;
-  for (const auto& node : g.nodes) n += node.op_type == op;
-  return n;
-}
 
 }  // namespace
 

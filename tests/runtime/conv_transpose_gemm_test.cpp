@@ -6,16 +6,12 @@
 #include <random>
 
 #include "slimquant/runtime/session.h"
+#include "graph_builder.h"
 
 using namespace slimquant;
+using test::random_tensor;
 
 namespace {
-Tensor random_tensor(const Shape& shape, std::mt19937& rng) {
-  Tensor t(DType::kFloat32, shape);
-  std::uniform_real_distribution<float> d(-1.f, 1.f);
-  for (auto& v : t.values<float>()) v = d(rng);
-  return t;
-}
 
 // y = ConvTranspose(x, W, B) with W (and B) constants, or W fed at run time; kernel == strides = k
 // unless `attrs` gives the window.

@@ -18,6 +18,7 @@ using namespace slimquant;
 
 namespace {
 
+using test::count_op;
 using test::random_tensor;
 
 struct Builder : test::GraphBuilder {
@@ -50,11 +51,6 @@ struct Builder : test::GraphBuilder {
   }
 };
 
-int count_op(const ir::Graph& g, const std::string& op) {
-  int n = 0;
-  for (const auto& node : g.nodes) n += node.op_type == op;
-  return n;
-}
 
 runtime::SessionOptions unfused() {
   runtime::SessionOptions o;
