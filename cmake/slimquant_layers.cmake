@@ -47,6 +47,68 @@ set(SLIMQUANT_LAYER_PRECOMPILED_HEADERS
     <algorithm> <cmath> <cstdint> <cstring> <filesystem> <functional> <limits> <map> <memory> <optional>
     <set> <sstream> <string> <unordered_map> <vector>)
 
+# The sources the sanitized run compiles again with ASan and UBSan (cmake/slimquant_sanitized.cmake):
+# the code that parses untrusted input and the kernels that compute their own indices. Here because
+# the layers group their sources for unity builds (below) by whether they are on this list.
+set(SLIMQUANT_SANITIZED_SOURCE_GLOBS
+    core/npy.cpp core/tensor.cpp core/atomic_file.cpp
+    ir/onnx_io.cpp ir/graph.cpp ir/schema_checks.cpp
+    data/*.cpp
+    quant/quant_config.cpp
+    runtime/session*.cpp runtime/kernels/*/*.cpp)
+# Kernels that only describe and call oneDNN primitives (oneDNN's JIT code is not instrumented anyway).
+set(SLIMQUANT_UNSANITIZED_SOURCE_REGEX
+    "/runtime/kernels/dnnl/(dnnl_descriptors|dnnl_common|dnnl_batchnorm|dnnl_softmax|dnnl_layernorm|implementation_choice)\\.cpp$|_register\\.cpp$")
+
+# The sanitized list's files of `layer`, in `out`.
+function(slimquant_sanitized_sources layer out)
+  set(picked)
+  foreach(pattern IN LISTS SLIMQUANT_SANITIZED_SOURCE_GLOBS)
+    if(pattern MATCHES "^${layer}/")
+      file(GLOB matches CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/${pattern})
+      list(APPEND picked ${matches})
+    endif()
+  endforeach()
+  list(FILTER picked EXCLUDE REGEX "${SLIMQUANT_UNSANITIZED_SOURCE_REGEX}")
+  list(REMOVE_DUPLICATES picked)
+  list(SORT picked)
+  set(${out} ${picked} PARENT_SCOPE)
+endfunction()
+
+# Unity build: SLIMQUANT_UNITY_BATCH source files of a layer compiled as one translation unit, so
+# the headers and templates they share are parsed, instantiated and optimised once per batch
+# (measured: analysis 54.5 -> 33.2 s of compiler CPU for 8 files, runtime kernels about 20% less).
+# The batches are named groups: `<layer>_sanitized_<n>` hold only files of the sanitized list, so the
+# sanitized build compiles the same batches instrumented and leaves out exactly their normal
+# objects. Each file's internal names must differ from those of every other file of its layer.
+# 0 compiles each file alone (the check that every file includes what it uses).
+set(SLIMQUANT_UNITY_BATCH 8 CACHE STRING "Source files of a layer compiled together as one translation unit (0: each alone)")
+
+function(_slimquant_unity_groups target layer sources)
+  if(NOT SLIMQUANT_UNITY_BATCH GREATER 0)
+    return()
+  endif()
+  slimquant_sanitized_sources(${layer} sanitized)
+  set(others ${sources})
+  if(sanitized)
+    list(REMOVE_ITEM others ${sanitized})
+  endif()
+  list(SORT others)
+  foreach(kind IN ITEMS sanitized others)
+    set(index 0)
+    set(group_name ${layer})
+    if(kind STREQUAL "sanitized")
+      set(group_name ${layer}_sanitized)
+    endif()
+    foreach(source IN LISTS ${kind})
+      math(EXPR batch "${index} / ${SLIMQUANT_UNITY_BATCH}")
+      set_source_files_properties(${source} PROPERTIES UNITY_GROUP ${group_name}_${batch})
+      math(EXPR index "${index} + 1")
+    endforeach()
+  endforeach()
+  set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_MODE GROUP)
+endfunction()
+
 # slimquant_add_layer(<layer> [LAYERS <lower layers it uses>...] [DETAIL <layers whose detail it reads>...]
 #                     [PRECOMPILE <third-party headers>...])
 # Compiles every .cpp under src/<layer>/ (globbed: new files are picked up at the next build), with
@@ -84,6 +146,7 @@ function(slimquant_add_layer layer)
                                              SLIMQUANT_PRECOMPILED_HEADERS "${SLIMQUANT_LAYER_PRECOMPILED_HEADERS};${arg_PRECOMPILE}")
   _slimquant_as_layer(${target} ${layer})
   target_precompile_headers(${target} PRIVATE ${SLIMQUANT_LAYER_PRECOMPILED_HEADERS} ${arg_PRECOMPILE})
+  _slimquant_unity_groups(${target} ${layer} "${sources}")
   set(SLIMQUANT_LAYER_TARGETS ${SLIMQUANT_LAYER_TARGETS} ${target} PARENT_SCOPE)
 endfunction()
 

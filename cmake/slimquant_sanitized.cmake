@@ -21,29 +21,11 @@ set(SLIMQUANT_SANITIZE_COMPILE_FLAGS
     -O0 -g -UNDEBUG -DSLIMQUANT_NO_CPU_CLONES)
 set(SLIMQUANT_SANITIZE_LINK_FLAGS -fsanitize=address,undefined)
 
-# Paths under src/ (globs): what is instrumented.
-set(SLIMQUANT_SANITIZED_SOURCE_GLOBS
-    core/npy.cpp core/tensor.cpp core/atomic_file.cpp
-    ir/onnx_io.cpp ir/graph.cpp ir/schema_checks.cpp
-    data/*.cpp
-    quant/quant_config.cpp
-    runtime/session*.cpp runtime/kernels/*/*.cpp)
-# Kernels that only describe and call oneDNN primitives (oneDNN's JIT code is not instrumented anyway).
-set(SLIMQUANT_UNSANITIZED_SOURCE_REGEX
-    "/runtime/kernels/dnnl/(dnnl_descriptors|dnnl_common|dnnl_batchnorm|dnnl_softmax|dnnl_layernorm|implementation_choice)\\.cpp$|_register\\.cpp$")
-
+# What is instrumented: SLIMQUANT_SANITIZED_SOURCE_GLOBS (cmake/slimquant_layers.cmake).
 set(_sanitized_objects)
 foreach(layer_target IN LISTS SLIMQUANT_LAYER_TARGETS)
   string(REGEX REPLACE "^slimquant_" "" layer ${layer_target})
-  set(picked)
-  foreach(pattern IN LISTS SLIMQUANT_SANITIZED_SOURCE_GLOBS)
-    if(pattern MATCHES "^${layer}/")
-      file(GLOB matches CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/${pattern})
-      list(APPEND picked ${matches})
-    endif()
-  endforeach()
-  list(FILTER picked EXCLUDE REGEX "${SLIMQUANT_UNSANITIZED_SOURCE_REGEX}")
-  list(REMOVE_DUPLICATES picked)
+  slimquant_sanitized_sources(${layer} picked)
   if(NOT picked)
     list(APPEND _sanitized_objects $<TARGET_OBJECTS:${layer_target}>)
     continue()
@@ -55,6 +37,10 @@ foreach(layer_target IN LISTS SLIMQUANT_LAYER_TARGETS)
   get_target_property(layer_headers ${layer_target} SLIMQUANT_PRECOMPILED_HEADERS)
   target_precompile_headers(${layer_target}_sanitized PRIVATE ${layer_headers})
   set_target_properties(${layer_target}_sanitized PROPERTIES POSITION_INDEPENDENT_CODE ON)
+  get_target_property(unity ${layer_target} UNITY_BUILD)
+  if(unity)  # the same batches as the normal objects it replaces
+    set_target_properties(${layer_target}_sanitized PROPERTIES UNITY_BUILD ON UNITY_BUILD_MODE GROUP)
+  endif()
   get_target_property(layer_definitions ${layer_target} COMPILE_DEFINITIONS)
   if(layer_definitions)
     target_compile_definitions(${layer_target}_sanitized PRIVATE ${layer_definitions})
@@ -67,6 +53,8 @@ foreach(layer_target IN LISTS SLIMQUANT_LAYER_TARGETS)
     string(REGEX REPLACE "([.+])" "\\\\\\1" rel_regex "${rel}")
     list(APPEND exclude_regex "/${rel_regex}\\.o$")
   endforeach()
+  # In a unity build, the batches of the sanitized list (cmake/slimquant_layers.cmake).
+  list(APPEND exclude_regex "/Unity/unity_${layer}_sanitized_[0-9]+_cxx\\.cxx\\.o$")
   list(JOIN exclude_regex "|" exclude_regex)
   list(APPEND _sanitized_objects "$<FILTER:$<TARGET_OBJECTS:${layer_target}>,EXCLUDE,${exclude_regex}>")
 endforeach()

@@ -22,7 +22,7 @@ void name_nodes(Graph& g) {
 namespace {
 
 // Runs one rule over g (values in `keep` are never merged away); returns how often it fired.
-int run_rule(Graph& g, Rule rule, const std::set<std::string>& keep = {}) {
+int run_rule_alone(Graph& g, Rule rule, const std::set<std::string>& keep = {}) {
   return total(apply_rules(g, {std::move(rule)}, keep));
 }
 
@@ -614,11 +614,11 @@ Rule residual_gate_rule() {
 
 }  // namespace
 
-int constants_to_initializers(Graph& g) { return run_rule(g, constants_rule()); }
-int neutral_elementwise_to_identity(Graph& g) { return run_rule(g, neutral_mul_rule()); }
-int remove_identity_ops(Graph& g) { return run_rule(g, identity_rule()); }
-int fold_batchnorm_into_conv(Graph& g) { return run_rule(g, batchnorm_rule()); }
-int fold_affine_into_conv(Graph& g) { return run_rule(g, affine_rule()); }
+int constants_to_initializers(Graph& g) { return run_rule_alone(g, constants_rule()); }
+int neutral_elementwise_to_identity(Graph& g) { return run_rule_alone(g, neutral_mul_rule()); }
+int remove_identity_ops(Graph& g) { return run_rule_alone(g, identity_rule()); }
+int fold_batchnorm_into_conv(Graph& g) { return run_rule_alone(g, batchnorm_rule()); }
+int fold_affine_into_conv(Graph& g) { return run_rule_alone(g, affine_rule()); }
 
 int merge_hardswish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
   return total(apply_rules(g, {decomposed_hardswish_rule("merge_decomposed_hardswish", accept, false),
@@ -626,16 +626,16 @@ int merge_hardswish(Graph& g, const std::function<bool(const std::string& x, con
 }
 
 int spell_hardswish_as_gate(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
-  return run_rule(g, decomposed_hardswish_rule("spell_hardswish_as_gate", accept, true));
+  return run_rule_alone(g, decomposed_hardswish_rule("spell_hardswish_as_gate", accept, true));
 }
 
 int merge_swish(Graph& g, const std::function<bool(const std::string& x, const std::string& s)>& accept) {
-  return run_rule(g, swish_rule(accept));
+  return run_rule_alone(g, swish_rule(accept));
 }
 
-int merge_layernorm(Graph& g, const std::set<std::string>& keep) { return run_rule(g, layernorm_rule(), keep); }
+int merge_layernorm(Graph& g, const std::set<std::string>& keep) { return run_rule_alone(g, layernorm_rule(), keep); }
 
-int merge_residual_gate(Graph& g, const std::set<std::string>& keep) { return run_rule(g, residual_gate_rule(), keep); }
+int merge_residual_gate(Graph& g, const std::set<std::string>& keep) { return run_rule_alone(g, residual_gate_rule(), keep); }
 
 std::vector<Rule> cleanup_rules() { return {constants_rule(), neutral_mul_rule(), identity_rule()}; }
 

@@ -15,18 +15,15 @@
 
 namespace slimquant::train {
 
-namespace {
-
-struct Entry {
-  std::string name;
-  std::vector<std::string> inputs, outputs;
-  std::unique_ptr<TrainOp> op;
-  int node = -1;  // index into graph.nodes; -1 for inserted ops
-};
-
-}  // namespace
-
 struct TrainGraph::Impl {
+  // One op of the training graph. A member type, not file-local: Impl is visible outside this file.
+  struct Entry {
+    std::string name;
+    std::vector<std::string> inputs, outputs;
+    std::unique_ptr<TrainOp> op;
+    int node = -1;  // index into graph.nodes; -1 for inserted ops
+  };
+
   ~Impl() {
     if (profile.empty()) return;
     // SLIMQUANT_TRAIN_PROFILE=1: seconds per op type, forward and backward, on stderr.
@@ -124,7 +121,7 @@ TrainGraph::TrainGraph(const ir::Graph& float_graph, TrainGraphOptions options) 
     const bool gradient_path = std::any_of(n.inputs.begin(), n.inputs.end(), [&](const std::string& in) {
       return m.param_by_name.count(in) || depends_on_parameters.count(in);
     });
-    Entry e;
+    Impl::Entry e;
     e.name = n.name.empty() ? n.outputs.at(0) : n.name;
     e.inputs = n.inputs;
     e.outputs = n.outputs;
@@ -159,7 +156,7 @@ void TrainGraph::insert_on_tensor(const std::string& tensor, std::unique_ptr<Tra
   m.used_names.insert(out);
   // Readers now read the inserted op's output. Node ops are rebuilt so that none keeps the old
   // value as a prepacked constant.
-  for (Entry& e : m.entries) {
+  for (Impl::Entry& e : m.entries) {
     bool reads = false;
     for (auto& in : e.inputs)
       if (in == tensor) {
@@ -172,7 +169,7 @@ void TrainGraph::insert_on_tensor(const std::string& tensor, std::unique_ptr<Tra
       e.op = make_train_op(n, m.graph);
     }
   }
-  Entry e;
+  Impl::Entry e;
   e.name = std::move(op_name);
   e.inputs = {tensor};
   e.outputs = {out};
@@ -198,7 +195,7 @@ std::map<std::string, Tensor> TrainGraph::forward(const std::map<std::string, Te
     SQ_CHECK(values.count(name), ErrorKind::kInvalidArgument,
              "TrainGraph::forward: feed '" + name + "' is not a graph input");
   std::vector<Tensor> ins;
-  for (Entry& e : m.entries) {
+  for (Impl::Entry& e : m.entries) {
     ins.clear();
     for (const auto& in : e.inputs) {
       if (in.empty()) {
@@ -239,7 +236,7 @@ void TrainGraph::backward(const std::map<std::string, Tensor>& output_grads) {
   for (const auto& [name, g] : output_grads) {
     SQ_CHECK(g.dtype() == DType::kFloat32, ErrorKind::kInvalidArgument,
              "TrainGraph::backward: gradient for '" + name + "' must be float32");
-    const bool computed = std::any_of(m.entries.begin(), m.entries.end(), [&](const Entry& e) {
+    const bool computed = std::any_of(m.entries.begin(), m.entries.end(), [&](const Impl::Entry& e) {
       return std::find(e.outputs.begin(), e.outputs.end(), name) != e.outputs.end();
     });
     SQ_CHECK(computed, ErrorKind::kInvalidArgument,
@@ -247,7 +244,7 @@ void TrainGraph::backward(const std::map<std::string, Tensor>& output_grads) {
     grads[name] = g;
   }
   for (size_t i = m.entries.size(); i-- > 0;) {
-    Entry& e = m.entries[i];
+    Impl::Entry& e = m.entries[i];
     if (!m.entry_needs_backward[i]) continue;
     std::vector<Tensor> gy(e.outputs.size());
     bool any = false;

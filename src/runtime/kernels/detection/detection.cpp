@@ -28,7 +28,7 @@ namespace detection {
 namespace {
 
 // Work (inner-loop iterations) below which a kernel stays on the calling thread.
-constexpr int64_t kParallelWork = 1 << 15;
+constexpr int64_t kDetectionParallelWork = 1 << 15;
 
 // The value of an optional one-element input (0-d or [1]); nullopt when the input is absent or
 // empty, which ONNX's reference treats as "not given".
@@ -202,7 +202,7 @@ class NonMaxSuppressionKernel : public Kernel {
     // (thousands of anchors times tens of classes) run them in parallel.
     std::vector<std::vector<int64_t>> selected(static_cast<size_t>(pairs));
     const float* score_data = scores.data<float>();
-#pragma omp parallel if (pairs > 1 && pairs * num_boxes >= kParallelWork)
+#pragma omp parallel if (pairs > 1 && pairs * num_boxes >= kDetectionParallelWork)
     {
       std::vector<Candidate> candidates;
       KeptBoxes kept;
@@ -349,7 +349,7 @@ class RoiAlignKernel : public Kernel {
     const int64_t bins = a_.out_h * a_.out_w;
     int64_t samples = 0;
     for (const RoiGeometry& g : geometry) samples += g.grid_h * g.grid_w;
-#pragma omp parallel if (num_rois > 1 && samples * bins * channels >= kParallelWork)
+#pragma omp parallel if (num_rois > 1 && samples * bins * channels >= kDetectionParallelWork)
     {
       std::vector<SamplePoint> plan;
 #pragma omp for schedule(dynamic)

@@ -39,7 +39,7 @@ constexpr float kFarCoordinate = 16777216.f;  // 2^24
 constexpr int64_t kPointsPerBlock = 1024;
 
 // Work (taps times channels) below which the kernel stays on the calling thread.
-constexpr int64_t kParallelWork = 1 << 16;
+constexpr int64_t kGridSampleParallelWork = 1 << 16;
 
 float unnormalize(float coord, int64_t size, bool align_corners) {
   const float s = static_cast<float>(size);
@@ -213,7 +213,7 @@ class GridSampleKernel : public Kernel {
     const int64_t blocks_per_batch = (points + kPointsPerBlock - 1) / kPointsPerBlock;
     const int64_t blocks = batches * blocks_per_batch;
     const GridSampleAttrs a = a_;
-#pragma omp parallel if (blocks > 1 && batches * points * channels * kTaps >= kParallelWork)
+#pragma omp parallel if (blocks > 1 && batches * points * channels * kTaps >= kGridSampleParallelWork)
     {
       TapBlock plan;
 #pragma omp for schedule(dynamic)

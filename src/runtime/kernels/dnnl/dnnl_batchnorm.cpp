@@ -18,10 +18,10 @@ namespace slimquant::runtime::dnnl_kernels {
 
 namespace {
 
-enum BatchNormInput : size_t { kX = 0, kScale = 1, kBias = 2, kMean = 3, kVar = 4 };
 constexpr const char* kInputNames[] = {"input X", "scale", "B", "input_mean", "input_var"};
 
 class BatchNormKernel final : public Kernel {
+  enum BatchNormInput : size_t { kX = 0, kScale = 1, kBias = 2, kMean = 3, kVar = 4 };
  public:
   explicit BatchNormKernel(const KernelInit& init) : node_(init.node) {
     reject_fused_activation(node_);

@@ -17,10 +17,6 @@ namespace {
 
 std::atomic<ConvLayout> g_layout_override{ConvLayout::kAuto};
 
-// Input slots (runtime/fused_ops/residual_conv.h), after them the residual addend of an Add the
-// execution fusions put into this Conv (fused_ops::kConvAddend; not an ONNX input).
-constexpr size_t kX = fused_ops::kConvX, kW = fused_ops::kConvW, kB = fused_ops::kConvBias;
-
 struct ConvAttrs {
   WindowAttrs window;
   int64_t group = 1;
@@ -51,6 +47,10 @@ bool prefer_blocked(const Shape& w, const Shape& y, int64_t group, const std::ve
 }
 
 class ConvKernel final : public Kernel {
+  // Input slots (runtime/fused_ops/residual_conv.h), after them the residual addend of an Add the
+  // execution fusions put into this Conv (fused_ops::kConvAddend; not an ONNX input).
+  static constexpr size_t kX = fused_ops::kConvX, kW = fused_ops::kConvW, kB = fused_ops::kConvBias;
+
  public:
   explicit ConvKernel(const KernelInit& init) : node_(init.node) {
     attrs_.window = WindowAttrs::parse(node_);

@@ -58,7 +58,6 @@ std::optional<ew::Activation> gemm_path_activation(const ir::Node& node) {
   return ew::resolve_fused_activation(node);
 }
 
-enum ConvTransposeInput : size_t { kX = 0, kW = 1, kB = 2 };
 
 // Output size and padding per spatial dim, in ONNX's terms (pad_begin) and oneDNN's (pad_end
 // holds -output_padding).
@@ -75,6 +74,7 @@ struct ConvTransposeAttrs {
 };
 
 class ConvTransposeKernel final : public Kernel {
+  enum ConvTransposeInput : size_t { kX = 0, kW = 1, kB = 2 };
  public:
   explicit ConvTransposeKernel(const KernelInit& init) : node_(init.node) {
     attrs_.window = WindowAttrs::parse(node_);

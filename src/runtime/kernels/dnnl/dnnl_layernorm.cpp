@@ -15,8 +15,6 @@ namespace slimquant::runtime::dnnl_kernels {
 
 namespace {
 
-enum LayerNormInput : size_t { kX = 0, kScale = 1, kBias = 2 };
-enum LayerNormOutput : size_t { kY = 0, kMean = 1, kInvStdDev = 2 };
 
 struct LayerNormPlan {
   dnnl::layer_normalization_forward prim;
@@ -59,6 +57,8 @@ void broadcast_into(const Tensor& src, const Shape& target, float* dst, const ir
 }
 
 class LayerNormKernel final : public Kernel {
+  enum LayerNormInput : size_t { kX = 0, kScale = 1, kBias = 2 };
+  enum LayerNormOutput : size_t { kY = 0, kMean = 1, kInvStdDev = 2 };
  public:
   explicit LayerNormKernel(const KernelInit& init) : node_(init.node) {
     reject_fused_activation(node_);

@@ -105,7 +105,6 @@ dnnl::matmul::primitive_desc make_matmul_pd(const ir::Node& node, const memory::
 // ---------------------------------------------------------------------------------------------
 // Gemm
 
-enum GemmInput : size_t { kA = 0, kB = 1, kC = 2 };
 
 struct GemmAttrs {
   float alpha = 1.f, beta = 1.f;
@@ -113,6 +112,7 @@ struct GemmAttrs {
 };
 
 class GemmKernel final : public Kernel {
+  enum GemmInput : size_t { kA = 0, kB = 1, kC = 2 };
  public:
   explicit GemmKernel(const KernelInit& init) : node_(init.node) {
     attrs_.alpha = node_.attr_float("alpha", 1.f);

@@ -182,12 +182,6 @@ struct SameTypeOp {
   template <typename T> T operator()(T a, T b) const { return fn(a, b); }
 };
 
-template <typename T> struct NumericP : std::bool_constant<kIsNumeric<T>> {};
-template <typename T> struct AnyP : std::true_type {};
-template <typename T> struct BoolP : std::bool_constant<kIsBool<T>> {};
-template <typename T> struct UnsignedP : std::bool_constant<kIsInt<T> && std::is_unsigned_v<T>> {};
-template <typename T> struct SignedNumericP : std::bool_constant<kIsFloat<T> || std::is_signed_v<T>> {};
-
 struct AddFn { template <typename T> T operator()(T a, T b) const { return wrap_add(a, b); } };
 struct SubFn { template <typename T> T operator()(T a, T b) const { return wrap_sub(a, b); } };
 struct MulFn { template <typename T> T operator()(T a, T b) const { return wrap_mul(a, b); } };

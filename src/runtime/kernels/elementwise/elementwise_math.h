@@ -22,6 +22,14 @@ template <typename T> inline constexpr bool kIsBool = std::is_same_v<T, bool>;
 template <typename T> inline constexpr bool kIsInt = std::is_integral_v<T> && !kIsBool<T>;
 template <typename T> inline constexpr bool kIsNumeric = !kIsBool<T>;
 
+// The same as type predicates, for kernels parameterised by which element types an op accepts.
+template <typename T> struct FloatP : std::bool_constant<kIsFloat<T>> {};
+template <typename T> struct NumericP : std::bool_constant<kIsNumeric<T>> {};
+template <typename T> struct SignedNumericP : std::bool_constant<kIsFloat<T> || std::is_signed_v<T>> {};
+template <typename T> struct UnsignedP : std::bool_constant<kIsInt<T> && std::is_unsigned_v<T>> {};
+template <typename T> struct BoolP : std::bool_constant<kIsBool<T>> {};
+template <typename T> struct AnyP : std::true_type {};
+
 // Loops read and write bool tensors as bytes (0 or 1): GCC does not vectorise loads of `bool`.
 template <typename T> using Storage = std::conditional_t<kIsBool<T>, uint8_t, T>;
 template <typename T> inline const Storage<T>* storage_ptr(const void* p) { return static_cast<const Storage<T>*>(p); }

@@ -13,11 +13,6 @@
 namespace slimquant::runtime::ew {
 namespace {
 
-template <typename T> struct FloatP : std::bool_constant<kIsFloat<T>> {};
-template <typename T> struct NumericP : std::bool_constant<kIsNumeric<T>> {};
-template <typename T> struct SignedNumericP : std::bool_constant<kIsFloat<T> || std::is_signed_v<T>> {};
-template <typename T> struct BoolP : std::bool_constant<kIsBool<T>> {};
-
 // y[i] = fn(x[i]) for float ops, whose math gains most from AVX2 + FMA.
 template <typename In, typename Out, typename Fn>
 SQ_AVX512_AVX2_CLONES void map_floats(const In* x, Out* y, int64_t n, Fn fn) {

@@ -49,8 +49,6 @@ using dnnl_kernels::WindowAttrs;
 // describe that Q), the int8 primitive adds it with a binary post-op and quantizes in its epilogue:
 //   y_q = saturate(round_half_even(act_add(M[m] * (acc + B'[m]) + r) / s_y) + z_y),  M[m] = s_x*s_w[m]
 // (the kF32 fallback: a sum post-op into float32, then the same scaling and the dst reorder).
-constexpr size_t kX = fused_ops::kConvX, kW = fused_ops::kConvW, kB = fused_ops::kConvBias;
-
 struct ConvPlan {
   PrimitivePlan prim;
   ConvProblem problem;
@@ -64,6 +62,8 @@ struct ConvPlan {
 };
 
 class QConvKernel final : public Kernel {
+  static constexpr size_t kX = fused_ops::kConvX, kW = fused_ops::kConvW, kB = fused_ops::kConvBias;
+
  public:
   explicit QConvKernel(const KernelInit& init) : node_(init.node) {
     q_ = QLinearAttrs::parse(node_);

@@ -211,7 +211,7 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
 #if SQ_HAS_DIRECT_DEPTHWISE
 namespace {
 
-struct Kernel {
+struct DepthwisePass {
   const Stage* stage;
   const int8_t* weights;
   const int32_t* compensation;
@@ -302,7 +302,7 @@ SQ_AVX512_VNNI inline __m512 logistic_ps(__m512 x) {
 // A: the activation, fixed per instantiation so the hot loop holds no dispatch (a run-time switch
 // with the logistic's code in it made 5x5 layers 1.4x slower).
 template <Act A>
-SQ_AVX512_VNNI inline void finish(const Kernel& k, int64_t chunk, const __m512i (&acc)[4], void* y, int64_t valid) {
+SQ_AVX512_VNNI inline void finish(const DepthwisePass& k, int64_t chunk, const __m512i (&acc)[4], void* y, int64_t valid) {
   const Stage& s = *k.stage;
   __m512 v[4];
 #pragma GCC unroll 4
@@ -358,7 +358,7 @@ SQ_AVX512_VNNI inline void finish(const Kernel& k, int64_t chunk, const __m512i 
 // Units (n, tile of output columns, chunk), each over all output rows, keeping the quads that
 // windows still to come read in a ring (slots tagged with the quad they hold).
 template <Act A>
-SQ_AVX512_VNNI void run_units(const Kernel& k, const Geometry& s, const uint8_t* x, uint8_t* y, int64_t y_bytes,
+SQ_AVX512_VNNI void run_units(const DepthwisePass& k, const Geometry& s, const uint8_t* x, uint8_t* y, int64_t y_bytes,
                               int64_t unit_begin, int64_t unit_end) {
   const int64_t max_cols = (kTileColumns - 1) * s.stride_w + s.kernel_w;
   const int64_t quad_step = 4 / k.alignment;              // quad indices between a window's quads
@@ -423,7 +423,7 @@ void DirectDepthwise::run(const ConvProblem& p, const void* x, void* y) const {
   if (s.channels != channels_ || s.kernel_h != kernel_h_ || s.kernel_w != kernel_w_)
     fail(ErrorKind::kInternal, "direct depthwise convolution: shape does not match the packed weights");
 #if SQ_HAS_DIRECT_DEPTHWISE
-  const Kernel k{&stage_, weights_.data(), compensation_.data(), bias_.data(), multiplier_.data(), post_factor_.data(),
+  const DepthwisePass k{&stage_, weights_.data(), compensation_.data(), bias_.data(), multiplier_.data(), post_factor_.data(),
                  post_offset_.data(), chunks_, quads_, alignment_, signed_x_, pad_code_};
   const int64_t y_bytes = stage_.y_type == DType::kFloat32 ? 4 : 1;
   const int64_t tiles = (s.out_w + kTileColumns - 1) / kTileColumns;

@@ -27,7 +27,6 @@ namespace {
 using dnnl::memory;
 using tag = memory::format_tag;
 
-enum MatMulInput : size_t { kX = 0, kW = 1, kBias = 2 };
 
 struct MatMulPlan {
   PrimitivePlan prim;
@@ -36,6 +35,7 @@ struct MatMulPlan {
 };
 
 class QLinearMatMulKernel final : public Kernel {
+  enum MatMulInput : size_t { kX = 0, kW = 1, kBias = 2 };
  public:
   // gemm: QGemm semantics (transA/transB/alpha/beta); otherwise QMatMul.
   QLinearMatMulKernel(const KernelInit& init, bool gemm) : node_(init.node), gemm_(gemm) {
