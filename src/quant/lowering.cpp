@@ -9,7 +9,7 @@
 #include <unordered_set>
 
 #include "quant/conv_transpose_rewrite.h"
-#include "runtime/fused_ops/gelu_erf.h"
+#include "runtime/fused_ops/fused_activation.h"
 #include "runtime/kernels/integer/int8_common.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/ir/qdq_params.h"
@@ -76,40 +76,18 @@ Why read_qparams(const GraphIndex& ix, const ir::Node& n, QuantParam& p, int64_t
 
 bool is_8bit(DType t) { return t == DType::kUInt8 || t == DType::kInt8; }
 
-// The activation a node applies (Clip: when its bounds are constants), with its parameters.
+// The activation a node applies (Clip: when its bounds are constants), with its parameters, in the
+// integer kernels' attributes.
 Why read_activation(const ir::Graph& g, const ir::Node& n, i8::QLinearAttrs& q) {
-  const bool swish = n.op_type == "Swish" && n.domain == ir::kSlimquantDomain;  // ir::merge_swish
-  // GELU: the erf chain runtime::optimize_graph fused into one node, or ONNX's Gelu (opset 20) in
-  // its exact form.
-  const bool fused_gelu = n.op_type == "Gelu" && n.domain == runtime::dnnl_kernels::kGeluDomain;
-  const bool onnx_gelu = n.op_type == "Gelu" && (n.domain.empty() || n.domain == "ai.onnx") &&
-                         n.attr_string("approximate", "none") == "none";
-  if (!swish && !fused_gelu && !n.domain.empty() && n.domain != "ai.onnx") return "not an activation";
-  const std::optional<i8::Activation> a = i8::activation_from_name(n.op_type);
-  if (!a || *a == i8::Activation::kNone || (*a == i8::Activation::kSwish && !swish) ||
-      (*a == i8::Activation::kGelu && !fused_gelu && !onnx_gelu))
-    return "not an activation";
-  q.activation = *a;
-  if (*a == i8::Activation::kLeakyRelu) q.activation_alpha = n.attr_float("alpha", 0.01f);
-  if (*a == i8::Activation::kElu) q.activation_alpha = n.attr_float("alpha", 1.0f);
-  if (*a == i8::Activation::kSwish) q.activation_alpha = n.attr_float("alpha", 1.0f);
-  if (*a == i8::Activation::kHardSigmoid) {
-    q.activation_alpha = n.attr_float("alpha", 0.2f);
-    q.activation_beta = n.attr_float("beta", 0.5f);
-  }
-  if (*a != i8::Activation::kClip) return std::nullopt;
-  q.activation = i8::Activation::kClip;
-  if (g.opset < 11) {
-    q.activation_min = n.attr_float("min", -INFINITY);
-    q.activation_max = n.attr_float("max", INFINITY);
-    return std::nullopt;
-  }
-  for (size_t i : {size_t{1}, size_t{2}}) {
-    const std::string& b = n.input(i);
-    if (b.empty()) continue;
-    const Tensor* t = g.initializer(b);
-    if (!t || t->numel() != 1) return "Clip bounds are not constants";
-    (i == 1 ? q.activation_min : q.activation_max) = t->to_float_vector()[0];
+  const std::optional<runtime::fused_ops::FusedActivation> a = runtime::fused_ops::read_activation_node(g, n);
+  if (!a) return "not an activation";
+  q.activation = a->kind;
+  if (a->kind == i8::Activation::kClip) {
+    q.activation_min = a->alpha;
+    q.activation_max = a->beta;
+  } else {
+    q.activation_alpha = a->alpha;
+    q.activation_beta = a->beta;
   }
   return std::nullopt;
 }

@@ -146,7 +146,7 @@ TEST(FoldAffineIntoConv, PpLcNetV3BlockRunsAsOneConvWithPostOps) {
     ir::merge_hardswish(fused, [](const std::string&, const std::string&) { return true; });
     runtime::fuse_activations(fused);
     ASSERT_EQ(fused.nodes.size(), 1u);
-    EXPECT_EQ(runtime::fused_ops::FusedActivation::parse(fused.nodes[0]).op, "HardSwish");
+    EXPECT_EQ(runtime::fused_ops::FusedActivation::parse(fused.nodes[0]).kind, runtime::fused_ops::Activation::kHardSwish);
     EXPECT_FLOAT_EQ(runtime::fused_ops::FusedActivation::parse(fused.nodes[0]).post_scale, post_scale);
     EXPECT_FLOAT_EQ(runtime::fused_ops::FusedActivation::parse(fused.nodes[0]).post_shift, 0.07f);
     EXPECT_EQ(fused.nodes[0].outputs[0], y);

@@ -58,9 +58,9 @@ TEST(ExecutionFusions, OneListCountsEachRuleAndWritesTypedContracts) {
   const ir::Node& residual = b.g.nodes[0];
   ASSERT_TRUE(fo::has_residual_addend(residual));
   EXPECT_EQ(residual.inputs[fo::kConvAddend], "r");
-  EXPECT_EQ(fo::SumActivation::parse(residual).op, "Relu");
+  EXPECT_EQ(fo::SumActivation::parse(residual).kind, fo::Activation::kRelu);
   EXPECT_TRUE(fo::FusedActivation::parse(residual).empty());
-  EXPECT_EQ(fo::FusedActivation::parse(b.g.nodes[1]).op, "Relu");
+  EXPECT_EQ(fo::FusedActivation::parse(b.g.nodes[1]).kind, fo::Activation::kRelu);
   EXPECT_TRUE(ir::has_execution_attrs(b.g.nodes[1]));
 
   // A kept Conv output stops the residual fusion; the session computes the same either way.
@@ -80,17 +80,17 @@ TEST(ExecutionFusions, OneListCountsEachRuleAndWritesTypedContracts) {
 TEST(FusedOps, ContractsRoundTripThroughNodeAttributes) {
   ir::Node n;
   n.op_type = "Conv";
-  fo::FusedActivation a{"HardSwish", 0.f, 0.f, 0.5f, 0.07f};
+  fo::FusedActivation a{fo::Activation::kHardSwish, 0.f, 0.f, 0.5f, 0.07f};
   a.write(n);
   const fo::FusedActivation back = fo::FusedActivation::parse(n);
-  EXPECT_EQ(back.op, "HardSwish");
+  EXPECT_EQ(back.kind, fo::Activation::kHardSwish);
   EXPECT_FLOAT_EQ(back.post_scale, 0.5f);
   EXPECT_FLOAT_EQ(back.post_shift, 0.07f);
   fo::FusedActivation{}.write(n);  // empty: the attributes go
   EXPECT_TRUE(n.attrs.empty());
-  fo::SumActivation{"Clip", -1.f, 6.f}.write(n);
+  fo::SumActivation{fo::Activation::kClip, -1.f, 6.f}.write(n);
   const fo::SumActivation sum = fo::SumActivation::parse(n);
-  EXPECT_EQ(sum.op, "Clip");
+  EXPECT_EQ(sum.kind, fo::Activation::kClip);
   EXPECT_FLOAT_EQ(sum.lo, -1.f);
   EXPECT_FLOAT_EQ(sum.hi, 6.f);
   EXPECT_TRUE(ir::has_execution_attrs(n));

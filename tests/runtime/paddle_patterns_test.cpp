@@ -121,7 +121,7 @@ TEST(PaddlePatterns, SwishWithAMulByOneRunsAsOneSwish) {
   EXPECT_EQ(ir::merge_swish(optimized, [](const std::string&, const std::string&) { return true; }), 1);
   runtime::fuse_activations(optimized);
   ASSERT_EQ(optimized.nodes.size(), 1u);
-  EXPECT_EQ(runtime::fused_ops::FusedActivation::parse(optimized.nodes[0]).op, "Swish");
+  EXPECT_EQ(runtime::fused_ops::FusedActivation::parse(optimized.nodes[0]).kind, runtime::fused_ops::Activation::kSwish);
 
   std::mt19937 rng(3);
   const Tensor in = random_tensor({1, 4, 5, 5}, rng, -3.f, 3.f);

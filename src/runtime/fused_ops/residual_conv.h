@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <string>
 
+#include "runtime/fused_ops/fused_activation.h"
+#include "slimquant/core/error.h"
 #include "slimquant/ir/graph.h"
 
 namespace slimquant::runtime::fused_ops {
@@ -15,21 +17,26 @@ enum ConvSlot : size_t { kConvX = 0, kConvW = 1, kConvBias = 2, kConvAddend = 3 
 // True when the node reads a fused residual addend.
 inline bool has_residual_addend(const ir::Node& n) { return n.inputs.size() > kConvAddend && !n.inputs[kConvAddend].empty(); }
 
-// The activation after the sum: "" (none), "Relu", or "Clip" with [lo, hi].
+// The activation after the sum: none, Relu, or Clip with [lo, hi].
 struct SumActivation {
   static constexpr const char* kOp = "slimquant.sum_activation";
   static constexpr const char* kLo = "slimquant.sum_activation_alpha";
   static constexpr const char* kHi = "slimquant.sum_activation_beta";
 
-  std::string op;
+  Activation kind = Activation::kNone;
   float lo = 0.f, hi = 0.f;
 
-  bool empty() const { return op.empty(); }
+  bool empty() const { return kind == Activation::kNone; }
+  // kInvalidModel naming n for an activation other than those three.
   static SumActivation parse(const ir::Node& n) {
-    return {n.attr_string(kOp, ""), n.attr_float(kLo, 0.f), n.attr_float(kHi, 0.f)};
+    const std::string name = n.attr_string(kOp, "");
+    const std::optional<Activation> kind = activation_from_name(name);
+    SQ_CHECK(kind == Activation::kNone || kind == Activation::kRelu || kind == Activation::kClip,
+             ErrorKind::kInvalidModel, n.describe() + ": the activation after a fused sum must be Relu or Clip, got '" + name + "'");
+    return {*kind, n.attr_float(kLo, 0.f), n.attr_float(kHi, 0.f)};
   }
   void write(ir::Node& n) const {
-    n.attrs[kOp] = op;
+    n.attrs[kOp] = std::string(activation_name(kind));
     n.attrs[kLo] = lo;
     n.attrs[kHi] = hi;
   }

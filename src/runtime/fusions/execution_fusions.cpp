@@ -40,41 +40,26 @@ struct ActivationFusion {
   std::string output;
 };
 
-// The activation node `act` describes, with the value it reads; nullopt when it is none we fuse.
+// The activation node `act` describes, with the value it reads; nullopt when it is none the float
+// kernels apply (GELU: none of them) or, for a Clip, one oneDNN refuses (min > max or NaN; the Clip
+// kernel gives max there).
 std::optional<fused_ops::FusedActivation> activation_of(const Rewriter& rw, const ir::Node& act, std::string& x) {
   const ir::Graph& g = rw.graph();
-  fused_ops::FusedActivation f;
-  f.op = act.op_type;
   x = act.inputs[0];
-  if (act.op_type == "Swish" && act.domain == ir::kSlimquantDomain) {
-    f.alpha = act.attr_float("alpha", 1.f);
-  } else if (!act.domain.empty()) {
-    return std::nullopt;
-  } else if (act.op_type == "Relu" || act.op_type == "Sigmoid" || act.op_type == "Tanh" || act.op_type == "HardSwish") {
-  } else if (act.op_type == "LeakyRelu") {
-    f.alpha = act.attr_float("alpha", 0.01f);
-  } else if (act.op_type == "Elu") {
-    f.alpha = act.attr_float("alpha", 1.0f);
-  } else if (act.op_type == "HardSigmoid") {
-    f.alpha = act.attr_float("alpha", 0.2f);
-    f.beta = act.attr_float("beta", 0.5f);
-  } else if (act.op_type == "Mul" && act.inputs.size() == 2) {
+  if (act.op_type == "Mul" && act.domain.empty() && act.inputs.size() == 2) {
     const bool constant_first = ir::scalar_constant(g, act.inputs[0]).has_value();  // Mul(c, y)
     x = act.inputs[constant_first ? 1 : 0];
     const std::optional<float> c = ir::scalar_constant(g, act.inputs[constant_first ? 0 : 1]);
     const int p = rw.producer(x);
     if (!c || p < 0 || rw.node(p).op_type != "MatMul") return std::nullopt;
-    f.op = "Scale";
+    fused_ops::FusedActivation f;
+    f.kind = fused_ops::Activation::kScale;
     f.alpha = *c;
-  } else if (act.op_type == "Clip") {
-    const auto bounds = ir::clip_bounds(g, act);
-    // oneDNN refuses a clip post-op with min > max (or NaN); the Clip kernel gives max there.
-    if (!bounds || !(bounds->first <= bounds->second)) return std::nullopt;
-    f.alpha = bounds->first;
-    f.beta = bounds->second;
-  } else {
-    return std::nullopt;
+    return f;
   }
+  std::optional<fused_ops::FusedActivation> f = fused_ops::read_activation_node(g, act);
+  if (!f || f->kind == fused_ops::Activation::kGelu) return std::nullopt;
+  if (f->kind == fused_ops::Activation::kClip && !(f->alpha <= f->beta)) return std::nullopt;
   return f;
 }
 
@@ -117,12 +102,12 @@ std::optional<ActivationFusion> select_activation(const Rewriter& rw, int i) {
   const ir::Node& prod = rw.node(p);
   if (!prod.domain.empty() || !fused_ops::FusedActivation::parse(prod).empty() || prod.outputs.size() != 1)
     return std::nullopt;
-  const bool matmul_scale = f->op == "Scale";  // the only fusion into a MatMul here
+  const bool matmul_scale = f->kind == fused_ops::Activation::kScale;  // the only fusion into a MatMul here
   if (matmul_scale != (prod.op_type == "MatMul")) return std::nullopt;
   if (!matmul_scale && prod.op_type != "Conv" && prod.op_type != "ConvTranspose" && prod.op_type != "Gemm")
     return std::nullopt;
   ActivationFusion m{p, {i}, *f, act.outputs[0]};
-  if (prod.op_type == "Conv" && f->op != "HardSigmoid" && f->op != "Scale") take_post_affine(rw, m);
+  if (prod.op_type == "Conv" && f->kind != fused_ops::Activation::kHardSigmoid && !matmul_scale) take_post_affine(rw, m);
   return m;
 }
 
@@ -139,23 +124,24 @@ void fuse_activation(Rewriter& rw, const ActivationFusion& m) {
 // the Add's place, where r is available; the Conv output must be read by the Add alone and not be
 // kept, and both operands must have the same known shape.
 struct ResidualAdd {
-  int add = -1, conv = -1, activation = -1;
+  int add = -1, conv = -1, activation = -1;  // activation: the node after the sum, or -1
   std::string addend;
-  float lo = 0.f, hi = 0.f;  // the activation's Clip bounds
+  fused_ops::SumActivation sum_activation;
 };
 
-// The Relu or Clip (constant bounds, min <= max) that alone reads the sum z, or -1.
-int sum_activation(const Rewriter& rw, const std::string& z, float& lo, float& hi) {
+// The Relu or Clip (constant bounds, min <= max) that alone reads the sum z: its node, or -1.
+int sum_activation(const Rewriter& rw, const std::string& z, fused_ops::SumActivation& out) {
   const int r = rw.sole_reader(z);
   if (r < 0 || rw.node(r).outputs.size() != 1) return -1;
-  const ir::Node& act = rw.node(r);
-  if (ir::is_onnx_op(act, "Relu")) return r;
-  if (!ir::is_onnx_op(act, "Clip") || rw.graph().opset < 11) return -1;
-  const auto bounds = ir::clip_bounds(rw.graph(), act);
+  const std::optional<fused_ops::FusedActivation> a = fused_ops::read_activation_node(rw.graph(), rw.node(r));
+  if (!a) return -1;
+  if (a->kind == fused_ops::Activation::kRelu) {
+    out = {a->kind, 0.f, INFINITY};
+    return r;
+  }
   // oneDNN refuses min > max (or NaN); the Clip kernel handles it.
-  if (!bounds || !(bounds->first <= bounds->second)) return -1;
-  lo = bounds->first;
-  hi = bounds->second;
+  if (a->kind != fused_ops::Activation::kClip || !(a->alpha <= a->beta)) return -1;
+  out = {a->kind, a->alpha, a->beta};
   return r;
 }
 
@@ -181,7 +167,7 @@ std::optional<ResidualAdd> select_residual_add(const Rewriter& rw, int i) {
     if (conv.inputs.size() > 1 && !rw.graph().is_initializer(conv.inputs[1])) continue;
     if (!same_known_shape(rw.graph(), a, r)) continue;
     ResidualAdd m{i, p, -1, r};
-    m.activation = sum_activation(rw, add.outputs[0], m.lo, m.hi);
+    m.activation = sum_activation(rw, add.outputs[0], m.sum_activation);
     return m;
   }
   return std::nullopt;
@@ -193,9 +179,8 @@ void fuse_residual_add(Rewriter& rw, const ResidualAdd& m) {
   fused.inputs.push_back(m.addend);
   fused.outputs[0] = rw.node(m.add).outputs[0];
   if (m.activation >= 0) {
-    const ir::Node& act = rw.node(m.activation);
-    fused_ops::SumActivation{act.op_type, m.lo, m.hi}.write(fused);
-    fused.outputs[0] = act.outputs[0];
+    m.sum_activation.write(fused);
+    fused.outputs[0] = rw.node(m.activation).outputs[0];
     rw.remove(m.activation);
   }
   rw.remove(m.conv);
@@ -306,7 +291,7 @@ std::optional<MatMulBias> select_matmul_bias(const Rewriter& rw, int i) {
 void fuse_matmul_bias(Rewriter& rw, const MatMulBias& m) {
   ir::Node mm = rw.node(m.matmul);
   mm.inputs.push_back(m.bias);
-  if (m.gelu) fused_ops::FusedActivation{"Gelu"}.write(mm);
+  if (m.gelu) fused_ops::FusedActivation{fused_ops::Activation::kGelu}.write(mm);
   mm.outputs[0] = m.output;
   for (int n : m.absorbed) rw.remove(n);
   rw.replace(m.matmul, std::move(mm));

@@ -109,20 +109,8 @@ WindowGeometry forward_geometry(const ir::Node& node, const WindowAttrs& a, cons
   return g;
 }
 
-namespace {
-bool known_activation(const std::string& op) {
-  static const char* kOps[] = {"Relu",      "Clip", "LeakyRelu", "Sigmoid", "Tanh", "HardSigmoid",
-                               "HardSwish", "Elu",  "Gelu",      "Swish",   "Scale"};
-  return std::any_of(std::begin(kOps), std::end(kOps), [&](const char* k) { return op == k; });
-}
-}  // namespace
-
 void check_fused_activation(const ir::Node& node) {
-  const std::string op = fused_ops::FusedActivation::parse(node).op;
-  if (!op.empty() && !known_activation(op))
-    fail(ErrorKind::kUnsupported, node.describe() + ": fused activation '" + op +
-                                      "' has no oneDNN post-op (supported: Relu, Clip, LeakyRelu, Sigmoid, "
-                                      "Tanh, HardSigmoid, HardSwish, Elu, Gelu, Swish, Scale)");
+  fused_ops::FusedActivation::parse(node);  // every activation of the vocabulary has a oneDNN post-op
 }
 
 namespace {
@@ -144,20 +132,22 @@ std::vector<EltwiseStep> activation_steps(const ir::Node& node) {
 std::vector<EltwiseStep> activation_only_steps(const ir::Node& node) {
   using alg = dnnl::algorithm;
   const fused_ops::FusedActivation f = fused_ops::FusedActivation::parse(node);
-  if (f.op.empty()) return {};
-  check_fused_activation(node);
-  if (f.op == "Relu") return {{alg::eltwise_relu, 0.f, 0.f}};
-  if (f.op == "LeakyRelu") return {{alg::eltwise_relu, f.alpha, 0.f}};
-  if (f.op == "Clip") return {{alg::eltwise_clip, f.alpha, f.beta}};
-  if (f.op == "Sigmoid") return {{alg::eltwise_logistic, 0.f, 0.f}};
-  if (f.op == "Tanh") return {{alg::eltwise_tanh, 0.f, 0.f}};
-  // max(0, min(1, alpha*x + beta)): oneDNN 2.6 has no hardsigmoid, so linear then clip.
-  if (f.op == "HardSigmoid") return {{alg::eltwise_linear, f.alpha, f.beta}, {alg::eltwise_clip, 0.f, 1.f}};
-  if (f.op == "HardSwish") return {{alg::eltwise_hardswish, 0.f, 0.f}};
-  if (f.op == "Elu") return {{alg::eltwise_elu, f.alpha, 0.f}};
-  if (f.op == "Swish") return {{alg::eltwise_swish, f.alpha, 0.f}};
-  if (f.op == "Scale") return {{alg::eltwise_linear, f.alpha, 0.f}};  // MatMul -> Mul(scalar)
-  return {{alg::eltwise_gelu_erf, 0.f, 0.f}};  // Gelu (check_fused_activation rejected the rest)
+  switch (f.kind) {
+    case fused_ops::Activation::kNone: return {};
+    case fused_ops::Activation::kRelu: return {{alg::eltwise_relu, 0.f, 0.f}};
+    case fused_ops::Activation::kLeakyRelu: return {{alg::eltwise_relu, f.alpha, 0.f}};
+    case fused_ops::Activation::kClip: return {{alg::eltwise_clip, f.alpha, f.beta}};
+    case fused_ops::Activation::kSigmoid: return {{alg::eltwise_logistic, 0.f, 0.f}};
+    case fused_ops::Activation::kTanh: return {{alg::eltwise_tanh, 0.f, 0.f}};
+    // max(0, min(1, alpha*x + beta)): oneDNN 2.6 has no hardsigmoid, so linear then clip.
+    case fused_ops::Activation::kHardSigmoid: return {{alg::eltwise_linear, f.alpha, f.beta}, {alg::eltwise_clip, 0.f, 1.f}};
+    case fused_ops::Activation::kHardSwish: return {{alg::eltwise_hardswish, 0.f, 0.f}};
+    case fused_ops::Activation::kElu: return {{alg::eltwise_elu, f.alpha, 0.f}};
+    case fused_ops::Activation::kSwish: return {{alg::eltwise_swish, f.alpha, 0.f}};
+    case fused_ops::Activation::kGelu: return {{alg::eltwise_gelu_erf, 0.f, 0.f}};
+    case fused_ops::Activation::kScale: return {{alg::eltwise_linear, f.alpha, 0.f}};  // MatMul -> Mul(scalar)
+  }
+  return {};
 }
 }  // namespace
 
@@ -180,7 +170,7 @@ std::vector<dnnl::eltwise_forward> make_activation_primitives(const ir::Node& no
 
 void reject_fused_activation(const ir::Node& node) {
   if (const fused_ops::FusedActivation f = fused_ops::FusedActivation::parse(node); !f.empty())
-    fail(ErrorKind::kUnsupported, node.describe() + ": cannot fuse activation '" + f.op + "' into " + node.op_type);
+    fail(ErrorKind::kUnsupported, node.describe() + ": cannot fuse activation '" + f.name() + "' into " + node.op_type);
 }
 
 memory::desc plain_desc(const Shape& shape, dt type) {

@@ -199,12 +199,9 @@ class ConvKernel final : public Kernel {
   // The activation of a fused residual Add (after the sum), recorded by the plan as attributes.
   void append_sum_activation(dnnl::post_ops& ops) const {
     const fused_ops::SumActivation sum_act = fused_ops::SumActivation::parse(node_);
-    const std::string& act = sum_act.op;
-    if (act.empty()) return;
-    const float lo = sum_act.lo, hi = sum_act.hi;
-    if (act == "Relu") ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-    else if (act == "Clip") ops.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, lo, hi);
-    else fail(ErrorKind::kInternal, node_.describe() + ": unknown fused residual activation '" + act + "'");
+    if (sum_act.kind == fused_ops::Activation::kRelu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+    else if (sum_act.kind == fused_ops::Activation::kClip)
+      ops.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, sum_act.lo, sum_act.hi);
   }
 
   const ir::Node node_;

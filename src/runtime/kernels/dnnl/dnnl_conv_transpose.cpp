@@ -54,7 +54,8 @@ SQ_AVX512_AVX2_CLONES void scatter_row(float* y, const float* z0, int64_t z_stri
 // those it leaves to oneDNN's deconvolution post-ops (Gelu, Scale, a post affine map).
 std::optional<ew::Activation> gemm_path_activation(const ir::Node& node) {
   const fused_ops::FusedActivation f = fused_ops::FusedActivation::parse(node);
-  if (f.has_post_affine() || f.op == "Gelu" || f.op == "Scale") return std::nullopt;
+  if (f.has_post_affine() || f.kind == fused_ops::Activation::kGelu || f.kind == fused_ops::Activation::kScale)
+    return std::nullopt;
   return ew::resolve_fused_activation(node);
 }
 

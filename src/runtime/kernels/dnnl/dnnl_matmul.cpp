@@ -68,7 +68,7 @@ struct MatmulPlan {
 // (measured, 1 thread, AVX2). Those run as that separate pass.
 bool activation_as_post_op(const ir::Node& node) {
   const fused_ops::FusedActivation f = fused_ops::FusedActivation::parse(node);
-  return (f.op == "Relu") || (f.op == "Clip");
+  return f.kind == fused_ops::Activation::kRelu || f.kind == fused_ops::Activation::kClip;
 }
 
 // Puts the node's fused activation after the product: into ops, or as p.activations over Y.

@@ -91,26 +91,16 @@ Activation resolve_fused_activation(const ir::Node& node) {
   Activation a;
   a.alpha = f.alpha;
   a.beta = f.beta;
-  using K = Activation::Kind;
-  if (f.op.empty()) a.kind = K::kNone;
-  else if (f.op == "Relu") a.kind = K::kRelu;
-  else if (f.op == "LeakyRelu") a.kind = K::kLeakyRelu;
-  else if (f.op == "Clip") a.kind = K::kClip;
-  else if (f.op == "Sigmoid") a.kind = K::kSigmoid;
-  else if (f.op == "Tanh") a.kind = K::kTanh;
-  else if (f.op == "HardSigmoid") a.kind = K::kHardSigmoid;
-  else if (f.op == "HardSwish") a.kind = K::kHardSwish;
-  else if (f.op == "Elu") a.kind = K::kElu;
-  else if (f.op == "Swish") a.kind = K::kSwish;
-  else
-    fail(ErrorKind::kUnsupported, node.describe() + ": fused activation " + f.op +
+  a.kind = f.kind;
+  if (f.kind == Activation::Kind::kGelu || f.kind == Activation::Kind::kScale)
+    fail(ErrorKind::kUnsupported, node.describe() + ": fused activation " + f.name() +
                                       " is not supported by elementwise kernels");
   return a;
 }
 
 void reject_fused_activation(const ir::Node& node) {
   if (const fused_ops::FusedActivation f = fused_ops::FusedActivation::parse(node); !f.empty())
-    fail(ErrorKind::kUnsupported, node.describe() + ": a fused " + f.op +
+    fail(ErrorKind::kUnsupported, node.describe() + ": a fused " + std::string(f.name()) +
                                       " activation is not supported on " + node.op_type);
 }
 
@@ -145,6 +135,8 @@ SQ_AVX512_AVX2_CLONES void apply_activation(const Activation& act, float* x, int
     case Activation::Kind::kSwish:
       for (int64_t i = 0; i < n; ++i) x[i] *= sigmoid_t(a * x[i]);
       return;
+    case Activation::Kind::kGelu:
+    case Activation::Kind::kScale: return;  // refused by resolve_fused_activation
   }
 }
 

@@ -19,6 +19,7 @@
 
 #include <omp.h>
 
+#include "runtime/fused_ops/fused_activation.h"
 #include "slimquant/core/tensor.h"
 #include "slimquant/runtime/kernel.h"
 
@@ -157,8 +158,10 @@ std::string onnx_type_name(int64_t onnx_type);
 // An activation that an execution-only fusion pass attached to an elementwise node
 // (runtime/fused_ops/fused_activation.h), resolved once at plan compile time so the run loop only switches on an enum.
 // Parameters: LeakyRelu alpha; Elu alpha; Clip alpha = min, beta = max; HardSigmoid alpha, beta.
+// Kinds: the runtime's one vocabulary (fused_ops::Activation) less Gelu and Scale, which only the
+// oneDNN kernels apply.
 struct Activation {
-  enum class Kind { kNone, kRelu, kLeakyRelu, kClip, kSigmoid, kTanh, kHardSigmoid, kHardSwish, kElu, kSwish };
+  using Kind = fused_ops::Activation;
   Kind kind = Kind::kNone;
   float alpha = 0.f, beta = 0.f;
   explicit operator bool() const { return kind != Kind::kNone; }

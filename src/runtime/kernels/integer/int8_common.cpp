@@ -101,7 +101,7 @@ QLinearAttrs QLinearAttrs::parse(const ir::Node& node) {
   }
   const std::string act = node.attr_string(attr::kActivation, "");
   const std::optional<Activation> a = activation_from_name(act);
-  if (!a)
+  if (!a || *a == Activation::kScale)
     fail(ErrorKind::kInvalidModel, node.describe() + ": activation must be one of Relu, Clip, LeakyRelu, Sigmoid, "
                                                      "Tanh, HardSigmoid, HardSwish, Elu, Swish, Gelu, got '" + act + "'");
   q.activation = *a;
@@ -166,31 +166,6 @@ void QLinearAttrs::write(ir::Node& node) const {
   if (compute != Compute::kAuto) node.attrs[attr::kCompute] = std::string(compute_name(compute));
 }
 
-const char* activation_name(Activation a) {
-  switch (a) {
-    case Activation::kNone: return "";
-    case Activation::kRelu: return "Relu";
-    case Activation::kClip: return "Clip";
-    case Activation::kLeakyRelu: return "LeakyRelu";
-    case Activation::kSigmoid: return "Sigmoid";
-    case Activation::kTanh: return "Tanh";
-    case Activation::kHardSigmoid: return "HardSigmoid";
-    case Activation::kHardSwish: return "HardSwish";
-    case Activation::kElu: return "Elu";
-    case Activation::kSwish: return "Swish";
-    case Activation::kGelu: return "Gelu";
-  }
-  return "";
-}
-
-std::optional<Activation> activation_from_name(const std::string& op) {
-  for (Activation a : {Activation::kNone, Activation::kRelu, Activation::kClip, Activation::kLeakyRelu,
-                       Activation::kSigmoid, Activation::kTanh, Activation::kHardSigmoid, Activation::kHardSwish,
-                       Activation::kElu, Activation::kSwish, Activation::kGelu})
-    if (op == activation_name(a)) return a;
-  return std::nullopt;
-}
-
 float QLinearAttrs::activate(float v) const {
   switch (activation) {
     case Activation::kNone: return v;
@@ -204,6 +179,7 @@ float QLinearAttrs::activate(float v) const {
     case Activation::kElu: return v >= 0.f ? v : activation_alpha * (std::exp(v) - 1.f);
     case Activation::kSwish: return v / (1.f + std::exp(-activation_alpha * v));
     case Activation::kGelu: return 0.5f * v * (1.f + std::erf(v * 0.70710678118654752f));
+    case Activation::kScale: break;  // refused by parse
   }
   return v;
 }
@@ -277,6 +253,7 @@ dnnl::post_ops make_post_ops_before_channel_multiply(const QLinearAttrs& q) {
     case Activation::kElu: ops.append_eltwise(1.f, alg::eltwise_elu, q.activation_alpha, 0.f); break;
     case Activation::kSwish: ops.append_eltwise(1.f, alg::eltwise_swish, q.activation_alpha, 0.f); break;
     case Activation::kGelu: ops.append_eltwise(1.f, alg::eltwise_gelu_erf, 0.f, 0.f); break;
+    case Activation::kScale: break;  // refused by QLinearAttrs::parse
   }
   const float zp = q.quantized_output() ? static_cast<float>(q.y_tensor_zero_point()) : 0.f;
   // One linear step for the post affine map, 1 / s_y and z_y together (a second eltwise_linear in

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "runtime/dnnl_context.h"
+#include "runtime/fused_ops/fused_activation.h"
 #include "slimquant/core/quant_param.h"
 #include "slimquant/ir/graph.h"
 #include "slimquant/ir/rewrite.h"
@@ -68,10 +69,11 @@ inline constexpr const char* kCompute = "int8_compute";      // string: "auto" (
 // The activation fused after the requantization. Relu, Clip, LeakyRelu and HardSigmoid (with its
 // bounds and offset scaled) run in the output's units; the others (real_units()) run on real
 // values, with 1 / s_y applied after them.
-enum class Activation { kNone, kRelu, kClip, kLeakyRelu, kSigmoid, kTanh, kHardSigmoid, kHardSwish, kElu, kSwish, kGelu };
-// The ONNX op name ("" for kNone) and back (nullopt for an op that is not fusable).
-const char* activation_name(Activation a);
-std::optional<Activation> activation_from_name(const std::string& op);
+// The runtime's one activation vocabulary (fused_ops::Activation), without kScale, which QLinearAttrs
+// refuses: a scale after the product is part of the output scale here.
+using fused_ops::Activation;
+using fused_ops::activation_from_name;
+using fused_ops::activation_name;
 
 // How the products are accumulated. kInt8: oneDNN u8/s8 x s8 -> s32 primitives (VNNI dot products).
 // kF32: the same integers converted to float32 and accumulated by oneDNN's f32 primitives (exact

@@ -236,14 +236,14 @@ class QConvKernel final : public Kernel {
   // y += sum, then the fused Add's activation (the reference path's sum post-op).
   void add_sum_reference(Tensor& y, const Tensor& sum) const {
     const fused_ops::SumActivation sum_act = fused_ops::SumActivation::parse(node_);
-    const std::string& act = sum_act.op;
-    const float lo = act == "Relu" ? 0.f : act.empty() ? -INFINITY : sum_act.lo;
-    const float hi = act == "Relu" ? INFINITY : act.empty() ? INFINITY : sum_act.hi;
+    const bool relu = sum_act.kind == Activation::kRelu;
+    const float lo = relu ? 0.f : sum_act.empty() ? -INFINITY : sum_act.lo;
+    const float hi = relu || sum_act.empty() ? INFINITY : sum_act.hi;
     float* out = y.data<float>();
     const float* add = sum.data<float>();
     for (int64_t i = 0; i < y.numel(); ++i) {
       const float v = out[i] + add[i];
-      out[i] = act.empty() ? v : std::min(std::max(v, lo), hi);
+      out[i] = sum_act.empty() ? v : std::min(std::max(v, lo), hi);
     }
   }
 
@@ -325,8 +325,9 @@ class QConvKernel final : public Kernel {
           ops.append_sum(1.f);
         }
         const fused_ops::SumActivation sum_act = fused_ops::SumActivation::parse(node_);
-        if (sum_act.op == "Relu") ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
-        else if (sum_act.op == "Clip") ops.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, sum_act.lo, sum_act.hi);
+        if (sum_act.kind == Activation::kRelu) ops.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, 0.f, 0.f);
+        else if (sum_act.kind == Activation::kClip)
+          ops.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, sum_act.lo, sum_act.hi);
         // To the output's units; the dst conversion (int8 primitive or kF32's dst reorder) rounds
         // half to even and saturates.
         if (requantizes_sum())
