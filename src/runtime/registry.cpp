@@ -35,19 +35,27 @@ const KernelRegistry& KernelRegistry::instance() {
   return registry;
 }
 
-void KernelRegistry::add(const std::string& op_type, KernelFactory factory, const std::string& domain) {
-  factories_[{domain, op_type}] = std::move(factory);
+void KernelRegistry::add(const std::string& op_type, KernelFactory factory, const std::string& domain,
+                         KernelLayouts layouts) {
+  entries_[{domain, op_type}] = Entry{std::move(factory), layouts};
 }
 
 const KernelFactory* KernelRegistry::find(const std::string& op_type, const std::string& domain) const {
   std::string d = domain == "ai.onnx" ? "" : domain;
-  auto it = factories_.find({d, op_type});
-  return it == factories_.end() ? nullptr : &it->second;
+  auto it = entries_.find({d, op_type});
+  return it == entries_.end() ? nullptr : &it->second.factory;
+}
+
+const KernelLayouts& KernelRegistry::layouts(const std::string& op_type, const std::string& domain) const {
+  static const KernelLayouts kPlain;
+  std::string d = domain == "ai.onnx" ? "" : domain;
+  auto it = entries_.find({d, op_type});
+  return it == entries_.end() ? kPlain : it->second.layouts;
 }
 
 std::vector<std::string> KernelRegistry::op_types() const {
   std::vector<std::string> out;
-  for (const auto& [key, f] : factories_)
+  for (const auto& [key, entry] : entries_)
     if (key.first.empty()) out.push_back(key.second);
   std::sort(out.begin(), out.end());
   return out;

@@ -40,17 +40,8 @@ std::string with_node_context(const ir::Node& node, const std::string& message);
 
 namespace plan {
 
-// How a step treats non-plain (blocked) layouts.
-enum class LayoutRole {
-  kPlain,        // every input must be plain (converted if needed), outputs are plain
-  kAware,        // the kernel reads blocked inputs at some positions and may write blocked outputs
-  kPassthrough,  // elementwise without broadcasting (scalars aside): the kernel works on raw element
-                 // order, so the output takes the common layout of the inputs (the session decides)
-  kChannelBlocked,  // reads rank-4 channel-blocked inputs (kernels/elementwise/channel_blocked.h: acdb, aBcd16b)
-                    // when they share one blocking, and writes its outputs in it (the kernel decides,
-                    // and falls back to plain for cases it does not cover); elementwise ops of this
-                    // role first try passthrough
-};
+// How a step treats non-plain (blocked) layouts: what its kernel declared (KernelLayouts).
+using LayoutRole = KernelLayouts::Role;
 
 // One node of a plan: the slots it reads and writes, its kernel, and what the planning decided.
 struct Step {
@@ -93,7 +84,8 @@ std::vector<bool> nodes_to_run(const ir::Graph& graph, const std::set<std::strin
 void schedule_releases(std::vector<Step>& steps, size_t slot_count, const std::unordered_set<int>& pinned);
 
 // --- layouts (session_layout.cpp)
-LayoutRole layout_role(const ir::Node& node);
+// What node's kernel declared (KernelRegistry::layouts).
+const KernelLayouts& declared_layouts(const ir::Node& node);
 // Whether an aware kernel reads input position `input` in any layout.
 bool aware_input(const ir::Node& node, size_t input);
 // Sets each step's role, blocked_outputs and donate_addend. Pinned slots stay plain.

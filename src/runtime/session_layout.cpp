@@ -12,22 +12,13 @@
 
 namespace slimquant::runtime::plan {
 
-LayoutRole layout_role(const ir::Node& n) {
-  if (n.domain.empty() && n.op_type == "Conv") return LayoutRole::kAware;
-  if (n.domain == ir::kSlimquantDomain && n.op_type == "QConv") return LayoutRole::kAware;
-  if (n.domain.empty() && (n.op_type == "MaxPool" || n.op_type == "AveragePool")) return LayoutRole::kAware;
-  // Ops with a channel-blocked path: the squeeze-excitation and FPN ops after the convolutions.
-  static const std::set<std::string> kChannelBlocked = {
-      "Add", "Sub", "Mul", "Div", "QuantizeLinear", "GlobalAveragePool", "GlobalMaxPool", "Resize", "Concat", "DepthToSpace"};
-  if (n.domain.empty() && kChannelBlocked.count(n.op_type)) return LayoutRole::kChannelBlocked;
-  static const std::set<std::string> kElementwise = {"Relu", "Clip", "DequantizeLinear"};
-  if (n.domain.empty() && kElementwise.count(n.op_type)) return LayoutRole::kPassthrough;
-  if (n.domain == dnnl_kernels::kGeluDomain && n.op_type == "Gelu") return LayoutRole::kPassthrough;
-  return LayoutRole::kPlain;
+const KernelLayouts& declared_layouts(const ir::Node& n) {
+  return KernelRegistry::instance().layouts(n.op_type, n.domain);
 }
 
-// X, and the fused residual addend.
-bool aware_input(const ir::Node&, size_t input) { return input == fused_ops::kConvX || input == fused_ops::kConvAddend; }
+bool aware_input(const ir::Node& n, size_t input) {
+  return input < 32 && (declared_layouts(n).blocked_inputs >> input & 1u);
+}
 
 // True when a blocked layout keeps every sample (slice along axis 0) contiguous and unpadded, at
 // the place the plain layout has it: each sample's elements are then only permuted.
@@ -46,23 +37,15 @@ bool samples_stay_contiguous(const Layout& layout) {
 
 namespace {
 
-// A channel-blocked op that reads blocked inputs whatever its readers take: a per-channel summary
-// ([N, C, 1, 1]), and DepthToSpace, whose channels-last input with one output channel gives plain
-// y directly (DBNet's head: the lowered ConvTranspose's 1x1 QConv -> DepthToSpace -> Sigmoid; a
-// plain-only reader would otherwise make the QConv reorder its output, 0.22 ms at 4x320x320).
-// The kernels convert other blocked inputs to plain themselves.
-bool reads_blocked_for_plain_output(const ir::Node& n) {
-  return n.op_type == "GlobalAveragePool" || n.op_type == "GlobalMaxPool" || n.op_type == "DepthToSpace";
-}
+// A channel-blocked op that reads blocked inputs whatever its readers take (its kernel converts other
+// blocked inputs to plain itself).
+bool reads_blocked_for_plain_output(const ir::Node& n) { return declared_layouts(n).reads_blocked_for_plain_output; }
 
-// Whether an op of the channel-blocked role may first try passthrough (raw element order): plain
-// elementwise arithmetic and QuantizeLinear, unless a folded per-channel Q or nearest upsampling
-// needs each element's position.
+// Whether an op of the channel-blocked role may first try passthrough (raw element order): when its
+// kernel declares it, unless a folded per-channel Q or nearest upsampling needs each element's position.
 bool may_pass_through(const ir::Node& n) {
-  if (n.op_type == "GlobalAveragePool" || n.op_type == "GlobalMaxPool" || n.op_type == "Resize" || n.op_type == "Concat" ||
-      n.op_type == "DepthToSpace")
-    return false;
-  return !n.attrs.count(kFoldedQuantizeChannelScale) && !n.attrs.count(ew::kNearestUpsampledInput);
+  return declared_layouts(n).tries_passthrough && !n.attrs.count(kFoldedQuantizeChannelScale) &&
+         !n.attrs.count(ew::kNearestUpsampledInput);
 }
 
 // Values that may stay in a blocked layout: written by an aware or passthrough step, read only
@@ -75,7 +58,7 @@ void mark_blocked_outputs(std::vector<Step>& steps, size_t slot_count, const std
   for (int p : pinned) plain_only[p] = true;
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
     Step& step = *it;
-    step.role = blocked_layouts ? layout_role(*step.node) : LayoutRole::kPlain;
+    step.role = blocked_layouts ? declared_layouts(*step.node).role : LayoutRole::kPlain;
     if (step.role != LayoutRole::kPlain)
       for (size_t k = 0; k < step.outputs.size() && k < 32; ++k)
         if (step.outputs[k] >= 0 && !plain_only[step.outputs[k]]) step.blocked_outputs |= 1u << k;

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "slimquant/ir/onnx_io.h"
+#include "slimquant/runtime/kernel.h"
 #include "slimquant/runtime/session.h"
 #include "test_util.h"
 
@@ -107,6 +108,26 @@ std::map<std::string, Tensor> run_hooked(runtime::Session& s, const std::map<std
 }
 std::map<std::string, Tensor> run_hooked(runtime::Session& s, const Tensor& x, const std::string& input = "x") {
   return run_hooked(s, {{input, x}});
+}
+
+// The layouts each kernel declares when it is registered, which the session plans from alone.
+TEST(SessionLayouts, KernelsDeclareTheLayoutsTheyReadAndWrite) {
+  using Role = runtime::KernelLayouts::Role;
+  const runtime::KernelRegistry& r = runtime::KernelRegistry::instance();
+  for (const auto& [op, domain] : {std::pair<const char*, const char*>{"Conv", ""}, {"QConv", "com.slimquant"}}) {
+    SCOPED_TRACE(op);
+    EXPECT_EQ(r.layouts(op, domain).role, Role::kAware);
+    EXPECT_EQ(r.layouts(op, domain).blocked_inputs, 0b1001u) << "x and the fused residual addend";
+  }
+  EXPECT_EQ(r.layouts("MaxPool").blocked_inputs, 0b1u);
+  EXPECT_EQ(r.layouts("Add", "ai.onnx").role, Role::kChannelBlocked);
+  EXPECT_TRUE(r.layouts("Mul").tries_passthrough);
+  EXPECT_FALSE(r.layouts("Concat").tries_passthrough);
+  EXPECT_TRUE(r.layouts("GlobalAveragePool").reads_blocked_for_plain_output);
+  EXPECT_EQ(r.layouts("Relu").role, Role::kPassthrough);
+  EXPECT_EQ(r.layouts("Gelu").role, Role::kPlain) << "ONNX's Gelu kernel; the fused erf GELU passes layouts through";
+  EXPECT_EQ(r.layouts("Softmax").role, Role::kPlain);
+  EXPECT_EQ(r.layouts("NoSuchOp").role, Role::kPlain);
 }
 
 TEST(SessionLayouts, FixtureModelsMatchThePlainUnfusedPath) {

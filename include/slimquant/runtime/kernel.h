@@ -89,17 +89,46 @@ class Kernel {
 
 using KernelFactory = std::function<std::unique_ptr<Kernel>(const KernelInit&)>;
 
-// Op type -> factory. Filled explicitly by register_all_kernels() (no static self-registration:
-// the linker drops it from static libraries).
+// The memory layouts a kernel reads and writes besides plain row-major tensors, declared when it is
+// registered. A session plans its layouts from these declarations alone.
+struct KernelLayouts {
+  enum class Role {
+    kPlain,        // every input must be plain (converted if needed), outputs are plain
+    kAware,        // reads blocked inputs at the positions in blocked_inputs and may write blocked outputs
+    kPassthrough,  // elementwise without broadcasting (scalars aside): works on raw element order, so
+                   // the output takes the common layout of the inputs (the session decides)
+    kChannelBlocked,  // reads rank-4 channel-blocked inputs (acdb, aBcd16b) when they share one blocking
+                      // and writes its outputs in it (the kernel decides, and falls back to plain for
+                      // cases it does not cover)
+  };
+  Role role = Role::kPlain;
+  uint32_t blocked_inputs = 0;  // kAware: bit k set when input k may arrive in a blocked layout
+  // kChannelBlocked: reads blocked inputs even where its output must be plain (a per-channel summary,
+  // or an op whose plain output is as cheap to write from blocked input).
+  bool reads_blocked_for_plain_output = false;
+  // kChannelBlocked: first tries passthrough (raw element order), as plain elementwise arithmetic can
+  // (unless the node needs each element's position: kernels/elementwise/channel_blocked.h).
+  bool tries_passthrough = false;
+};
+
+// Op type -> factory and layouts. Filled explicitly by register_all_kernels() (no static
+// self-registration: the linker drops it from static libraries).
 class KernelRegistry {
  public:
   static const KernelRegistry& instance();
-  void add(const std::string& op_type, KernelFactory factory, const std::string& domain = "");
+  void add(const std::string& op_type, KernelFactory factory, const std::string& domain = "",
+           KernelLayouts layouts = {});
   const KernelFactory* find(const std::string& op_type, const std::string& domain = "") const;
+  // What the op's kernel declared (plain for an op without a kernel).
+  const KernelLayouts& layouts(const std::string& op_type, const std::string& domain = "") const;
   std::vector<std::string> op_types() const;  // default domain, sorted
 
  private:
-  std::map<std::pair<std::string, std::string>, KernelFactory> factories_;
+  struct Entry {
+    KernelFactory factory;
+    KernelLayouts layouts;
+  };
+  std::map<std::pair<std::string, std::string>, Entry> entries_;
 };
 
 // Helper for the common case: a kernel that is just a function of the context.

@@ -166,7 +166,7 @@ std::optional<ResidualAdd> select_residual_add(const Rewriter& rw, int i) {
       continue;
     if (conv.inputs.size() > 1 && !rw.graph().is_initializer(conv.inputs[1])) continue;
     if (!same_known_shape(rw.graph(), a, r)) continue;
-    ResidualAdd m{i, p, -1, r};
+    ResidualAdd m{i, p, -1, r, {}};
     m.activation = sum_activation(rw, add.outputs[0], m.sum_activation);
     return m;
   }

@@ -1,8 +1,24 @@
 #pragma once
 // One registration function per kernel family; registry.cpp calls each once.
+#include "runtime/fused_ops/residual_conv.h"
 #include "slimquant/runtime/kernel.h"
 
 namespace slimquant::runtime {
+
+// The layout declarations several kernel families share (KernelLayouts).
+namespace layouts {
+using Role = KernelLayouts::Role;
+// Conv and QConv: x, and the fused residual addend, in oneDNN's blocked layouts.
+inline constexpr KernelLayouts kConvolution{Role::kAware, 1u << fused_ops::kConvX | 1u << fused_ops::kConvAddend};
+inline constexpr KernelLayouts kPooling{Role::kAware, 1u << 0};  // MaxPool, AveragePool: x
+inline constexpr KernelLayouts kPassthrough{Role::kPassthrough};
+// Elementwise arithmetic and QuantizeLinear after the convolutions (squeeze-excitation, FPN sums).
+inline constexpr KernelLayouts kChannelBlockedElementwise{Role::kChannelBlocked, 0, false, true};
+inline constexpr KernelLayouts kChannelBlocked{Role::kChannelBlocked};  // Resize, Concat
+// Ops whose plain output is written as cheaply from blocked input (a per-channel summary [N, C, 1, 1];
+// DepthToSpace, whose channels-last input with one output channel gives plain y directly).
+inline constexpr KernelLayouts kChannelBlockedToPlain{Role::kChannelBlocked, 0, true, false};
+}  // namespace layouts
 void register_elementwise_kernels(KernelRegistry& r);  // kernels/elementwise/: arithmetic, reduce, cast, Q/DQ
 void register_dnnl_kernels(KernelRegistry& r);         // kernels/dnnl/: conv, gemm, pooling, ...
 void register_shape_kernels(KernelRegistry& r);        // kernels/shape/shape_*.cpp: reshape, slice, ...

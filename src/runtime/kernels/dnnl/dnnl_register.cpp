@@ -6,19 +6,19 @@ namespace slimquant::runtime {
 
 void register_dnnl_kernels(KernelRegistry& r) {
   using namespace dnnl_kernels;
-  r.add("Conv", make_conv);
+  r.add("Conv", make_conv, "", layouts::kConvolution);
   r.add("ConvTranspose", make_conv_transpose);
   r.add("Gemm", make_gemm);
   r.add("MatMul", make_matmul);
-  r.add("MaxPool", make_max_pool);
-  r.add("AveragePool", make_average_pool);
-  r.add("GlobalAveragePool", make_global_average_pool);
-  r.add("GlobalMaxPool", make_global_max_pool);
+  r.add("MaxPool", make_max_pool, "", layouts::kPooling);
+  r.add("AveragePool", make_average_pool, "", layouts::kPooling);
+  r.add("GlobalAveragePool", make_global_average_pool, "", layouts::kChannelBlockedToPlain);
+  r.add("GlobalMaxPool", make_global_max_pool, "", layouts::kChannelBlockedToPlain);
   r.add("BatchNormalization", make_batch_normalization);
   r.add("Softmax", make_softmax);
   r.add("LogSoftmax", make_log_softmax);
   r.add("LayerNormalization", make_layer_normalization);
-  r.add("Gelu", make_gelu_erf, kGeluDomain);
+  r.add("Gelu", make_gelu_erf, kGeluDomain, layouts::kPassthrough);
 }
 
 }  // namespace slimquant::runtime

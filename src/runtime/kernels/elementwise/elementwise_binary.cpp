@@ -975,10 +975,10 @@ KernelFactory variadic(bool mean) {
 }  // namespace
 
 void register_binary_kernels(KernelRegistry& r) {
-  r.add("Add", binary(SameTypeOp<NumericP, AddFn>{}, true));
-  r.add("Sub", binary(SameTypeOp<NumericP, SubFn>{}, true));
-  r.add("Mul", binary(SameTypeOp<NumericP, MulFn>{}, true));
-  r.add("Div", binary(SameTypeOp<NumericP, DivFn>{}, true));
+  r.add("Add", binary(SameTypeOp<NumericP, AddFn>{}, true), "", layouts::kChannelBlockedElementwise);
+  r.add("Sub", binary(SameTypeOp<NumericP, SubFn>{}, true), "", layouts::kChannelBlockedElementwise);
+  r.add("Mul", binary(SameTypeOp<NumericP, MulFn>{}, true), "", layouts::kChannelBlockedElementwise);
+  r.add("Div", binary(SameTypeOp<NumericP, DivFn>{}, true), "", layouts::kChannelBlockedElementwise);
   r.add("PRelu", binary(SameTypeOp<SignedNumericP, PReluFn>{}, false, Broadcast::kToFirst));
   r.add("Mod", [](const KernelInit& init) -> std::unique_ptr<Kernel> {
     const int64_t fmod = init.node.attr_int("fmod", 0);

@@ -1,6 +1,7 @@
 #pragma once
 // Registration entry points of the elementwise family's files; register_elementwise_kernels()
 // (elementwise.cpp) calls each once.
+#include "runtime/kernels/register_all.h"  // the shared layout declarations
 #include "slimquant/runtime/kernel.h"
 
 namespace slimquant::runtime::ew {

@@ -265,7 +265,7 @@ void register_unary_kernels(KernelRegistry& r) {
   r.add("Abs", unary<NumericP>(AbsFn{}));
   r.add("Neg", unary<SignedNumericP>(NegFn{}));
   r.add("Sign", unary<NumericP>(SignFn{}));
-  r.add("Relu", unary<SignedNumericP>(ReluFn{}));
+  r.add("Relu", unary<SignedNumericP>(ReluFn{}), "", layouts::kPassthrough);
   r.add("Sqrt", unary<FloatP>(SqrtFn{}));
   r.add("Exp", unary<FloatP>(ExpFn{}));
   r.add("Log", unary<FloatP>(LogFn{}));
@@ -322,7 +322,9 @@ void register_unary_kernels(KernelRegistry& r) {
     fail(ErrorKind::kInvalidModel,
          init.node.describe() + ": approximate must be 'none' or 'tanh', got '" + approx + "'");
   });
-  r.add("Clip", [](const KernelInit& init) -> std::unique_ptr<Kernel> { return std::make_unique<ClipKernel>(init); });
+  r.add(
+      "Clip", [](const KernelInit& init) -> std::unique_ptr<Kernel> { return std::make_unique<ClipKernel>(init); }, "",
+      layouts::kPassthrough);
 }
 
 }  // namespace slimquant::runtime::ew

@@ -841,12 +841,14 @@ class DequantizeLinearKernel final : public Kernel {
 }  // namespace
 
 void register_quantize_kernels(KernelRegistry& r) {
-  r.add("QuantizeLinear", [](const KernelInit& init) -> std::unique_ptr<Kernel> {
-    return std::make_unique<QuantizeLinearKernel>(init);
-  });
-  r.add("DequantizeLinear", [](const KernelInit& init) -> std::unique_ptr<Kernel> {
-    return std::make_unique<DequantizeLinearKernel>(init);
-  });
+  r.add(
+      "QuantizeLinear",
+      [](const KernelInit& init) -> std::unique_ptr<Kernel> { return std::make_unique<QuantizeLinearKernel>(init); }, "",
+      layouts::kChannelBlockedElementwise);
+  r.add(
+      "DequantizeLinear",
+      [](const KernelInit& init) -> std::unique_ptr<Kernel> { return std::make_unique<DequantizeLinearKernel>(init); },
+      "", layouts::kPassthrough);
 }
 
 }  // namespace ew

@@ -15,9 +15,9 @@ void register_shape_kernels(KernelRegistry& r) {
   r.add("Shape", make_shape);
   r.add("Size", make_size);
   r.add("Transpose", make_transpose);
-  r.add("DepthToSpace", make_depth_to_space);
+  r.add("DepthToSpace", make_depth_to_space, "", layouts::kChannelBlockedToPlain);
   r.add("SpaceToDepth", make_space_to_depth);
-  r.add("Concat", make_concat);
+  r.add("Concat", make_concat, "", layouts::kChannelBlocked);
   r.add("Split", make_split);
   r.add("Slice", make_slice);
   r.add("Gather", make_gather);
@@ -26,7 +26,7 @@ void register_shape_kernels(KernelRegistry& r) {
   r.add("Expand", make_expand);
   r.add("Tile", make_tile);
   r.add("Trilu", make_trilu);
-  r.add("Resize", make_resize);
+  r.add("Resize", make_resize, "", layouts::kChannelBlocked);
   r.add("Upsample", make_upsample);
   r.add("Constant", make_constant);
   r.add("ConstantOfShape", make_constant_of_shape);
