@@ -29,7 +29,18 @@ ctest --output-on-failure -j"$jobs" --timeout 900 -LE sanitized
 # a suite written on one machine cannot pass only there. The command-line flows (CliQuantize) are not
 # rerun: their kernels are the ones the suites above exercise, and they cost a third of a rerun.
 ISA_DEPENDENT='^([A-Za-z]+/)?(ImplementationChoice|Int8Parity|Lowering|LoweringOnResnet|FusedKernel|Int8Compute|ActivationMatMul|SpelledActivationLowering|IntegerOps|Dnnl[A-Za-z]*|Session[A-Za-z]*|QuantizeLinear|DequantizeLinear|Gelu|FixtureModel|QuantizeReproducibility|DeployBackend|Int8Golden|ChannelWiseInputs|PaddlePatterns|ExecutionFusions|ChannelBlockedOps|ConvTransposeGemm|Dynamic|DynamicMatMulFusion)\.'
+# A cap at or above the CPU's own best instruction set would repeat the run above: skipped, saying so.
+cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2 || true) "
+has_flag() { [[ "$cpu_flags" == *" $1 "* ]]; }
 for isa in AVX2 AVX512_CORE; do
+  case $isa in
+    AVX2) above=$({ has_flag avx512f || has_flag avx_vnni; } && echo yes || true) ;;         # AVX-512, or AVX2 with VNNI
+    AVX512_CORE) above=$({ has_flag avx512_vnni || has_flag amx_tile; } && echo yes || true) ;;  # VNNI or AMX on AVX-512
+  esac
+  if [ -z "$above" ]; then
+    stage "int8 and runtime tests with DNNL_MAX_CPU_ISA=$isa: skipped, this CPU has nothing above $isa"
+    continue
+  fi
   stage "int8 and runtime tests with DNNL_MAX_CPU_ISA=$isa"
   DNNL_MAX_CPU_ISA=$isa ctest --output-on-failure -j"$jobs" --timeout 900 -LE sanitized -R "$ISA_DEPENDENT"
 done
