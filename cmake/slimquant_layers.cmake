@@ -83,10 +83,6 @@ endfunction()
 # objects. Each file's internal names must differ from those of every other file of its layer.
 # 0 compiles each file alone (the check that every file includes what it uses).
 set(SLIMQUANT_UNITY_BATCH 8 CACHE STRING "Source files of a layer compiled together as one translation unit (0: each alone)")
-# Files compiled alone even so: the elementwise kernels instantiate each op for every element type,
-# and GCC's optimiser costs more than linearly in a unit's size (their batch took 212 s at -O3,
-# about 40 s more than its files apart).
-set(SLIMQUANT_UNITY_ALONE_REGEX "/runtime/kernels/elementwise/(elementwise_binary|elementwise_unary|reduce)\\.cpp$")
 
 function(_slimquant_unity_groups target layer sources)
   if(NOT SLIMQUANT_UNITY_BATCH GREATER 0)
@@ -97,9 +93,6 @@ function(_slimquant_unity_groups target layer sources)
   if(sanitized)
     list(REMOVE_ITEM others ${sanitized})
   endif()
-  # In GROUP mode a file without a group compiles alone.
-  list(FILTER sanitized EXCLUDE REGEX "${SLIMQUANT_UNITY_ALONE_REGEX}")
-  list(FILTER others EXCLUDE REGEX "${SLIMQUANT_UNITY_ALONE_REGEX}")
   list(SORT others)
   foreach(kind IN ITEMS sanitized others)
     set(index 0)
