@@ -177,8 +177,8 @@ Action register_analyze(CLI::App& app) {
 
     quant::PTQ ptq(config);
     ptq.quantize(graph);
-    // algo auto: layers are ranked under the observer quantize would choose, compared on the samples
-    // after the calibrated ones when the data has them, else on the first calibration samples.
+    // algo auto: layers are ranked under the observer quantize would choose, compared on samples
+    // the observers have not seen (after the calibrated ones, else the last batch, observed after).
     const size_t candidates = ptq.selectable_activation_algos().size();
     quant::CalibrationLoopOptions lo;
     if (batch_nums > 0) lo.batch_nums = batch_nums;
@@ -188,8 +188,7 @@ Action register_analyze(CLI::App& app) {
     }
     // Distributed: every rank calibrates on its block of batches, then the observers are merged.
     const auto source = quant::dataset_calibration_source(*calib, batch_size, graph.inputs);
-    const quant::CalibrationRun calibration = quant::calibrate(ptq, *source, lo);
-    const size_t batches = calibration.batches;
+    quant::CalibrationRun calibration = quant::calibrate(ptq, *source, lo);
     if (distributed::is_root())
       for (const auto& w : calibration.warnings) std::cerr << "warning: " << w << "\n";
     quant::ActivationAlgoChoice algo_choice;
@@ -201,6 +200,8 @@ Action register_analyze(CLI::App& app) {
       if (distributed::is_root())
         std::cout << "activation observer: auto chose " << algo_choice.describe() << "; --algo NAME fixes one" << std::endl;
     }
+    quant::finish_calibration(ptq, calibration);
+    const size_t batches = calibration.batches;
     const double calib_seconds = calibration.seconds;
 
     analysis::PtqAnalysisOptions po;

@@ -495,71 +495,122 @@ constexpr int64_t kNewestOnnxOpset = 21;
 bool has_input(const Node& n, size_t i) { return n.inputs.size() > i && !n.inputs[i].empty(); }
 // A constant axes input is written back as the attribute for the library's checks (libonnx_view);
 // noop_with_empty_axes = 0 is the older meaning.
-bool reads_axes_input(const Graph& g, const Node& n) {
-  return (has_input(n, 1) && !g.is_initializer(n.inputs[1])) || n.attr_int("noop_with_empty_axes", 0) != 0;
+// The reductions whose axes became an input in opset 18 (ReduceSum's did in 13).
+const std::set<std::string>& reductions_with_axes_input_since_18() {
+  static const std::set<std::string> ops = {"ReduceMax",    "ReduceMin",       "ReduceMean",
+                                            "ReduceProd",   "ReduceL1",        "ReduceL2",
+                                            "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"};
+  return ops;
 }
-bool splits_by_count(const Graph&, const Node& n) { return n.attrs.count("num_outputs") != 0; }
-bool pads_new_ways(const Graph&, const Node& n) { return has_input(n, 3) || n.attr_string("mode", "constant") == "wrap"; }
-bool resizes_new_ways(const Graph&, const Node& n) {
+// A graph and the graphs around it (a branch reads the initializers of the graphs it is in).
+struct Scope {
+  const Graph& graph;
+  const Scope* outer = nullptr;
+  bool is_initializer(const std::string& v) const {
+    return graph.is_initializer(v) || (outer != nullptr && outer->is_initializer(v));
+  }
+};
+bool reads_axes_input(const Scope& scope, const Node& n) {
+  return (has_input(n, 1) && !scope.is_initializer(n.inputs[1])) || n.attr_int("noop_with_empty_axes", 0) != 0;
+}
+bool pads_new_ways(const Scope&, const Node& n) { return has_input(n, 3) || n.attr_string("mode", "constant") == "wrap"; }
+bool resizes_new_ways(const Scope&, const Node& n) {
   return n.attrs.count("antialias") || n.attrs.count("axes") || n.attrs.count("keep_aspect_ratio_policy") ||
          n.attr_string("coordinate_transformation_mode", "half_pixel") == "half_pixel_symmetric";
 }
-bool reduces_by_max_or_min(const Graph&, const Node& n) {
+bool reduces_by_max_or_min(const Scope&, const Node& n) {
   const std::string r = n.attr_string("reduction", "none");
   return r == "max" || r == "min";
 }
-bool pools_new_ways(const Graph&, const Node& n) { return n.attrs.count("ceil_mode") || n.attrs.count("dilations"); }
-bool dilates(const Graph&, const Node& n) { return n.attrs.count("dilations") != 0; }
-bool quantizes_blocked(const Graph&, const Node& n) { return n.attrs.count("block_size") || n.attrs.count("output_dtype"); }
-bool always(const Graph&, const Node&) { return true; }
+bool pools_new_ways(const Scope&, const Node& n) { return n.attrs.count("ceil_mode") || n.attrs.count("dilations"); }
+bool dilates(const Scope&, const Node& n) { return n.attrs.count("dilations") != 0; }
+bool quantizes_blocked(const Scope&, const Node& n) { return n.attrs.count("block_size") || n.attrs.count("output_dtype"); }
+bool always(const Scope&, const Node&) { return true; }
+bool never(const Scope&, const Node&) { return false; }
 
 struct OpsetChange {
   const char* op;
   int64_t since;
   const char* what;
-  bool (*used_by)(const Graph&, const Node&);
+  // Reading a file of the newer opset: whether the node uses what changed (libonnx_view and the
+  // kernels handle what it does not list).
+  bool (*used_by)(const Scope&, const Node&);
+  // Raising a graph to the newer opset: whether the node's older form can be neither kept nor
+  // rewritten (rewrite_for_raised_opset rewrites Reduce*, Split and GridSample).
+  bool (*blocks_raising)(const Scope&, const Node&);
 };
 constexpr OpsetChange kOpsetChanges[] = {
-    {"ReduceMax", 18, "axes became an input", reads_axes_input},
-    {"ReduceMin", 18, "axes became an input", reads_axes_input},
-    {"ReduceMean", 18, "axes became an input", reads_axes_input},
-    {"ReduceProd", 18, "axes became an input", reads_axes_input},
-    {"ReduceL1", 18, "axes became an input", reads_axes_input},
-    {"ReduceL2", 18, "axes became an input", reads_axes_input},
-    {"ReduceLogSum", 18, "axes became an input", reads_axes_input},
-    {"ReduceLogSumExp", 18, "axes became an input", reads_axes_input},
-    {"ReduceSumSquare", 18, "axes became an input", reads_axes_input},
-    {"Split", 18, "num_outputs was added", splits_by_count},
-    {"Pad", 18, "an axes input and the wrap mode were added", pads_new_ways},
-    {"Resize", 18, "antialias, axes, keep_aspect_ratio_policy and half_pixel_symmetric were added", resizes_new_ways},
-    {"ScatterND", 18, "reduction max/min were added", reduces_by_max_or_min},
-    {"ScatterElements", 18, "reduction max/min were added", reduces_by_max_or_min},
-    {"LpPool", 18, "ceil_mode and dilations were added", pools_new_ways},
-    {"AveragePool", 19, "dilations were added", dilates},
-    {"GridSample", 20, "its modes were renamed and N-D inputs added", always},
-    {"GroupNormalization", 21, "scale and bias became per channel", always},
-    {"QuantizeLinear", 21, "block_size and output_dtype were added", quantizes_blocked},
+    {"ReduceMax", 18, "axes became an input", reads_axes_input, never},
+    {"ReduceMin", 18, "axes became an input", reads_axes_input, never},
+    {"ReduceMean", 18, "axes became an input", reads_axes_input, never},
+    {"ReduceProd", 18, "axes became an input", reads_axes_input, never},
+    {"ReduceL1", 18, "axes became an input", reads_axes_input, never},
+    {"ReduceL2", 18, "axes became an input", reads_axes_input, never},
+    {"ReduceLogSum", 18, "axes became an input", reads_axes_input, never},
+    {"ReduceLogSumExp", 18, "axes became an input", reads_axes_input, never},
+    {"ReduceSumSquare", 18, "axes became an input", reads_axes_input, never},
+    {"Split", 18, "num_outputs was added", never, never},
+    {"Pad", 18, "an axes input and the wrap mode were added", pads_new_ways, never},
+    {"Resize", 18, "antialias, axes, keep_aspect_ratio_policy and half_pixel_symmetric were added", resizes_new_ways, never},
+    {"ScatterND", 18, "reduction max/min were added", reduces_by_max_or_min, never},
+    {"ScatterElements", 18, "reduction max/min were added", reduces_by_max_or_min, never},
+    {"LpPool", 18, "ceil_mode and dilations were added", pools_new_ways, never},
+    {"AveragePool", 19, "dilations were added", dilates, never},
+    {"GridSample", 20, "its modes were renamed and N-D inputs added", always, always},
+    {"GroupNormalization", 21, "scale and bias became per channel", always, always},
+    {"QuantizeLinear", 21, "block_size and output_dtype were added", quantizes_blocked, quantizes_blocked},
 };
 
 // The first node (in branches too) whose operator changed between opsets `from` (exclusive) and
 // `to`: "node 'n' (ReduceMean): axes became an input in opset 18"; empty when none. Reading a
-// file of opset `to`: only nodes that use the change count. Raising a graph to `to`: every node of
-// a changed operator does (its older form would need rewriting), blocked QuantizeLinear aside.
+// file of opset `to`: only nodes that use the change count. Raising a graph to `to`: the nodes
+// whose older form is neither valid there nor rewritten by rewrite_for_raised_opset.
 enum class OpsetDirection { kReading, kRaising };
-std::string changed_operator(const Graph& g, int64_t from, int64_t to, OpsetDirection direction) {
+std::string changed_operator(const Graph& g, int64_t from, int64_t to, OpsetDirection direction,
+                             const Scope* outer = nullptr) {
+  const Scope scope{g, outer};
   for (const Node& n : g.nodes) {
     if (n.domain.empty() || n.domain == "ai.onnx")
       for (const OpsetChange& c : kOpsetChanges) {
         if (n.op_type != c.op || c.since <= from || c.since > to) continue;
-        const bool counts = direction == OpsetDirection::kReading || n.op_type == "QuantizeLinear" ? c.used_by(g, n) : true;
+        const bool counts = direction == OpsetDirection::kReading ? c.used_by(scope, n) : c.blocks_raising(scope, n);
         if (counts)
           return "node '" + n.name + "' (" + n.op_type + "): " + c.what + " in opset " + std::to_string(c.since);
       }
     for (const auto& [key, value] : n.attrs)
       if (const auto* branch = std::get_if<std::shared_ptr<const Graph>>(&value))
-        if (std::string found = changed_operator(**branch, from, to, direction); !found.empty()) return found;
+        if (std::string found = changed_operator(**branch, from, to, direction, &scope); !found.empty())
+          return found;
   }
   return {};
+}
+}  // namespace
+
+namespace {
+// The older forms that are not valid in the newer opset, written in its form: a reduction's axes
+// attribute becomes its input (opset 18); a Split without sizes states its count (opset 18 wants
+// either), which also keeps the old meaning of equal parts.
+void rewrite_for_raised_opset(Graph& g, int64_t from, int64_t to) {
+  const bool crosses_18 = from < 18 && to >= 18;
+  for (Node& n : g.nodes) {
+    for (auto& [key, value] : n.attrs)
+      if (auto* branch = std::get_if<std::shared_ptr<const Graph>>(&value)) {
+        auto raised = std::make_shared<Graph>(**branch);
+        rewrite_for_raised_opset(*raised, from, to);
+        *branch = std::move(raised);
+      }
+    if (!crosses_18 || !(n.domain.empty() || n.domain == "ai.onnx")) continue;
+    if (reductions_with_axes_input_since_18().count(n.op_type) && n.has_attr("axes")) {
+      const std::string axes = g.unique_value_name(n.name + "_axes");
+      const std::vector<int64_t> values = n.attr_ints("axes");
+      g.initializers.emplace(axes, Tensor::from_vector<int64_t>({static_cast<int64_t>(values.size())}, values));
+      n.attrs.erase("axes");
+      n.inputs.resize(1);
+      n.inputs.push_back(axes);
+    } else if (n.op_type == "Split" && !has_input(n, 1) && !n.has_attr("num_outputs")) {
+      n.attrs["num_outputs"] = static_cast<int64_t>(n.outputs.size());
+    }
+  }
 }
 }  // namespace
 
@@ -573,7 +624,17 @@ void libonnx_view(onnx::ModelProto& m) {
     }
   if (!capped) return;
   if (m.ir_version() > onnx::Version::IR_VERSION) m.set_ir_version(onnx::Version::IR_VERSION);
-  std::function<void(onnx::GraphProto&)> strip = [&](onnx::GraphProto& gp) {
+  // `enclosing`: the graphs around a branch, innermost last (a branch reads their initializers).
+  std::function<void(onnx::GraphProto&, std::vector<const onnx::GraphProto*>)> strip =
+      [&](onnx::GraphProto& gp, std::vector<const onnx::GraphProto*> enclosing) {
+    auto initializer_in_scope = [&](const std::string& name) -> const onnx::TensorProto* {
+      for (const auto& t : gp.initializer())
+        if (t.name() == name) return &t;
+      for (auto g = enclosing.rbegin(); g != enclosing.rend(); ++g)
+        for (const auto& t : (*g)->initializer())
+          if (t.name() == name) return &t;
+      return nullptr;
+    };
     for (auto& t : *gp.mutable_initializer())
       if (is_onnx_4bit(t.data_type())) {
         Tensor wide = unpacked_4bit_tensor(t, ".");
@@ -582,17 +643,12 @@ void libonnx_view(onnx::ModelProto& m) {
       }
     for (auto& n : *gp.mutable_node()) {
       // Reductions of opset 18+: a constant axes input back to the attribute they had before.
-      static const std::set<std::string> kAxesInputSince18 = {
-          "ReduceMax", "ReduceMin", "ReduceMean", "ReduceProd", "ReduceL1", "ReduceL2", "ReduceLogSum",
-          "ReduceLogSumExp", "ReduceSumSquare"};
-      if ((n.domain().empty() || n.domain() == "ai.onnx") && kAxesInputSince18.count(n.op_type())) {
+      if ((n.domain().empty() || n.domain() == "ai.onnx") && reductions_with_axes_input_since_18().count(n.op_type())) {
         auto* attrs = n.mutable_attribute();
         for (int i = attrs->size() - 1; i >= 0; --i)
           if (attrs->Get(i).name() == "noop_with_empty_axes" && attrs->Get(i).i() == 0) attrs->DeleteSubrange(i, 1);
         if (n.input_size() >= 2) {
-          const onnx::TensorProto* axes = nullptr;
-          for (const auto& t : gp.initializer())
-            if (t.name() == n.input(1)) axes = &t;
+          const onnx::TensorProto* axes = initializer_in_scope(n.input(1));
           if (axes || n.input(1).empty()) {
             onnx::AttributeProto* a = nullptr;
             if (axes) {
@@ -605,16 +661,25 @@ void libonnx_view(onnx::ModelProto& m) {
           }
         }
       }
+      // Split's opset-18 count: the number of outputs says it to the older schema (equal parts;
+      // the kernel reads the count and makes the last part smaller when the axis does not divide).
+      if ((n.domain().empty() || n.domain() == "ai.onnx") && n.op_type() == "Split") {
+        auto* attrs = n.mutable_attribute();
+        for (int i = attrs->size() - 1; i >= 0; --i)
+          if (attrs->Get(i).name() == "num_outputs") attrs->DeleteSubrange(i, 1);
+      }
       if (n.op_type() == "DequantizeLinear" || n.op_type() == "QuantizeLinear") {
         auto* attrs = n.mutable_attribute();
         for (int i = attrs->size() - 1; i >= 0; --i)
           if (attrs->Get(i).name() == "block_size" || attrs->Get(i).name() == "output_dtype") attrs->DeleteSubrange(i, 1);
       }
+      std::vector<const onnx::GraphProto*> around = enclosing;
+      around.push_back(&gp);
       for (auto& a : *n.mutable_attribute())
-        if (a.has_g()) strip(*a.mutable_g());
+        if (a.has_g()) strip(*a.mutable_g(), around);
     }
   };
-  strip(*m.mutable_graph());
+  strip(*m.mutable_graph(), {});
 }
 
 void raise_opset_beyond_library(Graph& graph, int64_t target_opset) {
@@ -623,6 +688,7 @@ void raise_opset_beyond_library(Graph& graph, int64_t target_opset) {
            "slimquant writes ai.onnx opsets up to " + std::to_string(kNewestOnnxOpset) + ", not " +
                std::to_string(target_opset));
   if (graph.opset < known) convert_opset(graph, known);
+  rewrite_for_raised_opset(graph, graph.opset, target_opset);
   if (const std::string changed = changed_operator(graph, graph.opset, target_opset, OpsetDirection::kRaising);
       !changed.empty())
     fail(ErrorKind::kUnsupported, "cannot raise the model from opset " + std::to_string(graph.opset) + " to " +

@@ -244,9 +244,19 @@ CalibrationRun calibrate(PTQ& ptq, CalibrationSource& source, const CalibrationL
   // batches, and the observers are merged in rank order, which is batch order (the result is the
   // one-process one). A sequential source is read whole by each process.
   const bool sharded = source.random_access() && distributed::size() > 1;
-  size_t first = run.resumed_batches, last = bounded ? total : SIZE_MAX;
+  // Samples to hold back, but data that ends with the calibrated batches (a data set used whole, a
+  // generator read to its end): its last batch is observed only after the comparisons
+  // (finish_calibration), so that they run on samples the observers have not seen, and the
+  // calibration ends as it would have. A data set's last batch is known in advance; a generator's
+  // is the one read before it ends, so its batches are observed one read late. A checkpoint of
+  // such a run holds the batches before the last, so that its resumption defers the same batch.
+  const bool known_last = source.known_batches() && total == *source.known_batches();
+  const bool defer_last_of_known = o.held_back_rows && known_last && total >= 2 && run.resumed_batches < total;
+  const bool read_ahead = o.held_back_rows && !source.known_batches();
+  const size_t observed_total = defer_last_of_known ? total - 1 : total;
+  size_t first = run.resumed_batches, last = bounded ? observed_total : SIZE_MAX;
   if (sharded) {
-    const distributed::Range mine = distributed::block_of(total - run.resumed_batches);
+    const distributed::Range mine = distributed::block_of(observed_total - run.resumed_batches);
     first = run.resumed_batches + mine.begin;
     last = run.resumed_batches + mine.end;
   }
@@ -283,15 +293,33 @@ CalibrationRun calibrate(PTQ& ptq, CalibrationSource& source, const CalibrationL
 
   Progress progress(o.progress_label, bounded ? run.resumed_batches + (last - first) : 0, "batches");
   progress.advance(run.resumed_batches);
+  auto observe = [&](const Feeds& b, size_t batches_done) {
+    ptq.sample(b);
+    run.samples += rows_of(b);
+    progress.advance();
+    after_batch(batches_done);
+  };
+  std::optional<Feeds> unobserved;  // read_ahead: the batch read last, observed once another follows
   size_t done = first;
+  bool ended = false;
   for (; done < last; ++done) {
     std::optional<Feeds> b = source.batch(done);
-    if (!b) break;
+    if (!b) {
+      ended = true;
+      break;
+    }
     keep_first_rows(*b);
-    ptq.sample(*b);
-    run.samples += rows_of(*b);
-    progress.advance();
-    after_batch(done + 1);
+    if (!read_ahead) {
+      observe(*b, done + 1);
+      continue;
+    }
+    if (unobserved) observe(*unobserved, done);
+    unobserved = std::move(b);
+  }
+  if (unobserved) {
+    // The generator's last batch when it ended and another batch was observed before it.
+    if (ended && done >= 2) run.deferred_batch = std::move(unobserved);
+    else observe(*unobserved, done);
   }
   progress.finish();
   SQ_CHECK(done > 0 || source.known_batches(), ErrorKind::kInvalidData, source.name() + " gave no calibration batches");
@@ -299,14 +327,20 @@ CalibrationRun calibrate(PTQ& ptq, CalibrationSource& source, const CalibrationL
     ptq.merge_calibration_across_ranks();
     run.samples = static_cast<size_t>(distributed::all_reduce_sum(static_cast<int64_t>(run.samples)));
   }
-  const size_t calibrated_batches = sharded ? total : done;
+  if (defer_last_of_known) {
+    run.deferred_batch = source.batch(total - 1);
+    SQ_CHECK(run.deferred_batch.has_value(), ErrorKind::kInternal, source.name() + " lost its last batch");
+  }
+  const size_t calibrated_batches = sharded || defer_last_of_known ? total : done;
   if (o.batch_nums && calibrated_batches < *o.batch_nums && !source.known_batches())
     run.warnings.push_back("batch_nums is " + std::to_string(*o.batch_nums) + " but " + source.name() + " ended after " +
                            std::to_string(calibrated_batches) + " batches: calibrated on those");
   run.calibrated_samples = source.samples_in(calibrated_batches);
-  // Held back: only what the calibration did not reach (a generator read to its end has nothing).
+  // Held back: what the calibration did not reach, else the last batch, observed after them.
   const size_t held_rows = o.held_back_rows ? o.held_back_rows(run.calibrated_samples) : 0;
-  if (held_rows > 0 && (source.known_batches() || (o.batch_nums && calibrated_batches == *o.batch_nums)))
+  if (held_rows > 0 && run.deferred_batch)
+    run.held_back = leading_rows(*run.deferred_batch, held_rows);
+  else if (held_rows > 0 && (source.known_batches() || (o.batch_nums && calibrated_batches == *o.batch_nums)))
     run.held_back = source.rows_after(calibrated_batches, held_rows);
   run.batches = ptq.samples_seen();
   ptq.release_calibration_buffers();
@@ -315,6 +349,16 @@ CalibrationRun calibrate(PTQ& ptq, CalibrationSource& source, const CalibrationL
   if (!checkpoint.empty() && distributed::size() == 1 && run.batches > run.resumed_batches)
     ptq.save_calibration_state(checkpoint, o.data_identity);
   return run;
+}
+
+void finish_calibration(PTQ& ptq, CalibrationRun& run) {
+  if (!run.deferred_batch) return;
+  // Not saved to the checkpoint: a resumed run defers the same batch again (see calibrate).
+  ptq.sample(*run.deferred_batch);
+  run.samples += rows_of(*run.deferred_batch);
+  run.batches = ptq.samples_seen();
+  run.deferred_batch.reset();
+  ptq.release_calibration_buffers();
 }
 
 }  // namespace slimquant::quant

@@ -169,10 +169,9 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   lo.data_identity = data_identity();
   lo.first_rows = keep_first_rows ? kFirstRows : 0;
   if (algo_candidates > 0) lo.held_back_rows = [&](size_t calibrated) { return algo_choice_samples(calibrated, algo_candidates); };
-  // The first calibration samples (kFirstRows), and for algo "auto" the samples the calibration did
-  // not see (the data beyond batch_nums).
+  // The first calibration samples (kFirstRows), and for algo "auto" samples the observers have not
+  // seen when compared on (the data beyond batch_nums, else the last batch, observed after).
   CalibrationRun run = calibrate(*ptq_, *source, lo);
-  report_ = {run.batches, run.samples, run.resumed_batches, run.seconds};
   warnings_.insert(warnings_.end(), run.warnings.begin(), run.warnings.end());
   const size_t calibrated_samples = run.calibrated_samples;
   const std::map<std::string, Tensor>& first_rows = run.first_rows;
@@ -185,6 +184,8 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     algo_choice_ = choose_activation_algo(*ptq_, unseen ? held_back : leading_rows(first_rows, choice_rows()), unseen, ao);
     quantized_metadata["slimquant.activation_algo"] = algo_choice_.chosen;
   }
+  finish_calibration(*ptq_, run);
+  report_ = {run.batches, run.samples, run.resumed_batches, run.seconds};
   if (o.fallback_sqnr_db > 0 && !first_rows.empty() && !uncalibrated) {
     const std::map<std::string, Tensor> fallback_samples = leading_rows(first_rows, kFallbackSamples);
     PrecisionFallbackOptions fo;

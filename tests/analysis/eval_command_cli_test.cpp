@@ -204,7 +204,7 @@ TEST(CliHygiene, UnderscoreFlagNamesAreAliasesOfTheDashedOnes) {
 TEST(CliHygiene, PlainProgressWritesWholeLinesForLogs) {
   test::TempDir tmp("plain_progress");
   const std::string cmd = test::cli_path() + " quantize " + test::fixture_model("resnet_small") +
-                          " fashion-mnist:test --limit 32 --batch-size 16 --batch-nums 2 --no-eval -o " + tmp.path("q.onnx") +
+                          " fashion-mnist:test --limit 48 --batch-size 16 --batch-nums 2 --no-eval -o " + tmp.path("q.onnx") +
                           " --progress plain 2>" + tmp.path("stderr.txt") + " >/dev/null";
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   const std::string err = file_bytes(tmp.path("stderr.txt"));

@@ -144,20 +144,106 @@ TEST(Opset21, NodesUsingWhatChangedAfterTheLibrarysOpsetAreRefusedNamingThem) {
     EXPECT_NE(std::string(e.what()).find("ReduceMean"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("opset 18"), std::string::npos) << e.what();
   }
-  // Raising such a graph to 21 is refused the same way; one without them is raised.
+  // A graph without them is raised to 21 (the older forms are rewritten: RaisingRewritesTheFormsThatChanged).
   ir::Graph at17 = blocked_dequantize_graph(17);
   at17.nodes.erase(at17.nodes.begin());
   at17.nodes[0].inputs[1] = "wf";
   at17.initializers.clear();
   at17.stored_4bit_types.clear();
   at17.initializers["wf"] = Tensor(DType::kFloat32, {3, 5});
-  ir::Graph with_reduce = at17;
-  with_reduce.nodes.push_back(reduce);
-  EXPECT_THROW(ir::convert_opset(with_reduce, 21), Error);
   ir::convert_opset(at17, 21);
   EXPECT_EQ(at17.opset, 21);
   EXPECT_GE(at17.ir_version, 10);
   EXPECT_THROW(ir::convert_opset(at17, 22), Error);
+}
+
+// Raising to opset 18 or later rewrites what changed there: a reduction's axes attribute becomes
+// its input, and a Split without sizes states num_outputs; the raised file loads and computes the same.
+TEST(Opset21, RaisingRewritesTheFormsThatChangedAndTheFileComputesTheSame) {
+  test::TempDir tmp("opset21_raised");
+  ir::Graph g;
+  g.opset = 17;
+  g.inputs = {ir::ValueInfo{"x", DType::kFloat32, std::vector<ir::Dim>{ir::Dim{2, ""}, ir::Dim{6, ""}}}};
+  ir::Node split;
+  split.op_type = "Split";
+  split.name = "split";
+  split.inputs = {"x"};
+  split.outputs = {"a", "b", "c"};
+  split.attrs["axis"] = int64_t{1};
+  ir::Node reduce;
+  reduce.op_type = "ReduceMean";
+  reduce.name = "mean";
+  reduce.inputs = {"b"};
+  reduce.outputs = {"m"};
+  reduce.attrs["axes"] = std::vector<int64_t>{1};
+  g.nodes = {split, reduce};
+  g.outputs = {ir::ValueInfo{"a", DType::kFloat32, std::vector<ir::Dim>{ir::Dim{2, ""}, ir::Dim{2, ""}}},
+               ir::ValueInfo{"m", DType::kFloat32, std::vector<ir::Dim>{ir::Dim{2, ""}, ir::Dim{1, ""}}}};
+  Tensor x(DType::kFloat32, {2, 6});
+  for (int64_t i = 0; i < 12; ++i) x.data<float>()[i] = static_cast<float>(i * i) - 3.f;
+  const auto before = runtime::Session(g).run({{"x", x}});
+
+  ir::Graph raised = g;
+  ir::convert_opset(raised, 21);
+  EXPECT_EQ(raised.opset, 21);
+  const ir::Node& raised_split = raised.nodes[static_cast<size_t>(raised.producer("a"))];
+  EXPECT_EQ(raised_split.attr_int("num_outputs", 0), 3);
+  const ir::Node& raised_mean = raised.nodes[static_cast<size_t>(raised.producer("m"))];
+  EXPECT_FALSE(raised_mean.has_attr("axes"));
+  ASSERT_EQ(raised_mean.inputs.size(), 2u);
+  ASSERT_TRUE(raised.is_initializer(raised_mean.inputs[1]));
+  EXPECT_EQ(raised.initializer(raised_mean.inputs[1])->to_int64_vector(), (std::vector<int64_t>{1}));
+  ir::save_onnx(raised, tmp.path("raised.onnx"));
+  const ir::Graph loaded = ir::load_onnx(tmp.path("raised.onnx"));
+  EXPECT_EQ(loaded.opset, 21);
+  const auto after = runtime::Session(loaded).run({{"x", x}});
+  for (const char* name : {"a", "m"}) {
+    EXPECT_EQ(after.at(name).shape(), before.at(name).shape()) << name;
+    EXPECT_EQ(after.at(name).to_float_vector(), before.at(name).to_float_vector()) << name;
+  }
+}
+
+// Split's num_outputs (opset 18): read at any opset up to 21, with the last part smaller when the
+// axis does not divide (7 = 3 + 3 + 1).
+TEST(Opset21, SplitByCountLoadsAndMakesTheLastPartSmaller) {
+  test::TempDir tmp("opset18_split");
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(18);
+  onnx::GraphProto* gp = m.mutable_graph();
+  gp->set_name("split_by_count");
+  onnx::ValueInfoProto* in = gp->add_input();
+  in->set_name("x");
+  in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  for (int64_t d : {2, 7}) in->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(d);
+  onnx::NodeProto* n = gp->add_node();
+  n->set_op_type("Split");
+  n->set_name("split");
+  n->add_input("x");
+  for (const char* o : {"a", "b", "c"}) {
+    n->add_output(o);
+    onnx::ValueInfoProto* out = gp->add_output();
+    out->set_name(o);
+    out->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  }
+  onnx::AttributeProto* axis = n->add_attribute();
+  axis->set_name("axis");
+  axis->set_type(onnx::AttributeProto::INT);
+  axis->set_i(1);
+  onnx::AttributeProto* count = n->add_attribute();
+  count->set_name("num_outputs");
+  count->set_type(onnx::AttributeProto::INT);
+  count->set_i(3);
+  std::ofstream(tmp.path("split.onnx"), std::ios::binary) << m.SerializeAsString();
+  const ir::Graph g = ir::load_onnx(tmp.path("split.onnx"));
+  Tensor x(DType::kFloat32, {2, 7});
+  for (int64_t i = 0; i < 14; ++i) x.data<float>()[i] = static_cast<float>(i);
+  const auto out = runtime::Session(g).run({{"x", x}});
+  EXPECT_EQ(out.at("a").shape(), (Shape{2, 3}));
+  EXPECT_EQ(out.at("b").shape(), (Shape{2, 3}));
+  EXPECT_EQ(out.at("c").shape(), (Shape{2, 1}));
+  EXPECT_EQ(out.at("c").to_float_vector(), (std::vector<float>{6.f, 13.f}));
+  EXPECT_EQ(out.at("b").to_float_vector(), (std::vector<float>{3.f, 4.f, 5.f, 10.f, 11.f, 12.f}));
 }
 
 }  // namespace

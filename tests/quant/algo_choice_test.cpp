@@ -139,28 +139,47 @@ TEST(AlgoChoice, TheDefaultKeepsTheCandidateClosestToFp32OnHeldBackSamples) {
   EXPECT_EQ(ir::serialize_onnx(again.quantize()), ir::serialize_onnx(chosen_graph));
 }
 
-TEST(AlgoChoice, WithNoSpareDataItComparesOnCalibrationSamplesAndSaysSo) {
+TEST(AlgoChoice, DataUsedWholeIsComparedOnItsLastBatchBeforeThatIsObserved) {
   data::DataOptions d;
   d.spec = "fashion-mnist:train";
   d.limit = 20;
   auto ds = data::open_dataset(d);
   const Tensor images = data::BatchLoader(*ds, 20).batch(0).inputs;
-  int64_t next = 0;
+  auto generator = [&images](int64_t next = 0) {
+    return [&images, next]() mutable -> std::optional<std::map<std::string, Tensor>> {
+      if (next == images.dim(0)) return std::nullopt;
+      return std::map<std::string, Tensor>{{"", runtime::feed_rows({{"x", images}}, next++, 1).at("x")}};
+    };
+  };
   quant::PostTrainingQuantizationOptions o;
   o.model_dir = test::fixture_model("resnet_small");
-  o.sample_generator = [&]() -> std::optional<std::map<std::string, Tensor>> {
-    if (next == images.dim(0)) return std::nullopt;
-    return std::map<std::string, Tensor>{{"", runtime::feed_rows({{"x", images}}, next++, 1).at("x")}};
-  };
-  o.batch_size = 10;  // every sample calibrates
+  o.sample_generator = generator();
+  o.batch_size = 10;  // every sample calibrates, in two batches
   o.fallback_sqnr_db = 0;
   quant::PostTrainingQuantization ptq(o);
-  ptq.quantize();
+  const ir::Graph chosen_graph = ptq.quantize();
   const quant::ActivationAlgoChoice& choice = ptq.algo_choice();
   ASSERT_FALSE(choice.chosen.empty());
-  EXPECT_FALSE(choice.held_back);
+  EXPECT_TRUE(choice.held_back) << "the second batch is compared on before the observers see it";
   EXPECT_EQ(choice.samples, quant::algo_choice_samples(20, 5));
-  EXPECT_NE(choice.describe().find("calibration sample"), std::string::npos);
+  EXPECT_NE(choice.describe().find("held-back"), std::string::npos);
+  EXPECT_EQ(ptq.report().batches, 2u);
+  EXPECT_EQ(ptq.report().samples, 20u);
+  // Every sample calibrated all the same: the export is the explicit algorithm's.
+  o.algo = choice.chosen;
+  o.sample_generator = generator();
+  quant::PostTrainingQuantization explicit_algo(o);
+  EXPECT_EQ(ir::serialize_onnx(without_metadata(explicit_algo.quantize())), ir::serialize_onnx(without_metadata(chosen_graph)));
+
+  // One batch only: nothing can be held back, the comparison is on calibration samples and says so.
+  o.algo = "auto";
+  o.sample_generator = generator();
+  o.batch_size = 20;
+  quant::PostTrainingQuantization single(o);
+  single.quantize();
+  EXPECT_FALSE(single.algo_choice().held_back);
+  EXPECT_EQ(single.algo_choice().samples, quant::algo_choice_samples(20, 5));
+  EXPECT_NE(single.algo_choice().describe().find("calibration sample"), std::string::npos);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The one calibration loop (quant::calibrate) over its three sources: batches counted, samples
-// calibrated on, the first rows and the rows held back after the calibrated ones, warnings when a
-// source holds less than batch_nums, and resumption from a checkpoint giving the uninterrupted model.
+// calibrated on, the first rows and the rows held back (after the calibrated ones, else the last
+// batch, observed afterwards), warnings when a source holds less than batch_nums, and resumption
+// from a checkpoint giving the uninterrupted model.
 #include <gtest/gtest.h>
 
 #include "slimquant/data/batch.h"
@@ -84,15 +85,24 @@ TEST_F(Calibration, DatasetBatchesHeldBackRowsAndTheSameModelAsSamplingByHand) {
   by_hand->sample(rows(4, 4));
   EXPECT_EQ(model_bytes(*ptq), model_bytes(*by_hand));
 
-  // Every batch (the last one short), nothing left to hold back; more asked than held: a warning.
+  // Every batch (the last one short), nothing after them: the last batch is held back, observed by
+  // finish_calibration; more asked than held: a warning.
   auto all = fresh_ptq();
   o.batch_nums = 5;
-  const quant::CalibrationRun whole = quant::calibrate(*all, *source, o);
-  EXPECT_EQ(whole.batches, 3u);
+  quant::CalibrationRun whole = quant::calibrate(*all, *source, o);
+  EXPECT_EQ(whole.batches, 2u);
   EXPECT_EQ(whole.calibrated_samples, 10u);
-  EXPECT_TRUE(whole.held_back.empty());
+  ASSERT_TRUE(whole.deferred_batch.has_value());
+  expect_rows_equal(*whole.deferred_batch, rows(8, 2));
+  expect_rows_equal(whole.held_back, rows(8, 2));  // 5 asked, the batch holds 2
   ASSERT_EQ(whole.warnings.size(), 1u);
   EXPECT_NE(whole.warnings[0].find("holds only 3 batches (10 samples)"), std::string::npos) << whole.warnings[0];
+  quant::finish_calibration(*all, whole);
+  EXPECT_EQ(whole.batches, 3u);
+  EXPECT_FALSE(whole.deferred_batch.has_value());
+  auto every_batch = fresh_ptq();
+  quant::calibrate(*every_batch, *source, {});
+  EXPECT_EQ(model_bytes(*all), model_bytes(*every_batch));
 }
 
 TEST_F(Calibration, BatchGeneratorCountsItsOwnBatchSizes) {
@@ -108,15 +118,30 @@ TEST_F(Calibration, BatchGeneratorCountsItsOwnBatchSizes) {
   expect_rows_equal(run.first_rows, rows(0, 3));  // the first batch, whatever first_rows asks beyond it
   expect_rows_equal(run.held_back, rows(5, 2));   // the leading rows of the next batch
 
-  // Read to its end before batch_nums: a warning, and nothing held back.
+  // Read to its end before batch_nums: a warning, and its last batch held back until finished.
   auto short_ptq = fresh_ptq();
   auto short_source = quant::batch_generator_calibration_source(batches_of({3, 2}), model_.inputs);
   o.batch_nums = 4;
-  const quant::CalibrationRun ended = quant::calibrate(*short_ptq, *short_source, o);
-  EXPECT_EQ(ended.batches, 2u);
-  EXPECT_TRUE(ended.held_back.empty());
+  quant::CalibrationRun ended = quant::calibrate(*short_ptq, *short_source, o);
+  EXPECT_EQ(ended.batches, 1u);
+  EXPECT_EQ(ended.calibrated_samples, 5u);
+  expect_rows_equal(ended.held_back, rows(3, 2));
   ASSERT_EQ(ended.warnings.size(), 1u);
   EXPECT_NE(ended.warnings[0].find("ended after 2 batches"), std::string::npos) << ended.warnings[0];
+  quant::finish_calibration(*short_ptq, ended);
+  EXPECT_EQ(ended.batches, 2u);
+  auto both = fresh_ptq();
+  both->sample(rows(0, 3));
+  both->sample(rows(3, 2));
+  EXPECT_EQ(model_bytes(*short_ptq), model_bytes(*both));
+
+  // A single batch: nothing to hold back.
+  auto one_ptq = fresh_ptq();
+  auto one_source = quant::batch_generator_calibration_source(batches_of({3}), model_.inputs);
+  quant::CalibrationRun one = quant::calibrate(*one_ptq, *one_source, o);
+  EXPECT_EQ(one.batches, 1u);
+  EXPECT_TRUE(one.held_back.empty());
+  EXPECT_FALSE(one.deferred_batch.has_value());
 
   auto none = quant::batch_generator_calibration_source(batches_of({}), model_.inputs);
   auto empty_ptq = fresh_ptq();
@@ -176,6 +201,34 @@ TEST_F(Calibration, ResumesFromACheckpointAndGivesTheUninterruptedModel) {
   EXPECT_EQ(run.calibrated_samples, 10u);
   expect_rows_equal(run.first_rows, rows(0, 2));  // from the replayed first batch
   EXPECT_EQ(model_bytes(*resumed), model_bytes(*whole));
+
+  // With rows to hold back and the data used whole, the checkpoint holds the batches before the
+  // last one: the resumed run defers the same batch and ends with the same model.
+  {
+    test::TempDir deferring("calibration_loop_deferred");
+    quant::CalibrationLoopOptions held = o;
+    held.checkpoint = deferring.path("d.calibration");
+    held.held_back_rows = [](size_t) { return size_t{2}; };
+    auto interrupted = fresh_ptq();
+    auto first_source = quant::dataset_calibration_source(*data_, 4, model_.inputs);
+    quant::CalibrationLoopOptions one = held;
+    one.batch_nums = 1;
+    quant::calibrate(*interrupted, *first_source, one);
+    auto again = fresh_ptq();
+    auto again_source = quant::dataset_calibration_source(*data_, 4, model_.inputs);
+    quant::CalibrationRun resumed_run = quant::calibrate(*again, *again_source, held);
+    EXPECT_EQ(resumed_run.resumed_batches, 1u);
+    expect_rows_equal(resumed_run.held_back, rows(8, 2));
+    quant::finish_calibration(*again, resumed_run);
+    EXPECT_EQ(model_bytes(*again), model_bytes(*whole));
+    auto third = fresh_ptq();
+    auto third_source = quant::dataset_calibration_source(*data_, 4, model_.inputs);
+    quant::CalibrationRun from_saved = quant::calibrate(*third, *third_source, held);
+    EXPECT_EQ(from_saved.resumed_batches, 2u) << "the saved calibration stops before the deferred batch";
+    expect_rows_equal(from_saved.held_back, rows(8, 2));
+    quant::finish_calibration(*third, from_saved);
+    EXPECT_EQ(model_bytes(*third), model_bytes(*whole));
+  }
 
   // The checkpoint now holds all 3 batches: a run asking for fewer is refused.
   auto fewer = fresh_ptq();

@@ -77,16 +77,26 @@ struct CalibrationRun {
   size_t batches = 0;             // batches observed in total, resumed ones included
   size_t samples = 0;             // samples observed in this run
   size_t resumed_batches = 0;     // batches taken from the checkpoint instead of being run again
-  size_t calibrated_samples = 0;  // samples the observers have seen, resumed ones included
+  size_t calibrated_samples = 0;  // samples calibrated on, resumed and deferred ones included
   double seconds = 0;             // wall time of this run's calibration
   Feeds first_rows;               // the leading rows of the first batch (options.first_rows of them)
-  Feeds held_back;                // samples after the calibrated ones, when the data has them
+  // Samples the observers have not seen: those after the calibrated ones when the data has them,
+  // else (held_back_rows set, data ending with the calibrated batches, two batches or more) the
+  // leading rows of the last batch, which is then deferred_batch.
+  Feeds held_back;
+  // The last batch, not observed yet: finish_calibration observes it, after the comparisons that
+  // run on held_back. run.batches and run.samples count it only then.
+  std::optional<Feeds> deferred_batch;
   std::vector<std::string> warnings;
 };
 
 // Calibrates `ptq` (quantize() done) on the source. Throws kInvalidData when the source gives no
 // batch, or when the checkpoint holds more batches than this run asks for.
 CalibrationRun calibrate(PTQ& ptq, CalibrationSource& source, const CalibrationLoopOptions& options);
+
+// Observes the batch calibrate() deferred (none: nothing to do). Call it after the comparisons on
+// run.held_back and before anything that needs the final ranges.
+void finish_calibration(PTQ& ptq, CalibrationRun& run);
 
 // The first `count` rows (along axis 0) of every tensor of a batch.
 Feeds leading_rows(const Feeds& batch, size_t count);
