@@ -113,41 +113,38 @@ void check_fused_activation(const ir::Node& node) {
   fused_ops::FusedActivation::parse(node);  // every activation of the vocabulary has a oneDNN post-op
 }
 
+std::vector<EltwiseStep> activation_eltwise_steps(fused_ops::Activation kind, float alpha, float beta, float unit,
+                                                  float zero_point) {
+  using alg = dnnl::algorithm;
+  switch (kind) {
+    case fused_ops::Activation::kNone: return {};
+    case fused_ops::Activation::kRelu: return {{alg::eltwise_relu, 0.f, 0.f}};
+    case fused_ops::Activation::kLeakyRelu: return {{alg::eltwise_relu, alpha, 0.f}};
+    case fused_ops::Activation::kClip: return {{alg::eltwise_clip, alpha, beta}};
+    // clip(a x + b, 0, 1) / unit + zp = clip(a v + b / unit + zp, zp, 1 / unit + zp) with v = x / unit:
+    // linear then clip, as oneDNN 2.6 has no hardsigmoid; the zero point is folded in because its
+    // JIT post-op injector gives a second eltwise_linear in one chain the first one's alpha and beta
+    // (measured).
+    case fused_ops::Activation::kHardSigmoid:
+      return {{alg::eltwise_linear, alpha, beta * unit + zero_point}, {alg::eltwise_clip, zero_point, unit + zero_point}};
+    case fused_ops::Activation::kSigmoid: return {{alg::eltwise_logistic, 0.f, 0.f}};
+    case fused_ops::Activation::kTanh: return {{alg::eltwise_tanh, 0.f, 0.f}};
+    case fused_ops::Activation::kHardSwish: return {{alg::eltwise_hardswish, 0.f, 0.f}};
+    case fused_ops::Activation::kElu: return {{alg::eltwise_elu, alpha, 0.f}};
+    case fused_ops::Activation::kSwish: return {{alg::eltwise_swish, alpha, 0.f}};
+    case fused_ops::Activation::kGelu: return {{alg::eltwise_gelu_erf, 0.f, 0.f}};
+    case fused_ops::Activation::kScale: return {{alg::eltwise_linear, alpha, 0.f}};  // MatMul -> Mul(scalar)
+  }
+  return {};
+}
+
 namespace {
-struct EltwiseStep {
-  dnnl::algorithm alg;
-  float alpha, beta;
-};
-
-std::vector<EltwiseStep> activation_only_steps(const ir::Node& node);
-
 std::vector<EltwiseStep> activation_steps(const ir::Node& node) {
-  std::vector<EltwiseStep> steps = activation_only_steps(node);
   const fused_ops::FusedActivation f = fused_ops::FusedActivation::parse(node);
+  std::vector<EltwiseStep> steps = activation_eltwise_steps(f.kind, f.alpha, f.beta);
   if (!steps.empty() && f.has_post_affine())
     steps.push_back({dnnl::algorithm::eltwise_linear, f.post_scale, f.post_shift});
   return steps;
-}
-
-std::vector<EltwiseStep> activation_only_steps(const ir::Node& node) {
-  using alg = dnnl::algorithm;
-  const fused_ops::FusedActivation f = fused_ops::FusedActivation::parse(node);
-  switch (f.kind) {
-    case fused_ops::Activation::kNone: return {};
-    case fused_ops::Activation::kRelu: return {{alg::eltwise_relu, 0.f, 0.f}};
-    case fused_ops::Activation::kLeakyRelu: return {{alg::eltwise_relu, f.alpha, 0.f}};
-    case fused_ops::Activation::kClip: return {{alg::eltwise_clip, f.alpha, f.beta}};
-    case fused_ops::Activation::kSigmoid: return {{alg::eltwise_logistic, 0.f, 0.f}};
-    case fused_ops::Activation::kTanh: return {{alg::eltwise_tanh, 0.f, 0.f}};
-    // max(0, min(1, alpha*x + beta)): oneDNN 2.6 has no hardsigmoid, so linear then clip.
-    case fused_ops::Activation::kHardSigmoid: return {{alg::eltwise_linear, f.alpha, f.beta}, {alg::eltwise_clip, 0.f, 1.f}};
-    case fused_ops::Activation::kHardSwish: return {{alg::eltwise_hardswish, 0.f, 0.f}};
-    case fused_ops::Activation::kElu: return {{alg::eltwise_elu, f.alpha, 0.f}};
-    case fused_ops::Activation::kSwish: return {{alg::eltwise_swish, f.alpha, 0.f}};
-    case fused_ops::Activation::kGelu: return {{alg::eltwise_gelu_erf, 0.f, 0.f}};
-    case fused_ops::Activation::kScale: return {{alg::eltwise_linear, f.alpha, 0.f}};  // MatMul -> Mul(scalar)
-  }
-  return {};
 }
 }  // namespace
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "runtime/dnnl_context.h"
+#include "runtime/fused_ops/fused_activation.h"
 #include "runtime/kernels/dnnl/dnnl_descriptors.h"
 #include "slimquant/ir/graph.h"
 #include "slimquant/runtime/kernel.h"
@@ -31,6 +32,19 @@ struct Layout {
 }  // namespace slimquant::runtime
 
 namespace slimquant::runtime::dnnl_kernels {
+
+// One oneDNN eltwise step (algorithm, alpha, beta).
+struct EltwiseStep {
+  dnnl::algorithm alg;
+  float alpha, beta;
+};
+// The one mapping of the activation vocabulary to oneDNN eltwise steps, for float and integer
+// kernels alike. The chain may run in other units than real ones (an integer kernel's output
+// before its 1 / s_y and z_y): Clip's bounds (alpha, beta) are given in the chain's units, and
+// HardSigmoid's result is placed in units of `unit` with `zero_point` added; every other
+// activation needs real units. kScale is a linear map by alpha.
+std::vector<EltwiseStep> activation_eltwise_steps(fused_ops::Activation kind, float alpha, float beta,
+                                                  float unit = 1.f, float zero_point = 0.f);
 
 // Fused activations (the execution fusions' contract, runtime/fused_ops/fused_activation.h).
 // Throws kUnsupported naming the node for an activation oneDNN post-ops cannot express.

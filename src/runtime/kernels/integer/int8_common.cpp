@@ -223,44 +223,27 @@ int channel_multiply_arg(const QLinearAttrs& q, int dst_rank) {
 }
 
 dnnl::post_ops make_post_ops_before_channel_multiply(const QLinearAttrs& q) {
-  using alg = dnnl::algorithm;
   dnnl::post_ops ops;
   const float inv = q.quantized_output() ? 1.f / q.y_tensor_scale() : 1.f;
-  switch (q.activation) {
-    case Activation::kNone: break;
-    case Activation::kRelu: ops.append_eltwise(1.f, alg::eltwise_relu, 0.f, 0.f); break;
-    case Activation::kClip: {
-      // Bounds live in the output's units (v = y / s_y); infinite bounds become the float range.
-      const float lo = std::isfinite(q.activation_min) ? q.activation_min * inv : -FLT_MAX;
-      const float hi = std::isfinite(q.activation_max) ? q.activation_max * inv : FLT_MAX;
-      ops.append_eltwise(1.f, alg::eltwise_clip, lo, hi);
-      break;
-    }
-    case Activation::kLeakyRelu: ops.append_eltwise(1.f, alg::eltwise_relu, q.activation_alpha, 0.f); break;
-    case Activation::kHardSigmoid: {
-      // clip(a x + b, 0, 1) / s_y + z_y = clip(a v + b / s_y + z_y, z_y, 1 / s_y + z_y) with v = x / s_y:
-      // the zero point folded in, because oneDNN 2.6's JIT post-op injector gives a second
-      // eltwise_linear in one chain the first one's alpha and beta (measured).
-      const float zp = q.quantized_output() ? static_cast<float>(q.y_tensor_zero_point()) : 0.f;
-      ops.append_eltwise(1.f, alg::eltwise_linear, q.activation_alpha, q.activation_beta * inv + zp);
-      ops.append_eltwise(1.f, alg::eltwise_clip, zp, inv + zp);
-      return ops;
-    }
-    // Real units from here on (make_requant left 1 / s_y out of the output scales).
-    case Activation::kSigmoid: ops.append_eltwise(1.f, alg::eltwise_logistic, 0.f, 0.f); break;
-    case Activation::kTanh: ops.append_eltwise(1.f, alg::eltwise_tanh, 0.f, 0.f); break;
-    case Activation::kHardSwish: ops.append_eltwise(1.f, alg::eltwise_hardswish, 0.f, 0.f); break;
-    case Activation::kElu: ops.append_eltwise(1.f, alg::eltwise_elu, q.activation_alpha, 0.f); break;
-    case Activation::kSwish: ops.append_eltwise(1.f, alg::eltwise_swish, q.activation_alpha, 0.f); break;
-    case Activation::kGelu: ops.append_eltwise(1.f, alg::eltwise_gelu_erf, 0.f, 0.f); break;
-    case Activation::kScale: break;  // refused by QLinearAttrs::parse
+  float alpha = q.activation_alpha, beta = q.activation_beta;
+  if (q.activation == Activation::kClip) {
+    // Bounds live in the output's units (v = y / s_y); infinite bounds become the float range.
+    alpha = std::isfinite(q.activation_min) ? q.activation_min * inv : -FLT_MAX;
+    beta = std::isfinite(q.activation_max) ? q.activation_max * inv : FLT_MAX;
   }
-  const float zp = q.quantized_output() ? static_cast<float>(q.y_tensor_zero_point()) : 0.f;
+  const float output_zp = q.quantized_output() ? static_cast<float>(q.y_tensor_zero_point()) : 0.f;
+  // kScale is refused by QLinearAttrs::parse. Relu, LeakyRelu and Clip run in the output's units
+  // (make_requant put 1 / s_y into the output scales); HardSigmoid's steps land in them, zero point
+  // included; the others run in real units (make_requant left 1 / s_y out).
+  for (const dnnl_kernels::EltwiseStep& e : dnnl_kernels::activation_eltwise_steps(q.activation, alpha, beta, inv, output_zp))
+    ops.append_eltwise(1.f, e.alg, e.alpha, e.beta);
+  if (q.activation == Activation::kHardSigmoid) return ops;
   // One linear step for the post affine map, 1 / s_y and z_y together (a second eltwise_linear in
-  // the chain would run with the first one's parameters, see above).
+  // the chain would run with the first one's parameters, see activation_eltwise_steps).
+  using alg = dnnl::algorithm;
   if (q.real_units() && (q.quantized_output() || q.has_post_affine()))
-    ops.append_eltwise(1.f, alg::eltwise_linear, q.post_scale * inv, q.post_shift * inv + zp);
-  else if (zp != 0.f) ops.append_eltwise(1.f, alg::eltwise_linear, 1.f, zp);
+    ops.append_eltwise(1.f, alg::eltwise_linear, q.post_scale * inv, q.post_shift * inv + output_zp);
+  else if (output_zp != 0.f) ops.append_eltwise(1.f, alg::eltwise_linear, 1.f, output_zp);
   return ops;
 }
 
