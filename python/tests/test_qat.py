@@ -167,6 +167,26 @@ def test_int8_session_agrees_with_the_simulation(trained, fashion):
     assert (real.argmax(1) == labels).mean() > 0.8
 
 
+def test_fixed_batch_model_trains_in_parts(tmp_path, model_path, fashion_train, capfd):
+    """A model whose input declares batch 1 takes a step on 8 samples in parts, with the gradients
+    accumulated: the same step as the dynamic model's, and one line saying so."""
+    fixed = onnx.load(model_path)
+    fixed.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
+    onnx.save(fixed, str(tmp_path / "fixed.onnx"))
+    images, labels = fashion_train[0][:8], fashion_train[1][:8]
+    after = {}
+    for name, path in (("dynamic", model_path), ("fixed", str(tmp_path / "fixed.onnx"))):
+        model = slimquant.QAT(slimquant.QuantConfig()).quantize(
+            path, calibration_data=images, batch_size=8, batch_nums=1, **ONE_THREAD)
+        capfd.readouterr()
+        loss = model.train_step(images, labels, lr=0.005)
+        said = capfd.readouterr().err
+        after[name] = (loss, model(images))
+        assert ("each training step accumulating the gradients of its parts" in said) == (name == "fixed"), said
+    assert after["fixed"][0] == pytest.approx(after["dynamic"][0], rel=1e-6)
+    np.testing.assert_allclose(after["fixed"][1], after["dynamic"][1], rtol=1e-4, atol=1e-4)
+
+
 def test_train_matches_the_cli_export(tmp_path, model_path, fashion_train):
     images, labels = fashion_train
     data = tmp_path / "data"

@@ -292,7 +292,8 @@ int64_t shared_batch(const ir::Graph& graph, const std::map<std::string, Tensor>
   return batch;
 }
 
-// The batch the fed graph inputs declare, when all that declare one agree on a fixed value; else 0.
+}  // namespace
+
 int64_t declared_batch(const ir::Graph& graph, const std::map<std::string, Tensor>& feeds) {
   int64_t declared = 0;
   for (const auto& in : graph.inputs) {
@@ -304,8 +305,6 @@ int64_t declared_batch(const ir::Graph& graph, const std::map<std::string, Tenso
   }
   return declared;
 }
-
-}  // namespace
 
 std::map<std::string, Tensor> feed_rows(const std::map<std::string, Tensor>& feeds, int64_t first, int64_t count) {
   std::map<std::string, Tensor> part;
@@ -324,20 +323,20 @@ std::map<std::string, Tensor> feed_rows(const std::map<std::string, Tensor>& fee
   return part;
 }
 
-namespace {
-
-// A shape error that a smaller batch may not meet (a kernel or the plan refusing a batch).
 bool is_shape_error(const Error& e) {
   return e.kind() == ErrorKind::kInvalidArgument || e.kind() == ErrorKind::kInvalidModel;
 }
 
-}  // namespace
+void print_batch_limit(int64_t limit, const std::string& why, const std::string& then) {
+  std::fprintf(stderr, "slimquant: the model takes at most %lld sample%s per run (%s): larger batches are run in "
+                       "parts of %lld%s%s\n",
+               static_cast<long long>(limit), limit == 1 ? "" : "s", why.c_str(), static_cast<long long>(limit),
+               then.empty() ? "" : ", ", then.c_str());
+}
 
 void Session::limit_batch(int64_t limit, const std::string& why) {
   batch_limit_ = limit;
-  std::fprintf(stderr, "slimquant: the model takes at most %lld sample%s per run (%s): larger batches are run in "
-                       "parts of %lld\n",
-               static_cast<long long>(limit), limit == 1 ? "" : "s", why.c_str(), static_cast<long long>(limit));
+  print_batch_limit(limit, why);
 }
 
 bool Session::takes_batch(const std::map<std::string, Tensor>& feeds, const RunOptions& options, int64_t batch) {
@@ -363,7 +362,7 @@ bool Session::takes_batch(const std::map<std::string, Tensor>& feeds, const RunO
 
 std::map<std::string, Tensor> Session::run_in_parts(const std::map<std::string, Tensor>& feeds,
                                                     const RunOptions& options, int64_t batch, int64_t part) {
-  return join_parts(run_parts(feeds, options, batch, part), batch, part);
+  return join_rows(run_parts(feeds, options, batch, part), batch, part);
 }
 
 std::vector<std::map<std::string, Tensor>> Session::run_parts(const std::map<std::string, Tensor>& feeds,
@@ -374,8 +373,8 @@ std::vector<std::map<std::string, Tensor>> Session::run_parts(const std::map<std
   return parts;
 }
 
-std::map<std::string, Tensor> Session::join_parts(const std::vector<std::map<std::string, Tensor>>& parts,
-                                                  int64_t batch, int64_t part) {
+std::map<std::string, Tensor> join_rows(const std::vector<std::map<std::string, Tensor>>& parts, int64_t batch,
+                                        int64_t part) {
   std::map<std::string, Tensor> joined;
   for (const auto& [name, first] : parts.front()) {
     Shape shape = first.shape();
@@ -433,7 +432,7 @@ std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& 
       throw e;  // not a matter of batch size
     }
     limit_batch(1, "it fails at batch " + std::to_string(batch) + ": " + e.what());
-    return join_parts(parts, batch, 1);
+    return join_rows(parts, batch, 1);
   }
 }
 

@@ -260,6 +260,7 @@ void QAT::prepare(const ir::Graph& float_graph, const data::Dataset* calib) {
     teacher_ = std::make_unique<runtime::Session>(g, so);
   }
   completed_epochs_ = 0;
+  batch_limit_ = 0;
 }
 
 Tensor QAT::teacher_logits(const Tensor& input) {
@@ -285,21 +286,92 @@ float QAT::lr_at(int64_t step, size_t train_size) const {
   return s.at(step);
 }
 
+void QAT::limit_batch(int64_t limit, const std::string& why) {
+  batch_limit_ = limit;
+  runtime::print_batch_limit(limit, why, "each training step accumulating the gradients of its parts");
+}
+
+void QAT::over_parts(const Tensor& inputs, const std::function<void(int64_t first, int64_t count)>& run,
+                     const std::function<void()>& restart) {
+  const int64_t n = inputs.rank() ? inputs.dim(0) : 1;
+  if (n > 1 && batch_limit_ == 0) {
+    // The declared batch is checked here (the training graph runs whatever it is fed).
+    const int64_t declared = runtime::declared_batch(graph_->graph(), {{input_name_, inputs}});
+    if (declared > 0 && declared < n) limit_batch(declared, "its inputs declare batch " + std::to_string(declared));
+  }
+  if (batch_limit_ > 0 && n > batch_limit_) {
+    for (int64_t first = 0; first < n; first += batch_limit_) run(first, std::min(batch_limit_, n - first));
+    return;
+  }
+  try {
+    run(0, n);
+  } catch (const Error& e) {
+    // A batch of 1 baked into the graph behind a dynamic declared batch: one sample at a time.
+    if (n <= 1 || batch_limit_ != 0 || !runtime::is_shape_error(e)) throw;
+    restart();
+    try {
+      run(0, 1);
+    } catch (const Error&) {
+      throw e;  // not a matter of batch size
+    }
+    limit_batch(1, "it fails at batch " + std::to_string(n) + ": " + e.what());
+    for (int64_t first = 1; first < n; ++first) run(first, 1);
+  }
+}
+
+namespace {
+
+// A part's logits must be one row per sample (a graph with a baked batch may compute some other
+// shape without failing); kInvalidArgument, a shape error, otherwise.
+void check_rows(const Tensor& logits, int64_t count, const std::string& output) {
+  SQ_CHECK(count <= 1 || (logits.rank() >= 1 && logits.dim(0) == count), ErrorKind::kInvalidArgument,
+           "QAT: the model's output '" + output + "' is " + shape_str(logits.shape()) + " for a batch of " +
+               std::to_string(count) + ", not one row per sample");
+}
+
+}  // namespace
+
 double QAT::train_step(const data::Batch& batch, float lr) {
   SQ_CHECK(graph_ != nullptr, ErrorKind::kInvalidArgument, "QAT: call prepare() before training");
   SQ_CHECK(options_.distill || !batch.labels.empty(), ErrorKind::kInvalidArgument,
            "QAT: the batch has no labels; train with distill to learn from the FP32 model's outputs");
+  const int64_t n = batch.inputs.rank() ? batch.inputs.dim(0) : 1;
+  SQ_CHECK(batch.labels.empty() || static_cast<int64_t>(batch.labels.size()) == n, ErrorKind::kInvalidArgument,
+           "QAT: " + std::to_string(batch.labels.size()) + " labels for a batch of " + std::to_string(n) + " samples");
   optimizer_->zero_grad();
-  auto out = graph_->forward({{input_name_, batch.inputs}}, true);
-  const Tensor& logits = out.at(output_name_);
-  LossResult r = options_.distill ? kl_divergence(logits, teacher_logits(batch.inputs), options_.temperature)
-                                  : softmax_cross_entropy(logits, batch.labels);
-  SQ_CHECK(std::isfinite(r.loss), ErrorKind::kInvalidData,
-           "QAT: the loss became " + std::to_string(r.loss) + " at step " + std::to_string(optimizer_->steps() + 1) +
-               " (training diverged): lower the learning rate (--lr)");
-  graph_->backward({{output_name_, r.dlogits}});
+  double loss = 0.0;
+  // Each part adds the gradient of its share of the batch's mean loss: its own mean loss (the
+  // losses average over their rows) weighted by count / n.
+  auto run = [&](int64_t first, int64_t count) {
+    const bool whole = count == n;
+    const Tensor x = whole ? batch.inputs : runtime::feed_rows({{input_name_, batch.inputs}}, first, count).at(input_name_);
+    auto out = graph_->forward({{input_name_, x}}, true);
+    const Tensor& logits = out.at(output_name_);
+    check_rows(logits, count, output_name_);
+    LossResult r;
+    if (options_.distill) {
+      r = kl_divergence(logits, teacher_logits(x), options_.temperature);
+    } else {
+      const std::vector<int64_t> labels(batch.labels.begin() + first, batch.labels.begin() + first + count);
+      r = softmax_cross_entropy(logits, labels);
+    }
+    SQ_CHECK(std::isfinite(r.loss), ErrorKind::kInvalidData,
+             "QAT: the loss became " + std::to_string(r.loss) + " at step " + std::to_string(optimizer_->steps() + 1) +
+                 " (training diverged): lower the learning rate (--lr)");
+    if (!whole) {
+      const float share = static_cast<float>(count) / static_cast<float>(n);
+      for (float& d : r.dlogits.values<float>()) d *= share;
+      r.loss *= static_cast<double>(count) / static_cast<double>(n);
+    }
+    graph_->backward({{output_name_, r.dlogits}});
+    loss += r.loss;
+  };
+  over_parts(batch.inputs, run, [&] {
+    optimizer_->zero_grad();
+    loss = 0.0;
+  });
   optimizer_->step(lr);
-  return r.loss;
+  return loss;
 }
 
 void QAT::fit(const data::Dataset& train, const std::function<void(const EpochReport&)>& on_epoch) {
@@ -368,7 +440,19 @@ void QAT::fit(const data::Dataset& train, const std::function<void(const EpochRe
 
 Tensor QAT::simulate(const Tensor& input) {
   SQ_CHECK(graph_ != nullptr, ErrorKind::kInvalidArgument, "QAT: call prepare() first");
-  return graph_->forward({{input_name_, input}}, false).at(output_name_);
+  const int64_t n = input.rank() ? input.dim(0) : 1;
+  std::vector<std::map<std::string, Tensor>> parts;
+  int64_t part = n;
+  over_parts(input, [&](int64_t first, int64_t count) {
+    const bool whole = count == n;
+    const Tensor x = whole ? input : runtime::feed_rows({{input_name_, input}}, first, count).at(input_name_);
+    Tensor y = graph_->forward({{input_name_, x}}, false).at(output_name_);
+    check_rows(y, count, output_name_);
+    if (first == 0) part = count;
+    parts.push_back({{output_name_, std::move(y)}});
+  }, [&] { parts.clear(); });
+  if (parts.size() == 1) return parts.front().at(output_name_);
+  return runtime::join_rows(parts, n, part).at(output_name_);
 }
 
 ir::Graph QAT::convert() {

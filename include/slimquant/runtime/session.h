@@ -64,6 +64,20 @@ struct RunOptions {
 
 // Rows [first, first + count) along axis 0 of every feed (each must have at least first + count).
 std::map<std::string, Tensor> feed_rows(const std::map<std::string, Tensor>& feeds, int64_t first, int64_t count);
+// The inverse for outputs: the outputs of a batch of `batch` samples run in parts of `part` (the
+// last may be smaller) as one batch. Throws kInvalidArgument naming the output when one is not one
+// row per sample.
+std::map<std::string, Tensor> join_rows(const std::vector<std::map<std::string, Tensor>>& parts, int64_t batch,
+                                        int64_t part);
+
+// The batch rules every stage that feeds samples in batches shares (Session::run, QAT's steps):
+// The batch the fed graph inputs declare, when all that declare one agree on a fixed value; else 0.
+int64_t declared_batch(const ir::Graph& graph, const std::map<std::string, Tensor>& feeds);
+// Whether a run's error is one a smaller batch may not meet (a kernel or a plan refusing the shape).
+bool is_shape_error(const Error& e);
+// The one line on stderr that says a stage splits batches: "slimquant: the model takes at most N
+// samples per run (why): larger batches are run in parts of N" and `then` after a comma when given.
+void print_batch_limit(int64_t limit, const std::string& why, const std::string& then = {});
 
 class Plan;
 
@@ -103,9 +117,6 @@ class Session {
                                              int64_t batch, int64_t part);
   std::vector<std::map<std::string, Tensor>> run_parts(const std::map<std::string, Tensor>& feeds,
                                                        const RunOptions& options, int64_t batch, int64_t part);
-  // Outputs of the parts as one batch; throws when an output is not one row per sample.
-  static std::map<std::string, Tensor> join_parts(const std::vector<std::map<std::string, Tensor>>& parts,
-                                                  int64_t batch, int64_t part);
   // Whether the model takes a batch of `batch` (tried once per size, without hooks).
   bool takes_batch(const std::map<std::string, Tensor>& feeds, const RunOptions& options, int64_t batch);
   void limit_batch(int64_t limit, const std::string& why);

@@ -9,7 +9,14 @@
 //   ir::Graph qdq = qat.convert();                // runs in make_int8_session and ONNX Runtime
 //
 // BatchNorm is folded into the convolutions before training (PTQ::quantize does it), so the
-// weights that are trained and fake-quantized are exactly the folded weights the INT8 graph holds.
+// weights that are trained and fake-quantized are exactly the folded weights the INT8 graph holds;
+// one that follows no convolution runs with its running statistics frozen (per sample, as deployed).
+//
+// A batch the model cannot take is run in parts, as Session::run does: when its input declares a
+// fixed batch B (parts of B), or when the whole batch fails with a shape error and one sample does
+// not (parts of 1: a batch of 1 baked into a Reshape by an exporter). A training step then
+// accumulates the gradients of its parts, each part's loss weighted by its share of the batch, so
+// the step is that of the whole batch's mean loss. One line on stderr says so, once.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -103,9 +110,13 @@ class QAT {
   // `options` are ignored: prepare() placed the quanters.
   void set_training_options(QATOptions options);
   // One optimizer step on a batch (labels needed unless distilling); returns the loss before it.
+  // A batch larger than the model takes is run in parts with their gradients accumulated.
   double train_step(const data::Batch& batch, float lr);
-  // Logits of the training graph in evaluation mode: the float simulation of the exported model.
+  // Logits of the training graph in evaluation mode: the float simulation of the exported model
+  // (in parts, joined, when the model takes fewer samples).
   Tensor simulate(const Tensor& input);
+  // The most samples one forward of the training graph takes, or 0 while none is known.
+  int64_t batch_limit() const { return batch_limit_; }
   // The QDQ graph with the trained weights and the quanters' scales.
   ir::Graph convert();
   // The PTQ result of the calibration prepare() ran (the baseline QAT improves on); kInvalidData
@@ -143,6 +154,12 @@ class QAT {
   void check_training_options();  // also sets the default learning rate
   void build_optimizer();
   float lr_at(int64_t step, size_t train_size) const;
+  // Calls run(first, count) over the rows of a batch of `inputs`: all at once, or in parts the
+  // model takes (see the class comment), learning the limit on the way. `restart` undoes what a
+  // whole-batch try that failed did before falling back to parts of one sample.
+  void over_parts(const Tensor& inputs, const std::function<void(int64_t first, int64_t count)>& run,
+                  const std::function<void()>& restart);
+  void limit_batch(int64_t limit, const std::string& why);
 
   quant::QuantConfig config_;
   QATOptions options_;
@@ -155,6 +172,7 @@ class QAT {
   std::string input_name_, output_name_, model_fingerprint_;
   int completed_epochs_ = 0;
   bool calibrated_ = false;
+  int64_t batch_limit_ = 0;  // see batch_limit()
 };
 
 }  // namespace slimquant::train
