@@ -10,7 +10,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <unordered_set>
 
@@ -328,10 +330,17 @@ bool is_shape_error(const Error& e) {
 }
 
 void print_batch_limit(int64_t limit, const std::string& why, const std::string& then) {
-  std::fprintf(stderr, "slimquant: the model takes at most %lld sample%s per run (%s): larger batches are run in "
-                       "parts of %lld%s%s\n",
-               static_cast<long long>(limit), limit == 1 ? "" : "s", why.c_str(), static_cast<long long>(limit),
-               then.empty() ? "" : ", ", then.c_str());
+  char head[96];
+  std::snprintf(head, sizeof head, "slimquant: the model takes at most %lld sample%s per run (",
+                static_cast<long long>(limit), limit == 1 ? "" : "s");
+  const std::string line = head + why + "): larger batches are run in parts of " + std::to_string(limit) +
+                           (then.empty() ? "" : ", " + then);
+  // Once per process: a job's stages (calibration, recovery, evaluations) each open a session on
+  // the same model and would each say it again.
+  static std::mutex mutex;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (said.insert(line).second) std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 void Session::limit_batch(int64_t limit, const std::string& why) {

@@ -174,17 +174,20 @@ TEST(QATBatch, StepInPartsEqualsTheWholeBatchStep) {
     // The input declares batch 1: split before trying.
     const FirstStep declared = first_step(tiny_cnn(1, false), data, act);
     EXPECT_EQ(declared.limit, 1) << act;
-    EXPECT_NE(declared.said.find("the model takes at most 1 sample per run (its inputs declare batch 1): larger "
-                                 "batches are run in parts of 1, each training step accumulating the gradients"),
-              std::string::npos)
+    // The line is said once per process: by the first quanter's run, not again by the second's.
+    const bool first_run = act == "pact";
+    EXPECT_EQ(declared.said.find("the model takes at most 1 sample per run (its inputs declare batch 1): larger "
+                                 "batches are run in parts of 1, each training step accumulating the gradients") !=
+                  std::string::npos,
+              first_run)
         << declared.said;
     expect_same_step(dynamic, declared, act + ", declared batch 1");
 
     // A dynamic declared batch, batch 1 baked into the Reshape: the whole batch fails, parts of one.
     const FirstStep baked = first_step(tiny_cnn(-1, true), data, act);
     EXPECT_EQ(baked.limit, 1) << act;
-    EXPECT_NE(baked.said.find("(it fails at batch 4: "), std::string::npos) << baked.said;
-    EXPECT_NE(baked.said.find("accumulating the gradients of its parts"), std::string::npos) << baked.said;
+    EXPECT_EQ(baked.said.find("(it fails at batch 4: ") != std::string::npos, first_run) << baked.said;
+    EXPECT_EQ(baked.said.find("accumulating the gradients of its parts") != std::string::npos, first_run) << baked.said;
     expect_same_step(dynamic, baked, act + ", baked batch 1");
 
     // Evaluation mode in parts, joined: the same logits.

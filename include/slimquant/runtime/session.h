@@ -76,7 +76,8 @@ int64_t declared_batch(const ir::Graph& graph, const std::map<std::string, Tenso
 // Whether a run's error is one a smaller batch may not meet (a kernel or a plan refusing the shape).
 bool is_shape_error(const Error& e);
 // The one line on stderr that says a stage splits batches: "slimquant: the model takes at most N
-// samples per run (why): larger batches are run in parts of N" and `then` after a comma when given.
+// samples per run (why): larger batches are run in parts of N" and `then` after a comma when given;
+// once per process for the same text.
 void print_batch_limit(int64_t limit, const std::string& why, const std::string& then = {});
 
 class Plan;
