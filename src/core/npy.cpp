@@ -1,6 +1,7 @@
 #include "slimquant/core/npy.h"
 
 #include "slimquant/core/atomic_file.h"
+#include "slimquant/core/float16.h"
 
 #include <zlib.h>
 
@@ -331,7 +332,7 @@ Tensor widen_float16(const Tensor& bits) {
 }
 
 void widen_float16(const uint16_t* bits, int64_t count, float* dst) {
-  for (int64_t i = 0; i < count; ++i) dst[i] = float_from_16bit(bits[i], kOnnxFloat16);
+  floats_from_16bit(bits, dst, count, kOnnxFloat16);
 }
 
 std::vector<std::byte> encode_npy(const Tensor& t) {
@@ -356,11 +357,9 @@ void write_npy_float16(const std::string& path, const Tensor& t) {
   std::string bytes = header_bytes(t, "<f2");
   const size_t head = bytes.size();
   bytes.resize(head + static_cast<size_t>(t.numel()) * 2);
-  const float* src = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    const uint16_t b = float_to_16bit(src[i], kOnnxFloat16);
-    std::memcpy(bytes.data() + head + 2 * static_cast<size_t>(i), &b, 2);
-  }
+  std::vector<uint16_t> narrow(static_cast<size_t>(t.numel()));
+  floats_to_16bit(t.data<float>(), narrow.data(), t.numel(), kOnnxFloat16);
+  std::memcpy(bytes.data() + head, narrow.data(), narrow.size() * 2);
   write_file_atomic(path, bytes);
 }
 

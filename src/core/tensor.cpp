@@ -1,5 +1,7 @@
 #include "slimquant/core/tensor.h"
 
+#include "slimquant/core/float16.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -52,32 +54,110 @@ bool dtype_is_float(DType t) { return t == DType::kFloat32 || t == DType::kFloat
 
 const char* onnx_16bit_float_name(int onnx_type) { return onnx_type == kOnnxBFloat16 ? "bfloat16" : "float16"; }
 
-// float16 through the compiler's IEEE binary16 type (F16C where the target has it, libgcc's exact
-// soft conversion otherwise); bfloat16 is the top half of a float32.
+// The 16-bit float conversions are integer arithmetic on the float32 bits, without branches (a
+// select is a mask), so that the array forms (float16.h) vectorise; they give the same bits as
+// IEEE binary16 conversion with round to nearest even (tests/core/float16_test.cpp checks them
+// against the compiler's _Float16). bfloat16 is the top half of a float32.
+namespace {
+
+constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
+constexpr uint32_t kFloatInf = 0x7F800000u;
+constexpr uint32_t kFloatQuiet = 0x00400000u;   // the quiet bit of a float32 NaN
+constexpr uint32_t kFloatHalf = 0x3F000000u;    // 0.5f: its ulp is 2^-24, float16's subnormal step
+constexpr uint32_t kF16MinNormal = 0x38800000u; // 2^-14 as float32 bits
+constexpr uint32_t kF16Overflow = 0x47800000u;  // 2^16: a rounded magnitude from here is infinity
+constexpr uint32_t kRebias = 112u << 23;        // float32 exponent bias 127 - float16's 15
+
+uint32_t bits_of(float v) {
+  uint32_t w;
+  std::memcpy(&w, &v, sizeof w);
+  return w;
+}
+float float_of(uint32_t w) {
+  float v;
+  std::memcpy(&v, &w, sizeof v);
+  return v;
+}
+uint32_t pick(bool c, uint32_t if_true, uint32_t if_false) {
+  const uint32_t m = 0u - static_cast<uint32_t>(c);
+  return (if_true & m) | (if_false & ~m);
+}
+// |v| < 2^-14 as a multiple of 2^-24 rounded to nearest even, by one float add at 0.5 (whose ulp
+// is 2^-24; the default rounding mode). Exact under FTZ/DAZ too: an input they flush rounds to 0
+// anyway, and the sum is never subnormal.
+uint32_t f16_subnormal_steps(uint32_t abs_bits) { return bits_of(float_of(abs_bits) + 0.5f) - kFloatHalf; }
+
+float f32_from_f16(uint16_t h) {
+  const uint32_t mag = h & 0x7FFFu;
+  const uint32_t normal = (mag << 13) + kRebias;
+  const uint32_t special = (mag << 13) | kFloatInf | pick(mag > 0x7C00u, kFloatQuiet, 0u);  // inf, NaN
+  const uint32_t subnormal = bits_of(float_of(kFloatHalf | mag) - 0.5f);                // mag * 2^-24
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  return float_of(sign | pick(mag >= 0x7C00u, special, pick(mag >= 0x0400u, normal, subnormal)));
+}
+uint16_t f16_from_f32(float v) {
+  const uint32_t w = bits_of(v);
+  const uint32_t a = w & kAbsMask;
+  const uint32_t r = a + 0xFFFu + ((a >> 13) & 1u);  // round the 13 dropped bits to nearest even
+  const uint32_t normal = pick(r >= kF16Overflow, 0x7C00u, (r - kRebias) >> 13);
+  const uint32_t nan = 0x7E00u | ((a >> 13) & 0x3FFu);
+  const uint32_t h = pick(a > kFloatInf, nan, pick(a >= kF16MinNormal, normal, f16_subnormal_steps(a)));
+  return static_cast<uint16_t>(((w >> 16) & 0x8000u) | h);
+}
+// f32_from_f16(f16_from_f32(v)) without the detour.
+float f16_rounded(float v) {
+  const uint32_t w = bits_of(v);
+  const uint32_t a = w & kAbsMask;
+  const uint32_t r = (a + 0xFFFu + ((a >> 13) & 1u)) & ~0x1FFFu;
+  const uint32_t normal = pick(r >= kF16Overflow, kFloatInf, r);
+  const uint32_t subnormal = bits_of((float_of(a) + 0.5f) - 0.5f);  // as f16_subnormal_steps, times 2^-24
+  const uint32_t nan = (a | kFloatQuiet) & ~0x1FFFu;
+  return float_of((w & ~kAbsMask) | pick(a > kFloatInf, nan, pick(a >= kF16MinNormal, normal, subnormal)));
+}
+
+float f32_from_bf16(uint16_t b) { return float_of(static_cast<uint32_t>(b) << 16); }
+uint16_t bf16_from_f32(float v) {
+  const uint32_t w = bits_of(v);
+  const uint32_t nan = (w >> 16) | 0x40u;                 // quiet, sign kept
+  const uint32_t r = (w + 0x7FFFu + ((w >> 16) & 1u)) >> 16;  // nearest even; carries into the exponent (to inf)
+  return static_cast<uint16_t>(pick((w & kAbsMask) > kFloatInf, nan, r));
+}
+float bf16_rounded(float v) {
+  const uint32_t w = bits_of(v);
+  const uint32_t nan = (w | kFloatQuiet) & 0xFFFF0000u;
+  const uint32_t r = (w + 0x7FFFu + ((w >> 16) & 1u)) & 0xFFFF0000u;
+  return float_of(pick((w & kAbsMask) > kFloatInf, nan, r));
+}
+
+}  // namespace
+
 float float_from_16bit(uint16_t bits, int onnx_type) {
-  if (onnx_type == kOnnxBFloat16) {
-    const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-    float v;
-    std::memcpy(&v, &wide, sizeof v);
-    return v;
-  }
-  _Float16 half;
-  std::memcpy(&half, &bits, sizeof half);
-  return static_cast<float>(half);
+  return onnx_type == kOnnxBFloat16 ? f32_from_bf16(bits) : f32_from_f16(bits);
 }
 
 uint16_t float_to_16bit(float value, int onnx_type) {
-  uint16_t bits;
-  if (onnx_type == kOnnxBFloat16) {
-    uint32_t wide;
-    std::memcpy(&wide, &value, sizeof wide);
-    if (std::isnan(value)) return static_cast<uint16_t>((wide >> 16) | 0x40);  // quiet, sign kept
-    wide += 0x7FFF + ((wide >> 16) & 1);  // round to nearest even; carries into the exponent (to inf)
-    return static_cast<uint16_t>(wide >> 16);
-  }
-  const _Float16 half = static_cast<_Float16>(value);
-  std::memcpy(&bits, &half, sizeof bits);
-  return bits;
+  return onnx_type == kOnnxBFloat16 ? bf16_from_f32(value) : f16_from_f32(value);
+}
+
+void round_to_16bit_floats(const float* src, float* dst, int64_t count, int onnx_type) {
+  if (onnx_type == kOnnxBFloat16)
+    for (int64_t i = 0; i < count; ++i) dst[i] = bf16_rounded(src[i]);
+  else
+    for (int64_t i = 0; i < count; ++i) dst[i] = f16_rounded(src[i]);
+}
+
+void floats_from_16bit(const uint16_t* bits, float* dst, int64_t count, int onnx_type) {
+  if (onnx_type == kOnnxBFloat16)
+    for (int64_t i = 0; i < count; ++i) dst[i] = f32_from_bf16(bits[i]);
+  else
+    for (int64_t i = 0; i < count; ++i) dst[i] = f32_from_f16(bits[i]);
+}
+
+void floats_to_16bit(const float* src, uint16_t* dst, int64_t count, int onnx_type) {
+  if (onnx_type == kOnnxBFloat16)
+    for (int64_t i = 0; i < count; ++i) dst[i] = bf16_from_f32(src[i]);
+  else
+    for (int64_t i = 0; i < count; ++i) dst[i] = f16_from_f32(src[i]);
 }
 
 int64_t shape_numel(const Shape& s) {

@@ -2,6 +2,7 @@
 #include "slimquant/ir/onnx_io.h"
 
 #include "slimquant/core/atomic_file.h"
+#include "slimquant/core/float16.h"
 
 #include <onnx/checker.h>
 #include <onnx/onnx-data.pb.h>
@@ -198,7 +199,7 @@ Tensor widened_16bit_tensor(const onnx::TensorProto& p, const std::string& base_
   Tensor wide(DType::kFloat32, bits.shape());
   const uint16_t* src = bits.data<uint16_t>();
   float* dst = wide.data<float>();
-  for (int64_t i = 0; i < bits.numel(); ++i) dst[i] = float_from_16bit(src[i], p.data_type());
+  floats_from_16bit(src, dst, bits.numel(), p.data_type());
   return wide;
 }
 
@@ -1045,12 +1046,9 @@ onnx::ModelProto stored_model_proto_16bit(const Graph& graph) {
     const auto it = narrow_initializers.find(t.name());
     if (it == narrow_initializers.end()) continue;
     const Tensor& wide = g.initializers.at(t.name());
-    std::string bits(static_cast<size_t>(wide.numel()) * 2, '\0');
-    const float* src = wide.data<float>();
-    for (int64_t i = 0; i < wide.numel(); ++i) {
-      const uint16_t b = float_to_16bit(src[i], it->second);
-      std::memcpy(bits.data() + 2 * i, &b, 2);
-    }
+    std::vector<uint16_t> narrow(static_cast<size_t>(wide.numel()));
+    floats_to_16bit(wide.data<float>(), narrow.data(), wide.numel(), it->second);
+    std::string bits(reinterpret_cast<const char*>(narrow.data()), narrow.size() * 2);
     t.set_data_type(it->second);
     t.set_raw_data(std::move(bits));
   }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "slimquant/core/npy.h"
@@ -100,6 +101,28 @@ TEST_P(Float16Models, RunsAsItsFloat32SourceWithinTheStoredRounding) {
   EXPECT_LT(max_abs_diff(ours, source), tolerance);
   EXPECT_GT(max_abs_diff(ours, source), 0.0f) << "the 16-bit weights were not the ones read";
   EXPECT_EQ(argmax_rows(ours), argmax_rows(pytorch));
+}
+
+// A 16-bit model compiles to its float32 source's graph (the same ops after the session's passes)
+// plus Casts at its interface (rounding a 16-bit input or output, or the float16_io32 form's Cast to
+// float writing its output, which shares its input's storage): no conversion is left between. (The
+// float16 forms of lraspp and PP-OCR once ran 1.6-4x slower with this same plan: their output's
+// rounding Cast converted by soft-float calls; core/float16.h, docs/model_forms.md.)
+TEST_P(Float16Models, CompilesToItsSourcesGraphPlusCastsAtTheInterface) {
+  const Form& f = GetParam();
+  const runtime::Session form(ir::load_onnx(form_path(f)));
+  const runtime::Session source(ir::load_onnx(test::fixture_model(f.source)));
+  std::map<std::string, int> form_ops, source_ops;
+  for (const auto& n : source.graph().nodes) ++source_ops[n.op_type];
+  const ir::Graph& g = form.graph();
+  for (const auto& n : g.nodes) {
+    const bool reads_input =
+        std::any_of(g.inputs.begin(), g.inputs.end(), [&](const auto& v) { return v.name == n.input(0); });
+    if (n.op_type == "Cast" && (reads_input || g.is_graph_output(n.outputs[0]))) continue;
+    EXPECT_FALSE(n.op_type == "Cast" && n.has_attr(ir::kCastRoundsToAttr)) << n.describe() << " rounds inside the graph";
+    ++form_ops[n.op_type];
+  }
+  EXPECT_EQ(form_ops, source_ops);
 }
 
 // Saving writes the stored types back: 16-bit weights behind Casts, 16-bit inputs and outputs, so

@@ -2,14 +2,15 @@
 // dtypes. Float to integer follows C++ conversion (truncation toward zero; out-of-range values are
 // undefined in ONNX too); anything to bool is x != 0. float16 and bfloat16 are not dtypes of this
 // runtime: the loader turns a Cast to them into a Cast to float32 that rounds to them
-// (ir::kCastRoundsToAttr), which keeps their values. String is rejected with kUnsupported when the
-// plan is compiled.
+// (ir::kCastRoundsToAttr), which keeps their values (core/float16.h's vectorised rounding). String
+// is rejected with kUnsupported when the plan is compiled.
 #include <cstring>
 #include <memory>
 
 #include "runtime/kernels/elementwise/elementwise_common.h"
 #include "runtime/kernels/elementwise/elementwise_math.h"
 #include "runtime/kernels/elementwise/elementwise_register.h"
+#include "slimquant/core/float16.h"
 
 namespace slimquant::runtime::ew {
 namespace {
@@ -71,9 +72,7 @@ class CastKernel final : public Kernel {
       const float* src = x.dtype() == DType::kFloat32 ? x.data<float>() : out.data<float>();
       float* dst = out.data<float>();
       const int type = rounds_to_;
-      parallel_range(x.numel(), [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) dst[i] = round_to_16bit_float(src[i], type);
-      });
+      parallel_range(x.numel(), [&](int64_t b, int64_t e) { round_to_16bit_floats(src + b, dst + b, e - b, type); });
       return;
     }
     if (to == x.dtype()) {  // no conversion: share the storage
