@@ -36,7 +36,10 @@ data::DataOptions DataFlags::options(const std::string& needed_by, const ir::Gra
     data::SideInputSpec side = data::parse_side_input(text, "--side-input");
     if (model)
       for (const auto& in : model->inputs)
-        if (in.name == side.name && in.dims) side.model_rank = in.dims->size();
+        if (in.name == side.name && in.dims) {
+          side.model_rank = in.dims->size();
+          if (!in.dims->empty() && in.dims->front().known()) side.model_first_dim = in.dims->front().value;
+        }
     o.side_inputs.push_back(std::move(side));
   }
   return o;

@@ -104,6 +104,15 @@ class WithSideInputs final : public Dataset {
       sample_shape = t.shape();  // one sample for all
     } else if (r >= 1 && (spec.model_rank == 0 || r == spec.model_rank)) {
       const auto rows = static_cast<size_t>(t.dim(0));
+      // The model fixes this input's first axis at more than one (an LSTM state [layers, batch,
+      // hidden]): it is not the batch, and rows along it are not samples.
+      if (spec.model_first_dim > 1 && t.dim(0) == spec.model_first_dim && rows != n)
+        fail(ErrorKind::kUnsupported,
+             who + " has shape " + shape_str(t.shape()) + ", and the model fixes that input's first axis at " +
+                 std::to_string(spec.model_first_dim) +
+                 ": its batch is on another axis (a recurrent state's [layers, batch, hidden]), while side inputs "
+                 "are fed batch first (one row per sample, or one for all), so such an input cannot be fed "
+                 "from a data set yet");
       a.per_sample = rows != 1 || n == 1;
       if (a.per_sample && (limit == 0 ? rows != n : rows < n))
         fail(ErrorKind::kInvalidData, who + " has " + std::to_string(rows) + " rows for the " + std::to_string(n) +

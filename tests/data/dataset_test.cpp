@@ -761,6 +761,13 @@ TEST_F(DataTest, SideInputErrorsNameTheInput) {
   Error e = error_of([&] { open_with({{"scale", path("two_rows.npy"), 2}}); });
   EXPECT_EQ(e.kind(), ErrorKind::kInvalidData);
   EXPECT_TRUE(contains(e, "side input 'scale'") && contains(e, "2 rows for the 3 samples")) << e.what();
+  // A recurrent state [layers, batch, hidden] whose first axis the model fixes at 2: not rows.
+  write_npy(path("state.npy"), Tensor(DType::kFloat32, {2, 1, 4}));
+  e = error_of([&] { open_with({{"state", path("state.npy"), 3, 2}}); });
+  EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+  EXPECT_TRUE(contains(e, "side input 'state'") && contains(e, "fixes that input's first axis at 2") &&
+              contains(e, "batch is on another axis"))
+      << e.what();
   e = error_of([&] { open_with({{"scale", path("nan.npy"), 2}}); });
   EXPECT_EQ(e.kind(), ErrorKind::kInvalidData);
   EXPECT_TRUE(contains(e, "NaN at element 1")) << e.what();

@@ -34,6 +34,9 @@ struct SideInputSpec {
   std::string name;       // model input
   std::string path;       // .npy file
   size_t model_rank = 0;  // the input's rank in the model, 0 = unknown
+  // The input's first dimension in the model when it is fixed, else -1: fixed at more than one,
+  // it is not a batch axis, and an array of rank R that starts with it is refused saying so.
+  int64_t model_first_dim = -1;
 };
 
 // Mirrors the CLI's data flags.
