@@ -3,16 +3,24 @@
 # slimquant FP32, slimquant 4-bit (weight-only, INT4 blocks of 32, the fused MatMulQb4w kernel), and
 # ONNX Runtime 1.30 (onnxruntime-node-latest) on the same two files. One thread, median of the runs.
 #
-#   bench/int4_linear_stack.sh [--runs 20] [--layers 12] [--dim 4096] [--block-size 32] [--out DIR] [--build DIR]
+#   bench/int4_linear_stack.sh [--runs 20] [--rounds 1] [--layers 12] [--dim 4096] [--block-size 32] [--out DIR]
+#                              [--build DIR] [--compare-build DIR]
+#
+# --rounds R interleaves: each round times all of them (R processes each), so on a shared machine a
+# slow spell falls on every row alike; a row's figure is the median of its rounds' medians (each
+# round's figures are printed too). --compare-build adds the INT4 row of a second build (before and
+# after a change, in the same rounds).
 #
 # The FP32 model is written by /usr/bin/python3 with onnx's helper (random N(0, 0.02) weights), the
 # 4-bit one by `slimquant quantize --mode weight-only --weight-bits 4` (round to nearest: no data).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-runs=20 layers=12 dim=4096 block=32 out=/tmp/int4_linear_stack build="$root/build"
+runs=20 rounds=1 layers=12 dim=4096 block=32 out=/tmp/int4_linear_stack build="$root/build" compare=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) runs=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --compare-build) compare=$2; shift 2 ;;
     --layers) layers=$2; shift 2 ;;
     --dim) dim=$2; shift 2 ;;
     --block-size) block=$2; shift 2 ;;
@@ -49,7 +57,7 @@ fi
   -o "$int4" >/dev/null
 echo "CPU: $(lscpu | grep 'Model name' | sed 's/Model name:[ ]*//')"
 echo "files: fp32 $(du -m "$fp32" | cut -f1) MiB, int4 $(du -m "$int4" | cut -f1) MiB"
-ours() { OMP_NUM_THREADS=1 "$build/slimquant" bench "$1" --shape "1x$dim" --runs "$runs" --warmup 3 --threads 1 --json |
+ours() { OMP_NUM_THREADS=1 "${2:-$build}/slimquant" bench "$1" --shape "1x$dim" --runs "$runs" --warmup 3 --threads 1 --json |
   tail -1 | /usr/bin/python3 -c 'import json,sys; print("%.3f" % json.load(sys.stdin)["median_ms"])'; }
 ort() {
   node -e '
@@ -66,12 +74,36 @@ const ort = require(process.argv[1]);
 })().catch((e) => { console.log("fails: " + e.message.split("\n")[0]); });
 ' "$root/bench/node_modules/$1" "$2" "$dim" "$runs"
 }
-sq_fp32=$(ours "$fp32")
-sq_int4=$(ours "$int4")
-ort_fp32=$(ort onnxruntime-node-latest "$fp32")
-ort_int4=$(ort onnxruntime-node-latest "$int4")
-echo "batch 1, one thread, median of $runs runs (ms):"
+med() { /usr/bin/python3 -c 'import statistics,sys; print("%.3f" % statistics.median(float(v) for v in sys.argv[1:]))' "$@"; }
+all_sq_fp32=() all_sq_int4=() all_cmp_int4=() all_ort_fp32=() all_ort_int4=()
+for ((r = 1; r <= rounds; ++r)); do
+  all_sq_fp32+=("$(ours "$fp32")")
+  all_sq_int4+=("$(ours "$int4")")
+  [ -z "$compare" ] || all_cmp_int4+=("$(ours "$int4" "$compare")")
+  all_ort_fp32+=("$(ort onnxruntime-node-latest "$fp32")")
+  all_ort_int4+=("$(ort onnxruntime-node-latest "$int4")")
+  [ "$rounds" -eq 1 ] || echo "  round $r: ours FP32 ${all_sq_fp32[-1]}, ours INT4 ${all_sq_int4[-1]}${compare:+, compare INT4 ${all_cmp_int4[-1]:-}}, ORT FP32 ${all_ort_fp32[-1]}, ORT INT4 ${all_ort_int4[-1]}"
+done
+sq_fp32=$(med "${all_sq_fp32[@]}") sq_int4=$(med "${all_sq_int4[@]}")
+ort_fp32=$(med "${all_ort_fp32[@]}") ort_int4=$(med "${all_ort_int4[@]}")
+echo "batch 1, one thread, block size $block, median of $runs runs (of $rounds rounds' medians) (ms):"
 echo "  slimquant FP32  $sq_fp32"
-echo "  slimquant INT4  $sq_int4  ($(/usr/bin/python3 -c "print('%.2f' % ($sq_fp32 / $sq_int4))")x FP32)"
+echo "  slimquant INT4  $sq_int4  (FP32 / INT4 $(/usr/bin/python3 -c "print('%.2f' % ($sq_fp32 / $sq_int4))")x, ORT INT4 / ours $(/usr/bin/python3 -c "print('%.2f' % ($ort_int4 / $sq_int4))")x)"
+if [ -n "$compare" ]; then
+  cmp_int4=$(med "${all_cmp_int4[@]}")
+  echo "  slimquant INT4 ($compare)  $cmp_int4  ($(/usr/bin/python3 -c "print('%.2f' % ($sq_fp32 / $cmp_int4))")x FP32)"
+fi
 echo "  ORT 1.30 FP32   $ort_fp32"
 echo "  ORT 1.30 INT4   $ort_int4"
+if [ "$rounds" -gt 1 ]; then  # ratios within each round (the rows' medians above may come from different rounds)
+  /usr/bin/python3 - "${all_sq_fp32[*]}" "${all_sq_int4[*]}" "${all_ort_int4[*]}" "${all_cmp_int4[*]:-}" <<'EOF'
+import statistics, sys
+fp32, int4, ort = ([float(v) for v in a.split()] for a in sys.argv[1:4])
+cmp_ = [float(v) for v in sys.argv[4].split()]
+def show(name, xs):
+    print("  %s per round: median %.2fx (%.2f-%.2f)" % (name, statistics.median(xs), min(xs), max(xs)))
+show("ORT INT4 / ours INT4", [o / i for o, i in zip(ort, int4)])
+show("ours FP32 / ours INT4", [f / i for f, i in zip(fp32, int4)])
+if cmp_: show("compare INT4 / ours INT4", [c / i for c, i in zip(cmp_, int4)])
+EOF
+fi

@@ -25,7 +25,9 @@ struct Built {
   Tensor codes, scales, bias;
 };
 
-Built blocked_matmul(const Case& c, std::mt19937& rng) {
+// closed_form: codes, scales and bias chosen so that every product and partial sum is exact in
+// float (small integers times powers of two), instead of random ones.
+Built blocked_matmul(const Case& c, std::mt19937& rng, bool closed_form = false) {
   test::GraphBuilder b;
   b.g.opset = 21;
   b.g.ir_version = 10;
@@ -35,6 +37,15 @@ Built blocked_matmul(const Case& c, std::mt19937& rng) {
   std::uniform_int_distribution<int> code(-8, 7);
   for (auto& v : out.codes.values<int8_t>()) v = static_cast<int8_t>(code(rng));
   out.scales = test::random_tensor(c.gemm_transposed ? Shape{c.n, kb} : Shape{kb, c.n}, rng, 0.01f, 0.1f);
+  if (closed_form) {
+    for (int64_t k = 0; k < c.k; ++k)
+      for (int64_t j = 0; j < c.n; ++j)
+        out.codes.data<int8_t>()[c.gemm_transposed ? j * c.k + k : k * c.n + j] =
+            static_cast<int8_t>((k * 7 + j * 3) % 16 - 8);
+    for (int64_t b = 0; b < kb; ++b)
+      for (int64_t j = 0; j < c.n; ++j)
+        out.scales.data<float>()[c.gemm_transposed ? j * kb + b : b * c.n + j] = std::ldexp(1.f, -static_cast<int>((b + j) % 3) - 1);
+  }
   const std::string codes = b.constant(out.codes), scales = b.constant(out.scales);
   b.g.stored_4bit_types[codes] = 22;
   const std::string w = b.node("DequantizeLinear", {codes, scales},
@@ -42,6 +53,8 @@ Built blocked_matmul(const Case& c, std::mt19937& rng) {
   std::string y;
   if (c.gemm_transposed) {
     out.bias = test::random_tensor({c.n}, rng);
+    if (closed_form)
+      for (int64_t j = 0; j < c.n; ++j) out.bias.data<float>()[j] = static_cast<float>(j % 7) - 3.f;
     y = b.node("Gemm", {"a", w, b.constant(out.bias)}, {{"transB", int64_t{1}}});
   } else {
     y = b.node("MatMul", {"a", w});
@@ -74,10 +87,16 @@ void expect_fused_equals_unfused() {
   std::mt19937 rng(7);
   // K a multiple of the block and not (the last block shorter, as ONNX allows: scales take
   // ceil(K / block_size) blocks), K below 32, batch 1, a few rows (the 4-bit dot products) and many
-  // (dequantized panels through sgemm).
-  for (const Case c : {Case{1, 64, 48, 32, false}, Case{1, 100, 33, 32, false}, Case{3, 200, 17, 64, true},
-                       Case{1, 20, 5, 32, true}, Case{20, 256, 300, 128, false}, Case{9, 130, 40, 64, true},
-                       Case{1, 1000, 70, 128, true}}) {
+  // (dequantized panels through sgemm). The kernel packs K in chunks of 128 inputs, then groups of
+  // 32: K = 64 and 20 are groups only, 512 and 384 chunks only, 515 / 777 / 200 both (odd K, K not
+  // a multiple of the block); blocks of 32, 64, 128 and 256 share a scale table per 1, 2 and 4
+  // groups of 32 in the AVX-512 loop, 96 straddles its chunks; up to 8 rows of A (the most the dot
+  // products take) with and without a bias.
+  for (const Case c :
+       {Case{1, 64, 48, 32, false}, Case{1, 100, 33, 32, false}, Case{3, 200, 17, 64, true}, Case{1, 20, 5, 32, true},
+        Case{20, 256, 300, 128, false}, Case{9, 130, 40, 64, true}, Case{1, 1000, 70, 128, true},
+        Case{1, 512, 24, 32, false}, Case{2, 515, 19, 64, true}, Case{8, 384, 16, 128, false},
+        Case{5, 777, 13, 96, true}, Case{1, 1024, 9, 256, false}, Case{4, 4096, 6, 32, true}}) {
     SCOPED_TRACE("m " + std::to_string(c.m) + " k " + std::to_string(c.k) + " n " + std::to_string(c.n) + " block " +
                  std::to_string(c.block) + (c.gemm_transposed ? " Gemm" : " MatMul"));
     const Built built = blocked_matmul(c, rng);
@@ -106,6 +125,35 @@ void expect_fused_equals_unfused() {
       EXPECT_NEAR(got.data<float>()[i], exact[static_cast<size_t>(i)], bound) << i;
     }
   }
+}
+
+// Small integers times powers of two: every path's sum is exact, whatever its order, so the fused
+// kernel must equal sum_k a_k q_k s_k (+ bias) exactly; a code read from the wrong nibble, a scale
+// from the wrong block or a padding code that is not 0 shows as a difference.
+void expect_closed_form_exact() {
+  std::mt19937 rng(11);
+  for (const Case c : {Case{1, 300, 7, 32, false}, Case{3, 515, 5, 64, true}, Case{8, 256, 4, 128, false},
+                       Case{2, 777, 3, 96, true}, Case{1, 20, 6, 32, false}, Case{12, 160, 5, 32, true}}) {
+    SCOPED_TRACE("m " + std::to_string(c.m) + " k " + std::to_string(c.k) + " n " + std::to_string(c.n) + " block " +
+                 std::to_string(c.block) + (c.gemm_transposed ? " Gemm" : " MatMul"));
+    const Built built = blocked_matmul(c, rng, true);
+    Tensor a(DType::kFloat32, Shape{c.m, c.k});
+    for (int64_t i = 0; i < a.numel(); ++i) a.data<float>()[i] = static_cast<float>(i % 5) - 2.f;
+    runtime::Session fused(built.g);
+    const Tensor got = fused.run({{"a", a}}).begin()->second;
+    const std::vector<double> exact = reference(c, built, a);
+    ASSERT_EQ(got.shape(), (Shape{c.m, c.n}));
+    for (int64_t i = 0; i < got.numel(); ++i) EXPECT_EQ(got.data<float>()[i], exact[static_cast<size_t>(i)]) << i;
+  }
+}
+
+TEST(MatMulQb4w, ClosedFormSumsAreExactOnEveryPath) {
+  for (const char* isa : {"avx512", "avx2", "scalar"}) {
+    SCOPED_TRACE(isa);
+    setenv("SLIMQUANT_QB4W_ISA", isa, 1);
+    expect_closed_form_exact();
+  }
+  unsetenv("SLIMQUANT_QB4W_ISA");
 }
 
 TEST(MatMulQb4w, FusedKernelEqualsDequantizeLinearThenMatMul) {

@@ -4,18 +4,32 @@
 // narrowest, with integer activations): at batch 1 a MatMul is bound by the bytes of its weights,
 // and reading 4 bits a weight instead of 32 is the whole gain.
 //
-// Layout, made once at creation: per output feature n, K padded to a multiple of 32, stored as
-// unsigned nibbles u = q + 8, 16 bytes per 32 inputs: byte j holds input j in its low nibble and
-// input 16 + j in its high one, so a mask (or a lookup) and a shift unpack 32 codes. For one row a
-// of A:
+//   y[n] = sum_k a[k] * w[n, k]  (+ bias[n]),   w[n, k] = q[n, k] * s[n, k / block]  rounded to float
 //
-//   y[n] = sum_b s[n, b] * sum_{k in b} a[k] * q[n, k]   (+ bias[n])
+// every path multiplies A by exactly the float weights the DequantizeLinear would produce (the
+// product q * s, one rounding), in its own summation order: the result is the reference's within
+// the float rounding of a K-term sum. No activation is quantized.
 //
-// The codes become floats in registers and are multiplied by FMA; blocks are multiples of 32
-// inputs, so a group of 32 never straddles one.
-// ISA: AVX-512F (four weight rows at a time) or AVX2+FMA when the CPU has them
-// (__builtin_cpu_supports, checked at creation), a scalar loop otherwise. Up to kGemvRows rows of A run this loop (the packed weight row stays in
-// L1 across them); more rows dequantize panels of weights to float and multiply with dnnl_sgemm.
+// Layout, made once at creation: per output feature n, K padded to a multiple of 32 and stored as
+// unsigned nibbles u = q + 8 (padding u = 8, q = 0), each row starting on a 64-byte line:
+//   - chunks of 128 inputs in 64 bytes (one cache line): input 16 p + d (p = 0..7, d = 0..15) is
+//     nibble p of the chunk's 32-bit word d, i.e. byte 4 d + p / 2, low nibble when p is even. A
+//     512-bit load, shifted right by 4 p, holds in each 32-bit lane's low 4 bits the codes of 16
+//     consecutive inputs (lane d: input 16 p + d), which is what vpermps indexes by;
+//   - the last K % 128 inputs (rounded up to 32) in groups of 32 in 16 bytes: byte j holds input j
+//     in its low nibble and input 16 + j in its high one.
+// The rows follow each other, so a pass over the weights reads one sequential stream (the hardware
+// prefetcher's best case; the SIMD loops prefetch 3 KiB ahead as well).
+//
+// ISA: AVX-512F or AVX2 + FMA when the CPU has them (__builtin_cpu_supports, checked at creation;
+// SLIMQUANT_QB4W_ISA caps the choice), a scalar loop otherwise. AVX-512 reads w = q * s from a
+// 16-float table, the nibble table scaled by the group's scale (one multiply per 32 inputs, or per
+// 64 / 128 when the block is a multiple of those), indexed by vpermps with the shifted codes (it
+// reads only the index's low 4 bits): per 16 weights one shift, one permute and one FMA. AVX2
+// masks the nibble, converts it to float and forms w = u * s - 8 s by FMA (u * s - 8 s = q * s
+// exactly before the one rounding). Up to kGemvRows rows of A run these dot products (the packed
+// weight row stays in L1 across them); more rows dequantize panels of weights to float and
+// multiply with dnnl_sgemm.
 #include <dnnl.h>
 #include <immintrin.h>
 #include <omp.h>
@@ -27,6 +41,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,94 +51,148 @@
 namespace slimquant::runtime::fused_ops {
 namespace {
 
-constexpr int64_t kGroup = 32;     // inputs per 16 packed bytes
-constexpr int64_t kGemvRows = 8;   // rows of A up to which the 4-bit dot products run
+constexpr int64_t kGroup = 32;       // inputs per scale lookup (blocks are multiples of it)
+constexpr int64_t kChunk = 128;      // inputs per 64-byte chunk
+constexpr int64_t kLine = 64;        // bytes: a chunk, the row alignment
+constexpr int64_t kGemvRows = 8;     // rows of A up to which the 4-bit dot products run
 constexpr int64_t kPanelRows = 256;  // weight rows dequantized at a time for dnnl_sgemm
+constexpr int64_t kPrefetch = 3072;  // bytes ahead of the chunk being read (1-4 KiB measure alike)
 
-using RowDot = float (*)(const uint8_t* codes, const float* scales, const float* a, int64_t kp, int64_t block);
+// Where input k of a row is: byte offset in the row and shift of its nibble (nc: full chunks).
+struct NibbleAt {
+  int64_t byte;
+  int shift;
+};
+inline NibbleAt nibble_at(int64_t k, int64_t nc) {
+  if (k < nc * kChunk) {
+    const int64_t i = k % kChunk;  // input 16 p + d: byte 4 d + p / 2
+    return {k / kChunk * kLine + 4 * (i % 16) + i / 32, static_cast<int>(4 * ((i / 16) & 1))};
+  }
+  const int64_t t = k - nc * kChunk, i = t % kGroup;  // input j (low) or 16 + j (high) of byte j
+  return {nc * kLine + t / kGroup * 16 + i % 16, static_cast<int>(4 * (i / 16))};
+}
 
-float dot_scalar(const uint8_t* codes, const float* scales, const float* a, int64_t kp, int64_t block) {
+// Zero-initialised float / byte storage starting on a 64-byte line.
+template <typename T>
+class LineAligned {
+ public:
+  void reset(size_t n, T fill) {
+    raw_.assign(n + kLine / sizeof(T), fill);
+    const auto addr = reinterpret_cast<uintptr_t>(raw_.data());
+    begin_ = raw_.data() + (kLine - addr % kLine) % kLine / sizeof(T);
+  }
+  T* data() { return begin_; }
+  const T* data() const { return begin_; }
+
+ private:
+  std::vector<T> raw_;
+  T* begin_ = nullptr;
+};
+
+// One weight row against one row of A (padded to kp with zeros). gb: block index of each group of
+// 32 inputs; nc full chunks, then tail groups of 32.
+struct RowArgs {
+  const uint8_t* codes;
+  const float* scales;  // the row's kb scales
+  const int32_t* group_block;
+  const float* a;
+  int64_t nc, tail_groups;
+};
+using RowDot = float (*)(const RowArgs&);
+
+float dot_scalar(const RowArgs& r) {
   float total = 0.f;
-  for (int64_t k0 = 0, b = 0; k0 < kp; k0 += block, ++b) {
-    float acc = 0.f;
-    for (int64_t k = k0; k < std::min(k0 + block, kp); k += kGroup) {
-      const uint8_t* c = codes + k / 2;
-      for (int j = 0; j < 16; ++j)
-        acc += a[k + j] * static_cast<float>((c[j] & 15) - 8) + a[k + 16 + j] * static_cast<float>((c[j] >> 4) - 8);
-    }
-    total += scales[b] * acc;
+  const int64_t kp = r.nc * kChunk + r.tail_groups * kGroup;
+  for (int64_t k = 0; k < kp; ++k) {
+    const NibbleAt at = nibble_at(k, r.nc);
+    const int q = ((r.codes[at.byte] >> at.shift) & 15) - 8;
+    total += r.a[k] * (static_cast<float>(q) * r.scales[r.group_block[k / kGroup]]);
   }
   return total;
 }
 
-// Nibbles to signed bytes (u - 8), widened to int32 and converted.
-__attribute__((target("avx2,fma"))) float dot_avx2(const uint8_t* codes, const float* scales, const float* a,
-                                                  int64_t kp, int64_t block) {
-  const __m128i mask = _mm_set1_epi8(0x0F), eight = _mm_set1_epi8(8);
-  __m256 total = _mm256_setzero_ps();
-  for (int64_t k0 = 0, b = 0; k0 < kp; k0 += block, ++b) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (int64_t k = k0; k < std::min(k0 + block, kp); k += kGroup) {
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k / 2));
-      const __m128i lo = _mm_sub_epi8(_mm_and_si128(bytes, mask), eight);
-      const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), eight);
-      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), _mm256_loadu_ps(a + k), acc0);
-      acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo))),
-                             _mm256_loadu_ps(a + k + 8), acc1);
-      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), _mm256_loadu_ps(a + k + 16), acc0);
-      acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi))),
-                             _mm256_loadu_ps(a + k + 24), acc1);
+// 8 lanes of nibbles (already shifted down) to w = q * s: u * s - 8 s, one rounding.
+__attribute__((target("avx2,fma"))) inline __m256 weights_avx2(__m256i shifted, __m256 s, __m256 minus8s) {
+  const __m256 u = _mm256_cvtepi32_ps(_mm256_and_si256(shifted, _mm256_set1_epi32(15)));
+  return _mm256_fmadd_ps(u, s, minus8s);
+}
+
+__attribute__((target("avx2,fma"))) float dot_avx2(const RowArgs& r) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  for (int64_t c = 0; c < r.nc; ++c) {
+    _mm_prefetch(reinterpret_cast<const char*>(r.codes + c * kLine + kPrefetch), _MM_HINT_T0);
+    // 32-bit words d = 0..7 and 8..15 of the chunk; nibble p of word d is input 16 p + d.
+    const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.codes + c * kLine));
+    const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r.codes + c * kLine + 32));
+    const float* a = r.a + c * kChunk;
+    for (int g = 0; g < 4; ++g) {  // group g: nibbles p = 2 g, 2 g + 1
+      const __m256 s = _mm256_set1_ps(r.scales[r.group_block[c * 4 + g]]);
+      const __m256 m8s = _mm256_mul_ps(s, _mm256_set1_ps(-8.f));
+      const __m128i lo = _mm_cvtsi32_si128(8 * g), hi = _mm_cvtsi32_si128(8 * g + 4);
+      acc0 = _mm256_fmadd_ps(weights_avx2(_mm256_srl_epi32(x0, lo), s, m8s), _mm256_loadu_ps(a + 32 * g), acc0);
+      acc1 = _mm256_fmadd_ps(weights_avx2(_mm256_srl_epi32(x1, lo), s, m8s), _mm256_loadu_ps(a + 32 * g + 8), acc1);
+      acc0 = _mm256_fmadd_ps(weights_avx2(_mm256_srl_epi32(x0, hi), s, m8s), _mm256_loadu_ps(a + 32 * g + 16), acc0);
+      acc1 = _mm256_fmadd_ps(weights_avx2(_mm256_srl_epi32(x1, hi), s, m8s), _mm256_loadu_ps(a + 32 * g + 24), acc1);
     }
-    total = _mm256_fmadd_ps(_mm256_add_ps(acc0, acc1), _mm256_set1_ps(scales[b]), total);
   }
+  for (int64_t t = 0; t < r.tail_groups; ++t) {
+    const uint8_t* codes = r.codes + r.nc * kLine + t * 16;
+    const float* a = r.a + r.nc * kChunk + t * kGroup;
+    const __m256 s = _mm256_set1_ps(r.scales[r.group_block[r.nc * 4 + t]]);
+    const __m256 m8s = _mm256_mul_ps(s, _mm256_set1_ps(-8.f));
+    const __m256i x0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
+    const __m256i x1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + 8)));
+    acc0 = _mm256_fmadd_ps(weights_avx2(x0, s, m8s), _mm256_loadu_ps(a), acc0);
+    acc1 = _mm256_fmadd_ps(weights_avx2(x1, s, m8s), _mm256_loadu_ps(a + 8), acc1);
+    acc0 = _mm256_fmadd_ps(weights_avx2(_mm256_srli_epi32(x0, 4), s, m8s), _mm256_loadu_ps(a + 16), acc0);
+    acc1 = _mm256_fmadd_ps(weights_avx2(_mm256_srli_epi32(x1, 4), s, m8s), _mm256_loadu_ps(a + 24), acc1);
+  }
+  const __m256 total = _mm256_add_ps(acc0, acc1);
   const __m128 half = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
   const __m128 quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
   return _mm_cvtss_f32(_mm_add_ss(quarter, _mm_shuffle_ps(quarter, quarter, 1)));
 }
 
-// AVX-512: the 16 bytes widened to one int32 lane each, and each lane's low nibble (then, shifted,
-// its high one) looks up q = u - 8 in a 16-float table (vpermps reads only the index's low 4 bits):
-// no integer-to-float conversion.
+// AVX-512: q = u - 8 for u = 0..15; scaled by a group's scale it is that group's 16 weights.
 __attribute__((target("avx512f"))) inline __m512 nibble_table() {
   return _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
 }
 
-__attribute__((target("avx512f"))) float dot_avx512(const uint8_t* codes, const float* scales, const float* a,
-                                                   int64_t kp, int64_t block) {
-  const __m512 table = nibble_table();
-  __m512 total = _mm512_setzero_ps();
-  for (int64_t k0 = 0, b = 0; k0 < kp; k0 += block, ++b) {
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (int64_t k = k0; k < std::min(k0 + block, kp); k += kGroup) {
-      const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + k / 2)));
-      acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(x, table), _mm512_loadu_ps(a + k), acc0);
-      acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(x, 4), table), _mm512_loadu_ps(a + k + 16), acc1);
-    }
-    total = _mm512_fmadd_ps(_mm512_add_ps(acc0, acc1), _mm512_set1_ps(scales[b]), total);
+// kEvery: groups of 32 that share a scale table (1, 2 or 4: the block is a multiple of 32 kEvery).
+template <int kEvery>
+__attribute__((target("avx512f"))) float dot_avx512(const RowArgs& r) {
+  const __m512 base = nibble_table();
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(),
+         acc3 = _mm512_setzero_ps();
+  __m512 w = base;
+  const float* s = r.scales;
+  const int32_t* gb = r.group_block;
+  for (int64_t c = 0; c < r.nc; ++c, gb += 4) {
+    _mm_prefetch(reinterpret_cast<const char*>(r.codes + c * kLine + kPrefetch), _MM_HINT_T0);
+    const __m512i x = _mm512_load_si512(r.codes + c * kLine);
+    const float* a = r.a + c * kChunk;
+    w = _mm512_mul_ps(base, _mm512_set1_ps(s[gb[0]]));
+    acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(x, w), _mm512_load_ps(a), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(x, 4), w), _mm512_load_ps(a + 16), acc1);
+    if (kEvery == 1) w = _mm512_mul_ps(base, _mm512_set1_ps(s[gb[1]]));
+    acc2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(x, 8), w), _mm512_load_ps(a + 32), acc2);
+    acc3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(x, 12), w), _mm512_load_ps(a + 48), acc3);
+    if (kEvery <= 2) w = _mm512_mul_ps(base, _mm512_set1_ps(s[gb[2]]));
+    acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(x, 16), w), _mm512_load_ps(a + 64), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(x, 20), w), _mm512_load_ps(a + 80), acc1);
+    if (kEvery == 1) w = _mm512_mul_ps(base, _mm512_set1_ps(s[gb[3]]));
+    acc2 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(x, 24), w), _mm512_load_ps(a + 96), acc2);
+    acc3 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(x, 28), w), _mm512_load_ps(a + 112), acc3);
   }
-  return _mm512_reduce_add_ps(total);
-}
-
-// Four weight rows against one row of A: each load of A feeds four rows' FMAs, and the four
-// accumulator chains are independent (about 20% faster than four single rows, 4096 x 4096).
-__attribute__((target("avx512f"))) void dot4_avx512(const uint8_t* codes, int64_t stride, const float* scales,
-                                                   int64_t kb, const float* a, int64_t kp, int64_t block, float* out) {
-  const __m512 table = nibble_table();
-  __m512 total[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  for (int64_t k0 = 0, b = 0; k0 < kp; k0 += block, ++b) {
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int64_t k = k0; k < std::min(k0 + block, kp); k += kGroup) {
-      const __m512 a0 = _mm512_loadu_ps(a + k), a1 = _mm512_loadu_ps(a + k + 16);
-      for (int r = 0; r < 4; ++r) {
-        const __m512i x =
-            _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + r * stride + k / 2)));
-        acc[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(x, table), a0, acc[r]);
-        acc[r] = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(x, 4), table), a1, acc[r]);
-      }
-    }
-    for (int r = 0; r < 4; ++r) total[r] = _mm512_fmadd_ps(acc[r], _mm512_set1_ps(scales[r * kb + b]), total[r]);
+  for (int64_t t = 0; t < r.tail_groups; ++t) {
+    const __m512i x =
+        _mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(r.codes + r.nc * kLine + t * 16)));
+    const float* a = r.a + r.nc * kChunk + t * kGroup;
+    w = _mm512_mul_ps(base, _mm512_set1_ps(s[r.group_block[r.nc * 4 + t]]));
+    acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(x, w), _mm512_loadu_ps(a), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(_mm512_srli_epi32(x, 4), w), _mm512_loadu_ps(a + 16), acc1);
   }
-  for (int r = 0; r < 4; ++r) out[r] = _mm512_reduce_add_ps(total[r]);
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
 }
 
 // The widest ISA the CPU has, at most SLIMQUANT_QB4W_ISA (avx512, avx2 or scalar: lets the tests
@@ -137,7 +206,13 @@ Isa pick_isa() {
   return Isa::kScalar;
 }
 
-RowDot row_dot(Isa isa) { return isa == Isa::kAvx512 ? dot_avx512 : isa == Isa::kAvx2 ? dot_avx2 : dot_scalar; }
+RowDot row_dot(Isa isa, int64_t block) {
+  if (isa == Isa::kAvx512) {
+    const int64_t groups = block / kGroup;
+    return groups % 4 == 0 ? dot_avx512<4> : groups % 2 == 0 ? dot_avx512<2> : dot_avx512<1>;
+  }
+  return isa == Isa::kAvx2 ? dot_avx2 : dot_scalar;
+}
 
 // Calls fn(begin, end) over [0, n) split across threads when n * work_per_item is large.
 template <typename Fn>
@@ -158,11 +233,7 @@ void parallel_rows(int64_t n, int64_t work_per_item, Fn&& fn) {
 class MatMulQb4wKernel final : public Kernel {
  public:
   explicit MatMulQb4wKernel(const KernelInit& init)
-      : node_(init.node),
-        attrs_(MatMulQb4wAttrs::parse(init.node)),
-        isa_(pick_isa()),
-        dot_(row_dot(isa_)),
-        four_rows_(isa_ == Isa::kAvx512) {
+      : node_(init.node), attrs_(MatMulQb4wAttrs::parse(init.node)), isa_(pick_isa()) {
     const Tensor* codes = init.constant_input(static_cast<size_t>(MatMulQb4wInput::kCodes));
     const Tensor* scales = init.constant_input(static_cast<size_t>(MatMulQb4wInput::kScales));
     SQ_CHECK(codes && scales && codes->dtype() == DType::kInt8 && codes->rank() == 2 &&
@@ -170,29 +241,34 @@ class MatMulQb4wKernel final : public Kernel {
              ErrorKind::kInvalidModel, node_.describe() + ": needs constant int8 codes and float32 scales, both 2-D");
     SQ_CHECK(attrs_.block_size > 0 && attrs_.block_size % kGroup == 0, ErrorKind::kInvalidModel,
              node_.describe() + ": block_size must be a positive multiple of 32, got " + std::to_string(attrs_.block_size));
+    dot_ = row_dot(isa_, attrs_.block_size);
     const bool t = attrs_.weight_transposed;
     n_ = codes->dim(t ? 0 : 1);
     k_ = codes->dim(t ? 1 : 0);
     kp_ = (k_ + kGroup - 1) / kGroup * kGroup;
     kb_ = (k_ + attrs_.block_size - 1) / attrs_.block_size;
+    nc_ = kp_ / kChunk;
+    tail_groups_ = (kp_ - nc_ * kChunk) / kGroup;
+    stride_ = (kp_ / 2 + kLine - 1) / kLine * kLine;
     const Shape want_scales = t ? Shape{n_, kb_} : Shape{kb_, n_};
     SQ_CHECK(scales->shape() == want_scales, ErrorKind::kInvalidModel,
              node_.describe() + ": scales " + shape_str(scales->shape()) + " do not match codes " +
                  shape_str(codes->shape()) + " with block_size " + std::to_string(attrs_.block_size));
     const int8_t* c = codes->data<int8_t>();
     const float* s = scales->data<float>();
-    packed_.assign(static_cast<size_t>(n_ * kp_ / 2), 0x88);  // padding: code 0
+    packed_.reset(static_cast<size_t>(n_ * stride_), 0x88);  // padding: code 0
     scales_.resize(static_cast<size_t>(n_ * kb_));
+    group_block_.resize(static_cast<size_t>(kp_ / kGroup));
+    for (int64_t g = 0; g < kp_ / kGroup; ++g) group_block_[static_cast<size_t>(g)] = static_cast<int32_t>(g * kGroup / attrs_.block_size);
     for (int64_t n = 0; n < n_; ++n) {
-      uint8_t* row = packed_.data() + n * kp_ / 2;
+      uint8_t* row = packed_.data() + n * stride_;
       for (int64_t k = 0; k < k_; ++k) {
         const int q = t ? c[n * k_ + k] : c[k * n_ + n];
         SQ_CHECK(q >= -8 && q <= 7, ErrorKind::kInvalidModel,
                  node_.describe() + ": code " + std::to_string(q) + " is outside int4's [-8, 7]");
-        const int64_t j = k % kGroup;
-        uint8_t& byte = row[(k - j) / 2 + (j & 15)];
-        const auto u = static_cast<uint8_t>(q + 8);
-        byte = j < 16 ? static_cast<uint8_t>((byte & 0xF0) | u) : static_cast<uint8_t>((byte & 0x0F) | (u << 4));
+        const NibbleAt at = nibble_at(k, nc_);
+        uint8_t& byte = row[at.byte];
+        byte = static_cast<uint8_t>((byte & ~(15 << at.shift)) | ((q + 8) << at.shift));
       }
       for (int64_t b = 0; b < kb_; ++b) scales_[static_cast<size_t>(n * kb_ + b)] = t ? s[n * kb_ + b] : s[b * n_ + n];
     }
@@ -231,23 +307,17 @@ class MatMulQb4wKernel final : public Kernel {
 
  private:
   void gemv(const float* a, int64_t m, float* y) {
-    rows_.assign(static_cast<size_t>(m * kp_), 0.f);  // zero-padded to kp: the padding codes meet 0
+    rows_.reset(static_cast<size_t>(m * kp_), 0.f);  // zero-padded to kp: the padding codes meet 0
     for (int64_t r = 0; r < m; ++r)
       std::memcpy(rows_.data() + r * kp_, a + r * k_, static_cast<size_t>(k_) * sizeof(float));
     parallel_rows(n_, kp_ * m, [&](int64_t n0, int64_t n1) {
-      int64_t n = n0;
-      float four[4];
-      for (; four_rows_ && n + 4 <= n1; n += 4)
+      for (int64_t n = n0; n < n1; ++n) {
+        RowArgs args{packed_.data() + n * stride_, scales_.data() + n * kb_, group_block_.data(), nullptr, nc_,
+                     tail_groups_};
         for (int64_t r = 0; r < m; ++r) {
-          dot4_avx512(packed_.data() + n * kp_ / 2, kp_ / 2, scales_.data() + n * kb_, kb_, rows_.data() + r * kp_, kp_,
-                      attrs_.block_size, four);
-          std::memcpy(y + r * n_ + n, four, sizeof(four));
+          args.a = rows_.data() + r * kp_;
+          y[r * n_ + n] = dot_(args);
         }
-      for (; n < n1; ++n) {
-        const uint8_t* codes = packed_.data() + n * kp_ / 2;
-        const float* s = scales_.data() + n * kb_;
-        for (int64_t r = 0; r < m; ++r)
-          y[r * n_ + n] = dot_(codes, s, rows_.data() + r * kp_, kp_, attrs_.block_size);
       }
     });
   }
@@ -258,14 +328,13 @@ class MatMulQb4wKernel final : public Kernel {
       const int64_t rows = std::min(kPanelRows, n_ - n0);
       parallel_rows(rows, k_, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) {
-          const uint8_t* codes = packed_.data() + (n0 + r) * kp_ / 2;
+          const uint8_t* codes = packed_.data() + (n0 + r) * stride_;
           const float* s = scales_.data() + (n0 + r) * kb_;
           float* w = panel_.data() + r * k_;
           for (int64_t k = 0; k < k_; ++k) {
-            const int64_t j = k % kGroup;
-            const uint8_t byte = codes[(k - j) / 2 + (j & 15)];
-            const int u = j < 16 ? (byte & 15) : (byte >> 4);
-            w[k] = static_cast<float>(u - 8) * s[k / attrs_.block_size];
+            const NibbleAt at = nibble_at(k, nc_);
+            const int q = ((codes[at.byte] >> at.shift) & 15) - 8;
+            w[k] = static_cast<float>(q) * s[k / attrs_.block_size];
           }
         }
       });
@@ -277,13 +346,16 @@ class MatMulQb4wKernel final : public Kernel {
   const ir::Node& node_;
   MatMulQb4wAttrs attrs_;
   Isa isa_;
-  RowDot dot_;
-  bool four_rows_;  // dot4_avx512 for groups of four weight rows
+  RowDot dot_ = nullptr;
   int64_t n_ = 0, k_ = 0, kp_ = 0, kb_ = 0;
-  std::vector<uint8_t> packed_;  // n x kp/2
-  std::vector<float> scales_;    // n x kb
+  int64_t nc_ = 0, tail_groups_ = 0;  // per row: full 128-input chunks, then groups of 32
+  int64_t stride_ = 0;                // bytes per packed row (a multiple of 64)
+  LineAligned<uint8_t> packed_;       // n x stride
+  std::vector<float> scales_;         // n x kb
+  std::vector<int32_t> group_block_;  // kp / 32: the block of each group of 32 inputs
   std::vector<float> bias_;
-  std::vector<float> rows_, panel_;  // per-run scratch
+  LineAligned<float> rows_;  // per-run scratch: the rows of A, each padded to kp
+  std::vector<float> panel_;
 };
 
 }  // namespace
