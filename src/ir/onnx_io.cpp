@@ -494,8 +494,6 @@ constexpr int64_t kNewestOnnxOpset = 21;
 // the library's opset, and its checks and shape inference there hold (an attribute the older
 // schema lacks would not pass them, so a present one counts as used).
 bool has_input(const Node& n, size_t i) { return n.inputs.size() > i && !n.inputs[i].empty(); }
-// A constant axes input is written back as the attribute for the library's checks (libonnx_view);
-// noop_with_empty_axes = 0 is the older meaning.
 // The reductions whose axes became an input in opset 18 (ReduceSum's did in 13).
 const std::set<std::string>& reductions_with_axes_input_since_18() {
   static const std::set<std::string> ops = {"ReduceMax",    "ReduceMin",       "ReduceMean",
@@ -511,20 +509,30 @@ struct Scope {
     return graph.is_initializer(v) || (outer != nullptr && outer->is_initializer(v));
   }
 };
+// A constant axes input (in this graph or one around it) is written back as the attribute for the
+// library's checks (libonnx_view); noop_with_empty_axes = 0 is the older meaning.
 bool reads_axes_input(const Scope& scope, const Node& n) {
   return (has_input(n, 1) && !scope.is_initializer(n.inputs[1])) || n.attr_int("noop_with_empty_axes", 0) != 0;
 }
 bool pads_new_ways(const Scope&, const Node& n) { return has_input(n, 3) || n.attr_string("mode", "constant") == "wrap"; }
+// A newer attribute at its default value means what its absence meant (exporters write them out);
+// libonnx_view drops those for the library's older schema.
+bool all_ones(const std::vector<int64_t>& v) {
+  return std::all_of(v.begin(), v.end(), [](int64_t x) { return x == 1; });
+}
 bool resizes_new_ways(const Scope&, const Node& n) {
-  return n.attrs.count("antialias") || n.attrs.count("axes") || n.attrs.count("keep_aspect_ratio_policy") ||
+  return n.attr_int("antialias", 0) != 0 || n.attrs.count("axes") ||
+         n.attr_string("keep_aspect_ratio_policy", "stretch") != "stretch" ||
          n.attr_string("coordinate_transformation_mode", "half_pixel") == "half_pixel_symmetric";
 }
 bool reduces_by_max_or_min(const Scope&, const Node& n) {
   const std::string r = n.attr_string("reduction", "none");
   return r == "max" || r == "min";
 }
-bool pools_new_ways(const Scope&, const Node& n) { return n.attrs.count("ceil_mode") || n.attrs.count("dilations"); }
-bool dilates(const Scope&, const Node& n) { return n.attrs.count("dilations") != 0; }
+bool pools_new_ways(const Scope&, const Node& n) {
+  return n.attr_int("ceil_mode", 0) != 0 || !all_ones(n.attr_ints("dilations"));
+}
+bool dilates(const Scope&, const Node& n) { return !all_ones(n.attr_ints("dilations")); }
 bool quantizes_blocked(const Scope&, const Node& n) { return n.attrs.count("block_size") || n.attrs.count("output_dtype"); }
 bool always(const Scope&, const Node&) { return true; }
 bool never(const Scope&, const Node&) { return false; }
@@ -537,7 +545,7 @@ struct OpsetChange {
   // kernels handle what it does not list).
   bool (*used_by)(const Scope&, const Node&);
   // Raising a graph to the newer opset: whether the node's older form can be neither kept nor
-  // rewritten (rewrite_for_raised_opset rewrites Reduce*, Split and GridSample).
+  // rewritten (rewrite_for_raised_opset rewrites the reductions' axes and Split's count).
   bool (*blocks_raising)(const Scope&, const Node&);
 };
 constexpr OpsetChange kOpsetChanges[] = {
@@ -668,6 +676,20 @@ void libonnx_view(onnx::ModelProto& m) {
         auto* attrs = n.mutable_attribute();
         for (int i = attrs->size() - 1; i >= 0; --i)
           if (attrs->Get(i).name() == "num_outputs") attrs->DeleteSubrange(i, 1);
+      }
+      // Newer attributes at their default values (the opset check refused any other value).
+      if (n.domain().empty() || n.domain() == "ai.onnx") {
+        auto* attrs = n.mutable_attribute();
+        for (int i = attrs->size() - 1; i >= 0; --i) {
+          const onnx::AttributeProto& a = attrs->Get(i);
+          const bool ones = std::all_of(a.ints().begin(), a.ints().end(), [](int64_t x) { return x == 1; });
+          const bool default_valued =
+              (n.op_type() == "Resize" && ((a.name() == "antialias" && a.i() == 0) ||
+                                           (a.name() == "keep_aspect_ratio_policy" && a.s() == "stretch"))) ||
+              (n.op_type() == "LpPool" && ((a.name() == "ceil_mode" && a.i() == 0) || (a.name() == "dilations" && ones))) ||
+              (n.op_type() == "AveragePool" && a.name() == "dilations" && ones);
+          if (default_valued) attrs->DeleteSubrange(i, 1);
+        }
       }
       if (n.op_type() == "DequantizeLinear" || n.op_type() == "QuantizeLinear") {
         auto* attrs = n.mutable_attribute();

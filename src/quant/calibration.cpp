@@ -244,7 +244,7 @@ CalibrationRun calibrate(PTQ& ptq, CalibrationSource& source, const CalibrationL
   // batches, and the observers are merged in rank order, which is batch order (the result is the
   // one-process one). A sequential source is read whole by each process.
   const bool sharded = source.random_access() && distributed::size() > 1;
-  // Samples to hold back, but data that ends with the calibrated batches (a data set used whole, a
+  // Rows to hold back from data that ends with the calibrated batches (a data set used whole, a
   // generator read to its end): its last batch is observed only after the comparisons
   // (finish_calibration), so that they run on samples the observers have not seen, and the
   // calibration ends as it would have. A data set's last batch is known in advance; a generator's

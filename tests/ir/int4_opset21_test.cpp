@@ -247,3 +247,90 @@ TEST(Opset21, SplitByCountLoadsAndMakesTheLastPartSmaller) {
 }
 
 }  // namespace
+
+namespace {
+
+// An opset-19 model x[1,1,4,4] -> AveragePool 2x2 -> Resize x2 (linear), with or without the newer
+// attributes written out at their default values, as exporters write them.
+std::string pool_resize_model(bool explicit_defaults, int64_t antialias) {
+  onnx::ModelProto m;
+  m.set_ir_version(9);
+  m.add_opset_import()->set_version(19);
+  onnx::GraphProto* gp = m.mutable_graph();
+  gp->set_name("pool_resize");
+  auto add_value = [](onnx::ValueInfoProto* v, const char* name, std::vector<int64_t> dims) {
+    v->set_name(name);
+    v->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+    for (int64_t d : dims) v->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(d);
+  };
+  add_value(gp->add_input(), "x", {1, 1, 4, 4});
+  add_value(gp->add_output(), "y", {1, 1, 4, 4});
+  auto attr = [](onnx::NodeProto* n, const char* name) {
+    onnx::AttributeProto* a = n->add_attribute();
+    a->set_name(name);
+    return a;
+  };
+  onnx::NodeProto* pool = gp->add_node();
+  pool->set_op_type("AveragePool");
+  pool->set_name("pool");
+  pool->add_input("x");
+  pool->add_output("p");
+  onnx::AttributeProto* kernel = attr(pool, "kernel_shape");
+  kernel->set_type(onnx::AttributeProto::INTS);
+  kernel->add_ints(2);
+  kernel->add_ints(2);
+  onnx::AttributeProto* strides = attr(pool, "strides");
+  strides->set_type(onnx::AttributeProto::INTS);
+  strides->add_ints(2);
+  strides->add_ints(2);
+  onnx::TensorProto* scales = gp->add_initializer();
+  scales->set_name("scales");
+  scales->set_data_type(onnx::TensorProto::FLOAT);
+  scales->add_dims(4);
+  for (float v : {1.f, 1.f, 2.f, 2.f}) scales->add_float_data(v);
+  onnx::NodeProto* resize = gp->add_node();
+  resize->set_op_type("Resize");
+  resize->set_name("resize");
+  resize->add_input("p");
+  resize->add_input("");
+  resize->add_input("scales");
+  resize->add_output("y");
+  onnx::AttributeProto* mode = attr(resize, "mode");
+  mode->set_type(onnx::AttributeProto::STRING);
+  mode->set_s("linear");
+  if (explicit_defaults) {
+    onnx::AttributeProto* dilations = attr(pool, "dilations");
+    dilations->set_type(onnx::AttributeProto::INTS);
+    dilations->add_ints(1);
+    dilations->add_ints(1);
+    onnx::AttributeProto* aa = attr(resize, "antialias");
+    aa->set_type(onnx::AttributeProto::INT);
+    aa->set_i(antialias);
+    onnx::AttributeProto* policy = attr(resize, "keep_aspect_ratio_policy");
+    policy->set_type(onnx::AttributeProto::STRING);
+    policy->set_s("stretch");
+  }
+  return m.SerializeAsString();
+}
+
+TEST(Opset21, NewerAttributesAtTheirDefaultValuesLoadAndMeanWhatTheirAbsenceMeant) {
+  test::TempDir tmp("opset19_defaults");
+  std::ofstream(tmp.path("plain.onnx"), std::ios::binary) << pool_resize_model(false, 0);
+  std::ofstream(tmp.path("explicit.onnx"), std::ios::binary) << pool_resize_model(true, 0);
+  std::ofstream(tmp.path("antialias.onnx"), std::ios::binary) << pool_resize_model(true, 1);
+  Tensor x(DType::kFloat32, {1, 1, 4, 4});
+  for (int64_t i = 0; i < 16; ++i) x.data<float>()[i] = static_cast<float>(i * 3 % 7);
+  const Tensor plain = runtime::Session(ir::load_onnx(tmp.path("plain.onnx"))).run({{"x", x}}).at("y");
+  const Tensor explicit_defaults = runtime::Session(ir::load_onnx(tmp.path("explicit.onnx"))).run({{"x", x}}).at("y");
+  EXPECT_EQ(explicit_defaults.shape(), (Shape{1, 1, 4, 4}));
+  EXPECT_EQ(explicit_defaults.to_float_vector(), plain.to_float_vector());
+  try {
+    ir::load_onnx(tmp.path("antialias.onnx"));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("'resize' (Resize)"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
