@@ -25,4 +25,22 @@ inline ir::Graph resnet_with_offset_input() {
   return g;
 }
 
+// resnet_small with a scalar input "gain" (rank 0) multiplying its logits, as audio models take a
+// sample rate or detectors a threshold.
+inline ir::Graph resnet_with_scalar_gain() {
+  ir::Graph g = ir::load_onnx(fixture_model("resnet_small"));
+  const std::string logits = g.outputs.at(0).name;
+  for (ir::Node& n : g.nodes)
+    for (auto& out : n.outputs)
+      if (out == logits) out = "logits_before_gain";
+  ir::Node mul;
+  mul.name = "apply_gain";
+  mul.op_type = "Mul";
+  mul.inputs = {"logits_before_gain", "gain"};
+  mul.outputs = {logits};
+  g.nodes.push_back(mul);
+  g.inputs.push_back({"gain", DType::kFloat32, std::vector<ir::Dim>{}});
+  return g;
+}
+
 }  // namespace slimquant::test

@@ -39,6 +39,7 @@ data::DataOptions DataFlags::options(const std::string& needed_by, const ir::Gra
         if (in.name == side.name && in.dims) {
           side.model_rank = in.dims->size();
           if (!in.dims->empty() && in.dims->front().known()) side.model_first_dim = in.dims->front().value;
+          side.model_scalar = in.dims->empty();
         }
     o.side_inputs.push_back(std::move(side));
   }

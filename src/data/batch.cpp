@@ -64,6 +64,12 @@ Batch BatchLoader::load_range(size_t first, size_t count) const {
 
   const std::vector<SideInput>& sides = dataset_.side_inputs();
   for (size_t s = 0; s < sides.size(); ++s) {
+    if (!sides[s].batched) {
+      Tensor t(sides[s].dtype, sides[s].sample_shape);
+      dataset_.load_side_input(s, first, t.raw());
+      b.side_inputs[sides[s].name] = std::move(t);
+      continue;
+    }
     Shape side_shape = sides[s].sample_shape;
     side_shape.insert(side_shape.begin(), static_cast<int64_t>(count));
     Tensor t(sides[s].dtype, std::move(side_shape));

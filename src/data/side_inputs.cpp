@@ -100,7 +100,13 @@ class WithSideInputs final : public Dataset {
     const size_t n = size(), r = t.rank();
     Array a;
     Shape sample_shape;
-    if (spec.model_rank != 0 && r + 1 == spec.model_rank) {
+    bool batched = true;
+    if (spec.model_scalar) {
+      // One value for every batch, fed without a batch dimension ([], [1], [1, 1] ... hold it).
+      SQ_CHECK(t.numel() == 1, ErrorKind::kInvalidData,
+               who + " has shape " + shape_str(t.shape()) + ", but the model input is a scalar: give one value");
+      batched = false;
+    } else if (spec.model_rank != 0 && r + 1 == spec.model_rank) {
       sample_shape = t.shape();  // one sample for all
     } else if (r >= 1 && (spec.model_rank == 0 || r == spec.model_rank)) {
       const auto rows = static_cast<size_t>(t.dim(0));
@@ -132,7 +138,7 @@ class WithSideInputs final : public Dataset {
                  who + " holds " + (std::isnan(v[i]) ? "NaN" : "Inf") + " at element " + std::to_string(i));
     }
     a.row_bytes = static_cast<size_t>(shape_numel(sample_shape)) * dtype_size(t.dtype());
-    infos_.push_back({spec.name, t.dtype(), std::move(sample_shape)});
+    infos_.push_back({spec.name, t.dtype(), std::move(sample_shape), batched});
     a.values = std::move(t);
     arrays_.push_back(std::move(a));
   }

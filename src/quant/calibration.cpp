@@ -32,8 +32,12 @@ Feeds name_inputs(Feeds feeds, const std::vector<ir::ValueInfo>& inputs, const c
   return feeds;
 }
 
+// The rank stack_samples is given for a scalar model input (0 stands for an unknown rank).
+constexpr size_t kScalarInput = SIZE_MAX;
+
 // Stacks single samples (each input without a batch dimension, or with a batch dimension of 1)
-// into one batch per input; `ranks` holds each input's rank in the model (0 = unknown).
+// into one batch per input; `ranks` holds each input's rank in the model (0 = unknown,
+// kScalarInput: fed as is, one value for the batch).
 Feeds stack_samples(const std::vector<Feeds>& samples, const std::map<std::string, size_t>& ranks) {
   Feeds batch;
   const auto& first = samples.front();
@@ -41,6 +45,23 @@ Feeds stack_samples(const std::vector<Feeds>& samples, const std::map<std::strin
     auto rank_it = ranks.find(name);
     SQ_CHECK(rank_it != ranks.end(), ErrorKind::kInvalidArgument,
              "sample_generator gave '" + name + "', which is not an input of the model");
+    if (rank_it->second == kScalarInput) {
+      // A scalar input is fed as is: its samples must agree (a batch has one value of it).
+      for (const Feeds& s : samples) {
+        const auto it = s.find(name);
+        SQ_CHECK(it != s.end() && it->second.numel() == 1 && it->second.dtype() == t0.dtype() &&
+                     std::memcmp(it->second.raw(), t0.raw(), t0.nbytes()) == 0,
+                 ErrorKind::kInvalidArgument,
+                 "sample_generator: the scalar input '" + name +
+                     "' differs between the samples of a batch (it is fed once per batch): use batch_size 1");
+      }
+      SQ_CHECK(t0.numel() == 1, ErrorKind::kInvalidArgument,
+               "sample_generator: input '" + name + "' is a scalar in the model, not " + shape_str(t0.shape()));
+      Tensor scalar(t0.dtype(), Shape{});
+      std::memcpy(scalar.raw(), t0.raw(), t0.nbytes());
+      batch[name] = std::move(scalar);
+      continue;
+    }
     const bool has_batch_dim = rank_it->second != 0 && t0.rank() == rank_it->second;
     SQ_CHECK(!has_batch_dim || t0.dim(0) == 1, ErrorKind::kInvalidArgument,
              "sample_generator must give one sample per call; input '" + name + "' has batch dimension " +
@@ -147,7 +168,7 @@ class SampleGeneratorSource final : public SequentialSource {
  public:
   SampleGeneratorSource(SampleGenerator next, size_t batch_size, const std::vector<ir::ValueInfo>& inputs)
       : next_(std::move(next)), batch_size_(batch_size), inputs_(inputs) {
-    for (const auto& in : inputs) ranks_[in.name] = in.dims ? in.dims->size() : 0;
+    for (const auto& in : inputs) ranks_[in.name] = !in.dims ? 0 : in.dims->empty() ? kScalarInput : in.dims->size();
   }
   Feeds rows_after(size_t batches, size_t rows) override {
     if (ended_ || batches != rows_per_batch_.size()) return {};
@@ -191,11 +212,8 @@ class SampleGeneratorSource final : public SequentialSource {
 
 Feeds leading_rows(const Feeds& batch, size_t count) {
   int64_t rows = static_cast<int64_t>(count);
-  for (const auto& [name, t] : batch) {
-    SQ_CHECK(t.rank() >= 1, ErrorKind::kInvalidArgument,
-             "batch_generator: input '" + name + "' has no batch dimension (a scalar)");
-    rows = std::min(rows, t.dim(0));
-  }
+  for (const auto& [name, t] : batch)
+    if (t.rank() >= 1) rows = std::min(rows, t.dim(0));  // a scalar is the same for every row
   return runtime::feed_rows(batch, 0, rows);
 }
 

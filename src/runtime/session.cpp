@@ -286,7 +286,15 @@ namespace {
 int64_t shared_batch(const ir::Graph& graph, const std::map<std::string, Tensor>& feeds) {
   int64_t batch = -1;
   for (const auto& [name, t] : feeds) {
-    if (!t.defined() || t.is_sequence() || t.rank() == 0 || (batch >= 0 && t.dim(0) != batch)) return -1;
+    if (t.defined() && !t.is_sequence() && t.rank() == 0) {
+      // A scalar fed to a scalar input is the same for every row; elsewhere it is no batch.
+      const bool scalar_input = std::any_of(graph.inputs.begin(), graph.inputs.end(), [&](const ir::ValueInfo& in) {
+        return in.name == name && in.dims && in.dims->empty();
+      });
+      if (scalar_input) continue;
+      return -1;
+    }
+    if (!t.defined() || t.is_sequence() || (batch >= 0 && t.dim(0) != batch)) return -1;
     for (const auto& in : graph.inputs)
       if (in.name == name && in.dims && in.dims->size() + 1 == t.rank()) return -1;
     batch = t.dim(0);
@@ -311,6 +319,10 @@ int64_t declared_batch(const ir::Graph& graph, const std::map<std::string, Tenso
 std::map<std::string, Tensor> feed_rows(const std::map<std::string, Tensor>& feeds, int64_t first, int64_t count) {
   std::map<std::string, Tensor> part;
   for (const auto& [name, t] : feeds) {
+    if (t.defined() && !t.is_sequence() && t.rank() == 0) {  // a scalar input: the same for every row
+      part.emplace(name, t);
+      continue;
+    }
     SQ_CHECK(t.rank() >= 1 && first >= 0 && count >= 0 && first + count <= t.dim(0), ErrorKind::kInvalidArgument,
              "feed '" + name + "' of shape " + shape_str(t.shape()) + " has no rows " + std::to_string(first) + ".." +
                  std::to_string(first + count));

@@ -201,6 +201,29 @@ TEST(CliQuantize, SideInputFeedsASecondModelInput) {
   EXPECT_NE(missing.output.find("--side-input"), std::string::npos) << missing.output;
 }
 
+// A scalar model input (rank 0) fed by --side-input: one value, fed as is to every batch; an array
+// of more values is refused.
+TEST(CliQuantize, SideInputFeedsAScalarModelInput) {
+  test::TempDir tmp("cli_q_scalar");
+  ir::save_onnx(test::resnet_with_scalar_gain(), tmp.path("gain.onnx"));
+  Tensor one = Tensor::scalar(1.f);
+  write_npy(tmp.path("gain.npy"), one);
+  write_npy(tmp.path("gain1.npy"), Tensor::from_vector<float>({1}, {1.f}));
+  write_npy(tmp.path("gain2.npy"), Tensor::from_vector<float>({2}, {1.f, 2.f}));
+  for (const char* file : {"gain.npy", "gain1.npy"}) {
+    auto r = test::run_cli("quantize " + tmp.path("gain.onnx") + " " + kSmallCalib + "--side-input gain=" +
+                           tmp.path(file) + " --eval-dataset fashion-mnist:test -o " + tmp.path("q.onnx") + " --json");
+    ASSERT_EQ(r.exit_code, 0) << file << "\n" << r.output;
+    auto j = last_json_line(r.output);
+    EXPECT_GT(j["int8_top1"].get<double>(), 0.8) << file;
+    EXPECT_LE(std::abs(j["int8_top1"].get<double>() - j["fp32_top1"].get<double>()), 0.05) << file;
+  }
+  auto many = test::run_cli("quantize " + tmp.path("gain.onnx") + " " + kSmallCalib + "--side-input gain=" +
+                            tmp.path("gain2.npy") + " --no-eval -o " + tmp.path("m.onnx"));
+  EXPECT_NE(many.exit_code, 0) << many.output;
+  EXPECT_NE(many.output.find("the model input is a scalar: give one value"), std::string::npos) << many.output;
+}
+
 // Paddle's ptq_config words on the command line: --activation-quantize-type's Paddle values give
 // the symmetric export (the same bytes as the default), asymmetric gives u8 with zero points;
 // --skip-tensor-list takes layer names as analysis.txt lists them.

@@ -8,6 +8,7 @@
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/calibration.h"
 #include "slimquant/runtime/session.h"
+#include "multi_input_model.h"
 #include "test_util.h"
 
 using namespace slimquant;
@@ -236,6 +237,47 @@ TEST_F(Calibration, ResumesFromACheckpointAndGivesTheUninterruptedModel) {
   quant::CalibrationLoopOptions one = o;
   one.batch_nums = 1;
   EXPECT_THROW(quant::calibrate(*fewer, *data_source, one), Error);
+}
+
+// A scalar model input given by a sample generator: fed as is, one value per batch; samples of
+// one batch that disagree on it are refused.
+TEST(CalibrationScalarInput, ASampleGeneratorsScalarIsFedAsIs) {
+  const ir::Graph model = test::resnet_with_scalar_gain();
+  data::DataOptions d;
+  d.spec = "fashion-mnist:test";
+  d.limit = 8;
+  auto data = data::open_dataset(d);
+  const Tensor images = data::BatchLoader(*data, 8).batch(0).inputs;
+  const std::string image_input = model.inputs[0].name;
+  auto samples = [&](std::vector<float> gains) {
+    return [&images, &image_input, gains, i = size_t{0}]() mutable -> std::optional<quant::Feeds> {
+      if (i == gains.size()) return std::nullopt;
+      quant::Feeds f = runtime::feed_rows({{image_input, images}}, static_cast<int64_t>(i), 1);
+      f["gain"] = Tensor::scalar(gains[i++]);
+      return f;
+    };
+  };
+  quant::PTQ ptq{quant::QuantConfig{}};
+  ptq.quantize(model);
+  auto source = quant::sample_generator_calibration_source(samples(std::vector<float>(8, 2.f)), 4, model.inputs);
+  quant::CalibrationLoopOptions o;
+  o.first_rows = 2;
+  const quant::CalibrationRun run = quant::calibrate(ptq, *source, o);
+  EXPECT_EQ(run.batches, 2u);
+  ASSERT_TRUE(run.first_rows.count("gain"));
+  EXPECT_EQ(run.first_rows.at("gain").rank(), 0);
+  EXPECT_EQ(run.first_rows.at("gain").to_float_vector(), (std::vector<float>{2.f}));
+  EXPECT_EQ(run.first_rows.at(image_input).dim(0), 2);
+
+  quant::PTQ mixed_ptq{quant::QuantConfig{}};
+  mixed_ptq.quantize(model);
+  auto mixed = quant::sample_generator_calibration_source(samples({1.f, 1.f, 2.f, 1.f}), 4, model.inputs);
+  try {
+    quant::calibrate(mixed_ptq, *mixed, {});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the scalar input 'gain' differs"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

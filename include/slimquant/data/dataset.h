@@ -37,6 +37,8 @@ struct SideInputSpec {
   // The input's first dimension in the model when it is fixed, else -1: fixed at more than one,
   // it is not a batch axis, and an array of rank R that starts with it is refused saying so.
   int64_t model_first_dim = -1;
+  // The model input is a scalar (rank 0): the array holds its one value, fed as is to every batch.
+  bool model_scalar = false;
 };
 
 // Mirrors the CLI's data flags.
@@ -66,6 +68,9 @@ struct SideInput {
   std::string name;
   DType dtype = DType::kFloat32;
   Shape sample_shape;  // one sample, without the batch dimension
+  // false: the same tensor (of sample_shape) for every batch, without a batch dimension (a scalar
+  // model input); batches then carry it as is.
+  bool batched = true;
 };
 
 class Dataset {

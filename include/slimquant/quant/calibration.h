@@ -98,7 +98,7 @@ CalibrationRun calibrate(PTQ& ptq, CalibrationSource& source, const CalibrationL
 // run.held_back and before anything that needs the final ranges.
 void finish_calibration(PTQ& ptq, CalibrationRun& run);
 
-// The first `count` rows (along axis 0) of every tensor of a batch.
+// The first `count` rows (along axis 0) of every tensor of a batch (a scalar as it is).
 Feeds leading_rows(const Feeds& batch, size_t count);
 
 }  // namespace slimquant::quant

@@ -62,7 +62,8 @@ struct RunOptions {
   bool observe_in_any_layout = false;
 };
 
-// Rows [first, first + count) along axis 0 of every feed (each must have at least first + count).
+// Rows [first, first + count) along axis 0 of every feed (each must have at least first + count);
+// a scalar feed (rank 0) is the same for every row and kept as is.
 std::map<std::string, Tensor> feed_rows(const std::map<std::string, Tensor>& feeds, int64_t first, int64_t count);
 // The inverse for outputs: the outputs of a batch of `batch` samples run in parts of `part` (the
 // last may be smaller) as one batch. Throws kInvalidArgument naming the output when one is not one
