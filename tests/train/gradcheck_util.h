@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "graph_builder.h"  // random_tensor
 #include "slimquant/train/train_graph.h"
 
 namespace slimquant::test {
@@ -27,13 +28,6 @@ class OneThread {
  private:
   int prev_;
 };
-
-inline Tensor random_tensor(const Shape& s, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
-  Tensor t(DType::kFloat32, s);
-  std::uniform_real_distribution<float> d(lo, hi);
-  for (float& v : t.values<float>()) v = d(rng);
-  return t;
-}
 
 // Values whose magnitude is at least `gap` (keeps finite differences off kinks at 0).
 inline Tensor random_away_from_zero(const Shape& s, std::mt19937& rng, float scale = 1.f, float gap = 0.05f) {

@@ -11,68 +11,33 @@
 
 #include "slimquant/data/batch.h"
 #include "slimquant/train/qat.h"
+#include "gradcheck_util.h"  // OneThread, random_tensor, GraphBuilder
 
 using namespace slimquant;
 
 namespace qat_batch_test {
 
-class SingleThread {
- public:
-  SingleThread() : prev_(omp_get_max_threads()) { omp_set_num_threads(1); }
-  ~SingleThread() { omp_set_num_threads(prev_); }
-
- private:
-  int prev_;
-};
-
 constexpr int64_t kSide = 6, kChannels = 4, kClasses = 3;
-
-// (graph_builder.h's helpers clash with gradcheck_util.h's in this layer's unity batches.)
-Tensor uniform(const Shape& shape, std::mt19937& rng, float lo, float hi) {
-  Tensor t(DType::kFloat32, shape);
-  std::uniform_real_distribution<float> d(lo, hi);
-  for (auto& v : t.values<float>()) v = d(rng);
-  return t;
-}
-
-struct Builder {
-  ir::Graph g;
-  std::string constant(Tensor t) {
-    const std::string name = "c" + std::to_string(g.initializers.size());
-    g.initializers[name] = std::move(t);
-    return name;
-  }
-  std::string node(const std::string& op, std::vector<std::string> in, std::map<std::string, ir::AttributeValue> attrs = {}) {
-    ir::Node n;
-    n.op_type = op;
-    n.name = op + std::to_string(g.nodes.size());
-    n.inputs = std::move(in);
-    n.outputs = {n.name + "_out"};
-    n.attrs = std::move(attrs);
-    g.nodes.push_back(n);
-    return n.outputs[0];
-  }
-};
 
 // x [N, 1, 6, 6] -> Conv 3x3 (4 channels, pad 1) -> Relu -> Reshape [N, 144] -> Gemm (144 -> 3).
 // `declared`: the input's declared batch (-1: dynamic). `baked`: the Reshape's target is [1, 144]
 // instead of [-1, 144]. The weights do not depend on either.
 ir::Graph tiny_cnn(int64_t declared, bool baked) {
   std::mt19937 rng(7);
-  Builder b;
+  test::GraphBuilder b;
   b.g.opset = 13;
   b.g.inputs.push_back({"x", DType::kFloat32,
                         std::vector<ir::Dim>{{declared, declared < 0 ? "batch" : ""}, {1, ""}, {kSide, ""}, {kSide, ""}}});
-  const std::string w = b.constant(uniform({kChannels, 1, 3, 3}, rng, -0.5f, 0.5f));
-  const std::string bias = b.constant(uniform({kChannels}, rng, -0.1f, 0.1f));
+  const std::string w = b.constant(test::random_tensor({kChannels, 1, 3, 3}, rng, -0.5f, 0.5f));
+  const std::string bias = b.constant(test::random_tensor({kChannels}, rng, -0.1f, 0.1f));
   const std::string conv = b.node("Conv", {"x", w, bias},
                                   {{"kernel_shape", std::vector<int64_t>{3, 3}}, {"pads", std::vector<int64_t>{1, 1, 1, 1}}});
   const std::string relu = b.node("Relu", {conv});
   const int64_t features = kChannels * kSide * kSide;
   const std::string target = b.constant(Tensor::from_vector<int64_t>({2}, {baked ? 1 : -1, features}));
   const std::string flat = b.node("Reshape", {relu, target});
-  const std::string fc_w = b.constant(uniform({kClasses, features}, rng, -0.1f, 0.1f));
-  const std::string fc_b = b.constant(uniform({kClasses}, rng, -0.1f, 0.1f));
+  const std::string fc_w = b.constant(test::random_tensor({kClasses, features}, rng, -0.1f, 0.1f));
+  const std::string fc_b = b.constant(test::random_tensor({kClasses}, rng, -0.1f, 0.1f));
   const std::string logits = b.node("Gemm", {flat, fc_w, fc_b}, {{"transB", int64_t{1}}});
   b.g.outputs.push_back({logits, DType::kFloat32, std::nullopt});
   return b.g;
@@ -83,7 +48,7 @@ class Samples final : public data::Dataset {
  public:
   Samples(size_t n, uint32_t seed) : shape_{1, kSide, kSide} {
     std::mt19937 rng(seed);
-    batch_ = uniform({static_cast<int64_t>(n), 1, kSide, kSide}, rng, -1.0f, 1.0f);
+    batch_ = test::random_tensor({static_cast<int64_t>(n), 1, kSide, kSide}, rng, -1.0f, 1.0f);
     for (size_t i = 0; i < n; ++i) labels_.push_back(static_cast<int64_t>(i % kClasses));
   }
   const std::string& name() const override { return name_; }
@@ -164,7 +129,7 @@ void expect_same_step(const FirstStep& whole, const FirstStep& parts, const std:
 using namespace qat_batch_test;
 
 TEST(QATBatch, StepInPartsEqualsTheWholeBatchStep) {
-  SingleThread one;
+  test::OneThread one;
   const Samples data(4, 11);
   for (const std::string act : {"pact", "lsq_plus"}) {
     const FirstStep dynamic = first_step(tiny_cnn(-1, false), data, act);
@@ -200,7 +165,7 @@ TEST(QATBatch, StepInPartsEqualsTheWholeBatchStep) {
 // fit() with a --batch-size the model cannot take: the first batch (evaluation mode) finds the
 // limit, the epochs run in parts, one line says so.
 TEST(QATBatch, FitSplitsABatchTheModelCannotTake) {
-  SingleThread one;
+  test::OneThread one;
   const Samples data(10, 5);  // 3 steps of 4, the last of 2
   train::QATOptions o;
   o.batch_size = 4;
