@@ -1,5 +1,6 @@
-// slimquant_latency MODEL BATCH RUNS: one thread, RUNS timed Session::run calls on a fixed
-// [BATCH, 1, 28, 28] input (after 5 untimed ones), QDQ models by integer execution as the CLI does.
+// slimquant_latency MODEL SHAPE RUNS [WARMUP]: one thread, RUNS timed Session::run calls on a fixed
+// input of SHAPE (after WARMUP untimed ones, 5 by default), QDQ models by integer execution as the
+// CLI does.
 // Prints one JSON line: median wall ms, and median process CPU ms per run. On a shared machine
 // the wall time of a run includes time the process was preempted; its CPU time does not, so the
 // CPU-time median is the steadier figure for comparing runtimes (bench/compare_runtimes.js reads
@@ -34,8 +35,8 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: slimquant_latency MODEL SHAPE RUNS   (SHAPE like 32x3x224x224)\n");
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr, "usage: slimquant_latency MODEL SHAPE RUNS [WARMUP]   (SHAPE like 32x3x224x224)\n");
     return 2;
   }
   try {
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
       p = *end == 'x' ? end + 1 : end;
     }
     const int runs = std::stoi(argv[3]);
+    const int warmup = argc == 5 ? std::stoi(argv[4]) : 5;
     ir::Graph g = ir::load_onnx(argv[1]);
     runtime::SessionOptions options;
     options.num_threads = 1;
@@ -56,7 +58,7 @@ int main(int argc, char** argv) {
     float* p = x.data<float>();
     for (int64_t i = 0; i < x.numel(); ++i) p[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.f;
     const std::map<std::string, Tensor> feeds = {{session.inputs().at(0).name, x}};
-    for (int i = 0; i < 5; ++i) session.run(feeds);
+    for (int i = 0; i < warmup; ++i) session.run(feeds);
     std::vector<double> wall, cpu;
     for (int i = 0; i < runs; ++i) {
       const double c0 = cpu_ms();

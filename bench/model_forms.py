@@ -297,9 +297,13 @@ def opset_of(model):
 
 
 class TorchvisionModel(Model):
+    """NAME, or NAME@RES for the architecture at RES x RES instead of its usual resolution."""
+
     def __init__(self, name, work):
         super().__init__(name, "torchvision", work)
-        _, self.res, self.opset = torchvision_spec(name)[1:]
+        self.arch, _, res = name.partition("@")
+        _, self.res, self.opset = torchvision_spec(self.arch)[1:]
+        self.res = int(res) if res else self.res
         x_path = os.path.join(self.data_dir, "calib", "x.npy")
         if not os.path.exists(x_path):
             os.makedirs(os.path.dirname(x_path), exist_ok=True)
@@ -311,7 +315,7 @@ class TorchvisionModel(Model):
 
     def make(self, form, path):
         import torch
-        net, res, _ = torch_model(self.name)
+        net, res = torch_model(self.arch)[0], self.res
         x = torch.from_numpy(self.held_out["input"])
         if form == "base":
             torch_export(net, x, path, self.opset)

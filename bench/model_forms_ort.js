@@ -4,7 +4,7 @@
 //
 //   node bench/model_forms_ort.js run MODEL OUT_DIR NAME=FILE.npy [...] [--ort latest|pinned]
 //       writes OUT_DIR/<i>.npy for the i-th output and OUT_DIR/outputs.json {file: output name}
-//   node bench/model_forms_ort.js time MODEL RUNS NAME=FILE.npy [...] [--ort latest|pinned]
+//   node bench/model_forms_ort.js time MODEL RUNS NAME=FILE.npy [...] [--ort latest|pinned] [--warmup N]
 //       prints {"median_ms", "cpu_median_ms", "min_ms", "cpu_min_ms", "runs", "ort_version"} (bench/ort_timing.js)
 //
 // The last line printed is JSON; a failure prints {"error": "..."} and exits 1, so the caller can put
@@ -61,6 +61,8 @@ async function main() {
   const args = process.argv.slice(2);
   const ortIndex = args.indexOf('--ort');
   const ortChoice = ortIndex >= 0 ? args.splice(ortIndex, 2)[1] : 'latest';
+  const warmupIndex = args.indexOf('--warmup');
+  const warmup = warmupIndex >= 0 ? parseInt(args.splice(warmupIndex, 2)[1], 10) : 5;
   const ortPackage = { latest: 'onnxruntime-node-latest', pinned: 'onnxruntime-node' }[ortChoice];
   const ort = require(ortPackage);
   const version = require(`${ortPackage}/package.json`).version;
@@ -86,13 +88,17 @@ async function main() {
     console.log(JSON.stringify({ ort_version: version, outputs: session.outputNames }));
   } else if (command === 'time') {
     const runs = parseInt(third, 10);
-    console.log(JSON.stringify({ ...(await timeSession(session, feeds, runs)), runs, ort_version: version }));
+    console.log(JSON.stringify({ ...(await timeSession(session, feeds, runs, warmup)), runs, ort_version: version }));
   } else {
     throw new Error(`unknown command '${command}' (run or time)`);
   }
 }
 
-main().catch((e) => {
-  console.log(JSON.stringify({ error: String(e.message || e).split('\n')[0] }));
-  process.exit(1);
-});
+if (require.main === module) {
+  main().catch((e) => {
+    console.log(JSON.stringify({ error: String(e.message || e).split('\n')[0] }));
+    process.exit(1);
+  });
+}
+
+module.exports = { readNpy, writeNpy };

@@ -1,5 +1,5 @@
 // Timing of an ONNX Runtime session, shared by bench/compare_runtimes.js and bench/model_forms_ort.js:
-// 5 untimed runs, then `runs` timed ones; wall and process CPU time per run (on a shared machine the
+// `warmup` untimed runs (5 by default), then `runs` timed ones; wall and process CPU time per run (on a shared machine the
 // CPU time leaves out preemption), medians and minima in ms.
 function median(xs) {
   const s = [...xs].sort((a, b) => a - b);
@@ -7,8 +7,8 @@ function median(xs) {
   return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
 }
 
-async function timeSession(session, feeds, runs) {
-  for (let i = 0; i < 5; i++) await session.run(feeds);
+async function timeSession(session, feeds, runs, warmup = 5) {
+  for (let i = 0; i < warmup; i++) await session.run(feeds);
   const ms = [], cpu = [];
   for (let i = 0; i < runs; i++) {
     const c0 = process.cpuUsage();
