@@ -503,8 +503,10 @@ def ensure_form_from(model, form, base, path):
     elif form == "external":
         save(onnx.load(base), path, external=True)
     elif form == "ort_static":
+        # One sample per ORT run: MinMax ranges do not depend on the grouping, and the augmented model
+        # ORT calibrates (every tensor an output) needs gigabytes per sample at 1024x1024.
         ok, out, err = sh(["/usr/bin/python3", os.path.join(ROOT, "bench", "ort_style_quantize.py"), base,
-                           f"npy:{model.calib_dir}", path, "--batch-size", "2", "--batches", str(CALIB_SAMPLES // 2),
+                           f"npy:{model.calib_dir}", path, "--batch-size", "1", "--batches", str(CALIB_SAMPLES),
                            "--ort", "latest"])
         if not ok:
             raise RuntimeError("ort_style_quantize.py: " + first_error_line(err + out))
