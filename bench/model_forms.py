@@ -630,8 +630,10 @@ def quantize_ours(build, model, path, out_path, form):
     cmd = [os.path.join(build, "slimquant"), "quantize", path, f"npy:{model.calib_dir}", "-o", out_path,
            "--batch-size", "2", "--batch-nums", str(CALIB_SAMPLES // 2), "--no-eval", "--threads", "1",
            "--progress", "none", "--json"]
+    inputs = model_input_types(path)
     for s in getattr(model, "side_inputs", []):
-        cmd += ["--side-input", s]
+        if s.split("=", 1)[0] in inputs:  # a form may lack one (Silero's float16 file has no sr)
+            cmd += ["--side-input", s]
     if form == "ort_static":
         cmd.append("--requantize")
     t0 = time.time()

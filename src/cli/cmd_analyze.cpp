@@ -195,8 +195,9 @@ Action register_analyze(CLI::App& app) {
     if (candidates > 0) {
       const bool unseen = !calibration.held_back.empty();
       const size_t rows = quant::algo_choice_samples(calibration.calibrated_samples, candidates);
+      const runtime::BatchAxes batch_axes = runtime::input_batch_axes(graph.inputs);
       algo_choice = quant::choose_activation_algo(
-          ptq, unseen ? calibration.held_back : quant::leading_rows(calibration.first_rows, rows), unseen);
+          ptq, unseen ? calibration.held_back : quant::leading_rows(calibration.first_rows, rows, batch_axes), unseen);
       if (distributed::is_root())
         std::cout << "activation observer: auto chose " << algo_choice.describe() << "; --algo NAME fixes one" << std::endl;
     }

@@ -10,11 +10,13 @@
 #include <chrono>
 #include <iostream>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <sstream>
 #include <vector>
 
 #include "slimquant/ir/onnx_io.h"
+#include "slimquant/runtime/session.h"
 
 namespace slimquant::cli {
 
@@ -32,14 +34,19 @@ data::DataOptions DataFlags::options(const std::string& needed_by, const ir::Gra
   o.channel_order = data::parse_channel_order(channel_order, "--channel-order");
   o.limit = limit;
   o.channels = channels;
+  const ir::Dim batch = model ? runtime::batch_dimension(model->inputs) : ir::Dim{};
   for (const auto& text : side_inputs) {
     data::SideInputSpec side = data::parse_side_input(text, "--side-input");
     if (model)
       for (const auto& in : model->inputs)
         if (in.name == side.name && in.dims) {
           side.model_rank = in.dims->size();
-          if (!in.dims->empty() && in.dims->front().known()) side.model_first_dim = in.dims->front().value;
           side.model_scalar = in.dims->empty();
+          // The batch axis the sessions split and join this input on (runtime::input_batch_axes).
+          if (const std::optional<size_t> axis = runtime::declared_batch_axis(in, batch))
+            side.model_batch_axis = *axis;
+          else if (!in.dims->empty() && in.dims->front().known())
+            side.model_first_dim = in.dims->front().value;
         }
     o.side_inputs.push_back(std::move(side));
   }

@@ -3,7 +3,27 @@
 #include <exception>
 #include <mutex>
 
+#include "slimquant/core/tensor_slices.h"
+
 namespace slimquant::data {
+
+namespace {
+
+// Samples stacked first ([n, ...sample]) moved to `axis` (one sample along axis 0 is each
+// sample's slice there).
+Tensor batch_on_axis(const Tensor& stacked, size_t axis) {
+  if (axis == 0) return stacked;
+  const int64_t n = stacked.dim(0);
+  Shape one = stacked.shape();
+  one.erase(one.begin());
+  one.insert(one.begin() + static_cast<std::ptrdiff_t>(axis), 1);
+  std::vector<Tensor> samples;
+  samples.reserve(static_cast<size_t>(n));
+  for (int64_t k = 0; k < n; ++k) samples.push_back(slice_along(stacked, 0, k, 1).reshaped(one));
+  return concat_along(samples, axis);
+}
+
+}  // namespace
 
 std::map<std::string, Tensor> Batch::feeds(const std::string& main_input) const {
   std::map<std::string, Tensor> f = side_inputs;
@@ -76,7 +96,7 @@ Batch BatchLoader::load_range(size_t first, size_t count) const {
     const size_t row = t.nbytes() / count;
     for (size_t k = 0; k < count; ++k)
       dataset_.load_side_input(s, first + k, static_cast<std::byte*>(t.raw()) + k * row);
-    b.side_inputs[sides[s].name] = std::move(t);
+    b.side_inputs[sides[s].name] = batch_on_axis(t, sides[s].batch_axis);
   }
 
   if (dataset_.has_labels()) {

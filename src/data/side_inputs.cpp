@@ -7,6 +7,7 @@
 
 #include "data/preprocess.h"
 #include "slimquant/core/npy.h"
+#include "slimquant/core/tensor_slices.h"
 
 namespace slimquant::data {
 
@@ -58,7 +59,8 @@ namespace detail {
 
 namespace {
 
-// A data set plus side inputs. Each side array is either one row per sample or one row for all.
+// A data set plus side inputs. Each side array is either one row per sample or one row for all,
+// rows lying along the model input's batch axis.
 class WithSideInputs final : public Dataset {
  public:
   WithSideInputs(std::unique_ptr<Dataset> base, const DataOptions& options) : base_(std::move(base)) {
@@ -81,13 +83,20 @@ class WithSideInputs final : public Dataset {
     check_index(index, size(), name());
     const Array& a = arrays_[which];
     const size_t row = a.per_sample ? index : 0;
-    std::memcpy(dst, static_cast<const std::byte*>(a.values.raw()) + row * a.row_bytes, a.row_bytes);
+    if (a.row_axis == 0) {
+      std::memcpy(dst, static_cast<const std::byte*>(a.values.raw()) + row * a.row_bytes, a.row_bytes);
+      return;
+    }
+    // A row off the first axis is strided: gathered into one sample.
+    const Tensor sample = slice_along(a.values, a.row_axis, static_cast<int64_t>(row), 1);
+    std::memcpy(dst, sample.raw(), a.row_bytes);
   }
 
  private:
   struct Array {
     Tensor values;
     bool per_sample = false;
+    size_t row_axis = 0;  // the axis of values that holds the rows (for one sample for all: 0)
     size_t row_bytes = 0;
   };
 
@@ -109,21 +118,28 @@ class WithSideInputs final : public Dataset {
     } else if (spec.model_rank != 0 && r + 1 == spec.model_rank) {
       sample_shape = t.shape();  // one sample for all
     } else if (r >= 1 && (spec.model_rank == 0 || r == spec.model_rank)) {
-      const auto rows = static_cast<size_t>(t.dim(0));
-      // The model fixes this input's first axis at more than one (an LSTM state [layers, batch,
-      // hidden]): it is not the batch, and rows along it are not samples.
+      const size_t axis = spec.model_batch_axis;
+      SQ_CHECK(axis < r, ErrorKind::kInvalidArgument,
+               who + ": batch axis " + std::to_string(axis) + " for an array of rank " + std::to_string(r));
+      const auto rows = static_cast<size_t>(t.dim(axis));
+      // The model fixes this input's first axis at more than one and shows no other as the batch:
+      // that axis is not the batch, and rows along it are not samples.
       if (spec.model_first_dim > 1 && t.dim(0) == spec.model_first_dim && rows != n)
         fail(ErrorKind::kUnsupported,
              who + " has shape " + shape_str(t.shape()) + ", and the model fixes that input's first axis at " +
                  std::to_string(spec.model_first_dim) +
-                 ": its batch is on another axis (a recurrent state's [layers, batch, hidden]), while side inputs "
-                 "are fed batch first (one row per sample, or one for all), so such an input cannot be fed "
-                 "from a data set yet");
+                 ", so that axis is not its batch, while its declared shape shows no other (no one axis of dynamic "
+                 "size, or of the batch size its other inputs fix): give the input a dynamic batch axis in the model "
+                 "to feed it from a data set");
       a.per_sample = rows != 1 || n == 1;
+      a.row_axis = axis;
+      const std::string along = axis == 0 ? "" : " along its batch axis " + std::to_string(axis);
       if (a.per_sample && (limit == 0 ? rows != n : rows < n))
-        fail(ErrorKind::kInvalidData, who + " has " + std::to_string(rows) + " rows for the " + std::to_string(n) +
-                                          " samples of '" + name() + "' (give one row per sample, or one for all)");
-      sample_shape.assign(t.shape().begin() + 1, t.shape().end());
+        fail(ErrorKind::kInvalidData, who + " has " + std::to_string(rows) + " rows" + along + " for the " +
+                                          std::to_string(n) + " samples of '" + name() +
+                                          "' (give one row per sample, or one for all)");
+      sample_shape = t.shape();
+      sample_shape.erase(sample_shape.begin() + static_cast<std::ptrdiff_t>(axis));
     } else {
       fail(ErrorKind::kInvalidData,
            who + " has shape " + shape_str(t.shape()) +
@@ -138,7 +154,7 @@ class WithSideInputs final : public Dataset {
                  who + " holds " + (std::isnan(v[i]) ? "NaN" : "Inf") + " at element " + std::to_string(i));
     }
     a.row_bytes = static_cast<size_t>(shape_numel(sample_shape)) * dtype_size(t.dtype());
-    infos_.push_back({spec.name, t.dtype(), std::move(sample_shape), batched});
+    infos_.push_back({spec.name, t.dtype(), std::move(sample_shape), batched, batched ? spec.model_batch_axis : 0});
     a.values = std::move(t);
     arrays_.push_back(std::move(a));
   }

@@ -90,8 +90,8 @@ ActivationAlgoChoice choose_activation_algo(PTQ& ptq, const std::map<std::string
   const std::vector<std::string> candidates = ptq.selectable_activation_algos();
   if (candidates.empty()) return choice;
   SQ_CHECK(!samples.empty(), ErrorKind::kInvalidArgument, "choose_activation_algo: no samples to compare on");
-  const Tensor& first = samples.begin()->second;
-  choice.samples = first.rank() == 0 ? 1 : static_cast<size_t>(first.dim(0));
+  choice.samples = static_cast<size_t>(
+      std::max<int64_t>(1, runtime::batch_rows(samples, runtime::input_batch_axes(ptq.float_graph().inputs))));
   choice.held_back = held_back;
 
   const ir::Graph& float_graph = ptq.float_graph();

@@ -7,6 +7,7 @@
 
 #include "slimquant/core/distributed.h"
 #include "slimquant/core/progress.h"
+#include "slimquant/core/tensor_slices.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/runtime/session.h"
 
@@ -14,9 +15,9 @@ namespace slimquant::quant {
 
 namespace {
 
-// Rows (samples) of a batch: axis 0 of its first tensor.
-size_t rows_of(const Feeds& feeds) {
-  return feeds.empty() || feeds.begin()->second.rank() == 0 ? 0 : static_cast<size_t>(feeds.begin()->second.dim(0));
+// Rows (samples) of a batch.
+size_t rows_of(const Feeds& feeds, const runtime::BatchAxes& axes) {
+  return static_cast<size_t>(runtime::batch_rows(feeds, axes));
 }
 
 // Gives the entry named "" (a bare array from a generator) the name of the model's only input.
@@ -36,9 +37,10 @@ Feeds name_inputs(Feeds feeds, const std::vector<ir::ValueInfo>& inputs, const c
 constexpr size_t kScalarInput = SIZE_MAX;
 
 // Stacks single samples (each input without a batch dimension, or with a batch dimension of 1)
-// into one batch per input; `ranks` holds each input's rank in the model (0 = unknown,
-// kScalarInput: fed as is, one value for the batch).
-Feeds stack_samples(const std::vector<Feeds>& samples, const std::map<std::string, size_t>& ranks) {
+// into one batch per input, along the input's batch axis; `ranks` holds each input's rank in the
+// model (0 = unknown, kScalarInput: fed as is, one value for the batch).
+Feeds stack_samples(const std::vector<Feeds>& samples, const std::map<std::string, size_t>& ranks,
+                    const runtime::BatchAxes& axes) {
   Feeds batch;
   const auto& first = samples.front();
   for (const auto& [name, t0] : first) {
@@ -62,15 +64,17 @@ Feeds stack_samples(const std::vector<Feeds>& samples, const std::map<std::strin
       batch[name] = std::move(scalar);
       continue;
     }
+    const size_t axis = runtime::batch_axis_of(axes, name);
     const bool has_batch_dim = rank_it->second != 0 && t0.rank() == rank_it->second;
-    SQ_CHECK(!has_batch_dim || t0.dim(0) == 1, ErrorKind::kInvalidArgument,
+    SQ_CHECK(!has_batch_dim || t0.dim(axis) == 1, ErrorKind::kInvalidArgument,
              "sample_generator must give one sample per call; input '" + name + "' has batch dimension " +
-                 std::to_string(t0.dim(0)));
-    Shape shape = t0.shape();
-    if (has_batch_dim) shape.erase(shape.begin());
-    shape.insert(shape.begin(), static_cast<int64_t>(samples.size()));
-    Tensor out(t0.dtype(), shape);
-    auto* dst = static_cast<std::byte*>(out.raw());
+                 std::to_string(t0.dim(axis)) + (axis ? " (axis " + std::to_string(axis) + ")" : ""));
+    // Each sample with a batch dimension of 1 where its batch goes; joined there.
+    Shape one = t0.shape();
+    if (has_batch_dim) one.erase(one.begin() + static_cast<std::ptrdiff_t>(axis));
+    one.insert(one.begin() + static_cast<std::ptrdiff_t>(std::min(axis, one.size())), 1);
+    std::vector<Tensor> pieces;
+    pieces.reserve(samples.size());
     for (size_t i = 0; i < samples.size(); ++i) {
       auto it = samples[i].find(name);
       SQ_CHECK(it != samples[i].end(), ErrorKind::kInvalidArgument,
@@ -79,9 +83,9 @@ Feeds stack_samples(const std::vector<Feeds>& samples, const std::map<std::strin
       SQ_CHECK(t.dtype() == t0.dtype() && t.numel() == t0.numel(), ErrorKind::kInvalidArgument,
                "sample_generator: samples of input '" + name + "' differ in dtype or shape (" + shape_str(t.shape()) +
                    " vs " + shape_str(t0.shape()) + ")");
-      std::memcpy(dst + i * t0.nbytes(), t.raw(), t0.nbytes());
+      pieces.push_back(t.reshaped(one));
     }
-    batch[name] = std::move(out);
+    batch[name] = concat_along(pieces, std::min(axis, one.size() - 1));
   }
   return batch;
 }
@@ -93,6 +97,14 @@ class DatasetSource final : public CalibrationSource {
     std::vector<std::string> names;
     for (const auto& in : model_inputs) names.push_back(in.name);
     main_input_ = data::main_input_name(names, data);
+    const runtime::BatchAxes axes = runtime::input_batch_axes(model_inputs);
+    for (const data::SideInput& side : data.side_inputs()) {
+      const size_t expected = runtime::batch_axis_of(axes, side.name);
+      SQ_CHECK(!side.batched || side.batch_axis == expected, ErrorKind::kInvalidArgument,
+               "side input '" + side.name + "' of '" + data.name() + "' is batched along axis " +
+                   std::to_string(side.batch_axis) + ", but the model's batch axis for it is " +
+                   std::to_string(expected) + ": set SideInputSpec::model_batch_axis (runtime::input_batch_axes)");
+    }
   }
   std::optional<size_t> known_batches() const override { return loader_.num_batches(); }
   bool random_access() const override { return true; }
@@ -118,6 +130,7 @@ class DatasetSource final : public CalibrationSource {
 // Generators are read once, in order; rows_per_batch_ remembers what each batch held.
 class SequentialSource : public CalibrationSource {
  public:
+  explicit SequentialSource(const std::vector<ir::ValueInfo>& inputs) : axes_(runtime::input_batch_axes(inputs)) {}
   std::optional<size_t> known_batches() const override { return std::nullopt; }
   bool random_access() const override { return false; }
   std::optional<Feeds> batch(size_t i) override {
@@ -128,7 +141,7 @@ class SequentialSource : public CalibrationSource {
       ended_ = true;
       return std::nullopt;
     }
-    rows_per_batch_.push_back(rows_of(*b));
+    rows_per_batch_.push_back(rows_of(*b, axes_));
     return b;
   }
   size_t samples_in(size_t batches) const override {
@@ -141,16 +154,18 @@ class SequentialSource : public CalibrationSource {
   virtual std::optional<Feeds> next_batch() = 0;
   bool ended_ = false;
   std::vector<size_t> rows_per_batch_;
+  runtime::BatchAxes axes_;  // of the model's inputs
 };
 
 class BatchGeneratorSource final : public SequentialSource {
  public:
-  BatchGeneratorSource(BatchGenerator next, const std::vector<ir::ValueInfo>& inputs) : next_(std::move(next)), inputs_(inputs) {}
+  BatchGeneratorSource(BatchGenerator next, const std::vector<ir::ValueInfo>& inputs)
+      : SequentialSource(inputs), next_(std::move(next)), inputs_(inputs) {}
   Feeds rows_after(size_t batches, size_t rows) override {
     if (ended_ || rows == 0 || batches != rows_per_batch_.size()) return {};
     std::optional<Feeds> b = next_();
     if (!b) return {};
-    return leading_rows(name_inputs(std::move(*b), inputs_, "batch_generator"), rows);
+    return leading_rows(name_inputs(std::move(*b), inputs_, "batch_generator"), rows, axes_);
   }
   std::string name() const override { return "the data_loader"; }
 
@@ -167,13 +182,13 @@ class BatchGeneratorSource final : public SequentialSource {
 class SampleGeneratorSource final : public SequentialSource {
  public:
   SampleGeneratorSource(SampleGenerator next, size_t batch_size, const std::vector<ir::ValueInfo>& inputs)
-      : next_(std::move(next)), batch_size_(batch_size), inputs_(inputs) {
+      : SequentialSource(inputs), next_(std::move(next)), batch_size_(batch_size), inputs_(inputs) {
     for (const auto& in : inputs) ranks_[in.name] = !in.dims ? 0 : in.dims->empty() ? kScalarInput : in.dims->size();
   }
   Feeds rows_after(size_t batches, size_t rows) override {
     if (ended_ || batches != rows_per_batch_.size()) return {};
     std::vector<Feeds> samples = read_samples(rows);
-    return samples.empty() ? Feeds{} : stack_samples(samples, ranks_);
+    return samples.empty() ? Feeds{} : stack_samples(samples, ranks_, axes_);
   }
   std::string name() const override { return "sample_generator"; }
 
@@ -183,7 +198,7 @@ class SampleGeneratorSource final : public SequentialSource {
     // A short batch is the last one: the generator has ended.
     if (samples.size() < batch_size_) ended_next_ = true;
     if (samples.empty()) return std::nullopt;
-    return stack_samples(samples, ranks_);
+    return stack_samples(samples, ranks_, axes_);
   }
   std::vector<Feeds> read_samples(size_t count) {
     std::vector<Feeds> samples;
@@ -210,11 +225,11 @@ class SampleGeneratorSource final : public SequentialSource {
 
 }  // namespace
 
-Feeds leading_rows(const Feeds& batch, size_t count) {
+Feeds leading_rows(const Feeds& batch, size_t count, const runtime::BatchAxes& axes) {
   int64_t rows = static_cast<int64_t>(count);
-  for (const auto& [name, t] : batch)
-    if (t.rank() >= 1) rows = std::min(rows, t.dim(0));  // a scalar is the same for every row
-  return runtime::feed_rows(batch, 0, rows);
+  for (const auto& [name, t] : batch)  // a scalar is the same for every row
+    if (t.rank() >= 1) rows = std::min(rows, t.dim(runtime::batch_axis_of(axes, name)));
+  return runtime::feed_rows(batch, 0, rows, axes);
 }
 
 std::unique_ptr<CalibrationSource> dataset_calibration_source(const data::Dataset& data, size_t batch_size,
@@ -233,6 +248,7 @@ std::unique_ptr<CalibrationSource> sample_generator_calibration_source(SampleGen
 
 CalibrationRun calibrate(PTQ& ptq, CalibrationSource& source, const CalibrationLoopOptions& o) {
   CalibrationRun run;
+  const runtime::BatchAxes axes = runtime::input_batch_axes(ptq.float_graph().inputs);
   const std::string& checkpoint = o.checkpoint;
   if (!checkpoint.empty()) {
     // Distributed: rank 0 alone keeps the checkpoint (it holds the first batches, the others are
@@ -295,7 +311,7 @@ CalibrationRun calibrate(PTQ& ptq, CalibrationSource& source, const CalibrationL
 
   // The samples a fresh run compares on come from the first batch, also when it was resumed.
   auto keep_first_rows = [&](const Feeds& b) {
-    if (o.first_rows > 0 && run.first_rows.empty()) run.first_rows = leading_rows(b, o.first_rows);
+    if (o.first_rows > 0 && run.first_rows.empty()) run.first_rows = leading_rows(b, o.first_rows, axes);
   };
   if (source.random_access()) {
     if (o.first_rows > 0) run.first_rows = source.rows_after(0, o.first_rows);
@@ -313,7 +329,7 @@ CalibrationRun calibrate(PTQ& ptq, CalibrationSource& source, const CalibrationL
   progress.advance(run.resumed_batches);
   auto observe = [&](const Feeds& b, size_t batches_done) {
     ptq.sample(b);
-    run.samples += rows_of(b);
+    run.samples += rows_of(b, axes);
     progress.advance();
     after_batch(batches_done);
   };
@@ -357,7 +373,7 @@ CalibrationRun calibrate(PTQ& ptq, CalibrationSource& source, const CalibrationL
   // Held back: what the calibration did not reach, else the last batch, observed after them.
   const size_t held_rows = o.held_back_rows ? o.held_back_rows(run.calibrated_samples) : 0;
   if (held_rows > 0 && run.deferred_batch)
-    run.held_back = leading_rows(*run.deferred_batch, held_rows);
+    run.held_back = leading_rows(*run.deferred_batch, held_rows, axes);
   else if (held_rows > 0 && (source.known_batches() || (o.batch_nums && calibrated_batches == *o.batch_nums)))
     run.held_back = source.rows_after(calibrated_batches, held_rows);
   run.batches = ptq.samples_seen();
@@ -373,7 +389,7 @@ void finish_calibration(PTQ& ptq, CalibrationRun& run) {
   if (!run.deferred_batch) return;
   // Not saved to the checkpoint: a resumed run defers the same batch again (see calibrate).
   ptq.sample(*run.deferred_batch);
-  run.samples += rows_of(*run.deferred_batch);
+  run.samples += rows_of(*run.deferred_batch, runtime::input_batch_axes(ptq.float_graph().inputs));
   run.batches = ptq.samples_seen();
   run.deferred_batch.reset();
   ptq.release_calibration_buffers();

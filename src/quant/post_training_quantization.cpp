@@ -177,17 +177,18 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   const std::map<std::string, Tensor>& first_rows = run.first_rows;
   const std::map<std::string, Tensor>& held_back = run.held_back;
   auto choice_rows = [&] { return algo_choice_samples(calibrated_samples, algo_candidates); };
+  const runtime::BatchAxes batch_axes = runtime::input_batch_axes(float_graph_.inputs);
   if (algo_candidates > 0 && !uncalibrated) {  // weight-only (GPTQ) quantizes no activation
     const bool unseen = !held_back.empty();
     AlgoChoiceOptions ao;
     ao.channel_wise_below_sqnr_db = o.fallback_sqnr_db;
-    algo_choice_ = choose_activation_algo(*ptq_, unseen ? held_back : leading_rows(first_rows, choice_rows()), unseen, ao);
+    algo_choice_ = choose_activation_algo(*ptq_, unseen ? held_back : leading_rows(first_rows, choice_rows(), batch_axes), unseen, ao);
     quantized_metadata["slimquant.activation_algo"] = algo_choice_.chosen;
   }
   finish_calibration(*ptq_, run);
   report_ = {run.batches, run.samples, run.resumed_batches, run.seconds};
   if (o.fallback_sqnr_db > 0 && !first_rows.empty() && !uncalibrated) {
-    const std::map<std::string, Tensor> fallback_samples = leading_rows(first_rows, kFallbackSamples);
+    const std::map<std::string, Tensor> fallback_samples = leading_rows(first_rows, kFallbackSamples, batch_axes);
     PrecisionFallbackOptions fo;
     fo.target_sqnr_db = o.fallback_sqnr_db;
     fo.max_float_fraction = o.fallback_max_float_fraction;

@@ -64,11 +64,6 @@ std::vector<std::string> drift_measured_values(const ir::Graph& g) {
 
 namespace {
 
-// Rows of the first feed (every feed shares them).
-int64_t sample_count(const std::map<std::string, Tensor>& samples) {
-  return samples.empty() || samples.begin()->second.rank() == 0 ? 1 : samples.begin()->second.dim(0);
-}
-
 // Noise power and signal power of a value.
 struct NoiseSum {
   double noise = 0, signal = 0;
@@ -157,7 +152,8 @@ PrecisionFallbackResult choose_precision_fallback(PTQ& ptq, const std::map<std::
   const auto budget = static_cast<size_t>(std::ceil(options.max_float_fraction * static_cast<double>(layers.size())));
   // The exact ranking's evaluations: reference, before, channel-wise, one per layer, up to one per
   // float layer; the other's: reference, before, channel-wise, the probe pass, doubling groups.
-  const int64_t available = sample_count(all_samples);
+  const runtime::BatchAxes batch_axes = runtime::input_batch_axes(ptq.float_graph().inputs);
+  const int64_t available = std::max<int64_t>(1, runtime::batch_rows(all_samples, batch_axes));
   const size_t exact_runs = (3 + layers.size() + std::min(budget, layers.size())) * static_cast<size_t>(available);
   const bool exact = options.max_sample_runs == 0 || exact_runs <= options.max_sample_runs;
   size_t noise_ranking_runs = 4;  // reference (which keeps the probes), before, channel-wise, the probe pass
@@ -167,7 +163,7 @@ PrecisionFallbackResult choose_precision_fallback(PTQ& ptq, const std::map<std::
                              : std::clamp<int64_t>(static_cast<int64_t>(options.max_sample_runs / noise_ranking_runs), 1,
                                                    available);
   const std::map<std::string, Tensor> samples =
-      used == available ? all_samples : runtime::feed_rows(all_samples, 0, used);
+      used == available ? all_samples : runtime::feed_rows(all_samples, 0, used, batch_axes);
   result.samples = static_cast<size_t>(used);
   result.ranking = exact ? "output" : "added noise";
 

@@ -20,6 +20,7 @@
 #include "runtime/kernels/dnnl/dnnl_common.h"
 #include "runtime/kernels/dnnl/dnnl_kernels.h"
 #include "runtime/session_internal.h"
+#include "slimquant/core/tensor_slices.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/kernel.h"
 #include "slimquant/runtime/optimize.h"
@@ -217,6 +218,7 @@ struct Session::PlanEntry {
 Session::Session(ir::Graph graph, SessionOptions options) : graph_(std::move(graph)), options_(options) {
   if (options_.optimize) optimize_graph(graph_);
   check_supported(graph_);
+  input_axes_ = input_batch_axes(graph_.inputs);
 }
 
 Session::~Session() = default;
@@ -279,11 +281,17 @@ std::string plan_key(const std::map<std::string, Tensor>& feeds, const std::vect
 
 }  // namespace
 
+size_t batch_axis_of(const BatchAxes& axes, const std::string& name) {
+  const auto it = axes.find(name);
+  return it == axes.end() ? 0 : it->second;
+}
+
 namespace {
 
-// The leading dimension every feed shares, or -1: a feed of rank 0, feeds that differ, or a feed
-// for an input declared without a batch dimension (one sample, see without_batch_of_one).
-int64_t shared_batch(const ir::Graph& graph, const std::map<std::string, Tensor>& feeds) {
+// The batch dimension every feed shares (each on its batch axis), or -1: a feed of rank 0, feeds
+// that differ, or a feed for an input declared without a batch dimension (one sample, see
+// without_batch_of_one).
+int64_t shared_batch(const ir::Graph& graph, const std::map<std::string, Tensor>& feeds, const BatchAxes& axes) {
   int64_t batch = -1;
   for (const auto& [name, t] : feeds) {
     if (t.defined() && !t.is_sequence() && t.rank() == 0) {
@@ -294,45 +302,96 @@ int64_t shared_batch(const ir::Graph& graph, const std::map<std::string, Tensor>
       if (scalar_input) continue;
       return -1;
     }
-    if (!t.defined() || t.is_sequence() || (batch >= 0 && t.dim(0) != batch)) return -1;
+    const size_t axis = batch_axis_of(axes, name);
+    if (!t.defined() || t.is_sequence() || axis >= t.rank() || (batch >= 0 && t.dim(axis) != batch)) return -1;
     for (const auto& in : graph.inputs)
       if (in.name == name && in.dims && in.dims->size() + 1 == t.rank()) return -1;
-    batch = t.dim(0);
+    batch = t.dim(axis);
   }
   return batch;
 }
 
 }  // namespace
 
+ir::Dim batch_dimension(const std::vector<ir::ValueInfo>& inputs) {
+  const ir::ValueInfo* fixed = nullptr;
+  for (const auto& in : inputs) {
+    if (!in.dims || in.dims->empty()) continue;
+    if (!in.dims->front().known()) return in.dims->front();
+    if (!fixed) fixed = &in;
+  }
+  return fixed ? fixed->dims->front() : ir::Dim{};
+}
+
+std::optional<size_t> declared_batch_axis(const ir::ValueInfo& value, const ir::Dim& batch) {
+  if (!value.dims || value.dims->empty()) return std::nullopt;
+  const std::vector<ir::Dim>& dims = *value.dims;
+  // The one axis that `is_batch` picks, or nullopt when none or several do.
+  auto only_axis = [&](auto&& is_batch) -> std::optional<size_t> {
+    std::optional<size_t> found;
+    for (size_t axis = 0; axis < dims.size(); ++axis) {
+      if (!is_batch(dims[axis])) continue;
+      if (found) return std::nullopt;
+      found = axis;
+    }
+    return found;
+  };
+  if (!batch.known() && !batch.param.empty())
+    if (auto named = only_axis([&](const ir::Dim& d) { return !d.known() && d.param == batch.param; })) return named;
+  if (!dims.front().known()) return std::nullopt;
+  if (batch.known()) {
+    if (dims.front().value == batch.value) return 0;
+    return only_axis([&](const ir::Dim& d) { return d.known() && d.value == batch.value; });
+  }
+  // A first axis fixed at 1 may still be a batch of one; fixed at more, it is something else.
+  if (dims.front().value <= 1) return std::nullopt;
+  return only_axis([](const ir::Dim& d) { return !d.known(); });
+}
+
+BatchAxes input_batch_axes(const std::vector<ir::ValueInfo>& inputs) {
+  const ir::Dim batch = batch_dimension(inputs);
+  BatchAxes axes;
+  for (const auto& in : inputs)
+    if (const std::optional<size_t> axis = declared_batch_axis(in, batch); axis && *axis != 0) axes[in.name] = *axis;
+  return axes;
+}
+
+int64_t batch_rows(const std::map<std::string, Tensor>& feeds, const BatchAxes& axes) {
+  for (const auto& [name, t] : feeds) {
+    if (!t.defined() || t.is_sequence() || t.rank() == 0) continue;
+    const size_t axis = batch_axis_of(axes, name);
+    return t.dim(axis < t.rank() ? axis : 0);
+  }
+  return 0;
+}
+
 int64_t declared_batch(const ir::Graph& graph, const std::map<std::string, Tensor>& feeds) {
+  const BatchAxes axes = input_batch_axes(graph.inputs);
   int64_t declared = 0;
   for (const auto& in : graph.inputs) {
     const auto fed = feeds.find(in.name);
     if (fed == feeds.end() || !in.dims || in.dims->empty()) continue;
-    if (fed->second.rank() != in.dims->size() || !in.dims->front().known()) return 0;
-    if (declared != 0 && declared != in.dims->front().value) return 0;
-    declared = in.dims->front().value;
+    const ir::Dim& batch = (*in.dims)[batch_axis_of(axes, in.name)];
+    if (fed->second.rank() != in.dims->size() || !batch.known()) return 0;
+    if (declared != 0 && declared != batch.value) return 0;
+    declared = batch.value;
   }
   return declared;
 }
 
-std::map<std::string, Tensor> feed_rows(const std::map<std::string, Tensor>& feeds, int64_t first, int64_t count) {
+std::map<std::string, Tensor> feed_rows(const std::map<std::string, Tensor>& feeds, int64_t first, int64_t count,
+                                        const BatchAxes& axes) {
   std::map<std::string, Tensor> part;
   for (const auto& [name, t] : feeds) {
     if (t.defined() && !t.is_sequence() && t.rank() == 0) {  // a scalar input: the same for every row
       part.emplace(name, t);
       continue;
     }
-    SQ_CHECK(t.rank() >= 1 && first >= 0 && count >= 0 && first + count <= t.dim(0), ErrorKind::kInvalidArgument,
+    const size_t axis = batch_axis_of(axes, name);
+    SQ_CHECK(axis < t.rank() && first >= 0 && count >= 0 && first + count <= t.dim(axis), ErrorKind::kInvalidArgument,
              "feed '" + name + "' of shape " + shape_str(t.shape()) + " has no rows " + std::to_string(first) + ".." +
-                 std::to_string(first + count));
-    Shape shape = t.shape();
-    const size_t row = shape[0] ? t.nbytes() / static_cast<size_t>(shape[0]) : 0;
-    shape[0] = count;
-    Tensor rows(t.dtype(), shape);
-    std::memcpy(rows.raw(), static_cast<const char*>(t.raw()) + static_cast<size_t>(first) * row,
-                static_cast<size_t>(count) * row);
-    part.emplace(name, std::move(rows));
+                 std::to_string(first + count) + (axis ? " along its batch axis " + std::to_string(axis) : ""));
+    part.emplace(name, slice_along(t, axis, first, count));
   }
   return part;
 }
@@ -366,11 +425,11 @@ bool Session::takes_batch(const std::map<std::string, Tensor>& feeds, const RunO
   plain.outputs = options.outputs;
   const int64_t tried = std::min<int64_t>(batch, 2);  // a graph that breaks at 6 breaks at 2
   try {
-    run_whole(feed_rows(feeds, 0, tried), plain);
+    run_whole(feed_rows(feeds, 0, tried, input_axes_), plain);
   } catch (const Error& e) {
     if (!is_shape_error(e)) throw;
     try {
-      run_whole(feed_rows(feeds, 0, 1), plain);
+      run_whole(feed_rows(feeds, 0, 1, input_axes_), plain);
     } catch (const Error&) {
       return true;  // not a matter of batch size: the whole batch's run reports it
     }
@@ -383,49 +442,67 @@ bool Session::takes_batch(const std::map<std::string, Tensor>& feeds, const RunO
 
 std::map<std::string, Tensor> Session::run_in_parts(const std::map<std::string, Tensor>& feeds,
                                                     const RunOptions& options, int64_t batch, int64_t part) {
-  return join_rows(run_parts(feeds, options, batch, part), batch, part);
+  return join_parts(run_parts(feeds, options, batch, part), feeds, batch, part);
 }
 
 std::vector<std::map<std::string, Tensor>> Session::run_parts(const std::map<std::string, Tensor>& feeds,
                                                               const RunOptions& options, int64_t batch, int64_t part) {
   std::vector<std::map<std::string, Tensor>> parts;
   for (int64_t first = 0; first < batch; first += part)
-    parts.push_back(run_whole(feed_rows(feeds, first, std::min(part, batch - first)), options));
+    parts.push_back(run_whole(feed_rows(feeds, first, std::min(part, batch - first), input_axes_), options));
   return parts;
 }
 
+std::map<std::string, Tensor> Session::join_parts(const std::vector<std::map<std::string, Tensor>>& parts,
+                                                  const std::map<std::string, Tensor>& feeds, int64_t batch,
+                                                  int64_t part) const {
+  const ir::Dim batch_dim = batch_dimension(graph_.inputs);
+  BatchAxes output_axes;
+  for (const auto& [name, t] : parts.front()) {
+    std::optional<size_t> axis;
+    for (const auto& out : graph_.outputs)
+      if (out.name == name) axis = declared_batch_axis(out, batch_dim);
+    // Undeclared: an output shaped like a fed input whose batch is not first (a recurrent state
+    // out, next to the state in) has its batch where that input has it.
+    for (const auto& [input, input_axis] : input_axes_) {
+      const auto fed = feeds.find(input);
+      if (axis || fed == feeds.end() || fed->second.rank() != t.rank() || input_axis >= t.rank()) continue;
+      Shape first_part = fed->second.shape();
+      first_part[input_axis] = std::min(part, batch);
+      if (first_part == t.shape()) axis = input_axis;
+    }
+    if (axis && *axis != 0) output_axes[name] = *axis;
+  }
+  return join_rows(parts, batch, part, output_axes);
+}
+
 std::map<std::string, Tensor> join_rows(const std::vector<std::map<std::string, Tensor>>& parts, int64_t batch,
-                                        int64_t part) {
+                                        int64_t part, const BatchAxes& axes) {
   std::map<std::string, Tensor> joined;
   for (const auto& [name, first] : parts.front()) {
-    Shape shape = first.shape();
-    int64_t rows = 0;
+    const size_t axis = batch_axis_of(axes, name);
+    std::vector<Tensor> pieces;
     for (size_t k = 0; k < parts.size(); ++k) {
       const Tensor& t = parts[k].at(name);
       const int64_t expected = std::min(part, batch - static_cast<int64_t>(k) * part);
-      if (t.rank() == 0 || t.dim(0) != expected || t.dtype() != first.dtype() ||
-          !std::equal(t.shape().begin() + 1, t.shape().end(), shape.begin() + 1, shape.end()))
+      bool one_row_per_sample = t.rank() > axis && t.dim(axis) == expected && t.dtype() == first.dtype() &&
+                                t.rank() == first.rank();
+      for (size_t d = 0; one_row_per_sample && d < t.rank(); ++d)
+        one_row_per_sample = d == axis || t.dim(d) == first.dim(d);
+      if (!one_row_per_sample)
         fail(ErrorKind::kInvalidArgument,
              "the model takes at most " + std::to_string(part) + " samples per run, and its output '" + name +
                  "' is " + shape_str(t.shape()) + " for " + std::to_string(expected) +
                  " samples, not one row per sample: a batch of " + std::to_string(batch) + " cannot be run in parts");
-      rows += t.dim(0);
+      pieces.push_back(t);
     }
-    shape[0] = rows;
-    Tensor out(first.dtype(), shape);
-    char* dst = static_cast<char*>(out.raw());
-    for (const auto& p : parts) {
-      const Tensor& t = p.at(name);
-      std::memcpy(dst, t.raw(), t.nbytes());
-      dst += t.nbytes();
-    }
-    joined.emplace(name, std::move(out));
+    joined.emplace(name, concat_along(pieces, axis));
   }
   return joined;
 }
 
 std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& feeds, const RunOptions& options) {
-  const int64_t batch = options_.split_batches ? shared_batch(graph_, feeds) : -1;
+  const int64_t batch = options_.split_batches ? shared_batch(graph_, feeds, input_axes_) : -1;
   if (batch <= 1) return run_whole(feeds, options);
   if (batch_limit_ == 0) {
     const int64_t declared = declared_batch(graph_, feeds);
@@ -453,7 +530,7 @@ std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& 
       throw e;  // not a matter of batch size
     }
     limit_batch(1, "it fails at batch " + std::to_string(batch) + ": " + e.what());
-    return join_rows(parts, batch, 1);
+    return join_parts(parts, feeds, batch, 1);
   }
 }
 

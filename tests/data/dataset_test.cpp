@@ -743,6 +743,39 @@ TEST_F(DataTest, SideInputsPerSampleBroadcastAndOneSample) {
   EXPECT_EQ(open_dataset(o)->size(), 2u);
 }
 
+// A recurrent state [layers, batch, hidden]: its rows lie along axis 1, and batches stack its
+// samples there; one row for all ([2, 1, H]) and one sample ([2, H]) are repeated there.
+TEST_F(DataTest, SideInputsOnTheBatchAxisOfARecurrentState) {
+  fs::create_directories(dir_ / "n");
+  write_npy(path("n/x.npy"), Tensor(DType::kFloat32, {3, 4}));
+  Tensor per_sample(DType::kFloat32, {2, 3, 2});  // value = 100 * layer + 10 * sample + unit
+  for (int64_t l = 0; l < 2; ++l)
+    for (int64_t n = 0; n < 3; ++n)
+      for (int64_t h = 0; h < 2; ++h) per_sample.data<float>()[(l * 3 + n) * 2 + h] = static_cast<float>(100 * l + 10 * n + h);
+  write_npy(path("state.npy"), per_sample);
+  write_npy(path("one_row.npy"), Tensor::from_vector<float>({2, 1, 2}, {1, 2, 3, 4}));
+  write_npy(path("one_sample.npy"), Tensor::from_vector<float>({2, 2}, {5, 6, 7, 8}));
+
+  DataOptions o{.spec = "npy:" + path("n")};
+  o.side_inputs = {{"state", path("state.npy"), 3, -1, false, 1},
+                   {"h0", path("one_row.npy"), 3, -1, false, 1},
+                   {"c0", path("one_sample.npy"), 3, -1, false, 1}};
+  auto ds = open_dataset(o);
+  for (const SideInput& side : ds->side_inputs()) {
+    EXPECT_EQ(side.sample_shape, (Shape{2, 2})) << side.name;
+    EXPECT_EQ(side.batch_axis, 1u) << side.name;
+  }
+  BatchLoader loader(*ds, 2);
+  const Batch b = loader.batch(0);
+  ASSERT_EQ(b.side_inputs.at("state").shape(), (Shape{2, 2, 2}));
+  EXPECT_EQ(b.side_inputs.at("state").to_float_vector(), (std::vector<float>{0, 1, 10, 11, 100, 101, 110, 111}));
+  EXPECT_EQ(b.side_inputs.at("h0").to_float_vector(), (std::vector<float>{1, 2, 1, 2, 3, 4, 3, 4}));
+  EXPECT_EQ(b.side_inputs.at("c0").to_float_vector(), (std::vector<float>{5, 6, 5, 6, 7, 8, 7, 8}));
+  const Batch last = loader.batch(1);  // sample 2 alone
+  EXPECT_EQ(last.side_inputs.at("state").shape(), (Shape{2, 1, 2}));
+  EXPECT_EQ(last.side_inputs.at("state").to_float_vector(), (std::vector<float>{20, 21, 120, 121}));
+}
+
 TEST_F(DataTest, SideInputErrorsNameTheInput) {
   fs::create_directories(dir_ / "n");
   write_npy(path("n/images.npy"), Tensor(DType::kFloat32, {3, 4}));
@@ -761,13 +794,17 @@ TEST_F(DataTest, SideInputErrorsNameTheInput) {
   Error e = error_of([&] { open_with({{"scale", path("two_rows.npy"), 2}}); });
   EXPECT_EQ(e.kind(), ErrorKind::kInvalidData);
   EXPECT_TRUE(contains(e, "side input 'scale'") && contains(e, "2 rows for the 3 samples")) << e.what();
-  // A recurrent state [layers, batch, hidden] whose first axis the model fixes at 2: not rows.
+  // An input whose first axis the model fixes at 2 and whose shape shows no other batch axis
+  // (model_first_dim set): rows along that axis are not samples.
   write_npy(path("state.npy"), Tensor(DType::kFloat32, {2, 1, 4}));
   e = error_of([&] { open_with({{"state", path("state.npy"), 3, 2}}); });
   EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
   EXPECT_TRUE(contains(e, "side input 'state'") && contains(e, "fixes that input's first axis at 2") &&
-              contains(e, "batch is on another axis"))
+              contains(e, "so that axis is not its batch"))
       << e.what();
+  // With its batch axis known, the rows are counted there.
+  e = error_of([&] { open_with({{"state", path("state.npy"), 3, -1, false, 2}}); });
+  EXPECT_TRUE(contains(e, "has 4 rows along its batch axis 2 for the 3 samples")) << e.what();
   e = error_of([&] { open_with({{"scale", path("nan.npy"), 2}}); });
   EXPECT_EQ(e.kind(), ErrorKind::kInvalidData);
   EXPECT_TRUE(contains(e, "NaN at element 1")) << e.what();

@@ -7,11 +7,15 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <set>
 #include <nlohmann/json.hpp>
 
 #include "slimquant/core/npy.h"
 #include "slimquant/ir/onnx_io.h"
+#include "slimquant/quant/precision_fallback.h"
+#include "slimquant/runtime/session.h"
+#include "graph_builder.h"
 #include "multi_input_model.h"
 #include "onnx_runtime_peer.h"
 #include "test_util.h"
@@ -222,6 +226,37 @@ TEST(CliQuantize, SideInputFeedsAScalarModelInput) {
                             tmp.path("gain2.npy") + " --no-eval -o " + tmp.path("m.onnx"));
   EXPECT_NE(many.exit_code, 0) << many.output;
   EXPECT_NE(many.output.find("the model input is a scalar: give one value"), std::string::npos) << many.output;
+}
+
+// A recurrent state [2, batch, 8] fed by --side-input: its batch is axis 1, read from the model's
+// declared shapes (the dynamic axis; for the model fixed at batch 1, the axis of size 1). One state
+// per sample ([2, N, 8]) and one for all ([2, 1, 8]) calibrate at --batch-size 2, the model of batch 1
+// one sample at a time, and the INT8 model stays close to FP32 on a batch of all samples with the
+// states it was calibrated on.
+TEST(CliQuantize, SideInputFeedsARecurrentStateOnItsBatchAxis) {
+  test::TempDir tmp("cli_q_state");
+  std::mt19937 rng(9);
+  const Tensor x = test::random_tensor({6, 16}, rng), states = test::random_tensor({2, 6, 8}, rng);
+  std::filesystem::create_directories(tmp.path("calib"));
+  write_npy(tmp.path("calib/x.npy"), x);
+  write_npy(tmp.path("states.npy"), states);
+  write_npy(tmp.path("zero_state.npy"), Tensor(DType::kFloat32, {2, 1, 8}));
+  for (const bool fixed : {false, true}) {
+    const ir::Graph model = test::state_input_model(fixed);
+    ir::save_onnx(model, tmp.path("m.onnx"));
+    for (const char* state_file : {"states.npy", "zero_state.npy"}) {
+      auto r = test::run_cli("quantize " + tmp.path("m.onnx") + " npy:" + tmp.path("calib") + " --side-input state=" +
+                             tmp.path(state_file) + " --batch-size 2 --no-eval --json -o " + tmp.path("q.onnx"));
+      ASSERT_EQ(r.exit_code, 0) << fixed << " " << state_file << "\n" << r.output;
+      EXPECT_EQ(last_json_line(r.output)["calib_batches"], 3) << r.output;
+      EXPECT_EQ(r.output.find("at most 1 sample per run") != std::string::npos, fixed) << r.output;
+      // Compared on the states calibrated on: each sample's own, or zeros for all.
+      const bool per_sample = std::string(state_file) == "states.npy";
+      runtime::Session fp32(model), int8(ir::load_onnx(tmp.path("q.onnx")));
+      const std::map<std::string, Tensor> feeds{{"x", x}, {"state", per_sample ? states : Tensor(DType::kFloat32, {2, 6, 8})}};
+      EXPECT_GT(quant::output_sqnr_db(fp32.run(feeds), int8.run(feeds)), 30.0) << fixed << " " << state_file;
+    }
+  }
 }
 
 // Paddle's ptq_config words on the command line: --activation-quantize-type's Paddle values give

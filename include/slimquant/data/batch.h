@@ -19,7 +19,8 @@ struct Batch {
   std::vector<int64_t> labels;  // n labels, or empty when the data set has none
   std::vector<std::string> texts;  // n text labels, or empty when the data set has none
   size_t first_index = 0;       // data set index of inputs[0]
-  // The data set's side inputs by model input name, each [n, ...its sample_shape].
+  // The data set's side inputs by model input name, each its sample_shape with n inserted at its
+  // batch_axis ([n, ...] for most, [layers, n, hidden] for a recurrent state).
   std::map<std::string, Tensor> side_inputs;
   size_t size() const { return inputs.defined() ? static_cast<size_t>(inputs.dim(0)) : 0; }
   // Everything a model run needs: the samples as `main_input` (data::main_input_name) plus the

@@ -27,18 +27,23 @@ struct ImageSize {
 
 // A further model input fed with every sample, for models with several inputs (PaddleDetection's
 // image + im_shape + scale_factor, a mask next to an image): the CLI's `--side-input NAME=FILE.npy`.
-// With the input's rank R in the model known, an array of rank R holds one row per sample ([N, ...])
-// or one row for all samples ([1, ...]); an array of rank R-1 is one sample for all. With the rank
-// unknown the array must be [N, ...] or [1, ...]. Values keep the file's dtype.
+// With the input's rank R in the model known, an array of rank R holds one row per sample (N along
+// the input's batch axis: [N, ...], or [layers, N, hidden] for a recurrent state) or one row for all
+// samples (1 there); an array of rank R-1 is one sample for all. With the rank unknown the array
+// must be [N, ...] or [1, ...]. Values keep the file's dtype.
 struct SideInputSpec {
   std::string name;       // model input
   std::string path;       // .npy file
   size_t model_rank = 0;  // the input's rank in the model, 0 = unknown
-  // The input's first dimension in the model when it is fixed, else -1: fixed at more than one,
-  // it is not a batch axis, and an array of rank R that starts with it is refused saying so.
+  // The input's first dimension in the model when it is fixed and no axis shows itself as the
+  // batch, else -1: fixed at more than one, that axis is not the batch, and an array of rank R
+  // that starts with it is refused saying so.
   int64_t model_first_dim = -1;
   // The model input is a scalar (rank 0): the array holds its one value, fed as is to every batch.
   bool model_scalar = false;
+  // The input's batch axis in the model (runtime::input_batch_axes gives it: 1 for an LSTM state
+  // [layers, batch, hidden]); batches carry the input with their samples along it.
+  size_t model_batch_axis = 0;
 };
 
 // Mirrors the CLI's data flags.
@@ -71,6 +76,8 @@ struct SideInput {
   // false: the same tensor (of sample_shape) for every batch, without a batch dimension (a scalar
   // model input); batches then carry it as is.
   bool batched = true;
+  // Where batches put their samples: the batch dimension is inserted into sample_shape here.
+  size_t batch_axis = 0;
 };
 
 class Dataset {

@@ -15,6 +15,7 @@
 
 #include "slimquant/data/dataset.h"
 #include "slimquant/quant/ptq.h"
+#include "slimquant/runtime/session.h"
 
 namespace slimquant::quant {
 
@@ -22,10 +23,13 @@ using Feeds = std::map<std::string, Tensor>;
 
 // One calibration sample per call (graph inputs by name, without the batch dimension, or with a
 // batch dimension of 1); std::nullopt ends the data. The source documents' `sample_generator`.
+// Samples are stacked along each input's batch axis (runtime::input_batch_axes: the first, or the
+// batch axis a recurrent state [layers, batch, hidden] declares).
 using SampleGenerator = std::function<std::optional<Feeds>()>;
-// One calibration batch per call (graph inputs by name, each with the batch dimension first; the
-// batches may differ in size); std::nullopt ends the data. The source documents' `data_loader` /
-// `batch_generator`: batch_size does not apply, batch_nums counts these batches.
+// One calibration batch per call (graph inputs by name, each with the batch dimension on its batch
+// axis, the first but for such states; the batches may differ in size); std::nullopt ends the
+// data. The source documents' `data_loader` / `batch_generator`: batch_size does not apply,
+// batch_nums counts these batches.
 using BatchGenerator = std::function<std::optional<Feeds>()>;
 // In a sample or batch of either generator, the name "" stands for the model's only input (the
 // Python package's bare arrays); with several inputs every one must be named.
@@ -98,7 +102,8 @@ CalibrationRun calibrate(PTQ& ptq, CalibrationSource& source, const CalibrationL
 // run.held_back and before anything that needs the final ranges.
 void finish_calibration(PTQ& ptq, CalibrationRun& run);
 
-// The first `count` rows (along axis 0) of every tensor of a batch (a scalar as it is).
-Feeds leading_rows(const Feeds& batch, size_t count);
+// The first `count` rows (along each tensor's batch axis, runtime::input_batch_axes of the model's
+// inputs) of every tensor of a batch (a scalar as it is).
+Feeds leading_rows(const Feeds& batch, size_t count, const runtime::BatchAxes& axes);
 
 }  // namespace slimquant::quant

@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -62,14 +63,39 @@ struct RunOptions {
   bool observe_in_any_layout = false;
 };
 
-// Rows [first, first + count) along axis 0 of every feed (each must have at least first + count);
-// a scalar feed (rank 0) is the same for every row and kept as is.
-std::map<std::string, Tensor> feed_rows(const std::map<std::string, Tensor>& feeds, int64_t first, int64_t count);
+// Where the samples of a batch lie in each tensor: the axis of its batch, 0 for [batch, ...], 1 for
+// a recurrent state [layers, batch, hidden]. A name not in the map has its batch first.
+using BatchAxes = std::map<std::string, size_t>;
+// The batch axis of `name` in `axes`.
+size_t batch_axis_of(const BatchAxes& axes, const std::string& name);
+
+// The dimension that stands for the batch in a model's inputs: the first dimension of the first
+// input whose first dimension is not fixed (symbolic or dynamic), else of the first input of rank
+// >= 1 (a model of fixed batch); Dim{} (unknown) when no input has a dimension.
+ir::Dim batch_dimension(const std::vector<ir::ValueInfo>& inputs);
+// The axis of `value` that carries the batch, when its declared shape shows it: the one axis
+// named like a symbolic `batch`; else the first axis when fixed at the size of a fixed `batch`;
+// else, the first axis being fixed at another size (so not the batch: an LSTM state [2, batch,
+// 128]), the one axis fixed at the batch's size, or with the batch dynamic the one axis not fixed.
+// nullopt for a scalar, an unknown rank, a first axis not fixed (taken as the batch by convention,
+// but not shown to be), or no such axis.
+std::optional<size_t> declared_batch_axis(const ir::ValueInfo& value, const ir::Dim& batch);
+// The batch axes of a model's inputs (declared_batch_axis from batch_dimension); the others have
+// it first. Every stage that batches, splits or stacks feeds reads them from here.
+BatchAxes input_batch_axes(const std::vector<ir::ValueInfo>& inputs);
+// The samples in a batch of feeds: the batch dimension of its first tensor of rank >= 1 (scalars
+// are the same for every sample); 0 when it has none.
+int64_t batch_rows(const std::map<std::string, Tensor>& feeds, const BatchAxes& axes);
+
+// Rows [first, first + count) along each feed's batch axis (each must have at least first +
+// count); a scalar feed (rank 0) is the same for every row and kept as is.
+std::map<std::string, Tensor> feed_rows(const std::map<std::string, Tensor>& feeds, int64_t first, int64_t count,
+                                        const BatchAxes& axes = {});
 // The inverse for outputs: the outputs of a batch of `batch` samples run in parts of `part` (the
-// last may be smaller) as one batch. Throws kInvalidArgument naming the output when one is not one
-// row per sample.
+// last may be smaller) as one batch, each joined along its batch axis. Throws kInvalidArgument
+// naming the output when one is not one row per sample.
 std::map<std::string, Tensor> join_rows(const std::vector<std::map<std::string, Tensor>>& parts, int64_t batch,
-                                        int64_t part);
+                                        int64_t part, const BatchAxes& axes = {});
 
 // The batch rules every stage that feeds samples in batches shares (Session::run, QAT's steps):
 // The batch the fed graph inputs declare, when all that declare one agree on a fixed value; else 0.
@@ -119,12 +145,16 @@ class Session {
                                              int64_t batch, int64_t part);
   std::vector<std::map<std::string, Tensor>> run_parts(const std::map<std::string, Tensor>& feeds,
                                                        const RunOptions& options, int64_t batch, int64_t part);
+  // The parts' outputs as one batch, each output joined along its batch axis.
+  std::map<std::string, Tensor> join_parts(const std::vector<std::map<std::string, Tensor>>& parts,
+                                           const std::map<std::string, Tensor>& feeds, int64_t batch, int64_t part) const;
   // Whether the model takes a batch of `batch` (tried once per size, without hooks).
   bool takes_batch(const std::map<std::string, Tensor>& feeds, const RunOptions& options, int64_t batch);
   void limit_batch(int64_t limit, const std::string& why);
   int64_t batch_limit_ = 0;
   std::set<int64_t> batches_taken_;
   ir::Graph graph_;
+  BatchAxes input_axes_;  // of graph_'s inputs (input_batch_axes)
   SessionOptions options_;
   struct PlanEntry;
   std::vector<std::unique_ptr<PlanEntry>> plans_;  // most recently used last
