@@ -318,6 +318,31 @@ TEST(SessionFusion, MatMulBiasAndErfGeluBecomeOneMatMul) {
   expect_close(out.at("y"), want.at("y"), "y with h requested");
 }
 
+TEST(SessionFusion, MatMulBiasFusesWhateverTheRankOfAAndWhenItsShapeIsNotDeclared) {
+  // torchvision's ViT export declares no shapes inside the graph: the bias and GELU fused all the
+  // same (they were two extra passes per MLP). A 1-D A is one row.
+  for (const Shape& a_shape : {Shape{3, 7, 16}, Shape{16}}) {
+    Builder b(a_shape);
+    b.g.inputs[0].dims.reset();  // rank and shape unknown
+    b.g.initializers["W"] = random_tensor({16, 24}, 41);
+    b.g.initializers["bias"] = random_tensor({24}, 42);
+    b.op("MatMul", {"x", "W"}, "mm");
+    b.op("Add", {"bias", "mm"}, "h");
+    b.op("Div", {"h", b.scalar("sqrt2", Tensor::scalar(1.4142135f))}, "d");
+    b.op("Erf", {"d"}, "e");
+    b.op("Add", {"e", b.scalar("one", Tensor::scalar(1.f))}, "e1");
+    b.op("Mul", {"h", "e1"}, "m");
+    b.op("Mul", {"m", b.scalar("half", Tensor::scalar(0.5f))}, "y");
+    b.output("y");
+    runtime::Session fast(b.g), ref = reference_session(b.g);
+    const Tensor x = random_tensor(a_shape, 43, -2.f, 2.f);
+    auto got = run_hooked(fast, x), want = run_hooked(ref, x);
+    for (const char* gone : {"mm", "h", "m"}) EXPECT_FALSE(got.count(gone)) << gone << " for A " << shape_str(a_shape);
+    ASSERT_EQ(got.at("y").shape(), want.at("y").shape());
+    expect_close(got.at("y"), want.at("y"), "y", 2e-6f);
+  }
+}
+
 TEST(SessionFusion, ErfGeluAfterOtherOpsBecomesOneGeluPass) {
   // The producer is an Add (as after an INT8 QMatMul): the chain becomes one execution-only Gelu.
   Builder b({3, 7, 8});

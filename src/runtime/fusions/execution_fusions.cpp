@@ -269,8 +269,9 @@ std::optional<MatMulBias> select_matmul_bias(const Rewriter& rw, int i) {
     return std::nullopt;
   const Tensor* w = g.initializer(mm.inputs[1]);
   if (!w || w->rank() != 2 || w->dtype() != DType::kFloat32) return std::nullopt;
-  const ir::ValueInfo* vi = g.find_value_info(mm.inputs[0]);
-  if (!vi || !vi->dims || vi->dims->size() < 2) return std::nullopt;  // the bias needs a matrix A
+  // Any rank of A: with one 2-D B the kernel folds A's leading dims into M (a 1-D A is one row), and
+  // an [N] bias adds to the last axis of A x W whatever its rank, as the Add broadcasts it. Exports
+  // often carry no shapes for A (torchvision's ViT), so none is asked for.
   const int add = rw.sole_reader(mm.outputs[0]);
   if (add < 0) return std::nullopt;
   const ir::Node& an = rw.node(add);
