@@ -83,7 +83,8 @@ class Anchors:
 
     def of(self, name):
         """name: a node name, or a value name (ORT's fused nodes are named after their last output)."""
-        for candidate in (name, re.sub(r"/QuickGeluFusion/?$", "", name), re.sub(r"_nchwc$", "", name)):
+        for candidate in (name, re.sub(r"/QuickGeluFusion/?$", "", name), re.sub(r"_nchwc$", "", name),
+                          re.sub(r"_quant$", "", name)):
             if candidate in self.by_name:
                 return self.of_node(self.by_name[candidate])
             if candidate in self.producer:
