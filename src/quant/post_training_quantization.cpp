@@ -52,7 +52,18 @@ std::string PostTrainingQuantization::data_identity() const {
   std::string id = "batch_size=" + std::to_string(options_.batch_size);
   if (options_.dataset) {
     id += ";data=" + options_.dataset->name() + ";n=" + std::to_string(options_.dataset->size());
-    for (const auto& side : options_.dataset->side_inputs()) id += ";side=" + side.name;
+    // A side input's values too, not only its name: a rerun with another state or mask file must
+    // not resume a calibration observed with the first one.
+    const auto& sides = options_.dataset->side_inputs();
+    for (size_t k = 0; k < sides.size(); ++k) {
+      std::string bytes(static_cast<size_t>(shape_numel(sides[k].sample_shape)) * dtype_size(sides[k].dtype), '\0');
+      size_t values = 0;
+      for (size_t i = 0; i < options_.dataset->size(); ++i) {
+        options_.dataset->load_side_input(k, i, bytes.data());
+        values = values * 1000003u ^ std::hash<std::string>{}(bytes);
+      }
+      id += ";side=" + sides[k].name + ":" + std::to_string(values);
+    }
   }
   else if (options_.sample_generator)
     id += ";data=sample_generator";

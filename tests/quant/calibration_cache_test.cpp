@@ -254,10 +254,16 @@ TEST_F(CalibrationCache, AFinishedCalibrationIsKeptUntilTheModelIsSaved) {
 }
 
 // A two-input model (an offset added to the classifier's input) calibrated from a data set plus a
-// side input equals PTQ fed both inputs by hand; a different offset gives a different model.
+// side input equals PTQ fed both inputs by hand; a different offset gives a different model, also
+// with calibration checkpoints on: the unsaved first job's checkpoint is not resumed by a job whose
+// side input holds other values under the same name.
 TEST_F(CalibrationCache, SideInputFeedsTheSecondInput) {
   const ir::Graph g = test::resnet_with_offset_input();
   test::TempDir tmp("ptq_side_input");
+  const char* before = std::getenv("SLIMQUANT_CALIBRATION_CACHE");
+  const std::string restore = before ? before : "0";
+  ::setenv("SLIMQUANT_CALIBRATION_CACHE", tmp.path("calibration").c_str(), 1);
+  std::vector<std::string> checkpoints;
   ir::save_onnx(g, tmp.path("two.onnx"));
   Tensor offset(DType::kFloat32, {1, 64});
   for (int64_t i = 0; i < 64; ++i) offset.data<float>()[i] = 0.05f * static_cast<float>(i);
@@ -273,7 +279,10 @@ TEST_F(CalibrationCache, SideInputFeedsTheSecondInput) {
     po.batch_size = 32;
     po.algo = "emd";  // as the PTQ by hand below reports it
     quant::PostTrainingQuantization ptq(po);
-    return ir::serialize_onnx(ptq.quantize());
+    std::string model = ir::serialize_onnx(ptq.quantize());
+    checkpoints.push_back(ptq.calibration_checkpoint());
+    EXPECT_EQ(ptq.report().resumed_batches, 0u) << file;
+    return model;
   };
   const std::string wrapped = calibrate_with_side_input(tmp.path("offset.npy"));
 
@@ -288,6 +297,10 @@ TEST_F(CalibrationCache, SideInputFeedsTheSecondInput) {
   for (float& v : offset.values<float>()) v *= 20.f;
   write_npy(tmp.path("big_offset.npy"), offset);
   EXPECT_NE(wrapped, calibrate_with_side_input(tmp.path("big_offset.npy"))) << "the side input must reach the model";
+  ASSERT_EQ(checkpoints.size(), 2u);
+  EXPECT_FALSE(checkpoints[0].empty());
+  EXPECT_NE(checkpoints[0], checkpoints[1]);
+  ::setenv("SLIMQUANT_CALIBRATION_CACHE", restore.c_str(), 1);
 }
 
 TEST_F(CalibrationCache, BadInputIsNamed) {
