@@ -407,3 +407,47 @@ TEST(ChannelBlockedOps, SqueezeExcitationInputWithAnotherReaderStaysFloat) {
   EXPECT_FALSE(quantized_for_gate(b.g));
 }
 }  // namespace
+
+// A U-Net decoder's bilinear upsampling between convolutions: Resize (linear) by 2 (half_pixel) and
+// to a size that is not a multiple (align_corners, 8x8 -> 13x19) reads and writes the
+// convolutions' blocked layout (aBcd16b / aBcd8b in float, channels-last in int8), bit for bit the
+// plain-layout run's values.
+TEST(ChannelBlockedOps, BilinearResizeKeepsTheLayoutWithTheSameBits) {
+  for (const int64_t batch : {1, 2}) {
+    for (const bool to_size : {false, true}) {
+      for (const bool int8 : {false, true}) {
+        SCOPED_TRACE(std::string(int8 ? "int8" : "float") + (to_size ? ", to a size" : ", by 2") + ", batch " +
+                     std::to_string(batch));
+        std::mt19937 rng(41);
+        test::GraphBuilder b;
+        b.g.opset = 13;
+        b.g.inputs.push_back({"x", DType::kFloat32, std::nullopt});
+        const int64_t channels = int8 ? 24 : 32;
+        auto conv = [&](const std::string& in, int64_t cin, int64_t cout, int64_t stride) {
+          return b.node("Conv", {in, b.constant(test::random_tensor({cout, cin, 3, 3}, rng, -0.3f, 0.3f)),
+                                 b.constant(test::random_tensor({cout}, rng))},
+                        {{"pads", std::vector<int64_t>(4, 1)}, {"strides", std::vector<int64_t>{stride, stride}}});
+        };
+        const std::string down = conv("x", kIn, channels, 2);
+        const Tensor sizes = Tensor::from_vector<int64_t>({4}, {batch, channels, 13, 19});
+        const std::string up =
+            to_size ? b.node("Resize", {down, "", "", b.constant(sizes)},
+                             {{"mode", std::string("linear")},
+                              {"coordinate_transformation_mode", std::string("align_corners")}})
+                    : b.node("Resize", {down, "", b.constant(Tensor::from_vector<float>({4}, {1, 1, 2, 2}))},
+                             {{"mode", std::string("linear")},
+                              {"coordinate_transformation_mode", std::string("half_pixel")}});
+        // A pool after it (exact in every layout) and a convolution that reads it.
+        const std::string pooled = b.node(
+            "MaxPool", {up}, {{"kernel_shape", std::vector<int64_t>{3, 3}}, {"pads", std::vector<int64_t>(4, 1)}});
+        b.g.outputs.push_back({conv(pooled, channels, 4, 1), DType::kFloat32, std::nullopt});
+        const ir::Graph g = int8 ? lowered_int8(b.g, 2) : b.g;
+        const Tensor x = input(batch, 43);
+        const auto held = expect_bit_identical(g, x);
+        const auto plain_values = run_plain_layout(g, x);
+        expect_held_blocked(held, plain_values, up);
+        ASSERT_EQ(plain_values.at(up).dim(2), to_size ? 13 : 16);
+      }
+    }
+  }
+}
