@@ -30,6 +30,15 @@ class ConvBnRelu(torch.nn.Sequential):
                          torch.nn.BatchNorm2d(cout), torch.nn.ReLU(inplace=True))
 
 
+def down_path(stages, x):
+    """Each stage's output, the stages applied in turn with a 2x2 max pool (ceil) between them."""
+    outputs = []
+    for i, stage in enumerate(stages):
+        x = stage(x if i == 0 else torch.nn.functional.max_pool2d(x, 2, 2, ceil_mode=True))
+        outputs.append(x)
+    return outputs
+
+
 class ResidualUBlock(torch.nn.Module):
     """A U-Net inside one block (the residual U-block of U^2-Net, Qin et al. 2020): `depth` levels of
     3x3 convolutions, max-pooled on the way down, bilinearly upsampled to the skip's size and
@@ -44,13 +53,8 @@ class ResidualUBlock(torch.nn.Module):
 
     def forward(self, x):
         entry = self.entry(x)
-        skips, h = [], entry
-        for i, conv in enumerate(self.down):
-            h = conv(h)
-            skips.append(h)
-            if i + 1 < len(self.down):
-                h = torch.nn.functional.max_pool2d(h, 2, 2, ceil_mode=True)
-        h = self.bottom(h)
+        skips = down_path(self.down, entry)
+        h = self.bottom(skips[-1])
         for conv, skip in zip(self.up, reversed(skips)):
             if h.shape[-2:] != skip.shape[-2:]:
                 h = torch.nn.functional.interpolate(h, size=skip.shape[-2:], mode="bilinear", align_corners=False)
@@ -74,12 +78,8 @@ class ResidualUNet(torch.nn.Module):
 
     def forward(self, x):
         size = x.shape[-2:]
-        features, h = [], x
-        for i, block in enumerate(self.encoders):
-            h = block(h)
-            features.append(h)
-            if i + 1 < len(self.encoders):
-                h = torch.nn.functional.max_pool2d(h, 2, 2, ceil_mode=True)
+        features = down_path(self.encoders, x)
+        h = features[-1]
         decoded = [h]
         for block, skip in zip(self.decoders, reversed(features[:-1])):
             h = torch.nn.functional.interpolate(h, size=skip.shape[-2:], mode="bilinear", align_corners=False)

@@ -291,19 +291,24 @@ TEST(SessionFusion, ScalarMulAfterAttentionMatMulBecomesAPostOp) {
   expect_close(got.at("scores2"), want.at("scores2"), "scores2");
 }
 
-TEST(SessionFusion, MatMulBiasAndErfGeluBecomeOneMatMul) {
-  // y = Gelu(x W + b) as PyTorch exports it before opset 20 (Div, Erf, Add, Mul, Mul).
-  Builder b({2, 5, 16});
-  b.g.initializers["W"] = random_tensor({16, 32}, 21);
-  b.g.initializers["bias"] = random_tensor({32}, 22);
+// y = Gelu(x W + b) as PyTorch exports it before opset 20 (Div, Erf, Add, Mul, Mul), W [K, n];
+// the bias Add reads the product first, or the bias first.
+void add_matmul_bias_erf_gelu(Builder& b, int64_t k, int64_t n, uint32_t seed, bool bias_first) {
+  b.g.initializers["W"] = random_tensor({k, n}, seed);
+  b.g.initializers["bias"] = random_tensor({n}, seed + 1);
   b.op("MatMul", {"x", "W"}, "mm");
-  b.op("Add", {"mm", "bias"}, "h");
+  b.op("Add", bias_first ? std::vector<std::string>{"bias", "mm"} : std::vector<std::string>{"mm", "bias"}, "h");
   b.op("Div", {"h", b.scalar("sqrt2", Tensor::scalar(1.4142135f))}, "d");
   b.op("Erf", {"d"}, "e");
   b.op("Add", {"e", b.scalar("one", Tensor::scalar(1.f))}, "e1");
   b.op("Mul", {"h", "e1"}, "m");
   b.op("Mul", {"m", b.scalar("half", Tensor::scalar(0.5f))}, "y");
   b.output("y");
+}
+
+TEST(SessionFusion, MatMulBiasAndErfGeluBecomeOneMatMul) {
+  Builder b({2, 5, 16});
+  add_matmul_bias_erf_gelu(b, 16, 32, 21, /*bias_first=*/false);
   runtime::Session fast(b.g), ref = reference_session(b.g);
   const Tensor x = random_tensor({2, 5, 16}, 23, -2.f, 2.f);
   auto got = run_hooked(fast, x), want = run_hooked(ref, x);
@@ -324,16 +329,7 @@ TEST(SessionFusion, MatMulBiasFusesWhateverTheRankOfAAndWhenItsShapeIsNotDeclare
   for (const Shape& a_shape : {Shape{3, 7, 16}, Shape{16}}) {
     Builder b(a_shape);
     b.g.inputs[0].dims.reset();  // rank and shape unknown
-    b.g.initializers["W"] = random_tensor({16, 24}, 41);
-    b.g.initializers["bias"] = random_tensor({24}, 42);
-    b.op("MatMul", {"x", "W"}, "mm");
-    b.op("Add", {"bias", "mm"}, "h");
-    b.op("Div", {"h", b.scalar("sqrt2", Tensor::scalar(1.4142135f))}, "d");
-    b.op("Erf", {"d"}, "e");
-    b.op("Add", {"e", b.scalar("one", Tensor::scalar(1.f))}, "e1");
-    b.op("Mul", {"h", "e1"}, "m");
-    b.op("Mul", {"m", b.scalar("half", Tensor::scalar(0.5f))}, "y");
-    b.output("y");
+    add_matmul_bias_erf_gelu(b, 16, 24, 41, /*bias_first=*/true);
     runtime::Session fast(b.g), ref = reference_session(b.g);
     const Tensor x = random_tensor(a_shape, 43, -2.f, 2.f);
     auto got = run_hooked(fast, x), want = run_hooked(ref, x);
