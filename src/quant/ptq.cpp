@@ -109,7 +109,7 @@ bool computed_from(const ir::Graph& g, const std::unordered_map<std::string, int
 // gating of x with a value computed from that pool: Mul(x, gate) and Add(x, Mul(x, gate)) (the
 // residual form of PP-OCRv4 det's RSE layers). With x quantized for all of those readers the
 // integer runtime reads x as the Conv's 8-bit codes (pool and gating fold the dequantization, see
-// runtime/fusions/dequantize_fusion.h) instead of a float32 map written, pooled and read back. Per
+// runtime/fusions/declared_folds.h) instead of a float32 map written, pooled and read back. Per
 // value: x and its readers.
 std::vector<std::pair<std::string, std::vector<int>>> squeeze_excitation_inputs(const ir::Graph& g) {
   constexpr int kGateDepth = 8;  // pool -> Conv -> act -> Conv -> gate activation, with room for Flatten / Reshape

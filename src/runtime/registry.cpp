@@ -35,22 +35,50 @@ const KernelRegistry& KernelRegistry::instance() {
   return registry;
 }
 
+uint32_t KernelFolds::prologue_inputs(Fold prologue) const {
+  switch (prologue) {
+    case Fold::kDequantizedInput: return dequantized_inputs;
+    case Fold::kScaledInput: return scaled_inputs;
+    case Fold::kUpsampledInput: return upsampled_inputs;
+    default: return 0;
+  }
+}
+
+bool KernelFolds::declares(Fold fold) const {
+  switch (fold) {
+    case Fold::kActivation: return activations != 0;
+    case Fold::kPostAffine: return post_affine;
+    case Fold::kTensorQuantize: return tensor_quantize;
+    case Fold::kChannelQuantize: return channel_quantize;
+    default: return prologue_inputs(fold) != 0;
+  }
+}
+
 void KernelRegistry::add(const std::string& op_type, KernelFactory factory, const std::string& domain,
-                         KernelLayouts layouts) {
-  entries_[{domain, op_type}] = Entry{std::move(factory), layouts};
+                         KernelLayouts layouts, KernelFolds folds) {
+  entries_[{domain, op_type}] = Entry{std::move(factory), layouts, folds};
+}
+
+const KernelRegistry::Entry* KernelRegistry::entry(const std::string& op_type, const std::string& domain) const {
+  auto it = entries_.find({domain == "ai.onnx" ? "" : domain, op_type});
+  return it == entries_.end() ? nullptr : &it->second;
 }
 
 const KernelFactory* KernelRegistry::find(const std::string& op_type, const std::string& domain) const {
-  std::string d = domain == "ai.onnx" ? "" : domain;
-  auto it = entries_.find({d, op_type});
-  return it == entries_.end() ? nullptr : &it->second.factory;
+  const Entry* e = entry(op_type, domain);
+  return e ? &e->factory : nullptr;
 }
 
 const KernelLayouts& KernelRegistry::layouts(const std::string& op_type, const std::string& domain) const {
   static const KernelLayouts kPlain;
-  std::string d = domain == "ai.onnx" ? "" : domain;
-  auto it = entries_.find({d, op_type});
-  return it == entries_.end() ? kPlain : it->second.layouts;
+  const Entry* e = entry(op_type, domain);
+  return e ? e->layouts : kPlain;
+}
+
+const KernelFolds& KernelRegistry::folds(const std::string& op_type, const std::string& domain) const {
+  static const KernelFolds kNone;
+  const Entry* e = entry(op_type, domain);
+  return e ? e->folds : kNone;
 }
 
 std::vector<std::string> KernelRegistry::op_types() const {

@@ -11,6 +11,7 @@
 #include "runtime/kernels/elementwise/elementwise_common.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
 #include "slimquant/ir/passes.h"
+#include "slimquant/runtime/kernel.h"
 #include "slimquant/runtime/session.h"
 
 using namespace slimquant;
@@ -75,6 +76,50 @@ TEST(ExecutionFusions, OneListCountsEachRuleAndWritesTypedContracts) {
   const Tensor got = fused.run(feeds).begin()->second, want = reference.run(feeds).begin()->second;
   ASSERT_EQ(got.numel(), want.numel());
   for (int64_t i = 0; i < got.numel(); ++i) EXPECT_NEAR(got.data<float>()[i], want.data<float>()[i], 1e-4f) << i;
+}
+
+// What kernels declare they fold (KernelFolds), which the generic fold rules read alone.
+TEST(ExecutionFusions, KernelsDeclareTheFoldsTheyAccept) {
+  using runtime::Fold;
+  const runtime::KernelRegistry& r = runtime::KernelRegistry::instance();
+  auto activation = [](fo::Activation a) { return 1u << static_cast<unsigned>(a); };
+  EXPECT_TRUE(r.folds("Conv").activations & activation(fo::Activation::kHardSwish));
+  EXPECT_FALSE(r.folds("Conv").activations & activation(fo::Activation::kGelu));
+  EXPECT_TRUE(r.folds("Conv").declares(Fold::kPostAffine));
+  EXPECT_FALSE(r.folds("Gemm").declares(Fold::kPostAffine));
+  EXPECT_EQ(r.folds("MatMul").activations, activation(fo::Activation::kScale));
+  EXPECT_TRUE(r.folds("Add").declares(Fold::kScaledInput));
+  EXPECT_FALSE(r.folds("Mul").declares(Fold::kScaledInput));
+  EXPECT_TRUE(r.folds("Concat").declares(Fold::kChannelQuantize));
+  EXPECT_FALSE(r.folds("Concat").declares(Fold::kTensorQuantize));
+  for (Fold f : {Fold::kDequantizedInput, Fold::kScaledInput, Fold::kUpsampledInput, Fold::kActivation,
+                 Fold::kPostAffine, Fold::kTensorQuantize, Fold::kChannelQuantize})
+    EXPECT_FALSE(r.folds("Relu").declares(f));
+
+  // Per node: a QConv whose output is already 8-bit takes no QuantizeLinear.
+  ir::Node qconv;
+  qconv.op_type = "QConv";
+  qconv.domain = "com.slimquant";
+  EXPECT_TRUE(r.folds("QConv", "com.slimquant").accepts(qconv, Fold::kTensorQuantize));
+  qconv.attrs["y_type"] = int64_t{2};
+  EXPECT_FALSE(r.folds("QConv", "com.slimquant").accepts(qconv, Fold::kTensorQuantize));
+  // An Add reads codes at its operands, not at a scaled operand's factor, and not under an upsampling.
+  ir::Node add;
+  add.op_type = "Add";
+  add.inputs = {"a", "b"};
+  const runtime::KernelFolds& folds = r.folds("Add");
+  EXPECT_TRUE(folds.accepts_at(add, Fold::kDequantizedInput, 0));
+  EXPECT_TRUE(folds.accepts_at(add, Fold::kDequantizedInput, 1));
+  add.attrs[runtime::ew::kNearestUpsampledInput] = int64_t{0};
+  EXPECT_FALSE(folds.accepts_at(add, Fold::kDequantizedInput, 0));
+  EXPECT_TRUE(folds.accepts_at(add, Fold::kDequantizedInput, 1));
+  EXPECT_FALSE(folds.accepts_at(add, Fold::kScaledInput, 0));
+  EXPECT_TRUE(folds.accepts_at(add, Fold::kScaledInput, 1));
+  EXPECT_FALSE(folds.accepts(add, Fold::kUpsampledInput));  // one per node
+  add.inputs.push_back("factor");
+  add.attrs[runtime::ew::kScaledInput] = int64_t{1};
+  EXPECT_FALSE(folds.accepts_at(add, Fold::kDequantizedInput, 2));
+  EXPECT_TRUE(folds.accepts_at(add, Fold::kDequantizedInput, 1));  // codes under the scaling
 }
 
 TEST(FusedOps, ContractsRoundTripThroughNodeAttributes) {

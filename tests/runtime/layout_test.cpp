@@ -528,3 +528,57 @@ TEST(SessionFusion, NearestUpsampleFoldsIntoTheElementwiseOpItAloneFeeds) {
   EXPECT_TRUE(got.count("r_centred"));
   for (const char* v : {"sum_q", "difference_q", "product", "centred"}) expect_close(got.at(v), want.at(v), v, 0.f);
 }
+
+// The prologue folds are generic (fusions/declared_folds.h): a producer folds into all its readers
+// when every one declares that prologue at the inputs reading it (KernelFolds), and into none when
+// one does not. Each case against the unfused plain plan, bit for bit.
+TEST(SessionFusion, AProducerFoldsIntoEveryReaderThatDeclaresItsPrologue) {
+  constexpr int64_t kC = 3;
+  Builder b({2, kC, 8, 6});
+  b.g.inputs.push_back({"r", DType::kFloat32, std::vector<ir::Dim>{{2, ""}, {kC, ""}, {4, ""}, {3, ""}}});
+  b.g.inputs.push_back({"s", DType::kFloat32, std::vector<ir::Dim>{{1, ""}, {kC, ""}, {1, ""}, {1, ""}}});
+  auto upsample = [&](const std::string& out) {
+    b.op("Resize", {"r", "", b.scalar(out + "_scales", Tensor::from_vector<float>({4}, {1, 1, 2, 2}))}, out);
+    b.g.nodes.back().attrs = {{"mode", std::string("nearest")},
+                              {"coordinate_transformation_mode", std::string("asymmetric")},
+                              {"nearest_mode", std::string("floor")}};
+  };
+  // An upsampled value read by an Add and a Mul: both read r.
+  upsample("up");
+  b.op("Add", {"x", "up"}, "up_sum");
+  b.op("Mul", {"up", "x"}, "up_product");
+  // Another read by an Add and a Relu, which declares no prologue: the Resize stays.
+  upsample("up_kept");
+  b.op("Add", {"x", "up_kept"}, "kept_sum");
+  b.op("Relu", {"up_kept"}, "kept_relu");
+  // A per-channel scaling read by an Add and a Sub (both declare kScaledInput), and one read by a
+  // Div (which does not).
+  b.op("Mul", {"x", "s"}, "scaled");
+  b.op("Add", {"scaled", "kept_sum"}, "scaled_sum");
+  b.op("Sub", {"up_product", "scaled"}, "scaled_difference");
+  b.op("Mul", {"s", "x"}, "scaled_for_div");
+  b.op("Div", {"scaled_for_div", "up_sum"}, "quotient");
+  // Codes read by an Add and a GlobalAveragePool (both dequantize them), and codes also read by a
+  // Sigmoid (no prologue).
+  auto codes = [&](const std::string& from, const std::string& out) {
+    b.op("QuantizeLinear", {from, b.scalar(out + "_s", Tensor::scalar(0.02f)), b.scalar(out + "_z", Tensor::scalar<uint8_t>(128))},
+         out + "_q");
+    b.op("DequantizeLinear", {out + "_q", out + "_s", out + "_z"}, out);
+  };
+  codes("scaled_sum", "dq");
+  b.op("Add", {"dq", "scaled_difference"}, "dq_sum");
+  b.op("GlobalAveragePool", {"dq"}, "dq_pool");
+  codes("quotient", "dq_kept");
+  b.op("Add", {"dq_kept", "x"}, "dq_kept_sum");
+  b.op("Sigmoid", {"dq_kept"}, "dq_kept_sigmoid");
+  for (const char* o : {"up_sum", "kept_relu", "dq_sum", "dq_pool", "dq_kept_sum", "dq_kept_sigmoid"}) b.output(o);
+  runtime::Session fast(b.g), ref = reference_session(b.g);
+  const std::map<std::string, Tensor> feeds = {{"x", random_tensor({2, kC, 8, 6}, 71, -3.f, 3.f)},
+                                               {"r", random_tensor({2, kC, 4, 3}, 72, -3.f, 3.f)},
+                                               {"s", random_tensor({1, kC, 1, 1}, 73, -2.f, 2.f)}};
+  const auto got = run_hooked(fast, feeds), want = run_hooked(ref, feeds);
+  for (const char* gone : {"up", "scaled", "dq"}) EXPECT_FALSE(got.count(gone)) << gone;
+  for (const char* stays : {"up_kept", "scaled_for_div", "dq_kept"}) EXPECT_TRUE(got.count(stays)) << stays;
+  for (const char* v : {"up_sum", "kept_relu", "dq_sum", "dq_pool", "dq_kept_sum", "dq_kept_sigmoid"})
+    expect_close(got.at(v), want.at(v), v, 0.f);
+}

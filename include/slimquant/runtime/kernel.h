@@ -111,23 +111,65 @@ struct KernelLayouts {
   bool tries_passthrough = false;
 };
 
-// Op type -> factory and layouts. Filled explicitly by register_all_kernels() (no static
+// The producers a kernel can read through (input prologues) and the consumers it can apply before
+// writing its output (output epilogues), declared when it is registered, as oneDNN's post-ops and
+// ncnn's per-layer support flags are. One generic rule per kind (runtime/fusions/declared_folds.h)
+// folds a matching producer or consumer into any node whose kernel accepts it and records the fold
+// in execution-only `slimquant.` attributes, which the kernel reads when it is created.
+enum class Fold : uint8_t {
+  // Input prologues: the kernel reads, at an input position it declares, ...
+  kDequantizedInput,  // the 8-bit codes of a per-tensor u8/s8 DequantizeLinear, dequantizing as it goes
+  kScaledInput,       // x of x * s, s per (n, c) or scalar: the factor becomes one more input (one per node)
+  kUpsampledInput,    // the source of a nearest integer-factor Resize (one per node)
+  // Output epilogues, in the order they apply (a node takes none after one of a later stage):
+  kActivation,      // one fused_ops::Activation of those declared
+  kPostAffine,      // a scalar Mul / Add after that activation
+  kTensorQuantize,  // a per-tensor u8/s8 QuantizeLinear: the kernel writes the codes
+  kChannelQuantize  // a per-channel u8/s8 QuantizeLinear
+};
+
+struct KernelFolds {
+  // Prologues: bit k set when input k may be read through the prologue.
+  uint32_t dequantized_inputs = 0, scaled_inputs = 0, upsampled_inputs = 0;
+  // Epilogues. activations: bit a set when fused_ops::Activation a may follow.
+  uint32_t activations = 0;
+  bool post_affine = false, tensor_quantize = false, channel_quantize = false;
+  // Refuses, for this node, a fold the declaration allows (a oneDNN limitation, an integer kernel
+  // whose output is already 8-bit, a pair of prologues on one input the kernel does not combine).
+  // input: the prologue's input position, -1 for the node as a whole. Null: the declaration decides.
+  bool (*refuses)(const ir::Node& node, Fold fold, int input) = nullptr;
+
+  bool declares(Fold fold) const;
+  uint32_t prologue_inputs(Fold prologue) const;  // the mask above (0 for an epilogue)
+  // Declared, and not refused for this node (at this input, for a prologue).
+  bool accepts(const ir::Node& node, Fold fold) const { return declares(fold) && !(refuses && refuses(node, fold, -1)); }
+  bool accepts_at(const ir::Node& node, Fold prologue, size_t input) const {
+    return input < 32 && (prologue_inputs(prologue) >> input & 1u) &&
+           !(refuses && refuses(node, prologue, static_cast<int>(input)));
+  }
+};
+
+// Op type -> factory, layouts and folds. Filled explicitly by register_all_kernels() (no static
 // self-registration: the linker drops it from static libraries).
 class KernelRegistry {
  public:
   static const KernelRegistry& instance();
   void add(const std::string& op_type, KernelFactory factory, const std::string& domain = "",
-           KernelLayouts layouts = {});
+           KernelLayouts layouts = {}, KernelFolds folds = {});
   const KernelFactory* find(const std::string& op_type, const std::string& domain = "") const;
   // What the op's kernel declared (plain for an op without a kernel).
   const KernelLayouts& layouts(const std::string& op_type, const std::string& domain = "") const;
+  // What it folds (nothing for an op without a kernel).
+  const KernelFolds& folds(const std::string& op_type, const std::string& domain = "") const;
   std::vector<std::string> op_types() const;  // default domain, sorted
 
  private:
   struct Entry {
     KernelFactory factory;
     KernelLayouts layouts;
+    KernelFolds folds;
   };
+  const Entry* entry(const std::string& op_type, const std::string& domain) const;
   std::map<std::pair<std::string, std::string>, Entry> entries_;
 };
 

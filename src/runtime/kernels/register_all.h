@@ -1,5 +1,8 @@
 #pragma once
 // One registration function per kernel family; registry.cpp calls each once.
+#include <initializer_list>
+
+#include "runtime/fused_ops/fused_activation.h"
 #include "runtime/fused_ops/residual_conv.h"
 #include "slimquant/runtime/kernel.h"
 
@@ -19,6 +22,15 @@ inline constexpr KernelLayouts kChannelBlocked{Role::kChannelBlocked};  // Resiz
 // DepthToSpace, whose channels-last input with one output channel gives plain y directly).
 inline constexpr KernelLayouts kChannelBlockedToPlain{Role::kChannelBlocked, 0, true, false};
 }  // namespace layouts
+
+namespace folds {
+// KernelFolds::activations for these kinds.
+constexpr uint32_t activation_bits(std::initializer_list<fused_ops::Activation> kinds) {
+  uint32_t bits = 0;
+  for (fused_ops::Activation a : kinds) bits |= 1u << static_cast<unsigned>(a);
+  return bits;
+}
+}  // namespace folds
 void register_elementwise_kernels(KernelRegistry& r);  // kernels/elementwise/: arithmetic, reduce, cast, Q/DQ
 void register_dnnl_kernels(KernelRegistry& r);         // kernels/dnnl/: conv, gemm, pooling, ...
 void register_shape_kernels(KernelRegistry& r);        // kernels/shape/shape_*.cpp: reshape, slice, ...

@@ -3,17 +3,40 @@
 #include "runtime/kernels/register_all.h"
 
 namespace slimquant::runtime {
+namespace {
+
+using fused_ops::Activation;
+
+// The activations the float kernels apply as oneDNN eltwise post-ops (GELU only after a MatMul's
+// bias, fuse_matmul_bias; kScale only after a MatMul).
+constexpr uint32_t kEltwiseActivations = folds::activation_bits(
+    {Activation::kRelu, Activation::kClip, Activation::kLeakyRelu, Activation::kSigmoid, Activation::kTanh,
+     Activation::kHardSigmoid, Activation::kHardSwish, Activation::kElu, Activation::kSwish});
+
+// oneDNN 2.6's JIT injector gives a second eltwise_linear in one chain the first one's parameters
+// (measured, see int8_common.cpp): no post-affine map after an activation that ends in a linear step.
+bool conv_refuses(const ir::Node& n, Fold fold, int /*input*/) {
+  return fold == Fold::kPostAffine && fused_ops::FusedActivation::parse(n).kind == Activation::kHardSigmoid;
+}
+
+constexpr KernelFolds kConvFolds{.activations = kEltwiseActivations, .post_affine = true, .refuses = conv_refuses};
+constexpr KernelFolds kLayerFolds{.activations = kEltwiseActivations};  // ConvTranspose, Gemm
+constexpr KernelFolds kMatMulFolds{.activations = folds::activation_bits({Activation::kScale})};
+// The pools sum a squeeze-excitation input's codes (dequantizing each as ONNX would).
+constexpr KernelFolds kGlobalPoolFolds{.dequantized_inputs = 1u << 0};
+
+}  // namespace
 
 void register_dnnl_kernels(KernelRegistry& r) {
   using namespace dnnl_kernels;
-  r.add("Conv", make_conv, "", layouts::kConvolution);
-  r.add("ConvTranspose", make_conv_transpose);
-  r.add("Gemm", make_gemm);
-  r.add("MatMul", make_matmul);
+  r.add("Conv", make_conv, "", layouts::kConvolution, kConvFolds);
+  r.add("ConvTranspose", make_conv_transpose, "", {}, kLayerFolds);
+  r.add("Gemm", make_gemm, "", {}, kLayerFolds);
+  r.add("MatMul", make_matmul, "", {}, kMatMulFolds);
   r.add("MaxPool", make_max_pool, "", layouts::kPooling);
   r.add("AveragePool", make_average_pool, "", layouts::kPooling);
-  r.add("GlobalAveragePool", make_global_average_pool, "", layouts::kChannelBlockedToPlain);
-  r.add("GlobalMaxPool", make_global_max_pool, "", layouts::kChannelBlockedToPlain);
+  r.add("GlobalAveragePool", make_global_average_pool, "", layouts::kChannelBlockedToPlain, kGlobalPoolFolds);
+  r.add("GlobalMaxPool", make_global_max_pool, "", layouts::kChannelBlockedToPlain, kGlobalPoolFolds);
   r.add("BatchNormalization", make_batch_normalization);
   r.add("Softmax", make_softmax);
   r.add("LogSoftmax", make_log_softmax);

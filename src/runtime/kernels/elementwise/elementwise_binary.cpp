@@ -972,13 +972,34 @@ KernelFactory variadic(bool mean) {
   };
 }
 
+// What the arithmetic kernels fold, per node: one upsampled and one scaled operand at most, on
+// different sides (each attribute names one input); codes under a scaled operand (x + x * s of a
+// squeeze-excitation, the scaling applied after dequantizing) but not under an upsampled one.
+bool arithmetic_refuses(const ir::Node& n, Fold fold, int input) {
+  const bool scaled = n.attrs.count(kScaledInput);
+  if (n.inputs.size() != (scaled ? 3u : 2u)) return true;  // the operands, and a scaled operand's factor
+  const int64_t upsampled_side = n.attr_int(kNearestUpsampledInput, -1), scaled_side = n.attr_int(kScaledInput, -1);
+  switch (fold) {
+    case Fold::kUpsampledInput: return upsampled_side >= 0 || (input >= 0 && input == scaled_side);
+    case Fold::kScaledInput: return scaled || (input >= 0 && input == upsampled_side);
+    case Fold::kDequantizedInput: return input >= 0 && input == upsampled_side;
+    default: return false;
+  }
+}
+
+// Operands 0 and 1 (a scaled operand's factor, input 2, stays float).
+constexpr KernelFolds kAddSubFolds{.dequantized_inputs = 0b11, .scaled_inputs = 0b11, .upsampled_inputs = 0b11,
+                                   .tensor_quantize = true, .channel_quantize = true, .refuses = arithmetic_refuses};
+constexpr KernelFolds kMulDivFolds{.dequantized_inputs = 0b11, .upsampled_inputs = 0b11, .tensor_quantize = true,
+                                   .channel_quantize = true, .refuses = arithmetic_refuses};
+
 }  // namespace
 
 void register_binary_kernels(KernelRegistry& r) {
-  r.add("Add", binary(SameTypeOp<NumericP, AddFn>{}, true), "", layouts::kChannelBlockedElementwise);
-  r.add("Sub", binary(SameTypeOp<NumericP, SubFn>{}, true), "", layouts::kChannelBlockedElementwise);
-  r.add("Mul", binary(SameTypeOp<NumericP, MulFn>{}, true), "", layouts::kChannelBlockedElementwise);
-  r.add("Div", binary(SameTypeOp<NumericP, DivFn>{}, true), "", layouts::kChannelBlockedElementwise);
+  r.add("Add", binary(SameTypeOp<NumericP, AddFn>{}, true), "", layouts::kChannelBlockedElementwise, kAddSubFolds);
+  r.add("Sub", binary(SameTypeOp<NumericP, SubFn>{}, true), "", layouts::kChannelBlockedElementwise, kAddSubFolds);
+  r.add("Mul", binary(SameTypeOp<NumericP, MulFn>{}, true), "", layouts::kChannelBlockedElementwise, kMulDivFolds);
+  r.add("Div", binary(SameTypeOp<NumericP, DivFn>{}, true), "", layouts::kChannelBlockedElementwise, kMulDivFolds);
   r.add("PRelu", binary(SameTypeOp<SignedNumericP, PReluFn>{}, false, Broadcast::kToFirst));
   r.add("Mod", [](const KernelInit& init) -> std::unique_ptr<Kernel> {
     const int64_t fmod = init.node.attr_int("fmod", 0);

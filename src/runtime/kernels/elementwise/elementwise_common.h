@@ -47,15 +47,15 @@ BroadcastPlan make_broadcast_plan(const Shape& out, const std::vector<const Shap
 Shape broadcast_all(const std::vector<const Shape*>& shapes, const std::string& who);
 
 // Attributes of an Add / Sub / Mul / Div that reads one operand through a nearest Resize the plan
-// folded in (execution only, see upsample_fusion.h): operand kNearestUpsampledInput is [N, C, h, w]
+// folded in (execution only: Fold::kUpsampledInput, fusions/declared_folds.h): operand kNearestUpsampledInput is [N, C, h, w]
 // and stands for [N, C, h * kh, w * kw] with element [n, c, y / kh, x / kw].
 inline constexpr const char* kNearestUpsampledInput = "slimquant.nearest_upsampled_input";  // int: 0 or 1
 inline constexpr const char* kNearestUpsampleFactors = "slimquant.nearest_upsample_factors";  // ints: {kh, kw}
 
 // Attribute of an Add / Sub whose operand kScaledInput (0 or 1) is multiplied first by input 2, a
-// per-channel or scalar factor ([N|1, C|1, 1, 1] or one element): the plan folded a Mul(x, s) that
-// only this op read (execution only, see scaled_operand_fusion.h). The product is the Mul's float32
-// result, rounded as it was, before the op.
+// per-channel or scalar factor ([N|1, C|1, 1, 1] or one element): the plan folded the Mul(x, s)
+// it read (execution only: Fold::kScaledInput, fusions/declared_folds.h). The product is the Mul's
+// float32 result, rounded as it was, before the op.
 inline constexpr const char* kScaledInput = "slimquant.scaled_input";  // int: 0 or 1
 
 // Work below this many elements runs on the calling thread: forking a team costs more.

@@ -100,7 +100,7 @@ void write_folded_channel_quantize(ir::Node& node, const FoldedChannelQuantize& 
 
 
 // Per-tensor DequantizeLinears folded into the op that reads their float32 output (execution-only
-// plan fusion, see fusions/dequantize_fusion.h): the op reads the 8-bit codes (uint8 or int8) at
+// plan fusion: Fold::kDequantizedInput, fusions/declared_folds.h): the op reads the 8-bit codes (uint8 or int8) at
 // input position `input` and dequantizes them as it goes, float(q - zero_point) * scale, the
 // arithmetic of dequantize_linear (so the same floats). Attributes on the op's node, one entry per
 // folded input:

@@ -31,6 +31,7 @@
 #include "runtime/kernels/dnnl/dnnl_common.h"
 #include "runtime/kernels/dnnl/dnnl_kernels.h"
 #include "runtime/kernels/dnnl/implementation_choice.h"
+#include "runtime/kernels/elementwise/elementwise_qdq.h"
 #include "runtime/kernels/integer/int8_common.h"
 #include "runtime/kernels/integer/int8_depthwise.h"
 #include "runtime/kernels/integer/int8_reference.h"
@@ -67,6 +68,12 @@ class QConvKernel final : public Kernel {
  public:
   explicit QConvKernel(const KernelInit& init) : node_(init.node) {
     q_ = QLinearAttrs::parse(node_);
+    // The QuantizeLinear the plan folded after a float32 output (Fold::kTensorQuantize).
+    if (std::optional<FoldedQuantize> folded = folded_quantize(node_)) {
+      if (q_.quantized_output())
+        fail(ErrorKind::kInvalidModel, node_.describe() + ": a folded QuantizeLinear after an already quantized output");
+      q_.y = *folded;
+    }
     // A fused residual Add followed by a folded QuantizeLinear: the convolution itself works in
     // real units (q_ with a float32 output) and the output parameters apply after the addend.
     const bool has_sum = fused_ops::has_residual_addend(node_);

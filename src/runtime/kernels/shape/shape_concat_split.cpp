@@ -110,7 +110,7 @@ class ConcatKernel : public Kernel {
   }
 
   // A per-channel QuantizeLinear along the concatenation axis folded in (see
-  // channel_quantize_fusion.h): each input's channels are quantized straight into their place in
+  // Fold::kChannelQuantize): each input's channels are quantized straight into their place in
   // y with their own scale and zero point, instead of joining floats for a separate pass.
   void concat_quantized(const std::vector<const Tensor*>& ins, int64_t outer, int64_t inner, int64_t channels,
                         Tensor& y) const {

@@ -17,7 +17,8 @@ void register_shape_kernels(KernelRegistry& r) {
   r.add("Transpose", make_transpose);
   r.add("DepthToSpace", make_depth_to_space, "", layouts::kChannelBlockedToPlain);
   r.add("SpaceToDepth", make_space_to_depth);
-  r.add("Concat", make_concat, "", layouts::kChannelBlocked);
+  // Each input's channels are quantized straight into their place in the output.
+  r.add("Concat", make_concat, "", layouts::kChannelBlocked, KernelFolds{.channel_quantize = true});
   r.add("Split", make_split);
   r.add("Slice", make_slice);
   r.add("Gather", make_gather);
