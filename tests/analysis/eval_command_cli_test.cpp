@@ -60,8 +60,11 @@ TEST(EvalCommandCli, RankingMatchesTheBuiltInMetricComputedByAProgram) {
     ASSERT_EQ(jb["layers"].size(), ja["layers"].size());
     std::map<std::string, double> builtin_metric;
     for (const auto& l : ja["layers"]) builtin_metric[l["name"]] = l["metric"].get<double>();
-    // The sweep reuses the FP32 prefix where the program runs whole models: equal up to float rounding.
-    auto tolerance = [](double x) { return 1e-6 * std::abs(x) + 1e-12; };
+    // The sweep reuses the FP32 prefix where the program runs whole models: the float inputs of a
+    // quantized layer can differ in the last bit (oneDNN's kernels sum in an ISA-dependent order),
+    // which moves an activation lying on a rounding boundary to the next code. Measured on an AVX2
+    // AMD EPYC: SQNR up to 0.006 dB apart, cosine distances (about 1e-7) up to 0.1% apart.
+    auto tolerance = [&](double x) { return metric == "sqnr" ? 0.02 : 0.01 * std::abs(x) + 1e-11; };
     for (size_t i = 0; i < ja["layers"].size(); ++i) {
       const auto &la = ja["layers"][i], &lb = jb["layers"][i];
       const double x = la["metric"].get<double>();

@@ -90,6 +90,9 @@ bool fold_epilogue(const ir::Graph& g, Fold epilogue, const ir::Node& c, const s
       const ir::ValueInfo* vz = g.find_value_info(z);
       if (t && t->rank() > 1 && (!vz || !vz->dims || t->rank() > vz->dims->size())) return false;
       FusedActivation a = FusedActivation::parse(fused);
+      // The map is act(x) * post_scale + post_shift: one Mul, then one Add (a longer chain would
+      // round differently from the ops it replaces).
+      if (c.op_type == "Mul" ? a.has_post_affine() : a.post_shift != 0.f) return false;
       if (c.op_type == "Mul") {
         a.post_scale *= *s;
         a.post_shift *= *s;
