@@ -129,7 +129,7 @@ TEST(PtqAnalysis, RanksLayersUnderWeightOnlyAndDynamicMode) {
   const auto& dy = reports[quant::QuantMode::kDynamic];
   ASSERT_EQ(wo.ranked.size(), st.ranked.size());
   std::vector<std::string> st_order, wo_order;
-  size_t weighted = 0;
+  size_t weighted = 0, strictly_better = 0;
   for (size_t i = 0; i < st.ranked.size(); ++i) st_order.push_back(st.ranked[i].name), wo_order.push_back(wo.ranked[i].name);
   EXPECT_NE(st_order, wo_order) << "weight-only ranks the layers by their weights' rounding alone";
   double st_loss = 0, wo_loss = 0;
@@ -141,12 +141,15 @@ TEST(PtqAnalysis, RanksLayersUnderWeightOnlyAndDynamicMode) {
       continue;
     }
     ++weighted;
-    EXPECT_GT(w.metric, s.metric) << l.name << ": weight-only " << w.metric << " dB vs static " << s.metric << " dB";
+    // Equal where static adds no activation error (patch_embed reads the image, k/255 pixels exactly on its grid).
+    EXPECT_GE(w.metric, s.metric) << l.name << ": weight-only " << w.metric << " dB vs static " << s.metric << " dB";
+    strictly_better += w.metric > s.metric;
     st_loss += s.delta, wo_loss += w.delta;
   }
   EXPECT_GT(weighted, 0u);
+  EXPECT_GE(strictly_better + 1, weighted);
   EXPECT_LT(wo_loss, st_loss);
-  std::cout << "vit_small per-layer SQNR loss, summed over " << weighted << " weighted layers: static " << st_loss
+  std::cout << "vit_small per-layer SQNR loss, summed over " << weighted << " weighted layers (" << strictly_better << " strictly smaller weight-only): static " << st_loss
             << " dB, weight-only " << wo_loss << " dB; most damaging: static " << st_order[0] << " ("
             << st.ranked[0].metric << " dB), weight-only " << wo_order[0] << " (" << wo.ranked[0].metric << " dB), dynamic "
             << dy.ranked[0].name << " (" << dy.ranked[0].metric << " dB)" << std::endl;
@@ -185,7 +188,9 @@ TEST(TargetSearch, NodeModesMixStaticAndWeightOnlyLayers) {
   for (const auto& l : mixed->layers()) {
     const bool is_wo = l.mode == quant::QuantMode::kWeightOnly;
     EXPECT_EQ(layer_form(g, l.name), layer_form(is_wo ? wo : st, l.name)) << l.name;
-    if (!l.weight.empty()) EXPECT_NE(layer_form(st, l.name), layer_form(wo, l.name)) << l.name;
+    if (!l.weight.empty()) {
+      EXPECT_NE(layer_form(st, l.name), layer_form(wo, l.name)) << l.name;
+    }
   }
   // One mode alone: that mode's convert, byte for byte.
   EXPECT_EQ(ir::serialize_onnx(all_static->convert_layers(all_static->layer_modes())), ir::serialize_onnx(st));
@@ -198,8 +203,8 @@ TEST(TargetSearch, NodeModesMixStaticAndWeightOnlyLayers) {
   EXPECT_THROW(mixed->convert_layers({{"no such layer", quant::QuantMode::kStatic}}), Error);
 }
 
-// --fallback-mode weight-only: a target the all-static model misses but the most damaging layer
-// in weight-only mode meets is met with that layer weight-only and none float; the saved model
+// --fallback-mode weight-only: a target halfway between the all-static and the all-weight-only
+// model is met with some layers weight-only and none float; the saved model
 // mixes both forms, layer by layer as static and weight-only convert write them, and runs in our
 // runtime and in ONNX Runtime with the same outputs.
 TEST(TargetSearch, WeightOnlyFallbackMeetsATargetAllStaticMisses) {
@@ -211,12 +216,11 @@ TEST(TargetSearch, WeightOnlyFallbackMeetsATargetAllStaticMisses) {
   analysis::PtqAnalysisOptions po;
   po.save_dir = tmp.path();
   auto report = analysis::analyze_ptq(*ptq, *data, *metric, po);
-  const std::string top = report.ranked.front().name;
   const double all_static = mode_sqnr(ptq->convert(), ptq->float_graph(), *data, true);
-  const double top_weight_only = mode_sqnr(analysis::candidate_graph(*ptq, {}, {top}), ptq->float_graph(), *data, true);
-  ASSERT_GT(top_weight_only, all_static + 0.2) << top;
+  const double all_weight_only = mode_sqnr(ptq->convert_weights_only(), ptq->float_graph(), *data, true);
+  ASSERT_GT(all_weight_only, all_static + 1.0);
   analysis::TargetSearchOptions to;
-  to.target = (all_static + top_weight_only) / 2;
+  to.target = (all_static + all_weight_only) / 2;  // missed by all static, met by all weight-only
   to.latency_runs = 1;
   to.save_dir = tmp.path("float");
   auto by_float = analysis::search_target(*ptq, report, *data, *metric, to);
@@ -239,10 +243,12 @@ TEST(TargetSearch, WeightOnlyFallbackMeetsATargetAllStaticMisses) {
   EXPECT_TRUE(fbest.weight_only.empty());
   EXPECT_GE(fbest.skipped.size(), 1u);
   EXPECT_GT(fbest.model_bytes, best.model_bytes);
-  std::cout << "resnet_small sqnr: all static " << all_static << " dB, target " << to.target << " dB; weight-only fallback "
-            << best.metric << " dB with " << best.weight_only.size() << " weight-only (" << best.weight_only[0] << "), "
+  std::cout << "resnet_small sqnr: all static " << all_static << " dB, all weight-only " << all_weight_only << " dB, target "
+            << to.target << " dB; weight-only fallback " << best.metric << " dB with " << best.weight_only.size()
+            << " weight-only (" << nlohmann::json(best.weight_only).dump() << "), " << r.candidates.size() << " candidates, "
             << best.model_bytes << " bytes; float fallback " << fbest.metric << " dB with " << fbest.skipped.size()
-            << " float, " << fbest.model_bytes << " bytes" << std::endl;
+            << " float (" << nlohmann::json(fbest.skipped).dump() << "), " << by_float.candidates.size() << " candidates, "
+            << fbest.model_bytes << " bytes" << std::endl;
   // JSON and table name the modes.
   const auto j = r.to_json();
   EXPECT_EQ(j["weight_only"], best.weight_only);
