@@ -283,4 +283,35 @@ TEST(TargetSearch, WeightOnlyFallbackMeetsATargetAllStaticMisses) {
   }
 }
 
+// The CLI: --fallback-mode weight-only on vit_small meets a target with fewer float layers than the
+// float fallback, and the printed quantize command (--node-mode LAYER=weight-only) rebuilds the
+// saved model byte for byte.
+TEST(AnalyzeCli, FallbackModeWeightOnlyReproducesWithNodeMode) {
+  test::TempDir tmp("cli_fallback_mode");
+  const std::string common = "analyze " + test::fixture_model("vit_small") +
+                             " fashion-mnist:test --limit 256 --metric sqnr --algo abs_max --weight-bits 8 "
+                             "--num-histogram-plots 0 --target-metric 44 --json --save-dir ";
+  auto f = test::run_cli_single_threaded(common + tmp.path("float"));
+  ASSERT_EQ(f.exit_code, 0) << f.output;
+  auto w = test::run_cli_single_threaded(common + tmp.path("wo") + " --fallback-mode weight-only");
+  ASSERT_EQ(w.exit_code, 0) << w.output;
+  const auto jf = test::last_json_line(f.output)["target"];
+  const auto jw = test::last_json_line(w.output)["target"];
+  ASSERT_TRUE(jf["met"].get<bool>() && jw["met"].get<bool>());
+  EXPECT_EQ(jf["fallback_mode"], "float");
+  EXPECT_EQ(jw["fallback_mode"], "weight-only");
+  EXPECT_TRUE(jf["weight_only"].empty());
+  EXPECT_FALSE(jw["weight_only"].empty());
+  EXPECT_LT(jw["skipped"].size(), jf["skipped"].size());
+  for (const auto& l : jw["weight_only"]) EXPECT_EQ(jw["layer_modes"][l.get<std::string>()], "weight-only");
+  const std::string command = jw["command"];
+  EXPECT_NE(command.find("=weight-only"), std::string::npos) << command;
+  auto q = test::run_cli_single_threaded(command.substr(std::string("slimquant ").size()));
+  ASSERT_EQ(q.exit_code, 0) << q.output;
+  EXPECT_EQ(test::file_bytes(tmp.path("wo/target_model.onnx")), test::file_bytes(tmp.path("wo/target_model_requantized.onnx")));
+  auto bad = test::run_cli_single_threaded("quantize " + test::fixture_model("vit_small") +
+                                           " fashion-mnist:test --limit 32 --node-mode MatMul -o " + tmp.path("x.onnx"));
+  EXPECT_EQ(bad.exit_code, 5) << bad.output;
+}
+
 }  // namespace
