@@ -95,6 +95,7 @@ Action register_analyze(CLI::App& app) {
     size_t eval_batch_size = 64;
     long num_plots = 10;
     double target = 0;
+    std::string fallback_mode = "float";
     bool has_target = false, statistics = false, json = false;
     int threads = 0;
   };
@@ -115,6 +116,11 @@ Action register_analyze(CLI::App& app) {
                                               "checkpoint_name, num_histogram_plots, ptq_config: {...}");
   auto* target = cmd->add_option("--target-metric", a->target, "find the model with fewest float layers meeting this metric")
                      ->check(number_range(-1e300, 1e300));
+  cmd->add_option("--fallback-mode", a->fallback_mode,
+                  "--target-metric: a layer static INT8 hurts is left float, or first tried weight-only (its weight "
+                  "INT8, activations float) in a model mixing both forms")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"float", "weight-only"}));
   cmd->add_flag("--statistics", a->statistics, "also per-layer FP32 vs quantized statistics and SQNR (CSV + JSON)");
   cmd->add_option("--model-filename", a->model_filename, "model file inside a MODEL directory");
   cmd->add_option("--params-filename", a->params_filename, "external-data file inside a MODEL directory");
@@ -270,13 +276,18 @@ Action register_analyze(CLI::App& app) {
       to.batch_size = a->eval_batch_size;
       to.save_dir = save_dir;
       to.num_threads = a->threads;
+      to.fallback = analysis::parse_fallback_mode(a->fallback_mode);
       auto r = user_metric ? analysis::search_target(ptq, report, *user_metric, to)
                            : analysis::search_target(ptq, report, eval_set, *metric, to);
       const auto& best = r.candidates[r.best];
       std::cout << (r.met ? "target met" : "target NOT met (best model saved anyway)") << ": " << r.metric << ' '
                 << best.metric << " (target " << target_value << ", fp32 " << r.fp32_metric << ", all INT8 "
                 << r.candidates.front().metric << ") with " << best.skipped.size() << " of " << report.ranked.size()
-                << " layers in float, " << r.candidates.size() << " candidates -> " << r.model_path << "\n"
+                << " layers in float, "
+                << (to.fallback == analysis::FallbackMode::kWeightOnly
+                        ? std::to_string(best.weight_only.size()) + " weight-only, "
+                        : std::string())
+                << r.candidates.size() << " candidates -> " << r.model_path << "\n"
                 << "candidates -> " << (std::filesystem::path(save_dir) / "target_candidates.txt").string() << "\n";
       // The quantize command that rebuilds the chosen model: same model, calibration and config.
       std::ostringstream base;
@@ -298,6 +309,8 @@ Action register_analyze(CLI::App& app) {
       if (!a->ptq.op_types.empty()) base << " --quantizable-op-type " << shell_word(a->ptq.op_types);
       if (a->ptq.full) base << " --is-full-quantize";
       for (const auto& p : a->ptq.skip_nodes) base << " --skip-nodes " << shell_word(p);
+      for (const auto& p : a->ptq.node_modes) base << " --node-mode " << shell_word(p);
+      for (const auto& l : best.weight_only) base << " --node-mode " << shell_word(l + "=weight-only");
       base << " -o " << shell_word((std::filesystem::path(save_dir) / "target_model_requantized.onnx").string());
       std::string user_tensors = a->ptq.skip_tensors;
       std::ostringstream by_nodes, by_tensors;

@@ -99,6 +99,10 @@ void add_ptq_flags(CLI::App* app, PtqFlags& f, PtqFlagSet set) {
   app->add_option("--skip-tensor-list", f.skip_tensors,
                   "layers (node names, as analysis.txt lists them) or tensors whose readers/writers stay float (a,b,...)");
   app->add_option("--skip-nodes", f.skip_nodes, "op types, node names or globs that stay float (repeatable)");
+  if (calibration)
+    app->add_option("--node-mode", f.node_modes,
+                    "PATTERN=MODE: the layers of these op types, node names or globs take MODE (static, weight-only, "
+                    "dynamic) instead of --mode; static and weight-only mix in one model (repeatable, the last match wins)");
 }
 
 void apply_ptq_flags(const PtqFlags& f, quant::QuantConfig& config) {
@@ -113,6 +117,12 @@ void apply_ptq_flags(const PtqFlags& f, quant::QuantConfig& config) {
   if (f.full) config.is_full_quantize = true;
   for (const auto& t : split_list(f.skip_tensors)) config.skip_tensor_list.push_back(t);
   for (const auto& p : f.skip_nodes) config.skip_quant.push_back(p);
+  for (const auto& entry : f.node_modes) {
+    const auto eq = entry.rfind('=');
+    SQ_CHECK(eq != std::string::npos && eq > 0, ErrorKind::kInvalidArgument,
+             "--node-mode takes PATTERN=MODE (e.g. MatMul=weight-only), got '" + entry + "'");
+    config.node_modes.emplace_back(entry.substr(0, eq), quant::parse_quant_mode(entry.substr(eq + 1)));
+  }
   quant::make_activation_observer(config.global().activation);  // early, clear errors for bad names
   quant::make_weight_observer(config.global().weight, config.observer_options);
   config.validate();

@@ -40,6 +40,7 @@ void add_data_flags(CLI::App* app, DataFlags& flags, std::string& positional);
 struct PtqFlags {
   std::string algo, weight_type, op_types, skip_tensors, deploy_backend, activation_quantize_type;
   std::vector<std::string> skip_nodes;
+  std::vector<std::string> node_modes;  // --node-mode PATTERN=MODE (calibration set only)
   size_t batch_size = 32, batch_nums = 10;
   bool full = false;
   float hist_percent = 0;
@@ -52,7 +53,8 @@ enum class PtqFlagSet {
                  // --quantizable-op-type, --skip-tensor-list, --skip-nodes
 };
 // --algo, --hist-percent, --batch-size, --batch-nums, --weight-quantize-type, --weight-bits, --deploy-backend,
-// --activation-quantize-type, --quantizable-op-type, --is-full-quantize, --skip-tensor-list, --skip-nodes.
+// --activation-quantize-type, --quantizable-op-type, --is-full-quantize, --skip-tensor-list, --skip-nodes,
+// --node-mode.
 void add_ptq_flags(CLI::App* app, PtqFlags& flags, PtqFlagSet set = PtqFlagSet::kCalibration);
 // The flags given override `config` (the YAML's settings); checks the observer names, weight_bits
 // and op types before any work.

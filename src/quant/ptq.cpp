@@ -243,6 +243,7 @@ void PTQ::quantize(const ir::Graph& float_graph) {
     Layer layer;
     layer.name = node.name;
     layer.op_type = node.op_type;
+    layer.mode = config_.mode_for(node);
     const QuantRule& rule = config_.rule_for(node);
     std::vector<int> act_inputs = spec->activation_inputs;
     if (act_inputs.size() == 1 && act_inputs[0] < 0) {
@@ -355,6 +356,14 @@ void PTQ::sample(const Tensor& batch) {
 
 ir::Graph PTQ::convert_weights_only(const std::optional<std::set<std::string>>& only_layers) const {
   SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::convert_weights_only called before quantize()");
+  ir::Graph out = write_weights_only(float_graph_, only_layers);
+  out.metadata["slimquant.weight_bits"] = std::to_string(config_.effective_weight_bits());
+  out.metadata["slimquant.mode"] = quant_mode_name(QuantMode::kWeightOnly);
+  out.metadata["slimquant.deploy_backend"] = deploy_backend_name(config_.deploy_backend);
+  return out;
+}
+
+ir::Graph PTQ::write_weights_only(const ir::Graph& base, const std::optional<std::set<std::string>>& only_layers) const {
   // The layers with a weight, read as float: their activation lists emptied.
   std::vector<Layer> weighted;
   for (const auto& l : layers_)
@@ -401,15 +410,12 @@ ir::Graph PTQ::convert_weights_only(const std::optional<std::set<std::string>>& 
     obs->observe(*float_graph_.initializer(l.weight));
     return obs->params(QuantScheme::kSymmetric);
   };
-  ir::Graph out = write_qdq_graph(float_graph_, chosen, {}, params, options);
+  ir::Graph out = write_qdq_graph(base, chosen, {}, params, options);
   write_blocked_weights(out, blocked, block_size);
   if (four_bit) {
     out.metadata["slimquant.block_size"] = std::to_string(block_size);
     out.metadata["slimquant.weight_rounding"] = any_gptq ? "gptq" : "rtn";
   }
-  out.metadata["slimquant.weight_bits"] = std::to_string(config_.effective_weight_bits());
-  out.metadata["slimquant.mode"] = quant_mode_name(QuantMode::kWeightOnly);
-  out.metadata["slimquant.deploy_backend"] = deploy_backend_name(config_.deploy_backend);
   return out;
 }
 
@@ -555,6 +561,7 @@ void PTQ::quantize_squeeze_excitation_inputs(const std::function<bool(const std:
         Layer layer;
         layer.name = node.name;
         layer.op_type = node.op_type;
+        layer.mode = config_.mode_for(node);
         layers_.push_back(std::move(layer));
         it = std::prev(layers_.end());
       }
@@ -599,8 +606,41 @@ QuantParam PTQ::weight_params(const Layer& layer, const Tensor* weight) const {
 
 ir::Graph PTQ::convert(const std::optional<std::set<std::string>>& only_layers) const {
   SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::convert called before quantize()");
-  if (config_.mode == QuantMode::kWeightOnly) return convert_weights_only(only_layers);
-  if (config_.mode == QuantMode::kDynamic) return convert_dynamic(only_layers);
+  return convert_layers(layer_modes(only_layers));
+}
+
+LayerModes PTQ::layer_modes(const std::optional<std::set<std::string>>& only_layers) const {
+  LayerModes modes;
+  for (const auto& l : layers_)
+    if (!only_layers || only_layers->count(l.name)) modes[l.name] = l.mode;
+  return modes;
+}
+
+ir::Graph PTQ::convert_layers(const LayerModes& modes) const {
+  SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::convert_layers called before quantize()");
+  std::map<QuantMode, std::set<std::string>> by_mode;
+  for (const auto& [name, mode] : modes) {
+    SQ_CHECK(std::any_of(layers_.begin(), layers_.end(), [&](const Layer& l) { return l.name == name; }),
+             ErrorKind::kInvalidArgument, "convert_layers: '" + name + "' is not a layer of this PTQ (layers())");
+    by_mode[mode].insert(name);
+  }
+  if (by_mode.size() <= 1) {  // one mode: that mode's own convert
+    const QuantMode mode = by_mode.empty() ? config_.mode : by_mode.begin()->first;
+    const std::set<std::string> only = by_mode.empty() ? std::set<std::string>{} : by_mode.begin()->second;
+    if (mode == QuantMode::kWeightOnly) return convert_weights_only(only);
+    if (mode == QuantMode::kDynamic) return convert_dynamic(only);
+    return convert_static(only);
+  }
+  SQ_CHECK(!by_mode.count(QuantMode::kDynamic), ErrorKind::kInvalidArgument,
+           "convert_layers: dynamic layers do not mix with static or weight-only ones in one model");
+  const std::set<std::string>& weight_only = by_mode[QuantMode::kWeightOnly];
+  ir::Graph out = write_weights_only(convert_static(by_mode[QuantMode::kStatic]), weight_only);
+  out.metadata["slimquant.mode"] = "mixed";
+  out.metadata["slimquant.weight_only_layers"] = std::to_string(weight_only.size());
+  return out;
+}
+
+ir::Graph PTQ::convert_static(const std::optional<std::set<std::string>>& only_layers) const {
   SQ_CHECK(batches_ > 0 || observers_.empty(), ErrorKind::kInvalidData,
            "no calibration data was fed: the calibration data set is empty");
   const DeployPolicy& policy = DeployPolicy::of(config_.deploy_backend);

@@ -73,6 +73,12 @@ bool QuantConfig::is_skipped(const ir::Node& node) const {
   return false;
 }
 
+QuantMode QuantConfig::mode_for(const ir::Node& node) const {
+  for (auto it = node_modes.rbegin(); it != node_modes.rend(); ++it)
+    if (it->first == node.op_type || matches(it->first, node.name)) return it->second;
+  return mode;
+}
+
 DeployBackend parse_deploy_backend(const std::string& name) {
   if (name == "slimquant") return DeployBackend::kSlimquant;
   if (name == "onnxruntime") return DeployBackend::kOnnxRuntime;
@@ -168,11 +174,14 @@ void QuantConfig::validate() const {
 
 std::vector<std::string> QuantConfig::unmatched_skips(const ir::Graph& graph) const {
   std::vector<std::string> out;
-  for (const auto& p : skip_quant) {
-    bool hit = false;
-    for (const auto& n : graph.nodes) hit |= p == n.op_type || matches(p, n.name);
-    if (!hit) out.push_back("skip pattern '" + p + "' matches no op type or node name of the model");
-  }
+  auto matches_a_node = [&](const std::string& p) {
+    return std::any_of(graph.nodes.begin(), graph.nodes.end(),
+                       [&](const ir::Node& n) { return p == n.op_type || matches(p, n.name); });
+  };
+  for (const auto& p : skip_quant)
+    if (!matches_a_node(p)) out.push_back("skip pattern '" + p + "' matches no op type or node name of the model");
+  for (const auto& [p, m] : node_modes)
+    if (!matches_a_node(p)) out.push_back("node_modes pattern '" + p + "' matches no op type or node name of the model");
   for (const auto& t : skip_tensor_list) {
     bool hit = false;
     for (const auto& n : graph.nodes) hit |= t == n.name || contains(n.inputs, t) || contains(n.outputs, t);
@@ -207,6 +216,10 @@ std::string QuantConfig::fingerprint() const {
   os << "|backend:" << deploy_backend_name(deploy_backend) << "|asym:" << asymmetric_activations << "|hist:" << observer_options.hist_percent << ',' << observer_options.bins
      << "|wbits:" << effective_weight_bits();
   if (mode != QuantMode::kStatic) os << "|mode:" << quant_mode_name(mode);  // static: as before modes existed
+  if (!node_modes.empty()) {
+    os << "|node_modes:";
+    for (const auto& [pattern, m] : node_modes) os << pattern << '=' << quant_mode_name(m) << ',';
+  }
   if (block_size != 0) os << "|block:" << block_size;
   if (weight_rounding != WeightRounding::kRtn) os << "|rounding:" << weight_rounding_name(weight_rounding);
   if (bias_correction) os << "|bias_correction";
@@ -304,6 +317,11 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
       }
       else if (key == "skip_tensor_list") cfg.skip_tensor_list = string_list(v, key);
       else if (key == "skip_quant") cfg.skip_quant = string_list(v, key);
+      else if (key == "node_modes") {
+        if (!v.IsMap()) fail(ErrorKind::kInvalidArgument, "config key 'node_modes' must map node patterns to modes");
+        for (const auto& entry : v)
+          cfg.node_modes.emplace_back(entry.first.as<std::string>(), parse_quant_mode(entry.second.as<std::string>()));
+      }
       else if (key == "activation_quantize_type") {
         cfg.asymmetric_activations = parse_activation_quantize_type(v.as<std::string>());
       } else if (key == "activation_bits") {

@@ -19,6 +19,16 @@
 
 namespace slimquant::analysis {
 
+// What the search does with a layer static INT8 hurts (`analyze --fallback-mode`):
+// - kFloat: leave it float (the search as it always was).
+// - kWeightOnly: first try it weight-only (its weight INT8 behind a DequantizeLinear, its
+//   activations float: PTQ::convert_layers mixes both forms in one model), float only when that
+//   is not enough. Layers without a constant weight, or not static in the analysis' own modes
+//   (QuantConfig::mode / node_modes), go straight to float.
+enum class FallbackMode { kFloat, kWeightOnly };
+FallbackMode parse_fallback_mode(const std::string& name);  // float | weight-only (weight_only), else kInvalidArgument
+const char* fallback_mode_name(FallbackMode mode);
+
 struct TargetSearchOptions {
   double target = 0;
   size_t batch_size = 64;
@@ -27,15 +37,21 @@ struct TargetSearchOptions {
   int latency_runs = 10;                         // timed runs of one batch per candidate (median)
   size_t max_evaluations = 64;
   int num_threads = 0;
+  FallbackMode fallback = FallbackMode::kFloat;
 };
 
 struct TargetCandidate {
   std::vector<std::string> skipped;  // layers left in float, most damaging first
+  // Layers in weight-only mode (FallbackMode::kWeightOnly), most damaging first; every other layer
+  // is in its own mode (static unless the config says otherwise).
+  std::vector<std::string> weight_only;
   double metric = 0;
   bool meets = false;
   double latency_ms = 0;   // one batch of batch_size, integer execution, median
   size_t model_bytes = 0;  // serialized ONNX
   std::string stage;       // "int8", "prefix", "bisect", "refine"
+  // Every layer's mode in this candidate: "float", "weight-only" or its own mode's name ("static").
+  std::map<std::string, std::string> layer_modes(const quant::PTQ& ptq) const;
 };
 
 struct TargetSearchResult {
@@ -45,6 +61,8 @@ struct TargetSearchResult {
   double fp32_metric = 0;
   double fp32_latency_ms = 0;
   size_t fp32_model_bytes = 0;
+  std::string fallback_mode = "float";        // fallback_mode_name(TargetSearchOptions::fallback)
+  std::map<std::string, std::string> layer_modes;  // the best candidate's, by layer
   std::vector<TargetCandidate> candidates;  // in evaluation order
   size_t best = 0;                          // index into candidates
   bool met = false;
@@ -58,6 +76,11 @@ struct TargetSearchResult {
   nlohmann::json timing_json() const;
   std::string table() const;  // candidates as a text table
 };
+
+// The graph of a candidate: ptq's layers in their own modes, `weight_only` in weight-only mode and
+// `skipped` float (PTQ::convert_layers).
+ir::Graph candidate_graph(const quant::PTQ& ptq, const std::vector<std::string>& skipped,
+                          const std::vector<std::string>& weight_only);
 
 // `ptq` calibrated; `ranking` its PTQ analysis. Writes the best model (model_name), the candidates
 // table (target_candidates.txt) and target_search.json into save_dir after every evaluation.

@@ -25,7 +25,12 @@ struct Layer {
   std::string weight;                    // constant weight quantized per channel ("" = none)
   int64_t weight_axis = 0;
   std::string weight_observer;           // weight_quantize_type chosen for this layer
+  QuantMode mode = QuantMode::kStatic;   // QuantConfig::mode_for its node
 };
+
+// Per layer (names from PTQ::layers()), the form PTQ::convert_layers() writes it in; a layer absent
+// stays float (as a skipped one does).
+using LayerModes = std::map<std::string, QuantMode>;
 
 class PTQ {
  public:
@@ -63,9 +68,18 @@ class PTQ {
   // Problems that do not stop quantization but that a user wants to hear about (e.g. a skip
   // pattern that matches no node). Filled by quantize().
   const std::vector<std::string>& warnings() const { return warnings_; }
-  // The QDQ graph: every layer quantized, or only `only_layers` (names from layers()); under
-  // QuantMode::kWeightOnly, convert_weights_only(); under kDynamic, convert_dynamic().
+  // The QDQ graph: every layer quantized, or only `only_layers` (names from layers()), each in its
+  // own mode (Layer::mode: QuantConfig::mode, or its node_modes entry): convert_layers(layer_modes(only_layers)).
+  // All layers under QuantMode::kWeightOnly: convert_weights_only(); under kDynamic, convert_dynamic().
   ir::Graph convert(const std::optional<std::set<std::string>>& only_layers = std::nullopt) const;
+  // Every layer (or only `only_layers`) with its Layer::mode.
+  LayerModes layer_modes(const std::optional<std::set<std::string>>& only_layers = std::nullopt) const;
+  // The graph with each layer of `modes` in its mode, the others float. One mode for all: the same
+  // bytes as that mode's convert (an empty map: QuantConfig::mode's). Static and weight-only mixed:
+  // the static convert of the static layers, then the weight-only layers' weights rewritten exactly
+  // as convert_weights_only() writes them (metadata slimquant.mode "mixed", slimquant.weight_only_layers
+  // their count). Dynamic layers do not mix with others (kInvalidArgument), nor do unknown names.
+  ir::Graph convert_layers(const LayerModes& modes) const;
   // The weight-only graph (QuantMode::kWeightOnly): each chosen layer's weight on its per-channel
   // grid behind a DequantizeLinear, every activation float. Needs no calibration.
   ir::Graph convert_weights_only(const std::optional<std::set<std::string>>& only_layers = std::nullopt) const;
@@ -111,6 +125,11 @@ class PTQ {
   // The activation grid the deploy backend (and asymmetric_activations) asks for, given the
   // observer's own choice.
   QuantScheme activation_scheme(QuantScheme observer_default) const;
+  // The static QDQ graph of `only_layers` (all layers' modes taken as static).
+  ir::Graph convert_static(const std::optional<std::set<std::string>>& only_layers) const;
+  // `base` with the weights of `only_layers` (those with a weight) rewritten as weight-only mode
+  // writes them (convert_weights_only() on the float graph; PTQ::convert_layers on a static one).
+  ir::Graph write_weights_only(const ir::Graph& base, const std::optional<std::set<std::string>>& only_layers) const;
   // Quantizes each squeeze-excitation input (a Conv output read by a pool and the gating it
   // computes) for all its readers, for a backend that reads it once as codes.
   void quantize_squeeze_excitation_inputs(const std::function<bool(const std::string&)>& known_non_float);

@@ -83,6 +83,14 @@ class QuantConfig {
   std::vector<std::string> skip_tensor_list;
   // Op types, node names, or globs on node names (`skip_quant`) that stay in float.
   std::vector<std::string> skip_quant;
+  // Per-node modes (`--node-mode PATTERN=MODE`, YAML `node_modes: {PATTERN: MODE}`): the layers whose
+  // op type, node name or glob on node names matches PATTERN take MODE instead of `mode` (the last
+  // matching entry wins), as skip_quant makes them float. Static and weight-only layers mix in one
+  // model (static QDQ around some layers, a weight-only DequantizeLinear on the others' weights;
+  // PTQ::convert_layers); dynamic ones do not mix with the other two. Static layers need calibration.
+  std::vector<std::pair<std::string, QuantMode>> node_modes;
+  // The mode of `node`'s layer: its last matching node_modes entry, else `mode`.
+  QuantMode mode_for(const ir::Node& node) const;
   // Activations: asymmetric u8 instead of symmetric s8 / u8-with-zero-point-0.
   bool asymmetric_activations = false;
   // The runtime the export is shaped for (see DeployBackend).
@@ -123,7 +131,7 @@ class QuantConfig {
   // Throws kInvalidArgument naming an entry of quantizable_op_type that is neither a known op
   // type (ONNX or source-document name) nor registered with add_qat_layer_mapping.
   void validate() const;
-  // Skip entries (skip_quant patterns, skip_tensor_list tensors or layers) that match nothing in `graph`,
+  // Skip entries (skip_quant patterns, skip_tensor_list tensors or layers) and node_modes patterns that match nothing in `graph`,
   // one message each: a typo there would otherwise silently quantize what the user meant to skip.
   std::vector<std::string> unmatched_skips(const ir::Graph& graph) const;
   // A stable text of everything that affects the result (for checkpoints and caches).
@@ -140,7 +148,7 @@ class QuantConfig {
 // activation_quantize_type (symmetric|asymmetric, or Paddle's range_abs_max|moving_average_abs_max|abs_max:
 // fixed symmetric scales from `algo`), activation_bits (8), type_config / name_config / layer_config
 // (maps of key -> {algo, weight_quantize_type, quantize}), bias_correction, channel_wise_conv_inputs, mode
-// (static | weight-only), round_type (round; adaround
+// (static | weight-only | dynamic), node_modes (map of pattern -> mode), round_type (round; adaround
 // is refused as not implemented). Unknown keys are an error naming the key
 // (typos must not silently change nothing); keys for the calibration flow (batch_size, batch_nums,
 // is_use_cache_file, cache_dir, model_dir, ...) are returned in `extra`.
