@@ -17,6 +17,7 @@ DEBIAN_PACKAGES=(
   libopencv-core-dev libopencv-imgproc-dev libopencv-imgcodecs-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libonnx-testdata dataset-fashion-mnist
+  liblapack-dev  # GPTQ's Cholesky factorisations (OpenBLAS's LAPACK where libopenblas0-pthread is installed)
   python3-torch python3-onnx python3-numpy libopenblas0-pthread
   python3-dev pybind11-dev python3-pybind11 python3-pytest  # the Python package (python/) and its tests
   libopenmpi-dev openmpi-bin  # optional MPI scale-out (docs/scale-out.md); the build works without

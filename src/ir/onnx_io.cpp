@@ -1102,6 +1102,13 @@ onnx::ModelProto stored_model_proto(const Graph& graph) {
 void check_model_proto(const onnx::ModelProto& given) {
   onnx::ModelProto m = given;
   libonnx_view(m);
+  // A graph input or output of unknown rank (a tensor type without a shape, as some exporters write
+  // outputs) is valid ONNX that ONNX Runtime loads, but onnx::checker insists on the field: the
+  // checked copy gets an empty one, and the file is written as it came.
+  for (auto* values : {m.mutable_graph()->mutable_input(), m.mutable_graph()->mutable_output()})
+    for (auto& v : *values)
+      if (v.type().has_tensor_type() && !v.type().tensor_type().has_shape())
+        v.mutable_type()->mutable_tensor_type()->mutable_shape();
   try {
     onnx::checker::check_model(m);
   } catch (const std::exception& e) {

@@ -7,13 +7,13 @@
 // block at once (w -= e U[j][.]) and the later blocks lazily, after the column block. A block's
 // scale is taken from the updated weights when its first column is reached. Column blocks are a
 // multiple of the quantization block, so no quantization block waits on a lazy update.
-// Linear algebra is written here (Cholesky, a triangular inverse): Eigen is not installed on this
-// machine and no dependency in CMakeLists.txt offers a Cholesky; the matrices are K x K with K the
-// layer's input features, so O(K^3) plain loops are enough.
+// The Cholesky factorisations and the inverse are LAPACK's (K x K with K the layer's input
+// features: 4096-wide layers take seconds there, minutes in plain loops).
 #include "slimquant/quant/blocked_weights.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "slimquant/core/error.h"
@@ -70,51 +70,32 @@ int8_t round_to_grid(double w, float s) {
   return static_cast<int8_t>(std::clamp(q, double{kBlockedWeightMinCode}, double{kBlockedWeightMaxCode}));
 }
 
-// In place: a (n x n, symmetric positive definite) becomes its lower Cholesky factor L (a = L L^T,
-// upper part zeroed). False when a pivot is not positive.
-bool cholesky_lower(std::vector<double>& a, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) {
-    double d = a[static_cast<size_t>(j * n + j)];
-    for (int64_t p = 0; p < j; ++p) d -= a[static_cast<size_t>(j * n + p)] * a[static_cast<size_t>(j * n + p)];
-    if (!(d > 0)) return false;
-    const double l = std::sqrt(d);
-    a[static_cast<size_t>(j * n + j)] = l;
-    for (int64_t i = j + 1; i < n; ++i) {
-      double v = a[static_cast<size_t>(i * n + j)];
-      for (int64_t p = 0; p < j; ++p) v -= a[static_cast<size_t>(i * n + p)] * a[static_cast<size_t>(j * n + p)];
-      a[static_cast<size_t>(i * n + j)] = v / l;
-    }
-    for (int64_t i = 0; i < j; ++i) a[static_cast<size_t>(i * n + j)] = 0;
-  }
-  return true;
+// LAPACK (Debian's liblapack-dev; OpenBLAS's optimised build where libopenblas0 is installed).
+extern "C" {
+void dpotrf_(const char* uplo, const int* n, double* a, const int* lda, int* info);
+void dpotri_(const char* uplo, const int* n, double* a, const int* lda, int* info);
 }
 
-// The upper Cholesky factor U of H^-1 (H^-1 = U^T U), or false when H is not positive definite.
+// The upper Cholesky factor U of H^-1 (H^-1 = U^T U), row-major, or false when H is not positive
+// definite. H is symmetric, so its row-major array is its column-major one too: LAPACK factors
+// H = L L^T ('L'), forms H^-1 from L, and factors H^-1 = U^T U ('U'), all column-major.
 bool upper_cholesky_of_inverse(const std::vector<double>& h, int64_t n, std::vector<double>& u) {
-  std::vector<double> l = h;
-  if (!cholesky_lower(l, n)) return false;
-  // M = L^-1 (lower), by forward substitution column by column.
-  std::vector<double> m(static_cast<size_t>(n * n), 0.0);
-  for (int64_t c = 0; c < n; ++c) {
-    m[static_cast<size_t>(c * n + c)] = 1.0 / l[static_cast<size_t>(c * n + c)];
-    for (int64_t i = c + 1; i < n; ++i) {
-      double v = 0;
-      for (int64_t p = c; p < i; ++p) v -= l[static_cast<size_t>(i * n + p)] * m[static_cast<size_t>(p * n + c)];
-      m[static_cast<size_t>(i * n + c)] = v / l[static_cast<size_t>(i * n + i)];
-    }
-  }
-  // H^-1 = M^T M.
-  std::vector<double> inv(static_cast<size_t>(n * n), 0.0);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = i; j < n; ++j) {
-      double v = 0;
-      for (int64_t p = j; p < n; ++p) v += m[static_cast<size_t>(p * n + i)] * m[static_cast<size_t>(p * n + j)];
-      inv[static_cast<size_t>(i * n + j)] = inv[static_cast<size_t>(j * n + i)] = v;
-    }
-  if (!cholesky_lower(inv, n)) return false;
+  SQ_CHECK(n > 0 && n <= INT32_MAX / n, ErrorKind::kUnsupported, "GPTQ: " + std::to_string(n) + " input features");
+  const int order = static_cast<int>(n);
+  int info = 0;
+  std::vector<double> a = h;
+  dpotrf_("L", &order, a.data(), &order, &info);
+  if (info != 0) return false;
+  dpotri_("L", &order, a.data(), &order, &info);  // the lower triangle of H^-1
+  if (info != 0) return false;
+  auto at = [&](int64_t i, int64_t j) -> double& { return a[static_cast<size_t>(i + j * n)]; };  // column-major
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t i = 0; i < j; ++i) at(i, j) = at(j, i);
+  dpotrf_("U", &order, a.data(), &order, &info);
+  if (info != 0) return false;
   u.assign(static_cast<size_t>(n * n), 0.0);
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = i; j < n; ++j) u[static_cast<size_t>(i * n + j)] = inv[static_cast<size_t>(j * n + i)];
+    for (int64_t j = i; j < n; ++j) u[static_cast<size_t>(i * n + j)] = at(i, j);
   return true;
 }
 

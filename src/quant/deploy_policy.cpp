@@ -26,7 +26,7 @@ bool written_by_integer_op_of_onnx_runtime(const ir::Graph& g, const std::string
 }
 
 // slimquant's own runtime: quantizes what quantizable_op_type lists (or every op with a spec under
-// is_full_quantize), reads squeeze-excitation inputs as codes, takes per-channel convolution inputs.
+// is_full_quantize), reads inputs that all their readers take as codes once (squeeze-excitation inputs), takes per-channel convolution inputs.
 class SlimquantPolicy final : public DeployPolicy {
  public:
   bool quantizes(const ir::Node&, const OpQuantSpec&, bool listed, bool full_quantize) const override {
@@ -35,7 +35,7 @@ class SlimquantPolicy final : public DeployPolicy {
   QuantScheme activation_scheme(QuantScheme observer_default, bool asymmetric_activations) const override {
     return asymmetric_activations ? QuantScheme::kAsymmetric : observer_default;
   }
-  bool quantizes_squeeze_excitation_inputs() const override { return true; }
+  bool quantizes_code_readable_inputs() const override { return true; }
   // Our files also load in ONNX Runtime: not after an op it runs in integers.
   bool allows_channel_wise_conv_input(const ir::Graph& qdq, const std::string& x) const override {
     return !written_by_integer_op_of_onnx_runtime(qdq, x);

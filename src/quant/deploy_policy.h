@@ -31,9 +31,9 @@ class DeployPolicy {
   // Whether a quantized Softmax output gets the fixed u8 grid 1/256 (the backend's integer Softmax
   // needs it) instead of its calibrated range.
   virtual bool fixed_softmax_grid() const { return true; }
-  // Whether a Conv output read by a squeeze-excitation block (pool and gating) is quantized for all
-  // those readers, so that the runtime reads it once as codes (PTQ::quantize).
-  virtual bool quantizes_squeeze_excitation_inputs() const { return false; }
+  // Whether a Conv output that all its readers read as codes (a squeeze-excitation block's pool and
+  // gating) is quantized for all of them, so that the runtime reads it once as codes (PTQ::quantize).
+  virtual bool quantizes_code_readable_inputs() const { return false; }
   // Whether the convolution input x of the written QDQ graph may get per-channel scales (precision
   // recovery's first remedy).
   virtual bool allows_channel_wise_conv_input(const ir::Graph& qdq, const std::string& x) const {

@@ -14,6 +14,7 @@
 #include "slimquant/core/quant_param.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/ir/passes.h"
+#include "slimquant/runtime/kernel.h"
 #include "slimquant/runtime/optimize.h"
 #include "quant/blocked_export.h"
 #include "quant/deploy_policy.h"
@@ -94,67 +95,49 @@ void observe_channel_abs_max(const Tensor& x, std::vector<float>& abs_max) {
     }
 }
 
-// Whether `v` is computed from `target` within `depth` producer steps (constants aside).
-bool computed_from(const ir::Graph& g, const std::unordered_map<std::string, int>& producers, const std::string& v,
-                   const std::string& target, int depth) {
-  if (v == target) return true;
-  const auto p = producers.find(v);
-  if (p == producers.end() || depth == 0) return false;
-  for (const std::string& in : g.nodes[static_cast<size_t>(p->second)].inputs)
-    if (!in.empty() && !g.is_initializer(in) && computed_from(g, producers, in, target, depth - 1)) return true;
-  return false;
-}
-
-// Squeeze-excitation inputs: x written by a Conv and read only by a GlobalAveragePool and by the
-// gating of x with a value computed from that pool: Mul(x, gate) and Add(x, Mul(x, gate)) (the
-// residual form of PP-OCRv4 det's RSE layers). With x quantized for all of those readers the
-// integer runtime reads x as the Conv's 8-bit codes (pool and gating fold the dequantization, see
-// runtime/fusions/declared_folds.h) instead of a float32 map written, pooled and read back. Per
-// value: x and its readers.
-std::vector<std::pair<std::string, std::vector<int>>> squeeze_excitation_inputs(const ir::Graph& g) {
-  constexpr int kGateDepth = 8;  // pool -> Conv -> act -> Conv -> gate activation, with room for Flatten / Reshape
-  std::vector<std::pair<std::string, std::vector<int>>> found;
-  std::unordered_map<std::string, int> producers;
-  std::unordered_map<std::string, std::vector<int>> consumers;  // distinct readers, in node order
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    for (const std::string& out : g.nodes[i].outputs) producers[out] = static_cast<int>(i);
-    for (const std::string& in : g.nodes[i].inputs) {
-      std::vector<int>& r = consumers[in];
-      if (r.empty() || r.back() != static_cast<int>(i)) r.push_back(static_cast<int>(i));
-    }
-  }
-  for (const ir::Node& pool : g.nodes) {
-    if (pool.op_type != "GlobalAveragePool" || !pool.domain.empty() || pool.inputs.size() != 1) continue;
-    const std::string& x = pool.inputs[0];
-    const auto producer = producers.find(x);
-    const bool graph_output =
-        std::any_of(g.outputs.begin(), g.outputs.end(), [&](const ir::ValueInfo& o) { return o.name == x; });
-    if (producer == producers.end() || g.nodes[static_cast<size_t>(producer->second)].op_type != "Conv" || graph_output)
-      continue;
-    const std::vector<int>& readers = consumers.at(x);
-    std::set<std::string> gated;  // outputs of Mul(x, gate)
-    bool all_gating = true;
-    for (int r : readers) {
-      const ir::Node& n = g.nodes[static_cast<size_t>(r)];
-      if (&n == &pool) continue;
-      if (n.op_type == "Mul" && n.domain.empty() && n.inputs.size() == 2 && n.inputs[0] != n.inputs[1]) {
-        const std::string& gate = n.inputs[0] == x ? n.inputs[1] : n.inputs[0];
-        if (computed_from(g, producers, gate, pool.outputs[0], kGateDepth)) {
-          gated.insert(n.outputs[0]);
-          continue;
-        }
+// Tensors quantized once for all their readers: a Conv's output (not a graph output) read by two or
+// more nodes whose kernels all declare they read 8-bit codes at those inputs (KernelFolds::
+// dequantized_inputs: the elementwise arithmetic and the global pools), e.g. a squeeze-excitation
+// block's input, read by its pool, its gating Mul(x, gate) and the residual Add(x, x * gate) of
+// PP-OCRv4 det's RSE layers (which the runtime merges into Mul(x, gate + 1)). The integer runtime then reads the Conv's 8-bit codes everywhere
+// (runtime/fusions/declared_folds.h) instead of a float32 map written, pooled and read back. A
+// single reader is left alone: the execution fusions take it whole (a residual Add becomes the
+// convolution's sum post-op). Per value: x and its readers.
+std::vector<std::pair<std::string, std::vector<int>>> code_readable_inputs(const ir::Graph& g) {
+  // Readers as the runtime will run them: after its merges (paddle2onnx's x * Clip(x + 3, 0, 6) / 6
+  // reads x in an Add and a Mul, but runs as one HardSwish fused into the Conv).
+  ir::Graph merged = g;
+  ir::apply_rules(merged, ir::execution_merge_rules(), {});
+  auto distinct_readers = [](const ir::Graph& graph) {
+    std::unordered_map<std::string, std::vector<int>> readers;  // in node order
+    for (size_t i = 0; i < graph.nodes.size(); ++i)
+      for (const std::string& in : graph.nodes[i].inputs) {
+        std::vector<int>& r = readers[in];
+        if (r.empty() || r.back() != static_cast<int>(i)) r.push_back(static_cast<int>(i));
       }
-      if (n.op_type != "Add") all_gating = false;
-    }
-    if (!all_gating || gated.empty()) continue;
-    for (int r : readers) {  // Adds: only x + x * gate
-      const ir::Node& n = g.nodes[static_cast<size_t>(r)];
-      if (n.op_type == "Add" && !(n.domain.empty() && n.inputs.size() == 2 &&
-                                  ((n.inputs[0] == x && gated.count(n.inputs[1])) ||
-                                   (n.inputs[1] == x && gated.count(n.inputs[0])))))
-        all_gating = false;
-    }
-    if (all_gating) found.emplace_back(x, readers);
+    return readers;
+  };
+  const std::unordered_map<std::string, std::vector<int>> run_readers = distinct_readers(merged);
+  const std::unordered_map<std::string, std::vector<int>> model_readers = distinct_readers(g);
+  const runtime::KernelRegistry& kernels = runtime::KernelRegistry::instance();
+  std::set<std::string> graph_outputs;
+  for (const ir::ValueInfo& o : g.outputs) graph_outputs.insert(o.name);
+  std::vector<std::pair<std::string, std::vector<int>>> found;
+  for (const ir::Node& conv : g.nodes) {
+    if (!ir::is_onnx_op(conv, "Conv") || conv.outputs.size() != 1 || graph_outputs.count(conv.outputs[0])) continue;
+    const std::string& x = conv.outputs[0];
+    const auto r = run_readers.find(x);
+    if (r == run_readers.end() || r->second.size() < 2) continue;
+    const bool all_read_codes = std::all_of(r->second.begin(), r->second.end(), [&](int id) {
+      const ir::Node& n = merged.nodes[static_cast<size_t>(id)];
+      const runtime::KernelFolds& folds = kernels.folds(n.op_type, n.domain);
+      if (n.outputs.size() != 1 || !folds.accepts(n, runtime::Fold::kDequantizedInput)) return false;
+      for (size_t k = 0; k < n.inputs.size(); ++k)
+        if (n.inputs[k] == x && !folds.accepts_at(n, runtime::Fold::kDequantizedInput, k)) return false;
+      return true;
+    });
+    // Quantized for every reader in the model (a merge may have joined two of them).
+    if (all_read_codes) found.emplace_back(x, model_readers.at(x));
   }
   return found;
 }
@@ -279,8 +262,8 @@ void PTQ::quantize(const ir::Graph& float_graph) {
       channel_abs_max_[node.input(0)];
     layers_.push_back(std::move(layer));
   }
-  if (DeployPolicy::of(config_.deploy_backend).quantizes_squeeze_excitation_inputs())
-    quantize_squeeze_excitation_inputs(known_non_float);
+  if (DeployPolicy::of(config_.deploy_backend).quantizes_code_readable_inputs())
+    quantize_code_readable_inputs(known_non_float);
   warnings_ = config_.unmatched_skips(float_graph_);
   // The layers inside If / Loop / Scan bodies run in nested sessions that calibration cannot see.
   for (const auto& node : float_graph_.nodes)
@@ -520,17 +503,17 @@ std::vector<std::string> PTQ::observed_tensors() const {
   return out;
 }
 
-// For our runtime, squeeze-excitation inputs are quantized for every reader (see
-// squeeze_excitation_inputs), unless one of them is skipped or left in float by its rule: as
+// For our runtime, inputs that every reader reads as codes are quantized for every reader (see
+// code_readable_inputs), unless one of them is skipped or left in float by its rule: as
 // codes they cost a quarter of the float32 traffic, for about no accuracy
 // (docs/int8_execution.md). They are a Conv's output codes, so only where Conv is a quantized
 // type: quantizable_op_type bounds this rule too (a list without Conv, e.g. conv2d_transpose
 // alone, quantizes no pool, Mul or Add). Whether that one Conv is skipped does not matter: the
 // analysis and the fallback leave a layer in float without changing the others.
-void PTQ::quantize_squeeze_excitation_inputs(const std::function<bool(const std::string&)>& known_non_float) {
-  for (const auto& [x, readers] : squeeze_excitation_inputs(float_graph_)) {
+void PTQ::quantize_code_readable_inputs(const std::function<bool(const std::string&)>& known_non_float) {
+  for (const auto& [x, readers] : code_readable_inputs(float_graph_)) {
     if (known_non_float(x)) continue;
-    if (!config_.quantizes_op_type("Conv")) continue;  // squeeze_excitation_inputs: x is a Conv's output
+    if (!config_.quantizes_op_type("Conv")) continue;  // code_readable_inputs: x is a Conv's output
     bool left_float = false;
     for (int r : readers) {
       const ir::Node& reader = float_graph_.nodes[static_cast<size_t>(r)];

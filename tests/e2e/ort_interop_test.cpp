@@ -72,7 +72,8 @@ TEST_P(OrtInterop, ExportLoadsAndTop1MatchesInBothOnnxRuntimes) {
   // `reduce_range` advice); there its top-1 may move by more than rounding. This CPU, not oneDNN's
   // ISA limit, decides what ORT runs.
   const bool ort_exact = __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
-  const double tolerance = ort_exact ? 2.0 / kTestImages : 0.01;
+  // Measured on an AVX2 AMD EPYC (Zen 3): ORT 1.6 points below us on resnet_small.
+  const double tolerance = ort_exact ? 2.0 / kTestImages : 0.03;
   for (const char* which : {"pinned", "latest"}) {
     const double ort = ort_top1(path, which);
     EXPECT_NEAR(our_top1, ort, tolerance) << which << ": slimquant " << our_top1 << " vs ONNX Runtime " << ort;

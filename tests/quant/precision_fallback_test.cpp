@@ -112,7 +112,8 @@ TEST(PrecisionFallback, UnderAWorkBoundLayersAreRankedByTheirLocalNoise) {
   const auto used = runtime::feed_rows(c.samples, 0, static_cast<int64_t>(r.samples));
   runtime::Session fp32(c.ptq->float_graph());
   runtime::Session chosen(c.ptq->convert(r.quantized_layers(*c.ptq)));
-  EXPECT_NEAR(quant::output_sqnr_db(fp32.run(used), chosen.run(used)), r.sqnr_db_after, 1e-6);
+  // Within float32 rounding of the outputs (3e-6 dB apart with oneDNN's AVX2 kernels).
+  EXPECT_NEAR(quant::output_sqnr_db(fp32.run(used), chosen.run(used)), r.sqnr_db_after, 1e-4);
 }
 
 // The ONNX Runtime form folds Relu / Clip into the QuantizeLinear after them, so their outputs, which

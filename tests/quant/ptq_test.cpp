@@ -508,6 +508,31 @@ TEST(Ptq, QuantizableOpTypeBoundsTheSqueezeExcitationRule) {
   EXPECT_GE(conv_layers.count("Conv"), 1u);
 }
 
+// The rule is generic (code_readable_inputs): a Conv output that two or more readers all read as
+// codes (their kernels declare Fold::kDequantizedInput there) is quantized for all of them; one
+// reader that does not, or a single reader (left to the execution fusions), keeps it float.
+TEST(Ptq, AConvOutputThatEveryReaderReadsAsCodesIsQuantizedForAllOfThem) {
+  auto layer_types = [](const std::vector<std::string>& readers) {
+    std::mt19937 rng(34);
+    test::GraphBuilder b;
+    b.g.opset = 13;
+    b.g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{1, ""}, {4, ""}, {6, ""}, {6, ""}}});
+    const std::string c = b.node("Conv", {"x", b.constant(test::random_tensor({4, 4, 3, 3}, rng, -0.3f, 0.3f))},
+                                 {{"pads", std::vector<int64_t>(4, 1)}});
+    for (const std::string& op : readers)
+      b.g.outputs.push_back({op == "Relu" ? b.node(op, {c}) : b.node(op, {c, "x"}), DType::kFloat32, std::nullopt});
+    quant::PTQ ptq{quant::QuantConfig()};
+    ptq.quantize(b.g);
+    std::multiset<std::string> types;
+    for (const auto& l : ptq.layers()) types.insert(l.op_type);
+    return types;
+  };
+  EXPECT_EQ(layer_types({"Add", "Sub"}), (std::multiset<std::string>{"Conv", "Add", "Sub"}));
+  EXPECT_EQ(layer_types({"Add", "Mul", "Div"}), (std::multiset<std::string>{"Conv", "Add", "Mul", "Div"}));
+  EXPECT_EQ(layer_types({"Add", "Relu"}), (std::multiset<std::string>{"Conv"}));
+  EXPECT_EQ(layer_types({"Add"}), (std::multiset<std::string>{"Conv"}));
+}
+
 // Which zero points the export writes: every activation's, of its type, even u8 with zero point 0
 // (QuantizeLinear's default: ONNX Runtime 1.30 fails to optimize Conv -> Relu -> Q without it);
 // symmetric int8 weights none.

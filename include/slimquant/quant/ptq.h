@@ -130,9 +130,10 @@ class PTQ {
   // `base` with the weights of `only_layers` (those with a weight) rewritten as weight-only mode
   // writes them (convert_weights_only() on the float graph; PTQ::convert_layers on a static one).
   ir::Graph write_weights_only(const ir::Graph& base, const std::optional<std::set<std::string>>& only_layers) const;
-  // Quantizes each squeeze-excitation input (a Conv output read by a pool and the gating it
-  // computes) for all its readers, for a backend that reads it once as codes.
-  void quantize_squeeze_excitation_inputs(const std::function<bool(const std::string&)>& known_non_float);
+  // Quantizes each Conv output whose readers all read 8-bit codes (their kernels declare
+  // Fold::kDequantizedInput; a squeeze-excitation block's pool and gating) for all of them, for a
+  // backend that reads it once as codes.
+  void quantize_code_readable_inputs(const std::function<bool(const std::string&)>& known_non_float);
 
   QuantConfig config_;
   ir::Graph float_graph_;

@@ -318,7 +318,6 @@ const Tensor* constant_bias(const KernelInit& init, size_t index, int64_t channe
 
 // ONNX schemas of QConv / QGemm / QMatMul (type and shape inference through lowered graphs);
 // idempotent, called by register_int8_kernels().
-void register_int8_onnx_schemas();
 
 // Factories (one file each), registered by register_int8_kernels().
 std::unique_ptr<Kernel> make_qconv(const KernelInit& init);

@@ -1,5 +1,8 @@
-// ONNX schemas of the fused INT8 ops (domain com.slimquant), so that ONNX type and shape inference
-// runs through lowered graphs: without them inference stops at the first fused node (and the Shape
+// The fused INT8 families (domain com.slimquant) that INT8 lowering produces, one place each: the
+// kernel's registration (layouts, folds) and the op's ONNX schema. A new family adds its kernel file,
+// its entry here, and its lowering (quant/lowering: the family table; docs/rewrites.md).
+//
+// The schemas let ONNX type and shape inference run through lowered graphs: without them inference stops at the first fused node (and the Shape
 // chains behind it cannot be folded), and ONNX 1.12's data propagation crashes on a Shape reading a
 // value of unknown type. Also documents the ops for anyone loading an exported lowered model.
 #include <onnx/defs/schema.h>
@@ -8,7 +11,9 @@
 #include <algorithm>
 #include <mutex>
 
+#include "runtime/fused_ops/matmul_qb4w.h"
 #include "runtime/kernels/integer/int8_common.h"
+#include "runtime/kernels/register_all.h"
 
 namespace slimquant::runtime::int8 {
 
@@ -131,8 +136,6 @@ OpSchema base_schema(const char* name, const char* doc, const char* bias_name) {
   return s;
 }
 
-}  // namespace
-
 void register_int8_onnx_schemas() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -177,4 +180,27 @@ void register_int8_onnx_schemas() {
   });
 }
 
+}  // namespace
 }  // namespace slimquant::runtime::int8
+
+namespace slimquant::runtime {
+namespace {
+
+// A QConv with a float32 output (a residual sum added after it, in real units) takes the
+// QuantizeLinear after it; one whose output is already 8-bit has nothing left to quantize.
+bool qconv_refuses(const ir::Node& n, Fold fold, int /*input*/) {
+  return fold == Fold::kTensorQuantize && n.attr_int(int8::attr::kYType, 1) != static_cast<int64_t>(DType::kFloat32);
+}
+constexpr KernelFolds kQConvFolds{.tensor_quantize = true, .refuses = qconv_refuses};
+
+}  // namespace
+
+void register_int8_kernels(KernelRegistry& r) {
+  int8::register_int8_onnx_schemas();
+  r.add(int8::kQConv, int8::make_qconv, int8::kDomain, layouts::kConvolution, kQConvFolds);
+  r.add(int8::kQGemm, int8::make_qgemm, int8::kDomain);
+  r.add(int8::kQMatMul, int8::make_qmatmul, int8::kDomain);
+  r.add(fused_ops::kMatMulQb4w, fused_ops::make_matmul_f32_qb4w, fused_ops::kMatMulQb4wDomain);  // weight-only 4-bit
+}
+
+}  // namespace slimquant::runtime
