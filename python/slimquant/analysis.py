@@ -99,17 +99,19 @@ class AnalysisQuant:
                                                            self.num_histogram_plots, self.save_dir)
         return result
 
-    def get_target_quant_model(self, target_metric):
+    def get_target_quant_model(self, target_metric, fallback_mode="float"):
         """The quantized model meeting target_metric with the fewest layers left in float (the
         search of `slimquant analyze --target-metric`, candidates evaluated with eval_function on
         slimquant's integer execution); the best model found is saved to
-        save_dir/target_model.onnx even when the target cannot be met. Returns the search result."""
+        save_dir/target_model.onnx even when the target cannot be met. fallback_mode "weight-only"
+        first tries a damaging layer with only its weight quantized (`--fallback-mode`). Returns
+        the search result."""
         if self._report is None:
             self.metric_error_analyse()
         timing = next(iter(self._calibration_batches()), None)
         return _sq.search_target(self._ptq, self._report, self._evaluate, self.higher_is_better,
                                  float(target_metric), self.save_dir, timing_feeds=timing,
-                                 num_threads=self.num_threads)
+                                 num_threads=self.num_threads, fallback_mode=fallback_mode)
 
     def statistical_analyse(self, batch_size=64):
         """Per layer FP32 vs quantized statistics of weights and input activations and the SQNR of

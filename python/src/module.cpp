@@ -848,9 +848,10 @@ PYBIND11_MODULE(_slimquant, m) {
   m.def("search_target",
         [](const quant::PTQ& ptq, const analysis::SensitivityReport& ranking, py::object eval_function,
            bool higher_is_better, double target, const std::string& save_dir, const std::string& model_name,
-           py::object timing_feeds, int num_threads) {
+           py::object timing_feeds, int num_threads, const std::string& fallback_mode) {
           analysis::TargetSearchOptions o;
           o.target = target;
+          o.fallback = analysis::parse_fallback_mode(fallback_mode);
           o.save_dir = save_dir;
           o.model_name = model_name;
           o.num_threads = num_threads;
@@ -868,7 +869,7 @@ PYBIND11_MODULE(_slimquant, m) {
         },
         py::arg("ptq"), py::arg("ranking"), py::arg("eval_function"), py::arg("higher_is_better"), py::arg("target"),
         py::arg("save_dir"), py::arg("model_name") = "target_model.onnx", py::arg("timing_feeds") = py::none(),
-        py::arg("num_threads") = 0);
+        py::arg("num_threads") = 0, py::arg("fallback_mode") = "float");
 
   m.def("write_analysis_histograms",
         [](const quant::PTQ& ptq, const analysis::SensitivityReport& report, py::object batches, size_t n,

@@ -89,6 +89,20 @@ def test_paddle_style_eval_function_ranks_as_cli(tmp_path, model_path, fashion, 
     assert [(l["name"], l["metric"]) for l in report["layers"]] == [(l["name"], l["metric"]) for l in cli["layers"]]
 
 
+def test_target_search_takes_the_fallback_mode(tmp_path, model_path, fashion):
+    images, labels = fashion
+    analyzer = slimquant.AnalysisQuant(
+        model_dir=model_path, model_filename=None, params_filename=None,
+        eval_function=paddle_eval_function(images, labels), data_loader=batches(images, labels),
+        save_dir=tmp_path, num_histogram_plots=0, ptq_config={"algo": "abs_max", "batch_nums": BATCH_NUMS})
+    # A target the all-INT8 model meets: one evaluation, and the mode named in the result.
+    result = analyzer.get_target_quant_model(0.0, fallback_mode="weight-only")
+    assert result["fallback_mode"] == "weight-only" and result["met"]
+    assert set(result["layer_modes"].values()) == {"static"}
+    with pytest.raises(ValueError, match="fallback"):
+        analyzer.get_target_quant_model(0.0, fallback_mode="int4")
+
+
 def test_paddle_style_eval_function_in_analysis_qat(tmp_path, model_path, fashion):
     images, labels = fashion
     quant_path = slimquant.quant_post_static(None, model_path, tmp_path / "q", sample_generator=sample_reader(images),

@@ -113,10 +113,11 @@ Action register_analyze(CLI::App& app) {
                         ->capture_default_str()
                         ->check(non_negative_integer());
   cmd->add_option("--config", a->config_path, "YAML: model_dir, model_filename, params_filename, save_dir, "
-                                              "checkpoint_name, num_histogram_plots, ptq_config: {...}");
+                                              "checkpoint_name, num_histogram_plots, target_metric, fallback_mode, "
+                                              "ptq_config: {...}");
   auto* target = cmd->add_option("--target-metric", a->target, "find the model with fewest float layers meeting this metric")
                      ->check(number_range(-1e300, 1e300));
-  cmd->add_option("--fallback-mode", a->fallback_mode,
+  auto* fallback_flag = cmd->add_option("--fallback-mode", a->fallback_mode,
                   "--target-metric: a layer static INT8 hurts is left float, or first tried weight-only (its weight "
                   "INT8, activations float) in a model mixing both forms")
       ->capture_default_str()
@@ -151,6 +152,10 @@ Action register_analyze(CLI::App& app) {
     const std::string metric_name = from("metric", a->metric).empty() ? "top1" : from("metric", a->metric);
     const bool has_target = a->has_target || !yaml_string(extra, "target_metric").empty();
     const double target_value = a->has_target ? a->target : has_target ? parse_double(extra["target_metric"], "target_metric") : 0;
+    // The flag, else the config's fallback_mode, else float (checked before any work).
+    const analysis::FallbackMode fallback = analysis::parse_fallback_mode(
+        fallback_flag->count() == 0 && !yaml_string(extra, "fallback_mode").empty() ? extra["fallback_mode"]
+                                                                                   : a->fallback_mode);
     const auto [batch_size, batch_nums] = calibration_batches(a->ptq, *cmd, extra);
     apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     SQ_CHECK(batch_size > 0 && a->eval_batch_size > 0, ErrorKind::kInvalidArgument, "batch sizes must be at least 1");
@@ -276,7 +281,7 @@ Action register_analyze(CLI::App& app) {
       to.batch_size = a->eval_batch_size;
       to.save_dir = save_dir;
       to.num_threads = a->threads;
-      to.fallback = analysis::parse_fallback_mode(a->fallback_mode);
+      to.fallback = fallback;
       auto r = user_metric ? analysis::search_target(ptq, report, *user_metric, to)
                            : analysis::search_target(ptq, report, eval_set, *metric, to);
       const auto& best = r.candidates[r.best];

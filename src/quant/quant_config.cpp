@@ -277,7 +277,7 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
       "batch_size", "batch_nums", "is_use_cache_file", "cache_dir", "model_dir", "model_filename",
       "params_filename", "save_dir", "checkpoint_name", "num_histogram_plots", "onnx_format", "optimize_model",
       "save_model_filename", "save_params_filename", "quant_model_dir",
-      "float_model_dir", "fallback_sqnr_db", "qat_metric", "resume", "data", "dataset", "metric", "target_metric", "epochs", "lr",
+      "float_model_dir", "fallback_sqnr_db", "qat_metric", "resume", "data", "dataset", "metric", "target_metric", "fallback_mode", "epochs", "lr",
       "optimizer", "weight_quanter", "act_quanter", "distill", "mean", "std", "resize", "channel_order", "limit",
       "temperature", "steps_per_epoch", "weight_decay", "momentum", "nesterov", "lr_schedule", "seed", "checkpoint"};
   // Every yaml-cpp exception (a key that is not a scalar, a value of the wrong type) becomes an

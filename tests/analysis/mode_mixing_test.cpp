@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "analysis/analysis_test_util.h"
@@ -293,7 +294,10 @@ TEST(AnalyzeCli, FallbackModeWeightOnlyReproducesWithNodeMode) {
                              "--num-histogram-plots 0 --target-metric 44 --json --save-dir ";
   auto f = test::run_cli_single_threaded(common + tmp.path("float"));
   ASSERT_EQ(f.exit_code, 0) << f.output;
-  auto w = test::run_cli_single_threaded(common + tmp.path("wo") + " --fallback-mode weight-only");
+  // The weight-only fallback from the YAML file's key (the flag overrides it; parsed by the same function).
+  const std::string config = tmp.path("fallback.yaml");
+  std::ofstream(config) << "fallback_mode: weight-only\n";
+  auto w = test::run_cli_single_threaded(common + tmp.path("wo") + " --config " + config);
   ASSERT_EQ(w.exit_code, 0) << w.output;
   const auto jf = test::last_json_line(f.output)["target"];
   const auto jw = test::last_json_line(w.output)["target"];
@@ -312,6 +316,11 @@ TEST(AnalyzeCli, FallbackModeWeightOnlyReproducesWithNodeMode) {
   auto bad = test::run_cli_single_threaded("quantize " + test::fixture_model("vit_small") +
                                            " fashion-mnist:test --limit 32 --node-mode MatMul -o " + tmp.path("x.onnx"));
   EXPECT_EQ(bad.exit_code, 5) << bad.output;
+  std::ofstream(config) << "fallback_mode: int4\n";
+  auto bad_key = test::run_cli_single_threaded(common + tmp.path("bad") + " --config " + config);
+  EXPECT_NE(bad_key.exit_code, 0);
+  EXPECT_NE(bad_key.output.find("fallback mode must be float or weight-only, got 'int4'"), std::string::npos)
+      << bad_key.output;
 }
 
 }  // namespace
