@@ -63,7 +63,7 @@ add_library(slimquant_sanitized STATIC ${_sanitized_objects})
 set_target_properties(slimquant_sanitized PROPERTIES LINKER_LANGUAGE CXX)
 target_include_directories(slimquant_sanitized PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include)
 target_link_libraries(slimquant_sanitized PUBLIC ${SLIMQUANT_PUBLIC_LIBRARIES} PRIVATE ${SLIMQUANT_PRIVATE_LIBRARIES})
-if(SLIMQUANT_WITH_MPI)
+if(SLIMQUANT_BUILD_MPI)
   target_link_libraries(slimquant_sanitized PRIVATE MPI::MPI_CXX)
 endif()
 

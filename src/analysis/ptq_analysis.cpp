@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iomanip>
@@ -55,6 +58,21 @@ void ensure_dir(const std::string& dir) {
   std::filesystem::create_directories(dir, ec);
   SQ_CHECK(std::filesystem::is_directory(dir), ErrorKind::kIo,
            "cannot create save_dir '" + dir + "'" + (ec ? ": " + ec.message() : std::string()));
+}
+
+// Fault injection for the scale-out test (docs/scale-out.md): SLIMQUANT_FAULT_KILL_RANK_AFTER_BATCH=R:N
+// makes rank R kill itself once the checkpoint holds N batches, so the test kills a rank midway
+// deterministically instead of racing the analysis with an external kill.
+void kill_rank_if_asked(size_t batches_checkpointed) {
+  static const std::pair<long, long> asked = [] {
+    const char* v = std::getenv("SLIMQUANT_FAULT_KILL_RANK_AFTER_BATCH");
+    long rank = -1, batch = -1;
+    if (v == nullptr || std::sscanf(v, "%ld:%ld", &rank, &batch) != 2) return std::pair<long, long>(-1, -1);
+    return std::pair<long, long>(rank, batch);
+  }();
+  if (asked.first < 0 || static_cast<long>(batches_checkpointed) != asked.second) return;
+  distributed::barrier();  // rank 0 has written the checkpoint before any rank passes
+  if (distributed::rank() == asked.first) std::raise(SIGKILL);
 }
 
 std::string checkpoint_path(const PtqAnalysisOptions& o) {
@@ -253,6 +271,7 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
       checkpoint->save({{"batches_done", bi + 1}, {"batches_total", total}, {"base", base_metric->state()},
                         {"layers", layers}});
     }
+    if (checkpoint && ranks > 1) kill_rank_if_asked(bi + 1);
     progress.advance();
   }
   progress.finish();
