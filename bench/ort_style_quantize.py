@@ -39,7 +39,9 @@ defaults (per_channel=False, reduce_range=False, weight_type QInt8, its IntegerO
 every MatMul and Conv reads DynamicQuantizeLinear codes (u8) of its float activation inputs and
 per-tensor weights (QInt8: symmetric s8, scale = max|w| / 127; QUInt8: asymmetric u8), as
 MatMulInteger / ConvInteger -> Cast -> Mul(x_scale * w_scale) [-> Add(bias) for Conv]; a MatMul of two
-activations (attention) quantizes both dynamically. Gemm stays float (not in the registry). ONNX
+activations (attention) quantizes both dynamically. An LSTM with constant weights (layout 0) becomes
+com.microsoft DynamicQuantizeLSTM: W and R quantized per direction, transposed to [dirs, in, 4*hidden].
+Gemm stays float (not in the registry). ONNX
 Runtime 1.20.1 has no ConvInteger for s8 weights: for convolutional models use --weight-type quint8,
 as ORT's documentation advises.
 
@@ -637,10 +639,46 @@ def quantize_dynamic(model, weight_type):
         quantized_weights[name] = (name + "_quantized", name + "_scale", name + "_zero_point")
         return quantized_weights[name]
 
+    def lstm_weight(name):
+        """W [dirs, 4h, k] -> codes transposed to [dirs, k, 4h] and a scale / zero point per direction
+        (quantize_dynamic's default per_channel=False quantizes per direction, axis 0)."""
+        w = numpy_helper.to_array(inits[name]).astype(np.float32)
+        codes, scales, zps = [], [], []
+        for d in range(w.shape[0]):
+            if weight_type == "qint8":
+                scale, zp = int8_symmetric_scale(np.abs(w[d]).max()), np.int8(0)
+                codes.append(quantize_array(w[d], scale, 0, -127, 127, np.int8))
+            else:
+                scale, zp = uint8_asymmetric_params(w[d].min(), w[d].max())
+                codes.append(quantize_array(w[d], scale, zp, 0, 255, np.uint8))
+            scales.append(scale)
+            zps.append(zp)
+        q = np.transpose(np.stack(codes), (0, 2, 1))
+        names = (name + "_quantized", name + "_scale", name + "_zero_point")
+        new_inits.extend([numpy_helper.from_array(np.ascontiguousarray(q), names[0]),
+                          numpy_helper.from_array(np.array(scales, np.float32), names[1]),
+                          numpy_helper.from_array(np.array(zps, q.dtype), names[2])])
+        return names
+
     reshaped_biases = set()
     types = tensor_types(model)
+    uses_ms_domain = False
     for node in graph.node:
         is_float = lambda n: n in inits or types.get(n) in FLOAT_TYPES
+        # LSTM with constant W and R -> com.microsoft DynamicQuantizeLSTM (ORT's LSTMQuant); its
+        # schema has no `layout`, so batch-first LSTMs stay float.
+        layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+        if node.op_type == "LSTM" and len(node.input) > 2 and node.input[1] in inits and node.input[2] in inits \
+                and len(inits[node.input[1]].dims) == 3 and len(inits[node.input[2]].dims) == 3 and layout == 0:
+            w, r = lstm_weight(node.input[1]), lstm_weight(node.input[2])
+            optional = [node.input[i] if len(node.input) > i else "" for i in range(3, 8)]
+            lstm = helper.make_node("DynamicQuantizeLSTM", [node.input[0], w[0], r[0]] + optional + [w[1], w[2], r[1], r[2]],
+                                    list(node.output), name=(node.name + "_quant") if node.name else "",
+                                    domain="com.microsoft")
+            lstm.attribute.extend(node.attribute)
+            new_nodes.append(lstm)
+            uses_ms_domain = True
+            continue
         if node.op_type not in ("MatMul", "Conv") or not all(is_float(i) for i in node.input[:2]) or \
                 node.input[0] in inits:
             new_nodes.append(node)
@@ -670,6 +708,8 @@ def quantize_dynamic(model, weight_type):
     graph.node.extend(new_nodes)
     graph.initializer.extend(new_inits)
     remove_unused_initializers(graph)
+    if uses_ms_domain and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return model
 
 

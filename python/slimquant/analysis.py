@@ -104,8 +104,8 @@ class AnalysisQuant:
         search of `slimquant analyze --target-metric`, candidates evaluated with eval_function on
         slimquant's integer execution); the best model found is saved to
         save_dir/target_model.onnx even when the target cannot be met. fallback_mode "weight-only"
-        first tries a damaging layer with only its weight quantized (`--fallback-mode`). Returns
-        the search result."""
+        first tries a damaging layer with only its weight quantized, "dynamic" with its input
+        quantized per inference (`--fallback-mode`). Returns the search result."""
         if self._report is None:
             self.metric_error_analyse()
         timing = next(iter(self._calibration_batches()), None)

@@ -44,23 +44,29 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
 FallbackMode parse_fallback_mode(const std::string& name) {
   if (name == "float") return FallbackMode::kFloat;
   if (name == "weight-only" || name == "weight_only") return FallbackMode::kWeightOnly;
-  fail(ErrorKind::kInvalidArgument, "fallback mode must be float or weight-only, got '" + name + "'");
+  if (name == "dynamic") return FallbackMode::kDynamic;
+  fail(ErrorKind::kInvalidArgument, "fallback mode must be float, weight-only or dynamic, got '" + name + "'");
 }
 
-const char* fallback_mode_name(FallbackMode mode) { return mode == FallbackMode::kWeightOnly ? "weight-only" : "float"; }
+const char* fallback_mode_name(FallbackMode mode) {
+  if (mode == FallbackMode::kDynamic) return "dynamic";
+  return mode == FallbackMode::kWeightOnly ? "weight-only" : "float";
+}
 
 std::map<std::string, std::string> TargetCandidate::layer_modes(const quant::PTQ& ptq) const {
   std::map<std::string, std::string> out;
   for (const auto& l : ptq.layers()) out[l.name] = quant::quant_mode_name(l.mode);
   for (const auto& l : weight_only) out[l] = quant::quant_mode_name(quant::QuantMode::kWeightOnly);
+  for (const auto& l : dynamic) out[l] = quant::quant_mode_name(quant::QuantMode::kDynamic);
   for (const auto& l : skipped) out[l] = "float";
   return out;
 }
 
 ir::Graph candidate_graph(const quant::PTQ& ptq, const std::vector<std::string>& skipped,
-                          const std::vector<std::string>& weight_only) {
+                          const std::vector<std::string>& weight_only, const std::vector<std::string>& dynamic) {
   quant::LayerModes modes = ptq.layer_modes();
   for (const auto& l : weight_only) modes[l] = quant::QuantMode::kWeightOnly;
+  for (const auto& l : dynamic) modes[l] = quant::QuantMode::kDynamic;
   for (const auto& l : skipped) modes.erase(l);
   return ptq.convert_layers(modes);
 }
@@ -106,8 +112,8 @@ std::vector<std::string> equivalent_skip_tensors(const quant::PTQ& ptq, const st
 nlohmann::json TargetSearchResult::to_json() const {
   nlohmann::json cands = nlohmann::json::array();
   for (const auto& c : candidates)
-    cands.push_back({{"skipped", c.skipped}, {"weight_only", c.weight_only}, {"metric", c.metric}, {"meets", c.meets},
-                     {"model_bytes", c.model_bytes}, {"stage", c.stage}});
+    cands.push_back({{"skipped", c.skipped}, {"weight_only", c.weight_only}, {"dynamic", c.dynamic},
+                     {"metric", c.metric}, {"meets", c.meets}, {"model_bytes", c.model_bytes}, {"stage", c.stage}});
   nlohmann::json j{{"target", target},
                    {"metric", metric},
                    {"higher_is_better", higher_is_better},
@@ -123,6 +129,7 @@ nlohmann::json TargetSearchResult::to_json() const {
     j["best"] = best;
     j["skipped"] = candidates[best].skipped;
     j["weight_only"] = candidates[best].weight_only;
+    j["dynamic"] = candidates[best].dynamic;
     j["best_metric"] = candidates[best].metric;
     j["int8_metric"] = candidates.front().metric;
   }
@@ -139,16 +146,19 @@ std::string TargetSearchResult::table() const {
   std::ostringstream os;
   os << "# target " << metric << (higher_is_better ? " >= " : " <= ") << target << "; fp32 " << fp32_metric << ", "
      << fp32_model_bytes << " bytes (latencies: target_search_timing.json)\n";
-  // Weight-only fallback: two more columns, the weight-only layers.
+  // Weight-only or dynamic fallback: two more columns, the layers in that mode.
   const bool mixing = fallback_mode != fallback_mode_name(FallbackMode::kFloat);
+  const bool dynamic = fallback_mode == fallback_mode_name(FallbackMode::kDynamic);
+  const std::string partial = dynamic ? "dynamic" : "weight_only";
   os << "#\tstage\tskipped\tmetric\tmeets\tmodel_bytes\tskipped_layers"
-     << (mixing ? "\tweight_only\tweight_only_layers" : "") << "\n";
+     << (mixing ? "\t" + partial + "\t" + partial + "_layers" : "") << "\n";
   for (size_t i = 0; i < candidates.size(); ++i) {
     const auto& c = candidates[i];
     os << i << (i == best ? "*" : "") << '\t' << c.stage << '\t' << c.skipped.size() << '\t' << std::fixed
        << std::setprecision(6) << c.metric << '\t' << (c.meets ? "yes" : "no") << '\t'
        << c.model_bytes << '\t' << (c.skipped.empty() ? "-" : join(c.skipped, ","));
-    if (mixing) os << '\t' << c.weight_only.size() << '\t' << (c.weight_only.empty() ? "-" : join(c.weight_only, ","));
+    const std::vector<std::string>& in_partial = dynamic ? c.dynamic : c.weight_only;
+    if (mixing) os << '\t' << in_partial.size() << '\t' << (in_partial.empty() ? "-" : join(in_partial, ","));
     os << '\n';
   }
   return os.str();
@@ -186,12 +196,16 @@ TargetSearchResult search_with(const quant::PTQ& ptq, const SensitivityReport& r
 
   std::vector<std::string> order;
   for (const auto& l : ranking.ranked) order.push_back(l.name);
-  // A layer weight-only mode can take: static in the analysis' own modes, with a constant weight.
-  std::set<std::string> weight_only_able;
-  if (options.fallback == FallbackMode::kWeightOnly)
+  // The fallback mode between static and float ("partial": weight-only or dynamic) and the layers
+  // it can take: static in the analysis' own modes, with a constant weight (dynamic: in a form
+  // PTQ::dynamic_applies).
+  std::set<std::string> partial_able;
+  if (options.fallback != FallbackMode::kFloat)
     for (const auto& l : ptq.layers())
-      if (l.mode == quant::QuantMode::kStatic && !l.weight.empty()) weight_only_able.insert(l.name);
-  // (float layers, weight-only layers) -> candidate index
+      if (l.mode == quant::QuantMode::kStatic && !l.weight.empty() &&
+          (options.fallback != FallbackMode::kDynamic || ptq.dynamic_applies(l)))
+        partial_able.insert(l.name);
+  // (float layers, partial layers) -> candidate index
   std::map<std::pair<std::set<std::string>, std::set<std::string>>, size_t> done;
   // Distributed: every evaluation is sharded over the ranks (evaluate()), so they all take the same
   // path through the search; rank 0 alone writes.
@@ -202,19 +216,19 @@ TargetSearchResult search_with(const quant::PTQ& ptq, const SensitivityReport& r
     write_file_atomic((fs::path(options.save_dir) / "target_search_timing.json").string(),
                       r.timing_json().dump(2) + "\n");
   };
-  // Layers change mode only toward float (static -> weight-only -> float); a demotion lists the
+  // Layers change mode only toward float (static -> partial -> float); a demotion lists the
   // layers in ranking order.
   struct Demotion {
-    std::vector<std::string> skipped, weight_only;
+    std::vector<std::string> skipped, partial;
   };
   auto evaluate = [&](Demotion d, const std::string& stage) -> const TargetCandidate& {
     auto key = std::pair(std::set<std::string>(d.skipped.begin(), d.skipped.end()),
-                         std::set<std::string>(d.weight_only.begin(), d.weight_only.end()));
+                         std::set<std::string>(d.partial.begin(), d.partial.end()));
     if (auto it = done.find(key); it != done.end()) return r.candidates[it->second];
-    ir::Graph g = candidate_graph(ptq, d.skipped, d.weight_only);
     TargetCandidate c;
     c.skipped = std::move(d.skipped);
-    c.weight_only = std::move(d.weight_only);
+    (options.fallback == FallbackMode::kDynamic ? c.dynamic : c.weight_only) = std::move(d.partial);
+    ir::Graph g = candidate_graph(ptq, c.skipped, c.weight_only, c.dynamic);
     c.stage = stage;
     std::tie(c.metric, c.latency_ms) = scorer.candidate(g, c.skipped.size());
     c.meets = meets(c.metric);
@@ -222,13 +236,13 @@ TargetSearchResult search_with(const quant::PTQ& ptq, const SensitivityReport& r
     c.model_bytes = bytes.size();
     r.candidates.push_back(c);
     done[key] = r.candidates.size() - 1;
-    // Best: meets the target with the fewest float layers, then the fewest weight-only ones (then
+    // Best: meets the target with the fewest float layers, then the fewest partial ones (then
     // the better metric); while nothing meets it, the best metric.
     const size_t idx = r.candidates.size() - 1;
     bool is_best = idx == 0;
     if (!is_best) {
       const TargetCandidate& b = r.candidates[r.best];
-      const auto cost = [](const TargetCandidate& x) { return std::pair(x.skipped.size(), x.weight_only.size()); };
+      const auto cost = [](const TargetCandidate& x) { return std::pair(x.skipped.size(), x.weight_only.size() + x.dynamic.size()); };
       if (c.meets != b.meets) is_best = c.meets;
       else if (c.meets) is_best = cost(c) < cost(b) || (cost(c) == cost(b) && better(c.metric, b.metric));
       else is_best = better(c.metric, b.metric);
@@ -242,24 +256,24 @@ TargetSearchResult search_with(const quant::PTQ& ptq, const SensitivityReport& r
     save_outputs();
     return r.candidates[idx];
   };
-  // The k most damaging layers demoted: to weight-only where `weight_only_first` and they can be,
+  // The k most damaging layers demoted: to the partial mode where `partial_first` and they can be,
   // else to float.
-  auto prefix = [&](size_t k, bool weight_only_first) {
+  auto prefix = [&](size_t k, bool partial_first) {
     Demotion d;
     for (size_t i = 0; i < k; ++i)
-      (weight_only_first && weight_only_able.count(order[i]) ? d.weight_only : d.skipped).push_back(order[i]);
+      (partial_first && partial_able.count(order[i]) ? d.partial : d.skipped).push_back(order[i]);
     return d;
   };
   auto budget_left = [&] { return r.candidates.size() < options.max_evaluations; };
   // Grows then bisects the demoted prefix; refine: single-layer rankings ignore interactions, so
   // each demoted layer, least damaging first, goes back to its own mode if the target can afford
-  // it, else (a float one) to weight-only if that can. Returns whether the target was met.
+  // it, else (a float one) to the partial mode if that can. Returns whether the target was met.
   const size_t n = order.size();
-  auto search = [&](bool weight_only_first) {
+  auto search = [&](bool partial_first) {
     size_t lo = 0, hi = 0;  // prefix lengths: lo fails, hi meets (0 = none found yet)
     bool found = false;
     for (size_t k = 1; budget_left(); k = std::min(n, k * 2)) {
-      if (evaluate(prefix(k, weight_only_first), "prefix").meets) {
+      if (evaluate(prefix(k, partial_first), "prefix").meets) {
         hi = k;
         found = true;
         break;
@@ -269,16 +283,16 @@ TargetSearchResult search_with(const quant::PTQ& ptq, const SensitivityReport& r
     }
     while (found && hi - lo > 1 && budget_left()) {
       const size_t mid = lo + (hi - lo) / 2;
-      if (evaluate(prefix(mid, weight_only_first), "bisect").meets) hi = mid;
+      if (evaluate(prefix(mid, partial_first), "bisect").meets) hi = mid;
       else lo = mid;
     }
     if (!found) return false;
-    Demotion best = prefix(hi, weight_only_first);
+    Demotion best = prefix(hi, partial_first);
     for (size_t i = hi; i-- > 0 && budget_left();) {
       const std::string& layer = order[i];
       auto without = [&](Demotion d) {
         std::erase(d.skipped, layer);
-        std::erase(d.weight_only, layer);
+        std::erase(d.partial, layer);
         return d;
       };
       Demotion trial = without(best);
@@ -287,10 +301,10 @@ TargetSearchResult search_with(const quant::PTQ& ptq, const SensitivityReport& r
         continue;
       }
       const bool is_float = std::find(best.skipped.begin(), best.skipped.end(), layer) != best.skipped.end();
-      if (!is_float || !weight_only_able.count(layer) || !budget_left()) continue;
+      if (!is_float || !partial_able.count(layer) || !budget_left()) continue;
       trial = without(best);
-      trial.weight_only.push_back(layer);
-      std::sort(trial.weight_only.begin(), trial.weight_only.end(), [&](const std::string& a, const std::string& b) {
+      trial.partial.push_back(layer);
+      std::sort(trial.partial.begin(), trial.partial.end(), [&](const std::string& a, const std::string& b) {
         return std::find(order.begin(), order.end(), a) < std::find(order.begin(), order.end(), b);
       });
       if (evaluate(trial, "refine").meets) best = trial;
@@ -299,9 +313,9 @@ TargetSearchResult search_with(const quant::PTQ& ptq, const SensitivityReport& r
   };
 
   if (!evaluate({}, "int8").meets) {
-    // Weight-only fallback: weight-only layers first; float ones only when those cannot meet the target.
-    const bool weight_only_first = !weight_only_able.empty();
-    if (!search(weight_only_first) && weight_only_first) search(false);
+    // Weight-only or dynamic fallback: those layers first; float ones only when they cannot meet the target.
+    const bool partial_first = !partial_able.empty();
+    if (!search(partial_first) && partial_first) search(false);
   }
   r.skip_tensor_list = equivalent_skip_tensors(ptq, r.candidates[r.best].skipped);
   save_outputs();

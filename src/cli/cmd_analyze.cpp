@@ -119,9 +119,9 @@ Action register_analyze(CLI::App& app) {
                      ->check(number_range(-1e300, 1e300));
   auto* fallback_flag = cmd->add_option("--fallback-mode", a->fallback_mode,
                   "--target-metric: a layer static INT8 hurts is left float, or first tried weight-only (its weight "
-                  "INT8, activations float) in a model mixing both forms")
+                  "INT8, activations float) or dynamic (its input quantized per inference) in a model mixing the forms")
       ->capture_default_str()
-      ->check(CLI::IsMember({"float", "weight-only"}));
+      ->check(CLI::IsMember({"float", "weight-only", "dynamic"}));
   cmd->add_flag("--statistics", a->statistics, "also per-layer FP32 vs quantized statistics and SQNR (CSV + JSON)");
   cmd->add_option("--model-filename", a->model_filename, "model file inside a MODEL directory");
   cmd->add_option("--params-filename", a->params_filename, "external-data file inside a MODEL directory");
@@ -292,6 +292,8 @@ Action register_analyze(CLI::App& app) {
                 << (to.fallback == analysis::FallbackMode::kWeightOnly
                         ? std::to_string(best.weight_only.size()) + " weight-only, "
                         : std::string())
+                << (to.fallback == analysis::FallbackMode::kDynamic ? std::to_string(best.dynamic.size()) + " dynamic, "
+                                                                    : std::string())
                 << r.candidates.size() << " candidates -> " << r.model_path << "\n"
                 << "candidates -> " << (std::filesystem::path(save_dir) / "target_candidates.txt").string() << "\n";
       // The quantize command that rebuilds the chosen model: same model, calibration and config.
@@ -316,6 +318,7 @@ Action register_analyze(CLI::App& app) {
       for (const auto& p : a->ptq.skip_nodes) base << " --skip-nodes " << shell_word(p);
       for (const auto& p : a->ptq.node_modes) base << " --node-mode " << shell_word(p);
       for (const auto& l : best.weight_only) base << " --node-mode " << shell_word(l + "=weight-only");
+      for (const auto& l : best.dynamic) base << " --node-mode " << shell_word(l + "=dynamic");
       base << " -o " << shell_word((std::filesystem::path(save_dir) / "target_model_requantized.onnx").string());
       std::string user_tensors = a->ptq.skip_tensors;
       std::ostringstream by_nodes, by_tensors;

@@ -88,7 +88,7 @@ Action register_quantize(CLI::App& app) {
     if (a->block_size != 0) config.block_size = a->block_size;
     if (!a->weight_rounding.empty()) config.weight_rounding = quant::parse_weight_rounding(a->weight_rounding);
     apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
-    const bool uncalibrated = !quant::needs_calibration(config.mode);  // weight-only or dynamic: no activation ranges
+    const bool uncalibrated = !config.calibrates();  // weight-only or dynamic: no activation ranges
     const bool gptq = config.weight_rounding == quant::WeightRounding::kGptq;  // calibrates (4-bit weight-only)
     // Flags that only a calibration uses would be silently ignored.
     for (const char* calibration_flag : {"--algo", "--hist-percent", "--batch-size", "--batch-nums", "--activation-quantize-type",
@@ -163,6 +163,14 @@ Action register_quantize(CLI::App& app) {
                 << " in " << std::fixed << std::setprecision(2) << calib_seconds << " s";
     }
     if (rep.resumed_batches) std::cout << " (" << rep.resumed_batches << " batches resumed from the cache)";
+    if (const auto mixed = qdq.metadata.find("slimquant.mode"); mixed != qdq.metadata.end() && mixed->second == "mixed") {
+      auto count = [&](const char* key) { return qdq.metadata.count(key) ? qdq.metadata.at(key) : std::string("0"); };
+      const auto& layers = ptq.ptq().layers();
+      std::cout << "; modes mixed by --node-mode: "
+                << std::count_if(layers.begin(), layers.end(), [](const auto& l) { return l.mode == quant::QuantMode::kStatic; })
+                << " static, " << count("slimquant.weight_only_layers") << " weight-only, "
+                << count("slimquant.dynamic_layers") << " dynamic";
+    }
     std::cout << " -> " << a->output << std::endl;
     if (config.deploy_backend == quant::DeployBackend::kSlimquant && !uncalibrated)
       std::cout << "the file is shaped for slimquant's runtime; for ONNX Runtime or TensorRT quantize with "

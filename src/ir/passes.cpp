@@ -139,6 +139,74 @@ Rule identity_rule() {
                                     [](Graph& g) { g.topological_sort(); });
 }
 
+// --- com.microsoft DynamicQuantizeLSTM -> LSTM on the dequantized weights -----------------------
+// ONNX Runtime's quantize_dynamic writes each LSTM with constant weights as its contrib op: W and R
+// as 8-bit codes transposed to [dirs, input, 4 * hidden] / [dirs, hidden, 4 * hidden], with a
+// scale and zero point per direction ([dirs]) or per gate row ([dirs, 4 * hidden]); inputs 0-7 and
+// the attributes are LSTM's. The weights are exactly (code - zero point) * scale: the LSTM on
+// those floats is the model (ORT also quantizes X and H per step, which only rounds).
+struct QuantizedLstm {
+  int node = -1;
+  Tensor w, r;  // float, LSTM's layout
+};
+
+// (codes [dirs, k, rows] - zero point) * scale, transposed to [dirs, rows, k].
+std::optional<Tensor> dequantize_transposed(const Graph& g, const std::string& codes, const std::string& scale,
+                                            const std::string& zero_point) {
+  const Tensor* q = g.initializer(codes);
+  const Tensor* s = g.initializer(scale);
+  const Tensor* z = zero_point.empty() ? nullptr : g.initializer(zero_point);
+  if (!q || !s || (!zero_point.empty() && !z) || q->rank() != 3 ||
+      (q->dtype() != DType::kInt8 && q->dtype() != DType::kUInt8) || s->dtype() != DType::kFloat32)
+    return std::nullopt;
+  const int64_t dirs = q->dim(0), k = q->dim(1), rows = q->dim(2);
+  // One value per direction, or one per direction and row.
+  const int64_t per = s->numel() == dirs ? 1 : s->numel() == dirs * rows ? rows : 0;
+  if (per == 0 || (z && z->numel() != s->numel())) return std::nullopt;
+  const std::vector<float> codes_f = q->to_float_vector(), scales = s->to_float_vector();
+  const std::vector<float> zeros = z ? z->to_float_vector() : std::vector<float>(scales.size(), 0.f);
+  Tensor out(DType::kFloat32, {dirs, rows, k});
+  float* y = out.data<float>();
+  for (int64_t d = 0; d < dirs; ++d)
+    for (int64_t row = 0; row < rows; ++row) {
+      const size_t p = static_cast<size_t>(d * per + (per == 1 ? 0 : row));
+      for (int64_t i = 0; i < k; ++i)
+        y[(d * rows + row) * k + i] = (codes_f[static_cast<size_t>((d * k + i) * rows + row)] - zeros[p]) * scales[p];
+    }
+  return out;
+}
+
+std::optional<QuantizedLstm> select_quantized_lstm(const Rewriter& rw, int id) {
+  const Graph& g = rw.graph();
+  const Node& n = rw.node(id);
+  if (n.domain != "com.microsoft" || n.op_type != "DynamicQuantizeLSTM" || n.inputs.size() < 11) return std::nullopt;
+  std::optional<Tensor> w = dequantize_transposed(g, n.input(1), n.input(8), n.input(9));
+  std::optional<Tensor> r = dequantize_transposed(g, n.input(2), n.input(10), n.input(11));
+  if (!w || !r) return std::nullopt;
+  return QuantizedLstm{id, std::move(*w), std::move(*r)};
+}
+
+void dequantize_lstm(Rewriter& rw, const QuantizedLstm& m) {
+  Graph& g = rw.graph();
+  Node n = rw.node(m.node);
+  const std::string w = g.unique_value_name(n.input(1) + "_dequantized");
+  g.initializers[w] = m.w;
+  const std::string r = g.unique_value_name(n.input(2) + "_dequantized");
+  g.initializers[r] = m.r;
+  n.domain.clear();
+  n.op_type = "LSTM";
+  n.inputs.resize(std::min<size_t>(n.inputs.size(), 8));
+  n.inputs[1] = w;
+  n.inputs[2] = r;
+  while (!n.inputs.empty() && n.inputs.back().empty()) n.inputs.pop_back();
+  rw.replace(m.node, std::move(n));
+}
+
+Rule quantized_lstm_rule() {
+  return make_rule<QuantizedLstm>("dequantize_lstm_weights", select_quantized_lstm, dequantize_lstm,
+                                  [](Graph& g) { g.remove_unused_initializers(); });
+}
+
 // --- Folding a per-channel affine map (BatchNorm, Mul/Add/Sub/Div by a constant) into a Conv ------
 // Conv weights are [M, C/group, k...]; ConvTranspose weights are [C, M/group, k...] (C input, M
 // output channels). The number of output channels of a Conv or ConvTranspose with weights w.
@@ -637,7 +705,9 @@ int merge_layernorm(Graph& g, const std::set<std::string>& keep) { return run_ru
 
 int merge_residual_gate(Graph& g, const std::set<std::string>& keep) { return run_rule_alone(g, residual_gate_rule(), keep); }
 
-std::vector<Rule> cleanup_rules() { return {constants_rule(), neutral_mul_rule(), identity_rule()}; }
+std::vector<Rule> cleanup_rules() {
+  return {constants_rule(), neutral_mul_rule(), identity_rule(), quantized_lstm_rule()};
+}
 
 std::vector<Rule> conv_folding_rules() { return {batchnorm_rule(), affine_rule()}; }
 

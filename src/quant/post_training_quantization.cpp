@@ -108,7 +108,7 @@ const ir::Graph& PostTrainingQuantization::quantize() {
   QuantConfig config = make_config();
   const int sources = (o.dataset != nullptr) + static_cast<int>(static_cast<bool>(o.sample_generator)) +
                       static_cast<int>(static_cast<bool>(o.batch_generator));
-  const bool uncalibrated = !needs_calibration(config.mode);  // weight-only and dynamic read no data
+  const bool uncalibrated = !config.calibrates();  // weight-only and dynamic read no data
   SQ_CHECK(sources == 1 || (uncalibrated && sources == 0), ErrorKind::kInvalidArgument,
            "PostTrainingQuantization: give exactly one calibration source, dataset, sample_generator or "
            "batch_generator (data_loader)");

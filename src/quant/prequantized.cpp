@@ -62,7 +62,7 @@ QuantizedFormFound find_quantized_form(const ir::Graph& g) {
       "QLinearGlobalAveragePool", "QLinearAveragePool", "QLinearSigmoid", "QLinearLeakyRelu",
       "QLinearSoftmax",  "QLinearReduceMean", "QLinearWhere", "QGemm",          "QAttention"};
   static const std::set<std::string> dynamic = {"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger",
-                                                "DynamicQuantizeMatMul", "MatMulIntegerToFloat"};
+                                                "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM"};
   static const std::set<std::string> qdq = {"QuantizeLinear", "DequantizeLinear"};
   QuantizedFormFound found;
   std::map<std::string, int> of_qoperator, of_dynamic, of_qdq;

@@ -265,6 +265,17 @@ void PTQ::quantize(const ir::Graph& float_graph) {
   if (DeployPolicy::of(config_.deploy_backend).quantizes_code_readable_inputs())
     quantize_code_readable_inputs(known_non_float);
   warnings_ = config_.unmatched_skips(float_graph_);
+  std::vector<std::string> no_dynamic_form;
+  for (const auto& l : layers_)
+    if (l.mode == QuantMode::kDynamic && !dynamic_applies(l)) no_dynamic_form.push_back(l.name);
+  if (!no_dynamic_form.empty()) {
+    std::string names;
+    for (size_t i = 0; i < std::min<size_t>(no_dynamic_form.size(), 3); ++i) names += (i ? ", '" : "'") + no_dynamic_form[i] + "'";
+    if (no_dynamic_form.size() > 3) names += " and " + std::to_string(no_dynamic_form.size() - 3) + " more";
+    warnings_.push_back(std::to_string(no_dynamic_form.size()) + " dynamic layers have no dynamic form (" + names +
+                        "): the dynamic mode takes MatMul, Gemm and Conv with a constant weight and a computed input; "
+                        "they stay float");
+  }
   // The layers inside If / Loop / Scan bodies run in nested sessions that calibration cannot see.
   for (const auto& node : float_graph_.nodes)
     for (const auto& [key, value] : node.attrs)
@@ -273,6 +284,19 @@ void PTQ::quantize(const ir::Graph& float_graph) {
                             " float (subgraph bodies are not quantized)");
         break;
       }
+  // Recurrent ops have no integer form in ONNX (ONNX Runtime's DynamicQuantizeLSTM is its own
+  // contrib op): they stay float in every mode, said once.
+  std::vector<std::string> recurrent;
+  for (const auto& node : float_graph_.nodes)
+    if (node.domain.empty() && (node.op_type == "LSTM" || node.op_type == "GRU" || node.op_type == "RNN"))
+      recurrent.push_back(node.describe());
+  if (!recurrent.empty()) {
+    std::string names;
+    for (size_t i = 0; i < std::min<size_t>(recurrent.size(), 3); ++i) names += (i ? ", " : "") + recurrent[i];
+    if (recurrent.size() > 3) names += " and " + std::to_string(recurrent.size() - 3) + " more";
+    warnings_.push_back(std::to_string(recurrent.size()) + " recurrent layers stay float (" + names +
+                        "): ONNX has no integer LSTM, GRU or RNN that runs everywhere");
+  }
   // GPTQ: X^T X of each 4-bit layer's input (Gemm with transA reads A transposed: rounded to nearest).
   input_gram_.clear();
   if (config_.mode == QuantMode::kWeightOnly && config_.effective_weight_bits() == 4 &&
@@ -614,12 +638,15 @@ ir::Graph PTQ::convert_layers(const LayerModes& modes) const {
     if (mode == QuantMode::kDynamic) return convert_dynamic(only);
     return convert_static(only);
   }
-  SQ_CHECK(!by_mode.count(QuantMode::kDynamic), ErrorKind::kInvalidArgument,
-           "convert_layers: dynamic layers do not mix with static or weight-only ones in one model");
   const std::set<std::string>& weight_only = by_mode[QuantMode::kWeightOnly];
-  ir::Graph out = write_weights_only(convert_static(by_mode[QuantMode::kStatic]), weight_only);
+  const std::set<std::string>& dynamic = by_mode[QuantMode::kDynamic];
+  ir::Graph out = write_dynamic(write_weights_only(convert_static(by_mode[QuantMode::kStatic]), weight_only), dynamic);
   out.metadata["slimquant.mode"] = "mixed";
   out.metadata["slimquant.weight_only_layers"] = std::to_string(weight_only.size());
+  // Counted as written: a dynamic layer without the dynamic form stays float (warned at quantize()).
+  const size_t written_dynamic = std::count_if(layers_.begin(), layers_.end(),
+                                               [&](const Layer& l) { return dynamic.count(l.name) && dynamic_applies(l); });
+  if (!dynamic.empty()) out.metadata["slimquant.dynamic_layers"] = std::to_string(written_dynamic);
   return out;
 }
 

@@ -12,7 +12,9 @@
 // Runtime 1.20.1 has no ConvInteger for s8 weights and 1.30.0 refuses a per-channel w_zero_point
 // (docs/quantization.md, "Dynamic mode"). Gemm folds alpha into the weight and transB into its
 // layout (transA = 1 stays float). Everything else stays float.
+#include <array>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -47,59 +49,86 @@ Tensor gemm_weight_kn(const Tensor& w, bool trans_b, float alpha) {
 
 ir::Graph PTQ::convert_dynamic(const std::optional<std::set<std::string>>& only_layers) const {
   SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::convert_dynamic called before quantize()");
-  const ir::Graph& src = float_graph_;
+  ir::Graph out = write_dynamic(float_graph_, only_layers);
+  out.metadata["slimquant.weight_bits"] = std::to_string(config_.effective_weight_bits());
+  out.metadata["slimquant.mode"] = quant_mode_name(QuantMode::kDynamic);
+  out.metadata["slimquant.deploy_backend"] = deploy_backend_name(config_.deploy_backend);
+  return out;
+}
+
+bool PTQ::dynamic_applies(const Layer& layer) const {
+  if (layer.weight.empty()) return false;
+  for (const ir::Node& node : float_graph_.nodes)
+    if (node.name == layer.name) return dynamic_form_of(node, layer).has_value();
+  return false;
+}
+
+std::optional<PTQ::DynamicForm> PTQ::dynamic_form_of(const ir::Node& node, const Layer& layer) const {
+  const bool kind_ok = node.op_type == "MatMul" || node.op_type == "Gemm" || node.op_type == "Conv";
+  if (!kind_ok || node.outputs.size() != 1 || node.inputs.size() < 2 || node.input(0).empty() ||
+      node.input(1) != layer.weight || float_graph_.is_initializer(node.input(0)))
+    return std::nullopt;
+  const Tensor& w = *float_graph_.initializer(layer.weight);
+  DynamicForm form;
+  form.weight = w;
+  if (node.op_type == "MatMul") {
+    if (w.rank() != 2) return std::nullopt;
+    form.axis = 1;
+  } else if (node.op_type == "Gemm") {
+    const std::string& c = node.input(2);
+    if (node.attr_int("transA", 0) != 0 || w.rank() != 2 || (!c.empty() && !float_graph_.is_initializer(c)))
+      return std::nullopt;
+    form.weight = gemm_weight_kn(w, node.attr_int("transB", 0) != 0, node.attr_float("alpha", 1.f));
+    form.axis = 1;
+    if (!c.empty()) form.bias = float_graph_.initializer(c), form.bias_scale = node.attr_float("beta", 1.f);
+  } else {  // Conv
+    const std::string& b = node.input(2);
+    if (w.rank() < 3 || (!b.empty() && !float_graph_.is_initializer(b))) return std::nullopt;
+    if (!b.empty()) form.bias = float_graph_.initializer(b);
+  }
+  return form;
+}
+
+ir::Graph PTQ::write_dynamic(const ir::Graph& src, const std::optional<std::set<std::string>>& only_layers) const {
   // Layers by node name and weight (unnamed nodes have an empty layer name).
   std::map<std::pair<std::string, std::string>, const Layer*> by_name;
   for (const auto& l : layers_)
     if (!l.weight.empty() && (!only_layers || only_layers->count(l.name))) by_name[{l.name, l.weight}] = &l;
 
+  // New value names never take one `src` already uses (a static neighbour's Q/DQ names, say).
+  std::set<std::string> used;
+  for (const auto& n : src.nodes) {
+    used.insert(n.inputs.begin(), n.inputs.end());
+    used.insert(n.outputs.begin(), n.outputs.end());
+  }
+  for (const auto& [k, t] : src.initializers) used.insert(k);
+  for (const auto& i : src.inputs) used.insert(i.name);
+  auto fresh = [&](const std::string& base) {
+    std::string name = base;
+    for (int i = 1; used.count(name); ++i) name = base + "_" + std::to_string(i);
+    used.insert(name);
+    return name;
+  };
+
   ir::Graph out = src;
   out.nodes.clear();
-  std::set<std::string> quantized_inputs;  // activations whose DynamicQuantizeLinear is written
+  std::map<std::string, std::array<std::string, 3>> quantized_inputs;  // activation -> its codes, scale, zero point
   const int bits = config_.effective_weight_bits();
   for (const ir::Node& node : src.nodes) {
     auto it = node.inputs.size() > 1 ? by_name.find({node.name, node.inputs[1]}) : by_name.end();
-    const bool kind_ok = node.op_type == "MatMul" || node.op_type == "Gemm" || node.op_type == "Conv";
-    if (it == by_name.end() || !kind_ok || node.outputs.size() != 1 || node.input(0).empty() ||
-        src.is_initializer(node.input(0))) {
+    const std::optional<DynamicForm> form = it == by_name.end() ? std::nullopt : dynamic_form_of(node, *it->second);
+    if (!form || src.is_initializer(node.input(0))) {
       out.nodes.push_back(node);
       continue;
     }
     const Layer& layer = *it->second;
-    const Tensor& w = *src.initializer(layer.weight);
     const std::string& x = node.input(0);
     const std::string& y = node.outputs[0];
     const std::string base = node.name.empty() ? y : node.name;
-
-    // The float weight as the integer op reads it, its channel axis and the float bias.
-    Tensor weight = w;
-    int64_t axis = 0;
-    const Tensor* bias = nullptr;
-    float bias_scale = 1.f;
-    if (node.op_type == "MatMul") {
-      if (w.rank() != 2 || node.input(1) != layer.weight) {
-        out.nodes.push_back(node);
-        continue;
-      }
-      axis = 1;
-    } else if (node.op_type == "Gemm") {
-      const std::string& c = node.input(2);
-      if (node.attr_int("transA", 0) != 0 || w.rank() != 2 || node.input(1) != layer.weight ||
-          (!c.empty() && !src.is_initializer(c))) {
-        out.nodes.push_back(node);
-        continue;
-      }
-      weight = gemm_weight_kn(w, node.attr_int("transB", 0) != 0, node.attr_float("alpha", 1.f));
-      axis = 1;
-      if (!c.empty()) bias = src.initializer(c), bias_scale = node.attr_float("beta", 1.f);
-    } else {  // Conv
-      const std::string& b = node.input(2);
-      if (w.rank() < 3 || node.input(1) != layer.weight || (!b.empty() && !src.is_initializer(b))) {
-        out.nodes.push_back(node);
-        continue;
-      }
-      if (!b.empty()) bias = src.initializer(b);
-    }
+    const Tensor& weight = form->weight;
+    const int64_t axis = form->axis;
+    const Tensor* bias = form->bias;
+    const float bias_scale = form->bias_scale;
     Layer as_read = layer;
     as_read.weight_axis = axis;
     const QuantParam wp = weight_params(as_read, &weight);
@@ -107,16 +136,19 @@ ir::Graph PTQ::convert_dynamic(const std::optional<std::set<std::string>>& only_
     const int64_t channels = weight.dim(axis);
 
     // The activation's DynamicQuantizeLinear, once per tensor.
-    const std::string xq = x + "_quantized", xs = x + "_scale", xz = x + "_zero_point";
-    if (quantized_inputs.insert(x).second)
-      out.nodes.push_back(make_node("DynamicQuantizeLinear", x + "_QuantizeLinear", {x}, {xq, xs, xz}));
+    if (!quantized_inputs.count(x)) {
+      quantized_inputs[x] = {fresh(x + "_quantized"), fresh(x + "_scale"), fresh(x + "_zero_point")};
+      const auto& [q, sc, zp] = quantized_inputs[x];
+      out.nodes.push_back(make_node("DynamicQuantizeLinear", x + "_QuantizeLinear", {x}, {q, sc, zp}));
+    }
+    const auto& [xq, xs, xz] = quantized_inputs[x];
 
     // A weight read by several layers gets one set per layer after the first (Gemm's alpha and
     // transB make different integers of the same float tensor).
     const std::string wbase = out.initializers.count(layer.weight + "_quantized") ? base + "_" + layer.weight : layer.weight;
-    const std::string wq = wbase + "_quantized", wz = wbase + "_zero_point", ws = wbase + "_scale";
-    const std::string acc = y + "_output_quantized", accf = y + "_output_quantized_cast_output";
-    const std::string scales = y + "_scales_mul";
+    const std::string wq = fresh(wbase + "_quantized"), wz = fresh(wbase + "_zero_point"), ws = fresh(wbase + "_scale");
+    const std::string acc = fresh(y + "_output_quantized"), accf = fresh(y + "_output_quantized_cast_output");
+    const std::string scales = fresh(y + "_scales_mul");
     Shape scale_shape{channels};
     if (node.op_type == "Conv") {
       // u8 = s8 + 128 with one zero point 128 (see the top of the file).
@@ -129,7 +161,7 @@ ir::Graph PTQ::convert_dynamic(const std::optional<std::set<std::string>>& only_
       for (const char* a : {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"})
         if (node.has_attr(a)) conv.attrs[a] = node.attrs.at(a);
       out.nodes.push_back(std::move(conv));
-      scale_shape.assign(static_cast<size_t>(w.rank()), 1);
+      scale_shape.assign(static_cast<size_t>(weight.rank()), 1);
       scale_shape[1] = channels;
     } else {
       out.initializers[wq] = codes;
@@ -145,7 +177,7 @@ ir::Graph PTQ::convert_dynamic(const std::optional<std::set<std::string>>& only_
       out.nodes.push_back(make_node("Mul", base + "_output_scale_mul", {accf, scales}, {y}));
       continue;
     }
-    const std::string scaled = y + "_output_scale_mul_output", b = y + "_bias";
+    const std::string scaled = fresh(y + "_output_scale_mul_output"), b = fresh(y + "_bias");
     out.nodes.push_back(make_node("Mul", base + "_output_scale_mul", {accf, scales}, {scaled}));
     Tensor bias_t = bias->cast(DType::kFloat32);
     if (node.op_type == "Conv") {
@@ -162,9 +194,6 @@ ir::Graph PTQ::convert_dynamic(const std::optional<std::set<std::string>>& only_
   for (const auto& o : out.outputs) read.insert(o.name);
   std::erase_if(out.initializers, [&](const auto& kv) { return !read.count(kv.first); });
 
-  out.metadata["slimquant.weight_bits"] = std::to_string(bits);
-  out.metadata["slimquant.mode"] = quant_mode_name(QuantMode::kDynamic);
-  out.metadata["slimquant.deploy_backend"] = deploy_backend_name(config_.deploy_backend);
   return out;
 }
 

@@ -73,6 +73,11 @@ bool QuantConfig::is_skipped(const ir::Node& node) const {
   return false;
 }
 
+bool QuantConfig::calibrates() const {
+  return needs_calibration(mode) ||
+         std::any_of(node_modes.begin(), node_modes.end(), [](const auto& entry) { return needs_calibration(entry.second); });
+}
+
 QuantMode QuantConfig::mode_for(const ir::Node& node) const {
   for (auto it = node_modes.rbegin(); it != node_modes.rend(); ++it)
     if (it->first == node.op_type || matches(it->first, node.name)) return it->second;

@@ -173,10 +173,9 @@ TEST(CliQuantize, DynamicModeNeedsNoDataAndRunsInOnnxRuntime) {
       // ONNX Runtime 1.30.0 computes our logits (same codes, same integer sums, same epilogue order);
       // 1.20.1 differs from 1.30.0 itself on vit_small's dynamic file by 2e-3 of the range (its
       // DynamicQuantizeLinear moves some codes; on the FP32 model the two agree within 2e-7).
-      // Without VNNI, ORT's u8 integer kernels may saturate (its documented `reduce_range` advice):
-      // on an AVX2 AMD EPYC (Zen 3) its logits moved by 3-6% of the range; ours stay exact.
+      // Without VNNI, ORT's u8 integer kernels may saturate (onnx_runtime_integer_sums_exact).
       const bool latest = std::string(package) == "onnxruntime-node-latest";
-      const bool ort_exact = __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
+      const bool ort_exact = test::onnx_runtime_integer_sums_exact();
       EXPECT_LT(worst, (!ort_exact ? 0.15f : latest ? 1e-5f : 5e-3f) * range) << name << " in " << package;
     }
   }

@@ -19,6 +19,15 @@ inline bool have_onnx_runtime() {
          std::filesystem::exists(source_path("bench/node_modules/onnxruntime-node-latest/package.json"));
 }
 
+// ONNX Runtime's u8 x s8 integer kernels (DynamicQuantizeLinear's codes into MatMulInteger /
+// ConvInteger) sum exactly only with VNNI: without it they multiply pairs into saturating int16
+// (its documented `reduce_range` advice), which moved a dynamic model's logits by 3-7% of their
+// range on an AVX2 AMD EPYC (Zen 3) while ours stay exact. Tests of dynamic files take the wider
+// bound there.
+inline bool onnx_runtime_integer_sums_exact() {
+  return __builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni");
+}
+
 // ONNX Runtime (`package`) runs `model` on the .npy `input` with default options; returns the
 // model's first output (written under out_dir).
 inline Tensor onnx_runtime_logits(const std::string& package, const std::string& model, const std::string& input,

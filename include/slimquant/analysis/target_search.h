@@ -25,8 +25,13 @@ namespace slimquant::analysis {
 //   activations float: PTQ::convert_layers mixes both forms in one model), float only when that
 //   is not enough. Layers without a constant weight, or not static in the analysis' own modes
 //   (QuantConfig::mode / node_modes), go straight to float.
-enum class FallbackMode { kFloat, kWeightOnly };
-FallbackMode parse_fallback_mode(const std::string& name);  // float | weight-only (weight_only), else kInvalidArgument
+// - kDynamic: first try it dynamic (ONNX Runtime's quantize_dynamic form: its input quantized per
+//   inference, PTQ::convert_layers mixes it with the static layers), float only when that is not
+//   enough. Layers the dynamic form cannot take (PTQ::dynamic_applies), or not static in the
+//   analysis' own modes, go straight to float.
+enum class FallbackMode { kFloat, kWeightOnly, kDynamic };
+// float | weight-only (weight_only) | dynamic, else kInvalidArgument
+FallbackMode parse_fallback_mode(const std::string& name);
 const char* fallback_mode_name(FallbackMode mode);
 
 struct TargetSearchOptions {
@@ -42,15 +47,16 @@ struct TargetSearchOptions {
 
 struct TargetCandidate {
   std::vector<std::string> skipped;  // layers left in float, most damaging first
-  // Layers in weight-only mode (FallbackMode::kWeightOnly), most damaging first; every other layer
-  // is in its own mode (static unless the config says otherwise).
+  // Layers in weight-only mode (FallbackMode::kWeightOnly) or dynamic mode (kDynamic), most
+  // damaging first; every other layer is in its own mode (static unless the config says otherwise).
   std::vector<std::string> weight_only;
+  std::vector<std::string> dynamic;
   double metric = 0;
   bool meets = false;
   double latency_ms = 0;   // one batch of batch_size, integer execution, median
   size_t model_bytes = 0;  // serialized ONNX
   std::string stage;       // "int8", "prefix", "bisect", "refine"
-  // Every layer's mode in this candidate: "float", "weight-only" or its own mode's name ("static").
+  // Every layer's mode in this candidate: "float", "weight-only", "dynamic" or its own mode's name ("static").
   std::map<std::string, std::string> layer_modes(const quant::PTQ& ptq) const;
 };
 
@@ -77,10 +83,10 @@ struct TargetSearchResult {
   std::string table() const;  // candidates as a text table
 };
 
-// The graph of a candidate: ptq's layers in their own modes, `weight_only` in weight-only mode and
-// `skipped` float (PTQ::convert_layers).
+// The graph of a candidate: ptq's layers in their own modes, `weight_only` in weight-only mode,
+// `dynamic` in dynamic mode and `skipped` float (PTQ::convert_layers).
 ir::Graph candidate_graph(const quant::PTQ& ptq, const std::vector<std::string>& skipped,
-                          const std::vector<std::string>& weight_only);
+                          const std::vector<std::string>& weight_only, const std::vector<std::string>& dynamic = {});
 
 // `ptq` calibrated; `ranking` its PTQ analysis. Writes the best model (model_name), the candidates
 // table (target_candidates.txt) and target_search.json into save_dir after every evaluation.

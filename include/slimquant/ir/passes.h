@@ -83,7 +83,8 @@ int merge_residual_gate(Graph& g, const std::set<std::string>& keep = {});
 // The model passes as ordered rule lists (runtime::optimize_graph runs them around constant
 // folding). Each pass above is one selector + action rule of the same name; the functions above run
 // their rule alone. Clean-up after import: constants_to_initializers, neutral_elementwise_to_identity,
-// remove_identity_ops.
+// remove_identity_ops, dequantize_lstm_weights (ONNX Runtime's com.microsoft DynamicQuantizeLSTM
+// with constant codes -> LSTM on its dequantized weights).
 std::vector<Rule> cleanup_rules();
 // fold_batchnorm_into_conv, fold_affine_into_conv: run until neither fires (a BatchNorm can follow
 // an Add that folds first).

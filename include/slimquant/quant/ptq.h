@@ -75,10 +75,12 @@ class PTQ {
   // Every layer (or only `only_layers`) with its Layer::mode.
   LayerModes layer_modes(const std::optional<std::set<std::string>>& only_layers = std::nullopt) const;
   // The graph with each layer of `modes` in its mode, the others float. One mode for all: the same
-  // bytes as that mode's convert (an empty map: QuantConfig::mode's). Static and weight-only mixed:
-  // the static convert of the static layers, then the weight-only layers' weights rewritten exactly
-  // as convert_weights_only() writes them (metadata slimquant.mode "mixed", slimquant.weight_only_layers
-  // their count). Dynamic layers do not mix with others (kInvalidArgument), nor do unknown names.
+  // bytes as that mode's convert (an empty map: QuantConfig::mode's). Modes mixed: the static
+  // convert of the static layers, then the weight-only layers' weights rewritten exactly as
+  // convert_weights_only() writes them, then the dynamic layers rewritten as convert_dynamic()
+  // writes them (metadata slimquant.mode "mixed", slimquant.weight_only_layers and
+  // slimquant.dynamic_layers their counts). Unknown names are kInvalidArgument; a dynamic layer
+  // dynamic_applies() refuses stays float.
   ir::Graph convert_layers(const LayerModes& modes) const;
   // The weight-only graph (QuantMode::kWeightOnly): each chosen layer's weight on its per-channel
   // grid behind a DequantizeLinear, every activation float. Needs no calibration.
@@ -88,6 +90,9 @@ class PTQ {
   // int8 weight through MatMulInteger / ConvInteger, then Cast, Mul by the scales, Add the bias.
   // Needs no calibration (ptq_dynamic.cpp).
   ir::Graph convert_dynamic(const std::optional<std::set<std::string>>& only_layers = std::nullopt) const;
+  // Whether the dynamic form can take `layer`: a MatMul (2-D weight), Gemm (transA = 0, constant C)
+  // or Conv (constant bias) whose weight is constant and whose input is not.
+  bool dynamic_applies(const Layer& layer) const;
 
   const std::vector<Layer>& layers() const { return layers_; }
   const ir::Graph& float_graph() const { return float_graph_; }
@@ -130,6 +135,18 @@ class PTQ {
   // `base` with the weights of `only_layers` (those with a weight) rewritten as weight-only mode
   // writes them (convert_weights_only() on the float graph; PTQ::convert_layers on a static one).
   ir::Graph write_weights_only(const ir::Graph& base, const std::optional<std::set<std::string>>& only_layers) const;
+  // `src` with the nodes of `only_layers` that dynamic_applies() rewritten in the dynamic form
+  // (convert_dynamic() on the float graph; PTQ::convert_layers on a static or mixed one).
+  ir::Graph write_dynamic(const ir::Graph& src, const std::optional<std::set<std::string>>& only_layers) const;
+  // A dynamic layer's float weight as the integer op reads it ([K, N] for MatMul / Gemm, Gemm's
+  // alpha folded in), its channel axis and its float bias (Gemm's C times beta).
+  struct DynamicForm {
+    Tensor weight;
+    int64_t axis = 0;
+    const Tensor* bias = nullptr;
+    float bias_scale = 1.f;
+  };
+  std::optional<DynamicForm> dynamic_form_of(const ir::Node& node, const Layer& layer) const;
   // Quantizes each Conv output whose readers all read 8-bit codes (their kernels declare
   // Fold::kDequantizedInput; a squeeze-excitation block's pool and gating) for all of them, for a
   // backend that reads it once as codes.

@@ -86,11 +86,14 @@ class QuantConfig {
   // Per-node modes (`--node-mode PATTERN=MODE`, YAML `node_modes: {PATTERN: MODE}`): the layers whose
   // op type, node name or glob on node names matches PATTERN take MODE instead of `mode` (the last
   // matching entry wins), as skip_quant makes them float. Static and weight-only layers mix in one
-  // model (static QDQ around some layers, a weight-only DequantizeLinear on the others' weights;
-  // PTQ::convert_layers); dynamic ones do not mix with the other two. Static layers need calibration.
+  // model (static QDQ around some layers, a weight-only DequantizeLinear on the others' weights,
+  // dynamic ones in ONNX Runtime's quantize_dynamic form; PTQ::convert_layers). Static layers need
+  // calibration.
   std::vector<std::pair<std::string, QuantMode>> node_modes;
   // The mode of `node`'s layer: its last matching node_modes entry, else `mode`.
   QuantMode mode_for(const ir::Node& node) const;
+  // Whether calibration data is read: `mode` or a node_modes entry is static.
+  bool calibrates() const;
   // Activations: asymmetric u8 instead of symmetric s8 / u8-with-zero-point-0.
   bool asymmetric_activations = false;
   // The runtime the export is shaped for (see DeployBackend).
