@@ -1,15 +1,20 @@
 #!/bin/bash
 # Dynamic quantization, slimquant vs ONNX Runtime (docs/quantization.md, "Dynamic mode"):
 #   speed:   our `quantize --mode dynamic` file run by slimquant and by ONNX Runtime (the latest
-#            onnxruntime-node, 1.30.0), one thread, batch 1 and 32, median CPU time of RUNS runs, the
-#            best of ROUNDS interleaved rounds (build/slimquant_latency, compare_runtimes.js's ORT
-#            timing worker: graph optimizations all);
+#            onnxruntime-node, 1.30.0), and the ORT-style dynamic file (below) run by ONNX Runtime,
+#            one thread, batch 1 and 32, median CPU time of RUNS runs, the best of ROUNDS
+#            interleaved rounds (build/slimquant_latency, compare_runtimes.js's ORT timing worker:
+#            graph optimizations all);
 #   quality: argmax agreement and max |logit diff| against FP32 on the first N Fashion-MNIST test
 #            images of ours (slimquant runtime) and of the ORT-style dynamic file
 #            (bench/ort_style_quantize.py --mode dynamic: what quantize_dynamic writes, its defaults)
 #            run by ONNX Runtime 1.30.0.
 #
 #   bench/dynamic_vs_ort.sh [--build DIR] [--runs 50] [--rounds 3] [--images 256] [--models vit_small,resnet_small,mobilenetv2_small]
+#
+# A --models entry ending in .onnx is a file taking Fashion-MNIST images [N, 1, 28, 28], e.g. the
+# recurrent model of bench/export_recurrent.py (an LSTM, which the ORT-style file turns into
+# com.microsoft DynamicQuantizeLSTM and ours keeps float).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$ROOT/build RUNS=50 ROUNDS=3 IMAGES=256 MODELS=vit_small,resnet_small,mobilenetv2_small
@@ -41,10 +46,12 @@ images = osq.read_idx(path)[:count]
 np.save(out, (images.astype(np.float32) / 255.0)[:, None, :, :])
 PY
 echo "CPU: $(lscpu | grep 'Model name' | sed 's/Model name: *//'), 1 thread; ONNX Runtime $(node -p "require('onnxruntime-node-latest/package.json').version")"
-printf '%-18s %8s %10s %10s %8s | %-26s %-26s\n' model batch "sq ms" "ORT ms" "ORT/sq" "ours: agree, max|diff|" "ORT-style: agree, max|diff|"
+printf '%-18s %8s %10s %10s %8s %12s %12s | %-26s %-26s\n' model batch "sq ms" "ORT ms" "ORT/sq" "ORT-style ms" "ORT-style/sq" \
+  "ours: agree, max|diff|" "ORT-style: agree, max|diff|"
 IFS=, read -ra LIST <<<"$MODELS"
-for m in "${LIST[@]}"; do
-  fp32=$ROOT/tests/fixtures/models/$m.onnx
+for entry in "${LIST[@]}"; do
+  if [[ $entry == *.onnx ]]; then fp32=$(realpath "$entry") m=$(basename "$entry" .onnx)
+  else fp32=$ROOT/tests/fixtures/models/$entry.onnx m=$entry; fi
   ours=$WORK/$m.dynamic.onnx
   peer=$WORK/$m.ort_dynamic.onnx
   "$BUILD/slimquant" quantize "$fp32" --mode dynamic -o "$ours" >/dev/null
@@ -66,15 +73,18 @@ PY
     # CPU-time medians (wall time on a shared machine includes preemption): slimquant_latency
     # (bench/latency.cpp) and compare_runtimes.js's ORT worker measure both.
     # The best of ROUNDS interleaved rounds (a busy machine slows some rounds of either runtime).
-    sq=1e9 ort=1e9
+    sq=1e9 ort=1e9 style=1e9
+    ort_ms() {
+      node "$ROOT/bench/compare_runtimes.js" --ort-worker "$1" ${batch}x1x28x28 "$RUNS" onnxruntime-node-latest |
+        tail -1 | $PY -c 'import json,sys; print(json.load(sys.stdin)["cpu_median_ms"])'
+    }
     for ((r = 0; r < ROUNDS; r++)); do
       s1=$("$BUILD/slimquant_latency" "$ours" ${batch}x1x28x28 "$RUNS" | tail -1 |
         $PY -c 'import json,sys; print(json.load(sys.stdin)["cpu_median_ms"])')
-      o1=$(node "$ROOT/bench/compare_runtimes.js" --ort-worker "$ours" ${batch}x1x28x28 "$RUNS" onnxruntime-node-latest |
-        tail -1 | $PY -c 'import json,sys; print(json.load(sys.stdin)["cpu_median_ms"])')
-      sq=$($PY -c "print(min($sq, $s1))") ort=$($PY -c "print(min($ort, $o1))")
+      o1=$(ort_ms "$ours") p1=$(ort_ms "$peer")
+      sq=$($PY -c "print(min($sq, $s1))") ort=$($PY -c "print(min($ort, $o1))") style=$($PY -c "print(min($style, $p1))")
     done
-    printf '%-18s %8s %10.3f %10.3f %8.2f | %s\n' "$m" "$batch" "$sq" "$ort" "$($PY -c "print($ort / $sq)")" \
-      "$([ "$batch" = 1 ] && echo "$quality" || echo)"
+    printf '%-18s %8s %10.3f %10.3f %8.2f %12.3f %12.2f | %s\n' "$m" "$batch" "$sq" "$ort" "$($PY -c "print($ort / $sq)")" \
+      "$style" "$($PY -c "print($style / $sq)")" "$([ "$batch" = 1 ] && echo "$quality" || echo)"
   done
 done

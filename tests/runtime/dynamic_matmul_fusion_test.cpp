@@ -4,6 +4,8 @@
 // execution's and the closed form's.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <cmath>
 #include <random>
 
@@ -120,6 +122,40 @@ TEST(DynamicMatMulFusion, FusedEqualsOpByOpAndTheClosedForm) {
       EXPECT_LE(worst_closed, 1e-5f * range) << out << " " << shape_str(shape);
       EXPECT_GT(range, 0.f);
     }
+  }
+}
+
+// Without VNNI, 8-bit weights run on oneDNN's f32 matmul over the integers (SLIMQUANT_INT8_COMPUTE=f32
+// forces that path on any CPU): float sums integers exactly only while they stay below 2^24, so a
+// depth of 1100 with weights up to 127 (1100 * 255 * 127 > 2^24) is cut into three exact slices.
+// With sums past 2^24 (w2), an unsliced float sum would round the integer, and y2 (Cast, one Mul)
+// would differ in its bits (checked: one slice fails this test).
+TEST(DynamicMatMulFusion, FloatPathSumsDeepProductsExactlyInSlices) {
+  struct ForceFloat {
+    ForceFloat() { setenv("SLIMQUANT_INT8_COMPUTE", "f32", 1); }
+    ~ForceFloat() { unsetenv("SLIMQUANT_INT8_COMPUTE"); }
+  } force;
+  std::mt19937 rng(5);
+  const int64_t k = 1100, n = 24;
+  ir::Graph g = dynamic_matmuls(k, n, rng);
+  // w2 near +127 everywhere and x's codes near 255 (zero point 0): sums near 1100 * 255 * 127, past 2^24.
+  std::uniform_int_distribution<int> near_top(120, 127);
+  for (auto& v : g.initializers["w2"].values<int8_t>()) v = static_cast<int8_t>(near_top(rng));
+  runtime::SessionOptions unfused_options;
+  unfused_options.fuse_activations = false;
+  runtime::Session fused(g), unfused(g, unfused_options);
+  for (const Shape& shape : {Shape{5, k}, Shape{2, 33, k}}) {
+    Tensor x(DType::kFloat32, shape);
+    std::uniform_real_distribution<float> top(2.9f, 3.f);
+    for (auto& v : x.values<float>()) v = top(rng);
+    x.data<float>()[0] = 0.f;  // the range [0, 3]: zero point 0
+    const auto a = fused.run({{"x", x}});
+    const auto b = unfused.run({{"x", x}});
+    EXPECT_EQ(a.at("y2").to_float_vector(), b.at("y2").to_float_vector()) << shape_str(shape);
+    const std::vector<float> ya = a.at("y").to_float_vector(), yb = b.at("y").to_float_vector();
+    float range = 0, worst = 0;
+    for (size_t i = 0; i < ya.size(); ++i) range = std::max(range, std::abs(yb[i])), worst = std::max(worst, std::abs(ya[i] - yb[i]));
+    EXPECT_LE(worst, 1e-6f * range) << shape_str(shape);
   }
 }
 

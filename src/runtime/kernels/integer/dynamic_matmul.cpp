@@ -7,10 +7,13 @@
 //   y[i,j]   = float(acc[i,j]) * (s_x * s_w[j]) (+ bias[j])  f32
 //
 // The product runs on oneDNN's int8 matmul (u8 src, s8 weights reordered once per primitive, s32
-// dst) when it is exact: CPUs with VNNI, or weights within +-63 (int8_common.h); otherwise on the
-// exact int16 loops of integer_gemm.h. The zero point comes out of the sum (acc - z_x * sum_l w[l, j],
-// oneDNN 2.6 has no run-time src zero point for every primitive), and the epilogue is the op-by-op
-// Cast, Mul, Add: the output equals the unfused execution's.
+// dst) when it is exact: CPUs with VNNI, or weights within +-63 (int8_common.h). The zero point
+// comes out of the sum (acc - z_x * sum_l w[l, j], oneDNN 2.6 has no run-time src zero point for
+// every primitive). Otherwise (AVX2 without VNNI and 8-bit weights: vpmaddubsw would saturate) it
+// runs on oneDNN's f32 matmul on the integers themselves, x_q - z_x and w_q as floats: every
+// partial sum is an integer below 2^24 when depth * 255 * max|w| is, so float sums them exactly in
+// any order; deeper products are cut into such slices, each slice's exact sum added in int32.
+// Either way the epilogue is the op-by-op Cast, Mul, Add: the output equals the unfused execution's.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -22,29 +25,36 @@
 #include "runtime/kernels/dnnl/dnnl_descriptors.h"
 #include "runtime/kernels/integer/dynamic_quantize.h"
 #include "runtime/kernels/integer/int8_common.h"
-#include "runtime/kernels/integer/integer_gemm.h"
 
 namespace slimquant::runtime {
 
 namespace integer {
 
 namespace {
-// min(0, x...) and max(0, x...) skipping NaNs, in 16 lanes the compiler vectorises (x < lo ? x : lo
-// is std::min's comparison, so the result is the same as one running minimum).
-using Floats16 = float __attribute__((vector_size(64)));  // GCC vector: one zmm, two ymm, ...
+// min(0, x...) and max(0, x...) skipping NaNs, in two 8-lane accumulators of each the compiler keeps
+// in registers (x < lo ? x : lo is std::min's comparison, so the result is the same as one running
+// minimum). One 16-lane GCC vector was split by GCC 12 into scalar code with stack spills on AVX2
+// (20% of a dynamic ViT's time there).
+using Floats8 = float __attribute__((vector_size(32)));  // one ymm
 
 SQ_AVX512_AVX2_CLONES void range_with_zero(const float* x, int64_t count, float& lo_out, float& hi_out) {
-  constexpr int kLanes = 16;
-  Floats16 lo = {}, hi = {};
+  constexpr int kLanes = 8;
+  Floats8 lo0 = {}, hi0 = {}, lo1 = {}, hi1 = {};
   int64_t i = 0;
-  for (; i + kLanes <= count; i += kLanes) {
-    Floats16 v;
-    std::memcpy(&v, x + i, sizeof v);
-    lo = v < lo ? v : lo;
-    hi = hi < v ? v : hi;
+  for (; i + 2 * kLanes <= count; i += 2 * kLanes) {
+    Floats8 v0, v1;
+    std::memcpy(&v0, x + i, sizeof v0);
+    std::memcpy(&v1, x + i + kLanes, sizeof v1);
+    lo0 = v0 < lo0 ? v0 : lo0;
+    hi0 = hi0 < v0 ? v0 : hi0;
+    lo1 = v1 < lo1 ? v1 : lo1;
+    hi1 = hi1 < v1 ? v1 : hi1;
   }
   lo_out = 0.f, hi_out = 0.f;
-  for (int j = 0; j < kLanes; ++j) lo_out = std::min(lo_out, lo[j]), hi_out = std::max(hi_out, hi[j]);
+  for (int j = 0; j < kLanes; ++j) {
+    lo_out = std::min({lo_out, lo0[j], lo1[j]});
+    hi_out = std::max({hi_out, hi0[j], hi1[j]});
+  }
   for (; i < count; ++i) {
     lo_out = x[i] < lo_out ? x[i] : lo_out;
     hi_out = hi_out < x[i] ? x[i] : hi_out;
@@ -80,6 +90,20 @@ SQ_AVX512_AVX2_CLONES void dequantize_rows(const int32_t* acc, int64_t m, int64_
     }
   }
 }
+// The f32 path's conversions, in the clones (their loops vectorise): codes minus the zero point as
+// floats, and a slice's exact float sums into the int32 sums (first slice: assigned).
+SQ_AVX512_AVX2_CLONES void codes_as_floats(const uint8_t* q, int64_t count, uint8_t zero_point, float* out) {
+  const float z = zero_point;
+  for (int64_t i = 0; i < count; ++i) out[i] = static_cast<float>(q[i]) - z;
+}
+SQ_AVX512_AVX2_CLONES void add_exact_sums(const float* sums, int64_t count, bool first, int32_t* acc) {
+  if (first) {
+    for (int64_t i = 0; i < count; ++i) acc[i] = static_cast<int32_t>(sums[i]);
+  } else {
+    for (int64_t i = 0; i < count; ++i) acc[i] += static_cast<int32_t>(sums[i]);
+  }
+}
+
 // One channel's n sums (convolution).
 SQ_AVX512_AVX2_CLONES void dequantize_channel(const int32_t* acc, int64_t n, int32_t correction, float scale,
                                               const float* bias, float* y) {
@@ -127,14 +151,16 @@ class DynamicMatMulKernel final : public Kernel {
     }
     w_scale_ = per_column(node_, init.constant_input(kDynamicWScale), n_, "w_scale");
     if (!node_.input(kDynamicBias).empty()) bias_ = per_column(node_, init.constant_input(kDynamicBias), n_, "bias");
-    exact_int8_ = int8::resolve_compute(int8::Compute::kAuto, int8::max_abs_int8(w_)) == int8::Compute::kInt8;
+    const int w_max = int8::max_abs_int8(w_);
+    exact_int8_ = int8::resolve_compute(int8::Compute::kAuto, w_max) == int8::Compute::kInt8;
     w_sum_.assign(static_cast<size_t>(n_), 0);
     for (int64_t l = 0; l < k_; ++l)
       for (int64_t j = 0; j < n_; ++j) w_sum_[static_cast<size_t>(j)] += w_.data<int8_t>()[l * n_ + j];
-    if (!exact_int8_) {  // B transposed to columns as int16, for integer::gemm_s16_nt
-      w16_.resize(static_cast<size_t>(k_ * n_));
-      for (int64_t l = 0; l < k_; ++l)
-        for (int64_t j = 0; j < n_; ++j) w16_[static_cast<size_t>(j * k_ + l)] = w_.data<int8_t>()[l * n_ + j];
+    if (!exact_int8_) {
+      // Rows of w per f32 slice: |sum| <= depth * 255 * max|w| < 2^24 keeps every partial sum exact.
+      slice_depth_ = std::max<int64_t>(1, ((int64_t{1} << 24) - 1) / (255 * std::max(w_max, 1)));
+      w_float_ = Tensor(DType::kFloat32, w_.shape());
+      for (int64_t i = 0; i < w_.numel(); ++i) w_float_.data<float>()[i] = w_.data<int8_t>()[i];
     }
   }
 
@@ -157,7 +183,7 @@ class DynamicMatMulKernel final : public Kernel {
     Tensor& y = ctx.allocate_output(0, DType::kFloat32, out_shape);
     if (m == 0 || n_ == 0) return;
     if (exact_int8_) run_dnnl(m, xq.data<uint8_t>(), p.zero_point, y.data<float>());
-    else run_exact_loops(m, xq.data<uint8_t>(), p.zero_point, y.data<float>());
+    else run_float_exact(m, xq.data<uint8_t>(), p.zero_point, y.data<float>());
   }
 
  private:
@@ -198,17 +224,44 @@ class DynamicMatMulKernel final : public Kernel {
     dequantize_rows(acc_.data(), m, n_, correction_.data(), scales_.data(), bias_.empty() ? nullptr : bias_.data(), y);
   }
 
-  void run_exact_loops(int64_t m, const uint8_t* xq, uint8_t zero_point, float* y) {
-    std::vector<int16_t> a16(static_cast<size_t>(m * k_));
-    integer::widen(xq, m * k_, zero_point, a16.data());
-    std::vector<int32_t> acc(static_cast<size_t>(m * n_));
-    integer::gemm_s16_nt(a16.data(), k_, m, w16_.data(), k_, n_, k_, acc.data(), n_, 1);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n_; ++j) {
-        float v = static_cast<float>(acc[static_cast<size_t>(i * n_ + j)]) * scales_[static_cast<size_t>(j)];
-        if (!bias_.empty()) v += bias_[static_cast<size_t>(j)];
-        y[i * n_ + j] = v;
-      }
+  // The f32 matmul of rows [k0, k0 + depth) of w for m rows of x: src rows keep x's stride k_.
+  const Primitive& float_primitive(int64_t m, int64_t k0, int64_t depth) {
+    const std::pair<int64_t, int64_t> key{m, k0};
+    auto it = float_prims_.find(key);
+    if (it != float_prims_.end()) return it->second;
+    if (float_prims_.size() >= 16) float_prims_.erase(float_prims_.begin());
+    const memory::desc src({m, depth}, memory::data_type::f32, memory::dims{k_, 1});
+    const memory::desc wany({depth, n_}, memory::data_type::f32, memory::format_tag::any);
+    const memory::desc dst({m, n_}, memory::data_type::f32, memory::format_tag::ab);
+    const auto pd = dnnl_kernels::make_pd(node_, "f32 matmul", [&] {
+      return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wany, dst), dnnl_engine());
+    });
+    Primitive prim{dnnl::matmul(pd), memory(pd.weights_desc(), dnnl_engine())};
+    memory user({{depth, n_}, memory::data_type::f32, memory::format_tag::ab}, dnnl_engine(),
+                w_float_.data<float>() + k0 * n_);
+    dnnl::reorder(user, prim.weights).execute(dnnl_stream(), user, prim.weights);
+    dnnl_stream().wait();
+    return float_prims_.emplace(key, std::move(prim)).first->second;
+  }
+
+  void run_float_exact(int64_t m, const uint8_t* xq, uint8_t zero_point, float* y) {
+    Tensor& xf = scratch(x_float_, DType::kFloat32, {m, k_});
+    float* a = xf.data<float>();
+    codes_as_floats(xq, m * k_, zero_point, a);
+    Tensor& sums = scratch(sums_, DType::kFloat32, {m, n_});
+    acc_.resize(static_cast<size_t>(m * n_));
+    for (int64_t k0 = 0; k0 < k_; k0 += slice_depth_) {
+      const int64_t depth = std::min(slice_depth_, k_ - k0);
+      const Primitive& p = float_primitive(m, k0, depth);
+      memory src({{m, depth}, memory::data_type::f32, memory::dims{k_, 1}}, dnnl_engine(), a + k0);
+      memory dst({{m, n_}, memory::data_type::f32, memory::format_tag::ab}, dnnl_engine(), sums.data<float>());
+      p.prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, p.weights}, {DNNL_ARG_DST, dst}});
+      dnnl_stream().wait();
+      add_exact_sums(sums.data<float>(), m * n_, k0 == 0, acc_.data());
+    }
+    // x_q - z_x was summed directly: no zero-point correction; then the same epilogue as the int8 path.
+    correction_.assign(static_cast<size_t>(n_), 0);
+    dequantize_rows(acc_.data(), m, n_, correction_.data(), scales_.data(), bias_.empty() ? nullptr : bias_.data(), y);
   }
 
   const ir::Node& node_;
@@ -218,8 +271,11 @@ class DynamicMatMulKernel final : public Kernel {
   std::vector<int32_t> w_sum_, acc_, correction_;  // column sums of w; the s32 products; z_x * w_sum_
   Tensor xq_;                          // x's codes
   bool exact_int8_ = true;
-  std::vector<int16_t> w16_;
-  std::map<int64_t, Primitive> prims_;  // by rows M
+  // The f32 path: w's codes as floats, rows per exact slice, x_q - z_x as floats, a slice's sums.
+  Tensor w_float_, x_float_, sums_;
+  int64_t slice_depth_ = 0;
+  std::map<int64_t, Primitive> prims_;                              // int8, by rows M
+  std::map<std::pair<int64_t, int64_t>, Primitive> float_prims_;  // f32, by rows M and first row of w
 };
 
 
