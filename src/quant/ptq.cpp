@@ -141,6 +141,14 @@ std::vector<std::pair<std::string, std::vector<int>>> code_readable_inputs(const
   }
   return found;
 }
+// A warning's list of names: the first three, then how many more.
+std::string first_few(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < std::min<size_t>(names.size(), 3); ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > 3) out += " and " + std::to_string(names.size() - 3) + " more";
+  return out;
+}
+
 }  // namespace
 
 Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales, int64_t axis, int bits,
@@ -267,15 +275,12 @@ void PTQ::quantize(const ir::Graph& float_graph) {
   warnings_ = config_.unmatched_skips(float_graph_);
   std::vector<std::string> no_dynamic_form;
   for (const auto& l : layers_)
-    if (l.mode == QuantMode::kDynamic && !dynamic_applies(l)) no_dynamic_form.push_back(l.name);
-  if (!no_dynamic_form.empty()) {
-    std::string names;
-    for (size_t i = 0; i < std::min<size_t>(no_dynamic_form.size(), 3); ++i) names += (i ? ", '" : "'") + no_dynamic_form[i] + "'";
-    if (no_dynamic_form.size() > 3) names += " and " + std::to_string(no_dynamic_form.size() - 3) + " more";
-    warnings_.push_back(std::to_string(no_dynamic_form.size()) + " dynamic layers have no dynamic form (" + names +
+    if (l.mode == QuantMode::kDynamic && !dynamic_applies(l)) no_dynamic_form.push_back("'" + l.name + "'");
+  if (!no_dynamic_form.empty())
+    warnings_.push_back(std::to_string(no_dynamic_form.size()) + " dynamic layers have no dynamic form (" +
+                        first_few(no_dynamic_form) +
                         "): the dynamic mode takes MatMul, Gemm and Conv with a constant weight and a computed input; "
                         "they stay float");
-  }
   // The layers inside If / Loop / Scan bodies run in nested sessions that calibration cannot see.
   for (const auto& node : float_graph_.nodes)
     for (const auto& [key, value] : node.attrs)
@@ -290,13 +295,9 @@ void PTQ::quantize(const ir::Graph& float_graph) {
   for (const auto& node : float_graph_.nodes)
     if (node.domain.empty() && (node.op_type == "LSTM" || node.op_type == "GRU" || node.op_type == "RNN"))
       recurrent.push_back(node.describe());
-  if (!recurrent.empty()) {
-    std::string names;
-    for (size_t i = 0; i < std::min<size_t>(recurrent.size(), 3); ++i) names += (i ? ", " : "") + recurrent[i];
-    if (recurrent.size() > 3) names += " and " + std::to_string(recurrent.size() - 3) + " more";
-    warnings_.push_back(std::to_string(recurrent.size()) + " recurrent layers stay float (" + names +
+  if (!recurrent.empty())
+    warnings_.push_back(std::to_string(recurrent.size()) + " recurrent layers stay float (" + first_few(recurrent) +
                         "): ONNX has no integer LSTM, GRU or RNN that runs everywhere");
-  }
   // GPTQ: X^T X of each 4-bit layer's input (Gemm with transA reads A transposed: rounded to nearest).
   input_gram_.clear();
   if (config_.mode == QuantMode::kWeightOnly && config_.effective_weight_bits() == 4 &&
