@@ -130,11 +130,8 @@ std::vector<std::pair<std::string, std::vector<int>>> code_readable_inputs(const
     if (r == run_readers.end() || r->second.size() < 2) continue;
     const bool all_read_codes = std::all_of(r->second.begin(), r->second.end(), [&](int id) {
       const ir::Node& n = merged.nodes[static_cast<size_t>(id)];
-      const runtime::KernelFolds& folds = kernels.folds(n.op_type, n.domain);
-      if (n.outputs.size() != 1 || !folds.accepts(n, runtime::Fold::kDequantizedInput)) return false;
-      for (size_t k = 0; k < n.inputs.size(); ++k)
-        if (n.inputs[k] == x && !folds.accepts_at(n, runtime::Fold::kDequantizedInput, k)) return false;
-      return true;
+      return n.outputs.size() == 1 &&
+             kernels.folds(n.op_type, n.domain).accepts_every_read(n, runtime::Fold::kDequantizedInput, x);
     });
     // Quantized for every reader in the model (a merge may have joined two of them).
     if (all_read_codes) found.emplace_back(x, model_readers.at(x));

@@ -44,6 +44,17 @@ uint32_t KernelFolds::prologue_inputs(Fold prologue) const {
   }
 }
 
+bool KernelFolds::accepts_every_read(const ir::Node& node, Fold prologue, const std::string& value) const {
+  if (!accepts(node, prologue)) return false;
+  bool reads = false;
+  for (size_t k = 0; k < node.inputs.size(); ++k) {
+    if (node.inputs[k] != value) continue;
+    reads = true;
+    if (!accepts_at(node, prologue, k)) return false;
+  }
+  return reads;
+}
+
 bool KernelFolds::declares(Fold fold) const {
   switch (fold) {
     case Fold::kActivation: return activations != 0;

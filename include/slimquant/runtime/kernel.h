@@ -147,6 +147,9 @@ struct KernelFolds {
     return input < 32 && (prologue_inputs(prologue) >> input & 1u) &&
            !(refuses && refuses(node, prologue, static_cast<int>(input)));
   }
+  // Accepts the prologue for the node and at every input reading `value` (one at least): what a
+  // value's producer needs from each of its readers to fold into all of them.
+  bool accepts_every_read(const ir::Node& node, Fold prologue, const std::string& value) const;
 };
 
 // Op type -> factory, layouts and folds. Filled explicitly by register_all_kernels() (no static

@@ -295,13 +295,12 @@ std::optional<PrologueMatch> select_prologue(const ir::Rewriter& rw, int i, Fold
   for (int r : m.readers) {
     const ir::Node& reader = rw.node(r);
     const KernelFolds& f = folds_of(reader);
-    if (reader.outputs.size() != 1 || !f.accepts(reader, prologue)) return std::nullopt;
+    if (reader.outputs.size() != 1 || !f.accepts_every_read(reader, prologue, v)) return std::nullopt;
     int slots = 0;
     for (size_t k = 0; k < reader.inputs.size(); ++k) {
       if (reader.inputs[k] != v) continue;
       ++slots;
-      if (!f.accepts_at(reader, prologue, k) || !reader_fits(g, prologue, m.form, reader, k, f))
-        return std::nullopt;
+      if (!reader_fits(g, prologue, m.form, reader, k, f)) return std::nullopt;
     }
     if (one_per_node && slots > 1) return std::nullopt;
   }
