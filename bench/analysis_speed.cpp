@@ -1,11 +1,16 @@
 // PTQ analysis speed and target-metric figures on the fixture models (docs/analysis.md).
 //
 //   build/bench/analysis_speed [--limit N] [--metric top1] [--models resnet_small,...] [--no-target] [--cpu-time]
+//       [--data SPEC --calib SPEC --calib-limit N --calib-batch N --algo A --brute-layers K]
 //
-// For each model: calibrate once (KL, 10 batches of 32 training images), run the analysis on the
-// first N test images, then evaluate every single-layer QDQ model whole, as peers do per layer (minus
-// their re-calibration), and report  ratio = analysis time / (layers x mean time of one full
-// evaluation). Then a target-metric search with the target halfway between all-INT8 and FP32.
+// For each model: calibrate once (default KL, 10 batches of 32 Fashion-MNIST training images), run
+// the analysis on the first N test images, then evaluate every single-layer QDQ model whole, as peers
+// do per layer (minus their re-calibration), and report  ratio = analysis time / (layers x mean time
+// of one full evaluation). Then a target-metric search with the target halfway between all-INT8 and
+// FP32.
+// A --models entry ending in .onnx is a model file (any model: --data / --calib give its data, e.g.
+// npy:DIR); --brute-layers K evaluates only K evenly spaced layers whole (a large model at high
+// resolution, where one whole evaluation costs the same for every layer) and scales their mean.
 #include <chrono>
 #include <ctime>
 #include <cstring>
@@ -41,8 +46,9 @@ double seconds_since(const Stamp& t0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  size_t limit = 2000, batch = 64;
+  size_t limit = 2000, batch = 64, calib_limit = 320, calib_batch = 32, brute_layers = 0;
   std::string metric_name = "top1", models = "resnet_small,mobilenetv2_small,vit_small";
+  std::string eval_spec = "fashion-mnist:test", calib_spec = "fashion-mnist:train", algo = "KL";
   bool target = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -50,10 +56,18 @@ int main(int argc, char** argv) {
     else if (a == "--metric" && i + 1 < argc) metric_name = argv[++i];
     else if (a == "--models" && i + 1 < argc) models = argv[++i];
     else if (a == "--batch" && i + 1 < argc) batch = std::stoul(argv[++i]);
+    else if (a == "--data" && i + 1 < argc) eval_spec = argv[++i];
+    else if (a == "--calib" && i + 1 < argc) calib_spec = argv[++i];
+    else if (a == "--calib-limit" && i + 1 < argc) calib_limit = std::stoul(argv[++i]);
+    else if (a == "--calib-batch" && i + 1 < argc) calib_batch = std::stoul(argv[++i]);
+    else if (a == "--algo" && i + 1 < argc) algo = argv[++i];
+    else if (a == "--brute-layers" && i + 1 < argc) brute_layers = std::stoul(argv[++i]);
     else if (a == "--no-target") target = false;
     else if (a == "--cpu-time") g_cpu_time = true;
     else {
-      std::cerr << "usage: analysis_speed [--limit N] [--metric NAME] [--models a,b] [--batch N] [--no-target] [--cpu-time]\n";
+      std::cerr << "usage: analysis_speed [--limit N] [--metric NAME] [--models a,b|FILE.onnx] [--batch N] [--no-target]"
+                   " [--cpu-time] [--data SPEC] [--calib SPEC] [--calib-limit N] [--calib-batch N] [--algo A]"
+                   " [--brute-layers K]\n";
       return 2;
     }
   }
@@ -62,18 +76,22 @@ int main(int argc, char** argv) {
   std::stringstream list(models);
   std::string model;
   while (std::getline(list, model, ',')) {
-    quant::PTQ ptq{quant::QuantConfig()};
-    ptq.quantize(ir::load_onnx(root + "/tests/fixtures/models/" + model + ".onnx"));
+    quant::QuantRule rule;
+    rule.activation = algo;
+    quant::PTQ ptq{quant::QuantConfig(rule)};
+    const bool is_file = model.ends_with(".onnx");
+    ptq.quantize(ir::load_onnx(is_file ? model : root + "/tests/fixtures/models/" + model + ".onnx"));
+    if (is_file) model = std::filesystem::path(model).stem().string();
     data::DataOptions co;
-    co.spec = "fashion-mnist:train";
-    co.limit = 320;
+    co.spec = calib_spec;
+    co.limit = calib_limit;
     auto calib = data::open_dataset(co);
-    data::BatchLoader cl(*calib, 32);
+    data::BatchLoader cl(*calib, calib_batch);
     Stamp t0;
     for (size_t i = 0; i < cl.num_batches(); ++i) ptq.sample(cl.batch(i).inputs);
     const double calib_s = seconds_since(t0);
     data::DataOptions eo_data;
-    eo_data.spec = "fashion-mnist:test";
+    eo_data.spec = eval_spec;
     eo_data.limit = limit;
     auto data = data::open_dataset(eo_data);
     auto metric = analysis::make_metric(metric_name);
@@ -100,7 +118,12 @@ int main(int argc, char** argv) {
     double brute_s = 0, max_diff = 0;
     std::map<std::string, double> fast;
     for (const auto& l : report.ranked) fast[l.name] = l.metric;
-    for (const auto& layer : ptq.layers()) {
+    const size_t n = ptq.layers().size();
+    const size_t step = brute_layers == 0 || brute_layers >= n ? 1 : n / brute_layers;
+    size_t evaluated = 0;
+    for (size_t li = 0; li < n; li += step) {
+      const auto& layer = ptq.layers()[li];
+      ++evaluated;
       t0 = Stamp();
       ir::Graph g = ptq.convert(std::set<std::string>{layer.name});
       analysis::prepare_for_sweep(g);
@@ -110,13 +133,14 @@ int main(int argc, char** argv) {
       brute_s += seconds_since(t0);
       max_diff = std::max(max_diff, std::abs(v - fast.at(layer.name)));
     }
-    const size_t n = ptq.layers().size();
-    const double one_eval = brute_s / static_cast<double>(n);
+    const double one_eval = brute_s / static_cast<double>(evaluated);
+    if (evaluated < n) brute_s = one_eval * static_cast<double>(n);
     std::cout << std::fixed << std::setprecision(3);
     std::cout << "## " << model << "\n"
               << "layers " << n << ", samples " << report.samples << ", calibration " << calib_s << " s\n"
               << "analysis " << analysis_s << " s; one full evaluation of a single-layer model " << one_eval
-              << " s (FP32 model " << fp32_eval_s << " s); brute force all layers " << brute_s << " s\n"
+              << " s (FP32 model " << fp32_eval_s << " s); brute force all layers " << brute_s << " s"
+              << (evaluated < n ? " (" + std::to_string(evaluated) + " layers evaluated, scaled)" : std::string()) << "\n"
               << "ratio analysis / (layers x one evaluation) = " << analysis_s / (static_cast<double>(n) * one_eval)
               << "  (vs FP32 evaluations: " << analysis_s / (static_cast<double>(n) * fp32_eval_s) << ")\n"
               << "max |fast - brute force| metric difference " << std::setprecision(6) << max_diff << "\n"

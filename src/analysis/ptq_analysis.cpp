@@ -227,11 +227,15 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
   SweepResult result;
   result.batches = total;
   result.batches_resumed = start;
-  Progress progress(options.progress_label, total - start, "batches");
-  progress.set_note(std::to_string(variants.size()) + " layers");
+  // Counted in model runs (the base model's and each layer's, per batch), not batches: at high
+  // resolution one batch of a few images takes minutes.
+  const size_t runs_per_batch = runners.size() + 1;
+  Progress progress(options.progress_label, (total - start) * runs_per_batch, "model runs");
   // A rank with no layer (more ranks than layers) only takes part in the collectives.
   const bool idle = runners.empty() && !score_base;
   for (size_t bi = start; bi < total; ++bi) {
+    progress.set_note(std::to_string(variants.size()) + " layers, batch " + std::to_string(bi + 1) + "/" +
+                      std::to_string(total));
     if (!idle) {
       data::Batch batch = loader.batch(bi);
       runtime::RunOptions ro;
@@ -245,6 +249,7 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
                                 .at(ref_session->outputs().at(0).name)
                           : values.at(output);
       if (score_base) base_metric->update(values.at(output), {batch.labels, batch.texts}, ref);
+      progress.advance();
       for (Runner& r : runners) {
         std::map<std::string, Tensor> feeds;
         for (const auto& f : r.feeds) feeds[f] = values.at(f);
@@ -252,7 +257,10 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
         vo.outputs = {r.output};
         Tensor out = r.session->run(feeds, vo).at(r.output);
         metrics[r.variant]->update(out, {batch.labels, batch.texts}, ref);
+        progress.advance();
       }
+    } else {
+      progress.advance(runs_per_batch);
     }
     // Rank 0 collects the other ranks' layer states: after every batch when checkpointing (the
     // checkpoint always holds every layer at the same batch), else once at the end.
@@ -272,7 +280,6 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
                         {"layers", layers}});
     }
     if (checkpoint && ranks > 1) kill_rank_if_asked(bi + 1);
-    progress.advance();
   }
   progress.finish();
   if (ranks > 1) {  // every rank returns the whole result (a resumed, complete checkpoint included)

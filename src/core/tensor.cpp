@@ -227,18 +227,6 @@ std::string shape_str(const Shape& s) {
   return os.str();
 }
 
-std::shared_ptr<std::byte[]> allocate_storage(size_t bytes) {
-  constexpr size_t kAlign = 64;
-  if (bytes > max_tensor_bytes())
-    fail(ErrorKind::kInvalidArgument, "refusing to allocate " + std::to_string(bytes) + " bytes, more than the limit of " +
-                                          std::to_string(max_tensor_bytes()) + " bytes for one buffer (SLIMQUANT_MAX_TENSOR_BYTES)");
-  size_t rounded = std::max<size_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
-  void* p = std::aligned_alloc(kAlign, rounded);
-  if (!p) fail(ErrorKind::kInternal, "out of memory allocating " + std::to_string(bytes) + " bytes");
-  std::memset(p, 0, rounded);
-  return std::shared_ptr<std::byte[]>(static_cast<std::byte*>(p), [](std::byte* q) { std::free(q); });
-}
-
 Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
   capacity_ = checked_tensor_bytes(dtype_, shape_, "a tensor");
   storage_ = allocate_storage(capacity_);

@@ -270,6 +270,10 @@ void PTQ::quantize(const ir::Graph& float_graph) {
   if (DeployPolicy::of(config_.deploy_backend).quantizes_code_readable_inputs())
     quantize_code_readable_inputs(known_non_float);
   warnings_ = config_.unmatched_skips(float_graph_);
+  layer_nodes_.clear();
+  for (const auto& l : layers_) layer_nodes_[l.name];
+  for (size_t i = 0; i < float_graph_.nodes.size(); ++i)
+    if (const auto it = layer_nodes_.find(float_graph_.nodes[i].name); it != layer_nodes_.end()) it->second = i;
   std::vector<std::string> no_dynamic_form;
   for (const auto& l : layers_)
     if (l.mode == QuantMode::kDynamic && !dynamic_applies(l)) no_dynamic_form.push_back("'" + l.name + "'");

@@ -57,34 +57,34 @@ ir::Graph PTQ::convert_dynamic(const std::optional<std::set<std::string>>& only_
 }
 
 bool PTQ::dynamic_applies(const Layer& layer) const {
-  if (layer.weight.empty()) return false;
-  for (const ir::Node& node : float_graph_.nodes)
-    if (node.name == layer.name) return dynamic_form_of(node, layer).has_value();
-  return false;
+  const auto it = layer_nodes_.find(layer.name);
+  return !layer.weight.empty() && it != layer_nodes_.end() && has_dynamic_form(float_graph_.nodes[it->second], layer);
 }
 
-std::optional<PTQ::DynamicForm> PTQ::dynamic_form_of(const ir::Node& node, const Layer& layer) const {
+bool PTQ::has_dynamic_form(const ir::Node& node, const Layer& layer) const {
   const bool kind_ok = node.op_type == "MatMul" || node.op_type == "Gemm" || node.op_type == "Conv";
   if (!kind_ok || node.outputs.size() != 1 || node.inputs.size() < 2 || node.input(0).empty() ||
       node.input(1) != layer.weight || float_graph_.is_initializer(node.input(0)))
-    return std::nullopt;
-  const Tensor& w = *float_graph_.initializer(layer.weight);
+    return false;
+  const Tensor* w = float_graph_.initializer(layer.weight);
+  if (!w) return false;
+  if (node.op_type == "MatMul") return w->rank() == 2;
+  const std::string& extra = node.input(2);  // Gemm's C, Conv's bias
+  if (!extra.empty() && !float_graph_.is_initializer(extra)) return false;
+  if (node.op_type == "Gemm") return node.attr_int("transA", 0) == 0 && w->rank() == 2;
+  return w->rank() >= 3;
+}
+
+std::optional<PTQ::DynamicForm> PTQ::dynamic_form_of(const ir::Node& node, const Layer& layer) const {
+  if (!has_dynamic_form(node, layer)) return std::nullopt;
   DynamicForm form;
-  form.weight = w;
-  if (node.op_type == "MatMul") {
-    if (w.rank() != 2) return std::nullopt;
-    form.axis = 1;
-  } else if (node.op_type == "Gemm") {
-    const std::string& c = node.input(2);
-    if (node.attr_int("transA", 0) != 0 || w.rank() != 2 || (!c.empty() && !float_graph_.is_initializer(c)))
-      return std::nullopt;
-    form.weight = gemm_weight_kn(w, node.attr_int("transB", 0) != 0, node.attr_float("alpha", 1.f));
-    form.axis = 1;
-    if (!c.empty()) form.bias = float_graph_.initializer(c), form.bias_scale = node.attr_float("beta", 1.f);
-  } else {  // Conv
-    const std::string& b = node.input(2);
-    if (w.rank() < 3 || (!b.empty() && !float_graph_.is_initializer(b))) return std::nullopt;
-    if (!b.empty()) form.bias = float_graph_.initializer(b);
+  form.weight = *float_graph_.initializer(layer.weight);
+  form.axis = node.op_type == "Conv" ? 0 : 1;
+  const std::string& extra = node.input(2);
+  if (!extra.empty()) form.bias = float_graph_.initializer(extra);
+  if (node.op_type == "Gemm") {
+    form.weight = gemm_weight_kn(form.weight, node.attr_int("transB", 0) != 0, node.attr_float("alpha", 1.f));
+    form.bias_scale = node.attr_float("beta", 1.f);
   }
   return form;
 }

@@ -222,4 +222,21 @@ TEST(CliHygiene, PlainProgressWritesWholeLinesForLogs) {
   EXPECT_EQ(file_bytes(tmp.path("stderr2.txt")), "");
 }
 
+// analyze counts model runs (the base model's and each layer's, per batch), so that a run of few
+// batches at high resolution still shows its rate and time left.
+TEST(CliHygiene, AnalyzeProgressCountsModelRuns) {
+  test::TempDir tmp("analyze_progress");
+  const std::string cmd = test::cli_path() + " analyze " + test::fixture_model("resnet_small") +
+                          " fashion-mnist:test --limit 16 --batch-size 16 --batch-nums 1 --eval-batch-size 8 --algo abs_max"
+                          " --metric sqnr --num-histogram-plots 0 --save-dir " + tmp.path("out") +
+                          " --progress plain 2>" + tmp.path("stderr.txt") + " >/dev/null";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const size_t layers = read_json(tmp.path("out/analysis.json")).at("layers").size();
+  ASSERT_GT(layers, 10u);
+  const std::string err = file_bytes(tmp.path("stderr.txt"));
+  const std::string done = std::to_string(2 * (layers + 1));  // 2 batches of 8
+  EXPECT_NE(err.find("analyze " + done + "/" + done + " model runs"), std::string::npos) << err;
+  EXPECT_NE(err.find("batch 2/2"), std::string::npos) << err;
+}
+
 }  // namespace

@@ -1,9 +1,13 @@
 // The lowered families as one table (quant/lowering.h): what the selector, action and report read.
 #include <gtest/gtest.h>
 
+#include <onnx/defs/schema.h>
+
 #include <set>
 
 #include "slimquant/quant/lowering.h"
+#include "slimquant/ir/rewrite.h"
+#include "slimquant/runtime/kernel.h"
 
 using namespace slimquant;
 
@@ -30,4 +34,16 @@ TEST(LoweringFamilies, OneEntryPerFamilyNamesTheFloatAndFusedOps) {
   ir::Node relu;
   relu.op_type = "Relu";
   EXPECT_EQ(quant::find_lowered_family(relu), nullptr);
+}
+
+// A family's fused op is named twice: in the lowering table and where its kernel and schema are
+// registered (runtime/kernels/integer/int8_families.cpp). The names must agree, or lowering writes
+// nodes no kernel runs and ONNX shape inference stops at.
+TEST(LoweringFamilies, EveryFusedOpHasAKernelAndASchema) {
+  const runtime::KernelRegistry& registry = runtime::KernelRegistry::instance();
+  for (const quant::LoweredFamily& f : quant::lowered_families()) {
+    EXPECT_NE(registry.find(f.fused_op, ir::kSlimquantDomain), nullptr) << f.fused_op;
+    EXPECT_NE(onnx::OpSchemaRegistry::Schema(f.fused_op, 1, ir::kSlimquantDomain), nullptr) << f.fused_op;
+  }
+  EXPECT_EQ(registry.find("QNoSuchFamily", ir::kSlimquantDomain), nullptr);
 }

@@ -157,7 +157,14 @@ class Tensor {
 };
 
 // 64-byte aligned, zeroed allocation; at most max_tensor_bytes() (kInvalidArgument above it).
+// Buffers of 1 MiB or more are kept after release for reuse, up to SLIMQUANT_BUFFER_CACHE_MB
+// (src/core/large_buffers.cpp).
 std::shared_ptr<std::byte[]> allocate_storage(size_t bytes);
+// Whether large buffers are kept for reuse (not with SLIMQUANT_BUFFER_CACHE_MB=0 or under
+// AddressSanitizer), the bytes held now, and giving them back to the system.
+bool large_buffers_reused();
+size_t cached_buffer_bytes();
+void release_cached_buffers();
 
 // Calls f(T{}) with T the C++ type of dtype; throws kUnsupported for others.
 template <typename F>

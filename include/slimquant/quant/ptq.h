@@ -146,6 +146,9 @@ class PTQ {
     const Tensor* bias = nullptr;
     float bias_scale = 1.f;
   };
+  // Whether `node` (layer's node) has a dynamic form: op type, ranks and constant inputs only, no
+  // tensor built (dynamic_applies() is asked per layer, and for every layer by the target search).
+  bool has_dynamic_form(const ir::Node& node, const Layer& layer) const;
   std::optional<DynamicForm> dynamic_form_of(const ir::Node& node, const Layer& layer) const;
   // Quantizes each Conv output whose readers all read 8-bit codes (their kernels declare
   // Fold::kDequantizedInput; a squeeze-excitation block's pool and gating) for all of them, for a
@@ -155,6 +158,7 @@ class PTQ {
   QuantConfig config_;
   ir::Graph float_graph_;
   std::vector<Layer> layers_;
+  std::map<std::string, size_t> layer_nodes_;  // layer name -> its node's index in float_graph_.nodes
   std::map<std::string, std::unique_ptr<Observer>> observers_;  // by activation tensor
   std::map<std::string, std::vector<float>> channel_abs_max_;     // conv inputs: max |x| per channel
   // GPTQ (weight_rounding gptq): X^T X (K x K, row-major, double) of each blocked layer's input,

@@ -316,12 +316,6 @@ const Tensor& require_constant_weight(const KernelInit& init, size_t index);
 // A float32 bias of `channels` values (shape [channels] or [1, channels]); nullptr when absent.
 const Tensor* constant_bias(const KernelInit& init, size_t index, int64_t channels, const char* what);
 
-// ONNX schemas of QConv / QGemm / QMatMul (type and shape inference through lowered graphs);
-// idempotent, called by register_int8_kernels().
-
-// Factories (one file each), registered by register_int8_kernels().
-std::unique_ptr<Kernel> make_qconv(const KernelInit& init);
-std::unique_ptr<Kernel> make_qgemm(const KernelInit& init);
-std::unique_ptr<Kernel> make_qmatmul(const KernelInit& init);
+// Each family's factory is declared in int8_families.cpp, next to its schema and registration.
 
 }  // namespace slimquant::runtime::int8

@@ -1,6 +1,8 @@
 // The fused INT8 families (domain com.slimquant) that INT8 lowering produces, one place each: the
-// kernel's registration (layouts, folds) and the op's ONNX schema. A new family adds its kernel file,
-// its entry here, and its lowering (quant/lowering: the family table; docs/rewrites.md).
+// kernel's factory declaration, registration (layouts, folds) and the op's ONNX schema. A new family
+// adds its kernel file (which defines the factory), its entry here, and its lowering (quant/lowering:
+// the family table names the fused op; LoweringFamilies.EveryFusedOpHasAKernelAndASchema checks that
+// the names agree; docs/rewrites.md).
 //
 // The schemas let ONNX type and shape inference run through lowered graphs: without them inference stops at the first fused node (and the Shape
 // chains behind it cannot be folded), and ONNX 1.12's data propagation crashes on a Shape reading a
@@ -16,6 +18,11 @@
 #include "runtime/kernels/register_all.h"
 
 namespace slimquant::runtime::int8 {
+
+// The factories, one kernel file each.
+std::unique_ptr<Kernel> make_qconv(const KernelInit& init);    // int8_conv.cpp
+std::unique_ptr<Kernel> make_qgemm(const KernelInit& init);    // int8_matmul.cpp
+std::unique_ptr<Kernel> make_qmatmul(const KernelInit& init);  // int8_matmul.cpp
 
 namespace {
 
