@@ -6,15 +6,17 @@
 // every run faults every page in again: 70 million minor faults and 223 of 528 s in the kernel for
 // a PTQ analysis of a 119-convolution U-Net at 1024x1024 (one image; AMD EPYC VM, ~3 us a fault).
 // Here a buffer of kMinCachedBytes or more is its own mapping, zero-filled by the kernel (no
-// memset of fresh pages), and on release it goes into a bounded cache that later requests of about the same size take (zeroed again) before mapping new
-// memory. The cache holds at most SLIMQUANT_BUFFER_CACHE_MB (default: 1/8 of physical memory,
+// memset of fresh pages), with transparent huge pages advised (one fault per 2 MiB where the
+// system allows them), and on release it goes into a bounded cache that later requests of about
+// the same size take (zeroed again) before mapping new memory. The cache holds at most SLIMQUANT_BUFFER_CACHE_MB (default: 1/8 of physical memory,
 // at most 2048 MB; 0 turns all of this off: the plain allocator, as before, serves every size);
 // release_cached_buffers() gives it all back.
-// Advising transparent huge pages (MADV_HUGEPAGE) was tried: 40x fewer faults, but more time in
-// the kernel (5.4-6.4 s against 3.2-3.5 s for a FP32 run at 1024x1024) and no faster (10.6-12.2 s
-// against 9.4-12.1 s).
+// Measured without the huge-page advice: that analysis took 570 s, no better than before (the
+// sizes vary, so misses map fresh memory); with it 388 s. A FP32 run at 1024x1024 spends more
+// time in the kernel with it (5.4-6.4 s against 3.2-3.5 s, compaction) at the same wall time.
 // Under AddressSanitizer the plain allocator serves everything, so overflows stay detected.
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <list>
@@ -47,6 +49,7 @@ std::shared_ptr<std::byte[]> plain_allocation(size_t bytes) {
 
 constexpr size_t kMinCachedBytes = size_t{1} << 20;  // below this glibc keeps freed memory itself
 constexpr size_t kMappingGranule = size_t{64} << 10;
+constexpr size_t kHugePage = size_t{2} << 20;
 
 size_t cache_limit_from_environment() {
   if (const char* v = std::getenv("SLIMQUANT_BUFFER_CACHE_MB")) {
@@ -112,9 +115,20 @@ class LargeBufferCache {
   }
 
   static std::byte* map(size_t size) {
-    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) fail(ErrorKind::kInternal, "out of memory allocating " + std::to_string(size) + " bytes");
-    return static_cast<std::byte*>(p);
+    // Over-map by one huge page to start on a huge-page boundary (transparent huge pages need it).
+    const size_t span = size + kHugePage;
+    void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) fail(ErrorKind::kInternal, "out of memory allocating " + std::to_string(size) + " bytes");
+    const auto start = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
+    if (aligned > start) munmap(raw, aligned - start);
+    const uintptr_t end = start + span, used_end = aligned + size;
+    if (end > used_end) munmap(reinterpret_cast<void*>(used_end), end - used_end);
+    auto* p = reinterpret_cast<std::byte*>(aligned);
+#ifdef MADV_HUGEPAGE
+    madvise(p, size, MADV_HUGEPAGE);  // advice only: ignored where huge pages are off
+#endif
+    return p;
   }
 
   // A miss: cached blocks of other sizes make room first, so the memory mapped (in use plus
