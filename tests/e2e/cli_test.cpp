@@ -92,6 +92,17 @@ TEST(CliBadInput, TruncatedModel) {
   EXPECT_NE(r.output.find("not a valid ONNX model"), std::string::npos) << r.output;
 }
 
+TEST(CliBadInput, BufferCacheSizeThatIsNotANumberIsNamed) {
+  // 512 images of 28x28: the first buffer of 1 MiB or more reads the setting.
+  const auto r = run_cli("bench " + std::string(kModel) + " --shape 512x1x28x28 --runs 1 --warmup 0",
+                         "SLIMQUANT_BUFFER_CACHE_MB=lots");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("SLIMQUANT_BUFFER_CACHE_MB='lots' is not a number of megabytes"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(run_cli("bench " + std::string(kModel) + " --shape 512x1x28x28 --runs 1 --warmup 0",
+                    "SLIMQUANT_BUFFER_CACHE_MB=64").exit_code, 0);
+}
+
 TEST(CliBadInput, NotAnOnnxFile) {
   test::TempDir tmp("text");
   std::ofstream(tmp.path("x.onnx")) << "this is plain text, not a model\n";
