@@ -5,6 +5,7 @@
 // ONNX equations one sequence at a time.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -129,8 +130,10 @@ void expect_near_all(const Tensor& got, const std::vector<double>& want, const s
 // Bidirectional with sequence_lens {5, 3, 1, 0}: checks the kernel against the reference, then the
 // two properties directly: Y is exactly zero past each sequence's end, and Y_h is Y at the last
 // valid step (t = len - 1 forward, t = 0 backward), or initial_h for an empty sequence.
-void check_bidirectional_lengths(const std::string& op, bool linear_before_reset) {
-  SCOPED_TRACE(op + (linear_before_reset ? " linear_before_reset" : ""));
+// An LSTM without P takes the kernel's fused path (default functions, no peepholes); with P the
+// per-gate one.
+void check_bidirectional_lengths(const std::string& op, bool linear_before_reset, bool peepholes = true) {
+  SCOPED_TRACE(op + (linear_before_reset ? " linear_before_reset" : "") + (peepholes ? "" : " without P"));
   std::mt19937 rng(42);
   const int64_t S = 5, N = 4, I = 3, H = 6, D = 2, G = gates_of(op);
   const std::vector<int32_t> lens = {5, 3, 1, 0};
@@ -143,8 +146,14 @@ void check_bidirectional_lengths(const std::string& op, bool linear_before_reset
   if (op == "LSTM") {
     c0 = random_tensor({D, N, H}, rng);
     p = random_tensor({D, 3 * H}, rng);
-    names.insert(names.end(), {"initial_c", "P"});
-    inputs.insert(inputs.end(), {c0, p});
+    names.push_back("initial_c");
+    inputs.push_back(c0);
+    if (peepholes) {
+      names.push_back("P");
+      inputs.push_back(p);
+    } else {
+      std::fill_n(p.data<float>(), p.numel(), 0.f);  // what the reference then uses
+    }
   }
   ir::Node node = make_node(op, names, H, "bidirectional");
   if (linear_before_reset) node.attrs["linear_before_reset"] = int64_t{1};
@@ -172,6 +181,7 @@ void check_bidirectional_lengths(const std::string& op, bool linear_before_reset
 }
 
 TEST(Recurrent, LstmBidirectionalWithSequenceLengths) { check_bidirectional_lengths("LSTM", false); }
+TEST(Recurrent, LstmWithoutPeepholesBidirectionalWithSequenceLengths) { check_bidirectional_lengths("LSTM", false, false); }
 TEST(Recurrent, GruBidirectionalWithSequenceLengths) { check_bidirectional_lengths("GRU", false); }
 TEST(Recurrent, GruLinearBeforeResetBidirectionalWithSequenceLengths) { check_bidirectional_lengths("GRU", true); }
 TEST(Recurrent, RnnBidirectionalWithSequenceLengths) { check_bidirectional_lengths("RNN", false); }
@@ -194,6 +204,40 @@ TEST(Recurrent, RnnHandComputed) {
   EXPECT_NEAR(y[3], bwd2, 1e-6);
   EXPECT_NEAR(out[1].data<float>()[0], fwd2, 1e-6);
   EXPECT_NEAR(out[1].data<float>()[1], bwd1, 1e-6);
+}
+
+// The fused rows of the default functions (sigmoid and tanh by a rational fit) against the per-gate
+// passes (ew's exp-based functions), reached by naming tanh as ScaledTanh(1, 1): the same
+// function. Inputs large enough that clip bounds some gates and others saturate; H = 21 leaves a
+// vector tail.
+TEST(Recurrent, FusedDefaultFunctionsMatchThePerGatePassesWithClip) {
+  const int64_t S = 7, N = 3, I = 5, H = 21, D = 2;
+  for (const auto& [op, lbr] : {std::pair{"LSTM", false}, std::pair{"GRU", false}, std::pair{"GRU", true}}) {
+    SCOPED_TRACE(std::string(op) + (lbr ? " linear_before_reset" : ""));
+    std::mt19937 rng(11);
+    const int64_t G = gates_of(op);
+    const Tensor x = random_tensor({S, N, I}, rng, 3.f), w = random_tensor({D, G * H, I}, rng, 1.5f),
+                 r = random_tensor({D, G * H, H}, rng, 1.5f), b = random_tensor({D, 2 * G * H}, rng),
+                 h0 = random_tensor({D, N, H}, rng);
+    ir::Node fused = make_node(op, {"X", "W", "R", "B", "", "initial_h"}, H, "bidirectional");
+    fused.attrs["clip"] = 2.5f;
+    if (lbr) fused.attrs["linear_before_reset"] = int64_t{1};
+    ir::Node per_gate = fused;
+    per_gate.attrs["activations"] =
+        std::string(op) == "LSTM"
+            ? std::vector<std::string>{"Sigmoid", "ScaledTanh", "Tanh", "Sigmoid", "ScaledTanh", "Tanh"}
+            : std::vector<std::string>{"Sigmoid", "ScaledTanh", "Sigmoid", "ScaledTanh"};
+    const std::vector<Tensor> a = run_op(fused, 14, {x, w, r, b, Tensor(), h0});
+    const std::vector<Tensor> e = run_op(per_gate, 14, {x, w, r, b, Tensor(), h0});
+    ASSERT_EQ(a.size(), e.size());
+    for (size_t k = 0; k < a.size(); ++k) {
+      ASSERT_EQ(a[k].shape(), e[k].shape());
+      float worst = 0.f;
+      for (int64_t i = 0; i < a[k].numel(); ++i)
+        worst = std::max(worst, std::fabs(a[k].data<float>()[i] - e[k].data<float>()[i]));
+      EXPECT_LT(worst, 2e-6f) << "output " << k;
+    }
+  }
 }
 
 // layout = 1 is layout 0 with X, Y and the states transposed to batch first.

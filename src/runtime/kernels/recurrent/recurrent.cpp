@@ -23,7 +23,8 @@
 // Computation: one GEMM projects the input of every time step for every direction at once
 // (X [seq*batch, input] · W^T [input, dirs*gates*H]); each step then multiplies the hidden state
 // by R^T with one GEMM (two for GRU with linear_before_reset = 0, whose candidate needs r first)
-// and finishes the gates with vectorisable loops over rows of H.
+// and finishes the gates with vectorisable loops over rows of H: with the default functions (LSTM: no
+// input_forget, no peepholes) two fused passes per row, otherwise a pass per gate and function.
 //
 // sequence_lens: batch entry b takes part in step t only while t < len[b]. Outside that range its
 // state is left as it is and its Y rows are zero, so the forward pass keeps the state of the last
@@ -36,6 +37,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -160,6 +162,81 @@ SQ_AVX2_CLONES void activate(const Activation& a, std::optional<float> clip, flo
   }
 }
 
+// ---- fused cells for the default activations ----------------------------------------------------
+
+// tanh for the fused gates: x * P(x^2) / Q(x^2) on [-9, 9] (a rational fit made for this kernel:
+// relative error at most 3.4e-7 in float over the range; |tanh(9)| rounds to 1), result clamped to
+// [-1, 1]. No exp: about 17 vector operations, where ew::tanh_t's exp form and special cases cost
+// several times that in a loop that applies five functions per element. NaN propagates (clamp_t).
+SQ_ELEMENT_FN float gate_tanh(float x) {
+  const float xc = clamp_t(x, -9.f, 9.f);
+  const float z = xc * xc;
+  float p = 1.3765338202631483e-08f;
+  p = p * z + 2.091183341690339e-05f;
+  p = p * z + 0.0035142770502716303f;
+  p = p * z + 0.13396863639354706f;
+  p = p * z + 1.f;
+  float q = 7.946500204525364e-07f;
+  q = q * z + 0.00033159906161017716f;
+  q = q * z + 0.02594839595258236f;
+  q = q * z + 0.4673018753528595f;
+  q = q * z + 1.f;
+  return clamp_t(xc * p / q, -1.f, 1.f);
+}
+// sigmoid(x) = (1 + tanh(x / 2)) / 2: absolute error at most 1.7e-7 (what a gate needs; for x < -16
+// the result is 0 rather than the tiny positive value).
+SQ_ELEMENT_FN float gate_sigmoid(float x) { return 0.5f + 0.5f * gate_tanh(0.5f * x); }
+
+// One batch row of an LSTM step with the default functions (f = sigmoid, g = h = tanh) and no
+// peepholes. g holds H_{t-1} R^T (gate order i o f c) and becomes the gate values; xg is the input
+// projection; clip is +inf when absent. Two passes, each of independent elements with one function
+// deep: one pass doing all five functions per element ran at the latency of their chain (row_lstm
+// 1.5x slower), and separate activate() passes per gate with ew's exp-based functions 2x slower.
+// The pointers never alias (__restrict): without it GCC gives up on the runtime overlap checks
+// these loops would need and runs them scalar.
+SQ_AVX2_CLONES void lstm_default_row(float* __restrict g, const float* __restrict xg, const float* __restrict bias,
+                                     float clip, float* __restrict c, float* __restrict h, int64_t H) {
+  for (int64_t j = 0; j < 3 * H; ++j) g[j] = gate_sigmoid(clamp_t(g[j] + xg[j] + bias[j], -clip, clip));
+  for (int64_t j = 3 * H; j < 4 * H; ++j) g[j] = gate_tanh(clamp_t(g[j] + xg[j] + bias[j], -clip, clip));
+  const float *in = g, *out = g + H, *forget = g + 2 * H, *cand = g + 3 * H;
+  for (int64_t j = 0; j < H; ++j) {
+    const float c_new = forget[j] * c[j] + in[j] * cand[j];
+    c[j] = c_new;
+    h[j] = out[j] * gate_tanh(c_new);
+  }
+}
+
+// GRU with the default functions (f = sigmoid, g = tanh), linear_before_reset = 1, after the single
+// GEMM: g holds H_{t-1} R^T (z r h); bias: Wb + Rb for z and r, Wbh for h; rbh: Rbh.
+SQ_AVX2_CLONES void gru_lbr_default_row(float* __restrict g, const float* __restrict xg, const float* __restrict bias,
+                                        const float* __restrict rbh, float clip, float* __restrict h, int64_t H) {
+  for (int64_t j = 0; j < 2 * H; ++j) g[j] = gate_sigmoid(clamp_t(g[j] + xg[j] + bias[j], -clip, clip));
+  const float *update = g, *reset = g + H, *rec_h = g + 2 * H, *x_h = xg + 2 * H, *b_h = bias + 2 * H;
+  for (int64_t j = 0; j < H; ++j) {
+    const float cand = gate_tanh(clamp_t(x_h[j] + b_h[j] + reset[j] * (rec_h[j] + rbh[j]), -clip, clip));
+    h[j] = (1.f - update[j]) * cand + update[j] * h[j];
+  }
+}
+
+// GRU with the default functions, linear_before_reset = 0, first half: z and r in place in g (the
+// first 2H values), and r ⊙ H_{t-1} into reset_h for the candidate's GEMM.
+SQ_AVX2_CLONES void gru_gates_default_row(float* __restrict g, const float* __restrict xg,
+                                          const float* __restrict bias, float clip, const float* __restrict h,
+                                          float* __restrict reset_h, int64_t H) {
+  for (int64_t j = 0; j < 2 * H; ++j) g[j] = gate_sigmoid(clamp_t(g[j] + xg[j] + bias[j], -clip, clip));
+  for (int64_t j = 0; j < H; ++j) reset_h[j] = g[H + j] * h[j];
+}
+
+// Second half: the candidate from (r ⊙ H_{t-1}) Rh^T in g[2H, 3H), then H_t.
+SQ_AVX2_CLONES void gru_update_default_row(const float* __restrict g, const float* __restrict xg,
+                                           const float* __restrict bias, float clip, float* __restrict h, int64_t H) {
+  for (int64_t j = 0; j < H; ++j) {
+    const float update = g[j];
+    const float cand = gate_tanh(clamp_t(g[2 * H + j] + xg[2 * H + j] + bias[2 * H + j], -clip, clip));
+    h[j] = (1.f - update) * cand + update * h[j];
+  }
+}
+
 // ---- attributes --------------------------------------------------------------------------------
 
 enum class Direction { kForward, kReverse, kBidirectional };
@@ -174,6 +251,10 @@ struct RecurrentAttrs {
   bool batch_first = false;          // layout = 1
   bool input_forget = false;         // LSTM
   bool linear_before_reset = false;  // GRU
+  // Every direction uses the cell's default functions (and LSTM's input_forget is off): the steps
+  // take the fused rows above (an LSTM only without peepholes).
+  bool default_functions = false;
+  float clip_or_inf() const { return clip.value_or(std::numeric_limits<float>::infinity()); }
 };
 
 // Activations named by the node (or the cell's defaults), with their alpha / beta. The alpha and
@@ -250,6 +331,10 @@ RecurrentAttrs parse_attrs(const ir::Node& node, Cell cell) {
   a.input_forget = cell == Cell::kLstm && node.attr_int("input_forget", 0) != 0;
   a.linear_before_reset = cell == Cell::kGru && node.attr_int("linear_before_reset", 0) != 0;
   a.activations = parse_activations(node, cell, a.num_directions);
+  a.default_functions = cell != Cell::kRnn && !a.input_forget;
+  for (const std::vector<Activation>& dir : a.activations)
+    for (size_t k = 0; k < dir.size(); ++k)
+      a.default_functions = a.default_functions && dir[k].kind == (k == 0 ? ActKind::kSigmoid : ActKind::kTanh);
   return a;
 }
 
@@ -297,10 +382,11 @@ class RecurrentKernel final : public Kernel {
     // The input projection of all steps, batch entries and directions: row (t, b) holds
     // dirs * gates * H values, direction after direction. Rows follow X's order.
     const int64_t proj_width = d.dirs * d.gate_width();
-    std::vector<float> x_proj(static_cast<size_t>(d.seq * d.batch * proj_width));
-    gemm_abt(d.seq * d.batch, proj_width, d.input, x, d.input, w, d.input, x_proj.data(), proj_width, node_);
+    // (Not zero-filled: the GEMM writes every value.)
+    const auto x_proj = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(d.seq * d.batch * proj_width));
+    gemm_abt(d.seq * d.batch, proj_width, d.input, x, d.input, w, d.input, x_proj.get(), proj_width, node_);
 
-    for (int64_t dir = 0; dir < d.dirs; ++dir) run_direction(ctx, d, dir, lengths, x_proj, y, y_h, y_c);
+    for (int64_t dir = 0; dir < d.dirs; ++dir) run_direction(ctx, d, dir, lengths, x_proj.get(), y, y_h, y_c);
   }
 
  private:
@@ -413,7 +499,7 @@ class RecurrentKernel final : public Kernel {
   }
 
   void run_direction(KernelContext& ctx, const Dims& d, int64_t dir, const std::vector<int64_t>& lengths,
-                     const std::vector<float>& x_proj, Tensor* y, Tensor* y_h, Tensor* y_c) const {
+                     const float* x_proj, Tensor* y, Tensor* y_h, Tensor* y_c) const {
     const int64_t H = d.hidden, GH = d.gate_width(), proj_width = d.dirs * GH;
     const float* r = ctx.input(kR).data<float>() + dir * GH * H;
     const std::vector<Activation>& act = attrs_.activations[static_cast<size_t>(dir)];
@@ -449,7 +535,7 @@ class RecurrentKernel final : public Kernel {
       auto active = [&](int64_t b) { return t < lengths[static_cast<size_t>(b)]; };
       const bool any_active = std::any_of(lengths.begin(), lengths.end(), [&](int64_t len) { return t < len; });
       if (any_active) {
-        auto x_gates = [&](int64_t b) { return x_proj.data() + x_row(d, t, b) * proj_width + dir * GH; };
+        auto x_gates = [&](int64_t b) { return x_proj + x_row(d, t, b) * proj_width + dir * GH; };
         switch (cell_) {
           case Cell::kRnn: rnn_step(d, act, r, bias, x_gates, active, h, gates); break;
           case Cell::kGru: gru_step(d, act, r, bias, recurrent_bias_h, x_gates, active, h, gates, scratch); break;
@@ -492,6 +578,24 @@ class RecurrentKernel final : public Kernel {
     // z and r; under linear_before_reset the candidate's H_{t-1} Rh^T comes from the same GEMM.
     const int64_t first_gemm_cols = attrs_.linear_before_reset ? GH : 2 * H;
     gemm_abt(d.batch, first_gemm_cols, H, h.data(), H, r, H, gates.data(), GH, node_);
+    if (attrs_.default_functions) {
+      const float clip = attrs_.clip_or_inf();
+      if (attrs_.linear_before_reset) {
+        for (int64_t b = 0; b < d.batch; ++b)
+          if (active(b))
+            gru_lbr_default_row(gates.data() + b * GH, x_gates(b), bias.data(), recurrent_bias_h.data(), clip,
+                                h.data() + b * H, H);
+        return;
+      }
+      // Every row's r ⊙ H_{t-1} feeds the second GEMM (inactive rows are discarded below).
+      for (int64_t b = 0; b < d.batch; ++b)
+        gru_gates_default_row(gates.data() + b * GH, x_gates(b), bias.data(), clip, h.data() + b * H,
+                              reset_h.data() + b * H, H);
+      gemm_abt(d.batch, H, H, reset_h.data(), H, r + 2 * H * H, H, gates.data() + 2 * H, GH, node_);
+      for (int64_t b = 0; b < d.batch; ++b)
+        if (active(b)) gru_update_default_row(gates.data() + b * GH, x_gates(b), bias.data(), clip, h.data() + b * H, H);
+      return;
+    }
     for (int64_t b = 0; b < d.batch; ++b) {
       // Every row's r ⊙ H_{t-1} feeds the second GEMM, so inactive rows are computed too (and
       // discarded below); their state is finite, so this is harmless.
@@ -530,6 +634,13 @@ class RecurrentKernel final : public Kernel {
                  std::vector<float>& c, std::vector<float>& gates, std::vector<float>& cell_out) const {
     const int64_t H = d.hidden, GH = d.gate_width();
     gemm_abt(d.batch, GH, H, h.data(), H, r, H, gates.data(), GH, node_);
+    if (attrs_.default_functions && peep == nullptr) {
+      const float clip = attrs_.clip_or_inf();
+      for (int64_t b = 0; b < d.batch; ++b)
+        if (active(b))
+          lstm_default_row(gates.data() + b * GH, x_gates(b), bias.data(), clip, c.data() + b * H, h.data() + b * H, H);
+      return;
+    }
     for (int64_t b = 0; b < d.batch; ++b) {
       if (!active(b)) continue;
       float* g = gates.data() + b * GH;
