@@ -628,6 +628,7 @@ PYBIND11_MODULE(_slimquant, m) {
       .def_readwrite("mode", &Options::mode)
       .def_readwrite("block_size", &Options::block_size)
       .def_readwrite("weight_rounding", &Options::weight_rounding)
+      .def_readwrite("int4_activations", &Options::int4_activations)
       .def_readwrite("is_use_cache_file", &Options::is_use_cache_file)
       .def_readwrite("cache_dir", &Options::cache_dir)
       .def_readwrite("fallback_sqnr_db", &Options::fallback_sqnr_db)

@@ -42,3 +42,17 @@ def test_int4_blocks_from_python(tmp_path, fashion):
         slimquant.PostTrainingQuantization(model_dir=vit, mode="weight-only", weight_bits=4, block_size=48).quantize()
     with pytest.raises(ValueError, match="weight_rounding"):
         slimquant.PostTrainingQuantization(model_dir=vit, mode="weight-only", weight_bits=4, weight_rounding="awq")
+
+
+def test_int4_int8_activations_from_python(tmp_path):
+    vit = str(MODELS / "vit_small.onnx")
+    ptq = slimquant.PostTrainingQuantization(model_dir=vit, mode="weight-only", weight_bits=4,
+                                             int4_activations="int8")
+    ptq.quantize()
+    out = ptq.save_quantized_model(str(tmp_path / "i8.onnx"))
+    meta = {p.key: p.value for p in onnx.load(out).metadata_props}
+    assert meta["slimquant.int4_activations"] == "int8"
+    with pytest.raises(ValueError, match="int4_activations"):
+        slimquant.PostTrainingQuantization(model_dir=vit, mode="weight-only", weight_bits=4, int4_activations="fp16")
+    with pytest.raises(ValueError, match="int4_activations"):
+        slimquant.PostTrainingQuantization(model_dir=vit, mode="weight-only", int4_activations="int8").quantize()

@@ -20,7 +20,7 @@ namespace slimquant::cli {
 Action register_quantize(CLI::App& app) {
   auto* cmd = app.add_subcommand("quantize", "post-training quantization to a QDQ ONNX model");
   struct Args {
-    std::string model, data, eval_data, output, config_path, metric = "top1", keys, mode, weight_rounding;
+    std::string model, data, eval_data, output, config_path, metric = "top1", keys, mode, weight_rounding, int4_activations;
     int block_size = 0;
     std::string cache_dir = "./temp_post_training";
     bool use_cache = false;
@@ -48,6 +48,10 @@ Action register_quantize(CLI::App& app) {
   cmd->add_option("--weight-rounding", a->weight_rounding,
                   "4-bit weight-only rounding: rtn (to nearest, default) or gptq (error feedback through the layer "
                   "inputs' Hessian; calibrates on DATA, rtn without it)");
+  cmd->add_option("--int4-activations", a->int4_activations,
+                  "4-bit weight-only: how our runtime multiplies the 4-bit weights: float (default: the activations "
+                  "as they are, exact weights) or int8 (each group of 32 activations rounded to int8 first, as ONNX "
+                  "Runtime's MatMulNBits does by default; faster at batch 1, at that rounding's cost)");
   cmd->add_flag("--is-use-cache-file", a->use_cache,
                 "keep the calibration state in --cache-dir while calibrating (resumes after a crash)");
   cmd->add_option("--cache-dir", a->cache_dir, "directory of the calibration cache")->capture_default_str();
@@ -87,6 +91,7 @@ Action register_quantize(CLI::App& app) {
     if (!a->mode.empty()) config.mode = quant::parse_quant_mode(a->mode);
     if (a->block_size != 0) config.block_size = a->block_size;
     if (!a->weight_rounding.empty()) config.weight_rounding = quant::parse_weight_rounding(a->weight_rounding);
+    if (!a->int4_activations.empty()) config.int4_activations = quant::parse_int4_activations(a->int4_activations);
     apply_ptq_flags(a->ptq, config);  // flags given explicitly override the config file
     const bool uncalibrated = !config.calibrates();  // weight-only or dynamic: no activation ranges
     const bool gptq = config.weight_rounding == quant::WeightRounding::kGptq;  // calibrates (4-bit weight-only)
@@ -155,7 +160,10 @@ Action register_quantize(CLI::App& app) {
                 << "-bit, activations float)";
       if (weight_bits == 4)
         std::cout << "; MatMul/Gemm weights INT4 in blocks of " << (config.block_size ? config.block_size : 32)
-                  << " input features, " << quant::weight_rounding_name(config.weight_rounding) << " rounding";
+                  << " input features, " << quant::weight_rounding_name(config.weight_rounding) << " rounding"
+                  << (config.int4_activations == quant::Int4Activations::kInt8
+                          ? ", multiplied by int8-rounded activations (--int4-activations int8)"
+                          : "");
     } else {
       std::cout << "quantized " << ptq.ptq().layers().size() << " layers (" << config.global().activation << ", "
                 << config.global().weight << ", " << weight_bits << "-bit weights, for "

@@ -44,6 +44,7 @@ QuantConfig PostTrainingQuantization::make_config() const {
   c.mode = parse_quant_mode(options_.mode);
   c.block_size = options_.block_size;
   c.weight_rounding = parse_weight_rounding(options_.weight_rounding);
+  c.int4_activations = parse_int4_activations(options_.int4_activations);
   c.validate();
   return c;
 }

@@ -424,6 +424,9 @@ ir::Graph PTQ::write_weights_only(const ir::Graph& base, const std::optional<std
   if (four_bit) {
     out.metadata["slimquant.block_size"] = std::to_string(block_size);
     out.metadata["slimquant.weight_rounding"] = any_gptq ? "gptq" : "rtn";
+    // Read by the runtime's 4-bit MatMul (runtime/fused_ops/matmul_qb4w.h, kInt4ActivationsKey).
+    if (config_.int4_activations == Int4Activations::kInt8 && !blocked.empty())
+      out.metadata["slimquant.int4_activations"] = "int8";
   }
   return out;
 }

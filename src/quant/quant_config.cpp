@@ -111,6 +111,14 @@ WeightRounding parse_weight_rounding(const std::string& name) {
 
 const char* weight_rounding_name(WeightRounding rounding) { return rounding == WeightRounding::kGptq ? "gptq" : "rtn"; }
 
+Int4Activations parse_int4_activations(const std::string& name) {
+  if (name == "float") return Int4Activations::kFloat;
+  if (name == "int8") return Int4Activations::kInt8;
+  fail(ErrorKind::kInvalidArgument, "int4_activations must be float or int8, got '" + name + "'");
+}
+
+const char* int4_activations_name(Int4Activations a) { return a == Int4Activations::kInt8 ? "int8" : "float"; }
+
 namespace {
 // block_size and weight_rounding gptq belong to weight-only 4-bit weights.
 void check_blocked_weight_settings(const QuantConfig& c) {
@@ -124,6 +132,10 @@ void check_blocked_weight_settings(const QuantConfig& c) {
                                                 "and weight_bits 4 (mode is " + quant_mode_name(c.mode) +
                                                 ", weight_bits " + std::to_string(c.effective_weight_bits()) + ")");
   }
+  if (c.int4_activations == Int4Activations::kInt8 && !four_bit_weight_only)
+    fail(ErrorKind::kInvalidArgument, where + "int4_activations int8 sets how 4-bit weights are multiplied: it needs "
+                                              "mode weight-only and weight_bits 4 (mode is " + quant_mode_name(c.mode) +
+                                              ", weight_bits " + std::to_string(c.effective_weight_bits()) + ")");
   if (c.weight_rounding == WeightRounding::kGptq && !four_bit_weight_only)
     fail(ErrorKind::kInvalidArgument, where + "weight_rounding gptq rounds 4-bit blocked weights: it needs mode "
                                               "weight-only and weight_bits 4 (mode is " + quant_mode_name(c.mode) +
@@ -227,6 +239,7 @@ std::string QuantConfig::fingerprint() const {
   }
   if (block_size != 0) os << "|block:" << block_size;
   if (weight_rounding != WeightRounding::kRtn) os << "|rounding:" << weight_rounding_name(weight_rounding);
+  if (int4_activations != Int4Activations::kFloat) os << "|int4_activations:" << int4_activations_name(int4_activations);
   if (bias_correction) os << "|bias_correction";
   if (channel_wise_conv_inputs) os << "|channel_wise_conv_inputs";
   for (const auto& [op, spec] : custom_specs_) os << "|custom:" << op;
@@ -307,6 +320,7 @@ QuantConfig load_quant_config_yaml(const std::string& path, QuantConfig cfg, std
       else if (key == "mode") cfg.mode = parse_quant_mode(v.as<std::string>());
       else if (key == "block_size") cfg.block_size = v.as<int>();
       else if (key == "weight_rounding") cfg.weight_rounding = parse_weight_rounding(v.as<std::string>());
+      else if (key == "int4_activations") cfg.int4_activations = parse_int4_activations(v.as<std::string>());
       else if (key == "quantizable_op_type") cfg.quantizable_op_type = string_list(v, key);
       else if (key == "is_full_quantize") cfg.is_full_quantize = v.as<bool>();
       else if (key == "bias_correction") cfg.bias_correction = v.as<bool>();

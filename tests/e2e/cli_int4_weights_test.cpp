@@ -74,4 +74,46 @@ TEST(CliQuantize, FourBitBlockedWeightsRunHereAndInOnnxRuntime) {
   }
 }
 
+// --int4-activations int8: recorded in the file's metadata, read by our runtime's 4-bit MatMul
+// (rows of A rounded to int8 per group of 32 where the MatMul has at most 8 rows: vit_small's head);
+// the result moves by that rounding only. Asked for without 4-bit weight-only, or with another
+// value, it is refused.
+TEST(CliQuantize, Int8ActivationsForFourBitWeightsAreRecordedAndRun) {
+  test::TempDir tmp("cli_q_int4_i8");
+  const std::string model = test::fixture_model("vit_small");
+  for (const char* form : {"float", "int8"}) {
+    auto r = test::run_cli("quantize " + model + " --mode weight-only --weight-bits 4 --int4-activations " + form +
+                           " -o " + tmp.path(std::string(form) + ".onnx"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  const ir::Graph g = ir::load_onnx(tmp.path("int8.onnx"));
+  EXPECT_EQ(g.metadata.at("slimquant.int4_activations"), "int8");
+  EXPECT_EQ(ir::load_onnx(tmp.path("float.onnx")).metadata.count("slimquant.int4_activations"), 0u);
+
+  const std::string input = test::source_path("tests/fixtures/models/vit_small.input.npy");
+  Tensor outputs[2];
+  for (int i = 0; i < 2; ++i) {
+    const std::string form = i == 0 ? "float" : "int8";
+    auto run = test::run_cli("run " + tmp.path(form + ".onnx") + " --input input=" + input + " --output-dir " +
+                             tmp.path("out_" + form));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    outputs[i] = read_npy(tmp.path("out_" + form + "/logits.npy"));
+  }
+  ASSERT_EQ(outputs[0].numel(), outputs[1].numel());
+  float worst = 0, range = 0;
+  for (int64_t i = 0; i < outputs[0].numel(); ++i) {
+    worst = std::max(worst, std::abs(outputs[0].data<float>()[i] - outputs[1].data<float>()[i]));
+    range = std::max(range, std::abs(outputs[0].data<float>()[i]));
+  }
+  EXPECT_GT(worst, 0.f) << "the head's activations were not rounded";
+  EXPECT_LT(worst, 1e-2f * range);
+
+  for (const std::string bad : {"--mode weight-only --int4-activations int8",
+                                "--mode weight-only --weight-bits 4 --int4-activations fp16"}) {
+    auto b = test::run_cli("quantize " + model + " " + bad + " -o " + tmp.path("x.onnx"));
+    EXPECT_EQ(b.exit_code, 5) << bad << ": " << b.output;
+    EXPECT_NE(b.output.find("int4_activations"), std::string::npos) << b.output;
+  }
+}
+
 }  // namespace

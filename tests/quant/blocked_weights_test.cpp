@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <random>
 
 #include "quant/int8_test_util.h"
@@ -239,6 +240,19 @@ TEST(BlockedWeights, BadSettingsAreRefusedNamingThem) {
   c.weight_rounding = quant::WeightRounding::kGptq;
   EXPECT_THROW(c.validate(), Error);
   EXPECT_THROW(quant::parse_weight_rounding("awq"), Error);
+
+  // int4_activations int8: 4-bit weight-only only; in YAML; part of the fingerprint.
+  c.weight_rounding = quant::WeightRounding::kRtn;
+  c.mode = quant::QuantMode::kWeightOnly;
+  c.int4_activations = quant::Int4Activations::kInt8;
+  EXPECT_NO_THROW(c.validate());
+  EXPECT_NE(c.fingerprint().find("int4_activations:int8"), std::string::npos) << c.fingerprint();
+  c.weight_bits = 8;
+  EXPECT_THROW(c.validate(), Error);
+  EXPECT_THROW(quant::parse_int4_activations("fp16"), Error);
+  test::TempDir tmp("int4_activations_yaml");
+  std::ofstream(tmp.path("c.yaml")) << "mode: weight-only\nweight_bits: 4\nint4_activations: int8\n";
+  EXPECT_EQ(quant::load_quant_config_yaml(tmp.path("c.yaml")).int4_activations, quant::Int4Activations::kInt8);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // a plain double-precision loop.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -162,6 +163,68 @@ TEST(MatMulQb4w, FusedKernelEqualsDequantizeLinearThenMatMul) {
     SCOPED_TRACE(isa);
     setenv("SLIMQUANT_QB4W_ISA", isa, 1);
     expect_fused_equals_unfused();
+  }
+  unsetenv("SLIMQUANT_QB4W_ISA");
+}
+
+// The same product with A rounded to int8 per group of 32 (s_a = max|a| / 127, to nearest even), in
+// double: what the kernel computes with slimquant.int4_activations = "int8" (ONNX Runtime's
+// MatMulNBits at accuracy level 4).
+std::vector<double> reference_int8_activations(const Case& c, const Built& b, const Tensor& a) {
+  Tensor rounded(DType::kFloat32, a.shape());
+  for (int64_t r = 0; r < c.m; ++r)
+    for (int64_t k0 = 0; k0 < c.k; k0 += 32) {
+      const int64_t k1 = std::min(c.k, k0 + 32);
+      float amax = 0.f;
+      for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(a.data<float>()[r * c.k + k]));
+      const double scale = amax / 127.0;
+      for (int64_t k = k0; k < k1; ++k) {
+        const float x = a.data<float>()[r * c.k + k];
+        rounded.data<float>()[r * c.k + k] =
+            amax > 0.f ? static_cast<float>(std::nearbyint(x * (127.f / amax)) * scale) : 0.f;
+      }
+    }
+  return reference(c, b, rounded);
+}
+
+// slimquant.int4_activations = "int8": the fusion marks the node, the kernel equals the int8
+// reference above on every ISA path (K with partial groups and pairs, every block size, 1-8 rows);
+// more than 8 rows run the exact float path; and the rounding stays near the exact product.
+TEST(MatMulQb4w, Int8ActivationsEqualTheirClosedFormOnEveryPath) {
+  for (const char* isa : {"avx2", "scalar"}) {
+    SCOPED_TRACE(isa);
+    setenv("SLIMQUANT_QB4W_ISA", isa, 1);
+    std::mt19937 rng(5);
+    for (const Case c : {Case{1, 64, 48, 32, false}, Case{1, 100, 33, 32, true}, Case{3, 200, 17, 64, true},
+                         Case{1, 20, 5, 32, false}, Case{8, 515, 19, 128, false}, Case{2, 4096, 64, 32, true},
+                         Case{12, 160, 9, 32, false}}) {
+      SCOPED_TRACE("m " + std::to_string(c.m) + " k " + std::to_string(c.k) + " n " + std::to_string(c.n) +
+                   " block " + std::to_string(c.block));
+      Built built = blocked_matmul(c, rng);
+      built.g.metadata["slimquant.int4_activations"] = "int8";
+      ir::Graph fused_graph = built.g;
+      runtime::apply_execution_fusions(fused_graph, {});
+      ASSERT_EQ(fused_graph.nodes.size(), 1u);
+      EXPECT_EQ(fused_graph.nodes[0].attr_int("int8_activations", 0), 1);
+      const Tensor a = test::random_tensor({c.m, c.k}, rng);
+      runtime::Session session(built.g);
+      const Tensor got = session.run({{"a", a}}).begin()->second;
+      const std::vector<double> exact = reference(c, built, a);
+      const std::vector<double> want = c.m <= 8 ? reference_int8_activations(c, built, a) : exact;
+      double magnitude = 0;
+      for (double v : exact) magnitude = std::max(magnitude, std::abs(v));
+      const double bound = 4e-6 * std::sqrt(static_cast<double>(c.k)) * (magnitude + 1.0);
+      double worst_rounding = 0;
+      for (int64_t i = 0; i < got.numel(); ++i) {
+        EXPECT_NEAR(got.data<float>()[i], want[static_cast<size_t>(i)], bound) << i;
+        worst_rounding = std::max(worst_rounding, std::abs(want[static_cast<size_t>(i)] - exact[static_cast<size_t>(i)]));
+      }
+      // int8 rounding of A moves each product by at most half a step of its group's scale.
+      EXPECT_LT(worst_rounding, 0.02 * (magnitude + 1.0));
+      if (c.m <= 8 && c.k >= 64) {
+        EXPECT_GT(worst_rounding, bound) << "the int8 path must differ from the exact one";
+      }
+    }
   }
   unsetenv("SLIMQUANT_QB4W_ISA");
 }

@@ -56,6 +56,7 @@ struct PostTrainingQuantizationOptions {
   // data source given, and falls back to rtn with a note without one).
   int block_size = 0;
   std::string weight_rounding = "rtn";
+  std::string int4_activations = "float";  // float or int8 (QuantConfig::int4_activations)
   // A model that is already quantized (prequantized.h) is refused with kUnsupported naming its
   // form, unless this is set: then a static QDQ file is dequantized and quantized again.
   bool requantize = false;

@@ -52,6 +52,16 @@ enum class WeightRounding { kRtn, kGptq };
 WeightRounding parse_weight_rounding(const std::string& name);  // rtn | gptq, else kInvalidArgument
 const char* weight_rounding_name(WeightRounding rounding);
 
+// How the runtime multiplies 4-bit weights (`--int4-activations`, YAML `int4_activations`): kFloat
+// multiplies the float activations by the exact weights; kInt8 first rounds each group of 32
+// activations to int8 on its own scale and multiplies in integers (ONNX Runtime's MatMulNBits does
+// this at its default accuracy level 4): about 1.8x faster at batch 1 on AVX2, at the cost of that
+// rounding. Recorded in the export's metadata (slimquant.int4_activations), which our runtime reads;
+// ONNX Runtime applies its own session setting.
+enum class Int4Activations { kFloat, kInt8 };
+Int4Activations parse_int4_activations(const std::string& name);  // float | int8, else kInvalidArgument
+const char* int4_activations_name(Int4Activations a);
+
 struct QuantRule {
   // Activation observer (`algo`). "auto" weighs several (observer.h); PostTrainingQuantization then
   // chooses one per model (algo_choice.h), other flows use the first candidate, emd.
@@ -111,6 +121,7 @@ class QuantConfig {
   // "4-bit weights"). Other bits and modes refuse a block size.
   int block_size = 0;
   WeightRounding weight_rounding = WeightRounding::kRtn;
+  Int4Activations int4_activations = Int4Activations::kFloat;  // 4-bit weight-only only
   // PaddleSlim's `bias_correction`: after rounding, each weight channel's dequantized values are
   // shifted and scaled so that their mean and standard deviation equal the float channel's, then
   // rounded again on the same grid (removes the systematic part of the rounding error; data-free).

@@ -81,6 +81,8 @@ void fold_qb4w(ir::Rewriter& rw, const Qb4wMatMul& m) {
   fused_ops::MatMulQb4wAttrs attrs;
   attrs.block_size = dq.attr_int("block_size", 0);
   attrs.weight_transposed = m.axis == 1;
+  const auto compute = rw.graph().metadata.find(fused_ops::kInt4ActivationsKey);
+  attrs.int8_activations = compute != rw.graph().metadata.end() && compute->second == "int8";
   attrs.write(fused);
   rw.replace(m.reader, std::move(fused));
   rw.remove(m.dequantize);
