@@ -189,6 +189,13 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
     runners.push_back(std::move(r));
   }
   std::vector<std::string> wanted(wanted_set.begin(), wanted_set.end());
+  // For the streamed batches (below): which runners read each value, and the values to observe.
+  std::map<std::string, std::vector<size_t>> readers;  // value -> indices into runners
+  for (size_t ri = 0; ri < runners.size(); ++ri)
+    for (const auto& f : runners[ri].feeds) readers[f].push_back(ri);
+  std::vector<std::string> observed;
+  for (const auto& [name, users] : readers)
+    if (std::find(graph_inputs.begin(), graph_inputs.end(), name) == graph_inputs.end()) observed.push_back(name);
   std::unique_ptr<runtime::Session> ref_session;
   if (reference && metric.needs_reference()) ref_session = std::make_unique<runtime::Session>(*reference, so);
 
@@ -238,26 +245,101 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
                       std::to_string(total));
     if (!idle) {
       data::Batch batch = loader.batch(bi);
-      runtime::RunOptions ro;
-      ro.outputs = wanted;
       const std::map<std::string, Tensor> feeds = batch.feeds(input);
-      std::map<std::string, Tensor> values = wanted.empty() ? std::map<std::string, Tensor>() : base_session.run(feeds, ro);
-      values.insert(feeds.begin(), feeds.end());
-      Tensor ref;
-      if (metric.needs_reference())
-        ref = ref_session ? ref_session->run(batch.feeds(data::main_input_name(ref_session->input_names(), data)))
-                                .at(ref_session->outputs().at(0).name)
-                          : values.at(output);
-      if (score_base) base_metric->update(values.at(output), {batch.labels, batch.texts}, ref);
-      progress.advance();
-      for (Runner& r : runners) {
-        std::map<std::string, Tensor> feeds;
-        for (const auto& f : r.feeds) feeds[f] = values.at(f);
+      auto run_variant = [&](Runner& r, const std::map<std::string, Tensor>& values, const Tensor& ref) {
+        std::map<std::string, Tensor> runner_feeds;
+        for (const auto& f : r.feeds) runner_feeds[f] = values.at(f);
         runtime::RunOptions vo;
         vo.outputs = {r.output};
-        Tensor out = r.session->run(feeds, vo).at(r.output);
+        Tensor out = r.session->run(runner_feeds, vo).at(r.output);
         metrics[r.variant]->update(out, {batch.labels, batch.texts}, ref);
         progress.advance();
+      };
+      // The reference first: the reference model's output, or the base model's own from a run of
+      // its own (one base run more per batch, about 1 / layers of the sweep), which also teaches the
+      // session a batch size it has not run yet. That run observes the same values as the streamed
+      // one below without a hook: the same plan, so the same output to the bit (a plan that lets the
+      // boundary values fuse away rounds differently, and a QDQ model's rounding then flips).
+      Tensor ref, base_out;
+      if (metric.needs_reference() && ref_session) {
+        ref = ref_session->run(batch.feeds(data::main_input_name(ref_session->input_names(), data)))
+                  .at(ref_session->outputs().at(0).name);
+      }
+      if (own_reference || !base_session.runs_whole(feeds)) {
+        runtime::RunOptions ro;
+        ro.outputs = {output};
+        ro.observe = observed;
+        base_out = base_session.run(feeds, ro).at(output);
+        if (own_reference) ref = base_out;
+      }
+      if (base_session.runs_whole(feeds)) {
+        // Streamed: each layer's model runs as soon as the base run has produced the values it reads
+        // (inside the base run's value hook), and those values are let go once their last reader
+        // has run. Holding every layer's boundary values until the base run ends took 7.26 GB for
+        // one 1024x1024 image of a 119-convolution U-Net, four times one FP32 inference.
+        std::map<std::string, Tensor> held;
+        std::vector<size_t> missing(runners.size());
+        for (size_t ri = 0; ri < runners.size(); ++ri) missing[ri] = runners[ri].feeds.size();
+        std::map<std::string, size_t> readers_left;
+        for (const auto& [name, users] : readers) readers_left[name] = users.size();
+        std::vector<bool> done(runners.size(), false);
+        auto run_ready = [&](const std::vector<size_t>& ready) {
+          for (size_t ri : ready) {
+            run_variant(runners[ri], held, ref);
+            done[ri] = true;
+            for (const auto& f : runners[ri].feeds)
+              if (--readers_left[f] == 0) held.erase(f);
+          }
+        };
+        auto arrive = [&](const std::string& name, const Tensor& value) {
+          const auto it = readers.find(name);
+          if (it == readers.end() || held.count(name)) return;
+          // The buffer stays the value's while a handle is held: pools reuse only buffers nobody
+          // else holds, and kernels overwrite an input in place only when nobody else holds it.
+          held[name] = value;
+          std::vector<size_t> ready;
+          for (size_t ri : it->second)
+            if (--missing[ri] == 0) ready.push_back(ri);
+          run_ready(ready);
+        };
+        runtime::RunOptions ro;
+        ro.outputs = {output};
+        ro.observe = observed;
+        ro.on_value = arrive;
+        std::map<std::string, Tensor> result = base_session.run(feeds, ro);
+        if (!base_out.defined()) base_out = result.at(output);
+        // A layer whose values the hook did not show (a sequence): from a plain run of the base.
+        std::vector<size_t> left;
+        std::set<std::string> left_feeds;
+        for (size_t ri = 0; ri < runners.size(); ++ri)
+          if (!done[ri]) {
+            left.push_back(ri);
+            for (const auto& f : runners[ri].feeds)
+              if (!held.count(f)) left_feeds.insert(f);
+          }
+        if (!left.empty()) {
+          runtime::RunOptions lo;
+          for (const auto& f : left_feeds)
+            if (feeds.count(f)) held[f] = feeds.at(f);
+            else lo.outputs.push_back(f);
+          if (!lo.outputs.empty())
+            for (auto& [name, value] : base_session.run(feeds, lo)) held[name] = std::move(value);
+          for (size_t ri : left) run_variant(runners[ri], held, ref);
+        }
+        if (score_base) base_metric->update(base_out, {batch.labels, batch.texts}, ref);
+        progress.advance();
+      } else {
+        // A batch the base model runs in parts: the hook would see each part's values apart, so the
+        // layers' boundary values are taken whole from the run's outputs.
+        runtime::RunOptions ro;
+        ro.outputs = wanted;
+        std::map<std::string, Tensor> values =
+            wanted.empty() ? std::map<std::string, Tensor>() : base_session.run(feeds, ro);
+        values.insert(feeds.begin(), feeds.end());
+        if (!base_out.defined()) base_out = values.at(output);
+        if (score_base) base_metric->update(base_out, {batch.labels, batch.texts}, ref);
+        progress.advance();
+        for (Runner& r : runners) run_variant(r, values, ref);
       }
     } else {
       progress.advance(runs_per_batch);

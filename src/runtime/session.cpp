@@ -501,6 +501,13 @@ std::map<std::string, Tensor> join_rows(const std::vector<std::map<std::string, 
   return joined;
 }
 
+bool Session::runs_whole(const std::map<std::string, Tensor>& feeds) const {
+  const int64_t batch = options_.split_batches ? shared_batch(graph_, feeds, input_axes_) : -1;
+  if (batch <= 1) return true;
+  if (batch_limit_ > 0) return batch <= batch_limit_;
+  return batches_taken_.count(batch) > 0;
+}
+
 std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& feeds, const RunOptions& options) {
   const int64_t batch = options_.split_batches ? shared_batch(graph_, feeds, input_axes_) : -1;
   if (batch <= 1) return run_whole(feeds, options);

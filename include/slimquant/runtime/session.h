@@ -138,6 +138,10 @@ class Session {
   void release_plans();
   // The most samples one run of the model takes (see run), or 0 while none is known.
   int64_t batch_limit() const { return batch_limit_; }
+  // Whether run(feeds) is known to take the batch whole, in one pass of a plan, so that a hook sees
+  // every value once: a batch of one sample, or a size run whole before and within any limit
+  // learned since. false also while it is not known (a size not run yet).
+  bool runs_whole(const std::map<std::string, Tensor>& feeds) const;
 
  private:
   std::map<std::string, Tensor> run_whole(const std::map<std::string, Tensor>& feeds, const RunOptions& options);
