@@ -340,31 +340,29 @@ RecurrentAttrs parse_attrs(const ir::Node& node, Cell cell) {
 
 // ---- GEMM --------------------------------------------------------------------------------------
 
-// C [m, n] (row stride ldc) = A [m, k] (row stride lda) · B^T, with B stored as [n, k] (row
-// stride ldb): the layout of W and R, which therefore need no reordering.
-void gemm_abt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-              int64_t ldc, const ir::Node& node) {
+// C [m, n] (row stride ldc) = A [m, k] (row stride lda) · op(B): B^T with B stored as [n, k] (the
+// layout of W as stored, which needs no reordering), or B stored as [k, n] (R^T, see below); row
+// stride ldb either way.
+enum class BLayout : char { kTransposed = 'T', kPlain = 'N' };
+void gemm(BLayout b_layout, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+          float* c, int64_t ldc, const ir::Node& node) {
   if (m == 0 || n == 0) return;
   if (k == 0) {
     for (int64_t i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, 0.f);
     return;
   }
-  const dnnl_status_t st = dnnl_sgemm('N', 'T', m, n, k, 1.f, a, lda, b, ldb, 0.f, c, ldc);
+  const dnnl_status_t st =
+      dnnl_sgemm('N', static_cast<char>(b_layout), m, n, k, 1.f, a, lda, b, ldb, 0.f, c, ldc);
   SQ_CHECK(st == dnnl_success, ErrorKind::kInternal,
            node.describe() + ": oneDNN sgemm failed (status " + std::to_string(static_cast<int>(st)) + ")");
 }
-
-// C [m, n] (row stride ldc) = A [m, k] · B, B stored as [k, n] (row stride ldb).
+void gemm_abt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
+              int64_t ldc, const ir::Node& node) {
+  gemm(BLayout::kTransposed, m, n, k, a, lda, b, ldb, c, ldc, node);
+}
 void gemm_ab(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
              int64_t ldc, const ir::Node& node) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    for (int64_t i = 0; i < m; ++i) std::fill_n(c + i * ldc, n, 0.f);
-    return;
-  }
-  const dnnl_status_t st = dnnl_sgemm('N', 'N', m, n, k, 1.f, a, lda, b, ldb, 0.f, c, ldc);
-  SQ_CHECK(st == dnnl_success, ErrorKind::kInternal,
-           node.describe() + ": oneDNN sgemm failed (status " + std::to_string(static_cast<int>(st)) + ")");
+  gemm(BLayout::kPlain, m, n, k, a, lda, b, ldb, c, ldc, node);
 }
 
 // R [dirs, gates*H, H] transposed per direction to [dirs, H, gates*H], the layout in which the
