@@ -20,7 +20,8 @@ namespace slimquant::cli {
 Action register_quantize(CLI::App& app) {
   auto* cmd = app.add_subcommand("quantize", "post-training quantization to a QDQ ONNX model");
   struct Args {
-    std::string model, data, eval_data, output, config_path, metric = "top1", keys, mode, weight_rounding, int4_activations;
+    std::string model, data, eval_data, output, config_path, metric = "top1", keys, mode, weight_rounding;
+    std::string int4_activations;
     int block_size = 0;
     std::string cache_dir = "./temp_post_training";
     bool use_cache = false;

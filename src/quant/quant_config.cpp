@@ -239,7 +239,8 @@ std::string QuantConfig::fingerprint() const {
   }
   if (block_size != 0) os << "|block:" << block_size;
   if (weight_rounding != WeightRounding::kRtn) os << "|rounding:" << weight_rounding_name(weight_rounding);
-  if (int4_activations != Int4Activations::kFloat) os << "|int4_activations:" << int4_activations_name(int4_activations);
+  if (int4_activations != Int4Activations::kFloat)
+    os << "|int4_activations:" << int4_activations_name(int4_activations);
   if (bias_correction) os << "|bias_correction";
   if (channel_wise_conv_inputs) os << "|channel_wise_conv_inputs";
   for (const auto& [op, spec] : custom_specs_) os << "|custom:" << op;

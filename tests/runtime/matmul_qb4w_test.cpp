@@ -217,7 +217,8 @@ TEST(MatMulQb4w, Int8ActivationsEqualTheirClosedFormOnEveryPath) {
       double worst_rounding = 0;
       for (int64_t i = 0; i < got.numel(); ++i) {
         EXPECT_NEAR(got.data<float>()[i], want[static_cast<size_t>(i)], bound) << i;
-        worst_rounding = std::max(worst_rounding, std::abs(want[static_cast<size_t>(i)] - exact[static_cast<size_t>(i)]));
+        const size_t at = static_cast<size_t>(i);
+        worst_rounding = std::max(worst_rounding, std::abs(want[at] - exact[at]));
       }
       // int8 rounding of A moves each product by at most half a step of its group's scale.
       EXPECT_LT(worst_rounding, 0.02 * (magnitude + 1.0));

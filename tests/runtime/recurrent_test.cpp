@@ -181,7 +181,9 @@ void check_bidirectional_lengths(const std::string& op, bool linear_before_reset
 }
 
 TEST(Recurrent, LstmBidirectionalWithSequenceLengths) { check_bidirectional_lengths("LSTM", false); }
-TEST(Recurrent, LstmWithoutPeepholesBidirectionalWithSequenceLengths) { check_bidirectional_lengths("LSTM", false, false); }
+TEST(Recurrent, LstmWithoutPeepholesBidirectionalWithSequenceLengths) {
+  check_bidirectional_lengths("LSTM", false, false);
+}
 TEST(Recurrent, GruBidirectionalWithSequenceLengths) { check_bidirectional_lengths("GRU", false); }
 TEST(Recurrent, GruLinearBeforeResetBidirectionalWithSequenceLengths) { check_bidirectional_lengths("GRU", true); }
 TEST(Recurrent, RnnBidirectionalWithSequenceLengths) { check_bidirectional_lengths("RNN", false); }

@@ -374,7 +374,8 @@ std::vector<float> transpose_recurrent_weights(const Tensor& r) {
   const float* src = r.data<float>();
   for (int64_t d = 0; d < dirs; ++d)
     for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) out[static_cast<size_t>((d * cols + j) * rows + i)] = src[(d * rows + i) * cols + j];
+      for (int64_t j = 0; j < cols; ++j)
+        out[static_cast<size_t>((d * cols + j) * rows + i)] = src[(d * rows + i) * cols + j];
   return out;
 }
 
@@ -626,7 +627,8 @@ class RecurrentKernel final : public Kernel {
                               reset_h.data() + b * H, H);
       gemm_ab(d.batch, H, H, reset_h.data(), H, r + 2 * H, GH, gates.data() + 2 * H, GH, node_);
       for (int64_t b = 0; b < d.batch; ++b)
-        if (active(b)) gru_update_default_row(gates.data() + b * GH, x_gates(b), bias.data(), clip, h.data() + b * H, H);
+        if (active(b))
+          gru_update_default_row(gates.data() + b * GH, x_gates(b), bias.data(), clip, h.data() + b * H, H);
       return;
     }
     for (int64_t b = 0; b < d.batch; ++b) {
