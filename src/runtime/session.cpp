@@ -501,15 +501,19 @@ std::map<std::string, Tensor> join_rows(const std::vector<std::map<std::string, 
   return joined;
 }
 
+int64_t Session::splittable_batch(const std::map<std::string, Tensor>& feeds) const {
+  return options_.split_batches ? shared_batch(graph_, feeds, input_axes_) : -1;
+}
+
 bool Session::runs_whole(const std::map<std::string, Tensor>& feeds) const {
-  const int64_t batch = options_.split_batches ? shared_batch(graph_, feeds, input_axes_) : -1;
+  const int64_t batch = splittable_batch(feeds);
   if (batch <= 1) return true;
   if (batch_limit_ > 0) return batch <= batch_limit_;
   return batches_taken_.count(batch) > 0;
 }
 
 std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& feeds, const RunOptions& options) {
-  const int64_t batch = options_.split_batches ? shared_batch(graph_, feeds, input_axes_) : -1;
+  const int64_t batch = splittable_batch(feeds);
   if (batch <= 1) return run_whole(feeds, options);
   if (batch_limit_ == 0) {
     const int64_t declared = declared_batch(graph_, feeds);

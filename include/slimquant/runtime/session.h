@@ -152,6 +152,8 @@ class Session {
   // The parts' outputs as one batch, each output joined along its batch axis.
   std::map<std::string, Tensor> join_parts(const std::vector<std::map<std::string, Tensor>>& parts,
                                            const std::map<std::string, Tensor>& feeds, int64_t batch, int64_t part) const;
+  // The feeds' shared batch when the session may split it (split_batches), else -1.
+  int64_t splittable_batch(const std::map<std::string, Tensor>& feeds) const;
   // Whether the model takes a batch of `batch` (tried once per size, without hooks).
   bool takes_batch(const std::map<std::string, Tensor>& feeds, const RunOptions& options, int64_t batch);
   void limit_batch(int64_t limit, const std::string& why);

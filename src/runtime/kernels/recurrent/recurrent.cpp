@@ -356,14 +356,6 @@ void gemm(BLayout b_layout, int64_t m, int64_t n, int64_t k, const float* a, int
   SQ_CHECK(st == dnnl_success, ErrorKind::kInternal,
            node.describe() + ": oneDNN sgemm failed (status " + std::to_string(static_cast<int>(st)) + ")");
 }
-void gemm_abt(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-              int64_t ldc, const ir::Node& node) {
-  gemm(BLayout::kTransposed, m, n, k, a, lda, b, ldb, c, ldc, node);
-}
-void gemm_ab(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-             int64_t ldc, const ir::Node& node) {
-  gemm(BLayout::kPlain, m, n, k, a, lda, b, ldb, c, ldc, node);
-}
 
 // R [dirs, gates*H, H] transposed per direction to [dirs, H, gates*H], the layout in which the
 // per-step GEMMs run as A · B: oneDNN's sgemm of [batch, H] by [H, gates*H] took 26% less time at
@@ -414,7 +406,8 @@ class RecurrentKernel final : public Kernel {
     const int64_t proj_width = d.dirs * d.gate_width();
     // (Not zero-filled: the GEMM writes every value.)
     const auto x_proj = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(d.seq * d.batch * proj_width));
-    gemm_abt(d.seq * d.batch, proj_width, d.input, x, d.input, w, d.input, x_proj.get(), proj_width, node_);
+    gemm(BLayout::kTransposed, d.seq * d.batch, proj_width, d.input, x, d.input, w, d.input, x_proj.get(), proj_width,
+         node_);
 
     std::vector<float> runtime_r_t;
     if (constant_r_t_.empty()) runtime_r_t = transpose_recurrent_weights(ctx.input(kR));
@@ -593,7 +586,7 @@ class RecurrentKernel final : public Kernel {
   void rnn_step(const Dims& d, const std::vector<Activation>& act, const float* r, const std::vector<float>& bias,
                 const XGates& x_gates, const Active& active, std::vector<float>& h, std::vector<float>& gates) const {
     const int64_t H = d.hidden;
-    gemm_ab(d.batch, H, H, h.data(), H, r, H, gates.data(), H, node_);
+    gemm(BLayout::kPlain, d.batch, H, H, h.data(), H, r, H, gates.data(), H, node_);
     for (int64_t b = 0; b < d.batch; ++b) {
       if (!active(b)) continue;
       float* g = gates.data() + b * H;
@@ -611,7 +604,7 @@ class RecurrentKernel final : public Kernel {
     const int64_t H = d.hidden, GH = d.gate_width();
     // z and r; under linear_before_reset the candidate's H_{t-1} Rh^T comes from the same GEMM.
     const int64_t first_gemm_cols = attrs_.linear_before_reset ? GH : 2 * H;
-    gemm_ab(d.batch, first_gemm_cols, H, h.data(), H, r, GH, gates.data(), GH, node_);
+    gemm(BLayout::kPlain, d.batch, first_gemm_cols, H, h.data(), H, r, GH, gates.data(), GH, node_);
     if (attrs_.default_functions) {
       const float clip = attrs_.clip_or_inf();
       if (attrs_.linear_before_reset) {
@@ -625,7 +618,7 @@ class RecurrentKernel final : public Kernel {
       for (int64_t b = 0; b < d.batch; ++b)
         gru_gates_default_row(gates.data() + b * GH, x_gates(b), bias.data(), clip, h.data() + b * H,
                               reset_h.data() + b * H, H);
-      gemm_ab(d.batch, H, H, reset_h.data(), H, r + 2 * H, GH, gates.data() + 2 * H, GH, node_);
+      gemm(BLayout::kPlain, d.batch, H, H, reset_h.data(), H, r + 2 * H, GH, gates.data() + 2 * H, GH, node_);
       for (int64_t b = 0; b < d.batch; ++b)
         if (active(b))
           gru_update_default_row(gates.data() + b * GH, x_gates(b), bias.data(), clip, h.data() + b * H, H);
@@ -646,7 +639,7 @@ class RecurrentKernel final : public Kernel {
       }
     }
     if (!attrs_.linear_before_reset)
-      gemm_ab(d.batch, H, H, reset_h.data(), H, r + 2 * H, GH, gates.data() + 2 * H, GH, node_);
+      gemm(BLayout::kPlain, d.batch, H, H, reset_h.data(), H, r + 2 * H, GH, gates.data() + 2 * H, GH, node_);
     for (int64_t b = 0; b < d.batch; ++b) {
       if (!active(b)) continue;
       float* g = gates.data() + b * GH;
@@ -668,7 +661,7 @@ class RecurrentKernel final : public Kernel {
                  const float* peep, const XGates& x_gates, const Active& active, std::vector<float>& h,
                  std::vector<float>& c, std::vector<float>& gates, std::vector<float>& cell_out) const {
     const int64_t H = d.hidden, GH = d.gate_width();
-    gemm_ab(d.batch, GH, H, h.data(), H, r, GH, gates.data(), GH, node_);
+    gemm(BLayout::kPlain, d.batch, GH, H, h.data(), H, r, GH, gates.data(), GH, node_);
     if (attrs_.default_functions && peep == nullptr) {
       const float clip = attrs_.clip_or_inf();
       for (int64_t b = 0; b < d.batch; ++b)
