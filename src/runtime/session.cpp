@@ -54,7 +54,7 @@ void print_profile(const std::vector<plan::Step>& steps, size_t timed_runs) {
 class Plan {
  public:
   Plan(const ir::Graph& base, const std::map<std::string, Tensor>& feeds, const std::vector<std::string>& wanted,
-       const std::vector<std::string>& observed, const SessionOptions& options)
+       const std::vector<std::string>& observed, bool observed_plain, const SessionOptions& options)
       : graph_(base), wanted_(wanted) {
     std::set<std::string> fed;
     for (const auto& [name, t] : feeds) fed.insert(name);
@@ -67,7 +67,10 @@ class Plan {
     steps_ = plan::create_steps(graph_, plan::nodes_to_run(graph_, fed, wanted, observed), slots_);
     const std::unordered_set<int> pinned = pinned_slots();
     plan::schedule_releases(steps_, slots_.size(), pinned);
-    plan::plan_layouts(steps_, slots_.size(), pinned, options.blocked_layouts);
+    std::unordered_set<int> plain = pinned;  // constants and outputs
+    if (observed_plain)
+      for (const auto& o : observed) plain.insert(slots_.slot_of(o));
+    plan::plan_layouts(steps_, slots_.size(), plain, options.blocked_layouts);
     for (const auto& w : wanted_) wanted_slots_.push_back(slots_.slot_of(w));
     slot_names_ = slots_.names();
   }
@@ -268,7 +271,7 @@ void check_feeds(const ir::Graph& graph, const std::map<std::string, Tensor>& fe
 
 // What a compiled plan depends on: feed names, dtypes and shapes, wanted and observed values.
 std::string plan_key(const std::map<std::string, Tensor>& feeds, const std::vector<std::string>& wanted,
-                     const std::vector<std::string>& observed) {
+                     const std::vector<std::string>& observed, bool observed_plain) {
   std::ostringstream key;
   for (const auto& [name, t] : feeds)
     key << name << ':' << static_cast<int>(t.dtype()) << (t.is_sequence() ? "seq" : shape_str(t.shape())) << ';';
@@ -276,6 +279,7 @@ std::string plan_key(const std::map<std::string, Tensor>& feeds, const std::vect
   for (const auto& w : wanted) key << w << ';';
   key << '|';
   for (const auto& o : observed) key << o << ';';
+  if (observed_plain) key << "|plain";
   return key.str();
 }
 
@@ -553,13 +557,13 @@ std::map<std::string, Tensor> Session::run_whole(const std::map<std::string, Ten
   if (wanted.empty())
     for (const auto& o : graph_.outputs) wanted.push_back(o.name);
   check_feeds(graph_, feeds);
-  const std::string key = plan_key(feeds, wanted, options.observe);
+  const std::string key = plan_key(feeds, wanted, options.observe, options.observed_plain);
 
   auto it = std::find_if(plans_.begin(), plans_.end(), [&](const auto& e) { return e->key == key; });
   if (it == plans_.end()) {
     auto entry = std::make_unique<PlanEntry>();
     entry->key = key;
-    entry->plan = std::make_unique<Plan>(graph_, feeds, wanted, options.observe, options_);
+    entry->plan = std::make_unique<Plan>(graph_, feeds, wanted, options.observe, options.observed_plain, options_);
     entry->pool = options_.buffer_pool ? options_.buffer_pool
                   : plans_.empty() ? std::make_shared<BufferPool>() : plans_.back()->pool;
     if (plans_.size() >= options_.max_cached_plans) plans_.erase(plans_.begin());

@@ -88,8 +88,8 @@ void schedule_releases(std::vector<Step>& steps, size_t slot_count, const std::u
 const KernelLayouts& declared_layouts(const ir::Node& node);
 // Whether an aware kernel reads input position `input` in any layout.
 bool aware_input(const ir::Node& node, size_t input);
-// Sets each step's role, blocked_outputs and donate_addend. Pinned slots stay plain.
-void plan_layouts(std::vector<Step>& steps, size_t slot_count, const std::unordered_set<int>& pinned,
+// Sets each step's role, blocked_outputs and donate_addend. The `plain` slots stay plain.
+void plan_layouts(std::vector<Step>& steps, size_t slot_count, const std::unordered_set<int>& plain,
                   bool blocked_layouts);
 // True when a blocked layout only permutes each sample's elements (see Plan::run's hooks).
 bool samples_stay_contiguous(const Layout& layout);

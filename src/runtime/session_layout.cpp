@@ -52,10 +52,10 @@ bool may_pass_through(const ir::Node& n) {
 // where blocked is accepted, not returned. A passthrough step accepts blocked inputs only when its
 // output may stay blocked, so walk the steps backwards (readers come after writers). Hooks get
 // plain copies (see Plan::run).
-void mark_blocked_outputs(std::vector<Step>& steps, size_t slot_count, const std::unordered_set<int>& pinned,
+void mark_blocked_outputs(std::vector<Step>& steps, size_t slot_count, const std::unordered_set<int>& plain,
                           bool blocked_layouts) {
   std::vector<bool> plain_only(slot_count, false);
-  for (int p : pinned) plain_only[p] = true;
+  for (int p : plain) plain_only[p] = true;
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
     Step& step = *it;
     step.role = blocked_layouts ? declared_layouts(*step.node).role : LayoutRole::kPlain;
@@ -119,9 +119,9 @@ LayoutPtr common_layout(const Step& step, const SlotValues& slots) {
 
 }  // namespace
 
-void plan_layouts(std::vector<Step>& steps, size_t slot_count, const std::unordered_set<int>& pinned,
+void plan_layouts(std::vector<Step>& steps, size_t slot_count, const std::unordered_set<int>& plain,
                   bool blocked_layouts) {
-  mark_blocked_outputs(steps, slot_count, pinned, blocked_layouts);
+  mark_blocked_outputs(steps, slot_count, plain, blocked_layouts);
   mark_addend_donations(steps, slot_count);
 }
 

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <set>
 
+#include "runtime/kernels/dnnl/dnnl_common.h"
 #include "slimquant/core/npy.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/ir/passes.h"
@@ -192,6 +195,80 @@ TEST(Session, ObservingInAnyLayoutGivesEachSamplePermuted) {
     }
   }
   EXPECT_GT(permuted, 0) << "no blocked value was handed over as is";
+}
+
+// observed_plain: a hook that keeps values is shown each value itself (the run's own buffer, also
+// held by the pool), not a plain copy beside a blocked original; what the hook keeps stays intact
+// after the run. The values equal those of the blocked plan up to float rounding: oneDNN picks
+// another convolution implementation for a plain destination, which sums in another order.
+TEST(Session, ObservedPlainShowsTheRunsOwnBuffers) {
+  runtime::Session session(ir::load_onnx(test::fixture_model("resnet_small")));
+  std::vector<std::string> convs;
+  for (const auto& n : session.graph().nodes)
+    if (n.op_type == "Conv") convs.push_back(n.outputs[0]);
+  ASSERT_GT(convs.size(), 4u);
+  struct Seen {
+    std::map<std::string, Tensor> kept, copies;
+    int own_buffers = 0;
+  };
+  auto collect = [&](bool observed_plain, Seen& seen) {
+    runtime::RunOptions o;
+    o.observe = convs;
+    o.observed_plain = observed_plain;
+    o.on_value = [&](const std::string& name, const Tensor& t) {
+      if (std::find(convs.begin(), convs.end(), name) == convs.end()) return;
+      // A plain copy made for the hook is held by nobody else; the run's own buffer also by its pool.
+      seen.own_buffers += t.storage().use_count() > 1;
+      seen.kept[name] = t;
+      seen.copies[name] = t.clone();
+    };
+    return session.run({{"input", fixture_input()}}, o).at("logits");
+  };
+  Seen copied, own;
+  const Tensor out_copied = collect(false, copied).clone();
+  const Tensor out_own = collect(true, own).clone();
+  EXPECT_LT(copied.own_buffers, static_cast<int>(convs.size())) << "no blocked value: the test shows nothing";
+  EXPECT_EQ(own.own_buffers, static_cast<int>(convs.size()));
+  auto rounding = [](const Tensor& t) {
+    float range = 0.f;
+    for (int64_t i = 0; i < t.numel(); ++i) range = std::max(range, std::abs(t.data<float>()[i]));
+    return 1e-5f * range;
+  };
+  EXPECT_LE(max_abs_diff(out_own, out_copied), rounding(out_copied));
+  for (const auto& name : convs) {
+    EXPECT_LE(max_abs_diff(own.kept.at(name), copied.copies.at(name)), rounding(copied.copies.at(name))) << name;
+    EXPECT_EQ(max_abs_diff(own.kept.at(name), own.copies.at(name)), 0.f) << name << " changed after the hook";
+  }
+}
+
+// Sessions over the same weights share their packed copies (a layer sweep builds one session per
+// layer over one model); other weights are packed apart; packings go with their last session.
+TEST(Session, SessionsOverTheSameWeightsShareTheirPackedWeights) {
+  using runtime::dnnl_kernels::shared_packing_stats;
+  const auto before = shared_packing_stats();
+  const ir::Graph graph = ir::load_onnx(test::fixture_model("resnet_small"));
+  auto first = std::make_unique<runtime::Session>(graph);
+  const Tensor out_first = first->run_single(fixture_input()).clone();
+  const auto one = shared_packing_stats();
+  ASSERT_GT(one.count, before.count);
+  auto second = std::make_unique<runtime::Session>(graph);
+  EXPECT_EQ(max_abs_diff(second->run_single(fixture_input()), out_first), 0.f);
+  EXPECT_EQ(shared_packing_stats().count, one.count);
+  EXPECT_EQ(shared_packing_stats().bytes, one.bytes);
+  // The same graph with one convolution's weights doubled: that convolution is packed again.
+  ir::Graph changed = graph;
+  const auto conv = std::find_if(changed.nodes.begin(), changed.nodes.end(), [](const ir::Node& n) { return n.op_type == "Conv"; });
+  ASSERT_NE(conv, changed.nodes.end());
+  Tensor w = changed.initializers.at(conv->inputs[1]).clone();
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] *= 2.f;
+  changed.initializers[conv->inputs[1]] = w;
+  auto third = std::make_unique<runtime::Session>(changed);
+  EXPECT_GT(max_abs_diff(third->run_single(fixture_input()), out_first), 0.f);
+  EXPECT_GT(shared_packing_stats().count, one.count);
+  first.reset();
+  second.reset();
+  third.reset();
+  EXPECT_EQ(shared_packing_stats().count, before.count);
 }
 
 TEST(Session, DownstreamRunFromFedIntermediateMatchesFullRun) {

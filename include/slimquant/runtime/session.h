@@ -61,6 +61,13 @@ struct RunOptions {
   // order. Only for observers that depend on each sample's multiset of values, such as every
   // calibration observer; values whose layout would mix samples or pad still arrive plain.
   bool observe_in_any_layout = false;
+  // The observed values are stored in the plain layout, so that on_value is shown each value itself
+  // rather than a plain copy of a blocked one. For a hook that keeps values after it returns (the
+  // streamed layer sweep holds them for later runs): a copy would sit beside the blocked original
+  // the run still holds, twice the memory. Costs the blocked layout's speed at those values, and
+  // values can differ from the blocked plan's by float rounding (oneDNN sums a plain destination in
+  // another order).
+  bool observed_plain = false;
 };
 
 // Where the samples of a batch lie in each tensor: the axis of its batch, 0 for [batch, ...], 1 for

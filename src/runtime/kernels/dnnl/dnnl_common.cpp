@@ -3,6 +3,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <unordered_map>
 
 namespace slimquant::runtime::dnnl_kernels {
 
@@ -218,18 +222,79 @@ void PackedWeights::set_source(Tensor owner, const memory::desc& user_desc) {
   packed_.clear();
 }
 
+struct SharedPacking {
+  Tensor source;  // the bytes packed (kept: a later request compares its own with them)
+  memory::desc user, want;
+  memory packed;
+};
+
+namespace {
+
+// The packings in use, by a hash of their source bytes. Entries expire with their last user; the
+// source bytes are compared in full before one is shared, so equal hashes of different weights
+// (or the same address reused for other weights) cannot mix.
+class PackingRegistry {
+ public:
+  std::shared_ptr<const SharedPacking> find_or_pack(const Tensor& source, const memory::desc& user,
+                                                    const memory::desc& want) {
+    const std::string_view bytes(static_cast<const char*>(source.raw()), source.nbytes());
+    const size_t key = std::hash<std::string_view>{}(bytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto [first, last] = entries_.equal_range(key);
+    for (auto it = first; it != last;) {
+      std::shared_ptr<const SharedPacking> p = it->second.lock();
+      if (!p) {
+        it = entries_.erase(it);
+        continue;
+      }
+      if (p->user == user && p->want == want && p->source.nbytes() == source.nbytes() &&
+          std::memcmp(p->source.raw(), source.raw(), source.nbytes()) == 0)
+        return p;
+      ++it;
+    }
+    auto p = std::make_shared<SharedPacking>(SharedPacking{source, user, want, memory(want, dnnl_engine())});
+    memory from = wrap(user, source.raw());
+    dnnl::reorder(from, p->packed).execute(dnnl_stream(), from, p->packed);
+    dnnl_stream().wait();
+    if (++inserts_ % 256 == 0) std::erase_if(entries_, [](const auto& e) { return e.second.expired(); });
+    entries_.emplace(key, p);
+    return p;
+  }
+
+  SharedPackingStats stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    SharedPackingStats s;
+    for (const auto& [key, weak] : entries_)
+      if (std::shared_ptr<const SharedPacking> p = weak.lock()) {
+        ++s.count;
+        s.bytes += p->want.get_size();
+      }
+    return s;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_multimap<size_t, std::weak_ptr<const SharedPacking>> entries_;
+  size_t inserts_ = 0;
+};
+
+PackingRegistry& packing_registry() {
+  static PackingRegistry registry;
+  return registry;
+}
+
+}  // namespace
+
+SharedPackingStats shared_packing_stats() { return packing_registry().stats(); }
+
 const memory& PackedWeights::get(const memory::desc& want) {
-  for (const auto& [d, m] : packed_)
-    if (d == want) return m;
+  for (const auto& p : packed_)
+    if (p->want == want) return p->packed;
   // The primitive may see the weights with extra leading 1-dims (MatMul batch broadcasting); the
   // bytes are the same, so view the source with the primitive's dims.
   memory::desc user_desc = user_desc_.dims() == want.dims() ? user_desc_ : user_desc_.reshape(want.dims());
-  memory user = wrap(user_desc, source_.raw());
-  memory packed(want, dnnl_engine());
-  dnnl::reorder(user, packed).execute(dnnl_stream(), user, packed);
-  dnnl_stream().wait();
-  packed_.emplace_back(want, std::move(packed));
-  return packed_.back().second;
+  packed_.push_back(packing_registry().find_or_pack(source_, user_desc, want));
+  return packed_.back()->packed;
 }
 
 std::optional<dnnl::reorder> make_reorder(const memory::desc& from, const memory::desc& to) {
