@@ -293,12 +293,17 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
         for (const auto& [name, users] : readers) readers_left[name] = users.size();
         std::vector<bool> done(runners.size(), false);
         auto run_ready = [&](const std::vector<size_t>& ready) {
+          if (ready.empty()) return;
+          // Kernel scratch stays at its largest size: the paused base run's (a full-resolution
+          // layout conversion) would sit under the layers' runs, and theirs under the base run's.
+          runtime::release_scratch_buffers();
           for (size_t ri : ready) {
             run_variant(runners[ri], held, ref);
             done[ri] = true;
             for (const auto& f : runners[ri].feeds)
               if (--readers_left[f] == 0) held.erase(f);
           }
+          runtime::release_scratch_buffers();
         };
         auto arrive = [&](const std::string& name, const Tensor& value) {
           const auto it = readers.find(name);

@@ -4,6 +4,8 @@
 #include <array>
 #include <memory>
 
+#include "slimquant/runtime/session.h"
+
 namespace slimquant::runtime {
 
 dnnl::engine& dnnl_engine() {
@@ -46,13 +48,26 @@ dnnl::memory::format_tag plain_tag(size_t rank) {
   }
 }
 
+namespace {
+
+struct ScratchBuffer {
+  std::shared_ptr<std::byte[]> data;
+  size_t size = 0;
+};
+
+std::array<ScratchBuffer, static_cast<size_t>(DnnlScratch::kCount)>& scratch_buffers() {
+  thread_local std::array<ScratchBuffer, static_cast<size_t>(DnnlScratch::kCount)> buffers;
+  return buffers;
+}
+
+}  // namespace
+
+void release_scratch_buffers() {
+  for (ScratchBuffer& b : scratch_buffers()) b = ScratchBuffer();
+}
+
 void* dnnl_scratch(DnnlScratch slot, size_t bytes) {
-  struct Buffer {
-    std::shared_ptr<std::byte[]> data;
-    size_t size = 0;
-  };
-  thread_local std::array<Buffer, static_cast<size_t>(DnnlScratch::kCount)> buffers;
-  Buffer& b = buffers.at(static_cast<size_t>(slot));
+  ScratchBuffer& b = scratch_buffers().at(static_cast<size_t>(slot));
   if (bytes > b.size) {
     // Grow geometrically so a slowly increasing sequence of requests does not reallocate each time.
     size_t size = std::max(bytes, b.size + b.size / 2);

@@ -271,6 +271,28 @@ TEST(Session, SessionsOverTheSameWeightsShareTheirPackedWeights) {
   EXPECT_EQ(shared_packing_stats().count, before.count);
 }
 
+// Kernel scratch given back between runs, or between the steps of a run (the layer sweep does it
+// in its value hook), is allocated again by the next kernel that needs it: the same outputs. Under
+// the sanitized build a kernel that kept a pointer to a released buffer is caught here.
+TEST(Session, RunsTheSameAfterItsScratchBuffersAreReleased) {
+  for (const char* model : {"resnet_small", "vit_small"}) {
+    runtime::Session session(ir::load_onnx(test::fixture_model(model)));
+    const Tensor input = read_npy(test::source_path(std::string("tests/fixtures/models/") + model + ".input.npy"));
+    const Tensor first = session.run_single(input).clone();
+    runtime::release_scratch_buffers();
+    EXPECT_EQ(max_abs_diff(session.run_single(input), first), 0.f) << model;
+    runtime::RunOptions releasing;
+    int released = 0;
+    releasing.on_value = [&](const std::string&, const Tensor&) {
+      runtime::release_scratch_buffers();
+      ++released;
+    };
+    const auto out = session.run({{session.input_names().at(0), input}}, releasing);
+    EXPECT_GT(released, 10) << model;
+    EXPECT_EQ(max_abs_diff(out.begin()->second, first), 0.f) << model;
+  }
+}
+
 TEST(Session, DownstreamRunFromFedIntermediateMatchesFullRun) {
   runtime::SessionOptions options;
   options.fuse_activations = false;

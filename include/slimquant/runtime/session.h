@@ -20,6 +20,10 @@ class BufferPool;
 // A pool for several sessions that never run at the same time (e.g. the per-layer sessions of a
 // sensitivity analysis): they then hold the memory of one run between them, not one each.
 std::shared_ptr<BufferPool> make_shared_buffer_pool();
+// Gives back the calling thread's kernel scratch buffers (layout conversions, oneDNN scratchpads),
+// which otherwise stay at their largest size for the next run. Between two runs, or in a value hook
+// before other sessions run (their kernels then grow their own); the next kernel allocates again.
+void release_scratch_buffers();
 
 struct SessionOptions {
   // Fold constants, BatchNorm into Conv, drop Identity/Dropout at construction.
