@@ -297,6 +297,7 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
           // Kernel scratch stays at its largest size: the paused base run's (a full-resolution
           // layout conversion) would sit under the layers' runs, and theirs under the base run's.
           runtime::release_scratch_buffers();
+          runtime::release_idle_buffers(*shared_pool_options.buffer_pool);
           for (size_t ri : ready) {
             run_variant(runners[ri], held, ref);
             done[ri] = true;
@@ -304,6 +305,7 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
               if (--readers_left[f] == 0) held.erase(f);
           }
           runtime::release_scratch_buffers();
+          runtime::release_idle_buffers(*shared_pool_options.buffer_pool);
         };
         auto arrive = [&](const std::string& name, const Tensor& value) {
           const auto it = readers.find(name);

@@ -17,6 +17,12 @@ Tensor BufferPool::allocate(DType dtype, const Shape& shape) {
   return Tensor(dtype, shape, best->storage, best->capacity);
 }
 
+void BufferPool::release_idle() {
+  std::erase_if(entries_, [](const Entry& e) { return e.storage.use_count() == 1; });
+}
+
 std::shared_ptr<BufferPool> make_shared_buffer_pool() { return std::make_shared<BufferPool>(); }
+
+void release_idle_buffers(BufferPool& pool) { pool.release_idle(); }
 
 }  // namespace slimquant::runtime

@@ -26,6 +26,8 @@ namespace slimquant::runtime {
 class BufferPool {
  public:
   Tensor allocate(DType dtype, const Shape& shape);
+  // Gives the buffers only the pool holds back to the allocator (see release_idle_buffers).
+  void release_idle();
 
  private:
   struct Entry {

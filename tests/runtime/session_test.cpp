@@ -342,6 +342,33 @@ TEST(Session, SessionsSharingABufferPoolKeepHeldOutputsIntact) {
   EXPECT_EQ(max_abs_diff(b.run_single(fixture_input()), expected), 0.f);
 }
 
+// release_idle_buffers gives a shared pool's free buffers back to the allocator (its large-buffer
+// cache, when on) and never one a run or a caller still holds: a run releasing them after every
+// step (as the layer sweep does between its runs) computes the same outputs.
+TEST(Session, ASharedPoolGivesBackOnlyItsIdleBuffers) {
+  const ir::Graph resnet = ir::load_onnx(test::fixture_model("resnet_small"));
+  const Tensor one = fixture_input();
+  // A batch large enough for buffers of 1 MiB and more (the sizes the large-buffer cache takes).
+  const int64_t per = one.numel() / one.dim(0), batch = 64;
+  Tensor input(DType::kFloat32, {batch, one.dim(1), one.dim(2), one.dim(3)});
+  for (int64_t i = 0; i < batch * per; ++i) input.data<float>()[i] = one.data<float>()[i % (one.dim(0) * per)];
+  runtime::SessionOptions shared;
+  shared.buffer_pool = runtime::make_shared_buffer_pool();
+  runtime::Session session(resnet, shared);
+  const Tensor expected = session.run_single(input).clone();
+  const Tensor held = session.run_single(input);  // a caller's output: its buffer stays its own
+  if (large_buffers_reused()) {
+    const size_t cached = cached_buffer_bytes();
+    runtime::release_idle_buffers(*shared.buffer_pool);
+    EXPECT_GT(cached_buffer_bytes(), cached) << "the idle intermediate buffers were not given back";
+  }
+  runtime::RunOptions releasing;
+  releasing.on_value = [&](const std::string&, const Tensor&) { runtime::release_idle_buffers(*shared.buffer_pool); };
+  const auto out = session.run({{"input", input}}, releasing);
+  EXPECT_EQ(max_abs_diff(out.at("logits"), expected), 0.f);
+  EXPECT_EQ(max_abs_diff(held, expected), 0.f);
+}
+
 // torchvision's detection models take one image [3, H, W]: a data set's batch of one is accepted
 // with its leading 1 dropped, a larger batch is refused with the way out.
 TEST(Session, UnbatchedModelTakesABatchOfOne) {

@@ -20,6 +20,13 @@ class BufferPool;
 // A pool for several sessions that never run at the same time (e.g. the per-layer sessions of a
 // sensitivity analysis): they then hold the memory of one run between them, not one each.
 std::shared_ptr<BufferPool> make_shared_buffer_pool();
+// Gives the buffers of `pool` that nobody holds back to the allocator, whose large-buffer cache
+// (core/tensor.h) still reuses them for any session's requests of about the same size, and maps
+// no new memory while it holds freed buffers of other sizes. For a pool shared by runs that take
+// turns (the layer sweep, between the paused base run and the layers' runs): the pool itself
+// reuses a buffer only for a request of at most its size, so one run's idle buffers of sizes the
+// other does not ask for would stay mapped under it.
+void release_idle_buffers(BufferPool& pool);
 // Gives back the calling thread's kernel scratch buffers (layout conversions, oneDNN scratchpads),
 // which otherwise stay at their largest size for the next run. Between two runs, or in a value hook
 // before other sessions run (their kernels then grow their own); the next kernel allocates again.

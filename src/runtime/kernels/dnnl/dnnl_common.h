@@ -107,17 +107,17 @@ bool output_requested(const KernelContext& ctx, size_t i);
 // bytes in the same layout (see PackedWeights::get).
 struct SharedPacking;
 
-// Constant weights reordered once into each layout a primitive asks for (the layout oneDNN picks
-// with format_tag::any may differ between cached primitives, e.g. across batch sizes). Equal
-// constants packed the same way are held once in the process while any plan uses them: a layer
-// sweep builds one session per layer over the same weights (119 packed copies of a U-Net's
-// convolution weights took 265 MB).
 // Packings alive in the process, and their bytes (tests, diagnostics).
 struct SharedPackingStats {
   size_t count = 0, bytes = 0;
 };
 SharedPackingStats shared_packing_stats();
 
+// Constant weights reordered once into each layout a primitive asks for (the layout oneDNN picks
+// with format_tag::any may differ between cached primitives, e.g. across batch sizes). Equal
+// constants packed the same way are held once in the process while any plan uses them: a layer
+// sweep builds one session per layer over the same weights (119 packed copies of a U-Net's
+// convolution weights took 265 MB).
 class PackedWeights {
  public:
   PackedWeights() = default;
