@@ -257,7 +257,8 @@ TEST(Session, SessionsOverTheSameWeightsShareTheirPackedWeights) {
   EXPECT_EQ(shared_packing_stats().bytes, one.bytes);
   // The same graph with one convolution's weights doubled: that convolution is packed again.
   ir::Graph changed = graph;
-  const auto conv = std::find_if(changed.nodes.begin(), changed.nodes.end(), [](const ir::Node& n) { return n.op_type == "Conv"; });
+  const auto conv = std::find_if(changed.nodes.begin(), changed.nodes.end(),
+                                 [](const ir::Node& n) { return n.op_type == "Conv"; });
   ASSERT_NE(conv, changed.nodes.end());
   Tensor w = changed.initializers.at(conv->inputs[1]).clone();
   for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] *= 2.f;
