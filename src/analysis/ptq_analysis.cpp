@@ -292,20 +292,22 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
         std::map<std::string, size_t> readers_left;
         for (const auto& [name, users] : readers) readers_left[name] = users.size();
         std::vector<bool> done(runners.size(), false);
-        auto run_ready = [&](const std::vector<size_t>& ready) {
-          if (ready.empty()) return;
-          // Kernel scratch stays at its largest size: the paused base run's (a full-resolution
-          // layout conversion) would sit under the layers' runs, and theirs under the base run's.
+        // At each switch between the paused base run and the layers' runs: kernel scratch and idle
+        // pool buffers stay at their largest, so one side's would sit under the other's values.
+        auto give_back_idle_memory = [&] {
           runtime::release_scratch_buffers();
           runtime::release_idle_buffers(*shared_pool_options.buffer_pool);
+        };
+        auto run_ready = [&](const std::vector<size_t>& ready) {
+          if (ready.empty()) return;
+          give_back_idle_memory();
           for (size_t ri : ready) {
             run_variant(runners[ri], held, ref);
             done[ri] = true;
             for (const auto& f : runners[ri].feeds)
               if (--readers_left[f] == 0) held.erase(f);
           }
-          runtime::release_scratch_buffers();
-          runtime::release_idle_buffers(*shared_pool_options.buffer_pool);
+          give_back_idle_memory();
         };
         auto arrive = [&](const std::string& name, const Tensor& value) {
           const auto it = readers.find(name);
