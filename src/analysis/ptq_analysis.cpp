@@ -16,10 +16,12 @@
 
 #include "slimquant/analysis/checkpoint.h"
 #include "slimquant/core/distributed.h"
+#include "analysis/layer_stages.h"
 #include "analysis/model_sweep.h"
 #include "slimquant/core/progress.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
+#include "slimquant/ir/passes.h"
 #include "slimquant/runtime/optimize.h"
 
 namespace slimquant::analysis {
@@ -87,6 +89,9 @@ void prepare_for_sweep(ir::Graph& g) {
   // also lets the convolution prepack its weights.
   fold.keep_dequantize_linear = false;
   runtime::optimize_graph(g, fold);
+  // The base run shows the layers' models their values as it computes them: a size computed from
+  // the input only just before its Resize at the end would hold every waiting layer back.
+  ir::hoist_shape_computations(g);
 }
 
 std::vector<std::string> boundary_values(const ir::Graph& base, const ir::Graph& v) {
@@ -163,7 +168,9 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
     size_t variant;  // index into variants
     std::unique_ptr<runtime::Session> session;
     std::vector<std::string> feeds;
+    std::unordered_set<std::string> feed_set;
     std::string output;
+    std::unique_ptr<LayerStages> stages;  // the streamed batches run the model in stages
   };
   // Distributed: the variants are dealt to the ranks round-robin (neighbouring layers cost about
   // the same, so every rank gets a similar mix of long and short suffixes); each rank runs the
@@ -188,7 +195,9 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
     r.variant = vi;
     r.session = std::make_unique<runtime::Session>(std::move(g), runner_options);
     r.feeds = boundary_values(base_session.graph(), r.session->graph());
+    r.feed_set.insert(r.feeds.begin(), r.feeds.end());
     r.output = r.session->outputs().at(0).name;
+    r.stages = std::make_unique<LayerStages>(r.session->graph(), r.feeds, r.output);
     for (const auto& f : r.feeds)
       if (std::find(graph_inputs.begin(), graph_inputs.end(), f) == graph_inputs.end()) wanted_set.insert(f);
     runners.push_back(std::move(r));
@@ -201,6 +210,16 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
   std::vector<std::string> observed;
   for (const auto& [name, users] : readers)
     if (std::find(graph_inputs.begin(), graph_inputs.end(), name) == graph_inputs.end()) observed.push_back(name);
+  // When the streamed base run shows a value: its producer's place in the base graph's order (the
+  // order the run follows), -1 for a graph input.
+  std::unordered_map<std::string, int> producer_step;
+  for (size_t i = 0; i < base_session.graph().nodes.size(); ++i)
+    for (const auto& o : base_session.graph().nodes[i].outputs) producer_step[o] = static_cast<int>(i);
+  auto arrival_step = [&](const std::string& v) {
+    const auto it = producer_step.find(v);
+    return it == producer_step.end() ? -1 : it->second;
+  };
+  const int kLongWait = std::max<int>(16, static_cast<int>(base_session.graph().nodes.size() / 16));
   std::unique_ptr<runtime::Session> ref_session;
   if (reference && metric.needs_reference()) ref_session = std::make_unique<runtime::Session>(*reference, so);
 
@@ -251,9 +270,14 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
     if (!idle) {
       data::Batch batch = loader.batch(bi);
       const std::map<std::string, Tensor> feeds = batch.feeds(input);
-      auto run_variant = [&](Runner& r, const std::map<std::string, Tensor>& values, const Tensor& ref) {
-        std::map<std::string, Tensor> runner_feeds;
-        for (const auto& f : r.feeds) runner_feeds[f] = values.at(f);
+      // `earlier`: what the runner's earlier stages computed for this one; `let_go`: feeds they
+      // consumed (streamed batches only).
+      auto run_variant = [&](Runner& r, const std::map<std::string, Tensor>& values, const Tensor& ref,
+                             const std::map<std::string, Tensor>& earlier = {},
+                             const std::set<std::string>& let_go = {}) {
+        std::map<std::string, Tensor> runner_feeds = earlier;
+        for (const auto& f : r.feeds)
+          if (!let_go.count(f)) runner_feeds[f] = values.at(f);
         runtime::RunOptions vo;
         vo.outputs = {r.output};
         Tensor out = r.session->run(runner_feeds, vo).at(r.output);
@@ -292,21 +316,69 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
         std::map<std::string, size_t> readers_left;
         for (const auto& [name, users] : readers) readers_left[name] = users.size();
         std::vector<bool> done(runners.size(), false);
+        // Per runner: values its earlier stages computed for its later ones, and the feeds no stage
+        // of it reads any more (their claim on `held` is gone).
+        std::vector<std::map<std::string, Tensor>> staged(runners.size());
+        std::vector<std::set<std::string>> let_go(runners.size());
+        for (auto& r : runners) r.stages->reset();
+        auto at_hand = [&](size_t ri) {
+          return [&, ri](const std::string& v) {
+            return staged[ri].count(v) != 0 ||
+                   (runners[ri].feed_set.count(v) && !let_go[ri].count(v) && held.count(v));
+          };
+        };
         // At each switch between the paused base run and the layers' runs: kernel scratch and idle
         // pool buffers stay at their largest, so one side's would sit under the other's values.
         auto give_back_idle_memory = [&] {
           runtime::release_scratch_buffers();
           runtime::release_idle_buffers(*shared_pool_options.buffer_pool);
         };
+        auto let_go_of = [&](size_t ri, const std::string& f) {
+          if (let_go[ri].insert(f).second && --readers_left[f] == 0) held.erase(f);
+        };
         auto run_ready = [&](const std::vector<size_t>& ready) {
           if (ready.empty()) return;
           give_back_idle_memory();
           for (size_t ri : ready) {
-            run_variant(runners[ri], held, ref);
+            run_variant(runners[ri], held, ref, staged[ri], let_go[ri]);
             done[ri] = true;
-            for (const auto& f : runners[ri].feeds)
-              if (--readers_left[f] == 0) held.erase(f);
+            staged[ri].clear();
+            for (const auto& f : runners[ri].feeds) let_go_of(ri, f);
           }
+          give_back_idle_memory();
+        };
+        // A runner whose next value comes long after the one that just arrived (the base run's
+        // nodes in between: kLongWait or more) runs what it can already, when that lets go of a
+        // value it holds (see LayerStages: a decoder layer's model then keeps its side map, not its
+        // full-resolution inputs, until the base run's last side output). A short wait is not worth
+        // a stage's plan.
+        auto arrival_gap = [&](size_t ri, const std::string& arrived) {
+          int next = std::numeric_limits<int>::max();
+          for (const auto& f : runners[ri].feeds)
+            if (!held.count(f) && !let_go[ri].count(f)) next = std::min(next, arrival_step(f));
+          return next == std::numeric_limits<int>::max() ? 0 : next - arrival_step(arrived);
+        };
+        auto run_early_stage = [&](size_t ri, const std::string& name) {
+          Runner& r = runners[ri];
+          if (arrival_gap(ri, name) < kLongWait) return;
+          const auto available = at_hand(ri);
+          const std::optional<LayerStages::Stage> stage = r.stages->next(available);
+          if (!stage || stage->final || stage->released.empty()) return;
+          const ir::Graph& g = r.session->graph();
+          for (const auto& o : stage->outputs)
+            if (g.sequence_values.count(o) || g.optional_values.count(o)) return;
+          std::map<std::string, Tensor> stage_feeds;
+          for (const auto& v : stage->inputs) stage_feeds[v] = staged[ri].count(v) ? staged[ri].at(v) : held.at(v);
+          runtime::RunOptions so_stage;
+          so_stage.outputs = stage->outputs;
+          give_back_idle_memory();
+          std::map<std::string, Tensor> out = r.session->run(stage_feeds, so_stage);
+          stage_feeds.clear();
+          r.stages->commit(available);
+          for (auto& [computed, value] : out) staged[ri][computed] = std::move(value);
+          for (const auto& v : stage->released)
+            if (!staged[ri].erase(v)) let_go_of(ri, v);
+          ++result.early_stages;
           give_back_idle_memory();
         };
         auto arrive = [&](const std::string& name, const Tensor& value) {
@@ -318,6 +390,7 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
           std::vector<size_t> ready;
           for (size_t ri : it->second)
             if (--missing[ri] == 0) ready.push_back(ri);
+            else run_early_stage(ri, name);
           run_ready(ready);
         };
         runtime::RunOptions ro;
@@ -336,7 +409,7 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
           if (!done[ri]) {
             left.push_back(ri);
             for (const auto& f : runners[ri].feeds)
-              if (!held.count(f)) left_feeds.insert(f);
+              if (!held.count(f) && !let_go[ri].count(f)) left_feeds.insert(f);
           }
         if (!left.empty()) {
           runtime::RunOptions lo;
@@ -345,7 +418,7 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
             else lo.outputs.push_back(f);
           if (!lo.outputs.empty())
             for (auto& [name, value] : base_session.run(feeds, lo)) held[name] = std::move(value);
-          for (size_t ri : left) run_variant(runners[ri], held, ref);
+          for (size_t ri : left) run_variant(runners[ri], held, ref, staged[ri], let_go[ri]);
         }
         if (score_base) base_metric->update(base_out, {batch.labels, batch.texts}, ref);
         progress.advance();

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "slimquant/ir/onnx_io.h"
@@ -681,6 +683,70 @@ Rule residual_gate_rule() {
 }
 
 }  // namespace
+
+int hoist_shape_computations(Graph& g) {
+  // Ops that stay cheap on shape-sized integer vectors (not ConstantOfShape, Expand, Tile, Range:
+  // they make tensors of the size a shape names).
+  static const std::unordered_set<std::string> kCheap = {
+      "Gather", "Concat", "Unsqueeze", "Squeeze", "Cast", "Slice", "Reshape", "Identity", "Add", "Sub", "Mul",
+      "Div", "Floor", "Ceil", "Neg", "Abs", "Min", "Max", "Equal", "Less", "Greater", "Not", "Where", "Mod",
+      "ReduceProd", "ReduceSum", "ReduceMin", "ReduceMax"};
+  const size_t n = g.nodes.size();
+  std::unordered_map<std::string, size_t> producer;
+  for (size_t i = 0; i < n; ++i)
+    for (const auto& o : g.nodes[i].outputs)
+      if (!o.empty()) producer[o] = i;
+  // Graph order is topological: a node's inputs are classified before it.
+  std::vector<bool> shape_node(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    const Node& node = g.nodes[i];
+    if (node.domain.empty() && (node.op_type == "Shape" || node.op_type == "Size")) {
+      shape_node[i] = true;
+      continue;
+    }
+    if (!node.domain.empty() || !kCheap.count(node.op_type) || !node.captured.empty()) continue;
+    shape_node[i] = std::all_of(node.inputs.begin(), node.inputs.end(), [&](const std::string& in) {
+      if (in.empty() || g.is_initializer(in)) return true;
+      const auto it = producer.find(in);
+      return it != producer.end() && it->second < i && shape_node[it->second];
+    });
+  }
+  // Kahn's order: a ready shape node first, otherwise the earliest ready node in the old order
+  // (which alone reproduces the old order).
+  std::vector<size_t> waiting(n, 0);
+  std::vector<std::vector<size_t>> readers(n);
+  for (size_t i = 0; i < n; ++i) {
+    std::unordered_set<size_t> from;
+    for (const auto& in : g.nodes[i].inputs) {
+      const auto it = producer.find(in);
+      if (!in.empty() && it != producer.end() && it->second != i && from.insert(it->second).second)
+        readers[it->second].push_back(i);
+    }
+    waiting[i] = from.size();
+  }
+  std::set<std::pair<bool, size_t>> ready;  // (not a shape node, old index)
+  for (size_t i = 0; i < n; ++i)
+    if (waiting[i] == 0) ready.insert({!shape_node[i], i});
+  std::vector<size_t> order;
+  order.reserve(n);
+  while (!ready.empty()) {
+    const size_t i = ready.begin()->second;
+    ready.erase(ready.begin());
+    order.push_back(i);
+    for (size_t r : readers[i])
+      if (--waiting[r] == 0) ready.insert({!shape_node[r], r});
+  }
+  if (order.size() != n) return 0;  // not a DAG: leave it to the checks that name the cycle
+  int moved = 0;
+  std::vector<Node> nodes;
+  nodes.reserve(n);
+  for (size_t k = 0; k < n; ++k) {
+    if (order[k] != k) ++moved;
+    nodes.push_back(std::move(g.nodes[order[k]]));
+  }
+  g.nodes = std::move(nodes);
+  return moved;
+}
 
 int constants_to_initializers(Graph& g) { return run_rule_alone(g, constants_rule()); }
 int neutral_elementwise_to_identity(Graph& g) { return run_rule_alone(g, neutral_mul_rule()); }

@@ -30,6 +30,32 @@ TEST(Graph, TopologicalSortOrdersProducersFirst) {
   EXPECT_NO_THROW(g.validate());
 }
 
+// Shape computations move to right after what they read; every other node keeps its order. An
+// exporter's Resize to the input's size at the end of a network reads such a chain.
+TEST(Graph, ShapeComputationsMoveUpToWhatTheyRead) {
+  ir::Graph g;
+  g.inputs.push_back({"x", DType::kFloat32, {}});
+  g.initializers["index"] = Tensor::scalar<int64_t>(2);
+  g.nodes.push_back(make_node("Relu", {"x"}, {"a"}));
+  g.nodes.push_back(make_node("Relu", {"a"}, {"b"}));
+  g.nodes.push_back(make_node("Relu", {"b"}, {"c"}));
+  g.nodes.push_back(make_node("Shape", {"x"}, {"x_shape"}));               // reads the input: first
+  g.nodes.push_back(make_node("Gather", {"x_shape", "index"}, {"x_h"}));  // then right after it
+  g.nodes.push_back(make_node("Cast", {"x_h"}, {"x_h_float"}));
+  g.nodes.push_back(make_node("Shape", {"b"}, {"b_shape"}));               // after b
+  g.nodes.push_back(make_node("ConstantOfShape", {"b_shape"}, {"zeros"}));  // a full-size tensor: stays
+  g.nodes.push_back(make_node("Add", {"c", "zeros"}, {"d"}));               // data: stays
+  g.nodes.push_back(make_node("Concat", {"d", "x_h_float"}, {"y"}));
+  g.outputs.push_back({"y", DType::kFloat32, {}});
+  EXPECT_GT(ir::hoist_shape_computations(g), 0);
+  std::vector<std::string> order;
+  for (const auto& n : g.nodes) order.push_back(n.outputs[0]);
+  EXPECT_EQ(order, (std::vector<std::string>{"x_shape", "x_h", "x_h_float", "a", "b", "b_shape", "c", "zeros", "d",
+                                             "y"}));
+  EXPECT_NO_THROW(g.validate());
+  EXPECT_EQ(ir::hoist_shape_computations(g), 0);  // already in place
+}
+
 TEST(Graph, ValidateNamesUndefinedValue) {
   ir::Graph g;
   g.inputs.push_back({"x", DType::kFloat32, {}});

@@ -411,6 +411,43 @@ TEST(SessionFusion, QuantizeLinearFoldsIntoTheElementwiseOpItAloneReads) {
   EXPECT_EQ(y.to_int64_vector(), (std::vector<int64_t>{-128, -1, 7, 9, 127}));
 }
 
+// A fake-quantized convolution input, QuantizeLinear -> DequantizeLinear -> Conv (a layer's model in
+// the sensitivity sweep): the Conv reads the codes and its layout reorder dequantizes them, so no
+// float copy of the input is made. The same floats as the DequantizeLinear's: bit-identical to the
+// plan that keeps the DequantizeLinear's output (requested, so not folded). Covered: uint8 and int8
+// codes, a spatial kernel (blocked path), a large 1x1 (the plain GEMM path, which reorders the codes
+// into a plain float copy), and codes quantized from a convolution's blocked output.
+TEST(SessionFusion, DequantizeLinearFoldsIntoTheConvItFeeds) {
+  Builder b({2, 16, 20, 20});
+  const std::string us = b.scalar("us", Tensor::scalar(0.013f)), uz = b.scalar("uz", Tensor::scalar<uint8_t>(131));
+  b.op("QuantizeLinear", {"x", us, uz}, "xq");
+  b.op("DequantizeLinear", {"xq", us, uz}, "xdq");
+  b.conv("xdq", 16, 16, 3, "spatial");
+  const std::string ss = b.scalar("ss", Tensor::scalar(0.021f)), sz = b.scalar("sz", Tensor::scalar<int8_t>(-7));
+  b.op("QuantizeLinear", {"spatial", ss, sz}, "sq");
+  b.op("DequantizeLinear", {"sq", ss, sz}, "sdq");
+  b.conv("sdq", 16, 32, 1, "pointwise");
+  b.output("pointwise");
+  const Tensor x = random_tensor({2, 16, 20, 20}, 77, -2.f, 2.f);
+  runtime::Session fast(b.g), ref = reference_session(b.g);
+  const auto got = run_hooked(fast, x), want = run_hooked(ref, x);
+  EXPECT_FALSE(got.count("xdq"));  // folded: the convolutions read the codes
+  EXPECT_FALSE(got.count("sdq"));
+  expect_close(got.at("pointwise"), want.at("pointwise"), "pointwise");
+  // Bit-identical to the plans that materialise the dequantized values (requested outputs are
+  // plain, so each pair below runs the same convolution paths: spatial on blocked, pointwise plain).
+  auto run = [&](std::vector<std::string> outputs) {
+    runtime::RunOptions o;
+    o.outputs = std::move(outputs);
+    return fast.run({{"x", x}}, o);
+  };
+  auto same_bits = [](const Tensor& a, const Tensor& b) {
+    return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+  };
+  EXPECT_TRUE(same_bits(run({"spatial"}).at("spatial"), run({"spatial", "xdq"}).at("spatial")));
+  EXPECT_TRUE(same_bits(run({"pointwise", "spatial"}).at("pointwise"), run({"pointwise", "spatial", "sdq"}).at("pointwise")));
+}
+
 // A per-channel QuantizeLinear (1-D scale along an axis, as channel-wise convolution inputs have)
 // folds into the Add / Sub / Mul / Div it alone reads: the op quantizes each channel's slab with
 // that channel's scale and zero point, bit-identical to running the two ops. Covered: a squeeze-

@@ -45,6 +45,9 @@ struct SweepResult {
   size_t samples = 0;
   double seconds = 0;                 // this run only (a resumed run counts from its restart)
   size_t batches = 0, batches_resumed = 0;
+  // Layers' models run in part before their last input arrived, to let go of the inputs they held
+  // (a value the base run computes late: see src/analysis/layer_stages.h).
+  size_t early_stages = 0;
 };
 
 // Evaluates `base` and every variant on `data` with `metric` (its empty clones). Fidelity metrics

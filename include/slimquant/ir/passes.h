@@ -17,6 +17,14 @@ namespace slimquant::ir {
 // PTQ reports and the QAT analysis matches them by.
 void name_nodes(Graph& g);
 
+// Moves the nodes that compute shapes (Shape, Size, and cheap integer ops on their results and
+// constants: Gather, Concat, Unsqueeze, Cast, ...) to right after the values they read, keeping
+// every other node's order. Exporters place them just before their one reader (a Resize at the
+// end of a U-Net reads a size taken from the input): a run paused in between (the streamed layer
+// sweep) then waits for them to the end, holding everything a later layer's model reads. Returns
+// the nodes that moved.
+int hoist_shape_computations(Graph& g);
+
 // Constant nodes become initializers (value, value_float(s), value_int(s) attributes).
 int constants_to_initializers(Graph& g);
 

@@ -297,9 +297,10 @@ const memory& PackedWeights::get(const memory::desc& want) {
   return packed_.back()->packed;
 }
 
-std::optional<dnnl::reorder> make_reorder(const memory::desc& from, const memory::desc& to) {
+std::optional<dnnl::reorder> make_reorder(const memory::desc& from, const memory::desc& to,
+                                          const dnnl::primitive_attr& attr) {
   if (from == to) return std::nullopt;
-  return dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), from, dnnl_engine(), to));
+  return dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), from, dnnl_engine(), to, attr));
 }
 
 LayoutPtr output_layout_for(const memory::desc& desc, const Shape& shape, DType dtype, bool allowed) {

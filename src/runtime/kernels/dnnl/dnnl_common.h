@@ -155,6 +155,9 @@ struct ConvLikePlan {
   std::optional<dnnl::reorder> sum_reorder;
   memory sum_user_mem;
   std::unordered_map<int, memory> sum_reorder_args;
+  // The source reorder's attributes: a folded DequantizeLinear's scale and zero point, when src is
+  // 8-bit codes (the reorder then dequantizes as it converts: float(q - z) * s, the same floats).
+  dnnl::primitive_attr src_reorder_attr;
   // Layout of the output handed to readers (null: plain).
   LayoutPtr out_layout;
   // The fused activation run in place on the output when it is not a post-op of prim.
@@ -169,7 +172,7 @@ struct ConvLikePlan {
     src_desc = pd.src_desc();
     weights_desc = pd.weights_desc();
     dst_desc = pd.dst_desc();
-    src_reorder = make_reorder(src_user, src_desc);
+    src_reorder = make_reorder(src_user, src_desc, src_reorder_attr);
     dst_reorder = make_reorder(dst_desc, dst_user);
     src_user_mem = unbound_memory(src_user);
     src_mem = src_reorder ? unbound_memory(src_desc) : src_user_mem;

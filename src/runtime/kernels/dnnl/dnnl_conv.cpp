@@ -2,6 +2,11 @@
 // explicit or automatic pads and an optional bias, on oneDNN's convolution_forward. A fused
 // activation (runtime/fused_ops/fused_activation.h) runs as an eltwise post-op.
 //
+// X may be the 8-bit codes of a folded per-tensor DequantizeLinear (Fold::kDequantizedInput): the
+// reorder into the primitive's layout dequantizes them (oneDNN's scale and zero point, bit-exact
+// with dequantize_linear), so a fake-quantized input needs no float copy beside the layout
+// conversion (a layer's model in the sensitivity sweep quantizes a full-resolution input).
+//
 // Weights: a constant W is reordered once into the layout the primitive picks (format_tag::any)
 // and kept; a runtime W is reordered on every run. Primitives are cached per input shapes.
 #include <atomic>
@@ -10,6 +15,7 @@
 #include "runtime/kernels/dnnl/dnnl_common.h"
 #include "runtime/kernels/dnnl/implementation_choice.h"
 #include "runtime/kernels/dnnl/dnnl_kernels.h"
+#include "runtime/kernels/elementwise/elementwise_qdq.h"
 
 namespace slimquant::runtime::dnnl_kernels {
 
@@ -70,11 +76,14 @@ class ConvKernel final : public Kernel {
     }
     if (init.node.inputs.size() > kB && !init.node.inputs[kB].empty())
       if (const Tensor* b = init.constant_input(kB)) const_bias_ = *b;
+    for (const FoldedDequantize& d : folded_dequantize(node_))
+      if (d.input == kX) x_dequantize_ = d;
   }
 
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(kX);
-    require_float32(node_, x, "input X");
+    if (x_dequantize_) check_folded_codes(x, *x_dequantize_, node_.describe());
+    else require_float32(node_, x, "input X");
     const Tensor* w = packed_weights_.has_source() ? nullptr : &ctx.input(kW);
     if (w) require_float32(node_, *w, "weights W");
     const Tensor* b = const_bias_.defined() ? &const_bias_ : ctx.optional_input(kB);
@@ -90,7 +99,10 @@ class ConvKernel final : public Kernel {
     const int64_t tag = (x_layout ? 1 : 0) | (out_blocked ? 2 : 0) | (sum ? 4 : 0) | (sum_layout ? 8 : 0);
     ConvLikePlan& p = plans_.get(
         {&x.shape(), &ws, b ? &b->shape() : nullptr, sum ? &sum->shape() : nullptr},
-        [&] { return make_plan(x.shape(), ws, b ? &b->shape() : nullptr, x_layout, out_blocked, sum, sum_layout); },
+        [&] {
+          return make_plan(x.shape(), x.dtype(), ws, b ? &b->shape() : nullptr, x_layout, out_blocked, sum,
+                           sum_layout);
+        },
         tag);
     // The addend's buffer becomes the output when the plan donated it and it already is in the
     // primitive's dst layout: the sum post-op then reads it in place, no copy.
@@ -109,8 +121,8 @@ class ConvKernel final : public Kernel {
     return conv_weights_desc(w, attrs_.group, dt::f32, tag);
   }
 
-  ConvLikePlan make_plan(const Shape& xs, const Shape& ws, const Shape* bs, const Layout* x_layout, bool out_blocked,
-                         const Tensor* sum, const Layout* sum_layout) {
+  ConvLikePlan make_plan(const Shape& xs, DType x_type, const Shape& ws, const Shape* bs, const Layout* x_layout,
+                         bool out_blocked, const Tensor* sum, const Layout* sum_layout) {
     const std::string what = node_.describe();
     const int64_t group = attrs_.group;
     if (xs.size() < 3 || xs.size() > 5)
@@ -148,7 +160,11 @@ class ConvKernel final : public Kernel {
     if (sum && sum->shape() != p.out_shape)
       fail(ErrorKind::kInternal, what + ": fused residual addend " + shape_str(sum->shape()) +
                                      " does not match the output " + shape_str(p.out_shape));
-    p.src_user = input_desc(x_layout, xs);
+    p.src_user = input_desc(x_layout, xs, to_dnnl_type(x_type));
+    if (x_dequantize_) {
+      p.src_reorder_attr.set_output_scales(0, {x_dequantize_->scale});
+      p.src_reorder_attr.set_zero_points(DNNL_ARG_SRC, 0, {x_dequantize_->zero_point});
+    }
     p.dst_user = plain_desc(p.out_shape);
     p.weights_user = weights_desc(ws, memory::format_tag::undef);
     if (bs) p.bias_user = plain_desc(*bs);
@@ -171,7 +187,7 @@ class ConvKernel final : public Kernel {
       p.activations = make_activation_primitives(node_, p.dst_user);
     }
     auto any = memory::format_tag::any;
-    memory::desc src_md = blocked ? memory::desc(to_dnnl_dims(xs), dt::f32, any) : p.src_user;
+    memory::desc src_md = blocked ? memory::desc(to_dnnl_dims(xs), dt::f32, any) : plain_desc(xs);
     memory::desc dst_md = blocked ? memory::desc(to_dnnl_dims(p.out_shape), dt::f32, any) : p.dst_user;
     memory::desc wei_md = weights_desc(ws, any);
     using cf = dnnl::convolution_forward;
@@ -205,6 +221,7 @@ class ConvKernel final : public Kernel {
   }
 
   const ir::Node node_;
+  std::optional<FoldedDequantize> x_dequantize_;  // X holds the codes of a folded DequantizeLinear
   ConvAttrs attrs_;
   Shape const_weights_shape_;
   PackedWeights packed_weights_;

@@ -117,7 +117,8 @@ class ShapeCache {
 };
 
 // A reorder primitive from one layout to another, or nullopt when they are the same.
-std::optional<dnnl::reorder> make_reorder(const memory::desc& from, const memory::desc& to);
+std::optional<dnnl::reorder> make_reorder(const memory::desc& from, const memory::desc& to,
+                                          const dnnl::primitive_attr& attr = {});
 // oneDNN's view of ONNX Conv weights [M, C/G, k...]: [G, M/G, C/G, k...] when grouped (the same
 // bytes), in `tag` (format_tag::undef: plain row-major; format_tag::any: the primitive's choice).
 memory::desc conv_weights_desc(const Shape& w, int64_t group, dt type, memory::format_tag tag);

@@ -19,7 +19,8 @@ bool conv_refuses(const ir::Node& n, Fold fold, int /*input*/) {
   return fold == Fold::kPostAffine && fused_ops::FusedActivation::parse(n).kind == Activation::kHardSigmoid;
 }
 
-constexpr KernelFolds kConvFolds{.activations = kEltwiseActivations, .post_affine = true, .refuses = conv_refuses};
+constexpr KernelFolds kConvFolds{.dequantized_inputs = 1u << fused_ops::kConvX, .activations = kEltwiseActivations,
+                                 .post_affine = true, .refuses = conv_refuses};
 constexpr KernelFolds kLayerFolds{.activations = kEltwiseActivations};  // ConvTranspose, Gemm
 constexpr KernelFolds kMatMulFolds{.activations = folds::activation_bits({Activation::kScale})};
 // The pools sum a squeeze-excitation input's codes (dequantizing each as ONNX would).
