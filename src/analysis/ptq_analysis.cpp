@@ -77,6 +77,46 @@ void kill_rank_if_asked(size_t batches_checkpointed) {
   if (distributed::rank() == asked.first) std::raise(SIGKILL);
 }
 
+// The nodes the streamed sweep's base run computes as early as it can: those computing values some
+// layer's model reads `long_wait` or more nodes (in the base's order) after the rest of what it
+// reads, with what they need that is not computed by then, when that is a few nodes (fewer than
+// long_wait; waits are taken from the last one back). A U-Net's side outputs, placed after the last decoder by the exporter, held every
+// decoder layer's model back to the end of the base run; a long branch that only meets the other
+// at the end stays where it is (moving it would hold the other branch's layers back instead).
+std::vector<bool> late_feed_producers(const ir::Graph& base, const std::vector<const std::vector<std::string>*>& feeds,
+                                      int long_wait) {
+  std::unordered_map<std::string, int> step;
+  for (size_t i = 0; i < base.nodes.size(); ++i)
+    for (const auto& o : base.nodes[i].outputs) step[o] = static_cast<int>(i);
+  auto step_of = [&](const std::string& v) {
+    const auto it = step.find(v);
+    return it == step.end() ? -1 : it->second;
+  };
+  std::vector<bool> early(base.nodes.size(), false);
+  for (const std::vector<std::string>* list : feeds) {
+    std::vector<int> at;
+    for (const auto& f : *list) at.push_back(step_of(f));
+    std::sort(at.begin(), at.end());
+    // From the last wait back: what the values after a long wait need beyond what exists by then.
+    for (size_t k = at.size(); k-- > 1;) {
+      if (at[k] - at[k - 1] < long_wait) continue;
+      const int ready = at[k - 1];
+      std::set<int> needed;
+      std::vector<int> pending(at.begin() + static_cast<std::ptrdiff_t>(k), at.end());
+      while (!pending.empty() && static_cast<int>(needed.size()) < long_wait) {
+        const int i = pending.back();
+        pending.pop_back();
+        if (i <= ready || !needed.insert(i).second) continue;
+        for (const auto& in : base.nodes[static_cast<size_t>(i)].inputs)
+          if (!in.empty()) pending.push_back(step_of(in));
+      }
+      if (static_cast<int>(needed.size()) >= long_wait) break;
+      for (int i : needed) early[static_cast<size_t>(i)] = true;
+    }
+  }
+  return early;
+}
+
 std::string checkpoint_path(const PtqAnalysisOptions& o) {
   return o.checkpoint_name.empty() ? std::string() : (std::filesystem::path(o.save_dir) / o.checkpoint_name).string();
 }
@@ -159,10 +199,10 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
   // takes the layer's buffers back. Two pools held both runs' peaks at once.
   runtime::SessionOptions shared_pool_options = so;
   shared_pool_options.buffer_pool = runtime::make_shared_buffer_pool();
-  runtime::Session base_session(std::move(b), shared_pool_options);
-  const std::string input = data::main_input_name(base_session.input_names(), data);
-  const std::vector<std::string> graph_inputs = base_session.input_names();
-  const std::string output = base_session.outputs().at(0).name;
+  auto base_holder = std::make_unique<runtime::Session>(std::move(b), shared_pool_options);
+  const std::string input = data::main_input_name(base_holder->input_names(), data);
+  const std::vector<std::string> graph_inputs = base_holder->input_names();
+  const std::string output = base_holder->outputs().at(0).name;
 
   struct Runner {
     size_t variant;  // index into variants
@@ -194,7 +234,7 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
     Runner r;
     r.variant = vi;
     r.session = std::make_unique<runtime::Session>(std::move(g), runner_options);
-    r.feeds = boundary_values(base_session.graph(), r.session->graph());
+    r.feeds = boundary_values(base_holder->graph(), r.session->graph());
     r.feed_set.insert(r.feeds.begin(), r.feeds.end());
     r.output = r.session->outputs().at(0).name;
     r.stages = std::make_unique<LayerStages>(r.session->graph(), r.feeds, r.output);
@@ -202,6 +242,18 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
       if (std::find(graph_inputs.begin(), graph_inputs.end(), f) == graph_inputs.end()) wanted_set.insert(f);
     runners.push_back(std::move(r));
   }
+  // A layer's model waits (holding what it read, or what its early stages computed) for its last
+  // value: one the base run computes long after the others, it computes as early as it can.
+  const int kLongWait = std::max<int>(16, static_cast<int>(base_holder->graph().nodes.size() / 16));
+  {
+    std::vector<const std::vector<std::string>*> feed_lists;
+    for (const auto& r : runners) feed_lists.push_back(&r.feeds);
+    const std::vector<bool> early = late_feed_producers(base_holder->graph(), feed_lists, kLongWait);
+    ir::Graph reordered = base_holder->graph();
+    if (std::find(early.begin(), early.end(), true) != early.end() && ir::schedule_early(reordered, early) > 0)
+      base_holder = std::make_unique<runtime::Session>(std::move(reordered), shared_pool_options);
+  }
+  runtime::Session& base_session = *base_holder;
   std::vector<std::string> wanted(wanted_set.begin(), wanted_set.end());
   // For the streamed batches (below): which runners read each value, and the values to observe.
   std::map<std::string, std::vector<size_t>> readers;  // value -> indices into runners
@@ -219,7 +271,6 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
     const auto it = producer_step.find(v);
     return it == producer_step.end() ? -1 : it->second;
   };
-  const int kLongWait = std::max<int>(16, static_cast<int>(base_session.graph().nodes.size() / 16));
   std::unique_ptr<runtime::Session> ref_session;
   if (reference && metric.needs_reference()) ref_session = std::make_unique<runtime::Session>(*reference, so);
 

@@ -711,7 +711,17 @@ int hoist_shape_computations(Graph& g) {
       return it != producer.end() && it->second < i && shape_node[it->second];
     });
   }
-  // Kahn's order: a ready shape node first, otherwise the earliest ready node in the old order
+  return schedule_early(g, shape_node);
+}
+
+int schedule_early(Graph& g, const std::vector<bool>& early) {
+  const size_t n = g.nodes.size();
+  SQ_CHECK(early.size() == n, ErrorKind::kInternal, "schedule_early: one flag per node expected");
+  std::unordered_map<std::string, size_t> producer;
+  for (size_t i = 0; i < n; ++i)
+    for (const auto& o : g.nodes[i].outputs)
+      if (!o.empty()) producer[o] = i;
+  // Kahn's order: a ready early node first, otherwise the earliest ready node in the old order
   // (which alone reproduces the old order).
   std::vector<size_t> waiting(n, 0);
   std::vector<std::vector<size_t>> readers(n);
@@ -724,9 +734,9 @@ int hoist_shape_computations(Graph& g) {
     }
     waiting[i] = from.size();
   }
-  std::set<std::pair<bool, size_t>> ready;  // (not a shape node, old index)
+  std::set<std::pair<bool, size_t>> ready;  // (not early, old index)
   for (size_t i = 0; i < n; ++i)
-    if (waiting[i] == 0) ready.insert({!shape_node[i], i});
+    if (waiting[i] == 0) ready.insert({!early[i], i});
   std::vector<size_t> order;
   order.reserve(n);
   while (!ready.empty()) {
@@ -734,7 +744,7 @@ int hoist_shape_computations(Graph& g) {
     ready.erase(ready.begin());
     order.push_back(i);
     for (size_t r : readers[i])
-      if (--waiting[r] == 0) ready.insert({!shape_node[r], r});
+      if (--waiting[r] == 0) ready.insert({!early[r], r});
   }
   if (order.size() != n) return 0;  // not a DAG: leave it to the checks that name the cycle
   int moved = 0;

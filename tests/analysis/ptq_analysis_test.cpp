@@ -103,51 +103,63 @@ TEST(PtqAnalysis, VariantsRunOnlyDownstreamOfTheLayer) {
   EXPECT_EQ(fed_from_input, 1u);
 }
 
-// A network whose side branch the exporter placed last (a U-Net's side outputs): every layer of the
-// long chain also reads that late value, so its model runs in stages (LayerStages) while the base
-// run goes on. Each layer's metric still equals its model evaluated whole, and the staging happened.
-TEST(SweepLayers, LayersWaitingForALateValueRunInStagesAndMatchTheirWholeModels) {
+// Networks where a layer's model reads a value the base run computes long after the layer's input.
+// A side branch placed last (a U-Net's side outputs): the base run computes it as early as it can,
+// so the chain's layers do not wait. Two long branches joined at the end: one branch's layers must wait for the
+// other's result, so their models run in stages (LayerStages) while the base run goes on. Each
+// layer's metric equals its model evaluated whole either way.
+TEST(SweepLayers, LayersWaitingForALateValueMatchTheirWholeModels) {
   test::SingleThread single_thread;
-  std::mt19937 rng(11);
-  test::GraphBuilder b;
-  b.g.opset = 13;
-  b.g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{-1, "n"}, {1, ""}, {28, ""}, {28, ""}}});
-  const std::map<std::string, ir::AttributeValue> same{{"pads", std::vector<int64_t>{1, 1, 1, 1}}};
-  std::string v = b.node("Conv", {"x", b.constant(test::random_tensor({4, 1, 3, 3}, rng)),
-                                  b.constant(test::random_tensor({4}, rng))}, same);
-  for (int i = 0; i < 10; ++i) {
-    v = b.node("Relu", {v});
-    v = b.node("Conv", {v, b.constant(test::random_tensor({4, 4, 3, 3}, rng, -0.3f, 0.3f)),
-                        b.constant(test::random_tensor({4}, rng))}, same);
-  }
-  const std::string side = b.node("Conv", {"x", b.constant(test::random_tensor({4, 1, 1, 1}, rng))});
-  b.g.outputs.push_back({b.node("Add", {v, side}), DType::kFloat32, {}});
-  // Each variant scales one convolution's weights, as quantizing it would change them.
-  std::vector<analysis::LayerVariant> variants;
-  for (const ir::Node& n : b.g.nodes) {
-    if (n.op_type != "Conv") continue;
-    analysis::LayerVariant lv{n.name, n.op_type, b.g};
-    Tensor w = lv.graph.initializers.at(n.inputs[1]).clone();  // graphs share tensor storage
-    for (float& e : w.values<float>()) e *= 1.05f;
-    lv.graph.initializers[n.inputs[1]] = w;
-    variants.push_back(std::move(lv));
-  }
   auto data = data::open_dataset(fmnist("test", 32));
-  auto metric = analysis::make_metric("sqnr");
-  analysis::SweepOptions so;
-  so.batch_size = 16;
-  const analysis::SweepResult sweep = analysis::sweep_layers(b.g, variants, *data, *metric, nullptr, so);
-  EXPECT_GT(sweep.early_stages, 0u);
-  runtime::Session base(b.g);
-  ASSERT_EQ(sweep.layer_metric.size(), variants.size());
-  for (size_t i = 0; i < variants.size(); ++i) {
-    runtime::Session whole(variants[i].graph);
-    auto m = analysis::make_metric("sqnr");
-    analysis::EvalOptions eo;
-    eo.batch_size = 16;
-    eo.reference = &base;
-    const double expected = analysis::evaluate(whole, *data, *m, eo).value;
-    EXPECT_NEAR(sweep.layer_metric[i], expected, 1e-3 * std::abs(expected)) << variants[i].layer;
+  for (const bool two_branches : {false, true}) {
+    SCOPED_TRACE(two_branches ? "two long branches" : "side branch placed last");
+    std::mt19937 rng(11);
+    test::GraphBuilder b;
+    b.g.opset = 13;
+    b.g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{-1, "n"}, {1, ""}, {28, ""}, {28, ""}}});
+    const std::map<std::string, ir::AttributeValue> same{{"pads", std::vector<int64_t>{1, 1, 1, 1}}};
+    auto chain = [&](int convs) {
+      std::string v = b.node("Conv", {"x", b.constant(test::random_tensor({4, 1, 3, 3}, rng)),
+                                      b.constant(test::random_tensor({4}, rng))}, same);
+      for (int i = 1; i < convs; ++i) {
+        v = b.node("Relu", {v});
+        v = b.node("Conv", {v, b.constant(test::random_tensor({4, 4, 3, 3}, rng, -0.3f, 0.3f)),
+                            b.constant(test::random_tensor({4}, rng))}, same);
+      }
+      return v;
+    };
+    const std::string main = chain(10);
+    const std::string other = two_branches ? chain(10) : b.node("Conv", {"x", b.constant(test::random_tensor({4, 1, 1, 1}, rng))});
+    b.g.outputs.push_back({b.node("Add", {main, other}), DType::kFloat32, {}});
+    // Each variant scales one convolution's weights, as quantizing it would change them.
+    std::vector<analysis::LayerVariant> variants;
+    for (const ir::Node& n : b.g.nodes) {
+      if (n.op_type != "Conv") continue;
+      analysis::LayerVariant lv{n.name, n.op_type, b.g};
+      Tensor w = lv.graph.initializers.at(n.inputs[1]).clone();  // graphs share tensor storage
+      for (float& e : w.values<float>()) e *= 1.05f;
+      lv.graph.initializers[n.inputs[1]] = w;
+      variants.push_back(std::move(lv));
+    }
+    auto metric = analysis::make_metric("sqnr");
+    analysis::SweepOptions so;
+    so.batch_size = 16;
+    const analysis::SweepResult sweep = analysis::sweep_layers(b.g, variants, *data, *metric, nullptr, so);
+    // Side branch: only the side layer's own model waits (for the chain's end), once per batch.
+    // Two branches: the first branch's layers wait for the second branch.
+    if (two_branches) EXPECT_GE(sweep.early_stages, 10u);
+    else EXPECT_EQ(sweep.early_stages, 2u);
+    runtime::Session base(b.g);
+    ASSERT_EQ(sweep.layer_metric.size(), variants.size());
+    for (size_t i = 0; i < variants.size(); ++i) {
+      runtime::Session whole(variants[i].graph);
+      auto m = analysis::make_metric("sqnr");
+      analysis::EvalOptions eo;
+      eo.batch_size = 16;
+      eo.reference = &base;
+      const double expected = analysis::evaluate(whole, *data, *m, eo).value;
+      EXPECT_NEAR(sweep.layer_metric[i], expected, 1e-3 * std::abs(expected)) << variants[i].layer;
+    }
   }
 }
 

@@ -56,6 +56,23 @@ TEST(Graph, ShapeComputationsMoveUpToWhatTheyRead) {
   EXPECT_EQ(ir::hoist_shape_computations(g), 0);  // already in place
 }
 
+// A flagged node runs as soon as its inputs exist; the others keep their order.
+TEST(Graph, ScheduleEarlyRunsFlaggedNodesAsSoonAsTheirInputsExist) {
+  ir::Graph g;
+  g.inputs.push_back({"x", DType::kFloat32, {}});
+  g.nodes.push_back(make_node("Relu", {"x"}, {"a"}));
+  g.nodes.push_back(make_node("Relu", {"a"}, {"b"}));
+  g.nodes.push_back(make_node("Relu", {"b"}, {"c"}));
+  g.nodes.push_back(make_node("Neg", {"a"}, {"side"}));      // flagged: right after a
+  g.nodes.push_back(make_node("Add", {"c", "side"}, {"y"}));
+  g.outputs.push_back({"y", DType::kFloat32, {}});
+  EXPECT_EQ(ir::schedule_early(g, {false, false, false, true, false}), 3);  // b, c and side moved
+  std::vector<std::string> order;
+  for (const auto& n : g.nodes) order.push_back(n.outputs[0]);
+  EXPECT_EQ(order, (std::vector<std::string>{"a", "side", "b", "c", "y"}));
+  EXPECT_THROW(ir::schedule_early(g, {true}), Error);  // one flag per node
+}
+
 TEST(Graph, ValidateNamesUndefinedValue) {
   ir::Graph g;
   g.inputs.push_back({"x", DType::kFloat32, {}});

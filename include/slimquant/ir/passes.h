@@ -24,6 +24,10 @@ void name_nodes(Graph& g);
 // sweep) then waits for them to the end, holding everything a later layer's model reads. Returns
 // the nodes that moved.
 int hoist_shape_computations(Graph& g);
+// Reorders the nodes so that each node with early[i] set runs as soon as the values it reads
+// exist; the other nodes keep their order. Returns the nodes whose place changed (0 for a graph
+// with a cycle, which is left as it is).
+int schedule_early(Graph& g, const std::vector<bool>& early);
 
 // Constant nodes become initializers (value, value_float(s), value_int(s) attributes).
 int constants_to_initializers(Graph& g);
