@@ -80,9 +80,10 @@ void kill_rank_if_asked(size_t batches_checkpointed) {
 // The nodes the streamed sweep's base run computes as early as it can: those computing values some
 // layer's model reads `long_wait` or more nodes (in the base's order) after the rest of what it
 // reads, with what they need that is not computed by then, when that is a few nodes (fewer than
-// long_wait; waits are taken from the last one back). A U-Net's side outputs, placed after the last decoder by the exporter, held every
-// decoder layer's model back to the end of the base run; a long branch that only meets the other
-// at the end stays where it is (moving it would hold the other branch's layers back instead).
+// long_wait; waits are taken from the last one back). A U-Net's side outputs, placed after the
+// last decoder by the exporter, held every decoder layer's model back to the end of the base run;
+// a long branch that only meets the other at the end stays where it is (moving it would hold the
+// other branch's layers back instead).
 std::vector<bool> late_feed_producers(const ir::Graph& base, const std::vector<const std::vector<std::string>*>& feeds,
                                       int long_wait) {
   std::unordered_map<std::string, int> step;

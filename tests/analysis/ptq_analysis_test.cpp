@@ -129,7 +129,8 @@ TEST(SweepLayers, LayersWaitingForALateValueMatchTheirWholeModels) {
       return v;
     };
     const std::string main = chain(10);
-    const std::string other = two_branches ? chain(10) : b.node("Conv", {"x", b.constant(test::random_tensor({4, 1, 1, 1}, rng))});
+    const std::string other =
+        two_branches ? chain(10) : b.node("Conv", {"x", b.constant(test::random_tensor({4, 1, 1, 1}, rng))});
     b.g.outputs.push_back({b.node("Add", {main, other}), DType::kFloat32, {}});
     // Each variant scales one convolution's weights, as quantizing it would change them.
     std::vector<analysis::LayerVariant> variants;

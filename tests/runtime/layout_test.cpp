@@ -445,7 +445,8 @@ TEST(SessionFusion, DequantizeLinearFoldsIntoTheConvItFeeds) {
     return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
   };
   EXPECT_TRUE(same_bits(run({"spatial"}).at("spatial"), run({"spatial", "xdq"}).at("spatial")));
-  EXPECT_TRUE(same_bits(run({"pointwise", "spatial"}).at("pointwise"), run({"pointwise", "spatial", "sdq"}).at("pointwise")));
+  EXPECT_TRUE(
+      same_bits(run({"pointwise", "spatial"}).at("pointwise"), run({"pointwise", "spatial", "sdq"}).at("pointwise")));
 }
 
 // A per-channel QuantizeLinear (1-D scale along an axis, as channel-wise convolution inputs have)
