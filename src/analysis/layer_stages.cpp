@@ -56,6 +56,7 @@ std::optional<LayerStages::Stage> LayerStages::next(const std::function<bool(con
   const std::vector<bool> run = runnable(available);
   if (std::find(run.begin(), run.end(), true) == run.end()) return std::nullopt;
   Stage stage;
+  stage.runs = run;
   std::set<std::string> produced_now, read_now, read_later;
   for (size_t j = 0; j < needed_.size(); ++j) {
     const ir::Node& n = model_.nodes[static_cast<size_t>(needed_[j])];
@@ -81,10 +82,9 @@ std::optional<LayerStages::Stage> LayerStages::next(const std::function<bool(con
   return stage;
 }
 
-void LayerStages::commit(const std::function<bool(const std::string&)>& available) {
-  const std::vector<bool> run = runnable(available);
-  for (size_t j = 0; j < needed_.size(); ++j)
-    if (run[j]) computed_[j] = true;
+void LayerStages::commit(const Stage& stage) {
+  for (size_t j = 0; j < needed_.size() && j < stage.runs.size(); ++j)
+    if (stage.runs[j]) computed_[j] = true;
 }
 
 void LayerStages::reset() { std::fill(computed_.begin(), computed_.end(), false); }

@@ -31,12 +31,13 @@ class LayerStages {
     std::vector<std::string> outputs;   // what later stages read (the final stage: the output)
     std::vector<std::string> released;  // held values no later stage reads
     bool final = false;                 // runs every node left
+    std::vector<bool> runs;             // per node the output needs: whether this stage runs it
   };
   // The next stage given the values at hand (`available`: an arrived feed or an earlier stage's
   // output), or nothing when no node left can run yet. Does not change the state.
   std::optional<Stage> next(const std::function<bool(const std::string&)>& available) const;
-  // Marks the nodes of `stage` (as next returned it for the same values) as computed.
-  void commit(const std::function<bool(const std::string&)>& available);
+  // Marks the nodes of `stage` (as next returned it) as computed.
+  void commit(const Stage& stage);
   // Back to no node computed (a new batch).
   void reset();
   bool started() const;

@@ -426,7 +426,7 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
           give_back_idle_memory();
           std::map<std::string, Tensor> out = r.session->run(stage_feeds, so_stage);
           stage_feeds.clear();
-          r.stages->commit(available);
+          r.stages->commit(*stage);
           for (auto& [computed, value] : out) staged[ri][computed] = std::move(value);
           for (const auto& v : stage->released)
             if (!staged[ri].erase(v)) let_go_of(ri, v);

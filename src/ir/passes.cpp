@@ -684,6 +684,17 @@ Rule residual_gate_rule() {
 
 }  // namespace
 
+namespace {
+// Value name -> index of the node writing it.
+std::unordered_map<std::string, size_t> producer_indices(const Graph& g) {
+  std::unordered_map<std::string, size_t> producer;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (const auto& o : g.nodes[i].outputs)
+      if (!o.empty()) producer[o] = i;
+  return producer;
+}
+}  // namespace
+
 int hoist_shape_computations(Graph& g) {
   // Ops that stay cheap on shape-sized integer vectors (not ConstantOfShape, Expand, Tile, Range:
   // they make tensors of the size a shape names).
@@ -692,10 +703,7 @@ int hoist_shape_computations(Graph& g) {
       "Div", "Floor", "Ceil", "Neg", "Abs", "Min", "Max", "Equal", "Less", "Greater", "Not", "Where", "Mod",
       "ReduceProd", "ReduceSum", "ReduceMin", "ReduceMax"};
   const size_t n = g.nodes.size();
-  std::unordered_map<std::string, size_t> producer;
-  for (size_t i = 0; i < n; ++i)
-    for (const auto& o : g.nodes[i].outputs)
-      if (!o.empty()) producer[o] = i;
+  const std::unordered_map<std::string, size_t> producer = producer_indices(g);
   // Graph order is topological: a node's inputs are classified before it.
   std::vector<bool> shape_node(n, false);
   for (size_t i = 0; i < n; ++i) {
@@ -717,10 +725,7 @@ int hoist_shape_computations(Graph& g) {
 int schedule_early(Graph& g, const std::vector<bool>& early) {
   const size_t n = g.nodes.size();
   SQ_CHECK(early.size() == n, ErrorKind::kInternal, "schedule_early: one flag per node expected");
-  std::unordered_map<std::string, size_t> producer;
-  for (size_t i = 0; i < n; ++i)
-    for (const auto& o : g.nodes[i].outputs)
-      if (!o.empty()) producer[o] = i;
+  const std::unordered_map<std::string, size_t> producer = producer_indices(g);
   // Kahn's order: a ready early node first, otherwise the earliest ready node in the old order
   // (which alone reproduces the old order).
   std::vector<size_t> waiting(n, 0);

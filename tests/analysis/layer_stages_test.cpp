@@ -51,7 +51,7 @@ TEST(LayerStages, EarlyStageKeepsOnlyWhatTheLaterNodesRead) {
   EXPECT_EQ(early->outputs, std::vector<std::string>{"y"});      // x is read by no later node
   EXPECT_EQ(early->released, std::vector<std::string>{"early"});  // skip waits for the Concat
   EXPECT_FALSE(stages.started());
-  stages.commit(at_hand);
+  stages.commit(*early);
   EXPECT_TRUE(stages.started());
 
   // Nothing more until the late value arrives; then the rest, to the output.
@@ -62,7 +62,7 @@ TEST(LayerStages, EarlyStageKeepsOnlyWhatTheLaterNodesRead) {
   EXPECT_EQ(last->inputs, (std::vector<std::string>{"side", "skip", "y"}));
   EXPECT_EQ(last->outputs, std::vector<std::string>{"out"});
   EXPECT_EQ(last->released, (std::vector<std::string>{"side", "skip", "y"}));
-  stages.commit(these({"y", "skip", "side"}));
+  stages.commit(*last);
   EXPECT_FALSE(stages.next(these({"y", "skip", "side"})).has_value());  // every node ran
 
   // A new batch starts over.
