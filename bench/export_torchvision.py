@@ -21,6 +21,7 @@ import sys
 import numpy as np
 import torch
 import torchvision.models as M
+import torchvision.models.detection as D
 import torchvision.models.segmentation as S
 
 
@@ -113,7 +114,13 @@ SPECS = [  # name, constructor, input resolution, opset
     ("deeplabv3_mbv3", lambda: S.deeplabv3_mobilenet_v3_large(weights_backbone=None), 256, 13),
     ("fcn_resnet50", lambda: S.fcn_resnet50(weights_backbone=None), 256, 11),
     ("rsu_unet", lambda: ResidualUNet(), 1024, 13),
+    # Detectors with their post-processing in the graph (score threshold, top-k, NMS: outputs whose
+    # size depends on the data), one image per run: exported with a fixed batch of 1.
+    ("ssdlite", lambda: D.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None), 320, 13),
+    ("retinanet", lambda: D.retinanet_resnet50_fpn(weights=None, weights_backbone=None), 320, 13),
+    ("fasterrcnn_mbv3", lambda: D.fasterrcnn_mobilenet_v3_large_320_fpn(weights=None, weights_backbone=None), 320, 13),
 ]
+DETECTORS = {"ssdlite", "retinanet", "fasterrcnn_mbv3"}
 
 
 class OutputTensor(torch.nn.Module):
@@ -126,6 +133,19 @@ class OutputTensor(torch.nn.Module):
     def forward(self, x):
         y = self.model(x)
         return y["out"] if isinstance(y, dict) else y
+
+
+class Detections(torch.nn.Module):
+    """Detectors take a list of images and return a list of {boxes, scores, labels}: one image in,
+    its three tensors out."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        y = self.model(list(x))[0]
+        return y["boxes"], y["scores"], y["labels"]
 
 
 def main():
@@ -144,17 +164,29 @@ def main():
         if only and name not in only:
             continue
         res = resolution or res
-        model = OutputTensor(make().eval())
+        detector = name in DETECTORS
+        model = (Detections if detector else OutputTensor)(make().eval())
         g = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for mod in model.modules():
                 if isinstance(mod, torch.nn.BatchNorm2d):
                     mod.running_mean.copy_(torch.randn(mod.num_features, generator=g) * 0.1)
                     mod.running_var.copy_(torch.rand(mod.num_features, generator=g) * 0.5 + 0.75)
-            x = torch.randn(2, 3, res, res, generator=g)
+                if detector and isinstance(mod, torch.nn.Conv2d):
+                    # torchvision's detection heads start near zero (std 0.01-0.03, and SSDlite's
+                    # BatchNorm-free extra blocks shrink the maps to 1e-13): scale each convolution
+                    # to unit gain so that the random network's scores and boxes move with its input.
+                    fan_in = mod.weight[0].numel()
+                    mod.weight.copy_(torch.randn(mod.weight.shape, generator=g) * (2.0 / fan_in) ** 0.5)
+            x = torch.randn(1 if detector else 2, 3, res, res, generator=g)
             y = model(x)
-        torch.onnx.export(model, x, f"{out}/{name}.onnx", opset_version=opset, input_names=["input"],
-                          output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
+        if detector:
+            torch.onnx.export(model, x, f"{out}/{name}.onnx", opset_version=opset, input_names=["input"],
+                              output_names=["boxes", "scores", "labels"])
+            y = y[1]  # the scores
+        else:
+            torch.onnx.export(model, x, f"{out}/{name}.onnx", opset_version=opset, input_names=["input"],
+                              output_names=["output"], dynamic_axes={"input": {0: "batch"}, "output": {0: "batch"}})
         np.save(f"{out}/{name}.input.npy", x.numpy())
         np.save(f"{out}/{name}.output.npy", y.numpy())
         calib = f"{out}/calib{res}"

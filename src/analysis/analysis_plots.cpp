@@ -43,6 +43,7 @@ std::vector<std::string> write_analysis_histograms(const quant::PTQ& ptq, const 
     // them stayed alive to the end of the run, 20 full-resolution activations at once at 1024x1024.
     runtime::RunOptions ro;
     ro.observe.assign(tensors.begin(), tensors.end());
+    ro.outputs_needed = false;
     int pass = 0;
     ro.on_value = [&](const std::string& t, const Tensor& v) {
       if (!tensors.count(t)) return;

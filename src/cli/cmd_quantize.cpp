@@ -166,10 +166,12 @@ Action register_quantize(CLI::App& app) {
                           ? ", multiplied by int8-rounded activations (--int4-activations int8)"
                           : "");
     } else {
-      std::cout << "quantized " << ptq.ptq().layers().size() << " layers (" << config.global().activation << ", "
-                << config.global().weight << ", " << weight_bits << "-bit weights, for "
-                << quant::deploy_backend_name(config.deploy_backend) << ") from " << rep.batches << " batches of " << batch_size
-                << " in " << std::fixed << std::setprecision(2) << calib_seconds << " s";
+      // Layers that saw no values in calibration stay float (said in a warning above).
+      std::cout << "quantized " << ptq.ptq().layers().size() - ptq.ptq().unobserved_layers().size() << " layers ("
+                << config.global().activation << ", " << config.global().weight << ", " << weight_bits
+                << "-bit weights, for " << quant::deploy_backend_name(config.deploy_backend) << ") from " << rep.batches
+                << (rep.batches == 1 ? " batch" : " batches") << " of " << batch_size << " in " << std::fixed
+                << std::setprecision(2) << calib_seconds << " s";
     }
     if (rep.resumed_batches) std::cout << " (" << rep.resumed_batches << " batches resumed from the cache)";
     if (const auto mixed = qdq.metadata.find("slimquant.mode"); mixed != qdq.metadata.end() && mixed->second == "mixed") {

@@ -53,11 +53,64 @@ const ir::Node* softmax_writing(const ir::Graph& g, const std::string& output) {
   return n.op_type == "Softmax" || n.op_type == "LogSoftmax" ? &n : nullptr;
 }
 
+namespace {
+
+// Ops whose result is a data-dependent choice of elements (a detector's score threshold, top-k and
+// non-maximum suppression): FP32 and INT8 may choose different elements or a different number.
+bool selects_elements(const std::string& op) {
+  return op == "NonZero" || op == "NonMaxSuppression" || op == "TopK" || op == "Compress" || op == "Unique";
+}
+
+}  // namespace
+
 std::vector<std::string> drift_measured_values(const ir::Graph& g) {
+  // Values computed from a selection (selected), and values computed from what the graph inputs
+  // hold (the others come from constants and shapes alone: anchors, image sizes).
+  std::set<std::string> selected, from_inputs;
+  for (const auto& in : g.inputs)
+    if (!g.is_initializer(in.name)) from_inputs.insert(in.name);
+  for (const auto& n : g.nodes) {
+    const bool reads_shape_only = n.op_type == "Shape" || n.op_type == "Size";
+    bool after_selection = selects_elements(n.op_type), reads_inputs = false;
+    for (const auto& v : n.inputs) {
+      after_selection = after_selection || selected.count(v);
+      reads_inputs = reads_inputs || (!reads_shape_only && from_inputs.count(v));
+    }
+    for (const auto& v : n.outputs) {
+      if (after_selection) selected.insert(v);
+      if (reads_inputs) from_inputs.insert(v);
+    }
+  }
   std::vector<std::string> values;
+  auto measure = [&](const std::string& v) {
+    const ir::Node* softmax = softmax_writing(g, v);
+    const std::string& measured = softmax ? softmax->input(0) : v;
+    if (std::find(values.begin(), values.end(), measured) == values.end()) values.push_back(measured);
+  };
+  // An output after a selection is measured at the dense values the selection chose from (the
+  // scores and boxes of every anchor, the feature maps a RoiAlign reads): elementwise comparison
+  // of two different choices would measure the choice, not the quantization.
+  std::set<std::string> visited;
+  std::vector<std::string> pending;
   for (const auto& out : g.outputs) {
-    const ir::Node* softmax = softmax_writing(g, out.name);
-    values.push_back(softmax ? softmax->input(0) : out.name);
+    if (!selected.count(out.name)) {
+      measure(out.name);
+      continue;
+    }
+    pending.push_back(out.name);
+    while (!pending.empty()) {
+      const std::string v = pending.back();
+      pending.pop_back();
+      const int p = g.producer(v);
+      if (p < 0 || !visited.insert(v).second) continue;
+      for (const auto& in : g.nodes[static_cast<size_t>(p)].inputs) {
+        if (in.empty()) continue;
+        if (selected.count(in))
+          pending.push_back(in);
+        else if (from_inputs.count(in) && g.producer(in) >= 0)  // computed, not fed
+          measure(in);
+      }
+    }
   }
   return values;
 }
@@ -218,6 +271,7 @@ PrecisionFallbackResult choose_precision_fallback(PTQ& ptq, const std::map<std::
     progress.finish();
   } else {
     runtime::RunOptions probe;
+    probe.outputs_needed = false;
     const ir::Graph quantized = ptq.convert();
     added_noise.compare_in(probe, quantized);
     runtime::Session(quantized, so).run(samples, probe);

@@ -330,6 +330,7 @@ void PTQ::sample(const std::map<std::string, Tensor>& feeds) {
   for (const auto& [name, gram] : input_gram_)
     if (!observers_.count(name)) wanted.push_back(name);
   run.observe = wanted;  // seen by the hook, then released: memory stays that of inference
+  run.outputs_needed = false;
   // Every activation observer depends only on each sample's multiset of values, so blocked
   // activations could be observed in place, without a plain copy; the per-channel maxima need
   // the channels where the plain layout has them.
@@ -532,6 +533,19 @@ std::vector<std::string> PTQ::observed_tensors() const {
   return out;
 }
 
+std::vector<std::string> PTQ::unobserved_layers() const {
+  std::vector<std::string> out;
+  if (batches_ == 0) return out;
+  for (const auto& l : layers_) {
+    const bool unseen = std::any_of(l.activations.begin(), l.activations.end(), [&](const std::string& t) {
+      const auto it = observers_.find(t);
+      return it != observers_.end() && it->second->observed_count() == 0;
+    });
+    if (unseen) out.push_back(l.name);
+  }
+  return out;
+}
+
 // For our runtime, inputs that every reader reads as codes are quantized for every reader (see
 // code_readable_inputs), unless one of them is skipped or left in float by its rule: as
 // codes they cost a quarter of the float32 traffic, for about no accuracy
@@ -661,8 +675,11 @@ ir::Graph PTQ::convert_static(const std::optional<std::set<std::string>>& only_l
   const DeployPolicy& policy = DeployPolicy::of(config_.deploy_backend);
   ir::Graph g = float_graph_;
   std::vector<const Layer*> chosen;
+  const std::vector<std::string> unobserved = unobserved_layers();
   for (const auto& l : layers_)
-    if (!only_layers || only_layers->count(l.name)) chosen.push_back(&l);
+    if ((!only_layers || only_layers->count(l.name)) &&
+        std::find(unobserved.begin(), unobserved.end(), l.name) == unobserved.end())
+      chosen.push_back(&l);
 
   // Activation parameters, made consistent where integer tensors must share a scale.
   std::map<std::string, QuantParam> act;

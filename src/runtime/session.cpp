@@ -446,7 +446,9 @@ bool Session::takes_batch(const std::map<std::string, Tensor>& feeds, const RunO
 
 std::map<std::string, Tensor> Session::run_in_parts(const std::map<std::string, Tensor>& feeds,
                                                     const RunOptions& options, int64_t batch, int64_t part) {
-  return join_parts(run_parts(feeds, options, batch, part), feeds, batch, part);
+  std::vector<std::map<std::string, Tensor>> parts = run_parts(feeds, options, batch, part);
+  if (!options.outputs_needed) return {};
+  return join_parts(parts, feeds, batch, part);
 }
 
 std::vector<std::map<std::string, Tensor>> Session::run_parts(const std::map<std::string, Tensor>& feeds,
@@ -486,6 +488,7 @@ std::map<std::string, Tensor> join_rows(const std::vector<std::map<std::string, 
   for (const auto& [name, first] : parts.front()) {
     const size_t axis = batch_axis_of(axes, name);
     std::vector<Tensor> pieces;
+    bool rows_per_sample = true, same_shapes = true;
     for (size_t k = 0; k < parts.size(); ++k) {
       const Tensor& t = parts[k].at(name);
       const int64_t expected = std::min(part, batch - static_cast<int64_t>(k) * part);
@@ -493,14 +496,35 @@ std::map<std::string, Tensor> join_rows(const std::vector<std::map<std::string, 
                                 t.rank() == first.rank();
       for (size_t d = 0; one_row_per_sample && d < t.rank(); ++d)
         one_row_per_sample = d == axis || t.dim(d) == first.dim(d);
-      if (!one_row_per_sample)
-        fail(ErrorKind::kInvalidArgument,
-             "the model takes at most " + std::to_string(part) + " samples per run, and its output '" + name +
-                 "' is " + shape_str(t.shape()) + " for " + std::to_string(expected) +
-                 " samples, not one row per sample: a batch of " + std::to_string(batch) + " cannot be run in parts");
+      rows_per_sample = rows_per_sample && one_row_per_sample;
+      same_shapes = same_shapes && t.dtype() == first.dtype() && t.shape() == first.shape();
       pieces.push_back(t);
     }
-    joined.emplace(name, concat_along(pieces, axis));
+    if (rows_per_sample) {
+      joined.emplace(name, concat_along(pieces, axis));
+      continue;
+    }
+    // Run one sample at a time, an output with no batch axis (a detector's boxes after its
+    // selection, [300x4] for its one image) is that sample's: stacked, one row per sample.
+    if (part == 1 && same_shapes && !first.is_sequence()) {
+      Shape stacked_shape{1};
+      stacked_shape.insert(stacked_shape.end(), first.shape().begin(), first.shape().end());
+      for (Tensor& t : pieces) t = t.reshaped(stacked_shape);
+      joined.emplace(name, concat_along(pieces, 0));
+      continue;
+    }
+    const Tensor* other = &first;
+    for (const Tensor& t : pieces)
+      if (t.shape() != first.shape()) other = &t;
+    fail(ErrorKind::kInvalidArgument,
+         part == 1 && other != &first
+             ? "the model takes one sample per run, and its output '" + name + "' is " + shape_str(first.shape()) +
+                   " for one sample and " + shape_str(other->shape()) +
+                   " for another: outputs whose size depends on the data have no batch; run one sample at a time"
+             : "the model takes at most " + std::to_string(part) + " samples per run, and its output '" + name +
+                   "' is " + shape_str(first.shape()) + " for " + std::to_string(std::min(part, batch)) +
+                   " samples, not one row per sample: a batch of " + std::to_string(batch) +
+                   " cannot be run in parts");
   }
   return joined;
 }
@@ -545,6 +569,7 @@ std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& 
       throw e;  // not a matter of batch size
     }
     limit_batch(1, "it fails at batch " + std::to_string(batch) + ": " + e.what());
+    if (!options.outputs_needed) return {};
     return join_parts(parts, feeds, batch, 1);
   }
 }

@@ -385,6 +385,27 @@ TEST(DnnlGemm, FusedActivationAndBatchSizes) {
   }
 }
 
+// No rows (a detector's box head when its selection kept nothing): an empty output, and the same
+// kernel serves rows again afterwards. oneDNN 2.6 divided by zero creating the primitive.
+TEST(DnnlGemm, NoRowsGiveAnEmptyOutput) {
+  ir::Node gemm = make_node("Gemm", 3);
+  gemm.attrs["transB"] = int64_t{1};
+  const Tensor w = random_tensor({6, 8}, 60), bias = random_tensor({6}, 61);
+  Harness packed(gemm, make_gemm, {{1, w}, {2, bias}});
+  Harness runtime(gemm, make_gemm);
+  for (Harness* h : {&packed, &runtime}) {
+    EXPECT_EQ(h->run({Tensor(DType::kFloat32, {0, 8}), w, bias})[0].shape(), (Shape{0, 6}));
+    const Tensor a = random_tensor({3, 8}, 62);
+    expect_close(h->run({a, w, bias})[0], reference_gemm(a, w, &bias, false, true, 1.f, 1.f));
+  }
+  const Tensor m = random_tensor({8, 5}, 63);
+  Harness matmul(make_node("MatMul", 2), make_matmul, {{1, m}});
+  EXPECT_EQ(matmul.run({Tensor(DType::kFloat32, {0, 8}), m})[0].shape(), (Shape{0, 5}));
+  EXPECT_EQ(matmul.run({Tensor(DType::kFloat32, {2, 0, 8}), m})[0].shape(), (Shape{2, 0, 5}));
+  const Tensor a = random_tensor({2, 8}, 64);
+  expect_close(matmul.run({a, m})[0], reference_matmul(a, m));
+}
+
 TEST(DnnlMatMul, BroadcastsBatchDimsOfDifferentRanks) {
   const std::pair<Shape, Shape> cases[] = {
       {{2, 3, 4, 5}, {5, 6}},    {{3, 4, 5}, {2, 1, 5, 6}}, {{5}, {2, 5, 3}},       {{2, 3, 4}, {4}},

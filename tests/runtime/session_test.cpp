@@ -568,13 +568,77 @@ TEST(SessionBatch, ModelFailingAtALargerBatchIsFedOneSampleAtATime) {
   EXPECT_EQ(unhooked.batch_limit(), 1);
 }
 
-// Outputs that are not one row per sample cannot be put back together: an error saying why, not
-// a wrong answer.
-TEST(SessionBatch, OutputsNotPerSampleAreAnErrorWhenSplit) {
+// Run one sample at a time, an output without a batch axis is that sample's: stacked, one row per
+// sample (a reduced scalar here, a detector's [300x4] boxes in practice).
+TEST(SessionBatch, OutputsWithoutABatchAxisAreStackedWhenRunOneSampleAtATime) {
   runtime::Session s(baked_batch_of_one(true));
+  const Tensor y = s.run({{"x", rows_0_to(3)}}).at("y");
+  EXPECT_EQ(s.batch_limit(), 1);
+  ASSERT_EQ(y.shape(), (Shape{3}));
+  for (int64_t r = 0; r < 3; ++r) EXPECT_EQ(y.data<float>()[r], static_cast<float>(16 * r + 16)) << r;
+}
+
+namespace {
+
+// x [1, 4] (a fixed batch of one) -> NonZero(x > 2) [2, k]: how many elements a sample selects
+// depends on its values.
+ir::Graph selection_of_batch_one() {
+  ir::Graph g;
+  g.opset = 13;
+  g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{1, ""}, {4, ""}}});
+  g.initializers["two"] = Tensor::from_vector<float>({}, {2.f});
+  ir::Node greater;
+  greater.op_type = "Greater";
+  greater.name = "greater";
+  greater.inputs = {"x", "two"};
+  greater.outputs = {"mask"};
+  g.nodes.push_back(greater);
+  ir::Node nonzero;
+  nonzero.op_type = "NonZero";
+  nonzero.name = "nonzero";
+  nonzero.inputs = {"mask"};
+  nonzero.outputs = {"selected"};
+  g.nodes.push_back(nonzero);
+  g.outputs.push_back({"selected", DType::kInt64, std::nullopt});
+  return g;
+}
+
+}  // namespace
+
+// Outputs whose shape differs from sample to sample cannot be put back together: an error saying
+// why, not a wrong answer. A run whose caller reads values through its hook (calibration) gets
+// every sample to the hook and no outputs, so it does not fail.
+TEST(SessionBatch, OutputsShapedByTheDataAreAnErrorWhenSplitUnlessNotNeeded) {
+  runtime::Session s(selection_of_batch_one());
   try {
     s.run({{"x", rows_0_to(3)}});
-    FAIL() << "a reduced output was joined from parts";
+    FAIL() << "selections of different sizes were joined";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'selected' is [2x1] for one sample and [2x4] for another"), std::string::npos) << what;
+    EXPECT_NE(what.find("run one sample at a time"), std::string::npos) << what;
+  }
+  std::vector<Shape> seen;
+  runtime::RunOptions observing;
+  observing.observe = {"mask", "selected"};
+  observing.outputs_needed = false;
+  observing.on_value = [&](const std::string& name, const Tensor& v) {
+    if (name == "selected") seen.push_back(v.shape());
+  };
+  EXPECT_TRUE(s.run({{"x", rows_0_to(3)}}, observing).empty());
+  EXPECT_EQ(seen, (std::vector<Shape>{{2, 1}, {2, 4}, {2, 4}}));
+}
+
+// Parts of several samples: an output that is not one row per sample cannot be attributed to them.
+TEST(SessionBatch, OutputsNotPerSampleAreAnErrorWhenRunInPartsOfSeveral) {
+  ir::Graph g = baked_batch_of_one(true);
+  (*g.inputs[0].dims)[0] = ir::Dim{2, ""};
+  g.nodes.front().inputs = {"x", "x"};  // no baked batch of one: the declared 2 is the limit
+  runtime::Session s(g);
+  try {
+    s.run({{"x", rows_0_to(4)}});
+    FAIL() << "a reduced output was joined from parts of two samples";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
     EXPECT_NE(std::string(e.what()).find("not one row per sample"), std::string::npos) << e.what();

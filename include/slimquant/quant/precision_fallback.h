@@ -50,7 +50,9 @@ struct PrecisionFallbackResult {
 // that follows an opset < 13 Softmax after the opset upgrade), or nullptr.
 const ir::Node* softmax_writing(const ir::Graph& graph, const std::string& output);
 // The values whose drift from FP32 is measured: the graph outputs, except that an output written by
-// Softmax / LogSoftmax (softmax_writing) is measured at its input (the logits).
+// Softmax / LogSoftmax (softmax_writing) is measured at its input (the logits), and an output
+// computed after a data-dependent selection (NonZero, NonMaxSuppression, TopK, Compress, Unique: a
+// detector's post-processing) at the values the selection chose from that the inputs determine.
 std::vector<std::string> drift_measured_values(const ir::Graph& graph);
 
 // SQNR in dB of `quantized` against `reference` over every float output they share.

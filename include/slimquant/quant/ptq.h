@@ -99,6 +99,10 @@ class PTQ {
   const QuantConfig& config() const { return config_; }
   // Activation tensors observed, their observers and the parameters convert() uses.
   std::vector<std::string> observed_tensors() const;
+  // Layers whose inputs held no values in any calibration batch fed so far (a detector's box head
+  // when the selection before it kept nothing on every sample): they have no range and stay float
+  // in convert(); empty before the first batch.
+  std::vector<std::string> unobserved_layers() const;
   const Observer& activation_observer(const std::string& tensor) const;
   QuantParam activation_params(const std::string& tensor) const;
   // Per-channel parameters and observer of a layer's weight (layer must have one); `weight`

@@ -79,6 +79,9 @@ struct RunOptions {
   // values can differ from the blocked plan's by float rounding (oneDNN sums a plain destination in
   // another order).
   bool observed_plain = false;
+  // false: the caller reads what it needs through on_value (calibration) and run returns nothing
+  // when it runs a batch in parts, so outputs that cannot be joined (see join_rows) do not fail it.
+  bool outputs_needed = true;
 };
 
 // Where the samples of a batch lie in each tensor: the axis of its batch, 0 for [batch, ...], 1 for
@@ -110,8 +113,10 @@ int64_t batch_rows(const std::map<std::string, Tensor>& feeds, const BatchAxes& 
 std::map<std::string, Tensor> feed_rows(const std::map<std::string, Tensor>& feeds, int64_t first, int64_t count,
                                         const BatchAxes& axes = {});
 // The inverse for outputs: the outputs of a batch of `batch` samples run in parts of `part` (the
-// last may be smaller) as one batch, each joined along its batch axis. Throws kInvalidArgument
-// naming the output when one is not one row per sample.
+// last may be smaller) as one batch, each joined along its batch axis. Run one sample at a time,
+// an output without a batch axis (a detector's [300x4] boxes of its one image) is stacked along a
+// new first axis, one row per sample. Throws kInvalidArgument naming the output when neither
+// applies: parts of several samples, or an output whose shape differs from sample to sample.
 std::map<std::string, Tensor> join_rows(const std::vector<std::map<std::string, Tensor>>& parts, int64_t batch,
                                         int64_t part, const BatchAxes& axes = {});
 
@@ -137,7 +142,7 @@ class Session {
   // feeds: graph inputs by name. Feeds may also name intermediate values: then only the part of the
   // graph downstream of them that the requested outputs need is executed (prefix reuse for
   // analysis); every other value that part reads must be fed too.
-  // A batch larger than the model takes is run in parts, their outputs concatenated: when its
+  // A batch larger than the model takes is run in parts, their outputs joined (join_rows): when its
   // inputs declare a fixed batch B (N a multiple of B), or when it fails at batch N with a shape
   // error and runs one sample at a time (a batch of 1 baked into the graph by an exporter, behind
   // a declared dynamic batch). A line on stderr says so, once per session.

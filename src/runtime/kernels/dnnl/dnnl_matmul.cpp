@@ -200,6 +200,10 @@ class GemmKernel final : public Kernel {
                                             std::to_string(n));
     MatmulPlan p;
     p.out_shape = {m, n};
+    // No rows (a detector's box head after a selection kept nothing): nothing to run, and oneDNN
+    // 2.6 divides by zero creating the primitive.
+    if (m == 0 || n == 0) return p;
+    if (k == 0) fail(ErrorKind::kUnsupported, what + ": inputs A and B have an inner dimension of 0");
     p.src = matrix_desc(m, k, attrs_.trans_a);
     p.dst = plain_desc(p.out_shape);
     const bool const_b = packed_b_.has_source();
@@ -291,6 +295,8 @@ class MatMulKernel final : public Kernel {
     p.out_shape = out_batch;
     if (as.size() > 1) p.out_shape.push_back(m);
     if (bs.size() > 1) p.out_shape.push_back(n);
+    if (shape_numel(p.out_shape) == 0) return p;  // nothing to run (see GemmKernel::make_plan)
+    if (k == 0) fail(ErrorKind::kUnsupported, what + ": inputs A and B have an inner dimension of 0");
 
     const bool const_b = packed_b_.has_source();
     Dims src_dims, wei_dims, dst_dims;
