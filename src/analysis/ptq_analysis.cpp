@@ -22,6 +22,7 @@
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/ir/passes.h"
+#include "slimquant/quant/precision_fallback.h"
 #include "slimquant/runtime/optimize.h"
 
 namespace slimquant::analysis {
@@ -279,7 +280,13 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
   std::vector<std::unique_ptr<Metric>> metrics;
   for (size_t i = 0; i < variants.size(); ++i) metrics.push_back(metric.clone_empty());
 
-  data::BatchLoader loader(data, options.batch_size);
+  // A model that declares a fixed batch B is fed batches of at most B: a larger batch would run in
+  // parts whose boundary values are joined for the layers' models, and a value with no batch axis
+  // (a detector's anchor grid, computed per image) joins as a stack those models cannot split.
+  size_t batch_size = options.batch_size;
+  if (const ir::Dim batch = runtime::batch_dimension(base.inputs); batch.known() && batch.value > 0)
+    batch_size = std::min(batch_size, static_cast<size_t>(batch.value));
+  data::BatchLoader loader(data, batch_size);
   const size_t total = loader.num_batches();
   size_t start = 0;
   std::optional<Checkpoint> checkpoint;
@@ -288,7 +295,7 @@ SweepResult sweep_layers(const ir::Graph& base, const std::vector<LayerVariant>&
     fp["metric"] = metric.name();
     fp["data"] = data.name();
     fp["samples"] = data.size();
-    fp["batch_size"] = options.batch_size;
+    fp["batch_size"] = batch_size;
     nlohmann::json names = nlohmann::json::array();
     for (const auto& v : variants) names.push_back(v.layer);
     fp["layers_hash"] = hash_hex(names.dump());
@@ -630,6 +637,15 @@ SensitivityReport analyze_ptq(const quant::PTQ& ptq, const data::Dataset& data, 
   std::vector<LayerVariant> variants = ptq_variants(ptq);
   SQ_CHECK(!variants.empty(), ErrorKind::kInvalidArgument,
            "the model has no quantizable layer (quantizable_op_type: check the op types)");
+  // A detector's outputs follow its selection (NMS, top-k): FP32 and each layer's model keep other
+  // boxes, and other numbers of them. A metric against FP32 compares the values chosen from.
+  ir::Graph base = ptq.float_graph();
+  const std::vector<std::string> selection_inputs =
+      metric.needs_reference() ? quant::selection_inputs(base) : std::vector<std::string>{};
+  if (!selection_inputs.empty()) {
+    base = quant::join_measured_values(std::move(base), selection_inputs);
+    for (auto& v : variants) v.graph = quant::join_measured_values(std::move(v.graph), selection_inputs);
+  }
   SweepOptions so;
   so.batch_size = options.batch_size;
   so.checkpoint_path = checkpoint_path(options);
@@ -637,9 +653,10 @@ SensitivityReport analyze_ptq(const quant::PTQ& ptq, const data::Dataset& data, 
   for (const auto& [k, v] : options.fingerprint_extra.items()) so.fingerprint[k] = v;
   so.num_threads = options.num_threads;
   so.progress_label = "analyze";
-  SweepResult sweep = sweep_layers(ptq.float_graph(), variants, data, metric, nullptr, so);
+  SweepResult sweep = sweep_layers(base, variants, data, metric, nullptr, so);
   SensitivityReport report = rank_layers("ptq", variants, sweep, metric, sweep.base_metric);
   report.extra["layers_total"] = variants.size();
+  if (!selection_inputs.empty()) report.extra["measured_before_selection"] = selection_inputs;
   report.extra["data"] = data.name();
   report.extra["batch_size"] = options.batch_size;
   report.extra["quant_config"] = ptq.config().fingerprint();

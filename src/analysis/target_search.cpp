@@ -16,6 +16,7 @@
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/lowering.h"
+#include "slimquant/quant/precision_fallback.h"
 
 namespace slimquant::analysis {
 
@@ -328,7 +329,14 @@ TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport&
                                  const Metric& metric, const TargetSearchOptions& options) {
   runtime::SessionOptions so;
   so.num_threads = options.num_threads;
-  runtime::Session fp32(ptq.float_graph(), so);
+  // Outputs after a selection are compared at the values chosen from (as analyze_ptq ranks them);
+  // the saved model keeps them.
+  const std::vector<std::string> selection_inputs =
+      metric.needs_reference() ? quant::selection_inputs(ptq.float_graph()) : std::vector<std::string>{};
+  auto evaluated = [&](const ir::Graph& g) {
+    return selection_inputs.empty() ? g : quant::join_measured_values(g, selection_inputs);
+  };
+  runtime::Session fp32(evaluated(ptq.float_graph()), so);
   data::BatchLoader loader(data, options.batch_size);
   SQ_CHECK(loader.num_batches() > 0, ErrorKind::kInvalidData, "evaluation data set '" + data.name() + "' is empty");
   const std::map<std::string, Tensor> timing_batch =
@@ -347,7 +355,7 @@ TargetSearchResult search_target(const quant::PTQ& ptq, const SensitivityReport&
   };
   // Candidates run with slimquant's integer execution: the model users deploy.
   scorer.candidate = [&](const ir::Graph& qdq, size_t skipped) {
-    runtime::Session int8 = quant::make_int8_session(qdq, so);
+    runtime::Session int8 = quant::make_int8_session(evaluated(qdq), so);
     auto m = metric.clone_empty();
     eo.progress_label = "target skip " + std::to_string(skipped);
     const double value = evaluate(int8, data, *m, eo).value;

@@ -248,6 +248,9 @@ Action register_analyze(CLI::App& app) {
                 << (report.batches_resumed ? " (resumed after " + std::to_string(report.batches_resumed) + " batches)" : "");
     std::cout << "; fp32 " << metric_shown << " " << format_metric(report.baseline) << "\n";
     std::cout.unsetf(std::ios::floatfield);
+    if (const auto m = report.extra.find("measured_before_selection"); m != report.extra.end())
+      std::cout << "the model's outputs follow a selection by its data (NMS, top-k): " << metric_shown
+                << " compares the " << m->size() << " values it chose from (docs/quantization.md, detectors)\n";
     std::cout << "most damaging layers:\n";
     print_ranking(report, 5);
     std::cout << "ranking -> " << (std::filesystem::path(save_dir) / "analysis.txt").string() << std::endl;

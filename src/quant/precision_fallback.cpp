@@ -63,7 +63,14 @@ bool selects_elements(const std::string& op) {
 
 }  // namespace
 
-std::vector<std::string> drift_measured_values(const ir::Graph& g) {
+namespace {
+
+struct MeasuredValues {
+  std::vector<std::string> values;
+  bool after_selection = false;  // an output follows a selection
+};
+
+MeasuredValues measured_values(const ir::Graph& g) {
   // Values computed from a selection (selected), and values computed from what the graph inputs
   // hold (the others come from constants and shapes alone: anchors, image sizes).
   std::set<std::string> selected, from_inputs;
@@ -81,7 +88,8 @@ std::vector<std::string> drift_measured_values(const ir::Graph& g) {
       if (reads_inputs) from_inputs.insert(v);
     }
   }
-  std::vector<std::string> values;
+  MeasuredValues result;
+  std::vector<std::string>& values = result.values;
   auto measure = [&](const std::string& v) {
     const ir::Node* softmax = softmax_writing(g, v);
     const std::string& measured = softmax ? softmax->input(0) : v;
@@ -97,6 +105,7 @@ std::vector<std::string> drift_measured_values(const ir::Graph& g) {
       measure(out.name);
       continue;
     }
+    result.after_selection = true;
     pending.push_back(out.name);
     while (!pending.empty()) {
       const std::string v = pending.back();
@@ -112,7 +121,94 @@ std::vector<std::string> drift_measured_values(const ir::Graph& g) {
       }
     }
   }
-  return values;
+  return result;
+}
+
+}  // namespace
+
+std::vector<std::string> drift_measured_values(const ir::Graph& g) { return measured_values(g).values; }
+
+namespace {
+
+// The element type of every value the graph computes, as far as op types tell it (intermediate
+// values carry none after loading): comparisons give bool, index ops int64, Cast and
+// ConstantOfShape what they say, and every other op its data input's type.
+std::map<std::string, DType> value_dtypes(const ir::Graph& g) {
+  static const std::set<std::string> kBoolOps = {"Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual",
+                                                 "And", "Or", "Xor", "Not", "IsNaN", "IsInf"};
+  static const std::set<std::string> kIndexOps = {"Shape", "Size", "NonZero", "ArgMax", "ArgMin", "NonMaxSuppression"};
+  std::map<std::string, DType> dtypes;
+  for (const auto& in : g.inputs) dtypes[in.name] = in.dtype;
+  for (const auto& [name, t] : g.initializers) dtypes[name] = t.dtype();
+  auto of = [&](const std::string& v) {
+    const auto it = dtypes.find(v);
+    return it == dtypes.end() ? DType::kUndefined : it->second;
+  };
+  for (const auto& n : g.nodes) {
+    DType out = DType::kUndefined;
+    if (kBoolOps.count(n.op_type)) out = DType::kBool;
+    else if (kIndexOps.count(n.op_type)) out = DType::kInt64;
+    else if (n.op_type == "Cast") out = dtype_from_onnx(static_cast<int>(n.attr_int("to", 0)));
+    else if (n.op_type == "Constant" || n.op_type == "ConstantOfShape")
+      out = n.attr_tensor("value") ? n.attr_tensor("value")->dtype() : DType::kFloat32;
+    else if (!n.inputs.empty()) out = of(n.op_type == "Where" && n.inputs.size() > 1 ? n.inputs[1] : n.inputs[0]);
+    for (size_t i = 0; i < n.outputs.size(); ++i)
+      dtypes[n.outputs[i]] = n.op_type == "TopK" && i == 1 ? DType::kInt64 : out;
+  }
+  return dtypes;
+}
+
+}  // namespace
+
+std::vector<std::string> selection_inputs(const ir::Graph& g) {
+  MeasuredValues m = measured_values(g);
+  if (!m.after_selection) return {};
+  const std::map<std::string, DType> dtypes = value_dtypes(g);
+  std::erase_if(m.values, [&](const std::string& v) {
+    const auto it = dtypes.find(v);
+    return it == dtypes.end() || it->second != DType::kFloat32;
+  });
+  return m.values;
+}
+
+ir::Graph join_measured_values(ir::Graph g, const std::vector<std::string>& values) {
+  SQ_CHECK(!values.empty(), ErrorKind::kInvalidArgument, "join_measured_values: no values to join");
+  std::set<std::string> computed;
+  for (const auto& n : g.nodes) computed.insert(n.outputs.begin(), n.outputs.end());
+  std::set<std::string> used = computed;
+  for (const auto& [name, t] : g.initializers) used.insert(name);
+  for (const auto& in : g.inputs) used.insert(in.name);
+  auto fresh = [&](const std::string& base) {
+    std::string name = base;
+    for (int k = 1; used.count(name); ++k) name = base + "_" + std::to_string(k);
+    used.insert(name);
+    return name;
+  };
+  const std::string flat = fresh("slimquant_flat");
+  g.initializers[flat] = Tensor::from_vector<int64_t>({2}, {1, -1});  // one row per run
+  ir::Node concat;
+  concat.op_type = "Concat";
+  concat.name = std::string(kJoinedMeasuredValues);
+  concat.attrs["axis"] = int64_t{1};
+  for (size_t i = 0; i < values.size(); ++i) {
+    SQ_CHECK(computed.count(values[i]), ErrorKind::kInvalidArgument,
+             "join_measured_values: '" + values[i] + "' is not computed");
+    ir::Node reshape;
+    reshape.op_type = "Reshape";
+    reshape.name = fresh(values[i] + "_flat");
+    reshape.inputs = {values[i], flat};
+    reshape.outputs = {reshape.name};
+    concat.inputs.push_back(reshape.name);
+    g.nodes.push_back(std::move(reshape));
+  }
+  SQ_CHECK(!used.count(kJoinedMeasuredValues), ErrorKind::kInvalidArgument,
+           std::string("join_measured_values: the model already has a value '") + kJoinedMeasuredValues + "'");
+  concat.outputs = {std::string(kJoinedMeasuredValues)};
+  g.nodes.push_back(std::move(concat));
+  g.outputs = {{std::string(kJoinedMeasuredValues), DType::kFloat32, std::nullopt}};
+  g.remove_dead_nodes();
+  g.remove_unused_initializers();
+  return g;
 }
 
 namespace {

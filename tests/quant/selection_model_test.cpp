@@ -6,6 +6,7 @@
 #include <random>
 
 #include "graph_builder.h"
+#include "selection_model.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/post_training_quantization.h"
 #include "slimquant/quant/precision_fallback.h"
@@ -15,37 +16,6 @@
 using namespace slimquant;
 
 namespace {
-
-struct SelectionModel {
-  ir::Graph graph;
-  std::string features, mask;  // the dense values the selection reads
-};
-
-// x [1, 8] (a fixed batch of one) -> Gemm -> Relu = features [1, 16]; the features above
-// `threshold` are picked (Greater -> NonZero -> Gather), each is scaled by the image size (a value
-// of the input's shape only) and a second Gemm maps each picked value to 4 numbers: "boxes" [k, 4],
-// k depending on the sample. A threshold above every feature leaves the second Gemm nothing.
-SelectionModel selection_model(float threshold) {
-  test::GraphBuilder b;
-  b.g.opset = 13;
-  b.g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{1, ""}, {8, ""}}});
-  std::mt19937 rng(5);
-  const std::string w1 = b.constant(test::random_tensor({8, 16}, rng)), b1 = b.constant(test::random_tensor({16}, rng));
-  const std::string features = b.node("Relu", {b.node("Gemm", {"x", w1, b1})});
-  const std::string mask = b.node("Greater", {features, b.constant(Tensor::from_vector<float>({}, {threshold}))});
-  const std::string positions = b.node("NonZero", {mask});  // [2, k]: rows, columns
-  const std::string columns =
-      b.node("Gather", {positions, b.constant(Tensor::from_vector<int64_t>({}, {1}))}, {{"axis", int64_t{0}}});
-  const std::string picked = b.node("Gather", {features, columns}, {{"axis", int64_t{1}}});  // [1, k]
-  const std::string size = b.node("Cast", {b.node("Shape", {"x"})}, {{"to", int64_t{1}}});   // [1, 8] as floats
-  const std::string scale = b.node("ReduceMax", {size}, {{"keepdims", int64_t{0}}});
-  const std::string scaled = b.node("Mul", {picked, scale});
-  const std::string rows = b.node("Reshape", {scaled, b.constant(Tensor::from_vector<int64_t>({2}, {-1, 1}))});
-  const std::string boxes = b.node("Gemm", {rows, b.constant(test::random_tensor({1, 4}, rng))});
-  b.g.nodes.back().name = "box_head";
-  b.g.outputs.push_back({boxes, DType::kFloat32, std::nullopt});
-  return {b.g, features, mask};
-}
 
 // Samples whose features cross a threshold of 0.5 a different number of times each.
 quant::SampleGenerator samples(int count) {
@@ -59,14 +29,14 @@ quant::SampleGenerator samples(int count) {
 
 // The model of `threshold` quantized by default from `count` samples in batches of 4.
 struct QuantizedSelection {
-  SelectionModel model;
+  test::SelectionModel model;
   test::TempDir dir{"selection_model"};
   std::unique_ptr<quant::PostTrainingQuantization> ptq;
   ir::Graph quantized;
 };
 std::unique_ptr<QuantizedSelection> quantize_selection_model(float threshold, int count) {
   auto q = std::make_unique<QuantizedSelection>();
-  q->model = selection_model(threshold);
+  q->model = test::selection_model(threshold);
   ir::save_onnx(q->model.graph, q->dir.path("model.onnx"));
   quant::PostTrainingQuantizationOptions o;
   o.model_dir = q->dir.path("model.onnx");
@@ -83,7 +53,7 @@ std::unique_ptr<QuantizedSelection> quantize_selection_model(float threshold, in
 // (and the mask, which the SQNR skips as not float), not the picked boxes, the constants or what
 // the input's shape alone gives.
 TEST(SelectionModel, DriftIsMeasuredAtWhatTheSelectionChoseFrom) {
-  const SelectionModel m = selection_model(0.5f);
+  const test::SelectionModel m = test::selection_model(0.5f);
   EXPECT_EQ(quant::drift_measured_values(m.graph), (std::vector<std::string>{m.features, m.mask}));
 }
 
@@ -92,7 +62,7 @@ TEST(SelectionModel, DriftIsMeasuredAtWhatTheSelectionChoseFrom) {
 // quantized model runs each sample as the float one selects, within quantization noise.
 TEST(SelectionModel, QuantizesFromBatchesLargerThanTheModelTakes) {
   const auto q = quantize_selection_model(0.5f, 24);
-  const SelectionModel& m = q->model;
+  const test::SelectionModel& m = q->model;
   const quant::PostTrainingQuantization& ptq = *q->ptq;
   const ir::Graph& quantized = q->quantized;
   EXPECT_EQ(test::count_op(quantized, "QuantizeLinear"), 2) << "both Gemms' inputs";

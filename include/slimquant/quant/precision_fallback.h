@@ -54,6 +54,14 @@ const ir::Node* softmax_writing(const ir::Graph& graph, const std::string& outpu
 // computed after a data-dependent selection (NonZero, NonMaxSuppression, TopK, Compress, Unique: a
 // detector's post-processing) at the values the selection chose from that the inputs determine.
 std::vector<std::string> drift_measured_values(const ir::Graph& graph);
+// The float32 values drift_measured_values measures when an output of `graph` follows a selection
+// (a detector's boxes after NMS), else none: what an analysis ranking layers by one output compares.
+std::vector<std::string> selection_inputs(const ir::Graph& graph);
+// `graph` (the float model or a QDQ variant of it) with one output, kJoinedMeasuredValues [1, n]:
+// `values` flattened and concatenated, one row per run (selection_inputs of the float model, whose
+// runs take one image); what only the former outputs needed is removed.
+inline constexpr const char* kJoinedMeasuredValues = "slimquant_selection_inputs";
+ir::Graph join_measured_values(ir::Graph graph, const std::vector<std::string>& values);
 
 // SQNR in dB of `quantized` against `reference` over every float output they share.
 double output_sqnr_db(const std::map<std::string, Tensor>& reference, const std::map<std::string, Tensor>& quantized);
