@@ -10,7 +10,7 @@ namespace slimquant::test {
 
 struct SelectionModel {
   ir::Graph graph;
-  std::string features, mask;  // the dense values the selection reads
+  std::string features;  // the dense values the selection reads
 };
 
 // x [1, 8] (a fixed batch of one) -> Gemm -> Relu = features [1, 16]; the features above
@@ -36,7 +36,7 @@ inline SelectionModel selection_model(float threshold) {
   const std::string boxes = b.node("Gemm", {rows, b.constant(random_tensor({1, 4}, rng))});
   b.g.nodes.back().name = "box_head";
   b.g.outputs.push_back({boxes, DType::kFloat32, std::nullopt});
-  return {b.g, features, mask};
+  return {b.g, features};
 }
 
 }  // namespace slimquant::test

@@ -249,8 +249,8 @@ Action register_analyze(CLI::App& app) {
     std::cout << "; fp32 " << metric_shown << " " << format_metric(report.baseline) << "\n";
     std::cout.unsetf(std::ios::floatfield);
     if (const auto m = report.extra.find("measured_before_selection"); m != report.extra.end())
-      std::cout << "the model's outputs follow a selection by its data (NMS, top-k): " << metric_shown
-                << " compares the " << m->size() << " values it chose from (docs/quantization.md, detectors)\n";
+      std::cout << "the model's outputs are chosen or decided by its data (NMS, top-k, ArgMax): " << metric_shown
+                << " compares the " << m->size() << " values they come from (docs/quantization.md, detectors)\n";
     std::cout << "most damaging layers:\n";
     print_ranking(report, 5);
     std::cout << "ranking -> " << (std::filesystem::path(save_dir) / "analysis.txt").string() << std::endl;

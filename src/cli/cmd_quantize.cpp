@@ -121,10 +121,10 @@ Action register_quantize(CLI::App& app) {
     // a missing directory, a directory or device, or one of this command's inputs.
     check_output_path(a->output,
                       {model_file, a->config_path, data_spec_path(flags.dataset), data_spec_path(a->eval_data)}, "-o");
-    // Side inputs take their ranks from the model (read here only when there are any).
-    std::optional<ir::Graph> model_inputs;
-    if (!flags.side_inputs.empty()) model_inputs = ir::load_model(model_file);
-    const ir::Graph* for_ranks = model_inputs ? &*model_inputs : nullptr;
+    // Side inputs take their ranks from the model's inputs, and the samples the type of theirs.
+    ir::Graph model_inputs;
+    model_inputs.inputs = ir::read_model_inputs(model_file);
+    const ir::Graph* for_ranks = &model_inputs;
     // Weight-only needs no data; given, it is the evaluation's.
     const bool no_data = uncalibrated && flags.dataset.empty();
     auto dataset = no_data ? nullptr : data::open_dataset(flags.options("quantize: the calibration", for_ranks));

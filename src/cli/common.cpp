@@ -50,6 +50,18 @@ data::DataOptions DataFlags::options(const std::string& needed_by, const ir::Gra
         }
     o.side_inputs.push_back(std::move(side));
   }
+  // The samples feed the one input no side input names: a text model's token ids go in as its
+  // integer type.
+  if (model) {
+    std::vector<const ir::ValueInfo*> fed_by_samples;
+    for (const auto& in : model->inputs)
+      if (!model->is_initializer(in.name) &&
+          std::none_of(o.side_inputs.begin(), o.side_inputs.end(), [&](const auto& s) { return s.name == in.name; }))
+        fed_by_samples.push_back(&in);
+    const DType t = fed_by_samples.size() == 1 ? fed_by_samples[0]->dtype : DType::kFloat32;
+    if (t == DType::kInt64 || t == DType::kInt32 || t == DType::kInt16 || t == DType::kInt8 || t == DType::kUInt8)
+      o.sample_dtype = t;
+  }
   return o;
 }
 

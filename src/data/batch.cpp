@@ -1,5 +1,6 @@
 #include "slimquant/data/batch.h"
 
+#include <cmath>
 #include <exception>
 #include <mutex>
 
@@ -27,9 +28,35 @@ Tensor batch_on_axis(const Tensor& stacked, size_t axis) {
 
 std::map<std::string, Tensor> Batch::feeds(const std::string& main_input) const {
   std::map<std::string, Tensor> f = side_inputs;
-  f[main_input] = inputs;
+  f[main_input] = typed_inputs.defined() ? typed_inputs : inputs;
   return f;
 }
+
+namespace {
+
+// Samples of an integer model input (token ids), loaded as float32: whole numbers in the type's
+// range, converted exactly (float32 holds every integer up to 2^24, beyond any vocabulary).
+Tensor as_integers(const Tensor& samples, DType dtype, const Dataset& data, size_t first) {
+  const auto [lo, hi] = [&]() -> std::pair<double, double> {
+    switch (dtype) {
+      case DType::kInt32: return {-2147483648.0, 2147483647.0};
+      case DType::kInt16: return {-32768.0, 32767.0};
+      case DType::kInt8: return {-128.0, 127.0};
+      case DType::kUInt8: return {0.0, 255.0};
+      default: return {-9007199254740992.0, 9007199254740992.0};  // int64: what a double holds exactly
+    }
+  }();
+  const float* v = samples.data<float>();
+  const int64_t per = samples.dim(0) ? samples.numel() / samples.dim(0) : 1;
+  for (int64_t i = 0; i < samples.numel(); ++i)
+    SQ_CHECK(v[i] == std::nearbyint(v[i]) && v[i] >= lo && v[i] <= hi, ErrorKind::kInvalidData,
+             "data set '" + data.name() + "', sample " + std::to_string(first + static_cast<size_t>(i / per)) +
+                 " holds " + std::to_string(v[i]) + " for a model input of " + dtype_name(dtype) +
+                 ": its values must be whole numbers in that type's range (token ids)");
+  return samples.cast(dtype);
+}
+
+}  // namespace
 
 BatchLoader::BatchLoader(const Dataset& dataset, size_t batch_size)
     : dataset_(dataset), batch_size_(batch_size) {
@@ -81,6 +108,7 @@ Batch BatchLoader::load_range(size_t first, size_t count) const {
     }
   }
   if (error) std::rethrow_exception(error);
+  if (dataset_.sample_dtype() != DType::kFloat32) b.typed_inputs = as_integers(b.inputs, dataset_.sample_dtype(), dataset_, first);
 
   const std::vector<SideInput>& sides = dataset_.side_inputs();
   for (size_t s = 0; s < sides.size(); ++s) {

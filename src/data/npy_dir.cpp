@@ -21,14 +21,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Raw little-endian array elements -> float32; uint8 data is taken as pixels (scaled to [0,1]),
-// every other dtype as-is.
-void to_float(DType dtype, const void* src, size_t n, float* dst) {
+// Raw little-endian array elements -> float32; uint8 data is taken as pixels (scaled to [0,1]) when
+// `uint8_pixels`, every other dtype as-is.
+void to_float(DType dtype, const void* src, size_t n, float* dst, bool uint8_pixels) {
   if (dtype == DType::kFloat32) {
     if (src != dst) std::memcpy(dst, src, n * sizeof(float));
     return;
   }
-  if (dtype == DType::kUInt8) {
+  if (dtype == DType::kUInt8 && uint8_pixels) {
     const auto* p = static_cast<const uint8_t*>(src);
     for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(p[i]) * (1.f / 255.f);
     return;
@@ -122,6 +122,8 @@ class NpyDir final : public Dataset {
       resize_ = !(from_ == to_);
     }
     norm_ = resolve_normalize(options, channels_, name_);
+    // Fed to an integer model input (token ids, raw uint8 images), values are taken as stored.
+    uint8_pixels_ = options.sample_dtype == DType::kFloat32;
   }
 
   const std::string& name() const override { return name_; }
@@ -158,7 +160,7 @@ class NpyDir final : public Dataset {
         fail(ErrorKind::kInvalidData, source + ": shape changed to " + shape_str(t.shape()) +
                                           " since the data set was opened (was " +
                                           shape_str(stored_shape_) + ")");
-      to_float(t.dtype(), t.raw(), n, stage);
+      to_float(t.dtype(), t.raw(), n, stage, uint8_pixels_);
     } else {
       source = batched_path_ + " sample " + std::to_string(index);
       const size_t item = dtype_size(batched_dtype_);
@@ -169,7 +171,7 @@ class NpyDir final : public Dataset {
                                                        : (raw.resize(bytes), raw.data());
       read_at(target, bytes, data_offset_ + static_cast<uint64_t>(index) * bytes);
       if (batched_float16_) widen_float16(static_cast<const uint16_t*>(target), static_cast<int64_t>(n), stage);
-      else to_float(batched_dtype_, target, n, stage);
+      else to_float(batched_dtype_, target, n, stage, uint8_pixels_);
     }
     if (resize_) planar_resize_normalize(stage, channels_, from_, to_, norm_, dst);
     else normalize_planar(dst, channels_, static_cast<int64_t>(n) / channels_, norm_);
@@ -253,6 +255,7 @@ class NpyDir final : public Dataset {
   std::vector<int64_t> labels_;
   std::vector<std::string> texts_;
   bool resize_ = false;
+  bool uint8_pixels_ = true;  // uint8 arrays are pixels, scaled to [0,1] (not for integer model inputs)
   ImageSize from_, to_;
   Normalize norm_;
 };

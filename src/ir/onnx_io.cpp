@@ -946,6 +946,23 @@ void fill_graph_from_proto(const onnx::GraphProto& gp, const LoadScope& scope, G
 
 }  // namespace
 
+std::vector<ValueInfo> read_model_inputs(const std::string& path) {
+  onnx::ModelProto m;
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return {};
+  try {
+    if (!m.ParseFromString(read_file(path, "model file")) || !m.has_graph()) return {};
+  } catch (const Error&) {
+    return {};
+  }
+  std::set<std::string> initializers;
+  for (const auto& t : m.graph().initializer()) initializers.insert(t.name());
+  std::vector<ValueInfo> inputs;
+  for (const auto& v : m.graph().input())
+    if (!initializers.count(v.name())) inputs.push_back(value_info_from_proto(v));
+  return inputs;
+}
+
 Graph load_onnx(const std::string& path) {
   if (!fs::exists(path)) fail(ErrorKind::kIo, "model file '" + path + "' does not exist");
   if (fs::is_directory(path)) fail(ErrorKind::kIo, "model path '" + path + "' is a directory, expected an .onnx file");

@@ -61,13 +61,56 @@ bool selects_elements(const std::string& op) {
   return op == "NonZero" || op == "NonMaxSuppression" || op == "TopK" || op == "Compress" || op == "Unique";
 }
 
-}  // namespace
 
-namespace {
+// The element type of every value the graph computes: as the file or shape inference states it,
+// else as op types tell it (intermediate values mostly carry none after loading): comparisons give
+// bool, index ops int64, Cast and ConstantOfShape what they say, every other op its data input's.
+// A Cast's target type; kUndefined for one that is not a dtype here (float16: converted on load).
+DType cast_target(const ir::Node& cast) {
+  try {
+    return dtype_from_onnx(static_cast<int>(cast.attr_int("to", 0)));
+  } catch (const Error&) {
+    return DType::kUndefined;
+  }
+}
+
+std::map<std::string, DType> value_dtypes(const ir::Graph& g) {
+  static const std::set<std::string> kBoolOps = {"Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual",
+                                                 "And", "Or", "Xor", "Not", "IsNaN", "IsInf"};
+  static const std::set<std::string> kIndexOps = {"Shape", "Size", "NonZero", "ArgMax", "ArgMin", "NonMaxSuppression"};
+  std::map<std::string, DType> dtypes;
+  for (const auto& in : g.inputs) dtypes[in.name] = in.dtype;
+  for (const auto& [name, t] : g.initializers) dtypes[name] = t.dtype();
+  auto of = [&](const std::string& v) {
+    const auto it = dtypes.find(v);
+    return it == dtypes.end() ? DType::kUndefined : it->second;
+  };
+  for (const auto& n : g.nodes) {
+    DType out = DType::kUndefined;
+    if (kBoolOps.count(n.op_type)) out = DType::kBool;
+    else if (kIndexOps.count(n.op_type)) out = DType::kInt64;
+    else if (n.op_type == "Cast") out = cast_target(n);
+    else if (n.op_type == "Constant" || n.op_type == "ConstantOfShape")
+      out = n.attr_tensor("value") ? n.attr_tensor("value")->dtype() : DType::kFloat32;
+    else if (!n.inputs.empty()) out = of(n.op_type == "Where" && n.inputs.size() > 1 ? n.inputs[1] : n.inputs[0]);
+    for (size_t i = 0; i < n.outputs.size(); ++i)
+      dtypes[n.outputs[i]] = n.op_type == "TopK" && i == 1 ? DType::kInt64 : out;
+  }
+  for (const auto& [name, info] : g.value_info)  // what the file or shape inference states
+    if (info.dtype != DType::kUndefined) dtypes[name] = info.dtype;
+  for (const auto& out : g.outputs)
+    if (out.dtype != DType::kUndefined) dtypes[out.name] = out.dtype;
+  return dtypes;
+}
+
+bool is_integer_or_bool(DType t) {
+  return t == DType::kBool || t == DType::kInt64 || t == DType::kInt32 || t == DType::kInt16 || t == DType::kInt8 ||
+         t == DType::kUInt8 || t == DType::kUInt32 || t == DType::kUInt64;
+}
 
 struct MeasuredValues {
   std::vector<std::string> values;
-  bool after_selection = false;  // an output follows a selection
+  bool substituted = false;  // an output is measured at what it was computed from
 };
 
 MeasuredValues measured_values(const ir::Graph& g) {
@@ -88,6 +131,13 @@ MeasuredValues measured_values(const ir::Graph& g) {
       if (reads_inputs) from_inputs.insert(v);
     }
   }
+  // Integer and boolean values are decisions (an ArgMax's classes, a threshold's mask), not
+  // measurements: an output of them is measured at the float values it was decided from.
+  const std::map<std::string, DType> dtypes = value_dtypes(g);
+  auto decided = [&](const std::string& v) {
+    const auto it = dtypes.find(v);
+    return it != dtypes.end() && is_integer_or_bool(it->second);
+  };
   MeasuredValues result;
   std::vector<std::string>& values = result.values;
   auto measure = [&](const std::string& v) {
@@ -97,24 +147,27 @@ MeasuredValues measured_values(const ir::Graph& g) {
   };
   // An output after a selection is measured at the dense values the selection chose from (the
   // scores and boxes of every anchor, the feature maps a RoiAlign reads): elementwise comparison
-  // of two different choices would measure the choice, not the quantization.
+  // of two different choices would measure the choice, not the quantization. An output that is a
+  // decision likewise, at the values decided from (an ArgMax's logits).
   std::set<std::string> visited;
   std::vector<std::string> pending;
   for (const auto& out : g.outputs) {
-    if (!selected.count(out.name)) {
+    if (!selected.count(out.name) && !decided(out.name)) {
       measure(out.name);
       continue;
     }
-    result.after_selection = true;
+    result.substituted = true;
     pending.push_back(out.name);
     while (!pending.empty()) {
       const std::string v = pending.back();
       pending.pop_back();
       const int p = g.producer(v);
       if (p < 0 || !visited.insert(v).second) continue;
-      for (const auto& in : g.nodes[static_cast<size_t>(p)].inputs) {
+      const ir::Node& n = g.nodes[static_cast<size_t>(p)];
+      if (n.op_type == "Shape" || n.op_type == "Size") continue;  // its input gives only a shape
+      for (const auto& in : n.inputs) {
         if (in.empty()) continue;
-        if (selected.count(in))
+        if (selected.count(in) || decided(in))
           pending.push_back(in);
         else if (from_inputs.count(in) && g.producer(in) >= 0)  // computed, not fed
           measure(in);
@@ -128,41 +181,9 @@ MeasuredValues measured_values(const ir::Graph& g) {
 
 std::vector<std::string> drift_measured_values(const ir::Graph& g) { return measured_values(g).values; }
 
-namespace {
-
-// The element type of every value the graph computes, as far as op types tell it (intermediate
-// values carry none after loading): comparisons give bool, index ops int64, Cast and
-// ConstantOfShape what they say, and every other op its data input's type.
-std::map<std::string, DType> value_dtypes(const ir::Graph& g) {
-  static const std::set<std::string> kBoolOps = {"Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual",
-                                                 "And", "Or", "Xor", "Not", "IsNaN", "IsInf"};
-  static const std::set<std::string> kIndexOps = {"Shape", "Size", "NonZero", "ArgMax", "ArgMin", "NonMaxSuppression"};
-  std::map<std::string, DType> dtypes;
-  for (const auto& in : g.inputs) dtypes[in.name] = in.dtype;
-  for (const auto& [name, t] : g.initializers) dtypes[name] = t.dtype();
-  auto of = [&](const std::string& v) {
-    const auto it = dtypes.find(v);
-    return it == dtypes.end() ? DType::kUndefined : it->second;
-  };
-  for (const auto& n : g.nodes) {
-    DType out = DType::kUndefined;
-    if (kBoolOps.count(n.op_type)) out = DType::kBool;
-    else if (kIndexOps.count(n.op_type)) out = DType::kInt64;
-    else if (n.op_type == "Cast") out = dtype_from_onnx(static_cast<int>(n.attr_int("to", 0)));
-    else if (n.op_type == "Constant" || n.op_type == "ConstantOfShape")
-      out = n.attr_tensor("value") ? n.attr_tensor("value")->dtype() : DType::kFloat32;
-    else if (!n.inputs.empty()) out = of(n.op_type == "Where" && n.inputs.size() > 1 ? n.inputs[1] : n.inputs[0]);
-    for (size_t i = 0; i < n.outputs.size(); ++i)
-      dtypes[n.outputs[i]] = n.op_type == "TopK" && i == 1 ? DType::kInt64 : out;
-  }
-  return dtypes;
-}
-
-}  // namespace
-
 std::vector<std::string> selection_inputs(const ir::Graph& g) {
   MeasuredValues m = measured_values(g);
-  if (!m.after_selection) return {};
+  if (!m.substituted) return {};
   const std::map<std::string, DType> dtypes = value_dtypes(g);
   std::erase_if(m.values, [&](const std::string& v) {
     const auto it = dtypes.find(v);

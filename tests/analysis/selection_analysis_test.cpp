@@ -26,7 +26,7 @@ TEST(SelectionAnalysis, LayersAreRankedByTheValuesTheSelectionChoseFrom) {
   const auto r = test::run_cli_single_threaded("analyze " + common + " --json --save-dir " + tmp.path("out") +
                                                " --target-metric 60");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("sqnr compares the 1 values it chose from"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("sqnr compares the 1 values they come from"), std::string::npos) << r.output;
   const nlohmann::json report = nlohmann::json::parse(test::file_bytes(tmp.path("out/analysis.json")));
   ASSERT_EQ(report["layers"].size(), 2u) << report.dump();
   // The features' Gemm moves what is measured; the box head after the selection cannot.

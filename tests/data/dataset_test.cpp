@@ -511,6 +511,36 @@ TEST_F(DataTest, NpyBatchedUint8IsScaledAndOtherIntsAreNot) {
             (std::vector<float>{-3.f, 1000.f}));
 }
 
+// Samples for an integer model input (a text model's token ids, raw uint8 images) are fed as that
+// type, exactly as stored (uint8 not scaled); a value that is no whole number in range is refused.
+TEST_F(DataTest, NpySamplesFeedIntegerInputsAsStored) {
+  fs::create_directories(dir_ / "ids");
+  write_npy(path("ids/x.npy"), Tensor::from_vector<int64_t>({3, 2}, {101, 2054, 7, 16777216, 0, 999}));
+  auto ids = open_dataset({.spec = "npy:" + path("ids"), .sample_dtype = DType::kInt64});
+  const Tensor fed = BatchLoader(*ids, 3).batch(0).feeds("input_ids").at("input_ids");
+  ASSERT_EQ(fed.dtype(), DType::kInt64);
+  EXPECT_EQ(fed.to_int64_vector(), (std::vector<int64_t>{101, 2054, 7, 16777216, 0, 999}));
+  fs::create_directories(dir_ / "raw");
+  write_npy(path("raw/x.npy"), Tensor::from_vector<uint8_t>({2, 2}, {0, 255, 51, 7}));
+  auto raw = open_dataset({.spec = "npy:" + path("raw"), .sample_dtype = DType::kUInt8});
+  const Tensor pixels = BatchLoader(*raw, 2).batch(0).feeds("image").at("image");
+  ASSERT_EQ(pixels.dtype(), DType::kUInt8);
+  EXPECT_EQ(pixels.to_int64_vector(), (std::vector<int64_t>{0, 255, 51, 7}));
+  EXPECT_EQ(BatchLoader(*raw, 2).batch(0).inputs.dtype(), DType::kFloat32) << "loaded as float32 as before";
+
+  fs::create_directories(dir_ / "frac");
+  write_npy(path("frac/x.npy"), Tensor::from_vector<float>({2, 2}, {1.f, 2.f, 3.5f, 4.f}));
+  auto frac = open_dataset({.spec = "npy:" + path("frac"), .sample_dtype = DType::kInt32});
+  Error e = error_of([&] { BatchLoader(*frac, 2).batch(0); });
+  EXPECT_EQ(e.kind(), ErrorKind::kInvalidData);
+  EXPECT_NE(std::string(e.what()).find("sample 1 holds 3.500000 for a model input of int32"), std::string::npos) << e.what();
+  write_npy(path("frac/x.npy"), Tensor::from_vector<float>({1, 2}, {1.f, 300.f}));
+  e = error_of([&] { BatchLoader(*open_dataset({.spec = "npy:" + path("frac"), .sample_dtype = DType::kInt8}), 1).batch(0); });
+  EXPECT_NE(std::string(e.what()).find("sample 0 holds 300.000000 for a model input of int8"), std::string::npos) << e.what();
+  e = error_of([&] { open_dataset({.spec = "npy:" + path("frac"), .sample_dtype = DType::kBool}); });
+  EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+}
+
 TEST_F(DataTest, NpyPerSampleFilesSortedByName) {
   fs::create_directories(dir_ / "p");
   write_npy(path("p/b.npy"), Tensor::from_vector<double>({1, 2}, {2.0, 2.5}));

@@ -360,3 +360,31 @@ TEST(CliQuantize, AlreadyQuantizedModelIsRefusedOrRequantized) {
 }
 
 }  // namespace
+
+// A text model's token ids: npy:DIR samples feed its int64 input as int64 (the calibration, the
+// algorithm choice and the evaluation), and the quantized model runs on them.
+TEST(CliQuantize, TokenIdsCalibrateAnIntegerInput) {
+  test::TempDir tmp("token_ids");
+  test::GraphBuilder b;
+  b.g.opset = 13;
+  b.g.inputs.push_back({"input_ids", DType::kInt64, std::vector<ir::Dim>{{-1, "batch"}, {6, ""}}});
+  std::mt19937 rng(4);
+  const std::string table = b.constant(test::random_tensor({50, 16}, rng));
+  const std::string embedded = b.node("Gather", {table, "input_ids"});  // [N, 6, 16]
+  const std::string mixed = b.node("MatMul", {embedded, b.constant(test::random_tensor({16, 3}, rng))});
+  const std::string pooled = b.node("ReduceMean", {mixed}, {{"axes", std::vector<int64_t>{1}}, {"keepdims", int64_t{0}}});
+  b.g.outputs.push_back({pooled, DType::kFloat32, std::nullopt});
+  ir::save_onnx(b.g, tmp.path("tokens.onnx"));
+  std::filesystem::create_directories(tmp.path("ids"));
+  std::vector<int64_t> ids(32 * 6);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>((i * 37) % 50);
+  write_npy(tmp.path("ids/x.npy"), Tensor::from_vector<int64_t>({32, 6}, ids));
+  auto r = test::run_cli("quantize " + tmp.path("tokens.onnx") + " npy:" + tmp.path("ids") + " --batch-size 8 -o " +
+                         tmp.path("q.onnx"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_GE(test::count_op(ir::load_onnx(tmp.path("q.onnx")), "QuantizeLinear"), 1);
+  write_npy(tmp.path("one.npy"), Tensor::from_vector<int64_t>({1, 6}, {1, 2, 3, 4, 5, 49}));
+  auto run = test::run_cli("run " + tmp.path("q.onnx") + " --input input_ids=" + tmp.path("one.npy") + " --output-dir " +
+                           tmp.path("out"));
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+}

@@ -50,11 +50,26 @@ std::unique_ptr<QuantizedSelection> quantize_selection_model(float threshold, in
 }  // namespace
 
 // An output after a selection is measured at the values the selection chose from: the features
-// (and the mask, which the SQNR skips as not float), not the picked boxes, the constants or what
-// the input's shape alone gives.
+// (also behind the boolean mask, a decision), not the picked boxes, the constants or what the
+// input's shape alone gives.
 TEST(SelectionModel, DriftIsMeasuredAtWhatTheSelectionChoseFrom) {
   const test::SelectionModel m = test::selection_model(0.5f);
-  EXPECT_EQ(quant::drift_measured_values(m.graph), (std::vector<std::string>{m.features, m.mask}));
+  EXPECT_EQ(quant::drift_measured_values(m.graph), (std::vector<std::string>{m.features}));
+}
+
+// A segmentation exported with its ArgMax: the classes are a decision, measured at the logits (the
+// softmax's input), not the integers; the float output beside them as it is.
+TEST(SelectionModel, DecisionsAreMeasuredAtWhatTheyWereDecidedFrom) {
+  test::GraphBuilder b;
+  b.g.opset = 13;
+  b.g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{-1, "batch"}, {4, ""}, {8, ""}, {8, ""}}});
+  std::mt19937 rng(2);
+  const std::string logits = b.node("Conv", {"x", b.constant(test::random_tensor({5, 4, 1, 1}, rng))});
+  const std::string classes = b.node("ArgMax", {b.node("Softmax", {logits}, {{"axis", int64_t{1}}})}, {{"axis", int64_t{1}}});
+  const std::string confidence = b.node("ReduceMax", {logits}, {{"axes", std::vector<int64_t>{1}}});
+  b.g.outputs = {{classes, DType::kUndefined, std::nullopt}, {confidence, DType::kFloat32, std::nullopt}};
+  EXPECT_EQ(quant::drift_measured_values(b.g), (std::vector<std::string>{logits, confidence}));
+  EXPECT_EQ(quant::selection_inputs(b.g), (std::vector<std::string>{logits, confidence}));
 }
 
 // Calibrated in batches of 4 of a model of batch 1 whose output has a different size per sample:

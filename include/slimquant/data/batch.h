@@ -16,6 +16,7 @@ namespace slimquant::data {
 
 struct Batch {
   Tensor inputs;                // [n, ...sample_shape], float32
+  Tensor typed_inputs;          // the same as the data set's sample_dtype() when it is not float32
   std::vector<int64_t> labels;  // n labels, or empty when the data set has none
   std::vector<std::string> texts;  // n text labels, or empty when the data set has none
   size_t first_index = 0;       // data set index of inputs[0]
@@ -23,8 +24,8 @@ struct Batch {
   // batch_axis ([n, ...] for most, [layers, n, hidden] for a recurrent state).
   std::map<std::string, Tensor> side_inputs;
   size_t size() const { return inputs.defined() ? static_cast<size_t>(inputs.dim(0)) : 0; }
-  // Everything a model run needs: the samples as `main_input` (data::main_input_name) plus the
-  // side inputs.
+  // Everything a model run needs: the samples as `main_input` (data::main_input_name), of the data
+  // set's sample_dtype(), plus the side inputs.
   std::map<std::string, Tensor> feeds(const std::string& main_input) const;
 };
 

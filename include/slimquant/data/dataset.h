@@ -66,6 +66,9 @@ struct DataOptions {
   // Further model inputs (see SideInputSpec); the data set's samples feed the one model input
   // not named here.
   std::vector<SideInputSpec> side_inputs = {};
+  // The element type of that model input: float32, or an integer type (a text model's token ids),
+  // whose samples are then fed as that type and must hold whole numbers in its range.
+  DType sample_dtype = DType::kFloat32;
 };
 
 // A model input a data set feeds besides its samples (SideInputSpec, once opened).
@@ -106,9 +109,17 @@ class Dataset {
   // Writes side input `which` of sample `index` (its dtype and sample_shape) to dst. Thread-safe.
   virtual void load_side_input(size_t which, size_t index, void* dst) const;
 
+  // The element type the samples are fed to the model as (DataOptions::sample_dtype); load() gives
+  // them as float32 either way.
+  DType sample_dtype() const { return sample_dtype_; }
+  void set_sample_dtype(DType dtype) { sample_dtype_ = dtype; }
+
   int64_t sample_numel() const { return shape_numel(sample_shape()); }
   // One sample as a float32 tensor of sample_shape().
   Tensor sample(size_t index) const;
+
+ private:
+  DType sample_dtype_ = DType::kFloat32;
 };
 
 // Opens the data set `options.spec` describes. Throws kInvalidArgument for a malformed spec or

@@ -8,6 +8,10 @@ namespace slimquant::ir {
 // Loads an ONNX model file (external data resolved relative to the file). Throws kIo for a
 // missing file and kInvalidModel, naming the file, for anything that does not parse as ONNX.
 Graph load_onnx(const std::string& path);
+// The inputs a model file declares (its initializers left out), read without the checks, shape
+// inference and external data of load_onnx: for a command that needs only them before loading.
+// None when the file does not parse (loading it then says why).
+std::vector<ValueInfo> read_model_inputs(const std::string& path);
 // Parses serialized ModelProto bytes; base_dir resolves external data.
 Graph parse_onnx(const std::string& bytes, const std::string& base_dir, const std::string& what);
 

@@ -52,10 +52,12 @@ const ir::Node* softmax_writing(const ir::Graph& graph, const std::string& outpu
 // The values whose drift from FP32 is measured: the graph outputs, except that an output written by
 // Softmax / LogSoftmax (softmax_writing) is measured at its input (the logits), and an output
 // computed after a data-dependent selection (NonZero, NonMaxSuppression, TopK, Compress, Unique: a
-// detector's post-processing) at the values the selection chose from that the inputs determine.
+// detector's post-processing) or holding integers or booleans (a segmentation's ArgMax classes) at
+// the float values it was chosen or decided from that the inputs determine.
 std::vector<std::string> drift_measured_values(const ir::Graph& graph);
 // The float32 values drift_measured_values measures when an output of `graph` follows a selection
-// (a detector's boxes after NMS), else none: what an analysis ranking layers by one output compares.
+// (a detector's boxes after NMS) or is a decision (ArgMax classes), else none: what an analysis
+// ranking layers by one output compares.
 std::vector<std::string> selection_inputs(const ir::Graph& graph);
 // `graph` (the float model or a QDQ variant of it) with one output, kJoinedMeasuredValues [1, n]:
 // `values` flattened and concatenated, one row per run (selection_inputs of the float model, whose
