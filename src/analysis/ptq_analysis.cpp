@@ -638,7 +638,8 @@ SensitivityReport analyze_ptq(const quant::PTQ& ptq, const data::Dataset& data, 
   SQ_CHECK(!variants.empty(), ErrorKind::kInvalidArgument,
            "the model has no quantizable layer (quantizable_op_type: check the op types)");
   // A detector's outputs follow its selection (NMS, top-k): FP32 and each layer's model keep other
-  // boxes, and other numbers of them. A metric against FP32 compares the values chosen from.
+  // boxes, and other numbers of them. A metric against FP32 compares the values chosen from (and
+  // the logits of an output of ArgMax classes).
   ir::Graph base = ptq.float_graph();
   const std::vector<std::string> selection_inputs =
       metric.needs_reference() ? quant::selection_inputs(base) : std::vector<std::string>{};
@@ -656,7 +657,7 @@ SensitivityReport analyze_ptq(const quant::PTQ& ptq, const data::Dataset& data, 
   SweepResult sweep = sweep_layers(base, variants, data, metric, nullptr, so);
   SensitivityReport report = rank_layers("ptq", variants, sweep, metric, sweep.base_metric);
   report.extra["layers_total"] = variants.size();
-  if (!selection_inputs.empty()) report.extra["measured_before_selection"] = selection_inputs;
+  if (!selection_inputs.empty()) report.extra["outputs_measured_at"] = selection_inputs;
   report.extra["data"] = data.name();
   report.extra["batch_size"] = options.batch_size;
   report.extra["quant_config"] = ptq.config().fingerprint();

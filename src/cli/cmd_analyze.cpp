@@ -248,7 +248,7 @@ Action register_analyze(CLI::App& app) {
                 << (report.batches_resumed ? " (resumed after " + std::to_string(report.batches_resumed) + " batches)" : "");
     std::cout << "; fp32 " << metric_shown << " " << format_metric(report.baseline) << "\n";
     std::cout.unsetf(std::ios::floatfield);
-    if (const auto m = report.extra.find("measured_before_selection"); m != report.extra.end())
+    if (const auto m = report.extra.find("outputs_measured_at"); m != report.extra.end())
       std::cout << "the model's outputs are chosen or decided by its data (NMS, top-k, ArgMax): " << metric_shown
                 << " compares the " << m->size() << " values they come from (docs/quantization.md, detectors)\n";
     std::cout << "most damaging layers:\n";

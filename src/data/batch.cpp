@@ -108,7 +108,8 @@ Batch BatchLoader::load_range(size_t first, size_t count) const {
     }
   }
   if (error) std::rethrow_exception(error);
-  if (dataset_.sample_dtype() != DType::kFloat32) b.typed_inputs = as_integers(b.inputs, dataset_.sample_dtype(), dataset_, first);
+  if (dataset_.sample_dtype() != DType::kFloat32)
+    b.typed_inputs = as_integers(b.inputs, dataset_.sample_dtype(), dataset_, first);
 
   const std::vector<SideInput>& sides = dataset_.side_inputs();
   for (size_t s = 0; s < sides.size(); ++s) {

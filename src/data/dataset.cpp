@@ -63,7 +63,8 @@ std::unique_ptr<Dataset> open_dataset(const DataOptions& options) {
   SQ_CHECK(t == DType::kFloat32 || t == DType::kInt64 || t == DType::kInt32 || t == DType::kInt16 ||
                t == DType::kInt8 || t == DType::kUInt8,
            ErrorKind::kUnsupported,
-           std::string("data set '") + options.spec + "': samples are fed as float32 or integers, not " + dtype_name(t));
+           std::string("data set '") + options.spec + "': samples are fed as float32 or integers, not " +
+               dtype_name(t));
   std::unique_ptr<Dataset> data = detail::with_side_inputs(open_samples(options), options);
   data->set_sample_dtype(t);
   return data;

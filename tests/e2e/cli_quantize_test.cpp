@@ -372,7 +372,8 @@ TEST(CliQuantize, TokenIdsCalibrateAnIntegerInput) {
   const std::string table = b.constant(test::random_tensor({50, 16}, rng));
   const std::string embedded = b.node("Gather", {table, "input_ids"});  // [N, 6, 16]
   const std::string mixed = b.node("MatMul", {embedded, b.constant(test::random_tensor({16, 3}, rng))});
-  const std::string pooled = b.node("ReduceMean", {mixed}, {{"axes", std::vector<int64_t>{1}}, {"keepdims", int64_t{0}}});
+  const std::string pooled =
+      b.node("ReduceMean", {mixed}, {{"axes", std::vector<int64_t>{1}}, {"keepdims", int64_t{0}}});
   b.g.outputs.push_back({pooled, DType::kFloat32, std::nullopt});
   ir::save_onnx(b.g, tmp.path("tokens.onnx"));
   std::filesystem::create_directories(tmp.path("ids"));
@@ -384,7 +385,7 @@ TEST(CliQuantize, TokenIdsCalibrateAnIntegerInput) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_GE(test::count_op(ir::load_onnx(tmp.path("q.onnx")), "QuantizeLinear"), 1);
   write_npy(tmp.path("one.npy"), Tensor::from_vector<int64_t>({1, 6}, {1, 2, 3, 4, 5, 49}));
-  auto run = test::run_cli("run " + tmp.path("q.onnx") + " --input input_ids=" + tmp.path("one.npy") + " --output-dir " +
-                           tmp.path("out"));
+  auto run = test::run_cli("run " + tmp.path("q.onnx") + " --input input_ids=" + tmp.path("one.npy") +
+                           " --output-dir " + tmp.path("out"));
   EXPECT_EQ(run.exit_code, 0) << run.output;
 }

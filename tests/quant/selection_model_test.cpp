@@ -65,7 +65,8 @@ TEST(SelectionModel, DecisionsAreMeasuredAtWhatTheyWereDecidedFrom) {
   b.g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{-1, "batch"}, {4, ""}, {8, ""}, {8, ""}}});
   std::mt19937 rng(2);
   const std::string logits = b.node("Conv", {"x", b.constant(test::random_tensor({5, 4, 1, 1}, rng))});
-  const std::string classes = b.node("ArgMax", {b.node("Softmax", {logits}, {{"axis", int64_t{1}}})}, {{"axis", int64_t{1}}});
+  const std::string probabilities = b.node("Softmax", {logits}, {{"axis", int64_t{1}}});
+  const std::string classes = b.node("ArgMax", {probabilities}, {{"axis", int64_t{1}}});
   const std::string confidence = b.node("ReduceMax", {logits}, {{"axes", std::vector<int64_t>{1}}});
   b.g.outputs = {{classes, DType::kUndefined, std::nullopt}, {confidence, DType::kFloat32, std::nullopt}};
   EXPECT_EQ(quant::drift_measured_values(b.g), (std::vector<std::string>{logits, confidence}));
@@ -108,5 +109,6 @@ TEST(SelectionModel, ALayerThatNeverSawValuesStaysFloatAndIsNamed) {
   for (const auto& w : ptq.warnings()) named = named || w.find("1 layers stay float (box_head)") != std::string::npos;
   EXPECT_TRUE(named) << "no warning names the box head";
   runtime::Session int8(quantized);
-  EXPECT_EQ(int8.run({{"x", Tensor(DType::kFloat32, {1, 8})}}).at(q->model.graph.outputs[0].name).shape(), (Shape{0, 4}));
+  const std::string boxes = q->model.graph.outputs[0].name;
+  EXPECT_EQ(int8.run({{"x", Tensor(DType::kFloat32, {1, 8})}}).at(boxes).shape(), (Shape{0, 4}));
 }
