@@ -1,6 +1,7 @@
 // quantize: post-training quantization from the command line.
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string_view>
 
@@ -12,6 +13,7 @@
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/lowering.h"
+#include "slimquant/quant/precision_fallback.h"
 #include "slimquant/quant/post_training_quantization.h"
 
 namespace slimquant::cli {
@@ -267,15 +269,28 @@ Action register_quantize(CLI::App& app) {
         runtime::Session fp32(model, so);
         // INT8 figures come from the integer execution users deploy, not the float simulation.
         runtime::Session int8 = quant::make_int8_session(qdq, so);
+        // Outputs chosen or decided by the data (a detector's boxes after NMS, ArgMax classes) are
+        // compared against FP32 at the values they come from, as the analysis compares them.
+        const std::vector<std::string> measured =
+            metric->needs_reference() ? quant::selection_inputs(model) : std::vector<std::string>{};
+        std::optional<runtime::Session> fp32_measured, int8_measured;
+        if (!measured.empty()) {
+          fp32_measured.emplace(quant::join_measured_values(model, measured), so);
+          int8_measured.emplace(quant::make_int8_session(quant::join_measured_values(qdq, measured), so));
+          std::cout << "the model's outputs are chosen or decided by its data (NMS, top-k, ArgMax): " << metric->name()
+                    << " compares the " << measured.size() << " values they come from" << std::endl;
+        }
+        runtime::Session& fp32_evaluated = fp32_measured ? *fp32_measured : fp32;
+        runtime::Session& int8_evaluated = int8_measured ? *int8_measured : int8;
         analysis::EvalOptions eo;
-        eo.reference = &fp32;
+        eo.reference = &fp32_evaluated;
         eo.batch_size = a->eval_batch_size;
         eo.progress_label = "eval fp32";
         auto m_fp32 = metric->clone_empty();
         auto m_int8 = metric->clone_empty();
         double v_fp32 = metric->needs_reference() ? 0.0 : analysis::evaluate(fp32, eval_set, *m_fp32, eo).value;
         eo.progress_label = "eval int8";
-        double v_int8 = analysis::evaluate(int8, eval_set, *m_int8, eo).value;
+        double v_int8 = analysis::evaluate(int8_evaluated, eval_set, *m_int8, eo).value;
         // A metric against the FP32 model has no FP32 figure of its own (the reference scores itself perfectly).
         std::cout << "fp32 " << metric->name() << ": " << std::setprecision(4);
         if (metric->needs_reference()) std::cout << "(the reference)";

@@ -39,3 +39,20 @@ TEST(SelectionAnalysis, LayersAreRankedByTheValuesTheSelectionChoseFrom) {
   ASSERT_EQ(target.outputs.size(), 1u);
   EXPECT_EQ(target.outputs[0].name, m.graph.outputs[0].name);
 }
+
+// quantize's evaluation against FP32 (--metric sqnr) compares the same values: the boxes that two
+// models keep cannot be compared element by element (and were not: 200 dB for any model).
+TEST(SelectionAnalysis, QuantizeEvaluatesAgainstFp32AtTheValuesChosenFrom) {
+  test::TempDir tmp("selection_quantize");
+  ir::save_onnx(test::selection_model(0.5f).graph, tmp.path("model.onnx"));
+  std::filesystem::create_directories(tmp.path("data"));
+  std::mt19937 rng(19);
+  write_npy(tmp.path("data/x.npy"), test::random_tensor({8, 8}, rng));
+  const auto r = test::run_cli_single_threaded("quantize " + tmp.path("model.onnx") + " npy:" + tmp.path("data") +
+                                               " --algo abs_max --metric sqnr --json -o " + tmp.path("q.onnx"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("sqnr compares the 1 values they come from"), std::string::npos) << r.output;
+  const double sqnr = test::last_json_line(r.output)["int8_sqnr"].get<double>();
+  EXPECT_GT(sqnr, 20.0) << r.output;
+  EXPECT_LT(sqnr, 100.0) << r.output;
+}
