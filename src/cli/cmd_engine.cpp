@@ -13,6 +13,7 @@
 #include "slimquant/core/atomic_file.h"
 #include "slimquant/core/npy.h"
 #include "slimquant/quant/lowering.h"
+#include "slimquant/quant/precision_fallback.h"
 #include "slimquant/runtime/session.h"
 
 namespace slimquant::cli {
@@ -262,13 +263,30 @@ Action register_eval(CLI::App& app) {
     ir::Graph model = load_model_arg(a->model);
     auto dataset = data::open_dataset(flags.options("eval", &model));
     check_metric_labels(*metric, *dataset);
+    std::optional<ir::Graph> reference_model;
+    if (!a->reference.empty()) {
+      reference_model = load_model_arg(a->reference);
+      // Outputs chosen or decided by the data (a detector's boxes after NMS, ArgMax classes) are
+      // compared at the values they come from, when the model computes them too (a QDQ file of the
+      // reference keeps its values' names).
+      const std::vector<std::string> measured = quant::selection_inputs(*reference_model);
+      std::set<std::string> computed;
+      for (const auto& n : model.nodes) computed.insert(n.outputs.begin(), n.outputs.end());
+      if (!measured.empty() &&
+          std::all_of(measured.begin(), measured.end(), [&](const std::string& v) { return computed.count(v); })) {
+        model = quant::join_measured_values(std::move(model), measured);
+        reference_model = quant::join_measured_values(std::move(*reference_model), measured);
+        std::cout << "the model's outputs are chosen or decided by its data (NMS, top-k, ArgMax): " << metric->name()
+                  << " compares the " << measured.size() << " values they come from" << std::endl;
+      }
+    }
     runtime::Session session = make_session(std::move(model), a->threads, a->simulate);
     std::optional<runtime::Session> reference;
     analysis::EvalOptions options;
     options.batch_size = a->batch_size;
-    if (!a->reference.empty()) {
+    if (reference_model) {
       // The reference is the FP32 model: a QDQ file given here runs as its float simulation.
-      reference.emplace(load_model_arg(a->reference), session_options(a->threads));
+      reference.emplace(std::move(*reference_model), session_options(a->threads));
       options.reference = &*reference;
     }
     auto r = analysis::evaluate(session, *dataset, *metric, options);

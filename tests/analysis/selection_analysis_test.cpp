@@ -40,8 +40,8 @@ TEST(SelectionAnalysis, LayersAreRankedByTheValuesTheSelectionChoseFrom) {
   EXPECT_EQ(target.outputs[0].name, m.graph.outputs[0].name);
 }
 
-// quantize's evaluation against FP32 (--metric sqnr) compares the same values: the boxes that two
-// models keep cannot be compared element by element (and were not: 200 dB for any model).
+// quantize's evaluation against FP32 (--metric sqnr) and eval --reference compare the same values:
+// the boxes that two models keep cannot be compared element by element.
 TEST(SelectionAnalysis, QuantizeEvaluatesAgainstFp32AtTheValuesChosenFrom) {
   test::TempDir tmp("selection_quantize");
   ir::save_onnx(test::selection_model(0.5f).graph, tmp.path("model.onnx"));
@@ -55,4 +55,10 @@ TEST(SelectionAnalysis, QuantizeEvaluatesAgainstFp32AtTheValuesChosenFrom) {
   const double sqnr = test::last_json_line(r.output)["int8_sqnr"].get<double>();
   EXPECT_GT(sqnr, 20.0) << r.output;
   EXPECT_LT(sqnr, 100.0) << r.output;
+  // eval against the FP32 file measures the same, the QDQ file keeping the values' names.
+  const auto e = test::run_cli_single_threaded("eval " + tmp.path("q.onnx") + " npy:" + tmp.path("data") +
+                                               " --metric sqnr --json --reference " + tmp.path("model.onnx"));
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  EXPECT_NE(e.output.find("sqnr compares the 1 values they come from"), std::string::npos) << e.output;
+  EXPECT_NEAR(test::last_json_line(e.output)["sqnr"].get<double>(), sqnr, 0.01) << e.output;
 }
