@@ -249,8 +249,7 @@ Action register_analyze(CLI::App& app) {
     std::cout << "; fp32 " << metric_shown << " " << format_metric(report.baseline) << "\n";
     std::cout.unsetf(std::ios::floatfield);
     if (const auto m = report.extra.find("outputs_measured_at"); m != report.extra.end())
-      std::cout << "the model's outputs are chosen or decided by its data (NMS, top-k, ArgMax): " << metric_shown
-                << " compares the " << m->size() << " values they come from (docs/quantization.md, detectors)\n";
+      print_measured_values_note(metric_shown, m->size());
     std::cout << "most damaging layers:\n";
     print_ranking(report, 5);
     std::cout << "ranking -> " << (std::filesystem::path(save_dir) / "analysis.txt").string() << std::endl;

@@ -276,8 +276,7 @@ Action register_eval(CLI::App& app) {
           std::all_of(measured.begin(), measured.end(), [&](const std::string& v) { return computed.count(v); })) {
         model = quant::join_measured_values(std::move(model), measured);
         reference_model = quant::join_measured_values(std::move(*reference_model), measured);
-        std::cout << "the model's outputs are chosen or decided by its data (NMS, top-k, ArgMax): " << metric->name()
-                  << " compares the " << measured.size() << " values they come from" << std::endl;
+        print_measured_values_note(metric->name(), measured.size());
       }
     }
     runtime::Session session = make_session(std::move(model), a->threads, a->simulate);

@@ -277,8 +277,7 @@ Action register_quantize(CLI::App& app) {
         if (!measured.empty()) {
           fp32_measured.emplace(quant::join_measured_values(model, measured), so);
           int8_measured.emplace(quant::make_int8_session(quant::join_measured_values(qdq, measured), so));
-          std::cout << "the model's outputs are chosen or decided by its data (NMS, top-k, ArgMax): " << metric->name()
-                    << " compares the " << measured.size() << " values they come from" << std::endl;
+          print_measured_values_note(metric->name(), measured.size());
         }
         runtime::Session& fp32_evaluated = fp32_measured ? *fp32_measured : fp32;
         runtime::Session& int8_evaluated = int8_measured ? *int8_measured : int8;

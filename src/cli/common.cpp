@@ -226,6 +226,11 @@ std::vector<std::string> graph_input_names(const ir::Graph& g) {
 
 void print_json(const nlohmann::json& j) { std::cout << j.dump() << std::endl; }
 
+void print_measured_values_note(const std::string& metric, size_t values) {
+  std::cout << "the model's outputs are chosen or decided by its data (NMS, top-k, ArgMax): " << metric << " compares the "
+            << values << " values they come from (docs/quantization.md, detectors)" << std::endl;
+}
+
 Timing time_runs(runtime::Session& session, const std::map<std::string, Tensor>& feeds, int runs, int warmup) {
   SQ_CHECK(runs > 0, ErrorKind::kInvalidArgument, "the number of timed runs must be at least 1");
   // Every output is computed; a batch run in parts is not joined (a detector's boxes cannot be).

@@ -108,6 +108,9 @@ std::vector<std::string> graph_input_names(const ir::Graph& g);
 
 // The last line a command prints with --json.
 void print_json(const nlohmann::json& j);
+// The line saying that `metric` compares a model chosen or decided by its data (quant::selection_inputs)
+// at the `values` its outputs come from.
+void print_measured_values_note(const std::string& metric, size_t values);
 
 // Process exit codes by error kind (documented in README).
 int exit_code_for(ErrorKind kind);
