@@ -4,6 +4,8 @@
 Random weights (nothing is downloaded), BatchNorm running statistics randomized so that folding is
 exercised, dynamic batch. Next to each MODEL.onnx it writes MODEL.input.npy (2 random samples) and
 MODEL.output.npy (PyTorch's output for them), and a calibration set calibRES/x.npy per resolution.
+The detectors (ssdlite, retinanet, fasterrcnn_mbv3) take one image per run (a fixed batch of 1)
+and output boxes, scores and labels after their NMS; their .output.npy holds the scores.
 Needs Debian's python3-torchvision (apt-get install python3-torchvision).
 
   /usr/bin/python3 bench/export_torchvision.py OUT_DIR [--resolution N] [name ...]
