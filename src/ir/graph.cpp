@@ -200,21 +200,24 @@ void Graph::remove_dead_nodes() {
   remove_unused_initializers();
 }
 
-std::string Graph::unique_value_name(const std::string& base) const {
-  std::unordered_set<std::string> used;
-  for (const auto& n : nodes) {
-    used.insert(n.inputs.begin(), n.inputs.end());
-    used.insert(n.outputs.begin(), n.outputs.end());
+std::string Graph::unique_value_name(const std::string& base) const { return ValueNames(*this).fresh(base); }
+
+ValueNames::ValueNames(const Graph& g) {
+  for (const auto& n : g.nodes) {
+    used_.insert(n.inputs.begin(), n.inputs.end());
+    used_.insert(n.outputs.begin(), n.outputs.end());
   }
-  for (const auto& [k, t] : initializers) used.insert(k);
-  for (const auto& i : inputs) used.insert(i.name);
+  for (const auto& [k, t] : g.initializers) used_.insert(k);
+  for (const auto& i : g.inputs) used_.insert(i.name);
   // Passes that add nodes only after naming their outputs reserve the names as value_info.
-  for (const auto& [k, v] : value_info) used.insert(k);
-  if (!used.count(base)) return base;
-  for (int i = 1;; ++i) {
-    std::string c = base + "_" + std::to_string(i);
-    if (!used.count(c)) return c;
-  }
+  for (const auto& [k, v] : g.value_info) used_.insert(k);
+}
+
+std::string ValueNames::fresh(const std::string& base) {
+  std::string name = base;
+  for (int i = 1; used_.count(name); ++i) name = base + "_" + std::to_string(i);
+  used_.insert(name);
+  return name;
 }
 
 int64_t Graph::parameter_count() const {

@@ -99,11 +99,12 @@ ActivationAlgoChoice choose_activation_algo(PTQ& ptq, const std::map<std::string
   runtime::SessionOptions so;
   so.num_threads = 0;
   runtime::RunOptions compared;
-  compared.outputs = drift_measured_values(float_graph);
+  const std::vector<std::string> drift_values = drift_measured_values(float_graph);
+  compared.outputs = drift_values;
   for (const auto& d : decisions) compared.outputs.push_back(d.name);
   const std::map<std::string, Tensor> reference = runtime::Session(float_graph, so).run(samples, compared);
   std::map<std::string, Tensor> reference_drift;  // without the Softmax outputs, as the recovery measures
-  for (const auto& name : drift_measured_values(float_graph)) reference_drift[name] = reference.at(name);
+  for (const auto& name : drift_values) reference_drift[name] = reference.at(name);
 
   const bool channel_wise_possible = options.channel_wise_below_sqnr_db > 0 && !ptq.channel_abs_max().empty() &&
                                      !ptq.channel_wise_conv_inputs();

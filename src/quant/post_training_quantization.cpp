@@ -198,14 +198,8 @@ const ir::Graph& PostTrainingQuantization::quantize() {
     quantized_metadata["slimquant.activation_algo"] = algo_choice_.chosen;
   }
   finish_calibration(*ptq_, run);
-  if (const std::vector<std::string> unseen = ptq_->unobserved_layers(); !unseen.empty()) {
-    std::string names;
-    for (size_t i = 0; i < std::min<size_t>(unseen.size(), 3); ++i) names += (i ? ", " : "") + unseen[i];
-    if (unseen.size() > 3) names += " and " + std::to_string(unseen.size() - 3) + " more";
-    warnings_.push_back(std::to_string(unseen.size()) + " layers stay float (" + names +
-                        "): their inputs were empty in every calibration sample (values selected by the data, "
-                        "such as a detector's boxes, and none were selected), so they have no range");
-  }
+  if (std::string unseen = ptq_->unobserved_layers_warning(); !unseen.empty())
+    warnings_.push_back(std::move(unseen));
   report_ = {run.batches, run.samples, run.resumed_batches, run.seconds};
   if (o.fallback_sqnr_db > 0 && !first_rows.empty() && !uncalibrated) {
     const std::map<std::string, Tensor> fallback_samples = leading_rows(first_rows, kFallbackSamples, batch_axes);

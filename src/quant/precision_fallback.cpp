@@ -113,7 +113,8 @@ struct MeasuredValues {
   bool substituted = false;  // an output is measured at what it was computed from
 };
 
-MeasuredValues measured_values(const ir::Graph& g) {
+// `dtypes`: value_dtypes(g).
+MeasuredValues measured_values(const ir::Graph& g, const std::map<std::string, DType>& dtypes) {
   // Values computed from a selection (selected), and values computed from what the graph inputs
   // hold (the others come from constants and shapes alone: anchors, image sizes).
   std::set<std::string> selected, from_inputs;
@@ -133,7 +134,6 @@ MeasuredValues measured_values(const ir::Graph& g) {
   }
   // Integer and boolean values are decisions (an ArgMax's classes, a threshold's mask), not
   // measurements: an output of them is measured at the float values it was decided from.
-  const std::map<std::string, DType> dtypes = value_dtypes(g);
   auto decided = [&](const std::string& v) {
     const auto it = dtypes.find(v);
     return it != dtypes.end() && is_integer_or_bool(it->second);
@@ -179,12 +179,14 @@ MeasuredValues measured_values(const ir::Graph& g) {
 
 }  // namespace
 
-std::vector<std::string> drift_measured_values(const ir::Graph& g) { return measured_values(g).values; }
+std::vector<std::string> drift_measured_values(const ir::Graph& g) {
+  return measured_values(g, value_dtypes(g)).values;
+}
 
 std::vector<std::string> selection_inputs(const ir::Graph& g) {
-  MeasuredValues m = measured_values(g);
-  if (!m.substituted) return {};
   const std::map<std::string, DType> dtypes = value_dtypes(g);
+  MeasuredValues m = measured_values(g, dtypes);
+  if (!m.substituted) return {};
   std::erase_if(m.values, [&](const std::string& v) {
     const auto it = dtypes.find(v);
     return it == dtypes.end() || it->second != DType::kFloat32;
@@ -196,16 +198,10 @@ ir::Graph join_measured_values(ir::Graph g, const std::vector<std::string>& valu
   SQ_CHECK(!values.empty(), ErrorKind::kInvalidArgument, "join_measured_values: no values to join");
   std::set<std::string> computed;
   for (const auto& n : g.nodes) computed.insert(n.outputs.begin(), n.outputs.end());
-  std::set<std::string> used = computed;
-  for (const auto& [name, t] : g.initializers) used.insert(name);
-  for (const auto& in : g.inputs) used.insert(in.name);
-  auto fresh = [&](const std::string& base) {
-    std::string name = base;
-    for (int k = 1; used.count(name); ++k) name = base + "_" + std::to_string(k);
-    used.insert(name);
-    return name;
-  };
-  const std::string flat = fresh("slimquant_flat");
+  ir::ValueNames names(g);
+  SQ_CHECK(names.fresh(kJoinedMeasuredValues) == kJoinedMeasuredValues, ErrorKind::kInvalidArgument,
+           std::string("join_measured_values: the model already has a value '") + kJoinedMeasuredValues + "'");
+  const std::string flat = names.fresh("slimquant_flat");
   g.initializers[flat] = Tensor::from_vector<int64_t>({2}, {1, -1});  // one row per run
   ir::Node concat;
   concat.op_type = "Concat";
@@ -216,14 +212,12 @@ ir::Graph join_measured_values(ir::Graph g, const std::vector<std::string>& valu
              "join_measured_values: '" + values[i] + "' is not computed");
     ir::Node reshape;
     reshape.op_type = "Reshape";
-    reshape.name = fresh(values[i] + "_flat");
+    reshape.name = names.fresh(values[i] + "_flat");
     reshape.inputs = {values[i], flat};
     reshape.outputs = {reshape.name};
     concat.inputs.push_back(reshape.name);
     g.nodes.push_back(std::move(reshape));
   }
-  SQ_CHECK(!used.count(kJoinedMeasuredValues), ErrorKind::kInvalidArgument,
-           std::string("join_measured_values: the model already has a value '") + kJoinedMeasuredValues + "'");
   concat.outputs = {std::string(kJoinedMeasuredValues)};
   g.nodes.push_back(std::move(concat));
   g.outputs = {{std::string(kJoinedMeasuredValues), DType::kFloat32, std::nullopt}};

@@ -546,6 +546,14 @@ std::vector<std::string> PTQ::unobserved_layers() const {
   return out;
 }
 
+std::string PTQ::unobserved_layers_warning() const {
+  const std::vector<std::string> unseen = unobserved_layers();
+  if (unseen.empty()) return "";
+  return std::to_string(unseen.size()) + " layers stay float (" + first_few(unseen) +
+         "): their inputs were empty in every calibration sample (values selected by the data, such as a "
+         "detector's boxes, and none were selected), so they have no range";
+}
+
 // For our runtime, inputs that every reader reads as codes are quantized for every reader (see
 // code_readable_inputs), unless one of them is skipped or left in float by its rule: as
 // codes they cost a quarter of the float32 traffic, for about no accuracy

@@ -96,19 +96,7 @@ ir::Graph PTQ::write_dynamic(const ir::Graph& src, const std::optional<std::set<
     if (!l.weight.empty() && (!only_layers || only_layers->count(l.name))) by_name[{l.name, l.weight}] = &l;
 
   // New value names never take one `src` already uses (a static neighbour's Q/DQ names, say).
-  std::set<std::string> used;
-  for (const auto& n : src.nodes) {
-    used.insert(n.inputs.begin(), n.inputs.end());
-    used.insert(n.outputs.begin(), n.outputs.end());
-  }
-  for (const auto& [k, t] : src.initializers) used.insert(k);
-  for (const auto& i : src.inputs) used.insert(i.name);
-  auto fresh = [&](const std::string& base) {
-    std::string name = base;
-    for (int i = 1; used.count(name); ++i) name = base + "_" + std::to_string(i);
-    used.insert(name);
-    return name;
-  };
+  ir::ValueNames names(src);
 
   ir::Graph out = src;
   out.nodes.clear();
@@ -137,7 +125,8 @@ ir::Graph PTQ::write_dynamic(const ir::Graph& src, const std::optional<std::set<
 
     // The activation's DynamicQuantizeLinear, once per tensor.
     if (!quantized_inputs.count(x)) {
-      quantized_inputs[x] = {fresh(x + "_quantized"), fresh(x + "_scale"), fresh(x + "_zero_point")};
+      quantized_inputs[x] = {names.fresh(x + "_quantized"), names.fresh(x + "_scale"),
+                             names.fresh(x + "_zero_point")};
       const auto& [q, sc, zp] = quantized_inputs[x];
       out.nodes.push_back(make_node("DynamicQuantizeLinear", x + "_QuantizeLinear", {x}, {q, sc, zp}));
     }
@@ -146,9 +135,11 @@ ir::Graph PTQ::write_dynamic(const ir::Graph& src, const std::optional<std::set<
     // A weight read by several layers gets one set per layer after the first (Gemm's alpha and
     // transB make different integers of the same float tensor).
     const std::string wbase = out.initializers.count(layer.weight + "_quantized") ? base + "_" + layer.weight : layer.weight;
-    const std::string wq = fresh(wbase + "_quantized"), wz = fresh(wbase + "_zero_point"), ws = fresh(wbase + "_scale");
-    const std::string acc = fresh(y + "_output_quantized"), accf = fresh(y + "_output_quantized_cast_output");
-    const std::string scales = fresh(y + "_scales_mul");
+    const std::string wq = names.fresh(wbase + "_quantized"), wz = names.fresh(wbase + "_zero_point"),
+                      ws = names.fresh(wbase + "_scale");
+    const std::string acc = names.fresh(y + "_output_quantized"),
+                      accf = names.fresh(y + "_output_quantized_cast_output");
+    const std::string scales = names.fresh(y + "_scales_mul");
     Shape scale_shape{channels};
     if (node.op_type == "Conv") {
       // u8 = s8 + 128 with one zero point 128 (see the top of the file).
@@ -177,7 +168,7 @@ ir::Graph PTQ::write_dynamic(const ir::Graph& src, const std::optional<std::set<
       out.nodes.push_back(make_node("Mul", base + "_output_scale_mul", {accf, scales}, {y}));
       continue;
     }
-    const std::string scaled = fresh(y + "_output_scale_mul_output"), b = fresh(y + "_bias");
+    const std::string scaled = names.fresh(y + "_output_scale_mul_output"), b = names.fresh(y + "_bias");
     out.nodes.push_back(make_node("Mul", base + "_output_scale_mul", {accf, scales}, {scaled}));
     Tensor bias_t = bias->cast(DType::kFloat32);
     if (node.op_type == "Conv") {

@@ -11,6 +11,7 @@
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/runtime/session.h"
+#include "graph_builder.h"
 #include "test_util.h"
 
 using namespace slimquant;
@@ -583,24 +584,13 @@ namespace {
 // x [1, 4] (a fixed batch of one) -> NonZero(x > 2) [2, k]: how many elements a sample selects
 // depends on its values.
 ir::Graph selection_of_batch_one() {
-  ir::Graph g;
-  g.opset = 13;
-  g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{1, ""}, {4, ""}}});
-  g.initializers["two"] = Tensor::from_vector<float>({}, {2.f});
-  ir::Node greater;
-  greater.op_type = "Greater";
-  greater.name = "greater";
-  greater.inputs = {"x", "two"};
-  greater.outputs = {"mask"};
-  g.nodes.push_back(greater);
-  ir::Node nonzero;
-  nonzero.op_type = "NonZero";
-  nonzero.name = "nonzero";
-  nonzero.inputs = {"mask"};
-  nonzero.outputs = {"selected"};
-  g.nodes.push_back(nonzero);
-  g.outputs.push_back({"selected", DType::kInt64, std::nullopt});
-  return g;
+  test::GraphBuilder b;
+  b.g.opset = 13;
+  b.g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{1, ""}, {4, ""}}});
+  b.node("NonZero", {b.node("Greater", {"x", b.constant(Tensor::from_vector<float>({}, {2.f}))})});
+  b.g.nodes.back().outputs = {"selected"};
+  b.g.outputs.push_back({"selected", DType::kInt64, std::nullopt});
+  return b.g;
 }
 
 }  // namespace
@@ -621,7 +611,7 @@ TEST(SessionBatch, OutputsShapedByTheDataAreAnErrorWhenSplitUnlessNotNeeded) {
   }
   std::vector<Shape> seen;
   runtime::RunOptions observing;
-  observing.observe = {"mask", "selected"};
+  observing.observe = {"selected"};
   observing.outputs_needed = false;
   observing.on_value = [&](const std::string& name, const Tensor& v) {
     if (name == "selected") seen.push_back(v.shape());

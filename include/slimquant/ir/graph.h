@@ -116,4 +116,16 @@ struct Graph {
   size_t parameter_bytes() const;
 };
 
+// Fresh value names for a pass that adds many values: the graph's names are collected once, where
+// Graph::unique_value_name collects them on every call.
+class ValueNames {
+ public:
+  explicit ValueNames(const Graph& graph);
+  // `base` when unused, else base_1, base_2, ...; reserved from then on.
+  std::string fresh(const std::string& base);
+
+ private:
+  std::set<std::string> used_;
+};
+
 }  // namespace slimquant::ir

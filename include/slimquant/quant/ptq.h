@@ -103,6 +103,8 @@ class PTQ {
   // when the selection before it kept nothing on every sample): they have no range and stay float
   // in convert(); empty before the first batch.
   std::vector<std::string> unobserved_layers() const;
+  // The warning that names them ("2 layers stay float (a, b): ..."), or "" when there are none.
+  std::string unobserved_layers_warning() const;
   const Observer& activation_observer(const std::string& tensor) const;
   QuantParam activation_params(const std::string& tensor) const;
   // Per-channel parameters and observer of a layer's weight (layer must have one); `weight`
