@@ -246,6 +246,16 @@ std::map<std::string, Tensor> without_batch_of_one(const ir::Graph& graph,
   return unbatched;
 }
 
+// The first input fed with one axis more than it declares (a model of one sample, image
+// [3, H, W], given a batch [N, 3, H, W]), or nullptr.
+const std::string* input_fed_without_batch_axis(const ir::Graph& graph, const std::map<std::string, Tensor>& feeds) {
+  for (const auto& [name, t] : feeds)
+    for (const auto& in : graph.inputs)
+      if (in.name == name && in.dims && t.defined() && !t.is_sequence() && t.rank() == in.dims->size() + 1)
+        return &name;
+  return nullptr;
+}
+
 // Validates feeds against the model's interface before compiling anything (an undeclared feed
 // must name an intermediate value, which it then replaces).
 void check_feeds(const ir::Graph& graph, const std::map<std::string, Tensor>& feeds) {
@@ -292,9 +302,8 @@ size_t batch_axis_of(const BatchAxes& axes, const std::string& name) {
 
 namespace {
 
-// The batch dimension every feed shares (each on its batch axis), or -1: a feed of rank 0, feeds
-// that differ, or a feed for an input declared without a batch dimension (one sample, see
-// without_batch_of_one).
+// The batch dimension every feed shares (each on its batch axis; the first axis of a feed with one
+// more than its input declares), or -1: a feed of rank 0 or feeds that differ.
 int64_t shared_batch(const ir::Graph& graph, const std::map<std::string, Tensor>& feeds, const BatchAxes& axes) {
   int64_t batch = -1;
   for (const auto& [name, t] : feeds) {
@@ -306,10 +315,11 @@ int64_t shared_batch(const ir::Graph& graph, const std::map<std::string, Tensor>
       if (scalar_input) continue;
       return -1;
     }
-    const size_t axis = batch_axis_of(axes, name);
-    if (!t.defined() || t.is_sequence() || axis >= t.rank() || (batch >= 0 && t.dim(axis) != batch)) return -1;
+    bool one_axis_more = false;
     for (const auto& in : graph.inputs)
-      if (in.name == name && in.dims && in.dims->size() + 1 == t.rank()) return -1;
+      if (in.name == name && in.dims && in.dims->size() + 1 == t.rank()) one_axis_more = true;
+    const size_t axis = one_axis_more ? 0 : batch_axis_of(axes, name);
+    if (!t.defined() || t.is_sequence() || axis >= t.rank() || (batch >= 0 && t.dim(axis) != batch)) return -1;
     batch = t.dim(axis);
   }
   return batch;
@@ -453,9 +463,13 @@ std::map<std::string, Tensor> Session::run_in_parts(const std::map<std::string, 
 
 std::vector<std::map<std::string, Tensor>> Session::run_parts(const std::map<std::string, Tensor>& feeds,
                                                               const RunOptions& options, int64_t batch, int64_t part) {
+  // A feed with one axis more than its input declares has its samples along that first axis.
+  BatchAxes axes = input_axes_;
+  for (const auto& [name, t] : feeds)
+    if (input_fed_without_batch_axis(graph_, {{name, t}})) axes.erase(name);
   std::vector<std::map<std::string, Tensor>> parts;
   for (int64_t first = 0; first < batch; first += part)
-    parts.push_back(run_whole(feed_rows(feeds, first, std::min(part, batch - first), input_axes_), options));
+    parts.push_back(run_whole(feed_rows(feeds, first, std::min(part, batch - first), axes), options));
   return parts;
 }
 
@@ -543,6 +557,11 @@ bool Session::runs_whole(const std::map<std::string, Tensor>& feeds) const {
 std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& feeds, const RunOptions& options) {
   const int64_t batch = splittable_batch(feeds);
   if (batch <= 1) return run_whole(feeds, options);
+  if (const std::string* one_sample = input_fed_without_batch_axis(graph_, feeds)) {
+    // Not a limit learned for the session: fed as declared, the first axis is not a batch.
+    print_batch_limit(1, "its input '" + *one_sample + "' is one sample, without a batch axis");
+    return run_in_parts(feeds, options, batch, 1);
+  }
   if (batch_limit_ == 0) {
     const int64_t declared = declared_batch(graph_, feeds);
     if (declared > 0 && declared < batch && batch % declared == 0)

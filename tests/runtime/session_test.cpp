@@ -375,8 +375,9 @@ TEST(Session, ASharedPoolGivesBackOnlyItsIdleBuffers) {
 }
 
 // torchvision's detection models take one image [3, H, W]: a data set's batch of one is accepted
-// with its leading 1 dropped, a larger batch is refused with the way out.
-TEST(Session, UnbatchedModelTakesABatchOfOne) {
+// with its leading 1 dropped, a larger batch runs one sample at a time and its outputs are stacked
+// (unless the caller asked not to split batches: then the way out is the message).
+TEST(Session, UnbatchedModelTakesABatchOneSampleAtATime) {
   ir::Graph g;
   g.opset = 13;
   g.inputs.push_back({"image", DType::kFloat32, std::vector<ir::Dim>{{3, ""}, {4, ""}}});
@@ -394,8 +395,18 @@ TEST(Session, UnbatchedModelTakesABatchOfOne) {
   EXPECT_EQ(y.shape(), (Shape{3, 4}));
   EXPECT_EQ(y.data<float>()[11], 5.f);
   EXPECT_EQ(y.data<float>()[0], 0.f);
+  std::vector<float> two(24);
+  for (size_t i = 0; i < two.size(); ++i) two[i] = static_cast<float>(i) - 12.f;
+  const Tensor stacked = s.run({{"image", Tensor::from_vector<float>({2, 3, 4}, two)}}).at("y");
+  ASSERT_EQ(stacked.shape(), (Shape{2, 3, 4}));
+  for (size_t i = 0; i < two.size(); ++i) EXPECT_EQ(stacked.data<float>()[i], std::max(two[i], 0.f)) << i;
+  EXPECT_EQ(s.batch_limit(), 0);  // fed [3, 4] as declared, its first axis is no batch to split
+  EXPECT_EQ(s.run({{"image", Tensor::from_vector<float>({3, 4}, v)}}).at("y").shape(), (Shape{3, 4}));
+  runtime::SessionOptions whole;
+  whole.split_batches = false;
+  runtime::Session unsplit(g, whole);
   try {
-    s.run({{"image", Tensor(DType::kFloat32, {2, 3, 4})}});
+    unsplit.run({{"image", Tensor(DType::kFloat32, {2, 3, 4})}});
     FAIL() << "a batch of two was accepted by a model without a batch dimension";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("use batch size 1"), std::string::npos) << e.what();
