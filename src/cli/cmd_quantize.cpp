@@ -152,13 +152,22 @@ Action register_quantize(CLI::App& app) {
     const double calib_seconds = rep.seconds;
     const int weight_bits = config.effective_weight_bits();
     if (config.mode == quant::QuantMode::kDynamic) {
-      size_t dynamic = 0;
-      for (const auto& n : qdq.nodes) dynamic += n.op_type == "MatMulInteger" || n.op_type == "ConvInteger";
+      size_t dynamic = 0;  // If branches' too
+      std::vector<const ir::Graph*> graphs{&qdq};
+      while (!graphs.empty()) {
+        const ir::Graph* g = graphs.back();
+        graphs.pop_back();
+        for (const auto& n : g->nodes) {
+          dynamic += n.op_type == "MatMulInteger" || n.op_type == "ConvInteger";
+          for (const auto& [key, value] : n.attrs)
+            if (const auto* sub = std::get_if<std::shared_ptr<const ir::Graph>>(&value)) graphs.push_back(sub->get());
+        }
+      }
       std::cout << "quantized " << dynamic << " layers dynamically (" << weight_bits
                 << "-bit weights per channel, activation scales computed per inference)";
     } else if (config.mode == quant::QuantMode::kWeightOnly) {
       size_t weighted = 0;
-      for (const auto& l : ptq.ptq().layers()) weighted += l.weight.empty() ? 0 : 1;
+      for (const quant::Layer* l : ptq.ptq().all_layers()) weighted += l->weight.empty() ? 0 : 1;
       std::cout << "quantized the weights of " << weighted << " layers (" << config.global().weight << ", " << weight_bits
                 << "-bit, activations float)";
       if (weight_bits == 4)
@@ -169,7 +178,7 @@ Action register_quantize(CLI::App& app) {
                           : "");
     } else {
       // Layers that saw no values in calibration stay float (said in a warning above).
-      std::cout << "quantized " << ptq.ptq().layers().size() - ptq.ptq().unobserved_layers().size() << " layers ("
+      std::cout << "quantized " << ptq.ptq().all_layers().size() - ptq.ptq().unobserved_layers().size() << " layers ("
                 << config.global().activation << ", " << config.global().weight << ", " << weight_bits
                 << "-bit weights, for " << quant::deploy_backend_name(config.deploy_backend) << ") from " << rep.batches
                 << (rep.batches == 1 ? " batch" : " batches") << " of " << batch_size << " in " << std::fixed
@@ -203,7 +212,7 @@ Action register_quantize(CLI::App& app) {
       } else if (fallback.float_layers.empty()) {
         std::cout << "no layer left in float helps" << std::endl;
       } else {
-        std::cout << fallback.float_layers.size() << " of " << ptq.ptq().layers().size() << " layers kept in float, ranked by "
+        std::cout << fallback.float_layers.size() << " of " << ptq.ptq().all_layers().size() << " layers kept in float, ranked by "
                   << (fallback.ranking == "output" ? "output SQNR" : "added noise") << " (";
         for (size_t i = 0; i < fallback.float_layers.size(); ++i) std::cout << (i ? ", " : "") << fallback.float_layers[i];
         std::cout << "): " << fallback.sqnr_db_after << " dB" << std::endl;
@@ -216,7 +225,7 @@ Action register_quantize(CLI::App& app) {
               << std::setprecision(2) << static_cast<double>(int8_bytes) / static_cast<double>(fp32_bytes) << "x)"
               << std::endl;
 
-    nlohmann::json j{{"layers", ptq.ptq().layers().size()},
+    nlohmann::json j{{"layers", ptq.ptq().all_layers().size()},
                      {"calib_seconds", calib_seconds},
                      {"calib_batches", rep.batches},
                      {"weight_bits", weight_bits},

@@ -213,6 +213,103 @@ ValueNames::ValueNames(const Graph& g) {
   for (const auto& [k, v] : g.value_info) used_.insert(k);
 }
 
+void ValueNames::reserve(const Graph& graph) {
+  const std::set<std::string> names = defined_names(graph);
+  used_.insert(names.begin(), names.end());
+  for (const auto& n : graph.nodes) used_.insert(n.inputs.begin(), n.inputs.end());
+}
+
+Graph standalone_subgraph(const Node& node, const std::string& attr, std::vector<size_t>& captured_inputs) {
+  const Graph* sub = node.attr_graph(attr);
+  SQ_CHECK(sub != nullptr, ErrorKind::kInvalidModel, node.describe() + ": missing subgraph attribute '" + attr + "'");
+  Graph g = *sub;
+  std::set<std::string> defined;
+  for (const auto& n : g.nodes) defined.insert(n.outputs.begin(), n.outputs.end());
+  for (const auto& in : g.inputs) defined.insert(in.name);
+  auto read = [&](const std::string& name) {
+    for (const auto& n : g.nodes)
+      if (std::find(n.inputs.begin(), n.inputs.end(), name) != n.inputs.end()) return true;
+    return std::any_of(g.outputs.begin(), g.outputs.end(), [&](const ValueInfo& o) { return o.name == name; });
+  };
+  captured_inputs.clear();
+  for (size_t k = 0; k < node.captured.size(); ++k) {
+    const std::string& name = node.captured[k];
+    if (!read(name) || defined.count(name) || g.is_initializer(name)) continue;
+    g.inputs.push_back({name, DType::kUndefined, std::nullopt});
+    captured_inputs.push_back(k);
+  }
+  return g;
+}
+
+std::set<std::string> defined_names(const Graph& g) {
+  std::set<std::string> names;
+  for (const auto& n : g.nodes) {
+    names.insert(n.outputs.begin(), n.outputs.end());
+    for (const auto& [key, value] : n.attrs)
+      if (const auto* sub = std::get_if<std::shared_ptr<const Graph>>(&value)) {
+        const std::set<std::string> inner = defined_names(**sub);
+        names.insert(inner.begin(), inner.end());
+      }
+  }
+  for (const auto& [name, t] : g.initializers) names.insert(name);
+  for (const auto& in : g.inputs) names.insert(in.name);
+  names.erase("");
+  return names;
+}
+
+void rename_values(Graph& g, const std::map<std::string, std::string>& renames) {
+  if (renames.empty()) return;
+  auto rename = [&](std::string& name) {
+    if (const auto it = renames.find(name); it != renames.end()) name = it->second;
+  };
+  for (auto& n : g.nodes) {
+    for (auto& v : n.inputs) rename(v);
+    for (auto& v : n.outputs) rename(v);
+    for (auto& v : n.captured) rename(v);
+    for (auto& [key, value] : n.attrs)
+      if (auto* sub = std::get_if<std::shared_ptr<const Graph>>(&value)) {
+        auto copy = std::make_shared<Graph>(**sub);
+        rename_values(*copy, renames);
+        value = std::shared_ptr<const Graph>(std::move(copy));
+      }
+  }
+  std::map<std::string, Tensor> initializers;
+  for (auto& [name, t] : g.initializers) {
+    std::string now = name;
+    rename(now);
+    initializers.emplace(now, std::move(t));
+  }
+  g.initializers = std::move(initializers);
+  for (auto& v : g.inputs) rename(v.name);
+  for (auto& v : g.outputs) rename(v.name);
+  std::map<std::string, ValueInfo> value_info;
+  for (auto& [name, info] : g.value_info) {
+    ValueInfo moved = info;
+    rename(moved.name);
+    value_info.emplace(moved.name, std::move(moved));
+  }
+  g.value_info = std::move(value_info);
+  auto rename_keys = [&](auto& keyed) {
+    std::decay_t<decltype(keyed)> out;
+    for (const auto& entry : keyed) {
+      if constexpr (requires { entry.first; }) {
+        std::string now = entry.first;
+        rename(now);
+        out.emplace(now, entry.second);
+      } else {
+        std::string now = entry;
+        rename(now);
+        out.insert(now);
+      }
+    }
+    keyed = std::move(out);
+  };
+  rename_keys(g.stored_float_types);
+  rename_keys(g.stored_4bit_types);
+  rename_keys(g.optional_values);
+  rename_keys(g.sequence_values);
+}
+
 std::string ValueNames::fresh(const std::string& base) {
   std::string name = base;
   for (int i = 1; used_.count(name); ++i) name = base + "_" + std::to_string(i);

@@ -60,6 +60,19 @@ class OnnxRuntimePolicy final : public DeployPolicy {
     if (node.op_type == "Relu" || node.op_type == "Clip") return false;  // folded into the next Q
     return listed || full_quantize || kOnnxRuntimeQuantizedOps.count(node.op_type);
   }
+  // ONNX Runtime 1.30's basic graph optimizations abort (an assertion in its graph code) on a
+  // DequantizeLinear -> Transpose whose output a subgraph reads (Silero VAD: the LSTM branch of an
+  // If reads two transposes of a convolution's output): such a Transpose stays float.
+  std::vector<int> activation_inputs(const ir::Graph& g, const QuantConfig&, const ir::Node& node,
+                                     std::vector<int> from_spec) const override {
+    if (node.op_type != "Transpose" || node.outputs.empty()) return from_spec;
+    for (int c : g.consumers(node.outputs[0])) {
+      const ir::Node& reader = g.nodes[static_cast<size_t>(c)];
+      for (size_t i = reader.declared_inputs(); i < reader.inputs.size(); ++i)
+        if (reader.inputs[i] == node.outputs[0]) return {};
+    }
+    return from_spec;
+  }
   QuantScheme activation_scheme(QuantScheme, bool) const override { return QuantScheme::kAsymmetric; }
   QdqExportOptions export_options() const override {
     QdqExportOptions o;

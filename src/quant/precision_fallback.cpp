@@ -32,8 +32,8 @@ double output_sqnr_db(const std::map<std::string, Tensor>& reference, const std:
 
 std::set<std::string> PrecisionFallbackResult::quantized_layers(const PTQ& ptq) const {
   std::set<std::string> out;
-  for (const auto& l : ptq.layers())
-    if (std::find(float_layers.begin(), float_layers.end(), l.name) == float_layers.end()) out.insert(l.name);
+  for (const Layer* l : ptq.all_layers())
+    if (std::find(float_layers.begin(), float_layers.end(), l->name) == float_layers.end()) out.insert(l->name);
   return out;
 }
 
@@ -247,9 +247,10 @@ class AddedNoise {
  public:
   explicit AddedNoise(const PTQ& ptq) : ptq_(ptq) {
     for (const auto& n : ptq.float_graph().nodes) output_of_[n.name] = n.outputs.empty() ? "" : n.outputs[0];
-    for (const auto& l : ptq.layers()) {
-      for (const auto& a : l.activations) probes_[a];
-      if (!output_of_[l.name].empty()) probes_[output_of_[l.name]];
+    // Layers inside If branches have no values here: they rank last.
+    for (const Layer* l : ptq.all_layers()) {
+      for (const auto& a : l->activations) probes_[a];
+      if (!output_of_[l->name].empty()) probes_[output_of_[l->name]];
     }
   }
 
@@ -277,11 +278,11 @@ class AddedNoise {
   // (minus the added noise ratio, layer): most added noise first after an ascending sort.
   std::vector<std::pair<double, std::string>> ranking() {
     std::vector<std::pair<double, std::string>> out;
-    for (const auto& l : ptq_.layers()) {
+    for (const Layer* l : ptq_.all_layers()) {
       double before = 0;
-      for (const auto& a : l.activations) before = std::max(before, noise_[a].ratio());
-      const std::string& value = output_of_[l.name];
-      out.push_back({before - (value.empty() ? 0.0 : noise_[value].ratio()), l.name});
+      for (const auto& a : l->activations) before = std::max(before, noise_[a].ratio());
+      const std::string& value = output_of_[l->name];
+      out.push_back({before - (value.empty() ? 0.0 : noise_[value].ratio()), l->name});
     }
     return out;
   }
@@ -311,7 +312,7 @@ class AddedNoise {
 PrecisionFallbackResult choose_precision_fallback(PTQ& ptq, const std::map<std::string, Tensor>& all_samples,
                                                   const PrecisionFallbackOptions& options) {
   PrecisionFallbackResult result;
-  const auto& layers = ptq.layers();
+  const std::vector<const Layer*> layers = ptq.all_layers();  // those inside If branches one by one
   if (options.target_sqnr_db <= 0 || layers.empty()) return result;
   const auto budget = static_cast<size_t>(std::ceil(options.max_float_fraction * static_cast<double>(layers.size())));
   // The exact ranking's evaluations: reference, before, channel-wise, one per layer, up to one per
@@ -370,13 +371,13 @@ PrecisionFallbackResult choose_precision_fallback(PTQ& ptq, const std::map<std::
     // compound: with everything else quantized, one more float layer barely moves the output
     // (PP-OCRv4 rec: it chose one layer, 80.5 exact; this ranking's five layers: within a point of FP32).
     Progress progress("fallback", layers.size(), "layers");
-    for (const auto& l : layers) {
+    for (const Layer* l : layers) {
       PrecisionFallbackResult only;
-      for (const auto& other : layers)
-        if (other.name != l.name) only.float_layers.push_back(other.name);
+      for (const Layer* other : layers)
+        if (other->name != l->name) only.float_layers.push_back(other->name);
       ++result.evaluations;
       runtime::Session session(ptq.convert(only.quantized_layers(ptq)), so);
-      damage.push_back({output_sqnr_db(reference, session.run(samples, compared)), l.name});
+      damage.push_back({output_sqnr_db(reference, session.run(samples, compared)), l->name});
       progress.advance();
     }
     progress.finish();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <set>
 #include <sstream>
@@ -146,7 +147,58 @@ std::string first_few(const std::vector<std::string>& names) {
   return out;
 }
 
+// The graph's nodes with those of its subgraphs (recursively) added, for checks by node name.
+ir::Graph with_subgraph_nodes(const ir::Graph& g) {
+  ir::Graph flat;
+  std::vector<const ir::Graph*> pending{&g};
+  while (!pending.empty()) {
+    const ir::Graph* next = pending.back();
+    pending.pop_back();
+    for (const auto& n : next->nodes) {
+      flat.nodes.push_back(n);
+      for (const auto& [key, value] : n.attrs)
+        if (const auto* sub = std::get_if<std::shared_ptr<const ir::Graph>>(&value)) pending.push_back(sub->get());
+    }
+  }
+  return flat;
+}
+
+// Names the nodes of g (and of its subgraphs) that are unnamed or whose name `taken` holds after
+// `scope` ("If_25/then_branch/MatMul_3"), and adds every name to `taken`: a layer is found by its
+// node's name, and exporters name nodes per graph, so a branch may repeat an outer node's name.
+void name_nodes_apart(ir::Graph& g, std::set<std::string>& taken, const std::string& scope) {
+  for (auto& n : g.nodes) {
+    if (n.name.empty() || taken.count(n.name)) {
+      const std::string base = scope + "/" + (n.name.empty() ? n.op_type : n.name);
+      n.name = base;
+      for (int i = 1; taken.count(n.name); ++i) n.name = base + "_" + std::to_string(i);
+    }
+    taken.insert(n.name);
+    for (auto& [key, value] : n.attrs)
+      if (auto* sub = std::get_if<std::shared_ptr<const ir::Graph>>(&value)) {
+        auto copy = std::make_shared<ir::Graph>(**sub);
+        name_nodes_apart(*copy, taken, n.name + "/" + key);
+        value = std::shared_ptr<const ir::Graph>(std::move(copy));
+      }
+  }
+}
+
+bool same_tensor(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() && a.nbytes() == b.nbytes() &&
+         (a.nbytes() == 0 || std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0);
+}
+
 }  // namespace
+
+struct PTQ::Branch {
+  std::string node;        // the If node's name
+  std::string attr;        // "then_branch" or "else_branch"
+  bool taken_when = true;  // the condition that runs it
+  std::string condition;   // the outer value the If reads as its condition
+  // Each input of the standalone body (as the body names it) and the outer value fed to it.
+  std::vector<std::pair<std::string, std::string>> feeds;
+  std::unique_ptr<PTQ> ptq;
+};
 
 Tensor quantize_weight_s8(const Tensor& weight, const std::vector<float>& scales, int64_t axis, int bits,
                           bool bias_correction) {
@@ -269,7 +321,8 @@ void PTQ::quantize(const ir::Graph& float_graph) {
   }
   if (DeployPolicy::of(config_.deploy_backend).quantizes_code_readable_inputs())
     quantize_code_readable_inputs(known_non_float);
-  warnings_ = config_.unmatched_skips(float_graph_);
+  warnings_.clear();
+  if (!nested_) warnings_ = config_.unmatched_skips(with_subgraph_nodes(float_graph_));
   layer_nodes_.clear();
   for (const auto& l : layers_) layer_nodes_[l.name];
   for (size_t i = 0; i < float_graph_.nodes.size(); ++i)
@@ -282,12 +335,12 @@ void PTQ::quantize(const ir::Graph& float_graph) {
                         first_few(no_dynamic_form) +
                         "): the dynamic mode takes MatMul, Gemm and Conv with a constant weight and a computed input; "
                         "they stay float");
-  // The layers inside If / Loop / Scan bodies run in nested sessions that calibration cannot see.
+  // Loop and Scan bodies run once per iteration in nested sessions: not quantized (If branches
+  // are, find_branches).
   for (const auto& node : float_graph_.nodes)
     for (const auto& [key, value] : node.attrs)
-      if (std::holds_alternative<std::shared_ptr<const ir::Graph>>(value)) {
-        warnings_.push_back(node.describe() + ": its " + (node.op_type == "If" ? "branches stay" : "body stays") +
-                            " float (subgraph bodies are not quantized)");
+      if (node.op_type != "If" && std::holds_alternative<std::shared_ptr<const ir::Graph>>(value)) {
+        warnings_.push_back(node.describe() + ": its body stays float (loop bodies are not quantized)");
         break;
       }
   // Recurrent ops have no integer form in ONNX (ONNX Runtime's DynamicQuantizeLSTM is its own
@@ -311,8 +364,11 @@ void PTQ::quantize(const ir::Graph& float_graph) {
       input_gram_.try_emplace(node.inputs[0], static_cast<size_t>(k * k), 0.0);
     }
 
+  find_branches(typed);
+
   std::string identity = ir::serialize_onnx(float_graph_) + '\x1f' + config_.fingerprint();
   for (const auto& [tensor, obs] : observers_) identity += '\x1f' + tensor + '=' + obs->name();
+  for (const auto& b : branches_) identity += '\x1f' + b->node + '/' + b->attr + '=' + b->ptq->fingerprint();
   fingerprint_ = fnv1a_hex(identity);
 
   // Inference settings (fusions, blocked layouts): fusions never fuse away a value listed in
@@ -322,6 +378,143 @@ void PTQ::quantize(const ir::Graph& float_graph) {
   session_ = std::make_unique<runtime::Session>(float_graph_);
 }
 
+void PTQ::find_branches(const ir::Graph& typed) {
+  branches_.clear();
+  auto dtype_of = [&](const std::string& v) {
+    const ir::ValueInfo* info = typed.find_value_info(v);
+    return info ? info->dtype : DType::kUndefined;
+  };
+  std::set<std::string> taken;
+  for (const auto& node : float_graph_.nodes) taken.insert(node.name);
+  for (const auto& node : float_graph_.nodes) {
+    if (node.op_type != "If" || !node.domain.empty() || node.inputs.empty() || config_.is_skipped(node)) continue;
+    bool quantized = false;
+    for (const char* attr : {"then_branch", "else_branch"}) {
+      if (!node.attr_graph(attr)) continue;
+      std::vector<size_t> captured;
+      ir::Graph body = ir::standalone_subgraph(node, attr, captured);
+      auto branch = std::make_unique<Branch>();
+      const size_t own_inputs = body.inputs.size() - captured.size();
+      std::vector<ir::ValueInfo> inputs(body.inputs.begin(), body.inputs.begin() + static_cast<ptrdiff_t>(own_inputs));
+      for (size_t i = own_inputs; i < body.inputs.size(); ++i) {
+        const std::string& outer = node.inputs[node.declared_inputs() + captured[i - own_inputs]];
+        if (const Tensor* constant = float_graph_.initializer(outer)) {
+          body.initializers[body.inputs[i].name] = *constant;  // a weight stays a weight in the branch
+          continue;
+        }
+        body.inputs[i].dtype = dtype_of(outer);
+        inputs.push_back(body.inputs[i]);
+        branch->feeds.emplace_back(body.inputs[i].name, outer);
+      }
+      body.inputs = std::move(inputs);
+      name_nodes_apart(body, taken, node.name + "/" + attr);
+      branch->node = node.name;
+      branch->attr = attr;
+      branch->taken_when = std::string(attr) == "then_branch";
+      branch->condition = node.inputs[0];
+      branch->ptq = std::make_unique<PTQ>(config_);
+      branch->ptq->nested_ = true;
+      try {
+        branch->ptq->quantize(body);
+      } catch (const Error& e) {
+        warnings_.push_back(node.describe() + " " + attr + " stays float: " + e.what());
+        continue;
+      }
+      if (branch->ptq->all_layers().empty()) continue;
+      for (const auto& w : branch->ptq->warnings()) warnings_.push_back(node.describe() + " " + attr + ": " + w);
+      branches_.push_back(std::move(branch));
+      quantized = true;
+    }
+    if (quantized) {
+      Layer layer;
+      layer.name = node.name;
+      layer.op_type = node.op_type;
+      layer.mode = config_.mode_for(node);
+      layers_.push_back(std::move(layer));
+    }
+  }
+}
+
+bool PTQ::is_branching_layer(const std::string& name) const {
+  return std::any_of(branches_.begin(), branches_.end(), [&](const auto& b) { return b->node == name; });
+}
+
+std::vector<const Layer*> PTQ::all_layers() const {
+  std::vector<const Layer*> out;
+  for (const auto& l : layers_)
+    if (!is_branching_layer(l.name)) out.push_back(&l);
+  for (const auto& b : branches_) {
+    const std::vector<const Layer*> inner = b->ptq->all_layers();
+    out.insert(out.end(), inner.begin(), inner.end());
+  }
+  return out;
+}
+
+void PTQ::set_channel_wise_conv_inputs(bool enabled) {
+  channel_wise_conv_inputs_ = enabled;
+  for (auto& b : branches_) b->ptq->set_channel_wise_conv_inputs(enabled);
+}
+
+void PTQ::convert_branches(ir::Graph& out, const LayerModes& if_modes) const {
+  for (const auto& b : branches_) {
+    const auto mode = if_modes.find(b->node);
+    const PTQ& inner = *b->ptq;
+    LayerModes modes;
+    if (mode != if_modes.end()) {  // the If named: all its layers
+      modes = inner.layer_modes();
+      if (mode->second != QuantMode::kStatic)
+        for (auto& [name, m] : modes) m = mode->second;
+    }
+    for (const Layer* l : inner.all_layers())
+      if (const auto named = if_modes.find(l->name); named != if_modes.end()) modes[l->name] = named->second;
+    if (inner.samples_seen() == 0)  // never taken in calibration: nothing static has a range
+      std::erase_if(modes, [](const auto& entry) { return entry.second == QuantMode::kStatic; });
+    if (modes.empty()) continue;
+    ir::Graph body = inner.convert_layers(modes);
+    const auto node = std::find_if(out.nodes.begin(), out.nodes.end(), [&](const ir::Node& n) { return n.name == b->node; });
+    if (node == out.nodes.end()) continue;
+    // Back inside the If: the outer values it was fed are read from the outer scope again, the
+    // outer weights copied in are dropped where unchanged, and a name the branch made that the
+    // model already uses (x_s for an x quantized outside too) is renamed.
+    std::erase_if(body.inputs, [&](const ir::ValueInfo& in) {
+      return std::any_of(b->feeds.begin(), b->feeds.end(), [&](const auto& f) { return f.first == in.name; });
+    });
+    std::erase_if(body.initializers, [&](const auto& entry) {
+      const Tensor* outer = out.initializer(entry.first);
+      return outer && same_tensor(*outer, entry.second);
+    });
+    for (const auto& [key, value] : body.metadata) out.metadata.try_emplace(key, value);  // the runtime reads some
+    body.metadata.clear();
+    node->attrs[b->attr] = std::make_shared<const ir::Graph>();  // its float body is not the outer scope
+    const std::set<std::string> outer = ir::defined_names(out);
+    ir::ValueNames names(out);
+    names.reserve(body);
+    std::map<std::string, std::string> renames;
+    for (const std::string& name : ir::defined_names(body))
+      if (outer.count(name)) renames[name] = names.fresh(name);
+    ir::rename_values(body, renames);
+    node->attrs[b->attr] = std::make_shared<const ir::Graph>(std::move(body));
+    // Outer values neither branch reads any more (the float weights of a branch now quantized) are
+    // no longer the If's inputs, and go when nothing else reads them.
+    std::set<std::string> read;
+    for (const auto& [key, value] : node->attrs)
+      if (std::holds_alternative<std::shared_ptr<const ir::Graph>>(value)) {
+        std::vector<size_t> captured;
+        const ir::Graph standalone = ir::standalone_subgraph(*node, key, captured);
+        for (size_t k : captured) read.insert(node->captured[k]);
+      }
+    std::vector<std::string> captured, inputs(node->inputs.begin(), node->inputs.begin() + static_cast<ptrdiff_t>(node->declared_inputs()));
+    for (size_t k = 0; k < node->captured.size(); ++k)
+      if (read.count(node->captured[k])) {
+        captured.push_back(node->captured[k]);
+        inputs.push_back(node->inputs[node->declared_inputs() + k]);
+      }
+    node->captured = std::move(captured);
+    node->inputs = std::move(inputs);
+    out.remove_unused_initializers();
+  }
+}
+
 void PTQ::sample(const std::map<std::string, Tensor>& feeds) {
   SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::sample called before quantize()");
   runtime::RunOptions run;
@@ -329,13 +522,27 @@ void PTQ::sample(const std::map<std::string, Tensor>& feeds) {
   for (const auto& [name, obs] : observers_) wanted.push_back(name);
   for (const auto& [name, gram] : input_gram_)
     if (!observers_.count(name)) wanted.push_back(name);
+  // What the If branches read: their conditions and the outer values they are fed, kept per run
+  // of the model (one per part when the session runs the batch in parts).
+  std::set<std::string> branch_values;
+  for (const auto& b : branches_) {
+    branch_values.insert(b->condition);
+    for (const auto& [inner, outer] : b->feeds) branch_values.insert(outer);
+  }
+  for (const auto& v : branch_values)
+    if (std::find(wanted.begin(), wanted.end(), v) == wanted.end()) wanted.push_back(v);
+  std::vector<std::map<std::string, Tensor>> branch_reads(1);
   run.observe = wanted;  // seen by the hook, then released: memory stays that of inference
   run.outputs_needed = false;
   // Every activation observer depends only on each sample's multiset of values, so blocked
-  // activations could be observed in place, without a plain copy; the per-channel maxima need
-  // the channels where the plain layout has them.
-  run.observe_in_any_layout = channel_abs_max_.empty() && input_gram_.empty();
+  // activations could be observed in place, without a plain copy; the per-channel maxima (and a
+  // branch's inputs) need the channels where the plain layout has them.
+  run.observe_in_any_layout = channel_abs_max_.empty() && input_gram_.empty() && branches_.empty();
   run.on_value = [&](const std::string& name, const Tensor& value) {
+    if (branch_values.count(name)) {
+      if (branch_reads.back().count(name)) branch_reads.emplace_back();  // the next part's
+      branch_reads.back()[name] = value.clone();
+    }
     if (auto g = input_gram_.find(name); g != input_gram_.end() && value.dtype() == DType::kFloat32 && value.rank() >= 1) {
       const int64_t k = value.dim(value.rank() - 1);
       if (static_cast<size_t>(k * k) == g->second.size()) accumulate_gram(value.data<float>(), value.numel() / k, k, g->second);
@@ -353,10 +560,27 @@ void PTQ::sample(const std::map<std::string, Tensor>& feeds) {
   if (wanted.empty()) return;
   session_->run(feeds, run);
   ++batches_;
+  for (const auto& reads : branch_reads)
+    for (auto& b : branches_) {
+      const auto condition = reads.find(b->condition);
+      if (condition == reads.end() || condition->second.numel() != 1 ||
+          (condition->second.to_float_vector()[0] != 0.f) != b->taken_when)
+        continue;
+      std::map<std::string, Tensor> branch_feeds;
+      for (const auto& [inner, outer] : b->feeds)
+        if (const auto it = reads.find(outer); it != reads.end()) branch_feeds[inner] = it->second;
+      if (branch_feeds.size() != b->feeds.size()) continue;  // an empty optional: not run here
+      try {
+        b->ptq->sample(branch_feeds);
+      } catch (const Error& e) {
+        throw Error(e.kind(), "If '" + b->node + "' " + b->attr + ": " + e.what());
+      }
+    }
 }
 
 void PTQ::release_calibration_buffers() {
   if (session_) session_->release_plans();
+  for (auto& b : branches_) b->ptq->release_calibration_buffers();
 }
 
 void PTQ::sample(const Tensor& batch) {
@@ -439,28 +663,43 @@ constexpr char kCacheMagic[] = "slimquant-calibration-v2";
 void PTQ::save_calibration_state(const std::string& path, const std::string& data_identity) const {
   SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::save_calibration_state called before quantize()");
   std::ostringstream out(std::ios::binary);
-  out << kCacheMagic << '\n' << fingerprint_ << '-' << fnv1a_hex(data_identity) << '\n' << batches_ << '\n';
+  out << kCacheMagic << '\n' << fingerprint_ << '-' << fnv1a_hex(data_identity) << '\n';
+  save_state(out);
+  write_file_atomic(path, out.str());
+}
+
+void PTQ::save_state(std::ostream& out) const {
+  out << batches_ << '\n';
   for (const auto& [tensor, obs] : observers_) {
     out << tensor << '\n';
     obs->save_state(out);
   }
   save_channel_abs_max(out, channel_abs_max_);
-  write_file_atomic(path, out.str());
+  for (const auto& b : branches_) {
+    out << b->node << '/' << b->attr << '\n';
+    b->ptq->save_state(out);
+  }
 }
 
 bool PTQ::load_calibration_state(const std::string& path, const std::string& data_identity) {
   SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::load_calibration_state called before quantize()");
   if (!std::filesystem::exists(path)) return false;
   std::istringstream in(read_file(path), std::ios::binary);
-  std::string magic, fingerprint, batches;
+  std::string magic, fingerprint;
   std::getline(in, magic);
   std::getline(in, fingerprint);
-  std::getline(in, batches);
   SQ_CHECK(magic == kCacheMagic, ErrorKind::kInvalidData, "'" + path + "' is not a slimquant calibration cache");
   const std::string expected = fingerprint_ + '-' + fnv1a_hex(data_identity);
   SQ_CHECK(fingerprint == expected, ErrorKind::kInvalidData,
            "calibration cache '" + path + "' was written for another model, quantization config or calibration data (" +
                fingerprint + ", this run " + expected + "): delete it or use another cache_dir");
+  load_state(in, path);
+  return true;
+}
+
+void PTQ::load_state(std::istream& in, const std::string& path) {
+  std::string batches;
+  std::getline(in, batches);
   for (auto& [tensor, obs] : observers_) {
     std::string stored;
     std::getline(in, stored);
@@ -477,12 +716,22 @@ bool PTQ::load_calibration_state(const std::string& path, const std::string& dat
   } catch (const Error& e) {
     throw Error(e.kind(), "calibration cache '" + path + "' is corrupt: " + e.what());
   }
+  for (auto& b : branches_) {
+    std::string stored;
+    std::getline(in, stored);
+    SQ_CHECK(stored == b->node + '/' + b->attr, ErrorKind::kInvalidData,
+             "calibration cache '" + path + "' is corrupt: expected If branch '" + b->node + '/' + b->attr + "', found '" +
+                 stored + "'");
+    b->ptq->load_state(in, path);
+  }
+  SQ_CHECK(!batches.empty() && std::all_of(batches.begin(), batches.end(), [](char c) { return c >= '0' && c <= '9'; }),
+           ErrorKind::kInvalidData, "calibration cache '" + path + "' is corrupt: no batch count");
   batches_ = std::stoul(batches);
-  return true;
 }
 
 void PTQ::merge_calibration_across_ranks() {
   if (distributed::size() == 1) return;
+  for (auto& b : branches_) b->ptq->merge_calibration_across_ranks();  // the same branches on every rank
   SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::merge_calibration_across_ranks called before quantize()");
   auto serialise = [&] {
     std::ostringstream out(std::ios::binary);
@@ -519,11 +768,14 @@ void PTQ::merge_calibration_across_ranks() {
 std::vector<std::string> PTQ::selectable_activation_algos() const {
   for (const auto& [tensor, obs] : observers_)
     if (obs->name() == "auto") return auto_algo_candidates();
+  for (const auto& b : branches_)
+    if (std::vector<std::string> inner = b->ptq->selectable_activation_algos(); !inner.empty()) return inner;
   return {};
 }
 
 void PTQ::select_activation_algo(const std::string& algo) {
   for (auto& [tensor, obs] : observers_) select_auto_candidate(*obs, algo);
+  for (auto& b : branches_) b->ptq->select_activation_algo(algo);
   selected_activation_algo_ = algo;
 }
 
@@ -543,15 +795,51 @@ std::vector<std::string> PTQ::unobserved_layers() const {
     });
     if (unseen) out.push_back(l.name);
   }
+  for (const auto& b : branches_) {
+    if (b->ptq->samples_seen() > 0) {
+      const std::vector<std::string> inner = b->ptq->unobserved_layers();
+      out.insert(out.end(), inner.begin(), inner.end());
+    } else {
+      for (const Layer* l : b->ptq->all_layers())
+        if (l->mode == QuantMode::kStatic) out.push_back(l->name);
+    }
+  }
   return out;
 }
 
 std::string PTQ::unobserved_layers_warning() const {
-  const std::vector<std::string> unseen = unobserved_layers();
+  std::vector<std::string> unseen = unobserved_layers();
   if (unseen.empty()) return "";
-  return std::to_string(unseen.size()) + " layers stay float (" + first_few(unseen) +
-         "): their inputs were empty in every calibration sample (values selected by the data, such as a "
-         "detector's boxes, and none were selected), so they have no range";
+  // Those of branches calibration never took, said apart (and named by branch).
+  std::vector<std::string> untaken_branches, untaken_layers;
+  std::vector<const PTQ*> pending{this};
+  while (!pending.empty()) {
+    const PTQ* p = pending.back();
+    pending.pop_back();
+    for (const auto& b : p->branches_) {
+      if (b->ptq->samples_seen() > 0) {
+        pending.push_back(b->ptq.get());
+        continue;
+      }
+      size_t count = 0;
+      for (const Layer* l : b->ptq->all_layers())
+        if (l->mode == QuantMode::kStatic) untaken_layers.push_back(l->name), ++count;
+      if (count) untaken_branches.push_back("If '" + b->node + "' " + b->attr + ", " + std::to_string(count) + " layers");
+    }
+  }
+  std::erase_if(unseen, [&](const std::string& name) {
+    return std::find(untaken_layers.begin(), untaken_layers.end(), name) != untaken_layers.end();
+  });
+  std::string out;
+  if (!unseen.empty())
+    out = std::to_string(unseen.size()) + " layers stay float (" + first_few(unseen) +
+          "): their inputs were empty in every calibration sample (values selected by the data, such as a "
+          "detector's boxes, and none were selected), so they have no range";
+  if (!untaken_layers.empty())
+    out += std::string(out.empty() ? "" : "; ") + std::to_string(untaken_layers.size()) +
+           " layers stay float in branches no calibration sample took (" + first_few(untaken_branches) +
+           "): calibrate with data that runs them (an If on the sample rate: audio of each rate)";
+  return out;
 }
 
 // For our runtime, inputs that every reader reads as codes are quantized for every reader (see
@@ -647,23 +935,41 @@ LayerModes PTQ::layer_modes(const std::optional<std::set<std::string>>& only_lay
   LayerModes modes;
   for (const auto& l : layers_)
     if (!only_layers || only_layers->count(l.name)) modes[l.name] = l.mode;
+  if (only_layers)  // layers inside If branches named one by one (an If named: all of its branches')
+    for (const auto& b : branches_)
+      for (const Layer* l : b->ptq->all_layers())
+        if (only_layers->count(l->name)) modes[l->name] = l->mode;
   return modes;
+}
+
+const PTQ::Branch* PTQ::branch_holding(const std::string& layer) const {
+  for (const auto& b : branches_) {
+    const std::vector<const Layer*> inner = b->ptq->all_layers();
+    if (std::any_of(inner.begin(), inner.end(), [&](const Layer* l) { return l->name == layer; })) return b.get();
+  }
+  return nullptr;
 }
 
 ir::Graph PTQ::convert_layers(const LayerModes& modes) const {
   SQ_CHECK(session_ != nullptr, ErrorKind::kInvalidArgument, "PTQ::convert_layers called before quantize()");
   std::map<QuantMode, std::set<std::string>> by_mode;
+  LayerModes if_modes;
   for (const auto& [name, mode] : modes) {
-    SQ_CHECK(std::any_of(layers_.begin(), layers_.end(), [&](const Layer& l) { return l.name == name; }),
-             ErrorKind::kInvalidArgument, "convert_layers: '" + name + "' is not a layer of this PTQ (layers())");
-    by_mode[mode].insert(name);
+    const bool own = std::any_of(layers_.begin(), layers_.end(), [&](const Layer& l) { return l.name == name; });
+    SQ_CHECK(own || branch_holding(name), ErrorKind::kInvalidArgument,
+             "convert_layers: '" + name + "' is not a layer of this PTQ (all_layers())");
+    if (!own || is_branching_layer(name)) if_modes[name] = mode;
+    else by_mode[mode].insert(name);
   }
   if (by_mode.size() <= 1) {  // one mode: that mode's own convert
-    const QuantMode mode = by_mode.empty() ? config_.mode : by_mode.begin()->first;
+    const QuantMode mode = by_mode.empty() ? (if_modes.empty() ? config_.mode : if_modes.begin()->second)
+                                           : by_mode.begin()->first;
     const std::set<std::string> only = by_mode.empty() ? std::set<std::string>{} : by_mode.begin()->second;
-    if (mode == QuantMode::kWeightOnly) return convert_weights_only(only);
-    if (mode == QuantMode::kDynamic) return convert_dynamic(only);
-    return convert_static(only);
+    ir::Graph out = mode == QuantMode::kWeightOnly ? convert_weights_only(only)
+                    : mode == QuantMode::kDynamic  ? convert_dynamic(only)
+                                                   : convert_static(only);
+    convert_branches(out, if_modes);
+    return out;
   }
   const std::set<std::string>& weight_only = by_mode[QuantMode::kWeightOnly];
   const std::set<std::string>& dynamic = by_mode[QuantMode::kDynamic];
@@ -674,6 +980,7 @@ ir::Graph PTQ::convert_layers(const LayerModes& modes) const {
   const size_t written_dynamic = std::count_if(layers_.begin(), layers_.end(),
                                                [&](const Layer& l) { return dynamic.count(l.name) && dynamic_applies(l); });
   if (!dynamic.empty()) out.metadata["slimquant.dynamic_layers"] = std::to_string(written_dynamic);
+  convert_branches(out, if_modes);
   return out;
 }
 

@@ -123,9 +123,25 @@ class ValueNames {
   explicit ValueNames(const Graph& graph);
   // `base` when unused, else base_1, base_2, ...; reserved from then on.
   std::string fresh(const std::string& base);
+  // Reserves the names another graph uses (a subgraph's, whose names must not shadow these).
+  void reserve(const Graph& graph);
 
  private:
   std::set<std::string> used_;
 };
+
+// A subgraph of `node` (attribute `attr`, an If branch) as a graph of its own: the outer values it
+// reads become inputs after its own, under the names the body reads them by. `captured_inputs`
+// gets, per added input, its index in node.captured (the outer value is
+// node.inputs[node.declared_inputs() + index]). Their types are unknown (kUndefined).
+Graph standalone_subgraph(const Node& node, const std::string& attr, std::vector<size_t>& captured_inputs);
+
+// The names a graph defines (node outputs, initializers, inputs), those of its subgraphs included.
+std::set<std::string> defined_names(const Graph& g);
+
+// Every occurrence of each key of `renames` in g and its subgraphs (definitions, reads, captured
+// lists, outputs, declared types) under its new name. Names are unique across scopes (ONNX's
+// single static assignment), so a name means the same value wherever it occurs.
+void rename_values(Graph& g, const std::map<std::string, std::string>& renames);
 
 }  // namespace slimquant::ir

@@ -4,6 +4,7 @@
 // standard ONNX QDQ graph. Scales are kept after convert(), so convert() can be called again for
 // any subset of layers (the PTQ analysis quantizes one layer at a time without re-calibrating).
 #include <functional>
+#include <iosfwd>
 #include <map>
 #include <memory>
 #include <optional>
@@ -72,14 +73,16 @@ class PTQ {
   // own mode (Layer::mode: QuantConfig::mode, or its node_modes entry): convert_layers(layer_modes(only_layers)).
   // All layers under QuantMode::kWeightOnly: convert_weights_only(); under kDynamic, convert_dynamic().
   ir::Graph convert(const std::optional<std::set<std::string>>& only_layers = std::nullopt) const;
-  // Every layer (or only `only_layers`) with its Layer::mode.
+  // Every layer (or only `only_layers`) with its Layer::mode; `only_layers` may name layers inside
+  // If branches (all_layers()) one by one.
   LayerModes layer_modes(const std::optional<std::set<std::string>>& only_layers = std::nullopt) const;
   // The graph with each layer of `modes` in its mode, the others float. One mode for all: the same
   // bytes as that mode's convert (an empty map: QuantConfig::mode's). Modes mixed: the static
   // convert of the static layers, then the weight-only layers' weights rewritten exactly as
   // convert_weights_only() writes them, then the dynamic layers rewritten as convert_dynamic()
   // writes them (metadata slimquant.mode "mixed", slimquant.weight_only_layers and
-  // slimquant.dynamic_layers their counts). Unknown names are kInvalidArgument; a dynamic layer
+  // slimquant.dynamic_layers their counts). Names are those of all_layers() or layers() (an If:
+  // all of its branches' layers); unknown names are kInvalidArgument; a dynamic layer
   // dynamic_applies() refuses stays float.
   ir::Graph convert_layers(const LayerModes& modes) const;
   // The weight-only graph (QuantMode::kWeightOnly): each chosen layer's weight on its per-channel
@@ -94,7 +97,16 @@ class PTQ {
   // or Conv (constant bias) whose weight is constant and whose input is not.
   bool dynamic_applies(const Layer& layer) const;
 
+  // The layers, each an op of the model's own graph. An If whose branches hold quantizable layers is
+  // one layer here (op_type "If", no activations or weight): each branch is quantized by a PTQ of
+  // its own (the body as a graph of its own, the outer values it reads as inputs), which sample()
+  // feeds with what the branch read whenever the If took it. Converting the If converts its
+  // branches' layers (in their own modes when the If's is static, all in the If's mode otherwise);
+  // leaving it out leaves them float. A branch calibration never took keeps its static layers
+  // float (unobserved_layers() names them).
   const std::vector<Layer>& layers() const { return layers_; }
+  // Every quantizable layer, those inside If branches (recursively) in place of their If.
+  std::vector<const Layer*> all_layers() const;
   const ir::Graph& float_graph() const { return float_graph_; }
   const QuantConfig& config() const { return config_; }
   // Activation tensors observed, their observers and the parameters convert() uses.
@@ -121,7 +133,7 @@ class PTQ {
   // writes it when enabled (the precision recovery of PostTrainingQuantization turns it on for
   // models whose output drifts; docs/quantization.md). Only for the slimquant deploy backend and
   // activations with zero point 0.
-  void set_channel_wise_conv_inputs(bool enabled) { channel_wise_conv_inputs_ = enabled; }
+  void set_channel_wise_conv_inputs(bool enabled);
   bool channel_wise_conv_inputs() const { return channel_wise_conv_inputs_; }
   // Observers of algo "auto" weigh several algorithms at once (observer.h). selectable_activation_algos()
   // lists them (empty when no tensor has such an observer); select_activation_algo() makes every
@@ -161,7 +173,19 @@ class PTQ {
   // backend that reads it once as codes.
   void quantize_code_readable_inputs(const std::function<bool(const std::string&)>& known_non_float);
 
+  // The If branches with quantizable layers (see layers()).
+  struct Branch;
+  void find_branches(const ir::Graph& typed);
+  // `out` (a convert of float_graph_) with the branches converted: all layers of an If named in
+  // `modes`, and layers inside branches named one by one.
+  void convert_branches(ir::Graph& out, const LayerModes& modes) const;
+  bool is_branching_layer(const std::string& name) const;
+  const Branch* branch_holding(const std::string& layer) const;  // of all_layers(), or nullptr
+  void save_state(std::ostream& out) const;
+  void load_state(std::istream& in, const std::string& path);
+
   QuantConfig config_;
+  std::vector<std::unique_ptr<Branch>> branches_;
   ir::Graph float_graph_;
   std::vector<Layer> layers_;
   std::map<std::string, size_t> layer_nodes_;  // layer name -> its node's index in float_graph_.nodes
@@ -175,6 +199,7 @@ class PTQ {
   void rewrite_channel_wise_conv_inputs(ir::Graph& qdq, const std::vector<const Layer*>& chosen,
                                         const std::map<std::string, QuantParam>& act) const;
   std::unique_ptr<runtime::Session> session_;
+  bool nested_ = false;  // a branch's PTQ: the model-wide checks (skip patterns) are its parent's
   size_t batches_ = 0;
   std::string fingerprint_;
   std::vector<std::string> warnings_;

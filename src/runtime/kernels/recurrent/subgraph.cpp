@@ -6,32 +6,24 @@
 
 namespace slimquant::runtime {
 
-namespace {
-bool reads_value(const ir::Graph& g, const std::string& name) {
-  for (const auto& n : g.nodes)
-    if (std::find(n.inputs.begin(), n.inputs.end(), name) != n.inputs.end()) return true;
-  return std::any_of(g.outputs.begin(), g.outputs.end(), [&](const ir::ValueInfo& o) { return o.name == name; });
-}
-}  // namespace
-
 Subgraph::Subgraph(const ir::Node& node, const char* attr, bool loose_input_shapes) : node_(node), attr_(attr) {
-  const ir::Graph* g = node.attr_graph(attr);
-  if (!g) fail(ErrorKind::kInvalidModel, node.describe() + ": missing subgraph attribute '" + attr + "'");
-  ir::Graph body = *g;
-  for (auto& in : body.inputs) {
-    input_names_.push_back(in.name);
-    if (loose_input_shapes) in.dims.reset();
+  std::vector<size_t> captured;
+  ir::Graph body;
+  try {
+    body = ir::standalone_subgraph(node, attr, captured);
+  } catch (const Error& e) {
+    fail(ErrorKind::kInvalidModel, e.what());
   }
-  std::set<std::string> defined;
-  for (const auto& n : body.nodes) defined.insert(n.outputs.begin(), n.outputs.end());
-  for (const auto& in : body.inputs) defined.insert(in.name);
-  const size_t first_captured = node.declared_inputs();
-  for (size_t k = 0; k < node.captured.size(); ++k) {
-    const std::string& name = node.captured[k];
-    if (!reads_value(body, name) || defined.count(name) || body.is_initializer(name)) continue;
-    body.inputs.push_back({name, DType::kUndefined, std::nullopt});
-    body.optional_values.insert(name);  // the outer value may be an empty optional
-    captured_feeds_.emplace_back(name, first_captured + k);
+  const size_t own_inputs = body.inputs.size() - captured.size();
+  for (size_t i = 0; i < body.inputs.size(); ++i) {
+    ir::ValueInfo& in = body.inputs[i];
+    if (i < own_inputs) {
+      input_names_.push_back(in.name);
+      if (loose_input_shapes) in.dims.reset();
+    } else {
+      body.optional_values.insert(in.name);  // the outer value may be an empty optional
+      captured_feeds_.emplace_back(in.name, node.declared_inputs() + captured[i - own_inputs]);
+    }
   }
   outputs_ = body.outputs;
   SessionOptions options;
