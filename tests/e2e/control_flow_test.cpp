@@ -66,7 +66,7 @@ TEST(CliControlFlow, QuantizeLeavesTheLoopBodyFloatAndSaysSoOnce) {
   const auto r = test::run_cli("quantize " + model + " --dataset npy:" + tmp.path("calib") + " --batch-size 32 --algo abs_max -o " +
                                tmp.path("q.onnx") + " --no-eval");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string said = "its body stays float (subgraph bodies are not quantized)";
+  const std::string said = "its body stays float (loop bodies are not quantized)";
   const size_t first = r.output.find(said);
   EXPECT_NE(first, std::string::npos) << r.output;
   EXPECT_EQ(r.output.find(said, first + 1), std::string::npos) << "said more than once:\n" << r.output;
