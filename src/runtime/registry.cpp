@@ -59,6 +59,7 @@ bool KernelFolds::declares(Fold fold) const {
   switch (fold) {
     case Fold::kActivation: return activations != 0;
     case Fold::kPostAffine: return post_affine;
+    case Fold::kPostClamp: return post_clamp;
     case Fold::kTensorQuantize: return tensor_quantize;
     case Fold::kChannelQuantize: return channel_quantize;
     default: return prologue_inputs(fold) != 0;

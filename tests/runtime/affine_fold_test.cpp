@@ -178,3 +178,51 @@ TEST(FoldAffineIntoConv, ConvTransposeBiasAddAndBatchNormFold) {
     expect_same_outputs(g);
   }
 }
+
+// TensorFlow exports clamp after an activation with a scalar maximum (openWakeWord's speech
+// embedding: maximum(leaky_relu(x, 0.2), -0.4) after each convolution): a Max / Min with a scalar
+// after the activation becomes the Conv's clamp post-op, and bounds compose; alone after a Conv, a
+// Max is a Clip with one bound. A Min below the clamp's lower bound (a constant result) stays an op.
+TEST(FoldAffineIntoConv, ScalarMaxAndMinAfterAnActivationBecomeTheConvsClamp) {
+  auto fused_of = [](const ir::Graph& g) {
+    ir::Graph fused = g;
+    runtime::optimize_graph(fused);
+    ir::bind_input_shapes(fused, {{"x", Shape{1, 4, 7, 6}}});  // as a session's plan does: the Max's [1,1,1,1] broadcasts nothing
+    runtime::fuse_activations(fused);
+    return fused;
+  };
+  namespace fo = runtime::fused_ops;
+  {
+    AffineGraph b;
+    std::string y = b.node("LeakyRelu", {b.conv("x", true)}, {{"alpha", 0.2f}});
+    y = b.node("Max", {y, b.constant(Tensor::from_vector<float>({1, 1, 1, 1}, {-0.4f}))});
+    y = b.node("Min", {b.constant(Tensor::scalar<float>(1.5f)), y});
+    const ir::Graph g = b.finish(y);
+    expect_same_outputs(g);
+    const ir::Graph fused = fused_of(g);
+    ASSERT_EQ(fused.nodes.size(), 1u);
+    const fo::FusedActivation a = fo::FusedActivation::parse(fused.nodes[0]);
+    EXPECT_EQ(a.kind, fo::Activation::kLeakyRelu);
+    EXPECT_FLOAT_EQ(a.post_min, -0.4f);
+    EXPECT_FLOAT_EQ(a.post_max, 1.5f);
+  }
+  {
+    AffineGraph b;
+    const ir::Graph g = b.finish(b.node("Max", {b.conv("x", false), b.constant(Tensor::scalar<float>(0.25f))}));
+    expect_same_outputs(g);
+    const ir::Graph fused = fused_of(g);
+    ASSERT_EQ(fused.nodes.size(), 1u);
+    const fo::FusedActivation a = fo::FusedActivation::parse(fused.nodes[0]);
+    EXPECT_EQ(a.kind, fo::Activation::kClip);
+    EXPECT_FLOAT_EQ(a.alpha, 0.25f);
+    EXPECT_EQ(a.beta, INFINITY);
+  }
+  {
+    AffineGraph b;
+    std::string y = b.node("Max", {b.node("Relu", {b.conv("x", true)}), b.constant(Tensor::scalar<float>(0.5f))});
+    y = b.node("Min", {y, b.constant(Tensor::scalar<float>(0.1f))});  // below 0.5: always 0.1
+    const ir::Graph g = b.finish(y);
+    expect_same_outputs(g);
+    EXPECT_EQ(count_op(fused_of(g), "Min"), 1);
+  }
+}

@@ -87,13 +87,15 @@ TEST(ExecutionFusions, KernelsDeclareTheFoldsTheyAccept) {
   EXPECT_FALSE(r.folds("Conv").activations & activation(fo::Activation::kGelu));
   EXPECT_TRUE(r.folds("Conv").declares(Fold::kPostAffine));
   EXPECT_FALSE(r.folds("Gemm").declares(Fold::kPostAffine));
+  EXPECT_TRUE(r.folds("Conv").declares(Fold::kPostClamp));
+  EXPECT_FALSE(r.folds("Gemm").declares(Fold::kPostClamp));
   EXPECT_EQ(r.folds("MatMul").activations, activation(fo::Activation::kScale));
   EXPECT_TRUE(r.folds("Add").declares(Fold::kScaledInput));
   EXPECT_FALSE(r.folds("Mul").declares(Fold::kScaledInput));
   EXPECT_TRUE(r.folds("Concat").declares(Fold::kChannelQuantize));
   EXPECT_FALSE(r.folds("Concat").declares(Fold::kTensorQuantize));
   for (Fold f : {Fold::kDequantizedInput, Fold::kScaledInput, Fold::kUpsampledInput, Fold::kActivation,
-                 Fold::kPostAffine, Fold::kTensorQuantize, Fold::kChannelQuantize})
+                 Fold::kPostAffine, Fold::kPostClamp, Fold::kTensorQuantize, Fold::kChannelQuantize})
     EXPECT_FALSE(r.folds("Relu").declares(f));
 
   // Per node: a QConv whose output is already 8-bit takes no QuantizeLinear.
@@ -131,6 +133,11 @@ TEST(FusedOps, ContractsRoundTripThroughNodeAttributes) {
   EXPECT_EQ(back.kind, fo::Activation::kHardSwish);
   EXPECT_FLOAT_EQ(back.post_scale, 0.5f);
   EXPECT_FLOAT_EQ(back.post_shift, 0.07f);
+  EXPECT_FALSE(back.has_post_clamp());
+  a.post_min = -0.4f;
+  a.write(n);
+  EXPECT_FLOAT_EQ(fo::FusedActivation::parse(n).post_min, -0.4f);
+  EXPECT_EQ(fo::FusedActivation::parse(n).post_max, INFINITY);
   fo::FusedActivation{}.write(n);  // empty: the attributes go
   EXPECT_TRUE(n.attrs.empty());
   fo::SumActivation{fo::Activation::kClip, -1.f, 6.f}.write(n);

@@ -124,6 +124,7 @@ enum class Fold : uint8_t {
   // Output epilogues, in the order they apply (a node takes none after one of a later stage):
   kActivation,      // one fused_ops::Activation of those declared
   kPostAffine,      // a scalar Mul / Add after that activation
+  kPostClamp,       // a Max / Min with a scalar after those (TensorFlow's maximum(leaky_relu(x), c))
   kTensorQuantize,  // a per-tensor u8/s8 QuantizeLinear: the kernel writes the codes
   kChannelQuantize  // a per-channel u8/s8 QuantizeLinear
 };
@@ -133,7 +134,7 @@ struct KernelFolds {
   uint32_t dequantized_inputs = 0, scaled_inputs = 0, upsampled_inputs = 0;
   // Epilogues. activations: bit a set when fused_ops::Activation a may follow.
   uint32_t activations = 0;
-  bool post_affine = false, tensor_quantize = false, channel_quantize = false;
+  bool post_affine = false, post_clamp = false, tensor_quantize = false, channel_quantize = false;
   // Refuses, for this node, a fold the declaration allows (a oneDNN limitation, an integer kernel
   // whose output is already 8-bit, a pair of prologues on one input the kernel does not combine).
   // input: the prologue's input position, -1 for the node as a whole. Null: the declaration decides.

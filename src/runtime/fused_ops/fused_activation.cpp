@@ -46,17 +46,21 @@ FusedActivation FusedActivation::parse(const ir::Node& n) {
   f.beta = n.attr_float(kBeta, 0.f);
   f.post_scale = n.attr_float(kPostScale, 1.f);
   f.post_shift = n.attr_float(kPostShift, 0.f);
+  f.post_min = n.attr_float(kPostMin, -INFINITY);
+  f.post_max = n.attr_float(kPostMax, INFINITY);
   return f;
 }
 
 void FusedActivation::write(ir::Node& n) const {
-  for (const char* k : {kOp, kAlpha, kBeta, kPostScale, kPostShift}) n.attrs.erase(k);
+  for (const char* k : {kOp, kAlpha, kBeta, kPostScale, kPostShift, kPostMin, kPostMax}) n.attrs.erase(k);
   if (empty()) return;
   n.attrs[kOp] = std::string(name());
   n.attrs[kAlpha] = alpha;
   n.attrs[kBeta] = beta;
   if (post_scale != 1.f) n.attrs[kPostScale] = post_scale;
   if (post_shift != 0.f) n.attrs[kPostShift] = post_shift;
+  if (post_min != -INFINITY) n.attrs[kPostMin] = post_min;
+  if (post_max != INFINITY) n.attrs[kPostMax] = post_max;
 }
 
 std::optional<FusedActivation> read_activation_node(const ir::Graph& g, const ir::Node& n) {

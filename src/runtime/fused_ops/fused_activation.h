@@ -5,6 +5,7 @@
 // integer kernels (kernels/integer/int8_common.h) name activations with the same enum. A fusion
 // writes an activation as node attributes (its name, as activation_name spells it); each kernel
 // parses it once when it is created. Never exported: execution fusions run inside a session's plan.
+#include <cmath>
 #include <optional>
 #include <string>
 
@@ -26,6 +27,8 @@ struct FusedActivation {
   static constexpr const char* kBeta = "slimquant.activation_beta";
   static constexpr const char* kPostScale = "slimquant.activation_post_scale";
   static constexpr const char* kPostShift = "slimquant.activation_post_shift";
+  static constexpr const char* kPostMin = "slimquant.activation_post_min";
+  static constexpr const char* kPostMax = "slimquant.activation_post_max";
 
   Activation kind = Activation::kNone;
   // LeakyRelu, Elu, Swish, Scale: alpha; HardSigmoid: alpha, beta; Clip: [alpha, beta] = [min, max].
@@ -33,9 +36,13 @@ struct FusedActivation {
   // y = act(x) * post_scale + post_shift: a scalar Mul / Add after the activation (PPLCNetV3's
   // learnable affine block after each hard-swish), one more linear post-op.
   float post_scale = 1.f, post_shift = 0.f;
+  // Then y = min(max(y, post_min), post_max): a Max / Min with a scalar after them (TensorFlow
+  // exports' maximum(leaky_relu(x), -0.4): openWakeWord's speech embedding).
+  float post_min = -INFINITY, post_max = INFINITY;
 
   bool empty() const { return kind == Activation::kNone; }
   bool has_post_affine() const { return post_scale != 1.f || post_shift != 0.f; }
+  bool has_post_clamp() const { return post_min != -INFINITY || post_max != INFINITY; }
   const char* name() const { return activation_name(kind); }
   // The activation node n carries (empty when none); kUnsupported naming n for an unknown name.
   static FusedActivation parse(const ir::Node& n);

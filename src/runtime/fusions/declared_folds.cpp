@@ -31,20 +31,23 @@ int stage_of(Fold epilogue) {
   switch (epilogue) {
     case Fold::kActivation: return 1;
     case Fold::kPostAffine: return 2;
-    default: return 3;  // kTensorQuantize, kChannelQuantize
+    case Fold::kPostClamp: return 3;
+    default: return 4;  // kTensorQuantize, kChannelQuantize
   }
 }
 
 // The last stage the node's epilogue already holds (0: none).
 int carried_stage(const ir::Node& n) {
-  if (n.has_attr(kFoldedQuantizeScale) || n.has_attr(kFoldedQuantizeChannelScale)) return 3;
+  if (n.has_attr(kFoldedQuantizeScale) || n.has_attr(kFoldedQuantizeChannelScale)) return 4;
   const FusedActivation a = FusedActivation::parse(n);
-  return a.has_post_affine() ? 2 : a.empty() ? 0 : 1;
+  return a.has_post_clamp() ? 3 : a.has_post_affine() ? 2 : a.empty() ? 0 : 1;
 }
 
 bool stage_allows(Fold epilogue, int carried) {
-  // A post-affine map composes with the one before it; it needs an activation to follow.
+  // A post-affine map composes with the one before it, a clamp with the clamp before it; both
+  // need an activation to follow.
   if (epilogue == Fold::kPostAffine) return carried == 1 || carried == 2;
+  if (epilogue == Fold::kPostClamp) return carried >= 1 && carried <= 3;
   return carried < stage_of(epilogue);
 }
 
@@ -60,6 +63,20 @@ std::optional<FusedActivation> activation_of(const ir::Graph& g, const ir::Node&
     FusedActivation f;
     f.kind = Activation::kScale;
     f.alpha = *s;
+    return f;
+  }
+  if ((ir::is_onnx_op(c, "Max") || ir::is_onnx_op(c, "Min")) && c.inputs.size() == 2 && c.inputs[0] != c.inputs[1] &&
+      (c.inputs[0] == z || c.inputs[1] == z)) {
+    // Max / Min with a scalar: a Clip with one bound.
+    const Tensor* t = g.initializer(ir::other_input(c, z));
+    const std::optional<float> s = ir::scalar_constant(g, ir::other_input(c, z));
+    const ir::ValueInfo* vz = g.find_value_info(z);
+    if (!s || !std::isfinite(*s) || (t && t->rank() > 1 && (!vz || !vz->dims || t->rank() > vz->dims->size())))
+      return std::nullopt;
+    FusedActivation f;
+    f.kind = Activation::kClip;
+    f.alpha = c.op_type == "Max" ? *s : -INFINITY;
+    f.beta = c.op_type == "Max" ? INFINITY : *s;
     return f;
   }
   if (c.inputs.empty() || c.inputs[0] != z) return std::nullopt;
@@ -98,6 +115,28 @@ bool fold_epilogue(const ir::Graph& g, Fold epilogue, const ir::Node& c, const s
         a.post_shift *= *s;
       } else {
         a.post_shift += *s;
+      }
+      a.write(fused);
+      return true;
+    }
+    case Fold::kPostClamp: {
+      if ((!ir::is_onnx_op(c, "Max") && !ir::is_onnx_op(c, "Min")) || c.inputs.size() != 2 || c.inputs[0] == c.inputs[1])
+        return false;
+      const std::string& k = ir::other_input(c, z);
+      const std::optional<float> s = ir::scalar_constant(g, k);
+      if (!s || !std::isfinite(*s)) return false;
+      const Tensor* t = g.initializer(k);
+      const ir::ValueInfo* vz = g.find_value_info(z);
+      if (t && t->rank() > 1 && (!vz || !vz->dims || t->rank() > vz->dims->size())) return false;
+      FusedActivation a = FusedActivation::parse(fused);
+      // max(clamp(y, lo, hi), s) = clamp(y, max(lo, s), hi) while s <= hi (min alike); past the
+      // other bound the result is a constant, left to the op.
+      if (c.op_type == "Max") {
+        if (!(*s <= a.post_max)) return false;
+        a.post_min = std::max(a.post_min, *s);
+      } else {
+        if (!(*s >= a.post_min)) return false;
+        a.post_max = std::min(a.post_max, *s);
       }
       a.write(fused);
       return true;

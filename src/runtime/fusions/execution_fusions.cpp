@@ -22,7 +22,7 @@ using ir::Rewriter;
 // An activation that alone reads the output of a node whose kernel applies it (a float Conv,
 // ConvTranspose, Gemm; a MatMul's scalar scale), with a scalar Mul and/or Add after it as the
 // post affine map where the kernel declares one (Conv): fused_ops::FusedActivation.
-ir::Rule activation_fold_rule() { return epilogue_fold_rule("fuse_activation", {Fold::kActivation, Fold::kPostAffine}); }
+ir::Rule activation_fold_rule() { return epilogue_fold_rule("fuse_activation", {Fold::kActivation, Fold::kPostAffine, Fold::kPostClamp}); }
 
 bool same_known_shape(const ir::Graph& g, const std::string& a, const std::string& b) {
   const ir::ValueInfo *va = g.find_value_info(a), *vb = g.find_value_info(b);

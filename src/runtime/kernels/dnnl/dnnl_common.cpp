@@ -148,6 +148,7 @@ std::vector<EltwiseStep> activation_steps(const ir::Node& node) {
   std::vector<EltwiseStep> steps = activation_eltwise_steps(f.kind, f.alpha, f.beta);
   if (!steps.empty() && f.has_post_affine())
     steps.push_back({dnnl::algorithm::eltwise_linear, f.post_scale, f.post_shift});
+  if (!steps.empty() && f.has_post_clamp()) steps.push_back({dnnl::algorithm::eltwise_clip, f.post_min, f.post_max});
   return steps;
 }
 }  // namespace

@@ -14,13 +14,17 @@ constexpr uint32_t kEltwiseActivations = folds::activation_bits(
      Activation::kHardSigmoid, Activation::kHardSwish, Activation::kElu, Activation::kSwish});
 
 // oneDNN 2.6's JIT injector gives a second eltwise_linear in one chain the first one's parameters
-// (measured, see int8_common.cpp): no post-affine map after an activation that ends in a linear step.
+// (measured, see int8_common.cpp): no post-affine map after an activation that ends in a linear
+// step, and no clamp after one that already clips (HardSigmoid, Clip), for the same reason.
 bool conv_refuses(const ir::Node& n, Fold fold, int /*input*/) {
-  return fold == Fold::kPostAffine && fused_ops::FusedActivation::parse(n).kind == Activation::kHardSigmoid;
+  const Activation kind = fused_ops::FusedActivation::parse(n).kind;
+  if (fold == Fold::kPostAffine) return kind == Activation::kHardSigmoid;
+  if (fold == Fold::kPostClamp) return kind == Activation::kHardSigmoid || kind == Activation::kClip;
+  return false;
 }
 
 constexpr KernelFolds kConvFolds{.dequantized_inputs = 1u << fused_ops::kConvX, .activations = kEltwiseActivations,
-                                 .post_affine = true, .refuses = conv_refuses};
+                                 .post_affine = true, .post_clamp = true, .refuses = conv_refuses};
 constexpr KernelFolds kLayerFolds{.activations = kEltwiseActivations};  // ConvTranspose, Gemm
 constexpr KernelFolds kMatMulFolds{.activations = folds::activation_bits({Activation::kScale})};
 // The pools sum a squeeze-excitation input's codes (dequantizing each as ONNX would).
