@@ -309,6 +309,7 @@ Action register_analyze(CLI::App& app) {
       if (!flags.resize.empty()) base << " --resize " << shell_word(flags.resize);
       if (flags.channel_order != "rgb") base << " --channel-order " << flags.channel_order;
       if (flags.channels) base << " --channels " << flags.channels;
+      for (const auto& side : flags.side_inputs) base << " --side-input " << shell_word(side);
       if (!a->config_path.empty()) base << " --config " << shell_word(a->config_path);
       base << " --batch-size " << batch_size << " --batch-nums " << batch_nums;
       if (!a->ptq.algo.empty()) base << " --algo " << shell_word(a->ptq.algo);

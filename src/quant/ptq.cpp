@@ -197,6 +197,8 @@ struct PTQ::Branch {
   std::string condition;   // the outer value the If reads as its condition
   // Each input of the standalone body (as the body names it) and the outer value fed to it.
   std::vector<std::pair<std::string, std::string>> feeds;
+  // The outer constants the body reads, copied in as its own (named as the body reads them).
+  std::set<std::string> outer_constants;
   std::unique_ptr<PTQ> ptq;
 };
 
@@ -400,6 +402,7 @@ void PTQ::find_branches(const ir::Graph& typed) {
         const std::string& outer = node.inputs[node.declared_inputs() + captured[i - own_inputs]];
         if (const Tensor* constant = float_graph_.initializer(outer)) {
           body.initializers[body.inputs[i].name] = *constant;  // a weight stays a weight in the branch
+          if (outer == body.inputs[i].name) branch->outer_constants.insert(outer);
           continue;
         }
         body.inputs[i].dtype = dtype_of(outer);
@@ -480,7 +483,7 @@ void PTQ::convert_branches(ir::Graph& out, const LayerModes& if_modes) const {
       return std::any_of(b->feeds.begin(), b->feeds.end(), [&](const auto& f) { return f.first == in.name; });
     });
     std::erase_if(body.initializers, [&](const auto& entry) {
-      const Tensor* outer = out.initializer(entry.first);
+      const Tensor* outer = b->outer_constants.count(entry.first) ? out.initializer(entry.first) : nullptr;
       return outer && same_tensor(*outer, entry.second);
     });
     for (const auto& [key, value] : body.metadata) out.metadata.try_emplace(key, value);  // the runtime reads some

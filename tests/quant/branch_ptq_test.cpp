@@ -6,6 +6,7 @@
 
 #include <random>
 
+#include "branching_model.h"
 #include "graph_builder.h"
 #include "slimquant/ir/onnx_io.h"
 #include "slimquant/quant/precision_fallback.h"
@@ -16,56 +17,6 @@
 using namespace slimquant;
 
 namespace {
-
-ir::ValueInfo float_value(const std::string& name) { return {name, DType::kFloat32, std::nullopt}; }
-
-// y = If(rate == 16000) then Relu(x W_shared) W_then + h else x W_shared, with h = x W_outer. The
-// branches read x, h and the outer weight W_shared from outside; their nodes are named as the
-// outer ones are (MatMul0, ...). Loaded back from the file, so that captured values are the
-// loader's.
-ir::Graph branching_model(const std::string& path) {
-  std::mt19937 rng(5);
-  test::GraphBuilder outer;
-  outer.g.opset = 13;
-  outer.g.inputs.push_back({"x", DType::kFloat32, std::vector<ir::Dim>{{-1, "n"}, {8, ""}}});
-  outer.g.inputs.push_back({"rate", DType::kInt64, std::vector<ir::Dim>{}});
-  outer.g.initializers["W_shared"] = test::random_tensor({8, 8}, rng);
-  outer.node("MatMul", {"x", outer.constant(test::random_tensor({8, 8}, rng))});
-  const std::string h = outer.g.nodes.back().outputs[0] = "h";
-  const std::string cond = outer.node("Equal", {"rate", outer.constant(Tensor::scalar<int64_t>(16000))});
-
-  test::GraphBuilder then_body;
-  then_body.g.opset = 13;
-  const std::string t = then_body.node("Relu", {then_body.node("MatMul", {"x", "W_shared"})});
-  const std::string w_then = "W_then";
-  then_body.g.initializers[w_then] = test::random_tensor({8, 8}, rng);
-  const std::string then_out = then_body.node("Add", {then_body.node("MatMul", {t, w_then}), h});
-  then_body.g.outputs.push_back(float_value(then_out));
-
-  test::GraphBuilder else_body;
-  else_body.g.opset = 13;
-  const std::string else_out = else_body.node("MatMul", {"x", "W_shared"});
-  else_body.g.outputs.push_back(float_value(else_out));
-  // Distinct output names per scope (single static assignment across the model).
-  for (auto* body : {&then_body.g, &else_body.g}) {
-    const std::string prefix = body == &then_body.g ? "then_" : "else_";
-    std::map<std::string, std::string> renames;
-    for (const auto& n : body->nodes) renames[n.outputs[0]] = prefix + n.outputs[0];
-    ir::rename_values(*body, renames);
-  }
-
-  ir::Node branch;
-  branch.op_type = "If";
-  branch.name = "If_rate";
-  branch.inputs = {cond};
-  branch.outputs = {"y"};
-  branch.attrs["then_branch"] = std::make_shared<const ir::Graph>(then_body.g);
-  branch.attrs["else_branch"] = std::make_shared<const ir::Graph>(else_body.g);
-  outer.g.nodes.push_back(branch);
-  outer.g.outputs.push_back(float_value("y"));
-  ir::save_onnx(outer.g, path);
-  return ir::load_onnx(path);
-}
 
 std::map<std::string, Tensor> feeds(int64_t rate, uint32_t seed, int64_t rows = 4) {
   std::mt19937 rng(seed);
@@ -102,7 +53,7 @@ float max_abs_diff(const Tensor& a, const Tensor& b) {
 
 TEST(BranchPtq, TheBranchCalibrationTookIsQuantizedTheOtherStaysFloatAndIsNamed) {
   test::TempDir dir("branch_ptq");
-  const ir::Graph model = branching_model(dir.path("model.onnx"));
+  const ir::Graph model = test::branching_model(dir.path("model.onnx"));
   quant::PTQ ptq(config(quant::QuantMode::kStatic));
   ptq.quantize(model);
   // The outer MatMul and the If; all_layers(): the outer MatMul and the branches' three MatMuls,
@@ -142,13 +93,15 @@ TEST(BranchPtq, TheBranchCalibrationTookIsQuantizedTheOtherStaysFloatAndIsNamed)
   EXPECT_GT(max_abs_diff(ref, got), 0.f);  // quantized, not the float branch
   EXPECT_LT(max_abs_diff(ref, got), 0.05f * range);
   EXPECT_EQ(max_abs_diff(float_model.run(feeds(8000, 9)).at("y"), quantized.run(feeds(8000, 9)).at("y")), 0.f);
+  // As converted, before any file: the same values (the If's captured values are the converted graph's own).
+  EXPECT_EQ(max_abs_diff(runtime::Session(q).run(feeds(16000, 9)).at("y"), got), 0.f);
 }
 
 // The layers inside a branch convert one by one (the precision recovery leaves them float one at a
 // time), and the calibration cache keeps the branches' observers.
 TEST(BranchPtq, BranchLayersConvertOneByOneAndTheirCalibrationIsCached) {
   test::TempDir dir("branch_ptq");
-  const ir::Graph model = branching_model(dir.path("model.onnx"));
+  const ir::Graph model = test::branching_model(dir.path("model.onnx"));
   quant::PTQ ptq(config(quant::QuantMode::kStatic));
   ptq.quantize(model);
   for (uint32_t s = 0; s < 2; ++s) ptq.sample(feeds(16000, s));
@@ -171,7 +124,7 @@ TEST(BranchPtq, BranchLayersConvertOneByOneAndTheirCalibrationIsCached) {
 // read goes from the file (and from the If's captured values).
 TEST(BranchPtq, DynamicModeQuantizesEveryBranchAndDropsTheFloatWeightTheyShared) {
   test::TempDir dir("branch_ptq");
-  const ir::Graph model = branching_model(dir.path("model.onnx"));
+  const ir::Graph model = test::branching_model(dir.path("model.onnx"));
   quant::PTQ ptq(config(quant::QuantMode::kDynamic));
   ptq.quantize(model);
   const ir::Graph q = ptq.convert();
