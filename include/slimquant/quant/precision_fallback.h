@@ -65,7 +65,8 @@ std::vector<std::string> selection_inputs(const ir::Graph& graph);
 inline constexpr const char* kJoinedMeasuredValues = "slimquant_selection_inputs";
 ir::Graph join_measured_values(ir::Graph graph, const std::vector<std::string>& values);
 
-// SQNR in dB of `quantized` against `reference` over every float output they share.
+// SQNR in dB of `quantized` against `reference`: that of the worst float output they share (each
+// output's over all its values); outputs all zero in FP32 are left out unless every output is.
 double output_sqnr_db(const std::map<std::string, Tensor>& reference, const std::map<std::string, Tensor>& quantized);
 
 // `ptq` calibrated; `samples` a few calibration feeds (graph inputs by name). Below the target, first
