@@ -17,14 +17,19 @@ std::vector<std::string> write_analysis_histograms(const quant::PTQ& ptq, const 
                                                    const CalibrationBatches& for_each_batch, size_t n,
                                                    const std::string& save_dir) {
   std::map<std::string, const quant::Layer*> by_name;
-  for (const auto& l : ptq.layers()) by_name[l.name] = &l;
-  // The n worst / best layers that have the thing plotted (attention MatMuls have no constant weight).
+  for (const quant::Layer* l : ptq.all_layers()) by_name[l->name] = l;
+  const ir::Graph& g = ptq.float_graph();
+  // The n worst / best layers that have the thing plotted (attention MatMuls have no constant
+  // weight), in the model's own graph (a layer inside an If branch has its values there).
   auto pick = [&](bool worst_first, bool weights) {
     std::vector<const LayerSensitivity*> out;
     for (size_t k = 0; k < report.ranked.size() && out.size() < n; ++k) {
       const auto& l = report.ranked[worst_first ? k : report.ranked.size() - 1 - k];
-      const quant::Layer& layer = *by_name.at(l.name);
-      if (weights ? !layer.weight.empty() : !layer.activations.empty()) out.push_back(&l);
+      const auto it = by_name.find(l.name);
+      if (it == by_name.end()) continue;
+      const quant::Layer& layer = *it->second;
+      const bool outside = std::any_of(g.nodes.begin(), g.nodes.end(), [&](const ir::Node& node) { return node.name == layer.name; });
+      if (outside && (weights ? !layer.weight.empty() : !layer.activations.empty())) out.push_back(&l);
     }
     return out;
   };

@@ -605,12 +605,14 @@ void write_report(const SensitivityReport& report, const std::string& save_dir) 
 }
 
 
+// One model per layer, those inside If branches one by one (a branch's model differs from FP32 at
+// its If, which the sweep then runs from its inputs).
 std::vector<LayerVariant> ptq_variants(const quant::PTQ& ptq) {
   std::vector<LayerVariant> out;
-  for (const auto& layer : ptq.layers()) {
-    ir::Graph g = ptq.convert(std::set<std::string>{layer.name});
+  for (const quant::Layer* layer : ptq.all_layers()) {
+    ir::Graph g = ptq.convert(std::set<std::string>{layer->name});
     prepare_for_sweep(g);
-    out.push_back({layer.name, layer.op_type, std::move(g)});
+    out.push_back({layer->name, layer->op_type, std::move(g)});
   }
   return out;
 }
@@ -769,7 +771,7 @@ SensitivityReport analyze_ptq_models(const quant::PTQ& ptq, const std::string& m
                                      const std::function<double(const ir::Graph&, bool)>& evaluate,
                                      const PtqAnalysisOptions& options) {
   ensure_dir(options.save_dir);
-  const auto& layers = ptq.layers();
+  const std::vector<const quant::Layer*> layers = ptq.all_layers();
   SQ_CHECK(!layers.empty(), ErrorKind::kInvalidArgument,
            "the model has no quantizable layer (quantizable_op_type: check the op types)");
   SweepOptions so;
@@ -780,9 +782,9 @@ SensitivityReport analyze_ptq_models(const quant::PTQ& ptq, const std::string& m
   so.progress_label = "analyze";
   std::vector<ModelSweepLayer> sweep_layers;
   std::vector<LayerVariant> variants;
-  for (const auto& layer : layers) {
-    sweep_layers.push_back({layer.name, layer.op_type, [&ptq, name = layer.name] { return ptq.convert(std::set<std::string>{name}); }});
-    variants.push_back({layer.name, layer.op_type, ir::Graph()});
+  for (const quant::Layer* layer : layers) {
+    sweep_layers.push_back({layer->name, layer->op_type, [&ptq, name = layer->name] { return ptq.convert(std::set<std::string>{name}); }});
+    variants.push_back({layer->name, layer->op_type, ir::Graph()});
   }
   SweepResult sweep = sweep_models([&ptq] { return ptq.float_graph(); }, sweep_layers, evaluate, so);
   SensitivityReport report =

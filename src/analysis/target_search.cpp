@@ -58,7 +58,7 @@ const char* fallback_mode_name(FallbackMode mode) {
 
 std::map<std::string, std::string> TargetCandidate::layer_modes(const quant::PTQ& ptq) const {
   std::map<std::string, std::string> out;
-  for (const auto& l : ptq.layers()) out[l.name] = quant::quant_mode_name(l.mode);
+  for (const auto& [name, mode] : ptq.leaf_layer_modes()) out[name] = quant::quant_mode_name(mode);
   for (const auto& l : weight_only) out[l] = quant::quant_mode_name(quant::QuantMode::kWeightOnly);
   for (const auto& l : dynamic) out[l] = quant::quant_mode_name(quant::QuantMode::kDynamic);
   for (const auto& l : skipped) out[l] = "float";
@@ -67,7 +67,7 @@ std::map<std::string, std::string> TargetCandidate::layer_modes(const quant::PTQ
 
 ir::Graph candidate_graph(const quant::PTQ& ptq, const std::vector<std::string>& skipped,
                           const std::vector<std::string>& weight_only, const std::vector<std::string>& dynamic) {
-  quant::LayerModes modes = ptq.layer_modes();
+  quant::LayerModes modes = ptq.leaf_layer_modes();  // a branch's layers one by one
   for (const auto& l : weight_only) modes[l] = quant::QuantMode::kWeightOnly;
   for (const auto& l : dynamic) modes[l] = quant::QuantMode::kDynamic;
   for (const auto& l : skipped) modes.erase(l);
@@ -204,10 +204,10 @@ TargetSearchResult search_with(const quant::PTQ& ptq, const SensitivityReport& r
   // PTQ::dynamic_applies).
   std::set<std::string> partial_able;
   if (options.fallback != FallbackMode::kFloat)
-    for (const auto& l : ptq.layers())
-      if (l.mode == quant::QuantMode::kStatic && !l.weight.empty() &&
-          (options.fallback != FallbackMode::kDynamic || ptq.dynamic_applies(l)))
-        partial_able.insert(l.name);
+    for (const quant::Layer* l : ptq.all_layers())
+      if (l->mode == quant::QuantMode::kStatic && !l->weight.empty() &&
+          (options.fallback != FallbackMode::kDynamic || ptq.dynamic_applies(*l)))
+        partial_able.insert(l->name);
   // (float layers, partial layers) -> candidate index
   std::map<std::pair<std::set<std::string>, std::set<std::string>>, size_t> done;
   // Distributed: every evaluation is sharded over the ranks (evaluate()), so they all take the same

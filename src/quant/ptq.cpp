@@ -453,6 +453,18 @@ std::vector<const Layer*> PTQ::all_layers() const {
   return out;
 }
 
+LayerModes PTQ::leaf_layer_modes() const {
+  LayerModes modes;
+  for (const auto& l : layers_)
+    if (!is_branching_layer(l.name)) modes[l.name] = l.mode;
+  for (const auto& b : branches_) {
+    const auto its_if = std::find_if(layers_.begin(), layers_.end(), [&](const Layer& l) { return l.name == b->node; });
+    for (auto [name, mode] : b->ptq->leaf_layer_modes())
+      modes[name] = its_if != layers_.end() && its_if->mode != QuantMode::kStatic ? its_if->mode : mode;
+  }
+  return modes;
+}
+
 void PTQ::set_channel_wise_conv_inputs(bool enabled) {
   channel_wise_conv_inputs_ = enabled;
   for (auto& b : branches_) b->ptq->set_channel_wise_conv_inputs(enabled);

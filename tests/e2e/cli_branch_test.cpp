@@ -1,6 +1,7 @@
 // `quantize` and `analyze --target-metric` on a model whose layers run inside an If on a side input
-// (Silero VAD's form): the branch the data takes is quantized, the other is named as float, and the
-// command the target search prints (side inputs included) rebuilds its model byte for byte.
+// (Silero VAD's form): the branch the data takes is quantized, the other is named as float, the
+// analysis ranks the branches' layers one by one, and the command the target search prints (side
+// inputs and a branch's layer left float included) rebuilds its model byte for byte.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -44,8 +45,16 @@ TEST(CliBranches, QuantizeAndTheTargetSearchTakeTheBranchTheDataRuns) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto a = test::last_json_line(r.output);
   ASSERT_TRUE(a.contains("target")) << r.output;
+  // Every layer ranked, those inside the branches one by one; the one calibration never ran stays
+  // float in its model, which is FP32's.
+  const std::string ranking = test::file_bytes(tmp.path("out/analysis.txt"));
+  EXPECT_NE(ranking.find("\nIf_rate/then_branch/MatMul0\tMatMul\t"), std::string::npos) << ranking;
+  EXPECT_NE(ranking.find("\nMatMul2\tMatMul\t"), std::string::npos) << ranking;
+  EXPECT_NE(ranking.find("\nIf_rate/else_branch/MatMul0\tMatMul\t200.000000"), std::string::npos) << ranking;
+  EXPECT_NE(r.output.find("analyzed 4 layers"), std::string::npos) << r.output;
   const std::string cmd = a["target"]["command"].get<std::string>();
   EXPECT_NE(cmd.find("--side-input rate="), std::string::npos) << cmd;
+  EXPECT_NE(cmd.find("--skip-nodes If_rate/then_branch/MatMul0"), std::string::npos) << cmd;  // a branch's layer
   auto again = test::run_cli(cmd.substr(std::string("slimquant ").size()) + " --no-eval");
   ASSERT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(test::file_bytes(tmp.path("out/target_model.onnx")), test::file_bytes(tmp.path("out/target_model_requantized.onnx")));

@@ -107,6 +107,9 @@ class PTQ {
   const std::vector<Layer>& layers() const { return layers_; }
   // Every quantizable layer, those inside If branches (recursively) in place of their If.
   std::vector<const Layer*> all_layers() const;
+  // Each of all_layers() with the mode convert() gives it (a branch's layers take their If's mode
+  // when that is not static): what convert() writes, named layer by layer.
+  LayerModes leaf_layer_modes() const;
   const ir::Graph& float_graph() const { return float_graph_; }
   const QuantConfig& config() const { return config_; }
   // Activation tensors observed, their observers and the parameters convert() uses.
