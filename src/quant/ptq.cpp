@@ -392,7 +392,12 @@ void PTQ::find_branches(const ir::Graph& typed) {
     if (node.op_type != "If" || !node.domain.empty() || node.inputs.empty() || config_.is_skipped(node)) continue;
     bool quantized = false;
     for (const char* attr : {"then_branch", "else_branch"}) {
-      if (!node.attr_graph(attr)) continue;
+      const ir::Graph* branch_graph = node.attr_graph(attr);
+      // Most branches hold no layer (a detector's "no boxes left" cases): not prepared at all.
+      if (!branch_graph) continue;
+      const ir::Graph flat = with_subgraph_nodes(*branch_graph);
+      if (std::none_of(flat.nodes.begin(), flat.nodes.end(), [&](const ir::Node& n) { return config_.spec_for(n); }))
+        continue;
       std::vector<size_t> captured;
       ir::Graph body = ir::standalone_subgraph(node, attr, captured);
       auto branch = std::make_unique<Branch>();
