@@ -231,28 +231,30 @@ Session& Session::operator=(Session&&) noexcept = default;
 
 namespace {
 
-// A model that takes one sample without a batch dimension (torchvision's detection models:
-// image [3, H, W]) gets a data set's batch of one with the leading 1 dropped. Empty when no feed
-// needs that.
+// Whether `t`, fed to input `name`, has one axis more than the input declares: a model of one
+// sample (torchvision's detection models: image [3, H, W]) given a batch [N, 3, H, W].
+bool fed_with_one_axis_more(const ir::Graph& graph, const std::string& name, const Tensor& t) {
+  for (const auto& in : graph.inputs)
+    if (in.name == name && in.dims && t.defined() && !t.is_sequence() && t.rank() == in.dims->size() + 1) return true;
+  return false;
+}
+
+// Such a model gets a batch of one with the leading 1 dropped. Empty when no feed needs that.
 std::map<std::string, Tensor> without_batch_of_one(const ir::Graph& graph,
                                                    const std::map<std::string, Tensor>& batch_feeds) {
   std::map<std::string, Tensor> unbatched;
   for (const auto& [name, t] : batch_feeds)
-    for (const auto& in : graph.inputs)
-      if (in.name == name && in.dims && t.defined() && t.rank() == in.dims->size() + 1 && t.dim(0) == 1) {
-        if (unbatched.empty()) unbatched = batch_feeds;
-        unbatched[name] = t.reshaped(Shape(t.shape().begin() + 1, t.shape().end()));
-      }
+    if (fed_with_one_axis_more(graph, name, t) && t.dim(0) == 1) {
+      if (unbatched.empty()) unbatched = batch_feeds;
+      unbatched[name] = t.reshaped(Shape(t.shape().begin() + 1, t.shape().end()));
+    }
   return unbatched;
 }
 
-// The first input fed with one axis more than it declares (a model of one sample, image
-// [3, H, W], given a batch [N, 3, H, W]), or nullptr.
+// The first input fed with one axis more than it declares, or nullptr.
 const std::string* input_fed_without_batch_axis(const ir::Graph& graph, const std::map<std::string, Tensor>& feeds) {
   for (const auto& [name, t] : feeds)
-    for (const auto& in : graph.inputs)
-      if (in.name == name && in.dims && t.defined() && !t.is_sequence() && t.rank() == in.dims->size() + 1)
-        return &name;
+    if (fed_with_one_axis_more(graph, name, t)) return &name;
   return nullptr;
 }
 
@@ -315,10 +317,7 @@ int64_t shared_batch(const ir::Graph& graph, const std::map<std::string, Tensor>
       if (scalar_input) continue;
       return -1;
     }
-    bool one_axis_more = false;
-    for (const auto& in : graph.inputs)
-      if (in.name == name && in.dims && in.dims->size() + 1 == t.rank()) one_axis_more = true;
-    const size_t axis = one_axis_more ? 0 : batch_axis_of(axes, name);
+    const size_t axis = fed_with_one_axis_more(graph, name, t) ? 0 : batch_axis_of(axes, name);
     if (!t.defined() || t.is_sequence() || axis >= t.rank() || (batch >= 0 && t.dim(axis) != batch)) return -1;
     batch = t.dim(axis);
   }
@@ -466,7 +465,7 @@ std::vector<std::map<std::string, Tensor>> Session::run_parts(const std::map<std
   // A feed with one axis more than its input declares has its samples along that first axis.
   BatchAxes axes = input_axes_;
   for (const auto& [name, t] : feeds)
-    if (input_fed_without_batch_axis(graph_, {{name, t}})) axes.erase(name);
+    if (fed_with_one_axis_more(graph_, name, t)) axes.erase(name);
   std::vector<std::map<std::string, Tensor>> parts;
   for (int64_t first = 0; first < batch; first += part)
     parts.push_back(run_whole(feed_rows(feeds, first, std::min(part, batch - first), axes), options));

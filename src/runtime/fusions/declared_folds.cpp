@@ -26,6 +26,17 @@ std::optional<Shape> known_shape(const ir::Graph& g, const std::string& v, bool 
 
 // ---- Epilogues ----------------------------------------------------------------------------------
 
+// The value of k when it is a finite scalar constant that does not broadcast z to a higher rank
+// (the operand of a Mul / Add / Max / Min folded after z), else nullopt.
+std::optional<float> folded_scalar(const ir::Graph& g, const std::string& k, const std::string& z) {
+  const std::optional<float> s = ir::scalar_constant(g, k);
+  if (!s || !std::isfinite(*s)) return std::nullopt;
+  const Tensor* t = g.initializer(k);
+  const ir::ValueInfo* vz = g.find_value_info(z);
+  if (t && t->rank() > 1 && (!vz || !vz->dims || t->rank() > vz->dims->size())) return std::nullopt;
+  return s;
+}
+
 // Epilogues apply in stages: an activation, then an affine map after it, then quantization.
 int stage_of(Fold epilogue) {
   switch (epilogue) {
@@ -68,11 +79,8 @@ std::optional<FusedActivation> activation_of(const ir::Graph& g, const ir::Node&
   if ((ir::is_onnx_op(c, "Max") || ir::is_onnx_op(c, "Min")) && c.inputs.size() == 2 && c.inputs[0] != c.inputs[1] &&
       (c.inputs[0] == z || c.inputs[1] == z)) {
     // Max / Min with a scalar: a Clip with one bound.
-    const Tensor* t = g.initializer(ir::other_input(c, z));
-    const std::optional<float> s = ir::scalar_constant(g, ir::other_input(c, z));
-    const ir::ValueInfo* vz = g.find_value_info(z);
-    if (!s || !std::isfinite(*s) || (t && t->rank() > 1 && (!vz || !vz->dims || t->rank() > vz->dims->size())))
-      return std::nullopt;
+    const std::optional<float> s = folded_scalar(g, ir::other_input(c, z), z);
+    if (!s) return std::nullopt;
     FusedActivation f;
     f.kind = Activation::kClip;
     f.alpha = c.op_type == "Max" ? *s : -INFINITY;
@@ -99,13 +107,8 @@ bool fold_epilogue(const ir::Graph& g, Fold epilogue, const ir::Node& c, const s
     case Fold::kPostAffine: {
       if ((!ir::is_onnx_op(c, "Mul") && !ir::is_onnx_op(c, "Add")) || c.inputs.size() != 2 || c.inputs[0] == c.inputs[1])
         return false;
-      const std::string& k = ir::other_input(c, z);
-      const std::optional<float> s = ir::scalar_constant(g, k);
-      if (!s || !std::isfinite(*s)) return false;
-      // Only a scalar that does not broadcast the output to a higher rank.
-      const Tensor* t = g.initializer(k);
-      const ir::ValueInfo* vz = g.find_value_info(z);
-      if (t && t->rank() > 1 && (!vz || !vz->dims || t->rank() > vz->dims->size())) return false;
+      const std::optional<float> s = folded_scalar(g, ir::other_input(c, z), z);
+      if (!s) return false;
       FusedActivation a = FusedActivation::parse(fused);
       // The map is act(x) * post_scale + post_shift: one Mul, then one Add (a longer chain would
       // round differently from the ops it replaces).
@@ -122,12 +125,8 @@ bool fold_epilogue(const ir::Graph& g, Fold epilogue, const ir::Node& c, const s
     case Fold::kPostClamp: {
       if ((!ir::is_onnx_op(c, "Max") && !ir::is_onnx_op(c, "Min")) || c.inputs.size() != 2 || c.inputs[0] == c.inputs[1])
         return false;
-      const std::string& k = ir::other_input(c, z);
-      const std::optional<float> s = ir::scalar_constant(g, k);
-      if (!s || !std::isfinite(*s)) return false;
-      const Tensor* t = g.initializer(k);
-      const ir::ValueInfo* vz = g.find_value_info(z);
-      if (t && t->rank() > 1 && (!vz || !vz->dims || t->rank() > vz->dims->size())) return false;
+      const std::optional<float> s = folded_scalar(g, ir::other_input(c, z), z);
+      if (!s) return false;
       FusedActivation a = FusedActivation::parse(fused);
       // max(clamp(y, lo, hi), s) = clamp(y, max(lo, s), hi) while s <= hi (min alike); past the
       // other bound the result is a constant, left to the op.

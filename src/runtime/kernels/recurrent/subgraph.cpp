@@ -8,12 +8,7 @@ namespace slimquant::runtime {
 
 Subgraph::Subgraph(const ir::Node& node, const char* attr, bool loose_input_shapes) : node_(node), attr_(attr) {
   std::vector<size_t> captured;
-  ir::Graph body;
-  try {
-    body = ir::standalone_subgraph(node, attr, captured);
-  } catch (const Error& e) {
-    fail(ErrorKind::kInvalidModel, e.what());
-  }
+  ir::Graph body = ir::standalone_subgraph(node, attr, captured);
   const size_t own_inputs = body.inputs.size() - captured.size();
   for (size_t i = 0; i < body.inputs.size(); ++i) {
     ir::ValueInfo& in = body.inputs[i];
