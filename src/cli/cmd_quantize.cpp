@@ -153,16 +153,7 @@ Action register_quantize(CLI::App& app) {
     const int weight_bits = config.effective_weight_bits();
     if (config.mode == quant::QuantMode::kDynamic) {
       size_t dynamic = 0;  // If branches' too
-      std::vector<const ir::Graph*> graphs{&qdq};
-      while (!graphs.empty()) {
-        const ir::Graph* g = graphs.back();
-        graphs.pop_back();
-        for (const auto& n : g->nodes) {
-          dynamic += n.op_type == "MatMulInteger" || n.op_type == "ConvInteger";
-          for (const auto& [key, value] : n.attrs)
-            if (const auto* sub = std::get_if<std::shared_ptr<const ir::Graph>>(&value)) graphs.push_back(sub->get());
-        }
-      }
+      ir::for_each_node(qdq, [&](const ir::Node& n) { dynamic += n.op_type == "MatMulInteger" || n.op_type == "ConvInteger"; });
       std::cout << "quantized " << dynamic << " layers dynamically (" << weight_bits
                 << "-bit weights per channel, activation scales computed per inference)";
     } else if (config.mode == quant::QuantMode::kWeightOnly) {

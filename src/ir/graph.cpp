@@ -219,26 +219,36 @@ void ValueNames::reserve(const Graph& graph) {
   for (const auto& n : graph.nodes) used_.insert(n.inputs.begin(), n.inputs.end());
 }
 
+std::vector<size_t> captured_reads(const Node& node, const Graph& body) {
+  std::set<std::string> defined, read;
+  for (const auto& n : body.nodes) {
+    defined.insert(n.outputs.begin(), n.outputs.end());
+    read.insert(n.inputs.begin(), n.inputs.end());
+  }
+  for (const auto& in : body.inputs) defined.insert(in.name);
+  for (const auto& o : body.outputs) read.insert(o.name);
+  std::vector<size_t> out;
+  for (size_t k = 0; k < node.captured.size(); ++k) {
+    const std::string& name = node.captured[k];
+    if (read.count(name) && !defined.count(name) && !body.is_initializer(name)) out.push_back(k);
+  }
+  return out;
+}
+
 Graph standalone_subgraph(const Node& node, const std::string& attr, std::vector<size_t>& captured_inputs) {
   const Graph* sub = node.attr_graph(attr);
   SQ_CHECK(sub != nullptr, ErrorKind::kInvalidModel, node.describe() + ": missing subgraph attribute '" + attr + "'");
   Graph g = *sub;
-  std::set<std::string> defined;
-  for (const auto& n : g.nodes) defined.insert(n.outputs.begin(), n.outputs.end());
-  for (const auto& in : g.inputs) defined.insert(in.name);
-  auto read = [&](const std::string& name) {
-    for (const auto& n : g.nodes)
-      if (std::find(n.inputs.begin(), n.inputs.end(), name) != n.inputs.end()) return true;
-    return std::any_of(g.outputs.begin(), g.outputs.end(), [&](const ValueInfo& o) { return o.name == name; });
-  };
-  captured_inputs.clear();
-  for (size_t k = 0; k < node.captured.size(); ++k) {
-    const std::string& name = node.captured[k];
-    if (!read(name) || defined.count(name) || g.is_initializer(name)) continue;
-    g.inputs.push_back({name, DType::kUndefined, std::nullopt});
-    captured_inputs.push_back(k);
-  }
+  captured_inputs = captured_reads(node, g);
+  for (size_t k : captured_inputs) g.inputs.push_back({node.captured[k], DType::kUndefined, std::nullopt});
   return g;
+}
+
+void for_each_node(const Graph& g, const std::function<void(const Node&)>& visit) {
+  for (const auto& n : g.nodes) visit(n);
+  for (const auto& n : g.nodes)
+    for (const auto& [key, value] : n.attrs)
+      if (const auto* sub = std::get_if<std::shared_ptr<const Graph>>(&value)) for_each_node(**sub, visit);
 }
 
 std::set<std::string> defined_names(const Graph& g) {

@@ -150,16 +150,7 @@ std::string first_few(const std::vector<std::string>& names) {
 // The graph's nodes with those of its subgraphs (recursively) added, for checks by node name.
 ir::Graph with_subgraph_nodes(const ir::Graph& g) {
   ir::Graph flat;
-  std::vector<const ir::Graph*> pending{&g};
-  while (!pending.empty()) {
-    const ir::Graph* next = pending.back();
-    pending.pop_back();
-    for (const auto& n : next->nodes) {
-      flat.nodes.push_back(n);
-      for (const auto& [key, value] : n.attrs)
-        if (const auto* sub = std::get_if<std::shared_ptr<const ir::Graph>>(&value)) pending.push_back(sub->get());
-    }
-  }
+  ir::for_each_node(g, [&](const ir::Node& n) { flat.nodes.push_back(n); });
   return flat;
 }
 
@@ -395,9 +386,9 @@ void PTQ::find_branches(const ir::Graph& typed) {
       const ir::Graph* branch_graph = node.attr_graph(attr);
       // Most branches hold no layer (a detector's "no boxes left" cases): not prepared at all.
       if (!branch_graph) continue;
-      const ir::Graph flat = with_subgraph_nodes(*branch_graph);
-      if (std::none_of(flat.nodes.begin(), flat.nodes.end(), [&](const ir::Node& n) { return config_.spec_for(n); }))
-        continue;
+      bool quantizable = false;
+      ir::for_each_node(*branch_graph, [&](const ir::Node& n) { quantizable = quantizable || config_.spec_for(n); });
+      if (!quantizable) continue;
       std::vector<size_t> captured;
       ir::Graph body = ir::standalone_subgraph(node, attr, captured);
       auto branch = std::make_unique<Branch>();
@@ -476,6 +467,7 @@ void PTQ::set_channel_wise_conv_inputs(bool enabled) {
 }
 
 void PTQ::convert_branches(ir::Graph& out, const LayerModes& if_modes) const {
+  bool converted = false;
   for (const auto& b : branches_) {
     const auto mode = if_modes.find(b->node);
     const PTQ& inner = *b->ptq;
@@ -518,11 +510,8 @@ void PTQ::convert_branches(ir::Graph& out, const LayerModes& if_modes) const {
     // no longer the If's inputs, and go when nothing else reads them.
     std::set<std::string> read;
     for (const auto& [key, value] : node->attrs)
-      if (std::holds_alternative<std::shared_ptr<const ir::Graph>>(value)) {
-        std::vector<size_t> captured;
-        const ir::Graph standalone = ir::standalone_subgraph(*node, key, captured);
-        for (size_t k : captured) read.insert(node->captured[k]);
-      }
+      if (const auto* sub = std::get_if<std::shared_ptr<const ir::Graph>>(&value))
+        for (size_t k : ir::captured_reads(*node, **sub)) read.insert(node->captured[k]);
     std::vector<std::string> captured, inputs(node->inputs.begin(), node->inputs.begin() + static_cast<ptrdiff_t>(node->declared_inputs()));
     for (size_t k = 0; k < node->captured.size(); ++k)
       if (read.count(node->captured[k])) {
@@ -531,8 +520,9 @@ void PTQ::convert_branches(ir::Graph& out, const LayerModes& if_modes) const {
       }
     node->captured = std::move(captured);
     node->inputs = std::move(inputs);
-    out.remove_unused_initializers();
+    converted = true;
   }
+  if (converted) out.remove_unused_initializers();
 }
 
 void PTQ::sample(const std::map<std::string, Tensor>& feeds) {

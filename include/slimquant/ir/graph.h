@@ -2,6 +2,7 @@
 // Graph IR: ONNX-shaped (values are referred to by name), so that passes and the QDQ editing done
 // by quantization and analysis read like the ONNX they produce. Nodes are kept in topological order.
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -135,6 +136,12 @@ class ValueNames {
 // gets, per added input, its index in node.captured (the outer value is
 // node.inputs[node.declared_inputs() + index]). Their types are unknown (kUndefined).
 Graph standalone_subgraph(const Node& node, const std::string& attr, std::vector<size_t>& captured_inputs);
+// The indices into node.captured of the outer values its subgraph `body` reads (and does not
+// define itself): the inputs standalone_subgraph adds, without copying the body.
+std::vector<size_t> captured_reads(const Node& node, const Graph& body);
+
+// Calls visit on every node of g and of its subgraphs (recursively), outer nodes first.
+void for_each_node(const Graph& g, const std::function<void(const Node&)>& visit);
 
 // The names a graph defines (node outputs, initializers, inputs), those of its subgraphs included.
 std::set<std::string> defined_names(const Graph& g);

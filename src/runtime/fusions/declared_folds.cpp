@@ -1,6 +1,8 @@
 #include "runtime/fusions/declared_folds.h"
 
+#include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <optional>
 #include <vector>
 
@@ -35,6 +37,15 @@ std::optional<float> folded_scalar(const ir::Graph& g, const std::string& k, con
   const ir::ValueInfo* vz = g.find_value_info(z);
   if (t && t->rank() > 1 && (!vz || !vz->dims || t->rank() > vz->dims->size())) return std::nullopt;
   return s;
+}
+
+// s when c computes op(z, s) or op(s, z) for one of `ops`, s a folded_scalar, else nullopt.
+std::optional<float> scalar_operand(const ir::Graph& g, const ir::Node& c, const std::string& z,
+                                    std::initializer_list<const char*> ops) {
+  if (std::none_of(ops.begin(), ops.end(), [&](const char* op) { return ir::is_onnx_op(c, op); }) ||
+      c.inputs.size() != 2 || c.inputs[0] == c.inputs[1] || (c.inputs[0] != z && c.inputs[1] != z))
+    return std::nullopt;
+  return folded_scalar(g, ir::other_input(c, z), z);
 }
 
 // Epilogues apply in stages: an activation, then an affine map after it, then quantization.
@@ -76,10 +87,9 @@ std::optional<FusedActivation> activation_of(const ir::Graph& g, const ir::Node&
     f.alpha = *s;
     return f;
   }
-  if ((ir::is_onnx_op(c, "Max") || ir::is_onnx_op(c, "Min")) && c.inputs.size() == 2 && c.inputs[0] != c.inputs[1] &&
-      (c.inputs[0] == z || c.inputs[1] == z)) {
+  if (ir::is_onnx_op(c, "Max") || ir::is_onnx_op(c, "Min")) {
     // Max / Min with a scalar: a Clip with one bound.
-    const std::optional<float> s = folded_scalar(g, ir::other_input(c, z), z);
+    const std::optional<float> s = scalar_operand(g, c, z, {"Max", "Min"});
     if (!s) return std::nullopt;
     FusedActivation f;
     f.kind = Activation::kClip;
@@ -105,9 +115,7 @@ bool fold_epilogue(const ir::Graph& g, Fold epilogue, const ir::Node& c, const s
       return true;
     }
     case Fold::kPostAffine: {
-      if ((!ir::is_onnx_op(c, "Mul") && !ir::is_onnx_op(c, "Add")) || c.inputs.size() != 2 || c.inputs[0] == c.inputs[1])
-        return false;
-      const std::optional<float> s = folded_scalar(g, ir::other_input(c, z), z);
+      const std::optional<float> s = scalar_operand(g, c, z, {"Mul", "Add"});
       if (!s) return false;
       FusedActivation a = FusedActivation::parse(fused);
       // The map is act(x) * post_scale + post_shift: one Mul, then one Add (a longer chain would
@@ -123,9 +131,7 @@ bool fold_epilogue(const ir::Graph& g, Fold epilogue, const ir::Node& c, const s
       return true;
     }
     case Fold::kPostClamp: {
-      if ((!ir::is_onnx_op(c, "Max") && !ir::is_onnx_op(c, "Min")) || c.inputs.size() != 2 || c.inputs[0] == c.inputs[1])
-        return false;
-      const std::optional<float> s = folded_scalar(g, ir::other_input(c, z), z);
+      const std::optional<float> s = scalar_operand(g, c, z, {"Max", "Min"});
       if (!s) return false;
       FusedActivation a = FusedActivation::parse(fused);
       // max(clamp(y, lo, hi), s) = clamp(y, max(lo, s), hi) while s <= hi (min alike); past the
