@@ -6,7 +6,7 @@ exercised, dynamic batch. Next to each MODEL.onnx it writes MODEL.input.npy (2 r
 MODEL.output.npy (PyTorch's output for them), and a calibration set calibRES/x.npy per resolution.
 The detectors (ssdlite, retinanet, fasterrcnn_mbv3) take one image per run (a fixed batch of 1)
 and output boxes, scores and labels after their NMS; their .output.npy holds the scores.
-Needs Debian's python3-torchvision (apt-get install python3-torchvision).
+Needs Debian's python3-torchvision (scripts/install-deps.sh --bench installs it).
 
   /usr/bin/python3 bench/export_torchvision.py OUT_DIR [--resolution N] [name ...]
 

@@ -4,7 +4,8 @@
 #   --fuzz: also clang and libFuzzer for scripts/fuzz.sh (the normal build and tests need neither).
 #   --bench: also what only the benchmarks need: bench/ocr/render_ocr_sets.py's text rendering
 #            (Chinese and Latin fonts, PIL) and PaddleOCR's cv2 resize (python3-opencv pulls every
-#            OpenCV module, so it stays out of the default install).
+#            OpenCV module, so it stays out of the default install) and python3-torchvision for
+#            bench/export_torchvision.py (the corpus of bench/speed_corpus.py and bench/model_forms.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +27,7 @@ DEBIAN_PACKAGES=(
 command -v node >/dev/null 2>&1 || DEBIAN_PACKAGES+=(nodejs npm)
 # The fuzz build: clang with its sanitizer and libFuzzer runtimes, and clang's OpenMP.
 [ "${1:-}" = "--fuzz" ] && DEBIAN_PACKAGES+=(clang libfuzzer-14-dev libclang-rt-14-dev libomp-14-dev)
-[ "${1:-}" = "--bench" ] && DEBIAN_PACKAGES+=(python3-pil python3-opencv fonts-wqy-microhei fonts-wqy-zenhei fonts-dejavu-core)
+[ "${1:-}" = "--bench" ] && DEBIAN_PACKAGES+=(python3-pil python3-opencv python3-torchvision fonts-wqy-microhei fonts-wqy-zenhei fonts-dejavu-core)
 
 missing=()
 for p in "${DEBIAN_PACKAGES[@]}"; do
