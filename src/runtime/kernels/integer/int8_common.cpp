@@ -5,7 +5,9 @@
 
 #include <cfloat>
 #include <cstdlib>
+#include <string>
 
+#include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/dnnl/dnnl_common.h"
 
 namespace slimquant::runtime::int8 {
@@ -300,7 +302,10 @@ void PrimitivePlan::bind_common(const memory::desc& scratchpad, const memory& we
   const size_t rank = src_user.dims().size();
   const bool plain_integers = (src_user.data_type() == dt::u8 || src_user.data_type() == dt::s8) &&
                               src_user == memory::desc(src_user.dims(), src_user.data_type(), plain_tag(rank));
-  if (plain_integers && src_desc == memory::desc(src_user.dims(), dt::f32, plain_tag(rank))) {
+  if (src_user.data_type() == dt::s8 && src_desc.data_type() == dt::u8 && !zp_in_reorder &&
+      src_desc == dnnl_kernels::retyped_layout(Layout{src_user}, DType::kUInt8)->desc) {
+    host_src_shift_to_u8 = true;  // the same layout: element i of x is element i of src
+  } else if (plain_integers && src_desc == memory::desc(src_user.dims(), dt::f32, plain_tag(rank))) {
     host_src_from = src_user.data_type() == dt::u8 ? DType::kUInt8 : DType::kInt8;
     host_src_zero_point = zp_in_reorder ? src_zero_point : 0;
   } else if (src_user != src_desc || zp_in_reorder) {
@@ -319,7 +324,7 @@ void PrimitivePlan::bind_common(const memory::desc& scratchpad, const memory& we
     dst_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(dnnl_engine(), dst_desc, dnnl_engine(), dst_user));
   }
   src_user_mem = unbound(src_user);
-  src_mem = src_reorder || host_src_from != DType::kUndefined ? unbound(src_desc) : src_user_mem;
+  src_mem = src_reorder || host_src_from != DType::kUndefined || host_src_shift_to_u8 ? unbound(src_desc) : src_user_mem;
   dst_user_mem = unbound(dst_user);
   dst_mem = dst_reorder || requant_to != DType::kUndefined ? unbound(dst_desc) : dst_user_mem;
   scratchpad_mem = unbound(scratchpad);
@@ -392,6 +397,10 @@ void PrimitivePlan::run(const void* x, void* y, const void* w, const void* sum) 
   if (src_reorder) {
     src_mem.set_data_handle(dnnl_scratch(DnnlScratch::kSrc, src_desc.get_size()));
     src_reorder->execute(s, src_reorder_args);
+  } else if (host_src_shift_to_u8) {
+    auto* u = static_cast<uint8_t*>(dnnl_scratch(DnnlScratch::kSrc, src_desc.get_size()));
+    s8_to_shifted_u8(static_cast<const int8_t*>(x), u, static_cast<int64_t>(src_desc.get_size()));
+    src_mem.set_data_handle(u);
   } else if (host_src_from != DType::kUndefined) {
     float* f = static_cast<float*>(dnnl_scratch(DnnlScratch::kSrc, src_desc.get_size()));
     integers_to_f32(x, host_src_from, f, static_cast<int64_t>(src_desc.get_size() / sizeof(float)), host_src_zero_point);
@@ -498,6 +507,18 @@ void integers_to_f32(const void* x, DType x_type, float* y, int64_t n, int32_t z
   const float z = static_cast<float>(zero_point);
   if (x_type == DType::kUInt8) integers_to_f32_typed(static_cast<const uint8_t*>(x), y, n, z);
   else integers_to_f32_typed(static_cast<const int8_t*>(x), y, n, z);
+}
+
+SQ_AVX512_AVX2_CLONES void s8_to_shifted_u8(const int8_t* __restrict x, uint8_t* __restrict y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<uint8_t>(x[i]) ^ 0x80;  // two's complement: x + 128
+}
+
+bool shifted_u8_source() {
+  static const bool on = [] {
+    const char* v = std::getenv("SLIMQUANT_S8_SOURCE");
+    return !(v && std::string(v) == "keep");
+  }();
+  return on;
 }
 
 void requantize_f32(const float* v, void* y, DType y_type, int64_t n) {

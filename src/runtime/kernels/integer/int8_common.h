@@ -232,6 +232,9 @@ struct PrimitivePlan {
   // small ones (attention at batch 1).
   DType host_src_from = DType::kUndefined, host_weights_from = DType::kUndefined;  // set by finish()
   int32_t host_src_zero_point = 0;
+  // Plain s8 x -> plain u8 src (x + 128, the primitive's zero point raised by 128: the same
+  // integer sums): set by finish() when the primitive was made for u8 (shifted_u8_source()).
+  bool host_src_shift_to_u8 = false;
 
   enum class ZeroPointAt { kNone, kPrimitive, kSrcReorder };
   // Binds everything from pd. weights: the packed constant for pd.weights_desc(); bias: empty or
@@ -274,6 +277,14 @@ void requantize_f32_per_channel(float* v, void* y, DType y_type, int64_t n, cons
                                 int64_t inner, int64_t block);
 // y = float(x - zero_point) for n u8 or s8 values.
 void integers_to_f32(const void* x, DType x_type, float* y, int64_t n, int32_t zero_point);
+// y = x + 128 as u8 for n s8 values (one flip of the sign bit).
+void s8_to_shifted_u8(const int8_t* x, uint8_t* y, int64_t n);
+// Whether an int8 primitive should read an s8 activation as u8 x + 128 with its zero point + 128:
+// oneDNN 2.6's u8 x s8 kernels (VNNI's vpdpbusd, AVX2's vpmaddubsw) take an s8 source only by
+// shifting it inside the kernel, which cost ViT-B/16's [197, 768] x [768, 3072] 1.94 ms against
+// 1.34 ms from u8 with a constant zero point (one pass over x costs 0.01 ms there).
+// SLIMQUANT_S8_SOURCE=keep turns it off (to compare).
+bool shifted_u8_source();
 
 template <class PrimitiveDesc, class Primitive>
 void PrimitivePlan::finish(const PrimitiveDesc& pd, const dnnl::memory& weights, const dnnl::memory& bias,

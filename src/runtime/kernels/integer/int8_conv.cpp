@@ -299,19 +299,23 @@ class QConvKernel final : public Kernel {
     const int dst_rank = static_cast<int>(p.prim.out_shape.size());
     // host_channel_multiply (kF32, q_.needs_channel_multiply()): 1 / s_y[m] applied by the host
     // requantization instead of a binary post-op; false when dst's layout does not allow it.
-    auto try_primitive = [&](bool int8, bool host_channel_multiply) -> bool {
+    // shift (int8): an s8 x read as u8 x + 128 with a constant zero point z_x + 128
+    // (shifted_u8_source()), where the primitive takes x's own layout (one pass over x, no reorder).
+    auto try_primitive = [&](bool int8, bool host_channel_multiply, bool shift) -> bool {
       p = base;
       // What the primitive multiplies: the int8 weights (doubled for s8 sources without VNNI) or
       // the multiplier-folded float ones.
-      PrimitiveWeights& pw = !int8 ? f32_ : (x_type == DType::kInt8 && int8_s8_src_) ? *int8_s8_src_ : int8_;
+      PrimitiveWeights& pw =
+          !int8 ? f32_ : (x_type == DType::kInt8 && !shift && int8_s8_src_) ? *int8_s8_src_ : int8_;
       const auto any = memory::format_tag::any;
-      const memory::desc src_md(to_dnnl_dims(xs), int8 ? dnnl_type(x_type) : dt::f32, any);
+      const memory::desc src_md(to_dnnl_dims(xs), !int8 ? dt::f32 : shift ? dt::u8 : dnnl_type(x_type), any);
       const memory::desc dst_md(to_dnnl_dims(p.prim.out_shape), int8 ? dnnl_type(output_.dtype) : dt::f32, any);
       const memory::desc wei_md = weights_md(int8 ? dt::s8 : dt::f32, any);
       dnnl::primitive_attr attr;
       if (int8) {
         attr = make_attr(q_, pw.requant, 1 << 1, dst_rank);
-        if (q_.x.zero_point[0] != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+        if (shift) attr.set_zero_points(DNNL_ARG_SRC, 0, {q_.x.zero_point[0] + 128});
+        else if (q_.x.zero_point[0] != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
       } else {
         attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
         attr.set_post_ops(host_channel_multiply ? make_post_ops_before_channel_multiply(q_)
@@ -353,18 +357,21 @@ class QConvKernel final : public Kernel {
         using dnnl_kernels::describe;
         std::string key = std::string(int8 ? "qconv|" : "qconv-f32|") + describe(src_md) + "|" + describe(wei_md) + "|" +
                           describe(dst_md) + "|" + describe(attr) + (pw.bias.defined() ? "|b" : "|") +
-                          (q_.x.zero_point[0] != 0 ? "z" : "");
+                          (shift ? "s" : q_.x.zero_point[0] != 0 ? "z" : "");
         for (const Dims* v : {&g.strides, &g.dilations, &g.pad_begin, &g.pad_end})
           for (const auto e : *v) key.append(",").append(std::to_string(e));
         const cf::primitive_desc pd = dnnl_kernels::fastest_implementation<cf::primitive_desc>(
             key, [&] { return cf::primitive_desc(d, attr, dnnl_engine()); });
         if (int8 && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return false;
+        if (shift && pd.src_desc() != dnnl_kernels::retyped_layout(Layout{p.prim.src_user}, DType::kUInt8)->desc)
+          return false;  // x would need a reorder: no shifting pass
         // y in the primitive's layout (as y's dtype) when readers take it: no dst layout reorder.
         const Layout chosen{pd.dst_desc()};
         p.out_layout = dnnl_kernels::output_layout_for(dnnl_kernels::retyped_layout(chosen, output_.dtype)->desc,
                                                        p.prim.out_shape, output_.dtype, out_blocked);
         if (p.out_layout) p.prim.dst_user = p.out_layout->desc;
-        p.prim.finish<cf::primitive_desc, cf>(pd, pw.weights.get(pd.weights_desc()), pw.bias_mem, q_.x.zero_point[0],
+        p.prim.finish<cf::primitive_desc, cf>(pd, pw.weights.get(pd.weights_desc()), pw.bias_mem,
+                                              shift ? 0 : q_.x.zero_point[0],
                                               int8 ? PrimitivePlan::ZeroPointAt::kPrimitive
                                                    : PrimitivePlan::ZeroPointAt::kSrcReorder);
         if (sum && binary_index >= 0) p.prim.bind_binary_addend(DNNL_ARG_ATTR_MULTIPLE_POST_OP(binary_index) | DNNL_ARG_SRC_1, sum_md);
@@ -382,10 +389,12 @@ class QConvKernel final : public Kernel {
     };
     // int8 primitives where chosen, else (or when oneDNN has no fast int8 kernel for this shape on
     // this CPU) the exact f32 path; the plain-loop reference only when neither exists.
-    if (compute_ == Compute::kInt8 && try_primitive(true, false)) return p;
+    const bool shift = x_type == DType::kInt8 && shifted_u8_source();
+    if (compute_ == Compute::kInt8 && ((shift && try_primitive(true, false, true)) || try_primitive(true, false, false)))
+      return p;
     prepare_f32(bias_.defined() ? &bias_ : nullptr);
-    if (q_.needs_channel_multiply() && try_primitive(false, true)) return p;
-    if (try_primitive(false, false)) return p;
+    if (q_.needs_channel_multiply() && try_primitive(false, true, false)) return p;
+    if (try_primitive(false, false, false)) return p;
     p = base;
     p.reference = true;
     return p;

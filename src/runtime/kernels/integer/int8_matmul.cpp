@@ -16,6 +16,7 @@
 // reorder, integer-valued weights: the products and their sums are exact below 2^24) and the
 // f32 -> u8/s8 dst reorder rounding half to even and saturating.
 #include <algorithm>
+#include <string>
 
 #include "runtime/kernels/integer/int8_common.h"
 #include "runtime/kernels/integer/int8_reference.h"
@@ -130,20 +131,24 @@ class QLinearMatMulKernel final : public Kernel {
     const MatMulPlan base = p;
     // Completes p with an int8 or f32 primitive; false when oneDNN has none (or, for int8, only its
     // reference implementation).
-    auto try_primitive = [&](bool int8) -> bool {
+    // shift: an s8 x read as u8 x + 128 with a constant zero point z_x + 128 (shifted_u8_source()).
+    auto try_primitive = [&](bool int8, bool shift) -> bool {
       p = base;
-      const memory::desc src_md = int8 ? p.prim.src_user : memory::desc({p.m, k_}, dt::f32, tag::ab);
+      const memory::desc src_md = !int8 ? memory::desc({p.m, k_}, dt::f32, tag::ab)
+                                  : shift ? memory::desc({p.m, k_}, dt::u8, tag::ab)
+                                          : p.prim.src_user;
       const memory::desc dst_md = int8 ? p.prim.dst_user : memory::desc({p.m, n_}, dt::f32, tag::ab);
       const memory::desc wei_md({k_, n_}, int8 ? dt::s8 : dt::f32, tag::any);
       dnnl::primitive_attr attr = make_attr(q_, requant_, 1 << 1);
-      if (int8 && q_.x.zero_point[0] != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+      if (shift) attr.set_zero_points(DNNL_ARG_SRC, 0, {q_.x.zero_point[0] + 128});
+      else if (int8 && q_.x.zero_point[0] != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
       try {
         const dnnl::matmul::desc d = bias_.defined() ? dnnl::matmul::desc(src_md, wei_md, bias_mem_.get_desc(), dst_md)
                                                      : dnnl::matmul::desc(src_md, wei_md, dst_md);
         const dnnl::matmul::primitive_desc pd(d, attr, dnnl_engine());
         if (int8 && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return false;
         p.prim.finish<dnnl::matmul::primitive_desc, dnnl::matmul>(
-            pd, weights_for(int8).get(pd.weights_desc()), bias_mem_, q_.x.zero_point[0],
+            pd, weights_for(int8).get(pd.weights_desc()), bias_mem_, shift ? 0 : q_.x.zero_point[0],
             int8 ? PrimitivePlan::ZeroPointAt::kPrimitive : PrimitivePlan::ZeroPointAt::kSrcReorder);
       } catch (const dnnl::error&) {
         return false;
@@ -151,8 +156,9 @@ class QLinearMatMulKernel final : public Kernel {
       return true;
     };
     // int8 where chosen, else (or without a fast int8 kernel for this shape) the exact f32 path.
-    if (compute_ == Compute::kInt8 && try_primitive(true)) return p;
-    if (try_primitive(false)) return p;
+    const bool shift = x_type == DType::kInt8 && !trans_x_ && shifted_u8_source();
+    if (compute_ == Compute::kInt8 && ((shift && try_primitive(true, true)) || try_primitive(true, false))) return p;
+    if (try_primitive(false, false)) return p;
     p = base;
     p.reference = true;
     return p;
@@ -197,20 +203,32 @@ class QLinearMatMulKernel final : public Kernel {
     const bool int8 = compute_ == Compute::kInt8;
     p.prim.src_user = plain_md(xs, dnnl_type(x_type));
     p.prim.dst_user = plain_md(p.prim.out_shape, dnnl_type(q_.y.dtype));
-    const memory::desc src_md = int8 ? p.prim.src_user : plain_md(xs, dt::f32);
-    const memory::desc dst_md = int8 ? p.prim.dst_user : plain_md(p.prim.out_shape, dt::f32);
-    const memory::desc wei_md = plain_md(ws, int8 ? dt::s8 : dt::f32);
-    dnnl::primitive_attr attr = make_attr(q_, requant_, 0);
-    if (int8 && q_.x.zero_point[0] != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
-    try {
-      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), attr, dnnl_engine());
-      p.prim.finish<dnnl::matmul::primitive_desc, dnnl::matmul>(
-          pd, memory(), memory(), q_.x.zero_point[0],
-          int8 ? PrimitivePlan::ZeroPointAt::kPrimitive : PrimitivePlan::ZeroPointAt::kSrcReorder);
-      p.prim.bind_runtime_weights(plain_md(ws, dt::s8), pd.weights_desc());
-    } catch (const dnnl::error&) {
-      p.reference = true;
-    }
+    const MatMulPlan base = p;
+    // shift: an s8 x read as u8 x + 128 with a constant zero point z_x + 128 (shifted_u8_source()).
+    auto try_primitive = [&](bool shift) -> bool {
+      p = base;
+      const memory::desc src_md = !int8 ? plain_md(xs, dt::f32) : shift ? plain_md(xs, dt::u8) : p.prim.src_user;
+      const memory::desc dst_md = int8 ? p.prim.dst_user : plain_md(p.prim.out_shape, dt::f32);
+      const memory::desc wei_md = plain_md(ws, int8 ? dt::s8 : dt::f32);
+      dnnl::primitive_attr attr = make_attr(q_, requant_, 0);
+      if (shift) attr.set_zero_points(DNNL_ARG_SRC, 0, {q_.x.zero_point[0] + 128});
+      else if (int8 && q_.x.zero_point[0] != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
+      try {
+        const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), attr, dnnl_engine());
+        if (shift && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return false;
+        p.prim.finish<dnnl::matmul::primitive_desc, dnnl::matmul>(
+            pd, memory(), memory(), shift ? 0 : q_.x.zero_point[0],
+            int8 ? PrimitivePlan::ZeroPointAt::kPrimitive : PrimitivePlan::ZeroPointAt::kSrcReorder);
+        p.prim.bind_runtime_weights(plain_md(ws, dt::s8), pd.weights_desc());
+      } catch (const dnnl::error&) {
+        return false;
+      }
+      return true;
+    };
+    const bool shift = int8 && x_type == DType::kInt8 && shifted_u8_source();
+    if ((shift && try_primitive(true)) || try_primitive(false)) return p;
+    p = base;
+    p.reference = true;
     return p;
   }
 
