@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -514,6 +515,45 @@ TEST(DnnlSoftmax, OpsetDecidesCoercionTo2D) {
       double t = 0;
       for (int64_t c = 0; c < 3; ++c) t += new_style.data<float>()[b * 12 + c * 4 + k];
       EXPECT_NEAR(t, 1.0, 1e-5);
+    }
+  }
+}
+
+// Rows along the last axis (the own AVX-512 kernel where the CPU has it, oneDNN's elsewhere): every
+// row length around the 16-lane vector (a masked tail, none, rows shorter than a vector), large
+// and very negative inputs, against the double-precision definition; a row holding -inf everywhere
+// is NaN, as exp(x - max x) / sum makes it, and a NaN input gives a NaN.
+TEST(DnnlSoftmax, ContiguousRowsMatchTheDefinitionInDouble) {
+  ir::Node n = make_node("Softmax", 1);
+  for (const int64_t len : {1, 5, 15, 16, 17, 50, 197}) {
+    Tensor x = random_tensor({6, len}, 71 + static_cast<uint32_t>(len), -30.f, 30.f);
+    float* v = x.data<float>();
+    v[len] = 1e30f;                 // row 1: one huge value takes (nearly) all the mass
+    v[2 * len] = -1e30f;            // row 2: one value far below the rest
+    for (int64_t j = 0; j < len; ++j) v[3 * len + j] = -std::numeric_limits<float>::infinity();  // row 3
+    v[4 * len + len / 2] = std::numeric_limits<float>::quiet_NaN();                                // row 4
+    for (int64_t j = 0; j < len; ++j) v[5 * len + j] = -100.f + 0.5f * static_cast<float>(j);   // row 5: deep exponents
+    const Tensor y = Harness(n, make_softmax, {}, 13).run({x})[0];
+    for (int64_t r = 0; r < 6; ++r) {
+      const float* row = v + r * len;
+      const float* out = y.data<float>() + r * len;
+      if (r == 3) {
+        for (int64_t j = 0; j < len; ++j) EXPECT_TRUE(std::isnan(out[j])) << "len " << len << " row " << r << " " << j;
+        continue;
+      }
+      if (r == 4) {  // the NaN's own output (oneDNN's kernel keeps the row's other values finite)
+        EXPECT_TRUE(std::isnan(out[len / 2])) << "len " << len;
+        continue;
+      }
+      double m = -std::numeric_limits<double>::infinity(), sum = 0;
+      for (int64_t j = 0; j < len; ++j) m = std::max(m, static_cast<double>(row[j]));
+      for (int64_t j = 0; j < len; ++j) sum += std::exp(row[j] - m);
+      for (int64_t j = 0; j < len; ++j) {
+        // float's x - max x is exact to half an ulp of the difference: exp carries that as relative error.
+        const double want = std::exp(row[j] - m) / sum;
+        const double tolerance = want * (4e-7 + 6e-8 * std::fabs(row[j] - m)) + 1e-37;
+        EXPECT_NEAR(out[j], want, tolerance) << "len " << len << " row " << r << " " << j;
+      }
     }
   }
 }
