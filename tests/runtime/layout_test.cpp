@@ -411,6 +411,33 @@ TEST(SessionFusion, QuantizeLinearFoldsIntoTheElementwiseOpItAloneReads) {
   EXPECT_EQ(y.to_int64_vector(), (std::vector<int64_t>{-128, -1, 7, 9, 127}));
 }
 
+// Softmax -> QuantizeLinear (attention probabilities read by an integer MatMul): the Softmax writes
+// the codes itself, bit-identical to running the two ops. Rows of 50 and 197 (several rows per
+// quantized span) and of 5000 (one row per span), a u8 and an s8 grid.
+TEST(SessionFusion, QuantizeLinearFoldsIntoTheSoftmaxItAloneReads) {
+  for (const Shape& shape : {Shape{3, 4, 50}, Shape{2, 197}, Shape{2, 5000}}) {
+    SCOPED_TRACE(shape_str(shape));
+    Builder b(shape);
+    b.op("Softmax", {"x"}, "p");
+    b.op("QuantizeLinear", {"p", b.scalar("qs", Tensor::scalar(1.f / 255)), b.scalar("qz", Tensor::scalar<uint8_t>(0))},
+         "p_q");
+    b.op("Softmax", {"x"}, "p2");
+    b.op("QuantizeLinear",
+         {"p2", b.scalar("ss", Tensor::scalar(0.003f)), b.scalar("sz", Tensor::scalar<int8_t>(-100))}, "p2_q");
+    b.output("p_q");
+    b.output("p2_q");
+    b.g.outputs[0].dtype = DType::kUInt8;
+    b.g.outputs[1].dtype = DType::kInt8;
+    runtime::Session fast(b.g), ref = reference_session(b.g);
+    const Tensor x = random_tensor(shape, 43, -6.f, 6.f);
+    const auto got = run_hooked(fast, x), want = run_hooked(ref, x);
+    EXPECT_FALSE(got.count("p"));  // folded: no float probabilities
+    EXPECT_FALSE(got.count("p2"));
+    EXPECT_TRUE(want.count("p"));  // the reference runs the two ops
+    for (const char* v : {"p_q", "p2_q"}) expect_close(got.at(v), want.at(v), v);
+  }
+}
+
 // A fake-quantized convolution input, QuantizeLinear -> DequantizeLinear -> Conv (a layer's model in
 // the sensitivity sweep): the Conv reads the codes and its layout reorder dequantizes them, so no
 // float copy of the input is made. The same floats as the DequantizeLinear's: bit-identical to the

@@ -29,6 +29,8 @@ constexpr KernelFolds kLayerFolds{.activations = kEltwiseActivations};  // ConvT
 constexpr KernelFolds kMatMulFolds{.activations = folds::activation_bits({Activation::kScale})};
 // The pools sum a squeeze-excitation input's codes (dequantizing each as ONNX would).
 constexpr KernelFolds kGlobalPoolFolds{.dequantized_inputs = 1u << 0};
+// Softmax writes the attention probabilities as the integer MatMul after it reads them.
+constexpr KernelFolds kSoftmaxFolds{.tensor_quantize = true};
 
 }  // namespace
 
@@ -43,7 +45,7 @@ void register_dnnl_kernels(KernelRegistry& r) {
   r.add("GlobalAveragePool", make_global_average_pool, "", layouts::kChannelBlockedToPlain, kGlobalPoolFolds);
   r.add("GlobalMaxPool", make_global_max_pool, "", layouts::kChannelBlockedToPlain, kGlobalPoolFolds);
   r.add("BatchNormalization", make_batch_normalization);
-  r.add("Softmax", make_softmax);
+  r.add("Softmax", make_softmax, "", {}, kSoftmaxFolds);
   r.add("LogSoftmax", make_log_softmax);
   r.add("LayerNormalization", make_layer_normalization);
   r.add("Gelu", make_gelu_erf, kGeluDomain, layouts::kPassthrough);

@@ -10,11 +10,15 @@
 // oneDNN's limit.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "runtime/kernels/dnnl/dnnl_common.h"
 #include "runtime/kernels/dnnl/dnnl_kernels.h"
+#include "runtime/kernels/elementwise/elementwise_qdq.h"
 
 namespace slimquant::runtime::dnnl_kernels {
 
@@ -96,7 +100,7 @@ class SoftmaxKernel final : public Kernel {
  public:
   SoftmaxKernel(const KernelInit& init, bool log)
       : node_(init.node), log_(log), coerce_2d_(init.opset < 13),
-        axis_(node_.attr_int("axis", init.opset < 13 ? 1 : -1)) {
+        axis_(node_.attr_int("axis", init.opset < 13 ? 1 : -1)), quantize_(folded_quantize(init.node)) {
     reject_fused_activation(node_);
   }
 
@@ -104,16 +108,17 @@ class SoftmaxKernel final : public Kernel {
     const Tensor& x = ctx.input(0);
     require_float32(node_, x, "input");
     SoftmaxPlan& p = plans_.get({&x.shape()}, [&] { return make_plan(x.shape()); });
-    Tensor& y = ctx.allocate_output(0, DType::kFloat32, x.shape());
+    Tensor& y = ctx.allocate_output(0, quantize_ ? quantize_->dtype : DType::kFloat32, x.shape());
     if (y.numel() == 0) return;
+    if (quantize_) {
+      run_quantized(p, x, y);
+      return;
+    }
     if (p.rows > 0) {
       softmax_rows_avx512(x.data<float>(), y.data<float>(), p.rows, p.n);
       return;
     }
-    p.src.set_data_handle(const_cast<void*>(x.raw()));
-    p.dst.set_data_handle(y.raw());
-    bind_scratchpad(p.scratchpad);
-    execute(p.prim, p.args);
+    run_primitive(p, x.raw(), y.raw());
   }
 
  private:
@@ -150,10 +155,41 @@ class SoftmaxKernel final : public Kernel {
     return p;
   }
 
+  void run_primitive(SoftmaxPlan& p, const void* x, void* y) {
+    p.src.set_data_handle(const_cast<void*>(x));
+    p.dst.set_data_handle(y);
+    bind_scratchpad(p.scratchpad);
+    execute(p.prim, p.args);
+  }
+
+  // With the QuantizeLinear after it folded in (Fold::kTensorQuantize: attention probabilities
+  // read by an integer MatMul): rows are computed into a buffer that stays in cache, a few thousand
+  // values at a time, and quantized from there (quantize_floats: the QuantizeLinear's arithmetic).
+  void run_quantized(SoftmaxPlan& p, const Tensor& x, Tensor& y) {
+    auto* out = static_cast<std::byte*>(y.raw());
+    if (p.rows == 0) {  // oneDNN's primitive: the whole tensor, then one quantizing pass
+      buffer_.resize(static_cast<size_t>(x.numel()));
+      run_primitive(p, x.raw(), buffer_.data());
+      quantize_floats(buffer_.data(), x.numel(), quantize_->scale[0], quantize_->zero_point[0], quantize_->dtype, out);
+      return;
+    }
+    constexpr int64_t kChunk = 4096;  // values per quantized span (16 KiB of floats)
+    const int64_t rows_per_chunk = std::max<int64_t>(1, kChunk / p.n);
+    buffer_.resize(static_cast<size_t>(std::min(p.rows, rows_per_chunk) * p.n));
+    for (int64_t r = 0; r < p.rows; r += rows_per_chunk) {
+      const int64_t rows = std::min(rows_per_chunk, p.rows - r);
+      softmax_rows_avx512(x.data<float>() + r * p.n, buffer_.data(), rows, p.n);
+      quantize_floats(buffer_.data(), rows * p.n, quantize_->scale[0], quantize_->zero_point[0], quantize_->dtype,
+                      out + r * p.n);
+    }
+  }
+
   const ir::Node node_;
   const bool log_;
   const bool coerce_2d_;
   const int64_t axis_;
+  const std::optional<FoldedQuantize> quantize_;  // a QuantizeLinear the plan folded into this Softmax
+  std::vector<float> buffer_;                       // the float rows before quantize_
   ShapeCache<SoftmaxPlan> plans_;
 };
 
