@@ -303,7 +303,7 @@ void PrimitivePlan::bind_common(const memory::desc& scratchpad, const memory& we
   const bool plain_integers = (src_user.data_type() == dt::u8 || src_user.data_type() == dt::s8) &&
                               src_user == memory::desc(src_user.dims(), src_user.data_type(), plain_tag(rank));
   if (src_user.data_type() == dt::s8 && src_desc.data_type() == dt::u8 && !zp_in_reorder &&
-      src_desc == dnnl_kernels::retyped_layout(Layout{src_user}, DType::kUInt8)->desc) {
+      dnnl_kernels::same_blocking(Layout{src_desc}, Layout{src_user})) {
     host_src_shift_to_u8 = true;  // the same layout: element i of x is element i of src
   } else if (plain_integers && src_desc == memory::desc(src_user.dims(), dt::f32, plain_tag(rank))) {
     host_src_from = src_user.data_type() == dt::u8 ? DType::kUInt8 : DType::kInt8;

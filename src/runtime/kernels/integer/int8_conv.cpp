@@ -363,7 +363,7 @@ class QConvKernel final : public Kernel {
         const cf::primitive_desc pd = dnnl_kernels::fastest_implementation<cf::primitive_desc>(
             key, [&] { return cf::primitive_desc(d, attr, dnnl_engine()); });
         if (int8 && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return false;
-        if (shift && pd.src_desc() != dnnl_kernels::retyped_layout(Layout{p.prim.src_user}, DType::kUInt8)->desc)
+        if (shift && !dnnl_kernels::same_blocking(Layout{pd.src_desc()}, Layout{p.prim.src_user}))
           return false;  // x would need a reorder: no shifting pass
         // y in the primitive's layout (as y's dtype) when readers take it: no dst layout reorder.
         const Layout chosen{pd.dst_desc()};
