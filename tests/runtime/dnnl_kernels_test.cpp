@@ -249,7 +249,7 @@ std::vector<fused_ops::FusedActivation> all_fused_activations() {
   return {{A::kRelu, 0, 0},      {A::kClip, -0.5f, 0.75f},  {A::kLeakyRelu, 0.1f, 0},
           {A::kSigmoid, 0, 0},   {A::kTanh, 0, 0},          {A::kHardSigmoid, 0.2f, 0.5f},
           {A::kHardSwish, 0, 0}, {A::kElu, 0.7f, 0},        {A::kGelu, 0, 0},
-          {A::kSwish, 1.f, 0}};
+          {A::kSwish, 1.f, 0},   {A::kSwish, 1.702f, 0}};
 }
 
 TEST(DnnlConv, FusedActivationsMatchUnfusedPlusActivation) {

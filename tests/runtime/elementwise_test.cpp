@@ -11,6 +11,7 @@
 #include "kernel_test_util.h"
 #include "runtime/fused_ops/fused_activation.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
+#include "runtime/kernels/elementwise/swish_avx512.h"
 
 namespace slimquant::runtime {
 namespace {
@@ -217,6 +218,37 @@ TEST(Elementwise, VectorisedTranscendentalsAreAccurate) {
   EXPECT_TRUE(std::isnan(erfv[0]));
   EXPECT_EQ(erfv[1], 1.f);
   EXPECT_EQ(erfv[2], -1.f);
+}
+
+// The AVX-512 swish pass the float convolutions run after their primitive: against x / (1 + exp(-a x))
+// in double on every length around the 16-lane vector (masked tails), inputs past exp's range on both
+// sides, zeros, and a NaN (which stays NaN).
+TEST(Elementwise, SwishPassMatchesTheClosedFormInDouble) {
+  if (!ew::swish_pass_available()) GTEST_SKIP() << "no AVX-512 on this CPU (the convolutions keep oneDNN's post-op)";
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> d(-12.f, 12.f);
+  for (const float alpha : {1.f, 1.702f}) {
+    for (const int64_t n : {1, 15, 16, 17, 33, 200}) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& v : x) v = d(rng);
+      x[0] = n > 3 ? -1000.f : x[0];
+      if (n > 3) x[1] = 1000.f, x[2] = 0.f;
+      if (n > 16) x[16] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> y = x;
+      ew::swish_in_place_avx512(y.data(), n, alpha);
+      for (int64_t i = 0; i < n; ++i) {
+        const double v = x[static_cast<size_t>(i)], got = y[static_cast<size_t>(i)];
+        if (std::isnan(v)) {
+          EXPECT_TRUE(std::isnan(got)) << i;
+          continue;
+        }
+        // The float product alpha x carries half an ulp of itself into the exponential.
+        const double t = static_cast<double>(alpha) * v, want = v / (1.0 + std::exp(-t));
+        EXPECT_NEAR(got, want, (4e-7 + 6e-8 * std::fabs(t)) * std::fabs(want) + 1e-30)
+            << "alpha " << alpha << " n " << n << " x " << v;
+      }
+    }
+  }
 }
 
 TEST(Elementwise, MishMatchesClosedForm) {  // opset 18, no node test data in ONNX 1.12

@@ -1,5 +1,7 @@
 #include "runtime/kernels/dnnl/dnnl_common.h"
+
 #include "runtime/fused_ops/fused_activation.h"
+#include "runtime/kernels/elementwise/swish_avx512.h"
 
 #include <algorithm>
 #include <cstring>
@@ -379,6 +381,10 @@ void run_conv_like(ConvLikePlan& p, const Tensor& x, const Tensor* runtime_w, co
   if (p.dst_reorder) p.dst_reorder->execute(s, p.dst_reorder_args);
   for (const dnnl::eltwise_forward& act : p.activations) act.execute(s, p.activation_args);
   s.wait();
+  // The output's bytes as written (a blocked layout's padding included: swish(0) = 0).
+  if (p.swish_pass_alpha)
+    ew::swish_in_place_avx512(static_cast<float*>(y.raw()), static_cast<int64_t>(p.dst_user.get_size() / sizeof(float)),
+                              *p.swish_pass_alpha);
 }
 
 }  // namespace slimquant::runtime::dnnl_kernels

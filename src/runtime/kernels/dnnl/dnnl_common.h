@@ -163,6 +163,9 @@ struct ConvLikePlan {
   // The fused activation run in place on the output when it is not a post-op of prim.
   std::vector<dnnl::eltwise_forward> activations;
   std::unordered_map<int, memory> activation_args;
+  // A fused Swish run in place on the output by ew::swish_in_place_avx512 (its alpha), instead of
+  // oneDNN's post-op or eltwise primitive (swish_pass_available()).
+  std::optional<float> swish_pass_alpha;
 
   // Takes the primitive and its layouts from pd and binds the argument memories. packed: the
   // constant weights (packed now, once per layout), or nullptr when W is a runtime input.

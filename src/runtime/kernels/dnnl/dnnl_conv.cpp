@@ -16,6 +16,7 @@
 #include "runtime/kernels/dnnl/implementation_choice.h"
 #include "runtime/kernels/dnnl/dnnl_kernels.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
+#include "runtime/kernels/elementwise/swish_avx512.h"
 
 namespace slimquant::runtime::dnnl_kernels {
 
@@ -172,16 +173,21 @@ class ConvKernel final : public Kernel {
     // Neighbours exchanging blocked tensors make the blocked path reorder-free; a fused sum needs it
     // too (the GEMM path's post-ops are scalar loops).
     const bool blocked = x_layout || out_blocked || sum || prefer_blocked(ws, p.out_shape, group, a.strides);
+    // A Swish that ends the chain (no residual sum after it) runs as our own pass over the output.
+    const fused_ops::FusedActivation act = fused_ops::FusedActivation::parse(node_);
+    if (act.kind == fused_ops::Activation::kSwish && !act.has_post_affine() && !act.has_post_clamp() && !sum &&
+        ew::swish_pass_available())
+      p.swish_pass_alpha = act.alpha;
     dnnl::primitive_attr attr = base_attr();
     if (blocked) {
       dnnl::post_ops ops;
-      append_fused_activation(ops, node_);
+      if (!p.swish_pass_alpha) append_fused_activation(ops, node_);
       if (sum) {
         ops.append_sum(1.f);
         append_sum_activation(ops);
       }
       attr.set_post_ops(ops);
-    } else {
+    } else if (!p.swish_pass_alpha) {
       // The plain layout runs GEMM-based convolution, whose post-ops are scalar: a separate JIT
       // eltwise pass over the output is several times faster.
       p.activations = make_activation_primitives(node_, p.dst_user);

@@ -18,6 +18,7 @@
 
 #include "runtime/kernels/dnnl/dnnl_common.h"
 #include "runtime/kernels/dnnl/dnnl_kernels.h"
+#include "runtime/kernels/elementwise/avx512_exp.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
 
 namespace slimquant::runtime::dnnl_kernels {
@@ -30,23 +31,10 @@ namespace {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-// exp(x) for x <= 0 (x - row maximum), 16 lanes: n = round(x / ln2), r = x - n ln2 (ln2 in two
-// parts, exact), exp(r) by the degree-6 polynomial of ew::exp_f32 (Cephes' expf coefficients),
-// times 2^n by vscalefps; below -87.34 (exp under the normal range) 0; NaN stays NaN.
+// exp(x) for x <= 0 (x - row maximum): below the normal range 0; NaN stays NaN.
 __attribute__((target("avx512f"))) inline __m512 exp_nonpositive_avx512(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
-  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.33654022216797f), _CMP_LT_OQ);
-  return _mm512_maskz_scalef_ps(static_cast<__mmask16>(~underflow), p, n);
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(ew::kExpLowest), _CMP_LT_OQ);
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), ew::exp_in_range_avx512(x));
 }
 
 // y = exp(x - max x) / sum exp(x - max x) per row of n contiguous values: three passes over the row
