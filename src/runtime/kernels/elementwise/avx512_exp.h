@@ -1,9 +1,10 @@
 #pragma once
-// exp on 16 lanes for the hand-written AVX-512 kernels (softmax rows, the SiLU pass): n =
-// round(x / ln2), r = x - n ln2 (ln2 in two parts, exact), exp(r) by the degree-6 polynomial of
-// ew::exp_f32 (Cephes' expf coefficients), times 2^n by vscalefps. Within 2 ulp of expf over the
-// normal range, like ew::exp_f32. Callers compile with target("avx512f").
+// exp on 16 lanes for the hand-written AVX-512 kernels (softmax rows, the Swish pass): ew::exp_f32's
+// reduction and polynomial (its constants, elementwise_math.h), times 2^n by vscalefps. Within 2 ulp
+// of expf over the normal range, like ew::exp_f32. Callers compile with target("avx512f").
 #include <immintrin.h>
+
+#include "runtime/kernels/elementwise/elementwise_math.h"
 
 namespace slimquant::runtime::ew {
 
@@ -13,24 +14,17 @@ namespace slimquant::runtime::ew {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-// x in [-87.34, 88.72]: the caller clamps (or masks) beyond, and keeps NaN out or selects it back.
+// x in [kExpLowest, kExpHighest]: the caller clamps (or masks) beyond, and keeps NaN out or selects it back.
 __attribute__((target("avx512f"))) inline __m512 exp_in_range_avx512(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kExpLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kExpLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kExpLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpPoly[0]);
+  for (int i = 1; i < 6; ++i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpPoly[i]));
   p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
   return _mm512_scalef_ps(p, n);
 }
-
-inline constexpr float kExpLowest = -87.33654022216797f;  // below: exp under the normal range
-inline constexpr float kExpHighest = 88.72283935546875f;  // above: exp overflows
 
 #pragma GCC diagnostic pop
 

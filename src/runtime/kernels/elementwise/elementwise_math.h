@@ -57,31 +57,39 @@ template <typename T> SQ_ELEMENT_FN T clamp_t(T x, T lo, T hi) {
   return select(v > hi, hi, v);
 }
 
+// exp's constants (Cephes expf), shared with the AVX-512 kernels' exp_in_range_avx512: ln2 in two
+// parts (the high one exact in 10 bits, so n * kExpLn2Hi is exact), the degree-6 polynomial's
+// coefficients from the highest power down, and the input range past which exp overflows (+inf) or
+// falls under the normal range (0).
+inline constexpr float kExpLog2e = 1.44269504088896341f, kExpLn2Hi = 0.693359375f, kExpLn2Lo = -2.12194440e-4f;
+inline constexpr float kExpPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                      4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+inline constexpr float kExpHighest = 88.72283935546875f, kExpLowest = -87.33654022216797f;
+
 // exp(x) = 2^n * exp(r), n = round(x / ln2), |r| <= ln2 / 2, exp(r) by a degree-6 polynomial
 // (Cephes expf coefficients). Overflow gives +inf, underflow below the normal range gives 0.
 SQ_ELEMENT_FN float exp_f32(float x) {
-  constexpr float kHi = 88.72283935546875f, kLo = -87.33654022216797f;
   // NaN is kept out of the reduction: converting it to int32_t below is undefined behaviour (found by
   // UBSan). The result for NaN is x itself, selected at the end.
-  const float xc = clamp_t(select(x != x, 0.f, x), kLo, kHi);
-  float n = xc * 1.44269504088896341f;
+  const float xc = clamp_t(select(x != x, 0.f, x), kExpLowest, kExpHighest);
+  float n = xc * kExpLog2e;
   n = (n + 12582912.f) - 12582912.f;  // round to nearest integer (|n| <= 128)
-  float r = xc - n * 0.693359375f;    // ln2 split in two parts for an exact reduction
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  float r = xc - n * kExpLn2Hi;       // ln2 split in two parts for an exact reduction
+  r = r - n * kExpLn2Lo;
+  float p = kExpPoly[0];
+  p = p * r + kExpPoly[1];
+  p = p * r + kExpPoly[2];
+  p = p * r + kExpPoly[3];
+  p = p * r + kExpPoly[4];
+  p = p * r + kExpPoly[5];
   p = p * r * r + r + 1.0f;
   // 2^n for n in [-126, 128]: 2^128 is not representable, so fold one factor 2 into p.
   const float big = select(n > 127.5f, 1.f, 0.f);
   p = p + p * big;
   const int32_t e = (static_cast<int32_t>(n - big) + 127) << 23;
   float y = p * std::bit_cast<float>(e);
-  y = select(x > kHi, std::numeric_limits<float>::infinity(), y);
-  y = select(x < kLo, 0.f, y);
+  y = select(x > kExpHighest, std::numeric_limits<float>::infinity(), y);
+  y = select(x < kExpLowest, 0.f, y);
   return select(x != x, x, y);
 }
 
