@@ -361,7 +361,10 @@ INSTANTIATE_TEST_SUITE_P(Int8W7, FusedKernel, ::testing::Values(SQ_KERNEL_CASES_
       KernelCase{"gemm_hardswish_f32", "Gemm", kU8, 0, "HardSwish", kF32, 0, 1, 1, 0, 1, 1, compute, 9, 63},    \
       KernelCase{"matmul3d_sigmoid_u8", "MatMul", kS8, 0, "Sigmoid", kU8, 0, 1, 1, 0, 1, 0, compute, 9, 63},    \
       KernelCase{"conv_gelu_s8", "Conv", kU8, 0, "Gelu", kS8, -20, 1, 1, 1, 3, 0, compute, 9, 63},              \
-      KernelCase{"matmul3d_gelu_f32", "MatMul", kS8, 0, "Gelu", kF32, 0, 1, 1, 0, 1, 0, compute, 9, 63}
+      KernelCase{"matmul3d_gelu_f32", "MatMul", kS8, 0, "Gelu", kF32, 0, 1, 1, 0, 1, 0, compute, 9, 63},       \
+      /* quantized outputs after a Gelu: the AVX-512 pass fused with the rounding (gelu_avx512.h) */        \
+      KernelCase{"matmul3d_gelu_u8zp", "MatMul", kS8, 3, "Gelu", kU8, 9, 1, 1, 0, 1, 0, compute, 9, 63},     \
+      KernelCase{"gemm_gelu_s8", "Gemm", kU8, 0, "Gelu", kS8, -20, 1, 1, 0, 1, 1, compute, 9, 63}
 INSTANTIATE_TEST_SUITE_P(Activations, FusedKernel,
                          ::testing::Values(SQ_ACTIVATION_CASES("int8"), SQ_ACTIVATION_CASES("f32")), case_name);
 INSTANTIATE_TEST_SUITE_P(AutoW7, FusedKernel, ::testing::Values(SQ_KERNEL_CASES_W7("auto")), case_name);

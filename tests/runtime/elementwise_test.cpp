@@ -4,13 +4,17 @@
 // arbitrary axis sets, the vectorised exp/tanh/rounding, integer edge cases and fused activations.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "kernel_test_util.h"
 #include "runtime/fused_ops/fused_activation.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
+#include "runtime/kernels/elementwise/gelu_avx512.h"
 #include "runtime/kernels/elementwise/swish_avx512.h"
 
 namespace slimquant::runtime {
@@ -247,6 +251,52 @@ TEST(Elementwise, SwishPassMatchesTheClosedFormInDouble) {
         EXPECT_NEAR(got, want, (4e-7 + 6e-8 * std::fabs(t)) * std::fabs(want) + 1e-30)
             << "alpha " << alpha << " n " << n << " x " << v;
       }
+    }
+  }
+}
+
+TEST(Elementwise, GeluPassMatchesTheDefinitionInDouble) {
+  if (!ew::gelu_pass_available()) GTEST_SKIP() << "no AVX-512 on this CPU (oneDNN's gelu_erf runs instead)";
+  // Every interval of the table, its ends, the range's end (6), beyond it, and NaN.
+  std::vector<float> x;
+  for (int i = -1300; i <= 1300; ++i) x.push_back(static_cast<float>(i) * 0.00625f);  // [-8.125, 8.125]
+  for (float v : {-1000.f, 1000.f, 0.f, -0.f, 5.99999f, -5.99999f, 6.f, -6.f, 1e-20f, -1e-20f})
+    x.push_back(v);
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  const auto n = static_cast<int64_t>(x.size());  // not a multiple of 16: the masked tail runs
+  ASSERT_NE(n % 16, 0);
+  auto gelu = [](double v) { return 0.5 * v * std::erfc(-v / std::sqrt(2.0)); };
+  std::vector<float> y(x.size());
+  ew::gelu_affine_avx512(x.data(), y.data(), n, 1.f, 0.f);
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i])) {
+      EXPECT_TRUE(std::isnan(y[i]));
+      continue;
+    }
+    // Phi's table error times |x|, plus the rounding of the float products.
+    const double want = gelu(x[i]);
+    EXPECT_NEAR(y[i], want, 4e-8 * std::max(1.0, std::fabs(static_cast<double>(x[i]))) + 1.2e-7 * std::fabs(want))
+        << x[i];
+  }
+  // Fused with the output's quantization: y = saturate(round_half_even(gelu(v) / s + z)), u8 and
+  // s8; a code may differ from the double reference only where gelu(v) / s lies within the pass's
+  // error of a rounding tie.
+  const float scale = 0.03f;
+  for (const auto& [type, zero_point] : {std::pair{DType::kUInt8, 7}, std::pair{DType::kInt8, -20}}) {
+    std::vector<uint8_t> codes(x.size());
+    ew::gelu_requantize_avx512(x.data(), codes.data(), type, n, 1.f / scale, static_cast<float>(zero_point));
+    const double lo = type == DType::kUInt8 ? 0 : -128, hi = type == DType::kUInt8 ? 255 : 127;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double got = type == DType::kUInt8 ? codes[i] : static_cast<int8_t>(codes[i]);
+      if (std::isnan(x[i])) {
+        EXPECT_EQ(got, lo);  // saturate_round's NaN
+        continue;
+      }
+      const double v = gelu(x[i]) / scale + zero_point;
+      const double want = std::clamp(std::nearbyint(v), lo, hi);
+      const double tie_distance = std::fabs(v - std::floor(v) - 0.5);
+      if (tie_distance > 1e-5) EXPECT_EQ(got, want) << x[i];
+      else EXPECT_LE(std::fabs(got - want), 1.0) << x[i];
     }
   }
 }

@@ -15,6 +15,7 @@
 #include "runtime/kernels/dnnl/dnnl_common.h"
 #include "runtime/fused_ops/fused_activation.h"
 #include "runtime/kernels/dnnl/dnnl_kernels.h"
+#include "runtime/kernels/elementwise/gelu_avx512.h"
 
 namespace slimquant::runtime::dnnl_kernels {
 
@@ -31,6 +32,7 @@ struct MatmulPlan {
   // The fused activation run in place on Y when it is not a post-op (see activation_as_post_op).
   std::vector<dnnl::eltwise_forward> activations;
   std::unordered_map<int, memory> activation_args;
+  bool gelu_pass = false;  // a plain GELU: ew::gelu_affine_avx512 over Y instead
 
   // Binds the argument memories; packed: the constant weights, or nullptr for a runtime B.
   void bind(const dnnl::matmul::primitive_desc& pd, PackedWeights* packed, bool with_bias) {
@@ -60,6 +62,7 @@ struct MatmulPlan {
     prim.execute(s, args);
     for (const dnnl::eltwise_forward& act : activations) act.execute(s, activation_args);
     s.wait();
+    if (gelu_pass) ew::gelu_affine_avx512(y.data<float>(), y.data<float>(), y.numel(), 1.f, 0.f);
   }
 };
 
@@ -73,7 +76,11 @@ bool activation_as_post_op(const ir::Node& node) {
 
 // Puts the node's fused activation after the product: into ops, or as p.activations over Y.
 void add_activation(const ir::Node& node, dnnl::post_ops& ops, MatmulPlan& p) {
-  if (activation_as_post_op(node)) append_fused_activation(ops, node);
+  const fused_ops::FusedActivation f = fused_ops::FusedActivation::parse(node);
+  if (f.kind == fused_ops::Activation::kGelu && !f.has_post_affine() && !f.has_post_clamp() &&
+      ew::gelu_pass_available())
+    p.gelu_pass = true;
+  else if (activation_as_post_op(node)) append_fused_activation(ops, node);
   else p.activations = make_activation_primitives(node, p.dst);
 }
 

@@ -19,6 +19,7 @@
 #include "runtime/kernels/dnnl/dnnl_common.h"
 #include "runtime/kernels/dnnl/dnnl_kernels.h"
 #include "runtime/kernels/elementwise/avx512_exp.h"
+#include "runtime/kernels/elementwise/gelu_avx512.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
 
 namespace slimquant::runtime::dnnl_kernels {
@@ -185,8 +186,9 @@ class SoftmaxKernel final : public Kernel {
 
 namespace {
 
-// Gelu (erf form) over any float32 tensor: one JIT eltwise pass in place of the exported
-// Div/Erf/Add/Mul/Mul chain. The element order does not matter, so the tensor is viewed as 1-D.
+// Gelu (erf form) over any float32 tensor: one pass in place of the exported Div/Erf/Add/Mul/Mul
+// chain, our AVX-512 one where the CPU has it (ew::gelu_pass_available()), else oneDNN's JIT
+// eltwise. The element order does not matter, so the tensor is viewed as 1-D.
 class GeluErfKernel final : public Kernel {
  public:
   explicit GeluErfKernel(const KernelInit& init) : node_(init.node) { reject_fused_activation(node_); }
@@ -196,6 +198,10 @@ class GeluErfKernel final : public Kernel {
     require_float32(node_, x, "input");
     Tensor& y = ctx.allocate_output(0, DType::kFloat32, x.shape());
     if (y.numel() == 0) return;
+    if (ew::gelu_pass_available()) {  // the function the INT8 MatMul's fused GELU computes, and faster
+      ew::gelu_affine_avx512(x.data<float>(), y.data<float>(), x.numel(), 1.f, 0.f);
+      return;
+    }
     const Shape flat = {x.numel()};
     Plan& p = plans_.get({&flat}, [&] {
       Plan q;

@@ -9,6 +9,7 @@
 
 #include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/dnnl/dnnl_common.h"
+#include "runtime/kernels/elementwise/gelu_avx512.h"
 
 namespace slimquant::runtime::int8 {
 
@@ -441,7 +442,11 @@ void PrimitivePlan::run(const void* x, void* y, const void* w, const void* sum) 
   s.wait();
   auto* v = static_cast<float*>(dst_mem.get_data_handle());  // scratch: requantize_f32_per_channel scales it in place
   const auto n = static_cast<int64_t>(dst_desc.get_size() / sizeof(float));
-  if (requant_to != DType::kUndefined && requant_channel_factor)
+  if (gelu_epilogue) {
+    SQ_CHECK(!requant_channel_factor && !dst_reorder, ErrorKind::kInternal, "GELU pass on a reordered dst");
+    if (requant_to != DType::kUndefined) ew::gelu_requantize_avx512(v, y, requant_to, n, gelu_scale, gelu_shift);
+    else ew::gelu_affine_avx512(v, v, n, gelu_scale, gelu_shift);
+  } else if (requant_to != DType::kUndefined && requant_channel_factor)
     requantize_f32_per_channel(v, y, requant_to, n, requant_channel_factor, requant_channels, requant_inner,
                                requant_block);
   else if (requant_to != DType::kUndefined)

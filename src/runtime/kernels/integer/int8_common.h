@@ -227,6 +227,11 @@ struct PrimitivePlan {
   bool set_requant_channel_factor(const float* factor);
   const float* requant_channel_factor = nullptr;
   int64_t requant_channels = 0, requant_inner = 1, requant_block = 1;  // dst: [N, C/block, inner, block]
+  // A GELU the primitive left out (its dst is f32 and real-valued), run by the AVX-512 pass
+  // (ew::gelu_pass_available()) fused with what follows it: y = gelu(v) * gelu_scale + gelu_shift,
+  // rounded and saturated for a u8/s8 y (requant_to), in place for an f32 y. Set after finish().
+  bool gelu_epilogue = false;
+  float gelu_scale = 1.f, gelu_shift = 0.f;
   // Plain u8/s8 -> plain f32 (Compute::kF32 matmul inputs) is converted by integers_to_f32, not a
   // reorder primitive: the same speed on large tensors, none of a primitive's call overhead on the
   // small ones (attention at batch 1).

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <string>
 
+#include "runtime/kernels/elementwise/gelu_avx512.h"
 #include "runtime/kernels/integer/int8_common.h"
 #include "runtime/kernels/integer/int8_reference.h"
 
@@ -129,6 +130,16 @@ class QLinearMatMulKernel final : public Kernel {
     p.prim.src_user = memory::desc({p.m, k_}, dnnl_type(x_type), trans_x_ ? tag::ba : tag::ab);
     p.prim.dst_user = memory::desc({p.m, n_}, dnnl_type(q_.y.dtype), tag::ab);
     const MatMulPlan base = p;
+    // A GELU runs as the AVX-512 pass after the primitive (PrimitivePlan::gelu_epilogue): the
+    // primitive then writes real values (v, bias included) in f32 and has no post-ops.
+    const bool gelu_pass = q_.activation == Activation::kGelu && !q_.y_per_channel() && ew::gelu_pass_available();
+    QLinearAttrs q_primitive = q_;
+    if (gelu_pass) {
+      q_primitive.activation = Activation::kNone;
+      q_primitive.post_scale = 1.f;
+      q_primitive.post_shift = 0.f;
+      q_primitive.y = QLinearAttrs::unit_param(DType::kFloat32);
+    }
     // Completes p with an int8 or f32 primitive; false when oneDNN has none (or, for int8, only its
     // reference implementation).
     // shift: an s8 x read as u8 x + 128 with a constant zero point z_x + 128 (shifted_u8_source()).
@@ -137,9 +148,10 @@ class QLinearMatMulKernel final : public Kernel {
       const memory::desc src_md = !int8 ? memory::desc({p.m, k_}, dt::f32, tag::ab)
                                   : shift ? memory::desc({p.m, k_}, dt::u8, tag::ab)
                                           : p.prim.src_user;
-      const memory::desc dst_md = int8 ? p.prim.dst_user : memory::desc({p.m, n_}, dt::f32, tag::ab);
+      const memory::desc dst_md =
+          int8 && !gelu_pass ? p.prim.dst_user : memory::desc({p.m, n_}, dt::f32, tag::ab);
       const memory::desc wei_md({k_, n_}, int8 ? dt::s8 : dt::f32, tag::any);
-      dnnl::primitive_attr attr = make_attr(q_, requant_, 1 << 1);
+      dnnl::primitive_attr attr = make_attr(q_primitive, requant_, 1 << 1);
       if (shift) attr.set_zero_points(DNNL_ARG_SRC, 0, {q_.x.zero_point[0] + 128});
       else if (int8 && q_.x.zero_point[0] != 0) attr.set_zero_points(DNNL_ARG_SRC, 0, {DNNL_RUNTIME_S32_VAL});
       try {
@@ -152,6 +164,13 @@ class QLinearMatMulKernel final : public Kernel {
             int8 ? PrimitivePlan::ZeroPointAt::kPrimitive : PrimitivePlan::ZeroPointAt::kSrcReorder);
       } catch (const dnnl::error&) {
         return false;
+      }
+      if (gelu_pass) {
+        // y = gelu(v) * post_scale / s_y + post_shift / s_y + z_y (s_y 1 and z_y 0 for an f32 y).
+        const float inv = 1.f / q_.y_tensor_scale();
+        p.prim.gelu_epilogue = true;
+        p.prim.gelu_scale = q_.post_scale * inv;
+        p.prim.gelu_shift = q_.post_shift * inv + static_cast<float>(q_.y_tensor_zero_point());
       }
       return true;
     };
