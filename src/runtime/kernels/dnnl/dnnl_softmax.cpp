@@ -38,11 +38,59 @@ __attribute__((target("avx512f"))) inline __m512 exp_nonpositive_avx512(__m512 x
   return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), ew::exp_in_range_avx512(x));
 }
 
-// y = exp(x - max x) / sum exp(x - max x) per row of n contiguous values: three passes over the row
-// while it is in L1 (the maximum; the exponentials, stored, and their sum; one multiply by the
-// reciprocal of the sum), the row's last partial vector under a mask. A NaN in a row makes the row
-// NaN (through its exponential and the sum), as the ONNX definition does.
+// Rows of n <= 16 V values, R at a time, each row held in V registers from its load to its store
+// (masked lanes read as -inf, whose exponential is 0). In rows this short the two horizontal
+// reductions' latency dominates; R independent rows overlap theirs. Attention at ViT-small sizes
+// (rows of 50): 0.19 -> 0.14 ms for [32, 4, 50, 50] (four rows at a time; two: 0.15 ms).
+template <int V, int R>
+__attribute__((target("avx512f"))) inline void softmax_short_rows(const float* x, float* y, int64_t n,
+                                                                  __mmask16 last) {
+  __m512 v[R][V], m[R], sum[R];
+  for (int r = 0; r < R; ++r) {
+    const float* row = x + r * n;
+    for (int j = 0; j + 1 < V; ++j) v[r][j] = _mm512_loadu_ps(row + 16 * j);
+    v[r][V - 1] = _mm512_mask_loadu_ps(_mm512_set1_ps(-__builtin_inff()), last, row + 16 * (V - 1));
+    __m512 hi = v[r][0];
+    for (int j = 1; j < V; ++j) hi = _mm512_max_ps(hi, v[r][j]);
+    m[r] = _mm512_set1_ps(_mm512_reduce_max_ps(hi));
+  }
+  for (int r = 0; r < R; ++r) {
+    sum[r] = _mm512_setzero_ps();
+    for (int j = 0; j < V; ++j) {
+      v[r][j] = exp_nonpositive_avx512(_mm512_sub_ps(v[r][j], m[r]));
+      sum[r] = _mm512_add_ps(sum[r], v[r][j]);
+    }
+    sum[r] = _mm512_set1_ps(1.f / _mm512_reduce_add_ps(sum[r]));
+  }
+  for (int r = 0; r < R; ++r) {
+    float* row = y + r * n;
+    for (int j = 0; j + 1 < V; ++j) _mm512_storeu_ps(row + 16 * j, _mm512_mul_ps(v[r][j], sum[r]));
+    _mm512_mask_storeu_ps(row + 16 * (V - 1), last, _mm512_mul_ps(v[r][V - 1], sum[r]));
+  }
+}
+
+template <int V>
+__attribute__((target("avx512f"))) void softmax_short_rows(const float* x, float* y, int64_t rows, int64_t n) {
+  constexpr int kRows = 4;
+  const auto last = static_cast<__mmask16>(0xffffu >> (16 * V - n));
+  int64_t r = 0;
+  for (; r + kRows <= rows; r += kRows) softmax_short_rows<V, kRows>(x + r * n, y + r * n, n, last);
+  for (; r < rows; ++r) softmax_short_rows<V, 1>(x + r * n, y + r * n, n, last);
+}
+
+// y = exp(x - max x) / sum exp(x - max x) per row of n contiguous values. Rows of up to 64 values
+// stay in registers (above); longer ones take three passes over the row while it is in L1 (the
+// maximum; the exponentials, stored, and their sum; one multiply by the reciprocal of the sum), the
+// row's last partial vector under a mask. A NaN in a row makes the row NaN (through its
+// exponential and the sum), as the ONNX definition does.
 __attribute__((target("avx512f"))) void softmax_rows_avx512(const float* x, float* y, int64_t rows, int64_t n) {
+  switch ((n + 15) / 16) {
+    case 1: return softmax_short_rows<1>(x, y, rows, n);
+    case 2: return softmax_short_rows<2>(x, y, rows, n);
+    case 3: return softmax_short_rows<3>(x, y, rows, n);
+    case 4: return softmax_short_rows<4>(x, y, rows, n);
+    default: break;
+  }
   const int64_t full = n / 16 * 16;
   const auto tail = static_cast<__mmask16>((1u << (n - full)) - 1u);
   for (int64_t r = 0; r < rows; ++r, x += n, y += n) {
