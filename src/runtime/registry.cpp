@@ -40,6 +40,7 @@ uint32_t KernelFolds::prologue_inputs(Fold prologue) const {
     case Fold::kDequantizedInput: return dequantized_inputs;
     case Fold::kScaledInput: return scaled_inputs;
     case Fold::kUpsampledInput: return upsampled_inputs;
+    case Fold::kTransposedInput: return transposed_inputs;
     default: return 0;
   }
 }

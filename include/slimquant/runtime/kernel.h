@@ -121,6 +121,7 @@ enum class Fold : uint8_t {
   kDequantizedInput,  // the 8-bit codes of a per-tensor u8/s8 DequantizeLinear, dequantizing as it goes
   kScaledInput,       // x of x * s, s per (n, c) or scalar: the factor becomes one more input (one per node)
   kUpsampledInput,    // the source of a nearest integer-factor Resize (one per node)
+  kTransposedInput,   // the input of a Transpose, read through its permutation (a strided view)
   // Output epilogues, in the order they apply (a node takes none after one of a later stage):
   kActivation,      // one fused_ops::Activation of those declared
   kPostAffine,      // a scalar Mul / Add after that activation
@@ -131,7 +132,7 @@ enum class Fold : uint8_t {
 
 struct KernelFolds {
   // Prologues: bit k set when input k may be read through the prologue.
-  uint32_t dequantized_inputs = 0, scaled_inputs = 0, upsampled_inputs = 0;
+  uint32_t dequantized_inputs = 0, scaled_inputs = 0, upsampled_inputs = 0, transposed_inputs = 0;
   // Epilogues. activations: bit a set when fused_ops::Activation a may follow.
   uint32_t activations = 0;
   bool post_affine = false, post_clamp = false, tensor_quantize = false, channel_quantize = false;

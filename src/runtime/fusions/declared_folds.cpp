@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "runtime/fused_ops/fused_activation.h"
+#include "runtime/fused_ops/transposed_input.h"
 #include "runtime/kernels/elementwise/elementwise_common.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
 #include "slimquant/ir/qdq_params.h"
@@ -221,6 +222,7 @@ struct ProducerForm {
   std::string factor;               // kScaledInput: s
   Shape shape;                      // kScaledInput: x's; kUpsampledInput: the upsampled value's
   std::vector<int64_t> factors;     // kUpsampledInput: {kh, kw}
+  std::vector<int64_t> perm;        // kTransposedInput: the Transpose's permutation
 };
 
 // A factor the elementwise kernels apply per (n, c) or to everything: [N|1, C|1, 1, 1] against
@@ -293,6 +295,21 @@ std::optional<ProducerForm> producer_form(const ir::Graph& g, Fold prologue, con
       form.shape = *upsampled;
       return form;
     }
+    case Fold::kTransposedInput: {
+      // An explicit permutation of a non-constant value (constant Transposes fold away before
+      // this; the default reversed order needs the rank, which the attribute names).
+      if (!ir::is_onnx_op(p, "Transpose") || p.inputs.size() != 1 || !p.has_attr("perm") ||
+          g.is_initializer(p.inputs[0]))
+        return std::nullopt;
+      form.perm = p.attr_ints("perm");
+      std::vector<bool> seen(form.perm.size(), false);
+      for (int64_t d : form.perm) {
+        if (d < 0 || d >= static_cast<int64_t>(form.perm.size()) || seen[static_cast<size_t>(d)]) return std::nullopt;
+        seen[static_cast<size_t>(d)] = true;
+      }
+      form.source = p.inputs[0];
+      return form;
+    }
     default:
       return std::nullopt;
   }
@@ -335,7 +352,7 @@ std::optional<PrologueMatch> select_prologue(const ir::Rewriter& rw, int i, Fold
   PrologueMatch m{i, rw.readers(v), std::move(*form)};
   if (m.readers.empty()) return std::nullopt;
   // Scaled and upsampled inputs are one per node: their attribute names a single input.
-  const bool one_per_node = prologue != Fold::kDequantizedInput;
+  const bool one_per_node = prologue == Fold::kScaledInput || prologue == Fold::kUpsampledInput;
   for (int r : m.readers) {
     const ir::Node& reader = rw.node(r);
     const KernelFolds& f = folds_of(reader);
@@ -372,6 +389,9 @@ void apply_prologue(ir::Rewriter& rw, Fold prologue, const PrologueMatch& m) {
         case Fold::kUpsampledInput:
           reader.attrs[ew::kNearestUpsampledInput] = static_cast<int64_t>(k);
           reader.attrs[ew::kNearestUpsampleFactors] = m.form.factors;
+          break;
+        case Fold::kTransposedInput:
+          reader.attrs[fused_ops::transposed_input_attr(k)] = m.form.perm;
           break;
         default:
           break;

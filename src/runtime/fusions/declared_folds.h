@@ -18,7 +18,8 @@ namespace slimquant::runtime {
 ir::Rule epilogue_fold_rule(std::string name, std::initializer_list<Fold> epilogues);
 
 // Anchored at a producer of `prologue`'s form (kDequantizedInput: a per-tensor u8/s8
-// DequantizeLinear; kScaledInput: x * s; kUpsampledInput: a nearest integer-factor Resize): folds
+// DequantizeLinear; kScaledInput: x * s; kUpsampledInput: a nearest integer-factor Resize;
+// kTransposedInput: a Transpose with an explicit perm): folds
 // it into all its readers when every one of them accepts it at every input that reads it.
 ir::Rule prologue_fold_rule(std::string name, Fold prologue);
 

@@ -192,6 +192,7 @@ std::vector<ir::Rule> execution_fusion_rules() {
       // After the residual sums (a QConv's quantized sum) and the MatMul bias (whose Add it would take).
       epilogue_fold_rule("fold_output_quantize", {Fold::kTensorQuantize, Fold::kChannelQuantize}),
       prologue_fold_rule("fold_upsampled_input", Fold::kUpsampledInput),
+      prologue_fold_rule("fold_transposed_input", Fold::kTransposedInput),
       prologue_fold_rule("fold_scaled_input", Fold::kScaledInput),
       // Last: codes read under a scaled input (x + x * s of a squeeze-excitation), not under an upsampling.
       prologue_fold_rule("fold_dequantized_input", Fold::kDequantizedInput),

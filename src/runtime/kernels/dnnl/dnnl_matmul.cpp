@@ -9,13 +9,20 @@
 // MatMul (opsets 1-13): numpy semantics. 1-D operands are promoted ([K] -> [1, K] for A,
 // [K] -> [K, 1] for B) and the added dim dropped from Y; batch dims broadcast (ranks may differ).
 // With a constant 2-D B (a Linear layer's weights) all leading dims of A fold into M: one GEMM with
-// the packed weights.
+// the packed weights. A Transpose the plan folded into A or B (Fold::kTransposedInput: attention's
+// head splits, K^T) is read through its strides; where the primitive cannot take those strides
+// (no unit stride in the matrix, A's rows not one stride apart before a 2-D B, or only oneDNN's
+// reference kernel), the input is transposed into scratch first, the copy the Transpose made.
 #include <algorithm>
+#include <array>
+#include <optional>
 
 #include "runtime/kernels/dnnl/dnnl_common.h"
 #include "runtime/fused_ops/fused_activation.h"
 #include "runtime/kernels/dnnl/dnnl_kernels.h"
+#include "runtime/fused_ops/transposed_input.h"
 #include "runtime/kernels/elementwise/gelu_avx512.h"
+#include "runtime/kernels/shape/shape_common.h"
 
 namespace slimquant::runtime::dnnl_kernels {
 
@@ -33,6 +40,9 @@ struct MatmulPlan {
   std::vector<dnnl::eltwise_forward> activations;
   std::unordered_map<int, memory> activation_args;
   bool gelu_pass = false;  // a plain GELU: ew::gelu_affine_avx512 over Y instead
+  // MatMul inputs A and B read through a folded Transpose but copied transposed first (their
+  // descriptors then describe the copy): the permutation; empty otherwise.
+  std::array<std::vector<int64_t>, 2> copy_perm;
 
   // Binds the argument memories; packed: the constant weights, or nullptr for a runtime B.
   void bind(const dnnl::matmul::primitive_desc& pd, PackedWeights* packed, bool with_bias) {
@@ -53,9 +63,13 @@ struct MatmulPlan {
   }
 
   void run(const Tensor& a, const Tensor* b, const Tensor* bias_tensor, Tensor& y) {
-    src_mem.set_data_handle(const_cast<void*>(a.raw()));
-    if (runtime_weights) weights_mem.set_data_handle(const_cast<void*>(b->raw()));
-    if (bias_tensor) bias_mem.set_data_handle(const_cast<void*>(bias_tensor->raw()));
+    run(a.raw(), b ? b->raw() : nullptr, bias_tensor ? bias_tensor->raw() : nullptr, y);
+  }
+  // b: runtime weights (unused when packed); bias: nullptr without one.
+  void run(const void* a, const void* b, const void* bias, Tensor& y) {
+    src_mem.set_data_handle(const_cast<void*>(a));
+    if (runtime_weights) weights_mem.set_data_handle(const_cast<void*>(b));
+    if (bias) bias_mem.set_data_handle(const_cast<void*>(bias));
     dst_mem.set_data_handle(y.raw());
     bind_scratchpad(scratchpad_mem);
     dnnl::stream& s = dnnl_stream();
@@ -250,6 +264,11 @@ class MatMulKernel final : public Kernel {
  public:
   explicit MatMulKernel(const KernelInit& init) : node_(init.node) {
     check_fused_activation(node_);
+    for (size_t k = 0; k < 2; ++k) {
+      perm_[k] = fused_ops::transposed_input_perm(node_, k).value_or(std::vector<int64_t>{});
+      if (!perm_[k].empty() && init.constant_input(k))
+        fail(ErrorKind::kInvalidModel, node_.describe() + ": a transposed input must not be a constant");
+    }
     if (const Tensor* b = init.constant_input(1)) {
       require_float32(node_, *b, "input B");
       const_b_shape_ = b->shape();
@@ -271,14 +290,32 @@ class MatMulKernel final : public Kernel {
                                [&] { return make_plan(a.shape(), bs, bias ? &bias->shape() : nullptr); });
     Tensor& y = ctx.allocate_output(0, DType::kFloat32, p.out_shape);
     if (y.numel() == 0) return;
-    p.run(a, b, bias, y);
+    // Inputs whose folded Transpose the primitive cannot read through: transposed into scratch.
+    const void* data[2] = {a.raw(), b ? b->raw() : nullptr};
+    const Tensor* stored[2] = {&a, b};
+    for (size_t k = 0; k < 2; ++k) {
+      if (p.copy_perm[k].empty()) continue;
+      void* copy = dnnl_scratch(k == 0 ? DnnlScratch::kSrc : DnnlScratch::kWeights, stored[k]->nbytes());
+      shape::transpose_bytes(copy, data[k], stored[k]->shape(), p.copy_perm[k], sizeof(float));
+      data[k] = copy;
+    }
+    p.run(data[0], data[1], bias ? bias->raw() : nullptr, y);
   }
 
  private:
   static constexpr size_t kFusedBias = 2;
 
-  MatmulPlan make_plan(const Shape& as, const Shape& bs, const Shape* bias) {
+  // as, bs: the inputs as stored (before a folded Transpose).
+  MatmulPlan make_plan(const Shape& as_stored, const Shape& bs_stored, const Shape* bias) {
     const std::string what = node_.describe();
+    for (size_t k = 0; k < 2; ++k)
+      if (!perm_[k].empty() && perm_[k].size() != (k == 0 ? as_stored : bs_stored).size())
+        fail(ErrorKind::kInvalidArgument, what + ": input " + std::to_string(k) + " of shape " +
+                                              shape_str(k == 0 ? as_stored : bs_stored) +
+                                              " does not fit the folded Transpose's permutation");
+    // The logical inputs and the element strides reading them from the stored tensors.
+    const Shape as = permuted(as_stored, perm_[0]), bs = permuted(bs_stored, perm_[1]);
+    const Dims a_strides = permuted(strides_of(as_stored), perm_[0]), b_strides = permuted(strides_of(bs_stored), perm_[1]);
     if (as.empty() || bs.empty())
       fail(ErrorKind::kInvalidArgument, what + ": inputs must have rank >= 1, got A " + shape_str(as) + " and B " +
                                             shape_str(bs));
@@ -328,28 +365,82 @@ class MatMulKernel final : public Kernel {
       wei_dims = padded(b_batch, k, n);
       dst_dims = padded(out_batch, m, n);
     }
-    p.src = memory::desc(src_dims, dt::f32, strides_of(src_dims));
-    p.dst = memory::desc(dst_dims, dt::f32, strides_of(dst_dims));
-    dnnl::primitive_attr attr = base_attr();
-    dnnl::post_ops ops;
-    add_activation(node_, ops, p);
-    attr.set_post_ops(ops);
-    memory::desc wei_md = const_b ? memory::desc(wei_dims, dt::f32, memory::format_tag::any)
-                                  : memory::desc(wei_dims, dt::f32, strides_of(wei_dims));
-    if (bias) {
-      if (!b_batch.empty() || bias->size() != 1 || (*bias)[0] != n || bs.size() < 2)
-        fail(ErrorKind::kInternal, what + ": fused bias " + shape_str(*bias) + " needs a 2-D B with " +
-                                       std::to_string(n) + " columns, B is " + shape_str(bs));
-      Dims bias_dims(dst_dims.size(), 1);
-      bias_dims.back() = n;
-      p.bias = memory::desc(bias_dims, dt::f32, strides_of(bias_dims));
+    // A transposed input's strides, where the primitive can take them: as src_dims / wei_dims
+    // (1-D promotion and leading 1s add size-1 dims, whose stride does not matter).
+    auto view_strides = [](const Dims& dims, const Shape& logical, const Dims& strides) -> std::optional<Dims> {
+      Dims out(dims.size(), 0);
+      // Align the logical dims to the right end, the 2-D case by collapsing all but the last.
+      if (dims.size() == 2 && logical.size() > 2) {
+        // Rows one stride apart: each non-1 dim before the last steps over the next one's extent.
+        int64_t row_stride = -1, expect = -1;
+        for (size_t d = logical.size() - 1; d-- > 0;) {
+          if (logical[d] == 1) continue;
+          if (row_stride < 0) row_stride = strides[d];
+          else if (strides[d] != expect) return std::nullopt;
+          expect = strides[d] * logical[d];
+        }
+        out = {row_stride < 0 ? 1 : row_stride, strides.back()};
+      } else {
+        const size_t shift = dims.size() - logical.size();  // leading 1s, or 0
+        for (size_t d = 0; d < logical.size(); ++d) out[shift + d] = strides[d];
+        for (size_t d = 0; d < shift; ++d) out[d] = 1;
+      }
+      // oneDNN's matmul needs one of the matrix dims contiguous.
+      const size_t r = out.size();
+      if (out[r - 1] != 1 && out[r - 2] != 1 && dims[r - 1] != 1 && dims[r - 2] != 1) return std::nullopt;
+      return out;
+    };
+    auto make = [&](bool use_views) {
+      MatmulPlan q = p;
+      std::optional<Dims> sa = perm_[0].empty() || !use_views ? std::nullopt : view_strides(src_dims, as, a_strides);
+      std::optional<Dims> sb = perm_[1].empty() || !use_views || as.size() == 1 || bs.size() == 1
+                                   ? std::nullopt
+                                   : view_strides(wei_dims, bs, b_strides);
+      if (use_views && as.size() == 1) sa.reset();
+      if (!perm_[0].empty() && !sa) q.copy_perm[0] = perm_[0];
+      if (!perm_[1].empty() && !sb) q.copy_perm[1] = perm_[1];
+      q.src = memory::desc(src_dims, dt::f32, sa ? *sa : strides_of(src_dims));
+      q.dst = memory::desc(dst_dims, dt::f32, strides_of(dst_dims));
+      dnnl::primitive_attr attr = base_attr();
+      dnnl::post_ops ops;
+      add_activation(node_, ops, q);
+      attr.set_post_ops(ops);
+      memory::desc wei_md = const_b ? memory::desc(wei_dims, dt::f32, memory::format_tag::any)
+                                    : memory::desc(wei_dims, dt::f32, sb ? *sb : strides_of(wei_dims));
+      if (bias) {
+        if (!b_batch.empty() || bias->size() != 1 || (*bias)[0] != n || bs.size() < 2)
+          fail(ErrorKind::kInternal, what + ": fused bias " + shape_str(*bias) + " needs a 2-D B with " +
+                                         std::to_string(n) + " columns, B is " + shape_str(bs));
+        Dims bias_dims(dst_dims.size(), 1);
+        bias_dims.back() = n;
+        q.bias = memory::desc(bias_dims, dt::f32, strides_of(bias_dims));
+      }
+      auto pd = make_matmul_pd(node_, q.src, wei_md, bias ? &q.bias : nullptr, q.dst, attr);
+      const bool viewed = sa || sb;
+      if (viewed && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return std::optional<MatmulPlan>{};
+      q.bind(pd, const_b ? &packed_b_ : nullptr, bias != nullptr);
+      return std::optional<MatmulPlan>{std::move(q)};
+    };
+    if (perm_[0].empty() && perm_[1].empty()) return *make(false);
+    // Through the strides where oneDNN takes them with a real kernel, else from transposed copies.
+    try {
+      if (std::optional<MatmulPlan> viewed = make(true)) return std::move(*viewed);
+    } catch (const Error&) {
     }
-    auto pd = make_matmul_pd(node_, p.src, wei_md, bias ? &p.bias : nullptr, p.dst, attr);
-    p.bind(pd, const_b ? &packed_b_ : nullptr, bias != nullptr);
-    return p;
+    return *make(false);
+  }
+
+  // dims[perm[d]] for each d (no perm: dims).
+  template <class V>
+  static V permuted(const V& dims, const std::vector<int64_t>& perm) {
+    if (perm.empty()) return dims;
+    V out(perm.size());
+    for (size_t d = 0; d < perm.size(); ++d) out[d] = dims[static_cast<size_t>(perm[d])];
+    return out;
   }
 
   const ir::Node node_;
+  std::array<std::vector<int64_t>, 2> perm_;  // a Transpose folded into A / B (empty: none)
   Shape const_b_shape_;
   PackedWeights packed_b_;
   Tensor const_b_vector_;
