@@ -74,8 +74,15 @@ TEST(DynamicMatMulFusion, FusedEqualsOpByOpAndTheClosedForm) {
     ir::Graph fused = g;
     const ir::RuleCounts counts = runtime::apply_execution_fusions(fused, {"x", "y", "y2"});
     EXPECT_EQ(ir::count_of(counts, "fuse_dynamic_matmul"), 2);
-    ASSERT_EQ(fused.nodes.size(), 2u) << "one node per MatMul; the shared DynamicQuantizeLinear is gone";
-    for (const auto& nd : fused.nodes) EXPECT_EQ(nd.op_type, "DynamicQuantMatMul");
+    // One node per MatMul, both reading the shared DynamicQuantizeLinear's codes (x quantized once).
+    ASSERT_EQ(fused.nodes.size(), 3u);
+    EXPECT_EQ(fused.nodes[0].op_type, "DynamicQuantizeLinear");
+    for (size_t i = 1; i < 3; ++i) {
+      EXPECT_EQ(fused.nodes[i].op_type, "DynamicQuantMatMul");
+      EXPECT_EQ(fused.nodes[i].inputs, (std::vector<std::string>{"xq", i == 1 ? "w" : "w2", "w_zero_point",
+                                                                 i == 1 ? "w_scale" : "w2_scale", i == 1 ? "b" : "",
+                                                                 "xs", "xz"}));
+    }
   }
   runtime::SessionOptions unfused_options;
   unfused_options.fuse_activations = false;

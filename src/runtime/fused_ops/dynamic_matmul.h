@@ -20,6 +20,17 @@ inline constexpr const char* kDynamicConv = "DynamicQuantConv";
 
 // x: float32 [..., K]; w: constant s8 [K, N]; w_zero_point: constant zeros (one or N) or absent;
 // w_scale: constant float32, one or N values; bias: constant float32, one or N values, or absent.
-enum DynamicMatMulInput : size_t { kDynamicX, kDynamicW, kDynamicWZeroPoint, kDynamicWScale, kDynamicBias };
+// MatMul only: x may instead be the u8 codes of a DynamicQuantizeLinear that several MatMuls read
+// (attention's q, k and v), with its scale and zero point as x_scale and x_zero_point: the codes
+// are computed once for all of them.
+enum DynamicMatMulInput : size_t {
+  kDynamicX,
+  kDynamicW,
+  kDynamicWZeroPoint,
+  kDynamicWScale,
+  kDynamicBias,
+  kDynamicXScale,
+  kDynamicXZeroPoint
+};
 
 }  // namespace slimquant::runtime::fused_ops

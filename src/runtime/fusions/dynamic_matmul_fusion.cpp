@@ -12,6 +12,9 @@ struct DynamicMatMul {
   int quantize = -1, matmul = -1, cast = -1, scales = -1, scale = -1, bias_add = -1;
   std::string x, w, w_zero_point, w_scale, bias, output;
   bool conv = false;
+  // The DynamicQuantizeLinear's codes feed other readers too: the fused MatMul reads its codes,
+  // scale and zero point (computed once) instead of quantizing x again.
+  bool shared_codes = false;
 };
 
 // A float32 initializer of one or n values.
@@ -54,6 +57,7 @@ std::optional<DynamicMatMul> select_dynamic_matmul(const ir::Rewriter& rw, int i
       !rw.is_private(dq.outputs[0]))
     return std::nullopt;
   m.x = dq.inputs[0];
+  m.shared_codes = !conv && rw.readers(dq.outputs[0]).size() > 1;
   // Constant symmetric s8 weights [K, N].
   m.w = mm.inputs[1];
   const Tensor* w = g.initializer(m.w);
@@ -105,7 +109,9 @@ void fuse_dynamic_matmul(ir::Rewriter& rw, const DynamicMatMul& m) {
   if (m.conv) fused.attrs = rw.node(m.matmul).attrs;
   fused.domain = fused_ops::kDynamicMatMulDomain;
   fused.name = rw.node(m.matmul).name;
-  fused.inputs = {m.x, m.w, m.w_zero_point, m.w_scale, m.bias};
+  const ir::Node& dq = rw.node(m.quantize);
+  if (m.shared_codes) fused.inputs = {dq.outputs[0], m.w, m.w_zero_point, m.w_scale, m.bias, dq.outputs[1], dq.outputs[2]};
+  else fused.inputs = {m.x, m.w, m.w_zero_point, m.w_scale, m.bias};
   fused.outputs = {m.output};
   const int last = m.bias_add >= 0 ? m.bias_add : m.scale;
   for (int n : {m.matmul, m.cast, m.scales, m.scale})

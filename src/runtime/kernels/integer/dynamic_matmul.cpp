@@ -166,24 +166,38 @@ class DynamicMatMulKernel final : public Kernel {
 
   void run(KernelContext& ctx) override {
     const Tensor& x = ctx.input(kDynamicX);
-    SQ_CHECK(x.dtype() == DType::kFloat32, ErrorKind::kInvalidModel,
-             node_.describe() + ": x must be float32, got " + dtype_name(x.dtype()));
+    const bool codes = x.dtype() == DType::kUInt8;  // a shared DynamicQuantizeLinear's (dynamic_matmul.h)
+    SQ_CHECK(x.dtype() == DType::kFloat32 || codes, ErrorKind::kInvalidModel,
+             node_.describe() + ": x must be float32 or u8 codes, got " + dtype_name(x.dtype()));
     SQ_CHECK(x.rank() >= 1 && x.shape().back() == k_, ErrorKind::kInvalidArgument,
              node_.describe() + ": x " + shape_str(x.shape()) + " cannot be multiplied by w [" + std::to_string(k_) +
                  ", " + std::to_string(n_) + "]");
     Shape out_shape(x.shape().begin(), x.shape().end() - 1);
     out_shape.push_back(n_);
     const int64_t m = k_ > 0 ? x.numel() / k_ : 0;
-    const integer::DynamicQuantParams p = integer::dynamic_quant_params(x.data<float>(), x.numel());
-    Tensor& xq = scratch(xq_, DType::kUInt8, x.shape());
-    const Tensor zero_point_t = Tensor::scalar(p.zero_point);
-    quantize_linear(x, Tensor::scalar(p.scale), &zero_point_t, 0, xq, node_.describe());
+    integer::DynamicQuantParams p;
+    const Tensor* xq = &x;
+    if (codes) {
+      const Tensor& s = ctx.input(kDynamicXScale);
+      const Tensor& z = ctx.input(kDynamicXZeroPoint);
+      SQ_CHECK(s.dtype() == DType::kFloat32 && s.numel() == 1 && z.dtype() == DType::kUInt8 && z.numel() == 1,
+               ErrorKind::kInvalidModel,
+               node_.describe() + ": u8 codes need a float32 x_scale and a u8 x_zero_point, one value each");
+      p.scale = s.data<float>()[0];
+      p.zero_point = z.data<uint8_t>()[0];
+    } else {
+      p = integer::dynamic_quant_params(x.data<float>(), x.numel());
+      Tensor& own = scratch(xq_, DType::kUInt8, x.shape());
+      const Tensor zero_point_t = Tensor::scalar(p.zero_point);
+      quantize_linear(x, Tensor::scalar(p.scale), &zero_point_t, 0, own, node_.describe());
+      xq = &own;
+    }
     scales_.resize(static_cast<size_t>(n_));
     for (int64_t j = 0; j < n_; ++j) scales_[static_cast<size_t>(j)] = p.scale * w_scale_[static_cast<size_t>(j)];
     Tensor& y = ctx.allocate_output(0, DType::kFloat32, out_shape);
     if (m == 0 || n_ == 0) return;
-    if (exact_int8_) run_dnnl(m, xq.data<uint8_t>(), p.zero_point, y.data<float>());
-    else run_float_exact(m, xq.data<uint8_t>(), p.zero_point, y.data<float>());
+    if (exact_int8_) run_dnnl(m, xq->data<uint8_t>(), p.zero_point, y.data<float>());
+    else run_float_exact(m, xq->data<uint8_t>(), p.zero_point, y.data<float>());
   }
 
  private:
