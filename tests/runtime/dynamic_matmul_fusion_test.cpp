@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -237,3 +238,56 @@ TEST(DynamicMatMulFusion, KeptIntermediatesAreNotFused) {
 }
 
 }  // namespace
+
+// A skip connection after the dynamic MatMul (x + proj(...), a transformer's residual): the Add of
+// a value of the output's known shape becomes the fused node's last input, added in its epilogue
+// pass; an Add whose other operand broadcasts stays apart. Both equal the op-by-op execution.
+TEST(DynamicMatMulFusion, ResidualAddOfTheOutputsShapeFoldsIntoTheEpilogue) {
+  std::mt19937 rng(11);
+  const int64_t k = 48, n = 32;
+  for (const bool broadcast : {false, true}) {
+    ir::Graph g = dynamic_matmuls(k, n, rng);
+    const Shape rows{2, 5};
+    auto info = [](const std::string& name, const Shape& s) {
+      ir::ValueInfo v;
+      v.name = name;
+      v.dtype = DType::kFloat32;
+      std::vector<ir::Dim> dims;
+      for (int64_t d : s) dims.push_back({d, ""});
+      v.dims = dims;
+      return v;
+    };
+    const Shape r_shape = broadcast ? Shape{n} : Shape{2, 5, n};
+    g.inputs = {info("x", {2, 5, k}), info("r", r_shape)};
+    g.nodes.push_back(node("Add", {"r", "y"}, {"z"}));
+    g.outputs = {{"z", DType::kFloat32, std::nullopt}, {"y2", DType::kFloat32, std::nullopt}};
+    g.value_info["y"] = info("y", {2, 5, n});
+    {
+      ir::Graph fused = g;
+      EXPECT_EQ(ir::count_of(runtime::apply_execution_fusions(fused, {"x", "r", "z", "y2"}), "fuse_dynamic_matmul"), 2);
+      const auto it = std::find_if(fused.nodes.begin(), fused.nodes.end(),
+                                   [](const ir::Node& nd) { return nd.outputs[0] == "z"; });
+      ASSERT_NE(it, fused.nodes.end());
+      EXPECT_EQ(it->op_type, broadcast ? "Add" : "DynamicQuantMatMul");
+      if (!broadcast) {
+        EXPECT_EQ(it->inputs.back(), "r");
+      }
+    }
+    runtime::SessionOptions unfused_options;
+    unfused_options.fuse_activations = false;
+    runtime::Session fused(g), unfused(g, unfused_options);
+    Tensor x(DType::kFloat32, {2, 5, k}), r(DType::kFloat32, r_shape);
+    std::uniform_real_distribution<float> u(-1.f, 2.f);
+    for (auto& v : x.values<float>()) v = u(rng);
+    for (auto& v : r.values<float>()) v = u(rng);
+    const Tensor za = fused.run({{"x", x}, {"r", r}}).at("z"), zb = unfused.run({{"x", x}, {"r", r}}).at("z");
+    ASSERT_EQ(za.shape(), zb.shape());
+    float range = 0, worst = 0;
+    for (int64_t i = 0; i < za.numel(); ++i) {
+      range = std::max(range, std::abs(zb.data<float>()[i]));
+      worst = std::max(worst, std::abs(za.data<float>()[i] - zb.data<float>()[i]));
+    }
+    EXPECT_LE(worst, 1e-6f * range) << (broadcast ? "broadcast" : "same shape");
+    EXPECT_GT(range, 0.f);
+  }
+}

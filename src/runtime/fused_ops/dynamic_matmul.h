@@ -22,7 +22,9 @@ inline constexpr const char* kDynamicConv = "DynamicQuantConv";
 // w_scale: constant float32, one or N values; bias: constant float32, one or N values, or absent.
 // MatMul only: x may instead be the u8 codes of a DynamicQuantizeLinear that several MatMuls read
 // (attention's q, k and v), with its scale and zero point as x_scale and x_zero_point: the codes
-// are computed once for all of them.
+// are computed once for all of them. residual (MatMul only, optional): a float32 tensor of the
+// output's shape added last, y = (float(acc) * s + bias) + residual (a transformer's skip
+// connection, the Add the fusion took).
 enum DynamicMatMulInput : size_t {
   kDynamicX,
   kDynamicW,
@@ -30,7 +32,8 @@ enum DynamicMatMulInput : size_t {
   kDynamicWScale,
   kDynamicBias,
   kDynamicXScale,
-  kDynamicXZeroPoint
+  kDynamicXZeroPoint,
+  kDynamicResidual
 };
 
 }  // namespace slimquant::runtime::fused_ops

@@ -9,8 +9,8 @@ namespace slimquant::runtime {
 namespace {
 
 struct DynamicMatMul {
-  int quantize = -1, matmul = -1, cast = -1, scales = -1, scale = -1, bias_add = -1;
-  std::string x, w, w_zero_point, w_scale, bias, output;
+  int quantize = -1, matmul = -1, cast = -1, scales = -1, scale = -1, bias_add = -1, residual_add = -1;
+  std::string x, w, w_zero_point, w_scale, bias, residual, output;
   bool conv = false;
   // The DynamicQuantizeLinear's codes feed other readers too: the fused MatMul reads its codes,
   // scale and zero point (computed once) instead of quantizing x again.
@@ -100,6 +100,20 @@ std::optional<DynamicMatMul> select_dynamic_matmul(const ir::Rewriter& rw, int i
       m.output = rw.node(add).outputs[0];
     }
   }
+  // Then the Add of a value of the output's own (known) shape: a transformer's skip connection,
+  // added in the kernel's epilogue pass.
+  const int residual_add = conv ? -1 : rw.sole_reader_op(m.output, "Add");
+  if (residual_add >= 0 && rw.node(residual_add).inputs.size() == 2) {
+    const std::string r = ir::other_input(rw.node(residual_add), m.output);
+    const ir::ValueInfo* vr = r.empty() ? nullptr : g.find_value_info(r);
+    const ir::ValueInfo* vy = g.find_value_info(m.output);
+    if (vr && vy && r != m.output && !g.is_initializer(r) && vr->fully_known() && vy->fully_known() &&
+        vr->dtype == DType::kFloat32 && vr->shape() == vy->shape()) {
+      m.residual_add = residual_add;
+      m.residual = r;
+      m.output = rw.node(residual_add).outputs[0];
+    }
+  }
   return m;
 }
 
@@ -112,10 +126,15 @@ void fuse_dynamic_matmul(ir::Rewriter& rw, const DynamicMatMul& m) {
   const ir::Node& dq = rw.node(m.quantize);
   if (m.shared_codes) fused.inputs = {dq.outputs[0], m.w, m.w_zero_point, m.w_scale, m.bias, dq.outputs[1], dq.outputs[2]};
   else fused.inputs = {m.x, m.w, m.w_zero_point, m.w_scale, m.bias};
+  if (!m.residual.empty()) {
+    fused.inputs.resize(fused_ops::kDynamicResidual);
+    fused.inputs.push_back(m.residual);
+  }
   fused.outputs = {m.output};
-  const int last = m.bias_add >= 0 ? m.bias_add : m.scale;
-  for (int n : {m.matmul, m.cast, m.scales, m.scale})
-    if (n != last) rw.remove(n);
+  // At the last node's place: everything it reads (the residual included) exists there.
+  const int last = m.residual_add >= 0 ? m.residual_add : m.bias_add >= 0 ? m.bias_add : m.scale;
+  for (int n : {m.matmul, m.cast, m.scales, m.scale, m.bias_add})
+    if (n >= 0 && n != last) rw.remove(n);
   rw.replace(last, std::move(fused));
   // The DynamicQuantizeLinear goes when nothing reads it any more.
   bool read = false;

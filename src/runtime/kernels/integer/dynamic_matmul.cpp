@@ -80,13 +80,18 @@ using namespace fused_ops;
 
 // The op-by-op epilogue (Cast, Mul by the scale, Add the bias) of the s32 sums, with the zero point's
 // share `correction` taken out first. Per column j of m rows of n (MatMul; bias may be null):
+// residual (may be null): m x n values added last, the skip connection's Add.
 SQ_AVX512_AVX2_CLONES void dequantize_rows(const int32_t* acc, int64_t m, int64_t n, const int32_t* correction,
-                                           const float* scale, const float* bias, float* y) {
+                                           const float* scale, const float* bias, const float* residual, float* y) {
   for (int64_t i = 0; i < m; ++i, acc += n, y += n) {
     if (bias) {
       for (int64_t j = 0; j < n; ++j) y[j] = static_cast<float>(acc[j] - correction[j]) * scale[j] + bias[j];
     } else {
       for (int64_t j = 0; j < n; ++j) y[j] = static_cast<float>(acc[j] - correction[j]) * scale[j];
+    }
+    if (residual) {
+      for (int64_t j = 0; j < n; ++j) y[j] += residual[j];
+      residual += n;
     }
   }
 }
@@ -196,8 +201,13 @@ class DynamicMatMulKernel final : public Kernel {
     for (int64_t j = 0; j < n_; ++j) scales_[static_cast<size_t>(j)] = p.scale * w_scale_[static_cast<size_t>(j)];
     Tensor& y = ctx.allocate_output(0, DType::kFloat32, out_shape);
     if (m == 0 || n_ == 0) return;
-    if (exact_int8_) run_dnnl(m, xq->data<uint8_t>(), p.zero_point, y.data<float>());
-    else run_float_exact(m, xq->data<uint8_t>(), p.zero_point, y.data<float>());
+    const Tensor* residual = ctx.optional_input(kDynamicResidual);
+    SQ_CHECK(!residual || (residual->dtype() == DType::kFloat32 && residual->shape() == out_shape),
+             ErrorKind::kInvalidArgument,
+             node_.describe() + ": the residual must be float32 of the output's shape " + shape_str(out_shape));
+    const float* r = residual ? residual->data<float>() : nullptr;
+    if (exact_int8_) run_dnnl(m, xq->data<uint8_t>(), p.zero_point, r, y.data<float>());
+    else run_float_exact(m, xq->data<uint8_t>(), p.zero_point, r, y.data<float>());
   }
 
  private:
@@ -224,7 +234,7 @@ class DynamicMatMulKernel final : public Kernel {
     return prims_.emplace(m, std::move(prim)).first->second;
   }
 
-  void run_dnnl(int64_t m, const uint8_t* xq, uint8_t zero_point, float* y) {
+  void run_dnnl(int64_t m, const uint8_t* xq, uint8_t zero_point, const float* residual, float* y) {
     const Primitive& p = primitive(m);
     acc_.resize(static_cast<size_t>(m * n_));
     memory src({{m, k_}, memory::data_type::u8, memory::format_tag::ab}, dnnl_engine(), const_cast<uint8_t*>(xq));
@@ -235,7 +245,8 @@ class DynamicMatMulKernel final : public Kernel {
     // epilogue: Cast, Mul by s_x * s_w[j], Add bias[j].
     correction_.resize(static_cast<size_t>(n_));
     for (int64_t j = 0; j < n_; ++j) correction_[static_cast<size_t>(j)] = int32_t{zero_point} * w_sum_[static_cast<size_t>(j)];
-    dequantize_rows(acc_.data(), m, n_, correction_.data(), scales_.data(), bias_.empty() ? nullptr : bias_.data(), y);
+    dequantize_rows(acc_.data(), m, n_, correction_.data(), scales_.data(), bias_.empty() ? nullptr : bias_.data(),
+                    residual, y);
   }
 
   // The f32 matmul of rows [k0, k0 + depth) of w for m rows of x: src rows keep x's stride k_.
@@ -258,7 +269,7 @@ class DynamicMatMulKernel final : public Kernel {
     return float_prims_.emplace(key, std::move(prim)).first->second;
   }
 
-  void run_float_exact(int64_t m, const uint8_t* xq, uint8_t zero_point, float* y) {
+  void run_float_exact(int64_t m, const uint8_t* xq, uint8_t zero_point, const float* residual, float* y) {
     Tensor& xf = scratch(x_float_, DType::kFloat32, {m, k_});
     float* a = xf.data<float>();
     codes_as_floats(xq, m * k_, zero_point, a);
@@ -275,7 +286,8 @@ class DynamicMatMulKernel final : public Kernel {
     }
     // x_q - z_x was summed directly: no zero-point correction; then the same epilogue as the int8 path.
     correction_.assign(static_cast<size_t>(n_), 0);
-    dequantize_rows(acc_.data(), m, n_, correction_.data(), scales_.data(), bias_.empty() ? nullptr : bias_.data(), y);
+    dequantize_rows(acc_.data(), m, n_, correction_.data(), scales_.data(), bias_.empty() ? nullptr : bias_.data(),
+                    residual, y);
   }
 
   const ir::Node& node_;
