@@ -291,3 +291,61 @@ TEST(DynamicMatMulFusion, ResidualAddOfTheOutputsShapeFoldsIntoTheEpilogue) {
     EXPECT_GT(range, 0.f);
   }
 }
+
+// Windows that tile the input (stride = kernel, no padding: a ViT's patch embedding) run as one
+// MatMul of the windows as rows; rows and columns past the last whole window are dropped, as the
+// convolution drops them. Square and non-square windows, one and three channels.
+TEST(DynamicMatMulFusion, TilingWindowsRunAsOneMatMulAndEqualOpByOp) {
+  std::mt19937 rng(13);
+  struct Case {
+    int64_t c, m, kh, kw;
+    Shape x;
+  };
+  for (const Case& k : {Case{1, 16, 4, 4, {5, 1, 28, 28}}, Case{3, 8, 4, 2, {2, 3, 10, 9}}}) {
+    ir::Graph g;
+    g.name = "patches";
+    g.opset = 13;
+    ir::ValueInfo x;
+    x.name = "x";
+    x.dtype = DType::kFloat32;
+    g.inputs = {x};
+    Tensor w(DType::kInt8, {k.m, k.c, k.kh, k.kw});
+    std::uniform_int_distribution<int> code(-127, 127);
+    for (auto& v : w.values<int8_t>()) v = static_cast<int8_t>(code(rng));
+    w.data<int8_t>()[0] = -127;
+    g.initializers["w"] = w;
+    g.initializers["w_zero_point"] = Tensor(DType::kInt8, {k.m});
+    Tensor s(DType::kFloat32, {1, k.m, 1, 1}), b(DType::kFloat32, {1, k.m, 1, 1});
+    std::uniform_real_distribution<float> u(0.001f, 0.02f);
+    for (auto& v : s.values<float>()) v = u(rng);
+    for (auto& v : b.values<float>()) v = u(rng) * 50.f - 0.5f;
+    g.initializers["w_scale"] = s;
+    g.initializers["b"] = b;
+    ir::Node conv = node("ConvInteger", {"xq", "w", "xz", "w_zero_point"}, {"acc"});
+    conv.attrs["kernel_shape"] = std::vector<int64_t>{k.kh, k.kw};
+    conv.attrs["strides"] = std::vector<int64_t>{k.kh, k.kw};
+    ir::Node cast = node("Cast", {"acc"}, {"accf"});
+    cast.attrs["to"] = int64_t{1};
+    g.nodes = {node("DynamicQuantizeLinear", {"x"}, {"xq", "xs", "xz"}), conv, cast,
+               node("Mul", {"xs", "w_scale"}, {"scales"}), node("Mul", {"accf", "scales"}, {"scaled"}),
+               node("Add", {"scaled", "b"}, {"y"})};
+    g.outputs = {{"y", DType::kFloat32, std::nullopt}};
+    runtime::SessionOptions unfused_options;
+    unfused_options.fuse_activations = false;
+    runtime::Session fused(g), unfused(g, unfused_options);
+    Tensor xt(DType::kFloat32, k.x);
+    std::uniform_real_distribution<float> ux(-0.7f, 2.f);
+    for (auto& v : xt.values<float>()) v = ux(rng);
+    const Tensor ya = fused.run({{"x", xt}}).at("y");
+    const Tensor yb = unfused.run({{"x", xt}}).at("y");
+    ASSERT_EQ(ya.shape(), (Shape{k.x[0], k.m, k.x[2] / k.kh, k.x[3] / k.kw}));
+    ASSERT_EQ(ya.shape(), yb.shape());
+    float range = 0, worst = 0;
+    for (int64_t i = 0; i < ya.numel(); ++i) {
+      range = std::max(range, std::abs(yb.data<float>()[i]));
+      worst = std::max(worst, std::abs(ya.data<float>()[i] - yb.data<float>()[i]));
+    }
+    EXPECT_LE(worst, 1e-6f * range) << shape_str(k.x);
+    EXPECT_GT(range, 0.f);
+  }
+}
