@@ -63,6 +63,7 @@ bool KernelFolds::declares(Fold fold) const {
     case Fold::kPostClamp: return post_clamp;
     case Fold::kTensorQuantize: return tensor_quantize;
     case Fold::kChannelQuantize: return channel_quantize;
+    case Fold::kTransposedOutput: return transposed_output;
     default: return prologue_inputs(fold) != 0;
   }
 }

@@ -7,7 +7,7 @@
 #include "graph_builder.h"
 #include "runtime/fused_ops/fused_activation.h"
 #include "runtime/fused_ops/residual_conv.h"
-#include "runtime/fused_ops/transposed_input.h"
+#include "runtime/fused_ops/transposed_views.h"
 #include "runtime/fusions/execution_fusions.h"
 #include "runtime/kernels/elementwise/elementwise_common.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
@@ -79,28 +79,29 @@ TEST(ExecutionFusions, OneListCountsEachRuleAndWritesTypedContracts) {
   for (int64_t i = 0; i < got.numel(); ++i) EXPECT_NEAR(got.data<float>()[i], want.data<float>()[i], 1e-4f) << i;
 }
 
-// A Transpose read only by MatMuls folds into them (Fold::kTransposedInput); the MatMul reads its
-// input through the permutation's strides, or transposes it into scratch where the primitive cannot
-// (no contiguous matrix dim; A's rows not one stride apart before a 2-D B). Either way it computes
-// what the Transpose and the MatMul compute apart.
-TEST(ExecutionFusions, TransposesFoldIntoMatMulInputs) {
+// A Transpose read only by MatMuls folds into them (Fold::kTransposedInput), and one after a MatMul
+// into it (Fold::kTransposedOutput); the MatMul reads its inputs / writes its result through the
+// permutation's strides, or through a transposed copy in scratch where the primitive cannot take
+// them (no contiguous matrix dim; rows not one stride apart against a 2-D B). Either way it
+// computes what the Transposes and the MatMul compute apart.
+TEST(ExecutionFusions, TransposesFoldIntoMatMulInputsAndOutput) {
   struct Case {
     const char* name;
-    Shape a, b;                       // stored shapes
-    std::vector<int64_t> a_perm, b_perm;  // empty: no Transpose
-    bool const_b;
+    Shape a, b;                                     // stored shapes
+    std::vector<int64_t> a_perm, b_perm, out_perm;  // empty: no Transpose
+    bool const_b = false, scale = false;            // scale: a scalar Mul (kScale) before the output Transpose
   };
   const Case cases[] = {
       // attention: the heads' split (A) and K^T (B), strides read directly
-      {"heads_qk", {2, 5, 3, 4}, {2, 5, 3, 4}, {0, 2, 1, 3}, {0, 2, 3, 1}, false},
-      {"heads_av", {2, 3, 5, 5}, {2, 5, 3, 4}, {}, {0, 2, 1, 3}, false},
+      {"heads_qk", {2, 5, 3, 4}, {2, 5, 3, 4}, {0, 2, 1, 3}, {0, 2, 3, 1}, {}, false, true},
+      {"heads_av", {2, 3, 5, 5}, {2, 5, 3, 4}, {}, {0, 2, 1, 3}, {0, 2, 1, 3}},
       // 2-D constant B: A's rows are one stride apart (a size-1 dim moves) or not (copied)
-      {"rows_one_stride", {2, 3, 1, 8}, {8, 6}, {0, 2, 1, 3}, {}, true},
-      {"rows_apart", {4, 3, 8}, {8, 6}, {1, 0, 2}, {}, true},
+      {"rows_one_stride", {2, 3, 1, 8}, {8, 6}, {0, 2, 1, 3}, {}, {}, true},
+      {"rows_apart", {4, 3, 8}, {8, 6}, {1, 0, 2}, {}, {1, 0, 2}, true},
       // no contiguous matrix dim: copied
-      {"no_unit_stride", {8, 3, 5}, {5, 8, 2}, {2, 1, 0}, {}, false},
-      // a transposed 2-D B against a batched A (broadcast)
-      {"b_transposed_broadcast", {2, 3, 7}, {6, 7}, {}, {1, 0}, false},
+      {"no_unit_stride", {8, 3, 5}, {5, 8, 2}, {2, 1, 0}, {}, {}},
+      // a transposed 2-D B against a batched A (broadcast); the output's last dim moves first
+      {"b_transposed_broadcast", {2, 3, 7}, {6, 7}, {}, {1, 0}, {2, 0, 1}},
   };
   for (const Case& c : cases) {
     std::mt19937 rng(17);
@@ -111,13 +112,17 @@ TEST(ExecutionFusions, TransposesFoldIntoMatMulInputs) {
     else b.g.inputs.push_back({"b", DType::kFloat32, dims_of(c.b)});
     const std::string a_in = c.a_perm.empty() ? "a" : b.node("Transpose", {"a"}, {{"perm", c.a_perm}});
     const std::string b_in = c.b_perm.empty() ? bv : b.node("Transpose", {bv}, {{"perm", c.b_perm}});
-    const std::string y = b.node("MatMul", {a_in, b_in});
+    std::string y = b.node("MatMul", {a_in, b_in});
+    if (c.scale) y = b.node("Mul", {y, b.constant(Tensor::scalar(0.25f))});
+    if (!c.out_perm.empty()) y = b.node("Transpose", {y}, {{"perm", c.out_perm}});
     b.g.outputs.push_back({y, DType::kFloat32, {}});
     const ir::Graph original = b.g;
-    const int transposes = static_cast<int>(!c.a_perm.empty()) + static_cast<int>(!c.b_perm.empty());
     ir::Graph fused_graph = original;
-    EXPECT_EQ(ir::count_of(runtime::apply_execution_fusions(fused_graph, {}), "fold_transposed_input"), transposes)
+    const ir::RuleCounts counts = runtime::apply_execution_fusions(fused_graph, {});
+    EXPECT_EQ(ir::count_of(counts, "fold_transposed_input"),
+              static_cast<int>(!c.a_perm.empty()) + static_cast<int>(!c.b_perm.empty()))
         << c.name;
+    EXPECT_EQ(ir::count_of(counts, "fold_transposed_output"), c.out_perm.empty() ? 0 : 1) << c.name;
     EXPECT_EQ(fused_graph.nodes.size(), 1u) << c.name;
     std::map<std::string, Tensor> feeds{{"a", test::random_tensor(c.a, rng)}};
     if (!c.const_b) feeds["b"] = test::random_tensor(c.b, rng);
@@ -148,9 +153,10 @@ TEST(ExecutionFusions, KernelsDeclareTheFoldsTheyAccept) {
   EXPECT_TRUE(r.folds("Concat").declares(Fold::kChannelQuantize));
   EXPECT_FALSE(r.folds("Concat").declares(Fold::kTensorQuantize));
   EXPECT_EQ(r.folds("MatMul").transposed_inputs, 0b11u);
+  EXPECT_TRUE(r.folds("MatMul").declares(Fold::kTransposedOutput));
   EXPECT_FALSE(r.folds("Gemm").declares(Fold::kTransposedInput));  // transA / transB are its own
   for (Fold f : {Fold::kDequantizedInput, Fold::kScaledInput, Fold::kUpsampledInput, Fold::kTransposedInput, Fold::kActivation,
-                 Fold::kPostAffine, Fold::kPostClamp, Fold::kTensorQuantize, Fold::kChannelQuantize})
+                 Fold::kPostAffine, Fold::kPostClamp, Fold::kTensorQuantize, Fold::kChannelQuantize, Fold::kTransposedOutput})
     EXPECT_FALSE(r.folds("Relu").declares(f));
 
   // Per node: a QConv whose output is already 8-bit takes no QuantizeLinear.
@@ -220,6 +226,11 @@ TEST(FusedOps, EveryFoldAttributeIsExecutionOnly) {
   transposed.op_type = "MatMul";
   transposed.attrs[fo::transposed_input_attr(1)] = std::vector<int64_t>{1, 0};
   EXPECT_TRUE(ir::has_execution_attrs(transposed));
+  EXPECT_FALSE(fo::transposed_output_perm(transposed));
+  ir::Node transposed_out;
+  transposed_out.attrs[fo::kTransposedOutput] = std::vector<int64_t>{0, 2, 1};
+  EXPECT_TRUE(ir::has_execution_attrs(transposed_out));
+  EXPECT_EQ(fo::transposed_output_perm(transposed_out), (std::vector<int64_t>{0, 2, 1}));
   EXPECT_EQ(fo::transposed_input_perm(transposed, 1), (std::vector<int64_t>{1, 0}));
   EXPECT_FALSE(fo::transposed_input_perm(transposed, 0));
   ir::Node n;

@@ -127,7 +127,8 @@ enum class Fold : uint8_t {
   kPostAffine,      // a scalar Mul / Add after that activation
   kPostClamp,       // a Max / Min with a scalar after those (TensorFlow's maximum(leaky_relu(x), c))
   kTensorQuantize,  // a per-tensor u8/s8 QuantizeLinear: the kernel writes the codes
-  kChannelQuantize  // a per-channel u8/s8 QuantizeLinear
+  kChannelQuantize,  // a per-channel u8/s8 QuantizeLinear
+  kTransposedOutput  // a Transpose: the kernel writes its result permuted
 };
 
 struct KernelFolds {
@@ -136,6 +137,7 @@ struct KernelFolds {
   // Epilogues. activations: bit a set when fused_ops::Activation a may follow.
   uint32_t activations = 0;
   bool post_affine = false, post_clamp = false, tensor_quantize = false, channel_quantize = false;
+  bool transposed_output = false;
   // Refuses, for this node, a fold the declaration allows (a oneDNN limitation, an integer kernel
   // whose output is already 8-bit, a pair of prologues on one input the kernel does not combine).
   // input: the prologue's input position, -1 for the node as a whole. Null: the declaration decides.

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "runtime/fused_ops/fused_activation.h"
-#include "runtime/fused_ops/transposed_input.h"
+#include "runtime/fused_ops/transposed_views.h"
 #include "runtime/kernels/elementwise/elementwise_common.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
 #include "slimquant/ir/qdq_params.h"
@@ -25,6 +25,21 @@ std::optional<Shape> known_shape(const ir::Graph& g, const std::string& v, bool 
   const ir::ValueInfo* info = g.find_value_info(v);
   if (!info || !info->fully_known() || (!any_type && info->dtype != DType::kFloat32)) return std::nullopt;
   return info->shape();
+}
+
+// The permutation of a Transpose with an explicit, valid perm of a non-constant value (constant
+// Transposes fold away before this; the default reversed order needs the rank, which the
+// attribute names).
+std::optional<std::vector<int64_t>> transpose_perm(const ir::Graph& g, const ir::Node& t) {
+  if (!ir::is_onnx_op(t, "Transpose") || t.inputs.size() != 1 || !t.has_attr("perm") || g.is_initializer(t.inputs[0]))
+    return std::nullopt;
+  std::vector<int64_t> perm = t.attr_ints("perm");
+  std::vector<bool> seen(perm.size(), false);
+  for (int64_t d : perm) {
+    if (d < 0 || d >= static_cast<int64_t>(perm.size()) || seen[static_cast<size_t>(d)]) return std::nullopt;
+    seen[static_cast<size_t>(d)] = true;
+  }
+  return perm;
 }
 
 // ---- Epilogues ----------------------------------------------------------------------------------
@@ -49,18 +64,21 @@ std::optional<float> scalar_operand(const ir::Graph& g, const ir::Node& c, const
   return folded_scalar(g, ir::other_input(c, z), z);
 }
 
-// Epilogues apply in stages: an activation, then an affine map after it, then quantization.
+// Epilogues apply in stages: an activation, then an affine map after it, then quantization, then
+// the layout the result is written in.
 int stage_of(Fold epilogue) {
   switch (epilogue) {
     case Fold::kActivation: return 1;
     case Fold::kPostAffine: return 2;
     case Fold::kPostClamp: return 3;
+    case Fold::kTransposedOutput: return 5;
     default: return 4;  // kTensorQuantize, kChannelQuantize
   }
 }
 
 // The last stage the node's epilogue already holds (0: none).
 int carried_stage(const ir::Node& n) {
+  if (n.has_attr(fused_ops::kTransposedOutput)) return 5;
   if (n.has_attr(kFoldedQuantizeScale) || n.has_attr(kFoldedQuantizeChannelScale)) return 4;
   const FusedActivation a = FusedActivation::parse(n);
   return a.has_post_clamp() ? 3 : a.has_post_affine() ? 2 : a.empty() ? 0 : 1;
@@ -167,6 +185,12 @@ bool fold_epilogue(const ir::Graph& g, Fold epilogue, const ir::Node& c, const s
           (p.dtype != DType::kUInt8 && p.dtype != DType::kInt8))
         return false;
       write_folded_channel_quantize(fused, FoldedChannelQuantize{std::move(p)});
+      return true;
+    }
+    case Fold::kTransposedOutput: {
+      const std::optional<std::vector<int64_t>> perm = transpose_perm(g, c);
+      if (!perm) return false;
+      fused.attrs[fused_ops::kTransposedOutput] = *perm;
       return true;
     }
     default:
@@ -296,17 +320,9 @@ std::optional<ProducerForm> producer_form(const ir::Graph& g, Fold prologue, con
       return form;
     }
     case Fold::kTransposedInput: {
-      // An explicit permutation of a non-constant value (constant Transposes fold away before
-      // this; the default reversed order needs the rank, which the attribute names).
-      if (!ir::is_onnx_op(p, "Transpose") || p.inputs.size() != 1 || !p.has_attr("perm") ||
-          g.is_initializer(p.inputs[0]))
-        return std::nullopt;
-      form.perm = p.attr_ints("perm");
-      std::vector<bool> seen(form.perm.size(), false);
-      for (int64_t d : form.perm) {
-        if (d < 0 || d >= static_cast<int64_t>(form.perm.size()) || seen[static_cast<size_t>(d)]) return std::nullopt;
-        seen[static_cast<size_t>(d)] = true;
-      }
+      std::optional<std::vector<int64_t>> perm = transpose_perm(g, p);
+      if (!perm) return std::nullopt;
+      form.perm = std::move(*perm);
       form.source = p.inputs[0];
       return form;
     }

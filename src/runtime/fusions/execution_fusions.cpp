@@ -191,6 +191,7 @@ std::vector<ir::Rule> execution_fusion_rules() {
       ir::make_rule<ErfGelu>("fuse_erf_gelu", select_erf_gelu, fuse_erf_gelu),
       // After the residual sums (a QConv's quantized sum) and the MatMul bias (whose Add it would take).
       epilogue_fold_rule("fold_output_quantize", {Fold::kTensorQuantize, Fold::kChannelQuantize}),
+      epilogue_fold_rule("fold_transposed_output", {Fold::kTransposedOutput}),
       prologue_fold_rule("fold_upsampled_input", Fold::kUpsampledInput),
       prologue_fold_rule("fold_transposed_input", Fold::kTransposedInput),
       prologue_fold_rule("fold_scaled_input", Fold::kScaledInput),

@@ -20,7 +20,7 @@
 #include "runtime/kernels/dnnl/dnnl_common.h"
 #include "runtime/fused_ops/fused_activation.h"
 #include "runtime/kernels/dnnl/dnnl_kernels.h"
-#include "runtime/fused_ops/transposed_input.h"
+#include "runtime/fused_ops/transposed_views.h"
 #include "runtime/kernels/elementwise/gelu_avx512.h"
 #include "runtime/kernels/shape/shape_common.h"
 
@@ -43,6 +43,10 @@ struct MatmulPlan {
   // MatMul inputs A and B read through a folded Transpose but copied transposed first (their
   // descriptors then describe the copy): the permutation; empty otherwise.
   std::array<std::vector<int64_t>, 2> copy_perm;
+  // A folded output Transpose applied by a copy after the product (product_shape, plain, in
+  // scratch) rather than by the dst descriptor's strides.
+  bool copy_out = false;
+  Shape product_shape;
 
   // Binds the argument memories; packed: the constant weights, or nullptr for a runtime B.
   void bind(const dnnl::matmul::primitive_desc& pd, PackedWeights* packed, bool with_bias) {
@@ -63,20 +67,20 @@ struct MatmulPlan {
   }
 
   void run(const Tensor& a, const Tensor* b, const Tensor* bias_tensor, Tensor& y) {
-    run(a.raw(), b ? b->raw() : nullptr, bias_tensor ? bias_tensor->raw() : nullptr, y);
+    run(a.raw(), b ? b->raw() : nullptr, bias_tensor ? bias_tensor->raw() : nullptr, y.data<float>(), y.numel());
   }
-  // b: runtime weights (unused when packed); bias: nullptr without one.
-  void run(const void* a, const void* b, const void* bias, Tensor& y) {
+  // b: runtime weights (unused when packed); bias: nullptr without one; y: `count` floats.
+  void run(const void* a, const void* b, const void* bias, float* y, int64_t count) {
     src_mem.set_data_handle(const_cast<void*>(a));
     if (runtime_weights) weights_mem.set_data_handle(const_cast<void*>(b));
     if (bias) bias_mem.set_data_handle(const_cast<void*>(bias));
-    dst_mem.set_data_handle(y.raw());
+    dst_mem.set_data_handle(y);
     bind_scratchpad(scratchpad_mem);
     dnnl::stream& s = dnnl_stream();
     prim.execute(s, args);
     for (const dnnl::eltwise_forward& act : activations) act.execute(s, activation_args);
     s.wait();
-    if (gelu_pass) ew::gelu_affine_avx512(y.data<float>(), y.data<float>(), y.numel(), 1.f, 0.f);
+    if (gelu_pass) ew::gelu_affine_avx512(y, y, count, 1.f, 0.f);
   }
 };
 
@@ -264,6 +268,7 @@ class MatMulKernel final : public Kernel {
  public:
   explicit MatMulKernel(const KernelInit& init) : node_(init.node) {
     check_fused_activation(node_);
+    out_perm_ = fused_ops::transposed_output_perm(node_).value_or(std::vector<int64_t>{});
     for (size_t k = 0; k < 2; ++k) {
       perm_[k] = fused_ops::transposed_input_perm(node_, k).value_or(std::vector<int64_t>{});
       if (!perm_[k].empty() && init.constant_input(k))
@@ -299,7 +304,9 @@ class MatMulKernel final : public Kernel {
       shape::transpose_bytes(copy, data[k], stored[k]->shape(), p.copy_perm[k], sizeof(float));
       data[k] = copy;
     }
-    p.run(data[0], data[1], bias ? bias->raw() : nullptr, y);
+    float* out = p.copy_out ? static_cast<float*>(dnnl_scratch(DnnlScratch::kDst, y.nbytes())) : y.data<float>();
+    p.run(data[0], data[1], bias ? bias->raw() : nullptr, out, y.numel());
+    if (p.copy_out) shape::transpose_bytes(y.raw(), out, p.product_shape, out_perm_, sizeof(float));
   }
 
  private:
@@ -336,9 +343,19 @@ class MatMulKernel final : public Kernel {
                                             " do not broadcast");
     }
     MatmulPlan p;
-    p.out_shape = out_batch;
-    if (as.size() > 1) p.out_shape.push_back(m);
-    if (bs.size() > 1) p.out_shape.push_back(n);
+    p.product_shape = out_batch;
+    if (as.size() > 1) p.product_shape.push_back(m);
+    if (bs.size() > 1) p.product_shape.push_back(n);
+    if (!out_perm_.empty() && out_perm_.size() != p.product_shape.size())
+      fail(ErrorKind::kInvalidArgument, what + ": the product " + shape_str(p.product_shape) +
+                                            " does not fit the folded output Transpose's permutation");
+    p.out_shape = permuted(p.product_shape, out_perm_);  // y's shape
+    // The product's dims as strides into y.
+    Dims product_strides(p.product_shape.size());
+    if (!out_perm_.empty()) {
+      const Dims y_strides = strides_of(p.out_shape);
+      for (size_t j = 0; j < out_perm_.size(); ++j) product_strides[static_cast<size_t>(out_perm_[j])] = y_strides[j];
+    }
     if (shape_numel(p.out_shape) == 0) return p;  // nothing to run (see GemmKernel::make_plan)
     if (k == 0) fail(ErrorKind::kUnsupported, what + ": inputs A and B have an inner dimension of 0");
 
@@ -397,13 +414,19 @@ class MatMulKernel final : public Kernel {
                                    ? std::nullopt
                                    : view_strides(wei_dims, bs, b_strides);
       if (use_views && as.size() == 1) sa.reset();
+      std::optional<Dims> sd = out_perm_.empty() || !use_views || as.size() == 1 || bs.size() == 1
+                                   ? std::nullopt
+                                   : view_strides(dst_dims, p.product_shape, product_strides);
       if (!perm_[0].empty() && !sa) q.copy_perm[0] = perm_[0];
       if (!perm_[1].empty() && !sb) q.copy_perm[1] = perm_[1];
+      q.copy_out = !out_perm_.empty() && !sd;
       q.src = memory::desc(src_dims, dt::f32, sa ? *sa : strides_of(src_dims));
-      q.dst = memory::desc(dst_dims, dt::f32, strides_of(dst_dims));
+      q.dst = memory::desc(dst_dims, dt::f32, sd ? *sd : strides_of(dst_dims));
       dnnl::primitive_attr attr = base_attr();
       dnnl::post_ops ops;
       add_activation(node_, ops, q);
+      // oneDNN's eltwise passes over a strided dst: copied instead.
+      if (sd && !q.activations.empty()) return std::optional<MatmulPlan>{};
       attr.set_post_ops(ops);
       memory::desc wei_md = const_b ? memory::desc(wei_dims, dt::f32, memory::format_tag::any)
                                     : memory::desc(wei_dims, dt::f32, sb ? *sb : strides_of(wei_dims));
@@ -416,12 +439,12 @@ class MatMulKernel final : public Kernel {
         q.bias = memory::desc(bias_dims, dt::f32, strides_of(bias_dims));
       }
       auto pd = make_matmul_pd(node_, q.src, wei_md, bias ? &q.bias : nullptr, q.dst, attr);
-      const bool viewed = sa || sb;
+      const bool viewed = sa || sb || sd;
       if (viewed && std::string(pd.impl_info_str()).rfind("ref", 0) == 0) return std::optional<MatmulPlan>{};
       q.bind(pd, const_b ? &packed_b_ : nullptr, bias != nullptr);
       return std::optional<MatmulPlan>{std::move(q)};
     };
-    if (perm_[0].empty() && perm_[1].empty()) return *make(false);
+    if (perm_[0].empty() && perm_[1].empty() && out_perm_.empty()) return *make(false);
     // Through the strides where oneDNN takes them with a real kernel, else from transposed copies.
     try {
       if (std::optional<MatmulPlan> viewed = make(true)) return std::move(*viewed);
@@ -441,6 +464,7 @@ class MatMulKernel final : public Kernel {
 
   const ir::Node node_;
   std::array<std::vector<int64_t>, 2> perm_;  // a Transpose folded into A / B (empty: none)
+  std::vector<int64_t> out_perm_;              // a Transpose folded into Y (empty: none)
   Shape const_b_shape_;
   PackedWeights packed_b_;
   Tensor const_b_vector_;

@@ -26,8 +26,10 @@ bool conv_refuses(const ir::Node& n, Fold fold, int /*input*/) {
 constexpr KernelFolds kConvFolds{.dequantized_inputs = 1u << fused_ops::kConvX, .activations = kEltwiseActivations,
                                  .post_affine = true, .post_clamp = true, .refuses = conv_refuses};
 constexpr KernelFolds kLayerFolds{.activations = kEltwiseActivations};  // ConvTranspose, Gemm
-// MatMul reads A and B through a Transpose (attention's head splits and K^T) as strides.
-constexpr KernelFolds kMatMulFolds{.transposed_inputs = 0b11, .activations = folds::activation_bits({Activation::kScale})};
+// MatMul reads A and B through a Transpose (attention's head splits and K^T) and writes its result
+// through one (the heads' merge) as strides.
+constexpr KernelFolds kMatMulFolds{.transposed_inputs = 0b11, .activations = folds::activation_bits({Activation::kScale}),
+                                   .transposed_output = true};
 // The pools sum a squeeze-excitation input's codes (dequantizing each as ONNX would).
 constexpr KernelFolds kGlobalPoolFolds{.dequantized_inputs = 1u << 0};
 // Softmax writes the attention probabilities as the integer MatMul after it reads them.
