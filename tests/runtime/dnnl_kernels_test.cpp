@@ -490,6 +490,43 @@ TEST(DnnlLayerNorm, BroadcastScaleAndStatistics) {
   }
 }
 
+// Rows along the last axis without the statistics outputs (the own AVX-512 kernel where the CPU
+// has it, oneDNN's elsewhere): row lengths around each vector count (in registers up to 64, four
+// rows at a time and singly) and longer ones, with and without B, an offset far from 0 (the
+// two-pass variance keeps it), against the definition in double.
+TEST(DnnlLayerNorm, RowsMatchTheDefinitionInDouble) {
+  for (const bool with_bias : {true, false}) {
+    ir::Node n = make_node("LayerNormalization", with_bias ? 3 : 2, 1);
+    n.attrs["epsilon"] = 1e-5f;
+    for (const int64_t len : {1, 5, 16, 17, 33, 50, 64, 65, 197, 768}) {
+      Tensor x = random_tensor({6, len}, 80 + static_cast<uint32_t>(len), -3.f, 3.f);
+      for (int64_t j = 0; j < len; ++j) x.data<float>()[5 * len + j] += 1000.f;  // row 5: a large offset
+      const Tensor scale = random_tensor({len}, 81), bias = random_tensor({len}, 82);
+      std::vector<Tensor> inputs{x, scale};
+      if (with_bias) inputs.push_back(bias);
+      const Tensor y = Harness(n, make_layer_normalization, {{1, scale}}).run(inputs)[0];
+      for (int64_t r = 0; r < 6; ++r) {
+        const float* row = x.data<float>() + r * len;
+        double mean = 0, var = 0;
+        for (int64_t j = 0; j < len; ++j) mean += row[j];
+        mean /= static_cast<double>(len);
+        for (int64_t j = 0; j < len; ++j) var += (row[j] - mean) * (row[j] - mean);
+        var /= static_cast<double>(len);
+        const double inv = 1 / std::sqrt(var + 1e-5);
+        for (int64_t j = 0; j < len; ++j) {
+          const double normalized = (row[j] - mean) * inv;
+          const double want = normalized * scale.data<float>()[j] + (with_bias ? bias.data<float>()[j] : 0.0);
+          // The float sum behind the mean rounds once per addition (16 lanes of len / 16 terms, then
+          // the lanes): up to (len / 16 + 16) ulps of |mean| move every deviation.
+          const double sum_rounding = 0x1p-24 * static_cast<double>(len / 16 + 16) * std::fabs(mean) * inv;
+          const double tolerance = 2e-6 * (1 + std::fabs(normalized)) + sum_rounding;
+          EXPECT_NEAR(y.data<float>()[r * len + j], want, tolerance) << "len " << len << " row " << r << " " << j;
+        }
+      }
+    }
+  }
+}
+
 TEST(DnnlBatchNorm, TrainingModeIsUnsupported) {
   ir::Node n = make_node("BatchNormalization", 5, 3);
   n.attrs["training_mode"] = int64_t{1};
