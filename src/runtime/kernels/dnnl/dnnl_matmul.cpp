@@ -10,9 +10,12 @@
 // [K] -> [K, 1] for B) and the added dim dropped from Y; batch dims broadcast (ranks may differ).
 // With a constant 2-D B (a Linear layer's weights) all leading dims of A fold into M: one GEMM with
 // the packed weights. A Transpose the plan folded into A or B (Fold::kTransposedInput: attention's
-// head splits, K^T) is read through its strides; where the primitive cannot take those strides
-// (no unit stride in the matrix, A's rows not one stride apart before a 2-D B, or only oneDNN's
-// reference kernel), the input is transposed into scratch first, the copy the Transpose made.
+// head splits, K^T) is read through its strides, and one folded into Y (Fold::kTransposedOutput:
+// the heads' merge) is written through them; where the primitive cannot take those strides (no
+// unit stride in the matrix, rows not one stride apart against a 2-D B, only oneDNN's reference
+// kernel, an eltwise pass over Y), the input is transposed into scratch first, or the product
+// transposed out of scratch after, the copy the Transpose made. A fused scalar Mul (kScale) is the
+// primitive's output scale.
 #include <algorithm>
 #include <array>
 #include <optional>
@@ -409,14 +412,13 @@ class MatMulKernel final : public Kernel {
     };
     auto make = [&](bool use_views) {
       MatmulPlan q = p;
-      std::optional<Dims> sa = perm_[0].empty() || !use_views ? std::nullopt : view_strides(src_dims, as, a_strides);
-      std::optional<Dims> sb = perm_[1].empty() || !use_views || as.size() == 1 || bs.size() == 1
-                                   ? std::nullopt
-                                   : view_strides(wei_dims, bs, b_strides);
-      if (use_views && as.size() == 1) sa.reset();
-      std::optional<Dims> sd = out_perm_.empty() || !use_views || as.size() == 1 || bs.size() == 1
-                                   ? std::nullopt
-                                   : view_strides(dst_dims, p.product_shape, product_strides);
+      // Views need both operands to be matrices (a 1-D operand's promotion adds a dim the
+      // permutation does not know).
+      const bool views = use_views && as.size() > 1 && bs.size() > 1;
+      const std::optional<Dims> sa = views && !perm_[0].empty() ? view_strides(src_dims, as, a_strides) : std::nullopt;
+      const std::optional<Dims> sb = views && !perm_[1].empty() ? view_strides(wei_dims, bs, b_strides) : std::nullopt;
+      const std::optional<Dims> sd =
+          views && !out_perm_.empty() ? view_strides(dst_dims, p.product_shape, product_strides) : std::nullopt;
       if (!perm_[0].empty() && !sa) q.copy_perm[0] = perm_[0];
       if (!perm_[1].empty() && !sb) q.copy_perm[1] = perm_[1];
       q.copy_out = !out_perm_.empty() && !sd;
