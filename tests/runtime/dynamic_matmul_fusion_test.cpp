@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "runtime/fusions/execution_fusions.h"
+#include "runtime/kernels/elementwise/gelu_avx512.h"
 #include "runtime/kernels/integer/int8_common.h"
 #include "slimquant/runtime/session.h"
 
@@ -347,5 +349,54 @@ TEST(DynamicMatMulFusion, TilingWindowsRunAsOneMatMulAndEqualOpByOp) {
     }
     EXPECT_LE(worst, 1e-6f * range) << shape_str(k.x);
     EXPECT_GT(range, 0.f);
+  }
+}
+
+// A GELU feeding a dynamic MatMul alone (a transformer's second MLP product) hands its output's range
+// over from its own pass; the MatMul skips its scan of x. The same run with the GELU's output
+// requested (kept, so nothing is handed over) gives the same bits; a NaN in x is skipped by both.
+TEST(DynamicMatMulFusion, GeluHandsItsRangeToTheDynamicMatMul) {
+  std::mt19937 rng(21);
+  const int64_t k = 40, n = 24;
+  ir::Graph g = dynamic_matmuls(k, n, rng);
+  g.initializers["sqrt2"] = Tensor::scalar(1.4142135f);
+  g.initializers["one"] = Tensor::scalar(1.f);
+  g.initializers["half"] = Tensor::scalar(0.5f);
+  g.initializers["gain"] = Tensor::scalar(1.5f);
+  // x * 1.5 -> erf GELU -> h (the pattern's input is an intermediate value, as after a MatMul), read
+  // by the DynamicQuantizeLinear alone (replacing x there).
+  const std::vector<ir::Node> gelu = {node("Mul", {"x", "gain"}, {"t"}), node("Div", {"t", "sqrt2"}, {"d"}),
+                                      node("Erf", {"d"}, {"e"}), node("Add", {"e", "one"}, {"e1"}),
+                                      node("Mul", {"t", "e1"}, {"m"}), node("Mul", {"m", "half"}, {"h"})};
+  g.nodes[0].inputs[0] = "h";
+  g.nodes.insert(g.nodes.begin(), gelu.begin(), gelu.end());
+  // One reader of the codes: y2's chain goes, so the MatMul quantizes h itself.
+  g.nodes.erase(std::remove_if(g.nodes.begin(), g.nodes.end(),
+                               [](const ir::Node& nd) { return nd.outputs[0].rfind("w2", 0) == 0 || nd.outputs[0] == "y2"; }),
+                g.nodes.end());
+  g.outputs = {{"y", DType::kFloat32, std::nullopt}};
+  {
+    ir::Graph fused = g;
+    const ir::RuleCounts counts = runtime::apply_execution_fusions(fused, {"x", "y"});
+    EXPECT_EQ(ir::count_of(counts, "fuse_erf_gelu"), 1);
+    EXPECT_EQ(ir::count_of(counts, "hand_over_gelu_range"), runtime::ew::gelu_pass_available() ? 1 : 0);
+  }
+  runtime::Session session(g);
+  for (const Shape& shape : {Shape{3, k}, Shape{2, 9, k}}) {
+    Tensor x(DType::kFloat32, shape);
+    std::uniform_real_distribution<float> u(-4.f, 3.f);
+    for (auto& v : x.values<float>()) v = u(rng);
+    x.data<float>()[1] = std::numeric_limits<float>::quiet_NaN();
+    runtime::RunOptions handed, kept;
+    handed.outputs = {"y"};
+    kept.outputs = {"y", "h"};
+    const Tensor a = session.run({{"x", x}}, handed).at("y");
+    const Tensor b = session.run({{"x", x}}, kept).at("y");
+    ASSERT_EQ(a.shape(), b.shape());
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const float va = a.data<float>()[i], vb = b.data<float>()[i];
+      if (std::isnan(vb)) EXPECT_TRUE(std::isnan(va)) << i;
+      else EXPECT_EQ(va, vb) << shape_str(shape) << " " << i;
+    }
   }
 }

@@ -278,6 +278,23 @@ TEST(Elementwise, GeluPassMatchesTheDefinitionInDouble) {
     EXPECT_NEAR(y[i], want, 4e-8 * std::max(1.0, std::fabs(static_cast<double>(x[i]))) + 1.2e-7 * std::fabs(want))
         << x[i];
   }
+  // With the range of what it writes (a dynamic MatMul's x): the same values, min / max with 0,
+  // the NaN skipped.
+  std::vector<float> with_range(x.size());
+  float lo = 1.f, hi = -1.f;
+  ew::gelu_with_range_avx512(x.data(), with_range.data(), n, lo, hi);
+  float want_lo = 0.f, want_hi = 0.f;
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(y[i])) {
+      EXPECT_TRUE(std::isnan(with_range[i]));
+      continue;
+    }
+    EXPECT_EQ(with_range[i], y[i]) << x[i];
+    want_lo = std::min(want_lo, y[i]);
+    want_hi = std::max(want_hi, y[i]);
+  }
+  EXPECT_EQ(lo, want_lo);
+  EXPECT_EQ(hi, want_hi);
   // Fused with the output's quantization: y = saturate(round_half_even(gelu(v) / s + z)), u8 and
   // s8; a code may differ from the double reference only where gelu(v) / s lies within the pass's
   // error of a rounding tie.

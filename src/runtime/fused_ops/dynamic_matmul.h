@@ -24,7 +24,9 @@ inline constexpr const char* kDynamicConv = "DynamicQuantConv";
 // (attention's q, k and v), with its scale and zero point as x_scale and x_zero_point: the codes
 // are computed once for all of them. residual (MatMul only, optional): a float32 tensor of the
 // output's shape added last, y = (float(acc) * s + bias) + residual (a transformer's skip
-// connection, the Add the fusion took).
+// connection, the Add the fusion took). x_range (MatMul with a float x only, optional): float32
+// {min(0, min x), max(0, max x)}, NaNs skipped, computed by x's producer in its own pass (the GELU
+// pass's second output): the kernel then skips its range scan.
 enum DynamicMatMulInput : size_t {
   kDynamicX,
   kDynamicW,
@@ -33,7 +35,8 @@ enum DynamicMatMulInput : size_t {
   kDynamicBias,
   kDynamicXScale,
   kDynamicXZeroPoint,
-  kDynamicResidual
+  kDynamicResidual,
+  kDynamicXRange
 };
 
 }  // namespace slimquant::runtime::fused_ops

@@ -1,8 +1,11 @@
 #include "runtime/fusions/dynamic_matmul_fusion.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "runtime/fused_ops/dynamic_matmul.h"
+#include "runtime/fused_ops/gelu_erf.h"
+#include "runtime/kernels/elementwise/gelu_avx512.h"
 #include "runtime/kernels/integer/int8_common.h"
 
 namespace slimquant::runtime {
@@ -142,10 +145,48 @@ void fuse_dynamic_matmul(ir::Rewriter& rw, const DynamicMatMul& m) {
   if (!read) rw.remove(m.quantize);
 }
 
+// A fused dynamic MatMul reading a float x that a GELU node alone writes (a transformer's second
+// MLP product): the GELU pass hands over x's range as its second output (fused_ops::kDynamicXRange),
+// and the MatMul skips its own scan of x. Only where the GELU runs as the AVX-512 pass, which takes
+// the range in the same pass.
+struct GeluRange {
+  int gelu = -1, matmul = -1;
+};
+
+std::optional<GeluRange> select_gelu_range(const ir::Rewriter& rw, int i) {
+  const ir::Node& mm = rw.node(i);
+  if (mm.domain != fused_ops::kDynamicMatMulDomain || mm.op_type != fused_ops::kDynamicMatMul || mm.inputs.empty() ||
+      !mm.input(fused_ops::kDynamicXScale).empty() || !mm.input(fused_ops::kDynamicXRange).empty() ||
+      !ew::gelu_pass_available())
+    return std::nullopt;
+  const int g = rw.producer(mm.inputs[0]);
+  if (g < 0) return std::nullopt;
+  const ir::Node& gelu = rw.node(g);
+  if (gelu.op_type != "Gelu" || gelu.domain != dnnl_kernels::kGeluDomain || gelu.outputs.size() != 1 ||
+      rw.sole_reader(gelu.outputs[0]) != i)
+    return std::nullopt;
+  return GeluRange{g, i};
+}
+
+void hand_over_gelu_range(ir::Rewriter& rw, const GeluRange& m) {
+  ir::Node gelu = rw.node(m.gelu);
+  const std::string range = rw.graph().unique_value_name(gelu.outputs[0] + "_range");
+  gelu.outputs.push_back(range);
+  ir::Node mm = rw.node(m.matmul);
+  mm.inputs.resize(std::max(mm.inputs.size(), size_t{fused_ops::kDynamicXRange + 1}));
+  mm.inputs[fused_ops::kDynamicXRange] = range;
+  rw.replace(m.gelu, std::move(gelu));
+  rw.replace(m.matmul, std::move(mm));
+}
+
 }  // namespace
 
 ir::Rule dynamic_matmul_fusion_rule() {
   return ir::make_rule<DynamicMatMul>("fuse_dynamic_matmul", select_dynamic_matmul, fuse_dynamic_matmul);
+}
+
+ir::Rule gelu_range_rule() {
+  return ir::make_rule<GeluRange>("hand_over_gelu_range", select_gelu_range, hand_over_gelu_range);
 }
 
 }  // namespace slimquant::runtime

@@ -14,5 +14,8 @@ namespace slimquant::runtime {
 // no reader of its outputs is left (others reading x_q keep it). Rule "fuse_dynamic_matmul"; it
 // counts the MatMulInteger nodes fused.
 ir::Rule dynamic_matmul_fusion_rule();
+// After the erf GELU fusion: a GELU node alone feeding a fused dynamic MatMul's float x computes x's
+// range in its pass (its second output, the MatMul's x_range input).
+ir::Rule gelu_range_rule();
 
 }  // namespace slimquant::runtime

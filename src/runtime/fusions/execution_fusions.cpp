@@ -189,6 +189,7 @@ std::vector<ir::Rule> execution_fusion_rules() {
       ir::make_rule<ResidualAdd>("fuse_residual_add", select_residual_add, fuse_residual_add),
       ir::make_rule<MatMulBias>("fuse_matmul_bias", select_matmul_bias, fuse_matmul_bias),
       ir::make_rule<ErfGelu>("fuse_erf_gelu", select_erf_gelu, fuse_erf_gelu),
+      gelu_range_rule(),  // after the GELU nodes exist
       // After the residual sums (a QConv's quantized sum) and the MatMul bias (whose Add it would take).
       epilogue_fold_rule("fold_output_quantize", {Fold::kTensorQuantize, Fold::kChannelQuantize}),
       epilogue_fold_rule("fold_transposed_output", {Fold::kTransposedOutput}),

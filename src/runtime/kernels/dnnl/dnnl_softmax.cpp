@@ -245,9 +245,14 @@ class GeluErfKernel final : public Kernel {
     const Tensor& x = ctx.input(0);
     require_float32(node_, x, "input");
     Tensor& y = ctx.allocate_output(0, DType::kFloat32, x.shape());
+    // Output 1 (execution only, fused_ops/dynamic_matmul.h's x_range): y's range for a dynamically
+    // quantized reader, {min(0, min y), max(0, max y)}, NaNs skipped.
+    float* range = ctx.num_outputs() > 1 ? ctx.allocate_output(1, DType::kFloat32, {2}).data<float>() : nullptr;
+    if (range) range[0] = range[1] = 0.f;
     if (y.numel() == 0) return;
     if (ew::gelu_pass_available()) {  // the function the INT8 MatMul's fused GELU computes, and faster
-      ew::gelu_affine_avx512(x.data<float>(), y.data<float>(), x.numel(), 1.f, 0.f);
+      if (range) ew::gelu_with_range_avx512(x.data<float>(), y.data<float>(), x.numel(), range[0], range[1]);
+      else ew::gelu_affine_avx512(x.data<float>(), y.data<float>(), x.numel(), 1.f, 0.f);
       return;
     }
     const Shape flat = {x.numel()};
@@ -267,6 +272,11 @@ class GeluErfKernel final : public Kernel {
     p.src.set_data_handle(const_cast<void*>(x.raw()));
     p.dst.set_data_handle(y.raw());
     execute(p.prim, p.args);
+    if (range)
+      for (const float v : y.values<float>()) {  // v < lo is false for NaN: skipped
+        range[0] = v < range[0] ? v : range[0];
+        range[1] = range[1] < v ? v : range[1];
+      }
   }
 
  private:

@@ -95,6 +95,33 @@ __attribute__((target("avx512f,avx512dq"))) void gelu_affine_avx512(const float*
   }
 }
 
+// The lane reductions start from _mm512_undefined_*() too (see above).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+__attribute__((target("avx512f,avx512dq"))) void gelu_with_range_avx512(const float* v, float* y, int64_t n,
+                                                                           float& lo, float& hi) {
+  // min(g, acc): a NaN g gives acc (the second operand), so NaNs are skipped.
+  __m512 low = _mm512_setzero_ps(), high = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 g = gelu_lanes(_mm512_loadu_ps(v + i));
+    _mm512_storeu_ps(y + i, g);
+    low = _mm512_min_ps(g, low);
+    high = _mm512_max_ps(g, high);
+  }
+  if (i < n) {
+    const auto tail = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 g = gelu_lanes(_mm512_maskz_loadu_ps(tail, v + i));
+    _mm512_mask_storeu_ps(y + i, tail, g);
+    low = _mm512_mask_min_ps(low, tail, g, low);
+    high = _mm512_mask_max_ps(high, tail, g, high);
+  }
+  lo = _mm512_reduce_min_ps(low);
+  hi = _mm512_reduce_max_ps(high);
+}
+#pragma GCC diagnostic pop
+
 void gelu_requantize_avx512(const float* v, void* y, DType y_type, int64_t n, float scale, float shift) {
   SQ_CHECK(y_type == DType::kUInt8 || y_type == DType::kInt8, ErrorKind::kInternal, "gelu_requantize: u8 or s8 only");
   if (y_type == DType::kUInt8) gelu_requantize_typed<true>(v, y, n, scale, shift);

@@ -15,6 +15,10 @@ namespace slimquant::runtime::ew {
 bool gelu_pass_available();
 // y[i] = gelu(v[i]) * scale + shift for n floats (y may be v). NaN stays NaN.
 void gelu_affine_avx512(const float* v, float* y, int64_t n, float scale, float shift);
+// The same (scale 1, shift 0) also returning lo = min(0, min y), hi = max(0, max y) over the values
+// written, NaNs skipped: the range a dynamically quantized reader of y needs (integer::
+// dynamic_quant_params_from_range), taken in this pass instead of another one over y.
+void gelu_with_range_avx512(const float* v, float* y, int64_t n, float& lo, float& hi);
 // y[i] = saturate(round_half_even(gelu(v[i]) * scale + shift)) as u8 or s8 (a NaN gives the type's
 // lowest code, as quant_math::saturate_round does).
 void gelu_requantize_avx512(const float* v, void* y, DType y_type, int64_t n, float scale, float shift);

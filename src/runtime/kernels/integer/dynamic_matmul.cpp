@@ -66,6 +66,10 @@ SQ_AVX512_AVX2_CLONES void range_with_zero(const float* x, int64_t count, float&
 DynamicQuantParams dynamic_quant_params(const float* x, int64_t count) {
   float lo = 0.f, hi = 0.f;  // the range always holds 0; NaNs are skipped
   range_with_zero(x, count, lo, hi);
+  return dynamic_quant_params_from_range(lo, hi);
+}
+
+DynamicQuantParams dynamic_quant_params_from_range(float lo, float hi) {
   DynamicQuantParams p;
   p.scale = hi == lo ? 1.f : (hi - lo) / 255.f;
   p.zero_point = static_cast<uint8_t>(quant_math::saturate_round(0.f - lo / p.scale, 0.f, 255.f));  // NaN -> 0
@@ -192,7 +196,13 @@ class DynamicMatMulKernel final : public Kernel {
       p.scale = s.data<float>()[0];
       p.zero_point = z.data<uint8_t>()[0];
     } else {
-      p = integer::dynamic_quant_params(x.data<float>(), x.numel());
+      if (const Tensor* range = ctx.optional_input(kDynamicXRange)) {
+        SQ_CHECK(range->dtype() == DType::kFloat32 && range->numel() == 2, ErrorKind::kInvalidModel,
+                 node_.describe() + ": x_range must be two float32 values");
+        p = integer::dynamic_quant_params_from_range(range->data<float>()[0], range->data<float>()[1]);
+      } else {
+        p = integer::dynamic_quant_params(x.data<float>(), x.numel());
+      }
       Tensor& own = scratch(xq_, DType::kUInt8, x.shape());
       const Tensor zero_point_t = Tensor::scalar(p.zero_point);
       quantize_linear(x, Tensor::scalar(p.scale), &zero_point_t, 0, own, node_.describe());

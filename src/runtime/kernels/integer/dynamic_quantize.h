@@ -12,6 +12,9 @@ struct DynamicQuantParams {
   uint8_t zero_point = 0;
 };
 DynamicQuantParams dynamic_quant_params(const float* x, int64_t count);
+// The same from a range already taken: lo = min(0, min x), hi = max(0, max x), NaNs skipped (a
+// producer's pass that computed it, fused_ops/dynamic_matmul.h's x_range).
+DynamicQuantParams dynamic_quant_params_from_range(float lo, float hi);
 
 }  // namespace slimquant::runtime::integer
 
