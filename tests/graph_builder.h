@@ -24,6 +24,17 @@ inline Tensor random_tensor(const Shape& shape, std::mt19937& rng, float lo = -1
   return t;
 }
 
+// A float32 value of a known shape (a graph input, output or value_info entry).
+inline ir::ValueInfo float_value(const std::string& name, const Shape& shape) {
+  ir::ValueInfo v;
+  v.name = name;
+  v.dtype = DType::kFloat32;
+  std::vector<ir::Dim> dims;
+  for (int64_t d : shape) dims.push_back({d, ""});
+  v.dims = dims;
+  return v;
+}
+
 struct GraphBuilder {
   ir::Graph g;
   // A new initializer holding t; returns its name.

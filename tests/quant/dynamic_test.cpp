@@ -25,15 +25,7 @@ Tensor random_tensor(Shape shape, std::mt19937& rng, float lo = -1.f, float hi =
   return t;
 }
 
-ir::ValueInfo float_input(const std::string& name, const Shape& shape) {
-  ir::ValueInfo v;
-  v.name = name;
-  v.dtype = DType::kFloat32;
-  std::vector<ir::Dim> dims;
-  for (int64_t d : shape) dims.push_back({d, ""});
-  v.dims = dims;
-  return v;
-}
+using test::float_value;
 
 ir::Node node(const std::string& op, const std::string& name, std::vector<std::string> in, std::vector<std::string> out) {
   ir::Node n;
@@ -51,7 +43,7 @@ ir::Graph three_layer_kinds() {
   ir::Graph g;
   g.name = "dynamic_kinds";
   g.opset = 13;
-  g.inputs = {float_input("x", {2, 3, 9, 9}), float_input("v", {5, 6}), float_input("t", {2, 3, 6})};
+  g.inputs = {float_value("x", {2, 3, 9, 9}), float_value("v", {5, 6}), float_value("t", {2, 3, 6})};
   g.initializers["conv_w"] = random_tensor({4, 3, 3, 3}, rng);
   g.initializers["conv_b"] = random_tensor({4}, rng);
   g.initializers["gemm_w"] = random_tensor({7, 6}, rng);
@@ -66,8 +58,8 @@ ir::Graph three_layer_kinds() {
   gemm.attrs["alpha"] = 0.5f;
   gemm.attrs["beta"] = 2.f;
   g.nodes = {conv, gemm, node("MatMul", "mm", {"v", "mm_w"}, {"m"}), node("MatMul", "mm3", {"t", "mm3_w"}, {"m3"})};
-  g.outputs = {float_input("c", {2, 4, 5, 5}), float_input("gm", {5, 7}), float_input("m", {5, 4}),
-               float_input("m3", {2, 3, 8})};
+  g.outputs = {float_value("c", {2, 4, 5, 5}), float_value("gm", {5, 7}), float_value("m", {5, 4}),
+               float_value("m3", {2, 3, 8})};
   return g;
 }
 

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <random>
 
+#include "graph_builder.h"
 #include "runtime/fusions/execution_fusions.h"
 #include "runtime/kernels/elementwise/gelu_avx512.h"
 #include "runtime/kernels/integer/int8_common.h"
@@ -29,16 +31,22 @@ ir::Node node(const std::string& op, std::vector<std::string> in, std::vector<st
   return n;
 }
 
-// y = dynamic MatMul of x by w with bias b, y2 = the same x by w2 without bias (one
-// DynamicQuantizeLinear for both, as the exporter writes a shared activation).
-ir::Graph dynamic_matmuls(int64_t k, int64_t n, std::mt19937& rng) {
+// An empty opset-13 graph with one float input x of unknown shape.
+ir::Graph graph_of_x(const std::string& name) {
   ir::Graph g;
-  g.name = "dynamic_matmuls";
+  g.name = name;
   g.opset = 13;
   ir::ValueInfo x;
   x.name = "x";
   x.dtype = DType::kFloat32;
   g.inputs = {x};
+  return g;
+}
+
+// y = dynamic MatMul of x by w with bias b, y2 = the same x by w2 without bias (one
+// DynamicQuantizeLinear for both, as the exporter writes a shared activation).
+ir::Graph dynamic_matmuls(int64_t k, int64_t n, std::mt19937& rng) {
+  ir::Graph g = graph_of_x("dynamic_matmuls");
   std::uniform_int_distribution<int> code(-127, 127);
   std::uniform_real_distribution<float> u(0.001f, 0.02f);
   for (const char* w : {"w", "w2"}) {
@@ -67,6 +75,45 @@ ir::Graph dynamic_matmuls(int64_t k, int64_t n, std::mt19937& rng) {
   g.nodes.push_back(node("Mul", {"w2_accf", "w2_scales"}, {"y2"}));
   g.outputs = {{"y", DType::kFloat32, std::nullopt}, {"y2", DType::kFloat32, std::nullopt}};
   return g;
+}
+
+// The exporter's ConvInteger chain: x -> DynamicQuantizeLinear -> ConvInteger(w, w_zero_point,
+// attrs) -> Cast -> Mul(., Mul(s_x, w_scale)) -> Add(b) = y, with random per-channel scales and
+// biases of shape [1, M, 1, 1].
+ir::Graph dynamic_conv(Tensor w, Tensor w_zero_point, std::map<std::string, ir::AttributeValue> attrs,
+                       std::mt19937& rng) {
+  ir::Graph g = graph_of_x("dynamic_conv");
+  const int64_t m = w.dim(0);
+  g.initializers["w"] = std::move(w);
+  g.initializers["w_zero_point"] = std::move(w_zero_point);
+  Tensor s(DType::kFloat32, {1, m, 1, 1}), b(DType::kFloat32, {1, m, 1, 1});
+  std::uniform_real_distribution<float> u(0.001f, 0.02f);
+  for (auto& v : s.values<float>()) v = u(rng);
+  for (auto& v : b.values<float>()) v = u(rng) * 50.f - 0.5f;
+  g.initializers["w_scale"] = s;
+  g.initializers["b"] = b;
+  ir::Node conv = node("ConvInteger", {"xq", "w", "xz", "w_zero_point"}, {"acc"});
+  conv.attrs = std::move(attrs);
+  ir::Node cast = node("Cast", {"acc"}, {"accf"});
+  cast.attrs["to"] = int64_t{1};
+  g.nodes = {node("DynamicQuantizeLinear", {"x"}, {"xq", "xs", "xz"}), conv, cast,
+             node("Mul", {"xs", "w_scale"}, {"scales"}), node("Mul", {"accf", "scales"}, {"scaled"}),
+             node("Add", {"scaled", "b"}, {"y"})};
+  g.outputs = {{"y", DType::kFloat32, std::nullopt}};
+  return g;
+}
+
+// got equals want up to 1e-6 of want's (non-zero) range: the same integers, only the float
+// rounding of the last multiply-add may differ.
+void expect_within_range(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  float range = 0, worst = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    range = std::max(range, std::abs(want.data<float>()[i]));
+    worst = std::max(worst, std::abs(got.data<float>()[i] - want.data<float>()[i]));
+  }
+  EXPECT_LE(worst, 1e-6f * range) << what;
+  EXPECT_GT(range, 0.f) << what;
 }
 
 TEST(DynamicMatMulFusion, FusedEqualsOpByOpAndTheClosedForm) {
@@ -175,35 +222,15 @@ TEST(DynamicMatMulFusion, FusedConvolutionEqualsOpByOp) {
   std::mt19937 rng(9);
   for (const int64_t group : {int64_t{1}, int64_t{2}}) {
     const int64_t c = 4, m = 6;
-    ir::Graph g;
-    g.name = "dynamic_conv";
-    g.opset = 13;
-    ir::ValueInfo x;
-    x.name = "x";
-    x.dtype = DType::kFloat32;
-    g.inputs = {x};
     Tensor w(DType::kUInt8, {m, c / group, 3, 3});
     std::uniform_int_distribution<int> code(1, 255);
     for (auto& v : w.values<uint8_t>()) v = static_cast<uint8_t>(code(rng));
     w.data<uint8_t>()[0] = 1;  // -127: full range
-    g.initializers["w"] = w;
-    g.initializers["w_zero_point"] = Tensor::scalar<uint8_t>(128);
-    Tensor s(DType::kFloat32, {1, m, 1, 1}), b(DType::kFloat32, {1, m, 1, 1});
-    std::uniform_real_distribution<float> u(0.001f, 0.02f);
-    for (auto& v : s.values<float>()) v = u(rng);
-    for (auto& v : b.values<float>()) v = u(rng) * 50.f - 0.5f;
-    g.initializers["w_scale"] = s;
-    g.initializers["b"] = b;
-    ir::Node conv = node("ConvInteger", {"xq", "w", "xz", "w_zero_point"}, {"acc"});
-    conv.attrs["pads"] = std::vector<int64_t>{1, 1, 1, 1};
-    conv.attrs["strides"] = std::vector<int64_t>{2, 2};
-    conv.attrs["group"] = group;
-    ir::Node cast = node("Cast", {"acc"}, {"accf"});
-    cast.attrs["to"] = int64_t{1};
-    g.nodes = {node("DynamicQuantizeLinear", {"x"}, {"xq", "xs", "xz"}), conv, cast,
-               node("Mul", {"xs", "w_scale"}, {"scales"}), node("Mul", {"accf", "scales"}, {"scaled"}),
-               node("Add", {"scaled", "b"}, {"y"})};
-    g.outputs = {{"y", DType::kFloat32, std::nullopt}};
+    const ir::Graph g = dynamic_conv(w, Tensor::scalar<uint8_t>(128),
+                                     {{"pads", std::vector<int64_t>{1, 1, 1, 1}},
+                                      {"strides", std::vector<int64_t>{2, 2}},
+                                      {"group", group}},
+                                     rng);
     {
       ir::Graph fused = g;
       const int expected = runtime::int8::cpu_has_exact_int8_dot() ? 1 : 0;  // the fused one needs VNNI
@@ -217,16 +244,9 @@ TEST(DynamicMatMulFusion, FusedConvolutionEqualsOpByOp) {
       std::uniform_real_distribution<float> ux(-0.7f, 2.f);
       for (auto& v : xt.values<float>()) v = ux(rng);
       const Tensor ya = fused.run({{"x", xt}}).at("y");
-      const Tensor yb = unfused.run({{"x", xt}}).at("y");
-      ASSERT_EQ(ya.shape(), yb.shape());
       EXPECT_EQ(ya.shape(), (Shape{shape[0], m, (shape[2] + 1) / 2, (shape[3] + 1) / 2}));
-      float range = 0, worst = 0;
-      for (int64_t i = 0; i < ya.numel(); ++i) {
-        range = std::max(range, std::abs(yb.data<float>()[i]));
-        worst = std::max(worst, std::abs(ya.data<float>()[i] - yb.data<float>()[i]));
-      }
-      EXPECT_LE(worst, 1e-6f * range) << "group " << group << " " << shape_str(shape);
-      EXPECT_GT(range, 0.f);
+      expect_within_range(ya, unfused.run({{"x", xt}}).at("y"),
+                          "group " + std::to_string(group) + " " + shape_str(shape));
     }
   }
 }
@@ -249,21 +269,11 @@ TEST(DynamicMatMulFusion, ResidualAddOfTheOutputsShapeFoldsIntoTheEpilogue) {
   const int64_t k = 48, n = 32;
   for (const bool broadcast : {false, true}) {
     ir::Graph g = dynamic_matmuls(k, n, rng);
-    const Shape rows{2, 5};
-    auto info = [](const std::string& name, const Shape& s) {
-      ir::ValueInfo v;
-      v.name = name;
-      v.dtype = DType::kFloat32;
-      std::vector<ir::Dim> dims;
-      for (int64_t d : s) dims.push_back({d, ""});
-      v.dims = dims;
-      return v;
-    };
     const Shape r_shape = broadcast ? Shape{n} : Shape{2, 5, n};
-    g.inputs = {info("x", {2, 5, k}), info("r", r_shape)};
+    g.inputs = {test::float_value("x", {2, 5, k}), test::float_value("r", r_shape)};
     g.nodes.push_back(node("Add", {"r", "y"}, {"z"}));
     g.outputs = {{"z", DType::kFloat32, std::nullopt}, {"y2", DType::kFloat32, std::nullopt}};
-    g.value_info["y"] = info("y", {2, 5, n});
+    g.value_info["y"] = test::float_value("y", {2, 5, n});
     {
       ir::Graph fused = g;
       EXPECT_EQ(ir::count_of(runtime::apply_execution_fusions(fused, {"x", "r", "z", "y2"}), "fuse_dynamic_matmul"), 2);
@@ -282,15 +292,8 @@ TEST(DynamicMatMulFusion, ResidualAddOfTheOutputsShapeFoldsIntoTheEpilogue) {
     std::uniform_real_distribution<float> u(-1.f, 2.f);
     for (auto& v : x.values<float>()) v = u(rng);
     for (auto& v : r.values<float>()) v = u(rng);
-    const Tensor za = fused.run({{"x", x}, {"r", r}}).at("z"), zb = unfused.run({{"x", x}, {"r", r}}).at("z");
-    ASSERT_EQ(za.shape(), zb.shape());
-    float range = 0, worst = 0;
-    for (int64_t i = 0; i < za.numel(); ++i) {
-      range = std::max(range, std::abs(zb.data<float>()[i]));
-      worst = std::max(worst, std::abs(za.data<float>()[i] - zb.data<float>()[i]));
-    }
-    EXPECT_LE(worst, 1e-6f * range) << (broadcast ? "broadcast" : "same shape");
-    EXPECT_GT(range, 0.f);
+    expect_within_range(fused.run({{"x", x}, {"r", r}}).at("z"), unfused.run({{"x", x}, {"r", r}}).at("z"),
+                        broadcast ? "broadcast" : "same shape");
   }
 }
 
@@ -304,34 +307,14 @@ TEST(DynamicMatMulFusion, TilingWindowsRunAsOneMatMulAndEqualOpByOp) {
     Shape x;
   };
   for (const Case& k : {Case{1, 16, 4, 4, {5, 1, 28, 28}}, Case{3, 8, 4, 2, {2, 3, 10, 9}}}) {
-    ir::Graph g;
-    g.name = "patches";
-    g.opset = 13;
-    ir::ValueInfo x;
-    x.name = "x";
-    x.dtype = DType::kFloat32;
-    g.inputs = {x};
     Tensor w(DType::kInt8, {k.m, k.c, k.kh, k.kw});
     std::uniform_int_distribution<int> code(-127, 127);
     for (auto& v : w.values<int8_t>()) v = static_cast<int8_t>(code(rng));
     w.data<int8_t>()[0] = -127;
-    g.initializers["w"] = w;
-    g.initializers["w_zero_point"] = Tensor(DType::kInt8, {k.m});
-    Tensor s(DType::kFloat32, {1, k.m, 1, 1}), b(DType::kFloat32, {1, k.m, 1, 1});
-    std::uniform_real_distribution<float> u(0.001f, 0.02f);
-    for (auto& v : s.values<float>()) v = u(rng);
-    for (auto& v : b.values<float>()) v = u(rng) * 50.f - 0.5f;
-    g.initializers["w_scale"] = s;
-    g.initializers["b"] = b;
-    ir::Node conv = node("ConvInteger", {"xq", "w", "xz", "w_zero_point"}, {"acc"});
-    conv.attrs["kernel_shape"] = std::vector<int64_t>{k.kh, k.kw};
-    conv.attrs["strides"] = std::vector<int64_t>{k.kh, k.kw};
-    ir::Node cast = node("Cast", {"acc"}, {"accf"});
-    cast.attrs["to"] = int64_t{1};
-    g.nodes = {node("DynamicQuantizeLinear", {"x"}, {"xq", "xs", "xz"}), conv, cast,
-               node("Mul", {"xs", "w_scale"}, {"scales"}), node("Mul", {"accf", "scales"}, {"scaled"}),
-               node("Add", {"scaled", "b"}, {"y"})};
-    g.outputs = {{"y", DType::kFloat32, std::nullopt}};
+    const ir::Graph g = dynamic_conv(w, Tensor(DType::kInt8, {k.m}),
+                                     {{"kernel_shape", std::vector<int64_t>{k.kh, k.kw}},
+                                      {"strides", std::vector<int64_t>{k.kh, k.kw}}},
+                                     rng);
     runtime::SessionOptions unfused_options;
     unfused_options.fuse_activations = false;
     runtime::Session fused(g), unfused(g, unfused_options);
@@ -339,16 +322,8 @@ TEST(DynamicMatMulFusion, TilingWindowsRunAsOneMatMulAndEqualOpByOp) {
     std::uniform_real_distribution<float> ux(-0.7f, 2.f);
     for (auto& v : xt.values<float>()) v = ux(rng);
     const Tensor ya = fused.run({{"x", xt}}).at("y");
-    const Tensor yb = unfused.run({{"x", xt}}).at("y");
     ASSERT_EQ(ya.shape(), (Shape{k.x[0], k.m, k.x[2] / k.kh, k.x[3] / k.kw}));
-    ASSERT_EQ(ya.shape(), yb.shape());
-    float range = 0, worst = 0;
-    for (int64_t i = 0; i < ya.numel(); ++i) {
-      range = std::max(range, std::abs(yb.data<float>()[i]));
-      worst = std::max(worst, std::abs(ya.data<float>()[i] - yb.data<float>()[i]));
-    }
-    EXPECT_LE(worst, 1e-6f * range) << shape_str(k.x);
-    EXPECT_GT(range, 0.f);
+    expect_within_range(ya, unfused.run({{"x", xt}}).at("y"), shape_str(k.x));
   }
 }
 

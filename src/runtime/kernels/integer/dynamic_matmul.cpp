@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "runtime/fused_ops/dynamic_matmul.h"
 #include "runtime/kernels/cpu_clones.h"
@@ -143,6 +144,53 @@ std::vector<float> per_column(const ir::Node& node, const Tensor* t, int64_t n, 
   return v;
 }
 
+// u8 rows [m, k] times constant s8 weights [k, n] into s32 sums [m, n] on oneDNN's int8 matmul:
+// one primitive per row count (batch sizes change), each with the weights reordered once into the
+// layout it picked.
+class S32MatMuls {
+ public:
+  // w: the weights as stored, [k, n] (tag ab) or [n, k] (tag ba: a convolution's [M, C kh kw]).
+  S32MatMuls(const ir::Node& node, const int8_t* w, int64_t k, int64_t n, memory::format_tag w_tag)
+      : node_(node), w_(w), k_(k), n_(n), w_tag_(w_tag) {}
+
+  void run(int64_t m, const uint8_t* x, int32_t* acc) {
+    const Primitive& p = primitive(m);
+    memory src({{m, k_}, memory::data_type::u8, memory::format_tag::ab}, dnnl_engine(), const_cast<uint8_t*>(x));
+    memory dst({{m, n_}, memory::data_type::s32, memory::format_tag::ab}, dnnl_engine(), acc);
+    p.prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, p.weights}, {DNNL_ARG_DST, dst}});
+    dnnl_stream().wait();
+  }
+
+ private:
+  struct Primitive {
+    dnnl::matmul prim;
+    memory weights;
+  };
+
+  const Primitive& primitive(int64_t m) {
+    auto it = prims_.find(m);
+    if (it != prims_.end()) return it->second;
+    if (prims_.size() >= 8) prims_.erase(prims_.begin());
+    const memory::desc src({m, k_}, memory::data_type::u8, memory::format_tag::ab);
+    const memory::desc wany({k_, n_}, memory::data_type::s8, memory::format_tag::any);
+    const memory::desc dst({m, n_}, memory::data_type::s32, memory::format_tag::ab);
+    const auto pd = dnnl_kernels::make_pd(node_, "int8 matmul", [&] {
+      return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wany, dst), dnnl_engine());
+    });
+    Primitive prim{dnnl::matmul(pd), memory(pd.weights_desc(), dnnl_engine())};
+    memory user({{k_, n_}, memory::data_type::s8, w_tag_}, dnnl_engine(), const_cast<int8_t*>(w_));
+    dnnl::reorder(user, prim.weights).execute(dnnl_stream(), user, prim.weights);
+    dnnl_stream().wait();
+    return prims_.emplace(m, std::move(prim)).first->second;
+  }
+
+  const ir::Node& node_;
+  const int8_t* w_;
+  int64_t k_, n_;
+  memory::format_tag w_tag_;
+  std::map<int64_t, Primitive> prims_;
+};
+
 class DynamicMatMulKernel final : public Kernel {
  public:
   explicit DynamicMatMulKernel(const KernelInit& init) : node_(init.node) {
@@ -163,6 +211,7 @@ class DynamicMatMulKernel final : public Kernel {
     if (!node_.input(kDynamicBias).empty()) bias_ = per_column(node_, init.constant_input(kDynamicBias), n_, "bias");
     const int w_max = int8::max_abs_int8(w_);
     exact_int8_ = int8::resolve_compute(int8::Compute::kAuto, w_max) == int8::Compute::kInt8;
+    if (exact_int8_) int8_products_.emplace(node_, w_.data<int8_t>(), k_, n_, memory::format_tag::ab);
     w_sum_.assign(static_cast<size_t>(n_), 0);
     for (int64_t l = 0; l < k_; ++l)
       for (int64_t j = 0; j < n_; ++j) w_sum_[static_cast<size_t>(j)] += w_.data<int8_t>()[l * n_ + j];
@@ -222,36 +271,9 @@ class DynamicMatMulKernel final : public Kernel {
   }
 
  private:
-  struct Primitive {
-    dnnl::matmul prim;
-    memory weights;
-  };
-
-  const Primitive& primitive(int64_t m) {
-    auto it = prims_.find(m);
-    if (it != prims_.end()) return it->second;
-    if (prims_.size() >= 8) prims_.erase(prims_.begin());
-    const memory::desc src({m, k_}, memory::data_type::u8, memory::format_tag::ab);
-    const memory::desc wany({k_, n_}, memory::data_type::s8, memory::format_tag::any);
-    const memory::desc dst({m, n_}, memory::data_type::s32, memory::format_tag::ab);
-    dnnl::primitive_attr attr;
-    const auto pd = dnnl_kernels::make_pd(node_, "int8 matmul", [&] {
-      return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wany, dst), attr, dnnl_engine());
-    });
-    Primitive prim{dnnl::matmul(pd), memory(pd.weights_desc(), dnnl_engine())};
-    memory user({{k_, n_}, memory::data_type::s8, memory::format_tag::ab}, dnnl_engine(), const_cast<void*>(w_.raw()));
-    dnnl::reorder(user, prim.weights).execute(dnnl_stream(), user, prim.weights);
-    dnnl_stream().wait();
-    return prims_.emplace(m, std::move(prim)).first->second;
-  }
-
   void run_dnnl(int64_t m, const uint8_t* xq, uint8_t zero_point, const float* residual, float* y) {
-    const Primitive& p = primitive(m);
     acc_.resize(static_cast<size_t>(m * n_));
-    memory src({{m, k_}, memory::data_type::u8, memory::format_tag::ab}, dnnl_engine(), const_cast<uint8_t*>(xq));
-    memory dst({{m, n_}, memory::data_type::s32, memory::format_tag::ab}, dnnl_engine(), acc_.data());
-    p.prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, p.weights}, {DNNL_ARG_DST, dst}});
-    dnnl_stream().wait();
+    int8_products_->run(m, xq, acc_.data());
     // sum_l (x_q - z_x) w = sum_l x_q w - z_x * sum_l w (exact in int32), then the op-by-op
     // epilogue: Cast, Mul by s_x * s_w[j], Add bias[j].
     correction_.resize(static_cast<size_t>(n_));
@@ -259,6 +281,11 @@ class DynamicMatMulKernel final : public Kernel {
     dequantize_rows(acc_.data(), m, n_, correction_.data(), scales_.data(), bias_.empty() ? nullptr : bias_.data(),
                     residual, y);
   }
+
+  struct Primitive {
+    dnnl::matmul prim;
+    memory weights;
+  };
 
   // The f32 matmul of rows [k0, k0 + depth) of w for m rows of x: src rows keep x's stride k_.
   const Primitive& float_primitive(int64_t m, int64_t k0, int64_t depth) {
@@ -311,7 +338,7 @@ class DynamicMatMulKernel final : public Kernel {
   // The f32 path: w's codes as floats, rows per exact slice, x_q - z_x as floats, a slice's sums.
   Tensor w_float_, x_float_, sums_;
   int64_t slice_depth_ = 0;
-  std::map<int64_t, Primitive> prims_;                              // int8, by rows M
+  std::optional<S32MatMuls> int8_products_;                         // the int8 path
   std::map<std::pair<int64_t, int64_t>, Primitive> float_prims_;  // f32, by rows M and first row of w
 };
 
@@ -451,33 +478,11 @@ class DynamicConvKernel final : public Kernel {
     Tensor& windows = scratch(windows_, DType::kUInt8, {rows, depth});
     // x_q viewed as [n, oh, ow, c, kh, kw].
     shape::strided_copy(windows.raw(), xq.raw(), {n, oh, ow, c, kh, kw}, {c * h * w, kh * w, kw, h * w, w, 1}, 1);
-    auto it = patch_prims_.find(rows);
-    if (it == patch_prims_.end()) {
-      if (patch_prims_.size() >= 8) patch_prims_.erase(patch_prims_.begin());
-      const memory::desc src({rows, depth}, memory::data_type::u8, memory::format_tag::ab);
-      const memory::desc wany({depth, m_}, memory::data_type::s8, memory::format_tag::any);
-      const memory::desc dst({rows, m_}, memory::data_type::s32, memory::format_tag::ab);
-      const auto pd = dnnl_kernels::make_pd(node_, "int8 matmul of the windows", [&] {
-        return dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, wany, dst), dnnl_engine());
-      });
-      PatchPrimitive prim{dnnl::matmul(pd), memory(pd.weights_desc(), dnnl_engine())};
-      memory user({{depth, m_}, memory::data_type::s8, memory::format_tag::ba}, dnnl_engine(), w_.raw());
-      dnnl::reorder(user, prim.weights).execute(dnnl_stream(), user, prim.weights);
-      dnnl_stream().wait();
-      it = patch_prims_.emplace(rows, std::move(prim)).first;
-    }
+    if (!window_products_) window_products_.emplace(node_, w_.data<int8_t>(), depth, m_, memory::format_tag::ba);
     Tensor& acc = scratch(acc_, DType::kInt32, {rows, m_});
-    memory src({{rows, depth}, memory::data_type::u8, memory::format_tag::ab}, dnnl_engine(), windows.raw());
-    memory dst({{rows, m_}, memory::data_type::s32, memory::format_tag::ab}, dnnl_engine(), acc.raw());
-    it->second.prim.execute(dnnl_stream(), {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, it->second.weights}, {DNNL_ARG_DST, dst}});
-    dnnl_stream().wait();
+    window_products_->run(rows, windows.data<uint8_t>(), acc.data<int32_t>());
     channels_last_epilogue(acc.data<int32_t>(), n, oh * ow, p, y);
   }
-
-  struct PatchPrimitive {
-    dnnl::matmul prim;
-    memory weights;
-  };
 
   struct Plan {
     dnnl::convolution_forward::primitive_desc pd;
@@ -530,7 +535,7 @@ class DynamicConvKernel final : public Kernel {
   int64_t m_ = 0, group_ = 1;
   std::vector<int32_t> w_sum_;
   Tensor xq_, padded_, acc_, windows_;  // scratch kept between runs: x's codes, padded, the s32 sums, run_patches' rows
-  std::map<int64_t, PatchPrimitive> patch_prims_;  // run_patches' MatMuls, by rows
+  std::optional<S32MatMuls> window_products_;  // run_patches' MatMul of the windows by w^T
   dnnl_kernels::WindowAttrs window_;
   std::vector<float> w_scale_, bias_, scales_;  // scales_: s_x * s_w[m] of the current run
   std::vector<int32_t> correction_;             // z_x * sum(w[m]) of the current run
