@@ -28,7 +28,7 @@ ctest --output-on-failure -j"$jobs" --timeout 900 -LE sanitized
 # without AVX-512 (AVX2: no VNNI, saturating int8 kernels) and on one with AVX-512 but no VNNI, so
 # a suite written on one machine cannot pass only there. The command-line flows (CliQuantize) are not
 # rerun: their kernels are the ones the suites above exercise, and they cost a third of a rerun.
-ISA_DEPENDENT='^([A-Za-z]+/)?(ImplementationChoice|Int8Parity|Lowering|LoweringOnResnet|FusedKernel|Int8Compute|ActivationMatMul|SpelledActivationLowering|IntegerOps|Dnnl[A-Za-z]*|Session[A-Za-z]*|QuantizeLinear|DequantizeLinear|Gelu|FixtureModel|QuantizeReproducibility|DeployBackend|Int8Golden|ChannelWiseInputs|PaddlePatterns|ExecutionFusions|ChannelBlockedOps|ConvTransposeGemm|Dynamic|DynamicMatMulFusion)\.'
+ISA_DEPENDENT='^([A-Za-z]+/)?(ImplementationChoice|Int8Parity|Lowering|LoweringOnResnet|FusedKernel|Int8Compute|ActivationMatMul|SpelledActivationLowering|IntegerOps|Dnnl[A-Za-z]*|Session[A-Za-z]*|QuantizeLinear|DequantizeLinear|Gelu|FixtureModel|QuantizeReproducibility|DeployBackend|Int8Golden|ChannelWiseInputs|PaddlePatterns|ExecutionFusions|ChannelBlockedOps|ConvTransposeGemm|Dynamic|DynamicMatMulFusion|ConvBandsTest)\.'
 # A cap at or above the CPU's own best instruction set would repeat the run above: skipped, saying so.
 cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2 || true) "
 has_flag() { [[ "$cpu_flags" == *" $1 "* ]]; }

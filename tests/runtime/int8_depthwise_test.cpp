@@ -13,7 +13,7 @@
 
 #include "runtime/kernels/integer/int8_depthwise.h"
 #include "runtime/kernels/integer/int8_reference.h"
-#include "runtime/kernels/shape/shape_common.h"
+#include "channels_last.h"
 
 namespace slimquant::runtime::int8 {
 namespace {
@@ -30,16 +30,6 @@ struct DepthwiseCase {
   bool post_affine = false;  // HardSwish followed by a scalar Mul / Add
   int64_t batch = 1;
 };
-
-// t's dims permuted (shape::transpose_bytes): {0, 2, 3, 1} makes NCHW channels-last, {0, 3, 1, 2}
-// undoes it.
-Tensor permuted(const Tensor& t, const std::vector<int64_t>& perm) {
-  Shape out_shape;
-  for (int64_t d : perm) out_shape.push_back(t.dim(d));
-  Tensor out(t.dtype(), out_shape);
-  shape::transpose_bytes(out.raw(), t.raw(), t.shape(), perm, dtype_size(t.dtype()));
-  return out;
-}
 
 class DirectDepthwiseTest : public ::testing::TestWithParam<DepthwiseCase> {};
 
@@ -106,10 +96,10 @@ TEST_P(DirectDepthwiseTest, MatchesTheReferenceCodeForCode) {
   reference_qconv(q, r, p, x, w, expected);
 
   const DirectDepthwise kernel(q, r, w, c.x_type);
-  const Tensor x_nhwc = permuted(x, {0, 2, 3, 1});
+  const Tensor x_nhwc = test::to_channels_last(x);
   Tensor y_nhwc(c.y_type, {c.batch, out_h, out_w, c.channels});
   kernel.run(p, x_nhwc.raw(), y_nhwc.raw());
-  const Tensor actual = permuted(y_nhwc, {0, 3, 1, 2});
+  const Tensor actual = test::from_channels_last(y_nhwc);
 
   // Exact where the output stage is the reference's own float expression. HardSwish and
   // HardSigmoid (and the post affine map) are fused into fewer roundings, and Sigmoid / Swish use a

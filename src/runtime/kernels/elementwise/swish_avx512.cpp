@@ -6,6 +6,7 @@
 #include <string>
 
 #include "runtime/kernels/elementwise/avx512_exp.h"
+#include "slimquant/core/error.h"
 
 namespace slimquant::runtime::ew {
 
@@ -23,25 +24,76 @@ namespace {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-// v / (1 + exp(-alpha v)), the exponent's argument clamped to exp's range: past it the quotient is
-// v (large positive v) or v / 3.4e38 (large negative v, within a denormal of the true 0). A NaN v
-// gives NaN through the division.
-__attribute__((target("avx512f"))) inline __m512 swish_lanes(__m512 v, __m512 minus_alpha) {
-  __m512 t = _mm512_mul_ps(v, minus_alpha);
-  t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(kExpLowest)), _mm512_set1_ps(kExpHighest));
-  return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.f), exp_in_range_avx512(t)));
+// swish(v) * factor + offset stored under `mask` as float32, or as 8-bit codes: max(q, lo) first (a
+// NaN q gives lo, its second operand), the conversion rounding half to even (the default MXCSR mode).
+template <DType kY, bool kUnitAlpha>
+__attribute__((target("avx512f"))) inline void store_swish(void* y, int64_t i, __m512 v, __m512 alpha, __m512 factor,
+                                                           __m512 offset, __mmask16 mask) {
+  const __m512 q = _mm512_fmadd_ps(swish_avx512<kUnitAlpha>(v, alpha), factor, offset);
+  if constexpr (kY == DType::kFloat32) {
+    _mm512_mask_storeu_ps(static_cast<float*>(y) + i, mask, q);
+    return;
+  }
+  constexpr bool kUnsigned = kY == DType::kUInt8;
+  const __m512 lo = _mm512_set1_ps(kUnsigned ? 0.f : -128.f), hi = _mm512_set1_ps(kUnsigned ? 255.f : 127.f);
+  const __m512i codes = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(q, lo), hi));
+  if constexpr (kUnsigned) _mm512_mask_cvtusepi32_storeu_epi8(static_cast<uint8_t*>(y) + i, mask, codes);
+  else _mm512_mask_cvtsepi32_storeu_epi8(static_cast<int8_t*>(y) + i, mask, codes);
+}
+
+template <DType kY, bool kUnitAlpha>
+__attribute__((target("avx512f"))) void swish_output_typed(const float* v, void* y, int64_t n, float alpha,
+                                                           int64_t channels, const float* factor, const float* offset) {
+  const __m512 a = _mm512_set1_ps(alpha);
+  if (channels == 1) {
+    const __m512 f = _mm512_set1_ps(factor[0]), b = _mm512_set1_ps(offset[0]);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) store_swish<kY, kUnitAlpha>(y, i, _mm512_loadu_ps(v + i), a, f, b, 0xffff);
+    if (i < n) {
+      const auto tail = static_cast<__mmask16>((1u << (n - i)) - 1u);
+      store_swish<kY, kUnitAlpha>(y, i, _mm512_maskz_loadu_ps(tail, v + i), a, f, b, tail);
+    }
+    return;
+  }
+  // Per channel: each pixel's channels in vectors, the last one masked when channels % 16 != 0.
+  for (int64_t base = 0; base < n; base += channels) {
+    for (int64_t c = 0; c < channels; c += 16) {
+      const int64_t left = channels - c;
+      const auto mask = static_cast<__mmask16>(left >= 16 ? 0xffffu : (1u << left) - 1u);
+      store_swish<kY, kUnitAlpha>(y, base + c, _mm512_maskz_loadu_ps(mask, v + base + c), a,
+                                  _mm512_maskz_loadu_ps(mask, factor + c), _mm512_maskz_loadu_ps(mask, offset + c), mask);
+    }
+  }
+}
+
+template <DType kY>
+void swish_output_dispatch(const float* v, void* y, int64_t n, float alpha, int64_t channels, const float* factor,
+                           const float* offset) {
+  if (alpha == 1.f) swish_output_typed<kY, true>(v, y, n, alpha, channels, factor, offset);  // SiLU
+  else swish_output_typed<kY, false>(v, y, n, alpha, channels, factor, offset);
 }
 
 #pragma GCC diagnostic pop
 }  // namespace
 
 __attribute__((target("avx512f"))) void swish_in_place_avx512(float* x, int64_t n, float alpha) {
-  const __m512 minus_alpha = _mm512_set1_ps(-alpha);
+  const __m512 a = _mm512_set1_ps(alpha);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, swish_lanes(_mm512_loadu_ps(x + i), minus_alpha));
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, swish_avx512(_mm512_loadu_ps(x + i), a));
   if (i < n) {
     const auto tail = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    _mm512_mask_storeu_ps(x + i, tail, swish_lanes(_mm512_maskz_loadu_ps(tail, x + i), minus_alpha));
+    _mm512_mask_storeu_ps(x + i, tail, swish_avx512(_mm512_maskz_loadu_ps(tail, x + i), a));
+  }
+}
+
+void swish_output_avx512(const float* v, void* y, DType y_type, int64_t n, float alpha, int64_t channels,
+                         const float* factor, const float* offset) {
+  SQ_CHECK(channels >= 1 && n % channels == 0, ErrorKind::kInternal, "swish_output: values not whole pixels");
+  switch (y_type) {
+    case DType::kUInt8: return swish_output_dispatch<DType::kUInt8>(v, y, n, alpha, channels, factor, offset);
+    case DType::kInt8: return swish_output_dispatch<DType::kInt8>(v, y, n, alpha, channels, factor, offset);
+    case DType::kFloat32: return swish_output_dispatch<DType::kFloat32>(v, y, n, alpha, channels, factor, offset);
+    default: fail(ErrorKind::kInternal, std::string("swish_output: no ") + dtype_name(y_type) + " output");
   }
 }
 

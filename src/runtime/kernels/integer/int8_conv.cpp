@@ -32,7 +32,9 @@
 #include "runtime/kernels/dnnl/dnnl_kernels.h"
 #include "runtime/kernels/dnnl/implementation_choice.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
+#include "runtime/kernels/elementwise/swish_avx512.h"
 #include "runtime/kernels/integer/int8_common.h"
+#include "runtime/kernels/integer/int8_conv_bands.h"
 #include "runtime/kernels/integer/int8_depthwise.h"
 #include "runtime/kernels/integer/int8_reference.h"
 
@@ -55,11 +57,13 @@ struct ConvPlan {
   ConvProblem problem;
   bool reference = false;  // oneDNN had no implementation: run reference_qconv
   LayoutPtr out_layout;    // y's layout handed to readers (null: plain)
-  // The direct depthwise kernel, when it runs instead of a primitive: it reads and writes
-  // channels-last, with a reorder before (x in another layout) and after (y must be plain).
+  // The direct depthwise kernel or the banded convolution, when one runs instead of a primitive:
+  // they read and write channels-last, with a reorder before (x in another layout) and after (y
+  // must be plain). The bands read u8: an s8 x is shifted to x + 128 on the way.
   std::shared_ptr<const DirectDepthwise> direct;
-  std::optional<dnnl::reorder> direct_src_reorder, direct_dst_reorder;
-  memory::desc direct_src_user, direct_src_nhwc, direct_dst_nhwc, direct_dst_plain;
+  std::shared_ptr<ConvBands> bands;
+  std::optional<dnnl::reorder> nhwc_src_reorder, nhwc_dst_reorder;
+  memory::desc nhwc_src_user, nhwc_src, nhwc_dst, nhwc_dst_plain;
 };
 
 class QConvKernel final : public Kernel {
@@ -145,8 +149,8 @@ class QConvKernel final : public Kernel {
         tag);
     Tensor& y = ctx.allocate_output(0, output_.dtype, p.prim.out_shape);
     if (y.numel() == 0) return;
-    if (p.direct) {
-      run_direct(p, x, y);
+    if (p.direct || p.bands) {
+      run_channels_last(p, x, y);
       if (p.out_layout) ctx.set_output_layout(0, p.out_layout);
       return;
     }
@@ -183,39 +187,63 @@ class QConvKernel final : public Kernel {
     }
   }
 
-  // The direct depthwise kernel's plan: channels-last x and y, reorders where they are not.
+  // The direct depthwise kernel's plan.
   void plan_direct(ConvPlan& p, const Shape& xs, DType x_type, const Layout* x_layout, bool out_blocked) {
     std::shared_ptr<const DirectDepthwise>& packed = direct_packed_[x_type == DType::kInt8 ? 1 : 0];
     if (!packed) packed = std::make_shared<const DirectDepthwise>(q_, requant_, w_, x_type);
     p.direct = packed;
+    plan_channels_last(p, xs, x_type, x_layout, out_blocked);
+  }
+
+  // The banded convolution (int8_conv_bands.h) where the output stage is a Swish the AVX-512 pass
+  // runs and oneDNN has a kernel for every band; false otherwise.
+  bool plan_bands(ConvPlan& p, const Shape& xs, DType x_type, const Layout* x_layout, bool out_blocked) {
+    SwishOutputStage stage;
+    if (compute_ != Compute::kInt8 || !ew::swish_pass_available() || xs.size() != 4 || !swish_output_stage(q_, stage))
+      return false;
+    const int32_t zx = q_.x.zero_point[0] + (x_type == DType::kInt8 ? 128 : 0);  // u8 codes x + 128 for an s8 x
+    auto bands = std::make_shared<ConvBands>(p.problem, weights_md(dt::s8, memory::format_tag::any), int8_.weights,
+                                             int8_.bias_mem, int8_.requant, zx, std::move(stage));
+    if (!bands->usable()) return false;
+    p.bands = std::move(bands);
+    plan_channels_last(p, xs, x_type, x_layout, out_blocked);
+    return true;
+  }
+
+  // Channels-last x and y for the direct kernel or the bands, reorders where they are not.
+  void plan_channels_last(ConvPlan& p, const Shape& xs, DType x_type, const Layout* x_layout, bool out_blocked) {
     const auto channels_last = memory::format_tag::acdb;
-    p.direct_src_nhwc = memory::desc(to_dnnl_dims(xs), dnnl_type(x_type), channels_last);
-    p.direct_src_user = x_layout ? x_layout->desc : plain_md(xs, dnnl_type(x_type));
-    p.direct_src_reorder = dnnl_kernels::make_reorder(p.direct_src_user, p.direct_src_nhwc);
-    p.direct_dst_nhwc = memory::desc(to_dnnl_dims(p.prim.out_shape), dnnl_type(output_.dtype), channels_last);
-    p.direct_dst_plain = plain_md(p.prim.out_shape, dnnl_type(output_.dtype));
-    p.out_layout = dnnl_kernels::output_layout_for(p.direct_dst_nhwc, p.prim.out_shape, output_.dtype, out_blocked);
-    if (!p.out_layout) p.direct_dst_reorder = dnnl_kernels::make_reorder(p.direct_dst_nhwc, p.direct_dst_plain);
+    p.nhwc_src = memory::desc(to_dnnl_dims(xs), dnnl_type(x_type), channels_last);
+    p.nhwc_src_user = x_layout ? x_layout->desc : plain_md(xs, dnnl_type(x_type));
+    p.nhwc_src_reorder = dnnl_kernels::make_reorder(p.nhwc_src_user, p.nhwc_src);
+    p.nhwc_dst = memory::desc(to_dnnl_dims(p.prim.out_shape), dnnl_type(output_.dtype), channels_last);
+    p.nhwc_dst_plain = plain_md(p.prim.out_shape, dnnl_type(output_.dtype));
+    p.out_layout = dnnl_kernels::output_layout_for(p.nhwc_dst, p.prim.out_shape, output_.dtype, out_blocked);
+    if (!p.out_layout) p.nhwc_dst_reorder = dnnl_kernels::make_reorder(p.nhwc_dst, p.nhwc_dst_plain);
   }
 
   // x and y through the shared per-thread scratch where they are not channels-last.
-  void run_direct(const ConvPlan& p, const Tensor& x, Tensor& y) const {
+  void run_channels_last(ConvPlan& p, const Tensor& x, Tensor& y) const {
     const void* src = x.raw();
-    if (p.direct_src_reorder) {
-      memory from(p.direct_src_user, dnnl_engine(), const_cast<void*>(x.raw()));
-      memory to = dnnl_scratch_memory(DnnlScratch::kSrc, p.direct_src_nhwc);
-      p.direct_src_reorder->execute(dnnl_stream(), from, to);
+    if (p.nhwc_src_reorder) {
+      memory from(p.nhwc_src_user, dnnl_engine(), const_cast<void*>(x.raw()));
+      memory to = dnnl_scratch_memory(DnnlScratch::kSrc, p.nhwc_src);
+      p.nhwc_src_reorder->execute(dnnl_stream(), from, to);
       dnnl_stream().wait();
       src = to.get_data_handle();
     }
-    if (!p.direct_dst_reorder) {
-      p.direct->run(p.problem, src, y.raw());
-      return;
+    if (p.bands && x.dtype() == DType::kInt8) {
+      // In place when the reorder wrote the scratch (element by element, so aliasing is fine).
+      auto* u = static_cast<uint8_t*>(src == x.raw() ? dnnl_scratch(DnnlScratch::kSrc, x.nbytes()) : const_cast<void*>(src));
+      s8_to_shifted_u8(static_cast<const int8_t*>(src), u, x.numel());
+      src = u;
     }
-    memory nhwc = dnnl_scratch_memory(DnnlScratch::kDst, p.direct_dst_nhwc);
-    p.direct->run(p.problem, src, nhwc.get_data_handle());
-    memory to(p.direct_dst_plain, dnnl_engine(), y.raw());
-    p.direct_dst_reorder->execute(dnnl_stream(), nhwc, to);
+    void* dst = p.nhwc_dst_reorder ? dnnl_scratch(DnnlScratch::kDst, p.nhwc_dst.get_size()) : y.raw();
+    if (p.bands) p.bands->run(static_cast<const uint8_t*>(src), dst);
+    else p.direct->run(p.problem, src, dst);
+    if (!p.nhwc_dst_reorder) return;
+    memory from(p.nhwc_dst, dnnl_engine(), dst), to(p.nhwc_dst_plain, dnnl_engine(), y.raw());
+    p.nhwc_dst_reorder->execute(dnnl_stream(), from, to);
     dnnl_stream().wait();
   }
 
@@ -292,6 +320,7 @@ class QConvKernel final : public Kernel {
       plan_direct(p, xs, x_type, x_layout, out_blocked);
       return p;
     }
+    if (!sum && zero_point_is_a_code && plan_bands(p, xs, x_type, x_layout, out_blocked)) return p;
 
     // Completes p with an int8 or f32 primitive; false when oneDNN has none (or, for int8, only its
     // reference implementation, orders of magnitude slower).

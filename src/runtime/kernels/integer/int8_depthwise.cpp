@@ -25,6 +25,7 @@
 #include <string>
 
 #include "runtime/kernels/dnnl/dnnl_common.h"
+#include "runtime/kernels/elementwise/avx512_exp.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -166,7 +167,7 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
     case Activation::kHardSwish: s.act = Act::kHardSwish; break;
     case Activation::kSigmoid: s.act = Act::kSigmoid; break;
     case Activation::kSwish:
-      s.act = Act::kSwish;
+      s.act = q.activation_alpha == 1.f ? Act::kSiLU : Act::kSwish;
       s.alpha = q.activation_alpha;
       break;
     default: break;
@@ -271,33 +272,6 @@ SQ_AVX512_VNNI inline void accumulate(const uint8_t* const* quads, int64_t count
   }
 }
 
-// e^x for the logistic function: x = k ln 2 + r (ln 2 in two parts, so r is exact enough), e^r by
-// its degree-6 Taylor polynomial (|r| <= ln 2 / 2: relative error below 2e-7), times 2^k by
-// vscalefps. x is clamped to [-88, 88]: beyond, the logistic is 0 or 1 to float precision anyway.
-SQ_AVX512_VNNI inline __m512 exp_ps(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.f)), _mm512_set1_ps(88.f));
-  const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, log2e), _MM_FROUND_TO_NEAREST_INT);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.f / 720.f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 120.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 24.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f / 6.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, k);
-}
-
-// 1 / (1 + e^-x), the reciprocal from vrcp14ps and one Newton step (relative error ~2^-28; a
-// vdivps per 16 values cost more than the rest of the output stage).
-SQ_AVX512_VNNI inline __m512 logistic_ps(__m512 x) {
-  const __m512 d = _mm512_add_ps(_mm512_set1_ps(1.f), exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), x)));
-  const __m512 r = _mm512_rcp14_ps(d);
-  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
-}
-
 // The output stage of one chunk at one pixel: acc (register order) -> y (channel order).
 // A: the activation, fixed per instantiation so the hot loop holds no dispatch (a run-time switch
 // with the logistic's code in it made 5x5 layers 1.4x slower).
@@ -321,9 +295,11 @@ SQ_AVX512_VNNI inline void finish(const DepthwisePass& k, int64_t chunk, const _
       const __m512 gate = _mm512_fmadd_ps(f, _mm512_set1_ps(1.f / 6.f), _mm512_set1_ps(0.5f));
       f = _mm512_mul_ps(f, _mm512_min_ps(_mm512_max_ps(gate, _mm512_setzero_ps()), _mm512_set1_ps(1.f)));
     } else if constexpr (A == Act::kSigmoid) {
-      f = logistic_ps(f);
+      f = ew::logistic_avx512(f);
     } else if constexpr (A == Act::kSwish) {
-      f = _mm512_mul_ps(f, logistic_ps(_mm512_mul_ps(f, _mm512_set1_ps(s.alpha))));
+      f = ew::swish_avx512(f, _mm512_set1_ps(s.alpha));
+    } else if constexpr (A == Act::kSiLU) {
+      f = ew::swish_avx512<true>(f, f);
     }
     v[j] = _mm512_fmadd_ps(f, _mm512_loadu_ps(k.post_factor + at), _mm512_loadu_ps(k.post_offset + at));
   }
@@ -439,6 +415,7 @@ void DirectDepthwise::run(const ConvProblem& p, const void* x, void* y) const {
       case Act::kHardSwish: return run_units<Act::kHardSwish>(k, s, in, out, y_bytes, begin, end);
       case Act::kSigmoid: return run_units<Act::kSigmoid>(k, s, in, out, y_bytes, begin, end);
       case Act::kSwish: return run_units<Act::kSwish>(k, s, in, out, y_bytes, begin, end);
+      case Act::kSiLU: return run_units<Act::kSiLU>(k, s, in, out, y_bytes, begin, end);
     }
   };
   dnnl_kernels::parallel_rows(s.batch * tiles * chunks_, unit_outputs * s.kernel_h * s.kernel_w / 8, units);

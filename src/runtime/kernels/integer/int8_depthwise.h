@@ -58,7 +58,7 @@ class DirectDepthwise {
   int64_t kernel_w() const { return kernel_w_; }
 
   // The output stage, per channel in the kernel's register order (public for the vector code).
-  enum class Act { kNone, kClamp, kLeakyRelu, kHardSigmoid, kHardSwish, kSigmoid, kSwish };
+  enum class Act { kNone, kClamp, kLeakyRelu, kHardSigmoid, kHardSwish, kSigmoid, kSwish, kSiLU };  // kSiLU: Swish, alpha 1
   struct Stage {
     Act act = Act::kNone;
     float lo = 0, hi = 0;          // kClamp bounds
