@@ -670,6 +670,46 @@ TEST(Lowering, ResidualAddClipAndSignedQuantizeFoldIntoTheConv) {
   }
 }
 
+// U-Net's residual block (U^2-Net's RSU): Conv -> Relu -> Add(float residual) -> Q -> DQ -> Conv.
+// Where the QConv computes on the int8 primitives, it takes the Add after its Relu and the Q
+// (relu, then the addend, then the rounding); on the exact f32 path the Add stays a node (oneDNN's
+// f32 AVX2 convolutions with an activation before a sum are its reference implementation).
+TEST(Lowering, ResidualAddAfterTheActivationFoldsIntoAnInt8Conv) {
+  QdqBuilder b;
+  const std::string x = b.input("x", {1, 8, 12, 10});
+  const std::string xdq = b.qdq(x, 1.f / 255.f, 0, kU8);
+  const std::vector<int64_t> pads{1, 1, 1, 1};
+  const std::string c = b.node("Conv", {xdq, b.weight({8, 8, 3, 3}, 0), b.bias(8)}, {{"pads", pads}});
+  const std::string relu = b.node("Relu", {c});
+  const std::string sum = b.node("Add", {relu, x});
+  const std::string ydq = b.qdq(sum, 0.01f, 0, kU8);
+  const std::string out = b.node("Conv", {ydq, b.weight({4, 8, 3, 3}, 0), b.bias(4)}, {{"pads", pads}});
+  const ir::Graph lowered = quant::lower_to_int8(b.finish(out));
+  ASSERT_EQ(count_op(lowered, "QConv"), 2);
+  std::string quantized;
+  for (const auto& n : lowered.nodes)
+    if (n.op_type == "QuantizeLinear" && n.inputs[0] == sum) quantized = n.outputs[0];
+  ASSERT_FALSE(quantized.empty());
+  const Tensor input = b.random_input({1, 8, 12, 10}, 0.f, 1.f);
+  for (const char* compute : {"auto", "f32"}) {
+    SCOPED_TRACE(compute);
+    const bool int8 = std::string(compute) == "auto" && i8::cpu_has_exact_int8_dot();
+    const auto got = observe_lowered(lowered, compute, true, {{"x", input}});
+    const auto want = observe_lowered(lowered, compute, false, {{"x", input}});
+    // Fused, the QConv's own output (the Relu's) is no value of the run.
+    EXPECT_EQ(got.count(relu), int8 ? 0u : 1u);
+    const Tensor &a = got.at(quantized), &e = want.at(quantized);
+    int64_t differ = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const int d = std::abs(int{a.data<uint8_t>()[i]} - int{e.data<uint8_t>()[i]});
+      EXPECT_LE(d, 1) << i;
+      differ += d != 0;
+    }
+    EXPECT_LE(differ, a.numel() / 100);
+    EXPECT_GT(*std::max_element(e.data<uint8_t>(), e.data<uint8_t>() + e.numel()), 100);
+  }
+}
+
 TEST_F(LoweringOnResnet, ResidualOutputsReadOnlyByAQuantizeAreWrittenAsIntegersByTheirConv) {
   const ir::Graph lowered = quant::lower_to_int8(*qdq_);
   // Relu(Add(QConv, r)) -> Q with no other reader: blocks 1 and 3 (the other blocks' outputs are

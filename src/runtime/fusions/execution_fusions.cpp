@@ -56,6 +56,13 @@ int sum_activation(const Rewriter& rw, const std::string& z, fused_ops::SumActiv
   return r;
 }
 
+// Whether a QConv runs on oneDNN's int8 primitives (int8::resolve_compute for its constant weights).
+bool computes_in_int8(const ir::Graph& g, const ir::Node& qconv) {
+  const Tensor* w = qconv.inputs.size() > 1 ? g.initializer(qconv.inputs[1]) : nullptr;
+  if (!w || w->dtype() != DType::kInt8) return false;
+  return int8::resolve_compute(int8::parse_compute(qconv), int8::max_abs_int8(*w)) == int8::Compute::kInt8;
+}
+
 std::optional<ResidualAdd> select_residual_add(const Rewriter& rw, int i) {
   const ir::Node& add = rw.node(i);
   if (!ir::is_onnx_op(add, "Add") || add.inputs.size() != 2 || add.outputs.size() != 1) return std::nullopt;
@@ -70,12 +77,15 @@ std::optional<ResidualAdd> select_residual_add(const Rewriter& rw, int i) {
     const bool qconv = conv.op_type == int8::kQConv && conv.domain == ir::kSlimquantDomain &&
                        conv.attr_int(int8::attr::kYType, 1) == 1;
     if (!(float_conv || qconv) || conv.outputs.size() != 1 || conv.inputs.size() > 3) continue;
-    // An activation before the sum (x + silu(conv), YOLO's bottleneck; x + relu(conv)) sends
-    // oneDNN 2.6's f32 AVX2 convolutions to the reference implementation, hundreds of times
-    // slower (measured; QConv computes in f32 too where int8 is inexact): the Add stays separate.
-    if (!fused_ops::FusedActivation::parse(conv).empty() || !conv.attr_string(int8::attr::kActivation, "").empty())
-      continue;
     if (conv.inputs.size() > 1 && !rw.graph().is_initializer(conv.inputs[1])) continue;
+    // An activation before the sum (x + silu(conv), YOLO's bottleneck; x + relu(conv), U-Net's
+    // residual blocks) sends oneDNN 2.6's f32 AVX2 convolutions to the reference implementation,
+    // hundreds of times slower (measured): the Add stays separate, unless the convolution is a
+    // QConv computing on the int8 primitives, which take the activation then the sum. Not a QConv's
+    // Swish: that runs in bands with an own pass (int8_conv_bands.h), worth more than the fused sum.
+    const std::string qconv_activation = conv.attr_string(int8::attr::kActivation, "");
+    const bool activation = !fused_ops::FusedActivation::parse(conv).empty() || !qconv_activation.empty();
+    if (activation && !(qconv && qconv_activation != "Swish" && computes_in_int8(rw.graph(), conv))) continue;
     if (!same_known_shape(rw.graph(), a, r)) continue;
     ResidualAdd m{i, p, -1, r, {}};
     m.activation = sum_activation(rw, add.outputs[0], m.sum_activation);
