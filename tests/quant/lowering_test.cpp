@@ -65,6 +65,24 @@ int64_t beyond_one_step_of_simulation(const ir::Graph& qdq, const ir::Graph& low
   return differ;
 }
 
+// Codes of two 8-bit tensors (u8 or s8, the same type) that differ: fails for any pair more than
+// one step apart. Fused and unfused executions round at near-ties differently, one step at most.
+int64_t codes_one_step_apart(const Tensor& a, const Tensor& b, const std::string& what = "") {
+  EXPECT_EQ(a.dtype(), b.dtype());
+  EXPECT_EQ(a.shape(), b.shape());
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return a.numel();
+  auto at = [](const Tensor& t, int64_t i) {
+    return t.dtype() == DType::kUInt8 ? int{t.data<uint8_t>()[i]} : int{t.data<int8_t>()[i]};
+  };
+  int64_t differ = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const int d = std::abs(at(a, i) - at(b, i));
+    EXPECT_LE(d, 1) << what << "[" << i << "]";
+    differ += d != 0;
+  }
+  return differ;
+}
+
 // Builds small QDQ graphs the way PTQ exports them: Q/DQ pairs on activations, DQ on int8 weights.
 class QdqBuilder {
  public:
@@ -656,13 +674,7 @@ TEST(Lowering, ResidualAddClipAndSignedQuantizeFoldIntoTheConv) {
     EXPECT_FALSE(got.count(clipped));
     const Tensor &a = got.at(quantized), &e = want.at(quantized);
     ASSERT_EQ(a.dtype(), DType::kInt8);
-    int64_t differ = 0;
-    for (int64_t i = 0; i < a.numel(); ++i) {
-      const int d = std::abs(int{a.data<int8_t>()[i]} - int{e.data<int8_t>()[i]});
-      EXPECT_LE(d, 1) << i;
-      differ += d != 0;
-    }
-    EXPECT_LE(differ, a.numel() / 100);
+    EXPECT_LE(codes_one_step_apart(a, e), a.numel() / 100);
     // Both ends of the Clip are reached, and the zero point shifts them: -0.6 / 0.006 + 3 = -97.
     const auto [mn, mx] = std::minmax_element(e.data<int8_t>(), e.data<int8_t>() + e.numel());
     EXPECT_EQ(*mn, -97);
@@ -699,13 +711,8 @@ TEST(Lowering, ResidualAddAfterTheActivationFoldsIntoAnInt8Conv) {
     // Fused, the QConv's own output (the Relu's) is no value of the run.
     EXPECT_EQ(got.count(relu), int8 ? 0u : 1u);
     const Tensor &a = got.at(quantized), &e = want.at(quantized);
-    int64_t differ = 0;
-    for (int64_t i = 0; i < a.numel(); ++i) {
-      const int d = std::abs(int{a.data<uint8_t>()[i]} - int{e.data<uint8_t>()[i]});
-      EXPECT_LE(d, 1) << i;
-      differ += d != 0;
-    }
-    EXPECT_LE(differ, a.numel() / 100);
+    ASSERT_EQ(a.dtype(), DType::kUInt8);
+    EXPECT_LE(codes_one_step_apart(a, e), a.numel() / 100);
     EXPECT_GT(*std::max_element(e.data<uint8_t>(), e.data<uint8_t>() + e.numel()), 100);
   }
 }
@@ -742,16 +749,9 @@ TEST_F(LoweringOnResnet, ResidualOutputsReadOnlyByAQuantizeAreWrittenAsIntegersB
       ASSERT_TRUE(want.count(folded[k]));
       const Tensor &a = got.at(quantized[k]), &b = want.at(quantized[k]);
       ASSERT_EQ(a.dtype(), DType::kUInt8);
-      ASSERT_EQ(a.shape(), b.shape());
       // Q(x) = round(x / s) there, x * (1 / s) here: at most one step apart, and only at near-ties
       // (how many depends on oneDNN's kernels: 18 of 12544 with its AVX2 ones; bound 0.4%).
-      int64_t differ = 0;
-      for (int64_t i = 0; i < a.numel(); ++i) {
-        const int d = std::abs(int{a.data<uint8_t>()[i]} - int{b.data<uint8_t>()[i]});
-        EXPECT_LE(d, 1) << quantized[k] << "[" << i << "]";
-        differ += d != 0;
-      }
-      EXPECT_LE(differ, a.numel() / 250) << quantized[k];
+      EXPECT_LE(codes_one_step_apart(a, b, quantized[k]), a.numel() / 250) << quantized[k];
     }
   }
 }
