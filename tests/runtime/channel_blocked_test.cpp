@@ -459,3 +459,50 @@ TEST(ChannelBlockedOps, BilinearResizeKeepsTheLayoutWithTheSameBits) {
     }
   }
 }
+
+// A QuantizeLinear after a Resize folds into it (U-Net and FPN upsampling into a quantized Concat):
+// the Resize writes the codes itself, the same codes as Resize then QuantizeLinear. Bilinear on the
+// convolution's blocked layout (each row quantized from a buffer in cache), nearest and a plain
+// input (the float result, then its codes), u8 and s8.
+TEST(ChannelBlockedOps, QuantizeLinearFoldsIntoTheResizeWithTheSameCodes) {
+  for (const bool linear : {true, false}) {
+    for (const bool after_conv : {true, false}) {
+      for (const DType type : {DType::kUInt8, DType::kInt8}) {
+        SCOPED_TRACE(std::string(linear ? "linear" : "nearest") + (after_conv ? ", blocked input" : ", plain input") +
+                     (type == DType::kUInt8 ? ", u8" : ", s8"));
+        std::mt19937 rng(7);
+        test::GraphBuilder b;
+        b.g.opset = 13;
+        b.g.inputs.push_back({"x", DType::kFloat32, std::nullopt});
+        const std::string in =
+            after_conv ? b.node("Conv", {"x", b.constant(test::random_tensor({32, kIn, 3, 3}, rng, -0.3f, 0.3f)),
+                                         b.constant(test::random_tensor({32}, rng))},
+                                {{"pads", std::vector<int64_t>(4, 1)}})
+                       : "x";
+        const std::string up =
+            b.node("Resize", {in, "", b.constant(Tensor::from_vector<float>({4}, {1, 1, 2, 2}))},
+                   {{"mode", std::string(linear ? "linear" : "nearest")},
+                    {"coordinate_transformation_mode", std::string("half_pixel")}});
+        Tensor zero_point(type, {});
+        if (type == DType::kUInt8) zero_point.data<uint8_t>()[0] = 120;
+        else zero_point.data<int8_t>()[0] = -5;
+        const std::string codes =
+            b.node("QuantizeLinear", {up, b.constant(Tensor::scalar<float>(0.01f)), b.constant(zero_point)});
+        b.g.outputs.push_back({codes, type, std::nullopt});
+        runtime::SessionOptions unfused_options;
+        unfused_options.fuse_activations = false;
+        runtime::Session fused(b.g), unfused(b.g, unfused_options);
+        const Tensor x = input(2, 9);
+        const auto got = run_seen(fused, x), want = run_seen(unfused, x);
+        EXPECT_FALSE(got.count(up)) << "the Resize's float32 output should be folded away";
+        ASSERT_TRUE(got.count(codes));
+        EXPECT_TRUE(same_bits(got.at(codes), want.at(codes)));
+        // Both ends of the code range are reached (saturation included).
+        const std::vector<float> v = want.at(codes).to_float_vector();
+        const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+        EXPECT_EQ(*lo, type == DType::kUInt8 ? 0.f : -128.f);
+        EXPECT_EQ(*hi, type == DType::kUInt8 ? 255.f : 127.f);
+      }
+    }
+  }
+}

@@ -27,8 +27,9 @@ void register_shape_kernels(KernelRegistry& r) {
   r.add("Expand", make_expand);
   r.add("Tile", make_tile);
   r.add("Trilu", make_trilu);
-  r.add("Resize", make_resize, "", layouts::kChannelBlocked);
-  r.add("Upsample", make_upsample);
+  // A QuantizeLinear after a Resize (U-Net and FPN upsampling into a quantized Concat) folds into it.
+  r.add("Resize", make_resize, "", layouts::kChannelBlocked, KernelFolds{.tensor_quantize = true});
+  r.add("Upsample", make_upsample, "", {}, KernelFolds{.tensor_quantize = true});
   r.add("Constant", make_constant);
   r.add("ConstantOfShape", make_constant_of_shape);
   r.add("Range", make_range);

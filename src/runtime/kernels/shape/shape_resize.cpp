@@ -10,7 +10,9 @@
 #include <cmath>
 #include <limits>
 
+#include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/elementwise/channel_blocked.h"
+#include "runtime/kernels/elementwise/elementwise_qdq.h"
 #include "runtime/kernels/shape/shape_common.h"
 
 namespace slimquant::runtime::shape {
@@ -271,10 +273,34 @@ T saturate_round(double v) {
   }
 }
 
+// Without contraction into fused multiply-adds (which the AVX2 / AVX-512 clones would do): the same
+// bits as the plain path's passes, compiled for the baseline.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+// One input row of `lanes`-wide pixels interpolated along W: out[ow][l] = wl in[left][l] + wr
+// in[right][l], the taps and weights of pw (two per output column).
+SQ_AVX512_AVX2_CLONES void bilinear_row_along_w(const float* __restrict in, const int64_t* idx, const float* w,
+                                                int64_t out_w, int64_t lanes, float* __restrict out) {
+  for (int64_t ow = 0; ow < out_w; ++ow) {
+    const float* left = in + idx[2 * ow] * lanes;
+    const float* right = in + idx[2 * ow + 1] * lanes;
+    const float wl = w[2 * ow], wr = w[2 * ow + 1];
+    float* o = out + ow * lanes;
+    for (int64_t l = 0; l < lanes; ++l) o[l] = wl * left[l] + wr * right[l];
+  }
+}
+
+// out[i] = wt top[i] + wb bottom[i]: two W-interpolated rows blended along H.
+SQ_AVX512_AVX2_CLONES void blend_rows(const float* __restrict top, const float* __restrict bottom, float wt, float wb,
+                                      int64_t n, float* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = wt * top[i] + wb * bottom[i];
+}
+#pragma GCC pop_options
+
 class ResizeKernel : public Kernel {
  public:
   // `upsample`: the deprecated Upsample op (scales as attribute before opset 9, input 1 after).
-  ResizeKernel(const KernelInit& init, bool upsample) : opset_(init.opset) {
+  ResizeKernel(const KernelInit& init, bool upsample) : opset_(init.opset), quantize_(folded_quantize(init.node)) {
     const ir::Node& node = init.node;
     const std::string where = node.describe();
     const std::string mode = node.attr_string("mode", "nearest");
@@ -383,14 +409,23 @@ class ResizeKernel : public Kernel {
       const std::optional<channel_blocked::Blocking> blocking = channel_blocked::blocking_of(*layout);
       if (blocking && r == 4 && a_.mode == Mode::kLinear && x.dtype() == DType::kFloat32 && plans[0].identity &&
           plans[1].identity && !extrapolates(plans[2]) && !extrapolates(plans[3]) && ctx.output_layout_allowed(0)) {
-        if (LayoutPtr out_layout = channel_blocked::blocked_layout(*blocking, out_shape, x.dtype())) {
-          Tensor& y = ctx.allocate_output(0, x.dtype(), out_shape);
+        const DType y_type = quantize_ ? quantize_->dtype : x.dtype();
+        if (LayoutPtr out_layout = channel_blocked::blocked_layout(*blocking, out_shape, y_type)) {
+          Tensor& y = ctx.allocate_output(0, y_type, out_shape);
           if (y.numel() > 0)
             run_bilinear_blocked(x, y, plans[2], plans[3], channel_blocked::View(x.shape(), *blocking));
           ctx.set_output_layout(0, std::move(out_layout));
           return;
         }
       }
+      if (quantize_) x = channel_blocked::plain_input(ctx, 0);  // below: plain float32, then quantized
+    }
+    if (quantize_) {
+      run_then_quantize(ctx, x, out_shape, plans, identity);
+      return;
+    }
+    if (const Layout* layout = ctx.input_layout(0)) {
+      const std::optional<channel_blocked::Blocking> blocking = channel_blocked::blocking_of(*layout);
       if (blocking && r == 4 && a_.mode == Mode::kNearest && plans[1].identity && ctx.output_layout_allowed(0)) {
         if (identity) {
           ctx.set_output(0, x);
@@ -417,6 +452,27 @@ class ResizeKernel : public Kernel {
   }
 
  private:
+  // With a folded QuantizeLinear, where the blocked bilinear pass does not apply: the result
+  // (plain), then its codes.
+  void run_then_quantize(KernelContext& ctx, const Tensor& x, const Shape& out_shape,
+                         const std::vector<AxisPlan>& plans, bool identity) const {
+    Tensor resized = identity ? x : Tensor(x.dtype(), out_shape);
+    if (!identity && resized.numel() > 0) {
+      if (a_.mode == Mode::kNearest) run_nearest(x, resized, plans);
+      else run_interpolated(ctx.node(), x, resized, plans);
+    }
+    Tensor& y = ctx.allocate_output(0, quantize_->dtype, out_shape);
+    if (x.dtype() == DType::kFloat32) {
+      quantize_floats(resized.data<float>(), y.numel(), quantize_->scale[0], quantize_->zero_point[0], y.dtype(), y.raw());
+      return;
+    }
+    // An int32 Resize (QuantizeLinear reads float32 or int32): the QuantizeLinear's own arithmetic.
+    Tensor zero_point(quantize_->dtype, {});
+    if (quantize_->dtype == DType::kUInt8) zero_point.data<uint8_t>()[0] = static_cast<uint8_t>(quantize_->zero_point[0]);
+    else zero_point.data<int8_t>()[0] = static_cast<int8_t>(quantize_->zero_point[0]);
+    quantize_linear(resized, Tensor::scalar<float>(quantize_->scale[0]), &zero_point, 1, y, ctx.node().describe());
+  }
+
   void run_nearest(const Tensor& x, Tensor& y, const std::vector<AxisPlan>& plans) const {
     const size_t es = dtype_size(x.dtype());
     std::vector<std::byte> extrap(es);
@@ -459,36 +515,48 @@ class ResizeKernel : public Kernel {
 
   static bool extrapolates(const AxisPlan& p) { return std::find(p.extrap.begin(), p.extrap.end(), 1) != p.extrap.end(); }
 
-  // Bilinear over channel-blocked data: each output pixel's B lanes from the four input pixels'
-  // contiguous lanes, in one pass and in the input's layout (the plain path reorders the whole map
+  // Bilinear over channel-blocked data, in the input's layout (the plain path reorders the whole map
   // to NCHW, gathers along W element by element and reorders back: at 1024x1024 most of a U-Net
-  // decoder's upsampling time). Along W first, then H, as the separable passes sum.
+  // decoder's upsampling time). Separable, as the passes sum: each input row a plane's output rows
+  // read is interpolated along W once into a buffer (each is read by about two output rows when
+  // upsampling by 2), then pairs of those rows blend along H. With a folded QuantizeLinear the
+  // output row is quantized from a buffer that stays in cache: the float32 map never goes to memory.
   void run_bilinear_blocked(const Tensor& x, Tensor& y, const AxisPlan& ph, const AxisPlan& pw,
                             const channel_blocked::View& v) const {
     const int64_t lanes = v.block, out_h = ph.out, out_w = pw.out;
     const float* src = x.data<float>();
-    float* dst = y.data<float>();
     const int64_t in_plane = v.plane_elements(), out_plane = out_h * out_w * lanes;
     const int64_t planes = v.n * v.blocks();
+    const int64_t row_values = out_w * lanes;
     parallel_chunks(planes * out_h, planes * out_plane * static_cast<int64_t>(sizeof(float)), [&](int64_t r0, int64_t r1) {
+      // Two W-interpolated input rows, keyed by (plane, input row).
+      std::vector<float> rows[2] = {std::vector<float>(static_cast<size_t>(row_values)),
+                                    std::vector<float>(static_cast<size_t>(row_values))};
+      int64_t key[2] = {-1, -1};
+      int next = 0;
+      auto along_w = [&](int64_t plane, int64_t in_row, int avoid) -> const float* {
+        const int64_t k = plane * v.height + in_row;
+        for (int i = 0; i < 2; ++i)
+          if (key[i] == k) return rows[i].data();
+        const int slot = next == avoid ? 1 - next : next;
+        next = 1 - slot;
+        key[slot] = k;
+        bilinear_row_along_w(src + plane * in_plane + in_row * v.width * lanes, pw.idx.data(), pw.w.data(), out_w, lanes,
+                             rows[slot].data());
+        return rows[slot].data();
+      };
+      std::vector<float> out_row(quantize_ ? static_cast<size_t>(row_values) : 0);
       for (int64_t row = r0; row < r1; ++row) {
         const int64_t plane = row / out_h, oh = row % out_h;
-        const float* in = src + plane * in_plane;
-        const float* top = in + ph.idx[static_cast<size_t>(2 * oh)] * v.width * lanes;
-        const float* bottom = in + ph.idx[static_cast<size_t>(2 * oh + 1)] * v.width * lanes;
-        const float wt = ph.w[static_cast<size_t>(2 * oh)], wb = ph.w[static_cast<size_t>(2 * oh + 1)];
-        float* out = dst + plane * out_plane + oh * out_w * lanes;
-        for (int64_t ow = 0; ow < out_w; ++ow) {
-          const int64_t left = pw.idx[static_cast<size_t>(2 * ow)] * lanes;
-          const int64_t right = pw.idx[static_cast<size_t>(2 * ow + 1)] * lanes;
-          const float wl = pw.w[static_cast<size_t>(2 * ow)], wr = pw.w[static_cast<size_t>(2 * ow + 1)];
-          float* o = out + ow * lanes;
-          for (int64_t l = 0; l < lanes; ++l) {
-            const float t = wl * top[left + l] + wr * top[right + l];
-            const float b = wl * bottom[left + l] + wr * bottom[right + l];
-            o[l] = wt * t + wb * b;
-          }
-        }
+        const float* top = along_w(plane, ph.idx[static_cast<size_t>(2 * oh)], -1);
+        const int top_slot = top == rows[0].data() ? 0 : 1;
+        const float* bottom = along_w(plane, ph.idx[static_cast<size_t>(2 * oh + 1)], top_slot);
+        const int64_t first = plane * out_plane + oh * row_values;
+        float* out = quantize_ ? out_row.data() : y.data<float>() + first;
+        blend_rows(top, bottom, ph.w[static_cast<size_t>(2 * oh)], ph.w[static_cast<size_t>(2 * oh + 1)], row_values, out);
+        if (quantize_)
+          quantize_floats(out, row_values, quantize_->scale[0], quantize_->zero_point[0], y.dtype(),
+                          static_cast<uint8_t*>(y.raw()) + first);
       }
     });
   }
@@ -561,6 +629,8 @@ class ResizeKernel : public Kernel {
 
   int64_t opset_;
   ResizeAttrs a_;
+  // The QuantizeLinear the plan folded after the output (Fold::kTensorQuantize): y is its codes.
+  std::optional<FoldedQuantize> quantize_;
   std::vector<float> scales_attr_;
   size_t roi_input_ = 0, scales_input_ = 0, sizes_input_ = 0;  // 0: not an input of this version
 };
