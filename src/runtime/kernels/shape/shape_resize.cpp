@@ -418,7 +418,27 @@ class ResizeKernel : public Kernel {
           return;
         }
       }
-      if (quantize_) x = channel_blocked::plain_input(ctx, 0);  // below: plain float32, then quantized
+      if (quantize_ && a_.mode == Mode::kNearest && x.dtype() == DType::kFloat32) {
+        // QuantizeLinear commutes with the gather: the input's codes (fewer values when
+        // upsampling), gathered in its layout.
+        if (blocking && r == 4 && plans[1].identity && ctx.output_layout_allowed(0)) {
+          LayoutPtr in_codes = channel_blocked::blocked_layout(*blocking, x.shape(), quantize_->dtype);
+          LayoutPtr out_codes = channel_blocked::blocked_layout(*blocking, out_shape, quantize_->dtype);
+          if (in_codes && out_codes) {
+            const Tensor codes = quantized(x);
+            if (identity) {
+              ctx.set_output(0, codes);
+              ctx.set_output_layout(0, std::move(in_codes));
+              return;
+            }
+            Tensor& y = ctx.allocate_output(0, codes.dtype(), out_shape);
+            if (y.numel() > 0) run_nearest_blocked(codes, y, plans, channel_blocked::View(x.shape(), *blocking));
+            ctx.set_output_layout(0, std::move(out_codes));
+            return;
+          }
+        }
+      }
+      if (quantize_) x = channel_blocked::plain_input(ctx, 0);  // below: plain, then quantized
     }
     if (quantize_) {
       run_then_quantize(ctx, x, out_shape, plans, identity);
@@ -452,10 +472,27 @@ class ResizeKernel : public Kernel {
   }
 
  private:
+  // x's codes under the folded QuantizeLinear, element by element in x's own layout.
+  Tensor quantized(const Tensor& x) const {
+    Tensor codes(quantize_->dtype, x.shape());
+    quantize_floats(x.data<float>(), x.numel(), quantize_->scale[0], quantize_->zero_point[0], codes.dtype(), codes.raw());
+    return codes;
+  }
+
   // With a folded QuantizeLinear, where the blocked bilinear pass does not apply: the result
   // (plain), then its codes.
   void run_then_quantize(KernelContext& ctx, const Tensor& x, const Shape& out_shape,
                          const std::vector<AxisPlan>& plans, bool identity) const {
+    if (a_.mode == Mode::kNearest && x.dtype() == DType::kFloat32) {  // codes first, then the gather (above)
+      const Tensor codes = quantized(x);
+      if (identity) {
+        ctx.set_output(0, codes);
+        return;
+      }
+      Tensor& y = ctx.allocate_output(0, codes.dtype(), out_shape);
+      if (y.numel() > 0) run_nearest(codes, y, plans);
+      return;
+    }
     Tensor resized = identity ? x : Tensor(x.dtype(), out_shape);
     if (!identity && resized.numel() > 0) {
       if (a_.mode == Mode::kNearest) run_nearest(x, resized, plans);
