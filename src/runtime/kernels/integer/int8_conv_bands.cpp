@@ -34,10 +34,11 @@ ConvBands::ConvBands(const ConvProblem& p, const memory::desc& weights_any, Pack
   if (p.in_spatial.size() != 2 || x_zero_point < 0 || x_zero_point > 255) return;
   const int64_t h = p.in_spatial[0], w = p.in_spatial[1], oh = p.out_spatial[0], ow = p.out_spatial[1];
   const int64_t c = p.in_channels, m = p.out_channels;
-  const int64_t kh = (p.kernel[0] - 1) * p.dilations[0] + 1, kw = (p.kernel[1] - 1) * p.dilations[1] + 1;
+  // The rows and columns one output reads (its dilated window).
+  const int64_t span_h = (p.kernel[0] - 1) * p.dilations[0] + 1, span_w = (p.kernel[1] - 1) * p.dilations[1] + 1;
   const int64_t sh = p.strides[0], sw = p.strides[1], pt = p.pad_begin[0], pl = p.pad_begin[1];
   // Right padding as the outputs need it; negative (input columns no output reads) is not cut here.
-  const int64_t pr = (ow - 1) * sw + kw - w - pl;
+  const int64_t pr = (ow - 1) * sw + span_w - w - pl;
   if (pr < 0 || oh < 1 || ow < 1) return;
 
   const int64_t row_bytes = ow * m * static_cast<int64_t>(sizeof(float));
@@ -45,7 +46,7 @@ ConvBands::ConvBands(const ConvProblem& p, const memory::desc& weights_any, Pack
   // Whole images per band when one image's output fits, several when their input rows are all
   // read (then the images are one dense block); else rows of one image.
   const bool whole_images = image_bytes <= band_bytes;
-  const bool reads_every_row = (oh - 1) * sh + kh - pt >= h;
+  const bool reads_every_row = (oh - 1) * sh + span_h - pt >= h;
   const int64_t images = whole_images && reads_every_row ? std::clamp<int64_t>(band_bytes / image_bytes, 1, p.batch) : 1;
   const int64_t rows = whole_images ? oh : std::clamp<int64_t>(band_bytes / row_bytes, 1, oh);
 
@@ -65,7 +66,7 @@ ConvBands::ConvBands(const ConvProblem& p, const memory::desc& weights_any, Pack
       const int64_t count = std::min(images, p.batch - n0);
       for (int64_t r0 = 0; r0 < oh; r0 += rows) {
         const int64_t r1 = std::min(oh, r0 + rows);
-        const int64_t start = r0 * sh - pt, end = (r1 - 1) * sh - pt + kh;
+        const int64_t start = r0 * sh - pt, end = (r1 - 1) * sh - pt + span_h;
         const int64_t in_lo = std::max<int64_t>(0, start), in_hi = std::min(h, end);
         if (in_hi <= in_lo) return;  // a band of padding only
         const auto key = std::make_tuple(count, in_hi - in_lo, r1 - r0, in_lo - start, end - in_hi);

@@ -418,7 +418,7 @@ class ResizeKernel : public Kernel {
           return;
         }
       }
-      if (quantize_ && a_.mode == Mode::kNearest && x.dtype() == DType::kFloat32) {
+      if (quantize_ && gathers_codes(x, plans)) {
         // QuantizeLinear commutes with the gather: the input's codes (fewer values when
         // upsampling), gathered in its layout.
         if (blocking && r == 4 && plans[1].identity && ctx.output_layout_allowed(0)) {
@@ -472,6 +472,13 @@ class ResizeKernel : public Kernel {
   }
 
  private:
+  // Whether a folded QuantizeLinear may come before the resize: nearest copies values, except an
+  // extrapolated one (tf_crop_and_resize), which is the float extrapolation_value.
+  bool gathers_codes(const Tensor& x, const std::vector<AxisPlan>& plans) const {
+    return a_.mode == Mode::kNearest && x.dtype() == DType::kFloat32 &&
+           std::none_of(plans.begin(), plans.end(), [](const AxisPlan& p) { return extrapolates(p); });
+  }
+
   // x's codes under the folded QuantizeLinear, element by element in x's own layout.
   Tensor quantized(const Tensor& x) const {
     Tensor codes(quantize_->dtype, x.shape());
@@ -483,7 +490,7 @@ class ResizeKernel : public Kernel {
   // (plain), then its codes.
   void run_then_quantize(KernelContext& ctx, const Tensor& x, const Shape& out_shape,
                          const std::vector<AxisPlan>& plans, bool identity) const {
-    if (a_.mode == Mode::kNearest && x.dtype() == DType::kFloat32) {  // codes first, then the gather (above)
+    if (gathers_codes(x, plans)) {  // codes first, then the gather (as above)
       const Tensor codes = quantized(x);
       if (identity) {
         ctx.set_output(0, codes);
