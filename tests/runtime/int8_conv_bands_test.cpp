@@ -1,4 +1,4 @@
-// The banded QConv with a Swish output stage (int8_conv_bands.h) against the plain-loop reference,
+// The banded QConv with a Swish or HardSwish output stage (int8_conv_bands.h) against the plain-loop reference,
 // code for code up to rounding ties: 1x1 expansions cut into row bands (top, middle, bottom and a
 // short last band), 3x3 stride-2 stems with padding, grouped and depthwise filters, dilation,
 // several images per band and a remainder band, inputs whose last rows no output reads, u8 / s8
@@ -28,6 +28,7 @@ struct BandCase {
   bool y_per_channel = false;
   bool post_affine = false;
   int32_t x_zero_point = 7;
+  Activation activation = Activation::kSwish;  // or HardSwish (with a per-channel y)
 };
 
 class ConvBandsTest : public ::testing::TestWithParam<BandCase> {};
@@ -49,8 +50,8 @@ TEST_P(ConvBandsTest, MatchesTheReference) {
   for (float& s : q.w.scale) s = 0.004f * unit(rng);
   q.w.zero_point.assign(static_cast<size_t>(c.out_channels), 0);
   q.w.axis = 0;
-  q.activation = Activation::kSwish;
-  q.activation_alpha = c.post_affine ? 1.702f : 1.f;
+  q.activation = c.activation;
+  q.activation_alpha = c.activation == Activation::kSwish && c.post_affine ? 1.702f : 1.f;
   if (c.post_affine) {
     q.post_scale = 1.25f;
     q.post_shift = -0.1f;
@@ -90,8 +91,8 @@ TEST_P(ConvBandsTest, MatchesTheReference) {
   PackedConstant packed(w, dnnl_kernels::conv_weights_desc(w.shape(), c.group, dt::s8, memory::format_tag::undef));
   std::vector<float> b(r.bias);
   const memory bias_mem({{c.out_channels}, dt::f32, memory::format_tag::a}, dnnl_engine(), b.data());
-  SwishOutputStage stage;
-  ASSERT_TRUE(swish_output_stage(q, stage));
+  GatedOutputStage stage;
+  ASSERT_TRUE(gated_output_stage(q, stage));
   ConvBands bands(p, dnnl_kernels::conv_weights_desc(w.shape(), c.group, dt::s8, memory::format_tag::any), packed,
                   bias_mem, r, c.x_zero_point, stage, c.band_bytes);
   ASSERT_TRUE(bands.usable());
@@ -143,7 +144,15 @@ INSTANTIATE_TEST_SUITE_P(
         // Stride 2 without padding on 9 rows: the last input row is never read (one image per band).
         BandCase{"unread_last_rows", 3, 8, 16, 1, 9, 8, 2, 2, 1, 0, 0, 64 * kKiB, DType::kUInt8, false, false, 200},
         // One band for everything.
-        BandCase{"single_band_channel_y", 2, 40, 24, 1, 7, 7, 1, 1, 1, 0, 0, kConvBandBytes, DType::kInt8, true}),
+        BandCase{"single_band_channel_y", 2, 40, 24, 1, 7, 7, 1, 1, 1, 0, 0, kConvBandBytes, DType::kInt8, true},
+        // Hard-swish (MobileNetV3, PP-OCR): per tensor, and PP-LCNet's channel-wise quantized
+        // convolutions with its affine block after.
+        BandCase{"hardswish_tensor_y", 1, 16, 32, 1, 13, 13, 3, 2, 1, 1, 1, 2 * kKiB, DType::kUInt8, false, false, 0,
+                 Activation::kHardSwish},
+        BandCase{"hardswish_channel_y", 1, 24, 40, 1, 16, 12, 3, 1, 1, 1, 1, 4 * kKiB, DType::kInt8, true, false, 7,
+                 Activation::kHardSwish},
+        BandCase{"hardswish_channel_y_post_affine", 2, 16, 32, 1, 9, 20, 1, 1, 1, 0, 0, 3 * kKiB, DType::kUInt8, true,
+                 true, 3, Activation::kHardSwish}),
     [](const ::testing::TestParamInfo<BandCase>& info) { return info.param.name; });
 
 }  // namespace

@@ -24,12 +24,25 @@ namespace {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
-// swish(v) * factor + offset stored under `mask` as float32, or as 8-bit codes: max(q, lo) first (a
+// The gate's function, fixed per instantiation: Swish, Swish with alpha 1 (SiLU: one product less),
+// HardSwish (as the direct depthwise kernel computes it).
+enum class GateFn { kSwish, kSiLU, kHardSwish };
+template <GateFn kFn>
+__attribute__((target("avx512f"))) inline __m512 gated(__m512 v, __m512 alpha) {
+  if constexpr (kFn == GateFn::kHardSwish) {
+    const __m512 g = _mm512_fmadd_ps(v, _mm512_set1_ps(1.f / 6.f), _mm512_set1_ps(0.5f));
+    return _mm512_mul_ps(v, _mm512_min_ps(_mm512_max_ps(g, _mm512_setzero_ps()), _mm512_set1_ps(1.f)));
+  } else {
+    return swish_avx512<kFn == GateFn::kSiLU>(v, alpha);
+  }
+}
+
+// gate(v) * factor + offset stored under `mask` as float32, or as 8-bit codes: max(q, lo) first (a
 // NaN q gives lo, its second operand), the conversion rounding half to even (the default MXCSR mode).
-template <DType kY, bool kUnitAlpha>
-__attribute__((target("avx512f"))) inline void store_swish(void* y, int64_t i, __m512 v, __m512 alpha, __m512 factor,
+template <DType kY, GateFn kFn>
+__attribute__((target("avx512f"))) inline void store_gated(void* y, int64_t i, __m512 v, __m512 alpha, __m512 factor,
                                                            __m512 offset, __mmask16 mask) {
-  const __m512 q = _mm512_fmadd_ps(swish_avx512<kUnitAlpha>(v, alpha), factor, offset);
+  const __m512 q = _mm512_fmadd_ps(gated<kFn>(v, alpha), factor, offset);
   if constexpr (kY == DType::kFloat32) {
     _mm512_mask_storeu_ps(static_cast<float*>(y) + i, mask, q);
     return;
@@ -41,17 +54,17 @@ __attribute__((target("avx512f"))) inline void store_swish(void* y, int64_t i, _
   else _mm512_mask_cvtsepi32_storeu_epi8(static_cast<int8_t*>(y) + i, mask, codes);
 }
 
-template <DType kY, bool kUnitAlpha>
-__attribute__((target("avx512f"))) void swish_output_typed(const float* v, void* y, int64_t n, float alpha,
+template <DType kY, GateFn kFn>
+__attribute__((target("avx512f"))) void gated_output_typed(const float* v, void* y, int64_t n, float alpha,
                                                            int64_t channels, const float* factor, const float* offset) {
   const __m512 a = _mm512_set1_ps(alpha);
   if (channels == 1) {
     const __m512 f = _mm512_set1_ps(factor[0]), b = _mm512_set1_ps(offset[0]);
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) store_swish<kY, kUnitAlpha>(y, i, _mm512_loadu_ps(v + i), a, f, b, 0xffff);
+    for (; i + 16 <= n; i += 16) store_gated<kY, kFn>(y, i, _mm512_loadu_ps(v + i), a, f, b, 0xffff);
     if (i < n) {
       const auto tail = static_cast<__mmask16>((1u << (n - i)) - 1u);
-      store_swish<kY, kUnitAlpha>(y, i, _mm512_maskz_loadu_ps(tail, v + i), a, f, b, tail);
+      store_gated<kY, kFn>(y, i, _mm512_maskz_loadu_ps(tail, v + i), a, f, b, tail);
     }
     return;
   }
@@ -60,17 +73,18 @@ __attribute__((target("avx512f"))) void swish_output_typed(const float* v, void*
     for (int64_t c = 0; c < channels; c += 16) {
       const int64_t left = channels - c;
       const auto mask = static_cast<__mmask16>(left >= 16 ? 0xffffu : (1u << left) - 1u);
-      store_swish<kY, kUnitAlpha>(y, base + c, _mm512_maskz_loadu_ps(mask, v + base + c), a,
+      store_gated<kY, kFn>(y, base + c, _mm512_maskz_loadu_ps(mask, v + base + c), a,
                                   _mm512_maskz_loadu_ps(mask, factor + c), _mm512_maskz_loadu_ps(mask, offset + c), mask);
     }
   }
 }
 
 template <DType kY>
-void swish_output_dispatch(const float* v, void* y, int64_t n, float alpha, int64_t channels, const float* factor,
-                           const float* offset) {
-  if (alpha == 1.f) swish_output_typed<kY, true>(v, y, n, alpha, channels, factor, offset);  // SiLU
-  else swish_output_typed<kY, false>(v, y, n, alpha, channels, factor, offset);
+void gated_output_dispatch(Gate gate, const float* v, void* y, int64_t n, float alpha, int64_t channels,
+                           const float* factor, const float* offset) {
+  if (gate == Gate::kHardSwish) gated_output_typed<kY, GateFn::kHardSwish>(v, y, n, alpha, channels, factor, offset);
+  else if (alpha == 1.f) gated_output_typed<kY, GateFn::kSiLU>(v, y, n, alpha, channels, factor, offset);
+  else gated_output_typed<kY, GateFn::kSwish>(v, y, n, alpha, channels, factor, offset);
 }
 
 #pragma GCC diagnostic pop
@@ -86,14 +100,14 @@ __attribute__((target("avx512f"))) void swish_in_place_avx512(float* x, int64_t 
   }
 }
 
-void swish_output_avx512(const float* v, void* y, DType y_type, int64_t n, float alpha, int64_t channels,
+void gated_output_avx512(Gate gate, const float* v, void* y, DType y_type, int64_t n, float alpha, int64_t channels,
                          const float* factor, const float* offset) {
-  SQ_CHECK(channels >= 1 && n % channels == 0, ErrorKind::kInternal, "swish_output: values not whole pixels");
+  SQ_CHECK(channels >= 1 && n % channels == 0, ErrorKind::kInternal, "gated_output: values not whole pixels");
   switch (y_type) {
-    case DType::kUInt8: return swish_output_dispatch<DType::kUInt8>(v, y, n, alpha, channels, factor, offset);
-    case DType::kInt8: return swish_output_dispatch<DType::kInt8>(v, y, n, alpha, channels, factor, offset);
-    case DType::kFloat32: return swish_output_dispatch<DType::kFloat32>(v, y, n, alpha, channels, factor, offset);
-    default: fail(ErrorKind::kInternal, std::string("swish_output: no ") + dtype_name(y_type) + " output");
+    case DType::kUInt8: return gated_output_dispatch<DType::kUInt8>(gate, v, y, n, alpha, channels, factor, offset);
+    case DType::kInt8: return gated_output_dispatch<DType::kInt8>(gate, v, y, n, alpha, channels, factor, offset);
+    case DType::kFloat32: return gated_output_dispatch<DType::kFloat32>(gate, v, y, n, alpha, channels, factor, offset);
+    default: fail(ErrorKind::kInternal, std::string("gated_output: no ") + dtype_name(y_type) + " output");
   }
 }
 

@@ -195,11 +195,11 @@ class QConvKernel final : public Kernel {
     plan_channels_last(p, xs, x_type, x_layout, out_blocked);
   }
 
-  // The banded convolution (int8_conv_bands.h) where the output stage is a Swish the AVX-512 pass
-  // runs and oneDNN has a kernel for every band; false otherwise.
+  // The banded convolution (int8_conv_bands.h) where the output stage is one the AVX-512 pass runs
+  // and oneDNN has a kernel for every band; false otherwise.
   bool plan_bands(ConvPlan& p, const Shape& xs, DType x_type, const Layout* x_layout, bool out_blocked) {
-    SwishOutputStage stage;
-    if (compute_ != Compute::kInt8 || !ew::swish_pass_available() || xs.size() != 4 || !swish_output_stage(q_, stage))
+    GatedOutputStage stage;
+    if (compute_ != Compute::kInt8 || !ew::swish_pass_available() || xs.size() != 4 || !gated_output_stage(q_, stage))
       return false;
     const int32_t zx = q_.x.zero_point[0] + (x_type == DType::kInt8 ? 128 : 0);  // u8 codes x + 128 for an s8 x
     auto bands = std::make_shared<ConvBands>(p.problem, weights_md(dt::s8, memory::format_tag::any), int8_.weights,

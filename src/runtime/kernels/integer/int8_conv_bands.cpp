@@ -11,8 +11,10 @@ namespace slimquant::runtime::int8 {
 
 using dnnl::memory;
 
-bool swish_output_stage(const QLinearAttrs& q, SwishOutputStage& stage) {
-  if (q.activation != Activation::kSwish) return false;
+bool gated_output_stage(const QLinearAttrs& q, GatedOutputStage& stage) {
+  const bool hard_swish = q.activation == Activation::kHardSwish;
+  if (q.activation != Activation::kSwish && !hard_swish) return false;
+  stage.gate = hard_swish ? ew::Gate::kHardSwish : ew::Gate::kSwish;
   stage.alpha = q.activation_alpha;
   stage.y_type = q.y.dtype;
   stage.factor.clear();
@@ -28,7 +30,7 @@ bool swish_output_stage(const QLinearAttrs& q, SwishOutputStage& stage) {
 }
 
 ConvBands::ConvBands(const ConvProblem& p, const memory::desc& weights_any, PackedConstant& weights,
-                     const memory& bias, const Requant& r, int32_t x_zero_point, SwishOutputStage stage,
+                     const memory& bias, const Requant& r, int32_t x_zero_point, GatedOutputStage stage,
                      int64_t band_bytes)
     : problem_(p), stage_(std::move(stage)) {
   if (p.in_spatial.size() != 2 || x_zero_point < 0 || x_zero_point > 255) return;
@@ -130,8 +132,8 @@ void ConvBands::run(const uint8_t* x, void* y) {
     v.prim.execute(s, v.args);
     s.wait();
     const auto values = static_cast<int64_t>(v.dst.get_desc().get_size() / sizeof(float));
-    ew::swish_output_avx512(band, out, stage_.y_type, values, stage_.alpha, channels, stage_.factor.data(),
-                            stage_.offset.data());
+    ew::gated_output_avx512(stage_.gate, band, out, stage_.y_type, values, stage_.alpha, channels,
+                            stage_.factor.data(), stage_.offset.data());
   }
 }
 
