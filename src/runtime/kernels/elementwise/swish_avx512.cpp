@@ -74,7 +74,7 @@ __attribute__((target("avx512f"))) void gated_output_typed(const float* v, void*
       const int64_t left = channels - c;
       const auto mask = static_cast<__mmask16>(left >= 16 ? 0xffffu : (1u << left) - 1u);
       store_gated<kY, kFn>(y, base + c, _mm512_maskz_loadu_ps(mask, v + base + c), a,
-                                  _mm512_maskz_loadu_ps(mask, factor + c), _mm512_maskz_loadu_ps(mask, offset + c), mask);
+                           _mm512_maskz_loadu_ps(mask, factor + c), _mm512_maskz_loadu_ps(mask, offset + c), mask);
     }
   }
 }
