@@ -645,6 +645,13 @@ std::map<std::string, Tensor> observe_lowered(const ir::Graph& lowered, const ch
   return seen;
 }
 
+// The output of the QuantizeLinear in `g` that reads `value` (empty when none does).
+std::string quantized_output_of(const ir::Graph& g, const std::string& value) {
+  for (const auto& n : g.nodes)
+    if (n.op_type == "QuantizeLinear" && n.inputs[0] == value) return n.outputs[0];
+  return {};
+}
+
 // Conv -> Add(float residual) -> Clip -> Q(s8, zero point 3) -> DQ -> Conv: at execution the first
 // QConv takes the Add, the Clip and the Q and writes the s8 tensor itself.
 TEST(Lowering, ResidualAddClipAndSignedQuantizeFoldIntoTheConv) {
@@ -661,9 +668,7 @@ TEST(Lowering, ResidualAddClipAndSignedQuantizeFoldIntoTheConv) {
   const ir::Graph qdq = b.finish(out);
   const ir::Graph lowered = quant::lower_to_int8(qdq);
   ASSERT_EQ(count_op(lowered, "QConv"), 2);
-  std::string quantized;  // the Q output (s8) the first QConv is to write
-  for (const auto& n : lowered.nodes)
-    if (n.op_type == "QuantizeLinear" && n.inputs[0] == clipped) quantized = n.outputs[0];
+  const std::string quantized = quantized_output_of(lowered, clipped);  // the s8 tensor the first QConv is to write
   ASSERT_FALSE(quantized.empty());
   const Tensor input = b.random_input({2, 8, 9, 9}, -1.f, 1.f);
   for (const char* compute : {"auto", "f32"}) {
@@ -698,9 +703,7 @@ TEST(Lowering, ResidualAddAfterTheActivationFoldsIntoAnInt8Conv) {
   const std::string out = b.node("Conv", {ydq, b.weight({4, 8, 3, 3}, 0), b.bias(4)}, {{"pads", pads}});
   const ir::Graph lowered = quant::lower_to_int8(b.finish(out));
   ASSERT_EQ(count_op(lowered, "QConv"), 2);
-  std::string quantized;
-  for (const auto& n : lowered.nodes)
-    if (n.op_type == "QuantizeLinear" && n.inputs[0] == sum) quantized = n.outputs[0];
+  const std::string quantized = quantized_output_of(lowered, sum);
   ASSERT_FALSE(quantized.empty());
   const Tensor input = b.random_input({1, 8, 12, 10}, 0.f, 1.f);
   for (const char* compute : {"auto", "f32"}) {
