@@ -255,6 +255,55 @@ TEST(Elementwise, SwishPassMatchesTheClosedFormInDouble) {
   }
 }
 
+// The gated output pass writing 8-bit codes computes the logistic to 7e-5 relative
+// (logistic_for_codes_avx512): each code is the double closed form's rounding to within a fiftieth
+// of a step (the codes' scale puts the top of the range at 127 / 255 steps), saturated at both ends,
+// and a NaN gives the lowest code. Per tensor and per channel (a masked last vector), u8 and s8.
+TEST(Elementwise, GatedOutputCodesAreTheClosedFormRounded) {
+  if (!ew::swish_pass_available()) GTEST_SKIP() << "no AVX-512 on this CPU (the convolutions keep oneDNN's post-op)";
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> d(-9.f, 9.f);
+  for (const DType y_type : {DType::kUInt8, DType::kInt8}) {
+    const double lo = y_type == DType::kUInt8 ? 0 : -128, hi = y_type == DType::kUInt8 ? 255 : 127;
+    for (const int64_t channels : {int64_t{1}, int64_t{21}}) {
+      for (const float alpha : {1.f, 1.702f}) {
+        const int64_t n = channels * 67;
+        std::vector<float> v(static_cast<size_t>(n)), factor(static_cast<size_t>(channels)),
+            offset(static_cast<size_t>(channels));
+        for (float& x : v) x = d(rng);
+        v[3] = -1000.f, v[4] = 1000.f, v[5] = std::numeric_limits<float>::quiet_NaN();
+        for (int64_t c = 0; c < channels; ++c) {  // steps of 0.04-0.07; the offset holds the zero point
+          factor[static_cast<size_t>(c)] = 1.f / (0.04f + 0.0015f * static_cast<float>(c));
+          offset[static_cast<size_t>(c)] = static_cast<float>(y_type == DType::kUInt8 ? 40 + c : c - 10);
+        }
+        std::vector<uint8_t> y(static_cast<size_t>(n));
+        ew::gated_output_avx512(ew::Gate::kSwish, v.data(), y.data(), y_type, n, alpha, channels, factor.data(),
+                                offset.data());
+        int64_t near_half = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const size_t at = static_cast<size_t>(i), c = static_cast<size_t>(i % channels);
+          const double got = y_type == DType::kUInt8 ? double(y[at]) : double(static_cast<int8_t>(y[at]));
+          if (std::isnan(v[at])) {
+            EXPECT_EQ(got, lo) << "NaN";
+            continue;
+          }
+          const double x = v[at], t = static_cast<double>(alpha) * x;
+          const double q = x / (1.0 + std::exp(-t)) * factor[c] + offset[c];
+          const double want = std::clamp(std::nearbyint(q), lo, hi);
+          const double slack = 0.02 * std::max(1.0, std::fabs(q - offset[c]) / 127.0);
+          if (std::fabs(std::fabs(q - std::floor(q)) - 0.5) < slack) {
+            ++near_half;  // on a rounding boundary, either neighbour
+            EXPECT_LE(std::fabs(got - want), 1.0) << "x " << x;
+          } else {
+            EXPECT_EQ(got, want) << "x " << x << " q " << q << " channels " << channels;
+          }
+        }
+        EXPECT_LT(near_half, n / 5);  // about 2 * slack of the values
+      }
+    }
+  }
+}
+
 TEST(Elementwise, GeluPassMatchesTheDefinitionInDouble) {
   if (!ew::gelu_pass_available()) GTEST_SKIP() << "no AVX-512 on this CPU (oneDNN's gelu_erf runs instead)";
   // Every interval of the table, its ends, the range's end (6), beyond it, and NaN.

@@ -52,10 +52,30 @@ __attribute__((target("avx512f"))) inline __m512 logistic_avx512(__m512 x) {
   return _mm512_fmadd_ps(q, _mm512_fnmadd_ps(d, q, _mm512_set1_ps(1.f)), q);
 }
 
+// The logistic function for passes that write 8-bit codes, where its 7e-5 relative error is under
+// a fiftieth of a step even at the top of the range (255 steps from zero): e^-r by degree 4 (within 4e-6 of e^-r), ln 2 in one
+// part (m ln 2's rounding, at most 2e-7 at |m| = 126), and vrcp14ps without the Newton step (2^-14
+// relative): within 7e-5 relative of 1 / (1 + e^-x), five instructions fewer than logistic_avx512
+// (0.41 -> 0.31 ns per value in the s8 Swish pass). Same clamping and NaN as logistic_avx512.
+// Coefficients: least squares at 200 Chebyshev nodes of |r| <= ln 2 / 2.
+inline constexpr float kLogisticCodesExpPoly[5] = {1.00000008f, -0.999962278f, 0.499988691f, -0.16792161f,
+                                                   0.0419175297f};
+__attribute__((target("avx512f"))) inline __m512 logistic_for_codes_avx512(__m512 x) {
+  x = _mm512_min_ps(_mm512_set1_ps(87.f), _mm512_max_ps(_mm512_set1_ps(-87.f), x));
+  const __m512 magic = _mm512_set1_ps(12582912.f);
+  const __m512 m = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(-kExpLog2e), magic), magic);
+  const __m512 r = _mm512_fmadd_ps(m, _mm512_set1_ps(0.693147182f), x);
+  __m512 p = _mm512_set1_ps(kLogisticCodesExpPoly[4]);
+  for (int i = 3; i >= 0; --i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kLogisticCodesExpPoly[i]));
+  return _mm512_rcp14_ps(_mm512_add_ps(_mm512_set1_ps(1.f), _mm512_scalef_ps(p, m)));
+}
+
 // v / (1 + e^(-alpha v)) = v logistic(alpha v); kUnitAlpha: alpha is 1 (SiLU), one product less.
-template <bool kUnitAlpha = false>
+// kForCodes: the result is about to be quantized to 8 bits (logistic_for_codes_avx512).
+template <bool kUnitAlpha = false, bool kForCodes = false>
 __attribute__((target("avx512f"))) inline __m512 swish_avx512(__m512 v, __m512 alpha) {
-  return _mm512_mul_ps(v, logistic_avx512(kUnitAlpha ? v : _mm512_mul_ps(v, alpha)));
+  const __m512 x = kUnitAlpha ? v : _mm512_mul_ps(v, alpha);
+  return _mm512_mul_ps(v, kForCodes ? logistic_for_codes_avx512(x) : logistic_avx512(x));
 }
 
 #pragma GCC diagnostic pop

@@ -27,29 +27,33 @@ namespace {
 // The gate's function, fixed per instantiation: Swish, Swish with alpha 1 (SiLU: one product less),
 // HardSwish (as the direct depthwise kernel computes it).
 enum class GateFn { kSwish, kSiLU, kHardSwish };
-template <GateFn kFn>
+template <GateFn kFn, bool kForCodes>
 __attribute__((target("avx512f"))) inline __m512 gated(__m512 v, __m512 alpha) {
   if constexpr (kFn == GateFn::kHardSwish) {
     const __m512 g = _mm512_fmadd_ps(v, _mm512_set1_ps(1.f / 6.f), _mm512_set1_ps(0.5f));
     return _mm512_mul_ps(v, _mm512_min_ps(_mm512_max_ps(g, _mm512_setzero_ps()), _mm512_set1_ps(1.f)));
   } else {
-    return swish_avx512<kFn == GateFn::kSiLU>(v, alpha);
+    return swish_avx512<kFn == GateFn::kSiLU, kForCodes>(v, alpha);
   }
 }
 
-// gate(v) * factor + offset stored under `mask` as float32, or as 8-bit codes: max(q, lo) first (a
-// NaN q gives lo, its second operand), the conversion rounding half to even (the default MXCSR mode).
+// gate(v) * factor + offset stored under `mask` as float32, or as 8-bit codes (the gate then
+// within a fiftieth of a step: logistic_for_codes_avx512): u8 max(q, lo) first (a NaN q gives lo,
+// its second operand); s8 only min(hi, q) (a NaN stays NaN), since what converts to INT_MIN, NaN
+// and anything below -2^31, saturates to -128; the conversion rounds half to even (the default
+// MXCSR mode).
 template <DType kY, GateFn kFn>
 __attribute__((target("avx512f"))) inline void store_gated(void* y, int64_t i, __m512 v, __m512 alpha, __m512 factor,
                                                            __m512 offset, __mmask16 mask) {
-  const __m512 q = _mm512_fmadd_ps(gated<kFn>(v, alpha), factor, offset);
+  const __m512 q = _mm512_fmadd_ps(gated<kFn, kY != DType::kFloat32>(v, alpha), factor, offset);
   if constexpr (kY == DType::kFloat32) {
     _mm512_mask_storeu_ps(static_cast<float*>(y) + i, mask, q);
     return;
   }
   constexpr bool kUnsigned = kY == DType::kUInt8;
-  const __m512 lo = _mm512_set1_ps(kUnsigned ? 0.f : -128.f), hi = _mm512_set1_ps(kUnsigned ? 255.f : 127.f);
-  const __m512i codes = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(q, lo), hi));
+  const __m512i codes =
+      kUnsigned ? _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(q, _mm512_setzero_ps()), _mm512_set1_ps(255.f)))
+                : _mm512_cvtps_epi32(_mm512_min_ps(_mm512_set1_ps(127.f), q));
   if constexpr (kUnsigned) _mm512_mask_cvtusepi32_storeu_epi8(static_cast<uint8_t*>(y) + i, mask, codes);
   else _mm512_mask_cvtsepi32_storeu_epi8(static_cast<int8_t*>(y) + i, mask, codes);
 }
