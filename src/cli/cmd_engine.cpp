@@ -124,6 +124,11 @@ Action register_info(CLI::App& app) {
     const double mib = static_cast<double>(g.parameter_bytes()) / (1024.0 * 1024.0);
     std::cout << "parameters: " << g.parameter_count() << " (" << g.initializers.size() << " initializers, "
               << std::fixed << std::setprecision(2) << mib << " MiB)\n";
+    const runtime::SampleIndependence samples =
+        runtime::analyze_sample_independence(g, runtime::input_batch_axes(g.inputs));
+    std::cout << "samples: " << (samples.independent ? "computed each on its own (large batches run in parts)"
+                                                     : "not proved independent: " + samples.reason)
+              << "\n";
     if (*json) {
       nlohmann::json j;
       j["inputs"] = nlohmann::json::array();
@@ -135,6 +140,8 @@ Action register_info(CLI::App& app) {
       j["opset"] = g.opset;
       j["parameters"] = g.parameter_count();
       j["parameter_bytes"] = g.parameter_bytes();
+      j["samples_independent"] = samples.independent;
+      if (!samples.independent) j["samples_dependence"] = samples.reason;
       print_json(j);
     }
     return 0;

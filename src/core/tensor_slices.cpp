@@ -69,4 +69,19 @@ Tensor concat_along(const std::vector<Tensor>& parts, size_t axis) {
   return out;
 }
 
+void copy_along(const Tensor& part, Tensor& whole, size_t axis, int64_t first) {
+  bool fits = part.dtype() == whole.dtype() && part.rank() == whole.rank() && axis < whole.rank() && first >= 0 &&
+              first + part.dim(axis) <= whole.dim(axis);
+  for (size_t d = 0; fits && d < part.rank(); ++d) fits = d == axis || part.dim(d) == whole.dim(d);
+  SQ_CHECK(fits, ErrorKind::kInvalidArgument,
+           "copy_along: " + shape_str(part.shape()) + " does not fit into " + shape_str(whole.shape()) + " at " +
+               std::to_string(first) + " along axis " + std::to_string(axis));
+  const AxisLayout l = layout_around(part, axis), w = layout_around(whole, axis);
+  const size_t block = l.extent * l.inner_bytes;
+  const auto* src = static_cast<const std::byte*>(part.raw());
+  auto* dst = static_cast<std::byte*>(whole.raw()) + static_cast<size_t>(first) * w.inner_bytes;
+  for (size_t o = 0; o < l.outer && block > 0; ++o)
+    std::memcpy(dst + o * w.extent * w.inner_bytes, src + o * block, block);
+}
+
 }  // namespace slimquant

@@ -617,6 +617,8 @@ bool has_qdq_nodes(const ir::Graph& g) {
 
 runtime::Session make_int8_session(const ir::Graph& qdq, runtime::SessionOptions options,
                                    const LoweringOptions& lowering) {
+  if (options.split_batches && !options.sample_independence)  // on the QDQ ops: the lowered ones are ours
+    options.sample_independence = runtime::analyze_sample_independence(qdq, runtime::input_batch_axes(qdq.inputs));
   return runtime::Session(lower_to_int8(qdq, lowering), options);
 }
 

@@ -219,6 +219,16 @@ struct Session::PlanEntry {
 };
 
 Session::Session(ir::Graph graph, SessionOptions options) : graph_(std::move(graph)), options_(options) {
+  if (options_.split_batches) {  // proved on the ONNX ops, before the rewrites fuse them
+    SampleIndependence samples = options_.sample_independence
+                                     ? *options_.sample_independence
+                                     : analyze_sample_independence(graph_, input_batch_axes(graph_.inputs));
+    samples_independent_ = samples.independent;
+    samples_dependence_ = std::move(samples.reason);
+    sample_output_axes_ = std::move(samples.output_axes);
+  } else {
+    samples_dependence_ = "batches are not split (split_batches is off)";
+  }
   if (options_.optimize) optimize_graph(graph_);
   check_supported(graph_);
   input_axes_ = input_batch_axes(graph_.inputs);
@@ -453,6 +463,34 @@ bool Session::takes_batch(const std::map<std::string, Tensor>& feeds, const RunO
   return true;
 }
 
+namespace {
+
+// feed_rows for the session's own parts: rows along a first batch axis that start on a 64-byte
+// boundary are views of the caller's feeds (a part's run only reads its feeds), not copies; a part
+// of 8 images of 224x224 is 4.8 MB that a copy would fault in and write each time.
+std::map<std::string, Tensor> part_rows(const std::map<std::string, Tensor>& feeds, int64_t first, int64_t count,
+                                        const BatchAxes& axes) {
+  std::map<std::string, Tensor> part, copied;
+  for (const auto& [name, fed] : feeds) {
+    const bool rows_first = batch_axis_of(axes, name) == 0 && fed.defined() && !fed.is_sequence() &&
+                            fed.rank() > 0 && fed.dim(0) > 0 && first + count <= fed.dim(0) && fed.storage();
+    const size_t offset =
+        rows_first ? static_cast<size_t>(first) * (fed.nbytes() / static_cast<size_t>(fed.dim(0))) : 1;
+    if (!rows_first || offset % 64 != 0) {
+      copied.emplace(name, fed);
+      continue;
+    }
+    Shape shape = fed.shape();
+    shape[0] = count;
+    const std::shared_ptr<std::byte[]> rows(fed.storage(), fed.storage().get() + offset);
+    part.emplace(name, Tensor(fed.dtype(), std::move(shape), rows, fed.capacity_bytes() - offset));
+  }
+  for (auto& [name, t] : feed_rows(copied, first, count, axes)) part.emplace(name, std::move(t));
+  return part;
+}
+
+}  // namespace
+
 std::map<std::string, Tensor> Session::run_in_parts(const std::map<std::string, Tensor>& feeds,
                                                     const RunOptions& options, int64_t batch, int64_t part) {
   std::vector<std::map<std::string, Tensor>> parts = run_parts(feeds, options, batch, part);
@@ -468,7 +506,7 @@ std::vector<std::map<std::string, Tensor>> Session::run_parts(const std::map<std
     if (fed_with_one_axis_more(graph_, name, t)) axes.erase(name);
   std::vector<std::map<std::string, Tensor>> parts;
   for (int64_t first = 0; first < batch; first += part)
-    parts.push_back(run_whole(feed_rows(feeds, first, std::min(part, batch - first), axes), options));
+    parts.push_back(run_whole(part_rows(feeds, first, std::min(part, batch - first), axes), options));
   return parts;
 }
 
@@ -542,6 +580,83 @@ std::map<std::string, Tensor> join_rows(const std::vector<std::map<std::string, 
   return joined;
 }
 
+namespace {
+
+// The live values of the samples a part runs should fit in a core's own cache (L2: 1-2 MB on the
+// server cores of 2023-2025): past it, every memory-bound pass (activations, quantization,
+// residual adds) streams from L3 or memory, and a sample costs more in a batch of 32 than alone.
+// Measured (docs/performance.md, "Large batches in parts"): INT8 and FP32 CNNs, PP-OCR rec.
+constexpr size_t kPartLiveBytes = size_t{16} << 20;
+
+// Samples per part: as many as keep the live values within kPartLiveBytes (a power of two, at
+// least one), and no fewer than it takes for a sample's share of the weights streamed per part to
+// stay below its own live values (weight-heavy models such as ResNet-18 gain from larger parts).
+int64_t samples_per_part(size_t live_bytes_per_sample, size_t weight_bytes, int64_t batch) {
+  const size_t per_sample = std::max<size_t>(live_bytes_per_sample, 1);
+  int64_t part = 1;
+  while (part * 2 <= batch && static_cast<size_t>(part * 2) * per_sample <= kPartLiveBytes) part *= 2;
+  while (part * 2 <= batch && weight_bytes / static_cast<size_t>(part) > per_sample) part *= 2;
+  return part;
+}
+
+}  // namespace
+
+int64_t Session::speed_part(const std::map<std::string, Tensor>& feeds, const RunOptions& options, int64_t batch) {
+  // Hooks and observed values see a batch whole; feeds of intermediate values, or fewer inputs,
+  // are not the model the proof was made on.
+  if (!samples_independent_ || batch < 2 || options.on_value || !options.observe.empty() ||
+      feeds.size() != graph_.inputs.size())
+    return batch;
+  for (const auto& o : options.outputs)
+    if (!graph_.is_graph_output(o)) return batch;
+  std::string key;
+  for (const auto& in : graph_.inputs) {
+    const auto fed = feeds.find(in.name);
+    if (fed == feeds.end() || !fed->second.defined() || fed->second.is_sequence() ||
+        fed_with_one_axis_more(graph_, in.name, fed->second))
+      return batch;
+    Shape one = fed->second.shape();
+    const size_t axis = batch_axis_of(input_axes_, in.name);
+    if (in.dims && axis < in.dims->size() && (*in.dims)[axis].known()) return batch;  // a fixed batch
+    if (axis < one.size()) one[axis] = 1;
+    key += in.name + shape_str(one) + dtype_name(fed->second.dtype()) + ";";
+  }
+  // SLIMQUANT_SAMPLES_PER_PART: a fixed part size (0: whole batches), for measuring the choice.
+  static const int64_t forced = [] {
+    const char* v = std::getenv("SLIMQUANT_SAMPLES_PER_PART");
+    return v ? std::atoll(v) : int64_t{-1};
+  }();
+  if (forced == 0) return batch;
+  if (forced > 0) return std::min(forced, batch);
+  if (options_.samples_per_part > 0) return std::min(options_.samples_per_part, batch);
+  auto it = speed_parts_.find(key);
+  if (it == speed_parts_.end()) {
+    // One sample run once on a pool of its own measures the peak of its live values.
+    BufferPool probe;
+    probe.track_peak();
+    RunOptions plain;
+    plain.outputs = options.outputs;
+    int64_t part = int64_t{1} << 20;
+    const size_t plans_before = plans_.size();
+    try {
+      size_t output_bytes = 0;  // copied into the joined outputs either way: not a part's to keep
+      for (const auto& [name, t] : run_whole(feed_rows(feeds, 0, 1, input_axes_), plain, &probe))
+        output_bytes += t.nbytes();
+      const size_t working = probe.peak_bytes() - std::min(probe.peak_bytes(), output_bytes);
+      part = samples_per_part(working, graph_.parameter_bytes(), part);
+      if (std::getenv("SLIMQUANT_PARTS_DEBUG"))
+        std::fprintf(stderr, "parts: live %zu bytes per sample (outputs %zu), weights %zu: %lld per part\n",
+                     probe.peak_bytes(), output_bytes, graph_.parameter_bytes(), static_cast<long long>(part));
+    } catch (const Error& e) {
+      if (!is_shape_error(e)) throw;  // the whole batch's run names the shapes the caller fed
+    }
+    // The probe's plan (most recently used: last), unless parts of one sample will use it.
+    if (part != 1 && plans_.size() > plans_before) plans_.pop_back();
+    it = speed_parts_.emplace(key, part).first;
+  }
+  return std::min(it->second, batch);
+}
+
 int64_t Session::splittable_batch(const std::map<std::string, Tensor>& feeds) const {
   return options_.split_batches ? shared_batch(graph_, feeds, input_axes_) : -1;
 }
@@ -570,6 +685,30 @@ std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& 
     if (batch % batch_limit_ != 0) return run_whole(feeds, options);  // its shape error names the batch
     return run_in_parts(feeds, options, batch, batch_limit_);
   }
+  if (const int64_t part = speed_part(feeds, options, batch); part < batch) {
+    // Each part's outputs go into the whole batch's as soon as it ends, so that the next part
+    // reuses its buffers (holding them all and joining at the end faulted in fresh memory for
+    // every part: PP-OCR rec's outputs are 1 MB a sample).
+    std::map<std::string, Tensor> joined;
+    for (int64_t first = 0; first < batch; first += part) {
+      const int64_t count = std::min(part, batch - first);
+      const std::map<std::string, Tensor> out = run_whole(part_rows(feeds, first, count, input_axes_), options);
+      if (!options.outputs_needed) continue;
+      for (const auto& [name, t] : out) {
+        const size_t axis = batch_axis_of(sample_output_axes_, name);
+        SQ_CHECK(axis < t.rank() && t.dim(axis) == count, ErrorKind::kInternal,
+                 "output '" + name + "' of a part of " + std::to_string(count) + " samples is " + shape_str(t.shape()) +
+                     ", not one entry per sample along axis " + std::to_string(axis));
+        if (first == 0) {
+          Shape shape = t.shape();
+          shape[axis] = batch;
+          joined.emplace(name, Tensor(t.dtype(), std::move(shape)));
+        }
+        copy_along(t, joined.at(name), axis, first);
+      }
+    }
+    return joined;
+  }
   // With hooks, a size not seen yet is tried first without them (see takes_batch).
   if (batch_limit_ == 0 && options.on_value && !takes_batch(feeds, options, batch))
     return run_in_parts(feeds, options, batch, batch_limit_);
@@ -593,7 +732,7 @@ std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& 
 }
 
 std::map<std::string, Tensor> Session::run_whole(const std::map<std::string, Tensor>& batch_feeds,
-                                                 const RunOptions& options) {
+                                                 const RunOptions& options, BufferPool* pool) {
   const std::map<std::string, Tensor> unbatched = without_batch_of_one(graph_, batch_feeds);
   const std::map<std::string, Tensor>& feeds = unbatched.empty() ? batch_feeds : unbatched;
   std::vector<std::string> wanted = options.outputs;
@@ -617,7 +756,7 @@ std::map<std::string, Tensor> Session::run_whole(const std::map<std::string, Ten
     it = plans_.end() - 1;
   }
   if (options_.num_threads > 0) omp_set_num_threads(options_.num_threads);
-  return (*it)->plan->run(feeds, options.on_value, options.observe_in_any_layout, *(*it)->pool);
+  return (*it)->plan->run(feeds, options.on_value, options.observe_in_any_layout, pool ? *pool : *(*it)->pool);
 }
 
 std::vector<std::string> Session::input_names() const {

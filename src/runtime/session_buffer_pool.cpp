@@ -1,6 +1,8 @@
 // The buffer pool a session's plans allocate every intermediate value from.
 #include "runtime/session_internal.h"
 
+#include <algorithm>
+
 namespace slimquant::runtime {
 
 Tensor BufferPool::allocate(DType dtype, const Shape& shape) {
@@ -14,7 +16,13 @@ Tensor BufferPool::allocate(DType dtype, const Shape& shape) {
     entries_.push_back({allocate_storage(bytes), bytes});
     best = &entries_.back();
   }
-  return Tensor(dtype, shape, best->storage, best->capacity);
+  Tensor t(dtype, shape, best->storage, best->capacity);
+  if (tracking_) {
+    size_t live = 0;
+    for (const auto& e : entries_) live += e.storage.use_count() > 1 ? e.capacity : 0;
+    peak_ = std::max(peak_, live);
+  }
+  return t;
 }
 
 void BufferPool::release_idle() {

@@ -28,6 +28,10 @@ class BufferPool {
   Tensor allocate(DType dtype, const Shape& shape);
   // Gives the buffers only the pool holds back to the allocator (see release_idle_buffers).
   void release_idle();
+  // The most bytes live values held at once since track_peak() (off until then: it costs a scan
+  // of the pool per allocation).
+  void track_peak() { tracking_ = true; }
+  size_t peak_bytes() const { return peak_; }
 
  private:
   struct Entry {
@@ -35,6 +39,8 @@ class BufferPool {
     size_t capacity;
   };
   std::deque<Entry> entries_;
+  bool tracking_ = false;
+  size_t peak_ = 0;
 };
 
 // "<node description>: message", unless the message already names the node.

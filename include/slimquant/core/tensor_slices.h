@@ -17,4 +17,8 @@ Tensor slice_along(const Tensor& t, size_t axis, int64_t first, int64_t count);
 // (kInvalidArgument otherwise, or for none).
 Tensor concat_along(const std::vector<Tensor>& parts, size_t axis);
 
+// Copies `part` into `whole` at entries [first, first + part.dim(axis)) along `axis`: the two agree
+// in dtype, rank and every other dimension (kInvalidArgument otherwise, or out of bounds).
+void copy_along(const Tensor& part, Tensor& whole, size_t axis, int64_t first);
+
 }  // namespace slimquant

@@ -32,6 +32,24 @@ void release_idle_buffers(BufferPool& pool);
 // before other sessions run (their kernels then grow their own); the next kernel allocates again.
 void release_scratch_buffers();
 
+// Where the samples of a batch lie in each tensor: the axis of its batch, 0 for [batch, ...], 1 for
+// a recurrent state [layers, batch, hidden]. A name not in the map has its batch first.
+using BatchAxes = std::map<std::string, size_t>;
+
+// Whether a model computes each sample of a batch on its own, so that a batch may run in parts and
+// the parts' outputs be joined: proved node by node on the ONNX ops (sample_independence.cpp).
+// Every value is either static (initializers, constants, shape arithmetic that does not depend on
+// the batch size) or carries the batch along one axis, slice i depending on sample i alone;
+// anything else (an op over the batch axis, a reshape merging it with another, an op the proof
+// does not know) answers "no" and names the node. input_axes: the inputs' batch axes
+// (input_batch_axes); scalar inputs are the same for every sample.
+struct SampleIndependence {
+  bool independent = false;
+  std::string reason;     // when not independent: which node, and why
+  BatchAxes output_axes;  // when independent: each output's batch axis (absent: 0)
+};
+SampleIndependence analyze_sample_independence(const ir::Graph& graph, const BatchAxes& input_axes);
+
 struct SessionOptions {
   // Fold constants, BatchNorm into Conv, drop Identity/Dropout at construction.
   bool optimize = true;
@@ -51,6 +69,13 @@ struct SessionOptions {
   // a smaller batch or fails at this one (Session::run). Off where the leading dimension is not a
   // batch (the bodies of If / Loop / Scan), so a shape error stays an error.
   bool split_batches = true;
+  // A batch of a model that computes each sample on its own (Session::samples_independent) runs in
+  // parts of this many samples; 0: as many as keep one part's live values within a core's cache,
+  // from one sample's measured peak (Session::run). Off with split_batches.
+  int64_t samples_per_part = 0;
+  // The proof, when the caller made it on the graph this one was rewritten from with ops the proof
+  // does not know (lower_to_int8's QConv and QMatMul compute per sample as the QDQ ops they replace).
+  std::optional<SampleIndependence> sample_independence;
   // null: the session's own pool. Sessions sharing one must not run concurrently.
   std::shared_ptr<BufferPool> buffer_pool;
 };
@@ -84,9 +109,6 @@ struct RunOptions {
   bool outputs_needed = true;
 };
 
-// Where the samples of a batch lie in each tensor: the axis of its batch, 0 for [batch, ...], 1 for
-// a recurrent state [layers, batch, hidden]. A name not in the map has its batch first.
-using BatchAxes = std::map<std::string, size_t>;
 // The batch axis of `name` in `axes`.
 size_t batch_axis_of(const BatchAxes& axes, const std::string& name);
 
@@ -119,6 +141,7 @@ std::map<std::string, Tensor> feed_rows(const std::map<std::string, Tensor>& fee
 // applies: parts of several samples, or an output whose shape differs from sample to sample.
 std::map<std::string, Tensor> join_rows(const std::vector<std::map<std::string, Tensor>>& parts, int64_t batch,
                                         int64_t part, const BatchAxes& axes = {});
+
 
 // The batch rules every stage that feeds samples in batches shares (Session::run, QAT's steps):
 // The batch the fed graph inputs declare, when all that declare one agree on a fixed value; else 0.
@@ -161,13 +184,21 @@ class Session {
   void release_plans();
   // The most samples one run of the model takes (see run), or 0 while none is known.
   int64_t batch_limit() const { return batch_limit_; }
+  // Whether the model provably computes each sample on its own (proved op by op on the model as
+  // loaded), so that run() may take a large batch in parts of a few samples, whose activations stay
+  // in cache; when not, samples_dependence() names the node that mixes them (or that the proof does
+  // not know).
+  bool samples_independent() const { return samples_independent_; }
+  const std::string& samples_dependence() const { return samples_dependence_; }
   // Whether run(feeds) is known to take the batch whole, in one pass of a plan, so that a hook sees
   // every value once: a batch of one sample, or a size run whole before and within any limit
   // learned since. false also while it is not known (a size not run yet).
   bool runs_whole(const std::map<std::string, Tensor>& feeds) const;
 
  private:
-  std::map<std::string, Tensor> run_whole(const std::map<std::string, Tensor>& feeds, const RunOptions& options);
+  // pool: the buffer pool to run with instead of the plan's (a probe measuring its peak).
+  std::map<std::string, Tensor> run_whole(const std::map<std::string, Tensor>& feeds, const RunOptions& options,
+                                          BufferPool* pool = nullptr);
   std::map<std::string, Tensor> run_in_parts(const std::map<std::string, Tensor>& feeds, const RunOptions& options,
                                              int64_t batch, int64_t part);
   std::vector<std::map<std::string, Tensor>> run_parts(const std::map<std::string, Tensor>& feeds,
@@ -180,7 +211,13 @@ class Session {
   // Whether the model takes a batch of `batch` (tried once per size, without hooks).
   bool takes_batch(const std::map<std::string, Tensor>& feeds, const RunOptions& options, int64_t batch);
   void limit_batch(int64_t limit, const std::string& why);
+  // Samples per run for speed (see samples_independent), `batch` when the batch runs whole.
+  int64_t speed_part(const std::map<std::string, Tensor>& feeds, const RunOptions& options, int64_t batch);
   int64_t batch_limit_ = 0;
+  bool samples_independent_ = false;
+  std::string samples_dependence_;
+  BatchAxes sample_output_axes_;               // each output's batch axis, when samples_independent_
+  std::map<std::string, int64_t> speed_parts_;  // by the shapes of one sample's feeds
   std::set<int64_t> batches_taken_;
   ir::Graph graph_;
   BatchAxes input_axes_;  // of graph_'s inputs (input_batch_axes)

@@ -1,0 +1,892 @@
+// The proof behind analyze_sample_independence (slimquant/runtime/session.h).
+#include "slimquant/runtime/session.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+namespace slimquant::runtime {
+namespace {
+
+// One element of a small integer vector (a shape, a Reshape target, an index): a known value, the
+// batch size N (what Shape reads at the batch axis), a value that does not change with N but is not
+// known here (another axis's size), or one that depends on N some other way.
+struct Elem {
+  enum Kind : uint8_t { kValue, kBatch, kInvariant, kDependent } kind = kDependent;
+  int64_t value = 0;
+  static Elem of(int64_t v) { return {kValue, v}; }
+  bool invariant() const { return kind == kValue || kind == kInvariant; }
+};
+
+// What the analysis knows of a value.
+struct Fact {
+  enum Kind : uint8_t {
+    kStatic,   // does not depend on the samples' data (it may depend on the batch size: see elems)
+    kBatched,  // slice i along `axis` depends on sample i alone, and the axis has N entries
+    kMixed,    // anything else
+  } kind = kMixed;
+  size_t axis = 0;                          // kBatched
+  std::optional<size_t> rank;               // kBatched, kStatic: when known
+  std::optional<Shape> shape;               // kStatic: when known
+  std::optional<std::vector<Elem>> elems;   // kStatic, rank <= 1: its elements, when known
+  std::optional<Tensor> small;              // kStatic: a small constant's value (Resize's scales)
+  bool batch_invariant = true;              // kStatic: the same for any batch size
+  std::string reason;                       // kMixed
+
+  static Fact mixed(std::string why) {
+    Fact f;
+    f.reason = std::move(why);
+    return f;
+  }
+  static Fact batched(size_t axis, std::optional<size_t> rank) {
+    Fact f;
+    f.kind = kBatched;
+    f.axis = axis;
+    f.rank = rank;
+    return f;
+  }
+  static Fact of_tensor(const Tensor& t) {
+    Fact f;
+    f.kind = kStatic;
+    f.shape = t.shape();
+    f.rank = t.rank();
+    if (t.numel() <= 64) f.small = t;
+    const bool integral = t.dtype() == DType::kInt64 || t.dtype() == DType::kInt32 || t.dtype() == DType::kBool;
+    if (integral && t.rank() <= 1 && t.numel() <= 64) {
+      f.elems.emplace();
+      for (int64_t v : t.to_int64_vector()) f.elems->push_back(Elem::of(v));
+    }
+    return f;
+  }
+  // A static vector of these elements (rank 1, or 0 when scalar).
+  static Fact of_elems(std::vector<Elem> e, bool scalar) {
+    Fact f;
+    f.kind = kStatic;
+    f.rank = scalar ? 0 : 1;
+    f.shape = scalar ? Shape{} : Shape{static_cast<int64_t>(e.size())};
+    f.batch_invariant = std::all_of(e.begin(), e.end(), [](const Elem& x) { return x.invariant(); });
+    f.elems = std::move(e);
+    return f;
+  }
+  bool is_static() const { return kind == kStatic; }
+  bool is_batched() const { return kind == kBatched; }
+  // A static value usable as data next to batched values: the same in every part.
+  bool invariant_static() const { return kind == kStatic && batch_invariant; }
+  // Its known integer values (all kValue).
+  std::optional<std::vector<int64_t>> values() const {
+    if (!elems) return std::nullopt;
+    std::vector<int64_t> v;
+    for (const Elem& e : *elems) {
+      if (e.kind != Elem::kValue) return std::nullopt;
+      v.push_back(e.value);
+    }
+    return v;
+  }
+};
+
+std::optional<size_t> normalized(int64_t axis, std::optional<size_t> rank) {
+  if (!rank) return axis >= 0 ? std::optional<size_t>(static_cast<size_t>(axis)) : std::nullopt;
+  const auto r = static_cast<int64_t>(*rank);
+  if (axis < -r || axis >= r) return std::nullopt;
+  return static_cast<size_t>(axis < 0 ? axis + r : axis);
+}
+
+bool is_one_of(const std::string& op, std::initializer_list<const char*> ops) {
+  return std::any_of(ops.begin(), ops.end(), [&](const char* o) { return op == o; });
+}
+
+// Ops that map each element (or each position, for their extra outputs) on its own.
+bool elementwise_unary(const std::string& op) {
+  return is_one_of(op, {"Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt", "Abs", "Neg", "Erf", "Reciprocal",
+                        "Floor", "Ceil", "Round", "Sign", "Not", "IsNaN", "IsInf", "Sin", "Cos", "Tan", "Asin",
+                        "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Softplus", "Softsign",
+                        "LeakyRelu", "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "Gelu", "Mish",
+                        "ThresholdedRelu", "Identity", "Cast", "Shrink", "BitwiseNot"});
+}
+
+bool broadcasting(const std::string& op) {
+  return is_one_of(op, {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Equal", "Less", "Greater",
+                        "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Mod", "PRelu", "BitShift", "Where",
+                        "BitwiseAnd", "BitwiseOr", "BitwiseXor", "Clip", "QuantizeLinear",
+                        "DequantizeLinear"});
+}
+
+// Ops defined over [N, C, spatial...] whose other inputs are parameters.
+bool per_image(const std::string& op) {
+  return is_one_of(op, {"Conv", "ConvTranspose", "ConvInteger", "QLinearConv", "MaxPool", "AveragePool", "LpPool",
+                        "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool", "LRN", "InstanceNormalization",
+                        "BatchNormalization", "DepthToSpace", "SpaceToDepth", "GroupNormalization"});
+}
+
+bool reduction(const std::string& op) {
+  return is_one_of(op, {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+                        "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin"});
+}
+
+class Analysis {
+ public:
+  Analysis(const ir::Graph& g, const BatchAxes& input_axes) : g_(g) {
+    for (const auto& [name, t] : g.initializers) facts_[name] = Fact::of_tensor(t);
+    for (const auto& in : g.inputs) {
+      std::optional<size_t> rank;
+      if (in.dims) rank = in.dims->size();
+      if (rank == size_t{0}) {
+        Fact f;  // a scalar input: fed whole to every part
+        f.kind = Fact::kStatic;
+        f.rank = 0;
+        f.shape = Shape{};
+        facts_[in.name] = f;
+        continue;
+      }
+      if (g.sequence_values.count(in.name) || g.optional_values.count(in.name)) {
+        facts_[in.name] = Fact::mixed("input '" + in.name + "' is a sequence or optional");
+        continue;
+      }
+      facts_[in.name] = Fact::batched(batch_axis_of(input_axes, in.name), rank);
+    }
+  }
+
+  SampleIndependence run() {
+    SampleIndependence result;
+    for (const auto& node : g_.nodes) {
+      std::vector<Fact> out = visit(node);
+      out.resize(node.outputs.size(), out.empty() ? Fact::mixed("") : out.back());
+      for (size_t k = 0; k < node.outputs.size(); ++k) {
+        if (node.outputs[k].empty()) continue;
+        if (out[k].kind == Fact::kMixed && out[k].reason.empty()) out[k].reason = "mixes samples";
+        facts_[node.outputs[k]] = out[k];
+      }
+    }
+    for (const auto& o : g_.outputs) {
+      const Fact& f = fact(o.name);
+      if (f.is_batched()) {
+        if (f.axis != 0) result.output_axes[o.name] = f.axis;
+        continue;
+      }
+      result.reason = "output '" + o.name + "': " +
+                      (f.kind == Fact::kMixed ? f.reason : std::string("has no batch axis (the same for every sample)"));
+      return result;
+    }
+    result.independent = true;
+    return result;
+  }
+
+ private:
+  const Fact& fact(const std::string& name) {
+    static const Fact absent = Fact::mixed("a value the analysis did not see");
+    const auto it = facts_.find(name);
+    return it == facts_.end() ? absent : it->second;
+  }
+  const Fact* input(const ir::Node& n, size_t i) { return n.input(i).empty() ? nullptr : &fact(n.input(i)); }
+
+  static Fact mixed(const ir::Node& n, const std::string& why) { return Fact::mixed(n.describe() + " " + why); }
+
+  // The first non-static input's failure, or nullopt when the inputs are all static or batched.
+  std::optional<Fact> first_mixed(const ir::Node& n) {
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (!n.inputs[i].empty() && fact(n.inputs[i]).kind == Fact::kMixed) return fact(n.inputs[i]);
+    return std::nullopt;
+  }
+
+  std::vector<Fact> visit(const ir::Node& n) {
+    if (!n.domain.empty() && n.domain != "ai.onnx") return {mixed(n, "is not an ONNX op the analysis knows")};
+    // Each part would draw its own numbers.
+    if (is_one_of(n.op_type, {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
+                              "Multinomial"}))
+      return {mixed(n, "draws random numbers")};
+    if (n.op_type == "Constant") return {constant(n)};
+    if (auto m = first_mixed(n)) return {*m};
+    bool any_batched = false, all_static = true;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      if (n.inputs[i].empty()) continue;
+      any_batched = any_batched || fact(n.inputs[i]).is_batched();
+      all_static = all_static && fact(n.inputs[i]).is_static();
+    }
+    if (n.op_type == "Shape") return {shape_of(n)};
+    if (n.op_type == "Size") return {Fact::of_elems({any_batched ? Elem{} : Elem{Elem::kInvariant, 0}}, true)};
+    // Expand to a shape holding N (ViT's class token, expanded to [N, 1, 768]): one copy per sample.
+    const bool expands_to_batch = n.op_type == "Expand" && input(n, 1) && !input(n, 1)->batch_invariant;
+    if (all_static && !expands_to_batch) return {static_result(n)};
+    if (!input(n, 0)) return {mixed(n, "reads batched values without a first input")};
+    if (n.op_type == "CastLike") return same_for_each_output(n, *input(n, 0));
+    if (elementwise_unary(n.op_type) || n.op_type == "Dropout") return same_for_each_output(n, *input(n, 0));
+    if (broadcasting(n.op_type)) return {broadcast(n)};
+    if (per_image(n.op_type)) return per_image_op(n);
+    if (reduction(n.op_type)) return {reduce(n)};
+    if (n.op_type == "MatMul" || n.op_type == "MatMulInteger") return {matmul(n, 0, 1)};
+    if (n.op_type == "QLinearMatMul") return {matmul(n, 0, 3)};
+    if (n.op_type == "Gemm") return {gemm(n)};
+    if (n.op_type == "Flatten") return {flatten(n)};
+    if (n.op_type == "Reshape") return {reshape(n)};
+    if (n.op_type == "Transpose") return {transpose(n)};
+    if (n.op_type == "Squeeze") return {squeeze(n)};
+    if (n.op_type == "Unsqueeze") return {unsqueeze(n)};
+    if (n.op_type == "Concat") return {concat(n)};
+    if (n.op_type == "Split") return split(n);
+    if (n.op_type == "Slice") return {slice(n)};
+    if (n.op_type == "Gather") return {gather(n)};
+    if (n.op_type == "Expand") return {expand(n)};
+    if (n.op_type == "Resize" || n.op_type == "Upsample") return {resize(n)};
+    if (is_one_of(n.op_type, {"Softmax", "LogSoftmax", "Hardmax"})) return {softmax(n)};
+    if (n.op_type == "LayerNormalization") return layer_norm(n);
+    if (n.op_type == "Pad") return {pad(n)};
+    if (n.op_type == "Tile") return {tile(n)};
+    if (n.op_type == "TopK" || n.op_type == "CumSum") return along_one_axis(n);
+    if (is_one_of(n.op_type, {"LSTM", "GRU", "RNN"})) return recurrent(n);
+    return {mixed(n, "is an op the sample-independence analysis does not know")};
+  }
+
+  Fact constant(const ir::Node& n) {
+    if (const Tensor* t = n.attr_tensor("value")) return Fact::of_tensor(*t);
+    if (n.has_attr("value_int")) return Fact::of_tensor(Tensor::scalar<int64_t>(n.attr_int("value_int", 0)));
+    if (n.has_attr("value_ints")) {
+      const auto v = n.attr_ints("value_ints");
+      return Fact::of_tensor(Tensor::from_vector<int64_t>({static_cast<int64_t>(v.size())}, v));
+    }
+    Fact f;
+    f.kind = Fact::kStatic;
+    return f;
+  }
+
+  // Shape(x): N at x's batch axis, the other sizes invariant (known for a static x of known shape).
+  Fact shape_of(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    std::vector<Elem> e;
+    if (x.is_static() && x.shape) {
+      for (int64_t d : *x.shape) e.push_back(Elem::of(d));
+    } else if (x.rank) {
+      for (size_t i = 0; i < *x.rank; ++i)
+        e.push_back(x.is_batched() && i == x.axis ? Elem{Elem::kBatch, 0} : Elem{Elem::kInvariant, 0});
+      if (x.is_static() && !x.batch_invariant) std::fill(e.begin(), e.end(), Elem{});
+    } else {
+      Fact f;
+      f.kind = Fact::kStatic;
+      f.rank = 1;
+      f.batch_invariant = x.is_static() && x.batch_invariant;
+      return f;
+    }
+    const auto r = static_cast<int64_t>(e.size());
+    int64_t start = n.attr_int("start", 0), end = n.attr_int("end", r);
+    start = std::clamp(start < 0 ? start + r : start, int64_t{0}, r);
+    end = std::clamp(end < 0 ? end + r : end, int64_t{0}, r);
+    return Fact::of_elems(std::vector<Elem>(e.begin() + start, e.begin() + std::max(start, end)), false);
+  }
+
+  // Every input static: shape arithmetic (elements followed where the op is simple), or a value
+  // computed from constants.
+  Fact static_result(const ir::Node& n) {
+    bool invariant = true;
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (!n.inputs[i].empty()) invariant = invariant && fact(n.inputs[i]).batch_invariant;
+    Fact f;
+    f.kind = Fact::kStatic;
+    f.batch_invariant = invariant;
+    if (!input(n, 0)) return f;  // no first input (SequenceEmpty, Optional)
+    if (auto shape_fact = shape_arithmetic(n)) return *shape_fact;
+    // Same shape as the first input: keep it (a DequantizeLinear of int8 weights, a Cast).
+    if ((elementwise_unary(n.op_type) || is_one_of(n.op_type, {"DequantizeLinear", "QuantizeLinear"})) &&
+        input(n, 0)->shape) {
+      f.shape = input(n, 0)->shape;
+      f.rank = f.shape->size();
+    }
+    if (n.op_type == "Transpose" && input(n, 0)->shape) {
+      const Shape& s = *input(n, 0)->shape;
+      std::vector<int64_t> perm = n.attr_ints("perm");
+      if (perm.empty())
+        for (size_t i = s.size(); i-- > 0;) perm.push_back(static_cast<int64_t>(i));
+      if (perm.size() == s.size()) {
+        Shape t;
+        for (int64_t p : perm) t.push_back(s.at(static_cast<size_t>(p)));
+        f.shape = t;
+        f.rank = t.size();
+      }
+    }
+    if (!f.batch_invariant) f.elems.reset();
+    return f;
+  }
+
+  static Elem arithmetic(const std::string& op, const Elem& a, const Elem& b) {
+    if (a.kind == Elem::kValue && b.kind == Elem::kValue) {
+      if (op == "Add") return Elem::of(a.value + b.value);
+      if (op == "Sub") return Elem::of(a.value - b.value);
+      if (op == "Mul") return Elem::of(a.value * b.value);
+      if (op == "Div") return b.value == 0 ? Elem{} : Elem::of(a.value / b.value);
+      if (op == "Equal") return Elem::of(a.value == b.value);
+      return Elem{};
+    }
+    if (op == "Equal") {
+      if (a.kind == Elem::kBatch && b.kind == Elem::kBatch) return Elem::of(1);
+      // N >= 1: never equal to a value below 1 (ViT's Where(Equal(shape, -1), 1, shape) for Expand).
+      if (a.kind == Elem::kBatch && b.kind == Elem::kValue && b.value < 1) return Elem::of(0);
+      if (b.kind == Elem::kBatch && a.kind == Elem::kValue && a.value < 1) return Elem::of(0);
+    }
+    const bool keeps_a = (op == "Mul" || op == "Div") ? b.kind == Elem::kValue && b.value == 1
+                         : (op == "Add" || op == "Sub") && b.kind == Elem::kValue && b.value == 0;
+    if (a.kind == Elem::kBatch && keeps_a) return a;
+    if (b.kind == Elem::kBatch && op == "Mul" && a.kind == Elem::kValue && a.value == 1) return b;
+    if (b.kind == Elem::kBatch && op == "Add" && a.kind == Elem::kValue && a.value == 0) return b;
+    if (a.invariant() && b.invariant()) return Elem{Elem::kInvariant, 0};
+    return Elem{};
+  }
+
+  // Shape, Gather, Slice, Concat, ... over small vectors, followed element by element.
+  std::optional<Fact> shape_arithmetic(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    if (!x.elems) return std::nullopt;
+    const std::vector<Elem>& e = *x.elems;
+    const bool scalar = x.rank == size_t{0};
+    if (is_one_of(n.op_type, {"Cast", "Identity"})) return Fact::of_elems(e, scalar);
+    if (n.op_type == "Unsqueeze" && scalar) return Fact::of_elems(e, false);
+    if (n.op_type == "Squeeze" && !scalar && e.size() == 1) return Fact::of_elems(e, true);
+    if (n.op_type == "Reshape" && n.inputs.size() > 1) {
+      const auto target = input(n, 1)->values();
+      if (target && target->size() == 1 && (target->at(0) == -1 || target->at(0) == int64_t(e.size())))
+        return Fact::of_elems(e, false);
+      if (target && target->empty() && e.size() == 1) return Fact::of_elems(e, true);
+      return std::nullopt;
+    }
+    if (n.op_type == "Gather" && n.inputs.size() > 1 && n.attr_int("axis", 0) == 0 && !scalar) {
+      const Fact& idx = *input(n, 1);
+      const auto at = idx.values();
+      if (!at) return std::nullopt;
+      std::vector<Elem> picked;
+      for (int64_t i : *at) {
+        const int64_t k = i < 0 ? i + static_cast<int64_t>(e.size()) : i;
+        if (k < 0 || k >= static_cast<int64_t>(e.size())) return std::nullopt;
+        picked.push_back(e[static_cast<size_t>(k)]);
+      }
+      return Fact::of_elems(picked, idx.rank == size_t{0});
+    }
+    if (n.op_type == "Slice" && !scalar) return slice_elems(n, e);
+    if (n.op_type == "Concat") {
+      std::vector<Elem> joined;
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        const Fact* f = input(n, i);
+        if (!f) continue;
+        if (!f->elems || f->rank != size_t{1}) return std::nullopt;
+        joined.insert(joined.end(), f->elems->begin(), f->elems->end());
+      }
+      return Fact::of_elems(joined, false);
+    }
+    if (n.op_type == "ConstantOfShape") {
+      // A tensor of the shape these elements give: static when they do not involve N, else
+      // batched along the one axis of size N (every sample's slice the same constant).
+      std::optional<size_t> batch_at;
+      for (size_t i = 0; i < e.size(); ++i) {
+        if (e[i].kind == Elem::kBatch && !batch_at) batch_at = i;
+        else if (!e[i].invariant()) return Fact::mixed(n.describe() + " takes a shape that depends on the batch size");
+      }
+      if (batch_at) return Fact::batched(*batch_at, e.size());
+      Fact f;
+      f.kind = Fact::kStatic;
+      f.rank = e.size();
+      if (const auto v = x.values()) {
+        f.shape = Shape(v->begin(), v->end());
+        const Tensor* fill = n.attr_tensor("value");
+        if (v->size() == 1 && v->at(0) <= 64) {
+          const int64_t value = fill ? fill->to_int64_vector().at(0) : 0;
+          f.elems = std::vector<Elem>(static_cast<size_t>(v->at(0)), Elem::of(value));
+        }
+      }
+      return f;
+    }
+    if (is_one_of(n.op_type, {"Add", "Sub", "Mul", "Div", "Equal", "Where"})) {
+      std::vector<const std::vector<Elem>*> args;
+      std::vector<bool> scalars;
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        const Fact* f = input(n, i);
+        if (!f || !f->elems) return std::nullopt;
+        args.push_back(&*f->elems);
+        scalars.push_back(f->rank == size_t{0});
+      }
+      size_t len = 1;
+      for (const auto* a : args)
+        if (a->size() != 1) {
+          if (len != 1 && len != a->size()) return std::nullopt;
+          len = a->size();
+        }
+      const bool all_scalar = std::all_of(scalars.begin(), scalars.end(), [](bool s) { return s; });
+      std::vector<Elem> r;
+      for (size_t k = 0; k < len; ++k) {
+        auto at = [&](size_t i) { return (*args[i])[args[i]->size() == 1 ? 0 : k]; };
+        if (n.op_type == "Where") {
+          const Elem c = at(0);
+          if (c.kind == Elem::kValue) r.push_back(c.value ? at(1) : at(2));
+          else r.push_back(c.invariant() && at(1).invariant() && at(2).invariant() ? Elem{Elem::kInvariant, 0} : Elem{});
+        } else {
+          r.push_back(arithmetic(n.op_type, at(0), at(1)));
+        }
+      }
+      return Fact::of_elems(r, all_scalar);
+    }
+    return std::nullopt;
+  }
+
+  std::optional<Fact> slice_elems(const ir::Node& n, const std::vector<Elem>& e) {
+    std::vector<int64_t> starts, ends, axes, steps;
+    if (g_.opset < 10) {
+      starts = n.attr_ints("starts"), ends = n.attr_ints("ends"), axes = n.attr_ints("axes", {0});
+    } else {
+      const auto s = input(n, 1) ? input(n, 1)->values() : std::nullopt;
+      const auto t = input(n, 2) ? input(n, 2)->values() : std::nullopt;
+      if (!s || !t) return std::nullopt;
+      starts = *s, ends = *t;
+      if (input(n, 3)) {
+        const auto a = input(n, 3)->values();
+        if (!a) return std::nullopt;
+        axes = *a;
+      }
+      if (input(n, 4)) {
+        const auto p = input(n, 4)->values();
+        if (!p) return std::nullopt;
+        steps = *p;
+      }
+    }
+    if (starts.size() != 1 || ends.size() != 1 || (!axes.empty() && axes != std::vector<int64_t>{0} &&
+                                                   axes != std::vector<int64_t>{-1}) ||
+        (!steps.empty() && steps != std::vector<int64_t>{1}))
+      return std::nullopt;
+    const auto len = static_cast<int64_t>(e.size());
+    auto clamp_index = [&](int64_t v) { return std::clamp(v < 0 ? v + len : v, int64_t{0}, len); };
+    const int64_t b = clamp_index(starts[0]), f = clamp_index(ends[0]);
+    return Fact::of_elems(std::vector<Elem>(e.begin() + b, e.begin() + std::max(b, f)), false);
+  }
+
+  std::vector<Fact> same_for_each_output(const ir::Node& n, const Fact& x) {
+    if (!x.is_batched()) return {mixed(n, "reads a batched value in a way the analysis does not follow")};
+    if (n.op_type == "Dropout" && input(n, 2) && input(n, 2)->values() != std::vector<int64_t>{0})
+      return {mixed(n, "may run in training mode")};
+    return std::vector<Fact>(std::max<size_t>(1, n.outputs.size()), x);
+  }
+
+  // The batched inputs line up on one output axis; the static ones have size 1 there (or no axis).
+  Fact broadcast(const ir::Node& n) {
+    size_t out_rank = 0;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const Fact* f = input(n, i);
+      if (!f) continue;
+      if (!f->rank) return mixed(n, "broadcasts a value of unknown rank with batched ones");
+      out_rank = std::max(out_rank, *f->rank);
+    }
+    std::optional<size_t> axis;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const Fact* f = input(n, i);
+      if (!f || !f->is_batched()) continue;
+      const size_t at = f->axis + (out_rank - *f->rank);
+      if (axis && *axis != at) return mixed(n, "combines batches along different axes");
+      axis = at;
+    }
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const Fact* f = input(n, i);
+      if (!f || f->is_batched()) continue;
+      if (!f->batch_invariant) return mixed(n, "combines the samples with a value that depends on the batch size");
+      const size_t lead = out_rank - *f->rank;
+      if (*axis < lead) continue;  // no axis there: broadcast along the batch
+      if (!f->shape) return mixed(n, "broadcasts a value of unknown shape with batched ones");
+      if ((*f->shape)[*axis - lead] != 1) return mixed(n, "reads a value with its own size along the batch axis");
+    }
+    // A per-axis QuantizeLinear / DequantizeLinear along the batch axis would need N scales.
+    if (is_one_of(n.op_type, {"QuantizeLinear", "DequantizeLinear"}) && input(n, 1) && input(n, 1)->shape &&
+        !input(n, 1)->shape->empty() && shape_numel(*input(n, 1)->shape) != 1) {
+      const auto a = normalized(n.attr_int("axis", 1), out_rank);
+      if (!a || *a == *axis) return mixed(n, "has per-axis parameters along the batch axis");
+    }
+    return Fact::batched(*axis, out_rank);
+  }
+
+  std::vector<Fact> per_image_op(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    if (!x.is_batched() || x.axis != 0) return {mixed(n, "does not have its batch first")};
+    for (size_t i = 1; i < n.inputs.size(); ++i)
+      if (input(n, i) && !input(n, i)->invariant_static())
+        return {mixed(n, "takes a per-sample value as a parameter")};
+    if (n.op_type == "BatchNormalization" && (n.attr_int("training_mode", 0) != 0 || n.outputs.size() > 1))
+      return {mixed(n, "normalizes over the batch (training mode)")};
+    if (n.op_type == "MaxPool" && n.outputs.size() > 1 && !n.outputs[1].empty())
+      return {mixed(n, "returns indices over the whole batch")};
+    return {Fact::batched(0, x.rank)};
+  }
+
+  std::optional<std::vector<int64_t>> axes_of(const ir::Node& n, size_t input_index) {
+    if (n.has_attr("axes")) return n.attr_ints("axes");
+    if (n.inputs.size() > input_index && !n.input(input_index).empty()) return fact(n.input(input_index)).values();
+    return std::vector<int64_t>{};
+  }
+
+  Fact reduce(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    if (!x.is_batched()) return mixed(n, "reduces a value the analysis does not follow");
+    std::vector<int64_t> axes;
+    if (is_one_of(n.op_type, {"ArgMax", "ArgMin"})) {
+      axes = {n.attr_int("axis", 0)};
+    } else {
+      const auto a = axes_of(n, 1);
+      if (!a) return mixed(n, "reduces over axes not known here");
+      axes = *a;
+      if (axes.empty()) {
+        if (n.attr_int("noop_with_empty_axes", 0) != 0) return x;
+        return mixed(n, "reduces over every axis, the batch's too");
+      }
+    }
+    size_t below = 0;
+    for (int64_t a : axes) {
+      const auto k = normalized(a, x.rank);
+      if (!k || *k == x.axis) return mixed(n, "reduces over the batch axis");
+      below += *k < x.axis;
+    }
+    const bool keep = n.attr_int("keepdims", 1) != 0;
+    std::optional<size_t> rank = x.rank;
+    if (!keep && rank) *rank -= axes.size();
+    return Fact::batched(keep ? x.axis : x.axis - below, rank);
+  }
+
+  Fact matmul(const ir::Node& n, size_t a_index, size_t b_index) {
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const Fact* f = input(n, i);
+      if (i == a_index || i == b_index || !f) continue;
+      if (!f->invariant_static()) return mixed(n, "takes a per-sample value as a parameter");
+      // A's zero point / scale may be per row: along the batch when A's rows are samples.
+      const bool a_side = a_index + 1 == b_index ? i == 2 : i < b_index;
+      if (a_side && (!f->shape || shape_numel(*f->shape) != 1)) return mixed(n, "has per-row parameters for A");
+    }
+    const Fact& a = *input(n, a_index);
+    const Fact& b = *input(n, b_index);
+    if (!a.rank || !b.rank || *a.rank < 2 || *b.rank < 2) {
+      if (a.is_batched() && a.rank && *a.rank >= 2 && a.axis + 1 < *a.rank && b.invariant_static() &&
+          b.rank == size_t{1})
+        return Fact::batched(a.axis, *a.rank - 1);  // [.., M, K] x [K]: rows stay rows
+      return mixed(n, "multiplies values whose ranks the analysis does not follow");
+    }
+    const size_t r = std::max(*a.rank, *b.rank);
+    auto aligned = [&](const Fact& f) { return f.axis + (r - *f.rank); };
+    if (a.is_batched() && b.is_batched()) {
+      if (aligned(a) != aligned(b) || aligned(a) + 2 >= r) return mixed(n, "multiplies batches along other axes");
+      return Fact::batched(aligned(a), r);
+    }
+    if (a.is_batched()) {
+      if (!b.batch_invariant) return mixed(n, "multiplies by a value that depends on the batch size");
+      if (a.axis + 1 == *a.rank) return mixed(n, "contracts the batch axis");
+      const size_t at = aligned(a);
+      if (at + 2 < r) {  // a broadcast (stacking) axis: b must have size 1 there, or no axis
+        const size_t lead = r - *b.rank;
+        if (at >= lead && (!b.shape || (*b.shape)[at - lead] != 1))
+          return mixed(n, "multiplies by a value with its own size along the batch axis");
+      }
+      return Fact::batched(at, r);
+    }
+    // b batched, a static: the batch along b's stacking axes stays; along its rows or columns not.
+    if (!a.batch_invariant || b.axis + 2 >= *b.rank) return mixed(n, "multiplies a batch from the right");
+    const size_t at = aligned(b), lead = r - *a.rank;
+    if (at >= lead && (!a.shape || (*a.shape)[at - lead] != 1))
+      return mixed(n, "multiplies by a value with its own size along the batch axis");
+    return Fact::batched(at, r);
+  }
+
+  Fact gemm(const ir::Node& n) {
+    const Fact& a = *input(n, 0);
+    if (!a.is_batched() || a.axis != (n.attr_int("transA", 0) ? 1u : 0u))
+      return mixed(n, "does not have the batch along A's rows");
+    if (!input(n, 1)->invariant_static()) return mixed(n, "takes a per-sample B");
+    if (const Fact* c = input(n, 2)) {
+      if (!c->invariant_static() || !c->shape) return mixed(n, "adds a C the analysis does not know");
+      if (c->shape->size() == 2 && (*c->shape)[0] != 1) return mixed(n, "adds a C with its own rows");
+    }
+    return Fact::batched(0, 2);
+  }
+
+  Fact flatten(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    const auto axis = normalized(n.attr_int("axis", 1), x.rank ? std::optional<size_t>(*x.rank + 1) : std::nullopt);
+    if (!x.is_batched() || x.axis != 0 || !axis || *axis == 0) return mixed(n, "merges the batch axis");
+    return Fact::batched(0, 2);
+  }
+
+  // Keeps the batch where the target leaves it alone: the batch first in both, its target size N
+  // (from Shape) or 0 (copy), every other size not depending on N; or -1 first and the rest known
+  // to hold exactly one sample.
+  Fact reshape(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    const Fact& t = *input(n, 1);
+    if (!x.is_batched() || !t.is_static() || !t.elems) return mixed(n, "reshapes with a target the analysis does not follow");
+    const std::vector<Elem>& e = *t.elems;
+    const bool allowzero = n.attr_int("allowzero", 0) != 0;
+    if (e.empty()) return mixed(n, "reshapes a batch to a scalar");
+    for (size_t i = 1; i < e.size(); ++i)
+      if (!e[i].invariant()) return mixed(n, "reshapes to a size that depends on the batch size");
+    if (x.axis != 0) {
+      // Axes before the batch copied (0), the batch copied or N.
+      for (size_t i = 0; i < x.axis; ++i)
+        if (i >= e.size() || e[i].kind != Elem::kValue || e[i].value != 0 || allowzero)
+          return mixed(n, "moves the batch axis");
+      if (x.axis >= e.size() || !(e[x.axis].kind == Elem::kBatch || (e[x.axis].kind == Elem::kValue &&
+                                                                     e[x.axis].value == 0 && !allowzero)))
+        return mixed(n, "moves the batch axis");
+      return Fact::batched(x.axis, e.size());
+    }
+    const Elem& first = e[0];
+    if (first.kind == Elem::kBatch || (first.kind == Elem::kValue && first.value == 0 && !allowzero))
+      return Fact::batched(0, e.size());
+    return mixed(n, "reshapes the batch axis (a first size other than N or 0)");
+  }
+
+  Fact transpose(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    if (!x.is_batched()) return mixed(n, "transposes a value the analysis does not follow");
+    std::vector<int64_t> perm = n.attr_ints("perm");
+    if (perm.empty()) {
+      if (!x.rank) return mixed(n, "reverses axes of unknown rank");
+      for (size_t i = *x.rank; i-- > 0;) perm.push_back(static_cast<int64_t>(i));
+    }
+    for (size_t i = 0; i < perm.size(); ++i)
+      if (perm[i] == static_cast<int64_t>(x.axis)) return Fact::batched(i, perm.size());
+    return mixed(n, "has a permutation without the batch axis");
+  }
+
+  Fact squeeze(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    const auto axes = axes_of(n, 1);
+    if (!x.is_batched() || !axes || axes->empty() || !x.rank)
+      return mixed(n, "squeezes axes not known here (a batch of one would lose its axis)");
+    size_t below = 0;
+    for (int64_t a : *axes) {
+      const auto k = normalized(a, x.rank);
+      if (!k || *k == x.axis) return mixed(n, "squeezes the batch axis");
+      below += *k < x.axis;
+    }
+    return Fact::batched(x.axis - below, *x.rank - axes->size());
+  }
+
+  Fact unsqueeze(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    const auto axes = axes_of(n, 1);
+    if (!x.is_batched() || !axes || !x.rank) return mixed(n, "unsqueezes axes not known here");
+    const size_t out_rank = *x.rank + axes->size();
+    std::set<size_t> inserted;
+    for (int64_t a : *axes) {
+      const auto k = normalized(a, out_rank);
+      if (!k) return mixed(n, "has an axis out of range");
+      inserted.insert(*k);
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < out_rank; ++i) {
+      if (inserted.count(i)) continue;
+      if (kept++ == x.axis) return Fact::batched(i, out_rank);
+    }
+    return mixed(n, "has an axis out of range");
+  }
+
+  Fact concat(const ir::Node& n) {
+    const Fact* x = nullptr;
+    for (size_t i = 0; i < n.inputs.size() && !x; ++i)
+      if (input(n, i) && input(n, i)->is_batched()) x = input(n, i);
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const Fact* f = input(n, i);
+      if (f && !f->is_batched()) return mixed(n, "joins a batch with a value of its own size along the batch axis");
+      if (f && f->axis != x->axis) return mixed(n, "joins batches along different axes");
+    }
+    const auto axis = normalized(n.attr_int("axis", 0), x->rank);
+    if (!axis || *axis == x->axis) return mixed(n, "joins batches along the batch axis");
+    return *x;
+  }
+
+  std::vector<Fact> split(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    const auto axis = normalized(n.attr_int("axis", 0), x.rank);
+    if (!x.is_batched() || !axis || *axis == x.axis) return {mixed(n, "splits along the batch axis")};
+    if (input(n, 1) && !input(n, 1)->invariant_static()) return {mixed(n, "splits by sizes that depend on the batch")};
+    return std::vector<Fact>(n.outputs.size(), x);
+  }
+
+  // Slices along other axes keep the batch; along the batch axis only the whole of it (from 0 to
+  // N or past the end, step 1).
+  Fact slice(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    if (!x.is_batched()) return mixed(n, "slices a value the analysis does not follow");
+    std::vector<Elem> starts, ends, steps;
+    std::optional<std::vector<int64_t>> axes;
+    auto as_elems = [](const std::vector<int64_t>& v) {
+      std::vector<Elem> e;
+      for (int64_t x : v) e.push_back(Elem::of(x));
+      return e;
+    };
+    if (g_.opset < 10) {
+      starts = as_elems(n.attr_ints("starts")), ends = as_elems(n.attr_ints("ends")), axes = n.attr_ints("axes");
+    } else {
+      for (size_t i = 1; i < n.inputs.size(); ++i)
+        if (input(n, i) && (!input(n, i)->is_static() || !input(n, i)->elems))
+          return mixed(n, "slices by bounds not known here");
+      starts = *input(n, 1)->elems, ends = *input(n, 2)->elems;
+      axes = input(n, 3) ? input(n, 3)->values() : std::vector<int64_t>{};
+      if (input(n, 4)) steps = *input(n, 4)->elems;
+    }
+    if (!axes || starts.size() != ends.size() || (!axes->empty() && axes->size() != starts.size()) ||
+        (!steps.empty() && steps.size() != starts.size()))
+      return mixed(n, "slices axes not known here");
+    for (size_t i = 0; i < starts.size(); ++i) {
+      const auto k = axes->empty() ? std::optional<size_t>(i) : normalized(axes->at(i), x.rank);
+      if (!k) return mixed(n, "slices an axis out of range");
+      if (*k != x.axis) continue;
+      const bool from_0 = starts[i].kind == Elem::kValue && starts[i].value == 0;
+      const bool to_end = ends[i].kind == Elem::kBatch ||
+                          (ends[i].kind == Elem::kValue && ends[i].value >= (int64_t{1} << 31) - 1);
+      const bool step_1 = steps.empty() || (steps[i].kind == Elem::kValue && steps[i].value == 1);
+      if (!(from_0 && to_end && step_1)) return mixed(n, "slices the batch axis");
+    }
+    return x;
+  }
+
+  Fact gather(const ir::Node& n) {
+    const Fact& data = *input(n, 0);
+    const Fact& idx = *input(n, 1);
+    const auto axis = normalized(n.attr_int("axis", 0), data.rank);
+    if (!axis || !idx.rank) return mixed(n, "gathers along an axis the analysis does not follow");
+    if (data.is_batched() && idx.invariant_static()) {
+      if (*axis == data.axis) return mixed(n, "gathers along the batch axis");
+      if (data.axis < *axis) return Fact::batched(data.axis, data.rank ? std::optional(*data.rank - 1 + *idx.rank) : std::nullopt);
+      return Fact::batched(data.axis - 1 + *idx.rank, data.rank ? std::optional(*data.rank - 1 + *idx.rank) : std::nullopt);
+    }
+    if (data.invariant_static() && idx.is_batched() && data.rank)  // an embedding lookup
+      return Fact::batched(*axis + idx.axis, *data.rank - 1 + *idx.rank);
+    return mixed(n, "gathers batched values by batched indices");
+  }
+
+  Fact expand(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    const Fact& s = *input(n, 1);
+    if (!s.is_static() || !s.elems || !x.rank) return mixed(n, "expands to a shape the analysis does not follow");
+    const std::vector<Elem>& e = *s.elems;
+    const size_t r = std::max(*x.rank, e.size());
+    const size_t lead_x = r - *x.rank, lead_s = r - e.size();
+    std::optional<size_t> axis;
+    if (x.is_batched()) axis = x.axis + lead_x;
+    for (size_t i = 0; i < e.size(); ++i) {
+      const size_t at = i + lead_s;
+      if (e[i].kind == Elem::kBatch) {
+        if (axis && *axis != at) return mixed(n, "expands along a second batch axis");
+        if (!x.is_batched() && (at >= lead_x && (!x.shape || (*x.shape)[at - lead_x] != 1)))
+          return mixed(n, "expands a value with its own size along the batch axis");
+        axis = at;
+      } else if (!e[i].invariant()) {
+        return mixed(n, "expands to a size that depends on the batch size");
+      } else if (x.is_batched() && at == *axis && !(e[i].kind == Elem::kValue && e[i].value == 1)) {
+        return mixed(n, "expands the batch axis");
+      }
+    }
+    if (!axis) return mixed(n, "expands without a batch axis");
+    return Fact::batched(*axis, r);
+  }
+
+  Fact resize(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    if (!x.is_batched() || !x.rank) return mixed(n, "resizes a value the analysis does not follow");
+    // Upsample (opset < 10: scales attribute) and Resize's roi / scales / sizes.
+    if (n.has_attr("scales")) {
+      const auto sc = n.attr_floats("scales");
+      if (x.axis >= sc.size() || sc[x.axis] != 1.f) return mixed(n, "scales the batch axis");
+      return x;
+    }
+    const size_t scales_at = n.op_type == "Upsample" ? 1 : 2;
+    if (const Fact* sizes = n.op_type == "Resize" ? input(n, 3) : nullptr) {
+      if (!sizes->elems || sizes->elems->size() != *x.rank) return mixed(n, "resizes to sizes not known here");
+      const Elem& b = (*sizes->elems)[x.axis];
+      for (size_t i = 0; i < sizes->elems->size(); ++i)
+        if (i != x.axis && !(*sizes->elems)[i].invariant()) return mixed(n, "resizes to sizes that depend on the batch");
+      if (b.kind != Elem::kBatch) return mixed(n, "resizes the batch axis to a fixed size");
+      return x;
+    }
+    const Fact* scales = input(n, scales_at);
+    if (!scales || !scales->small) return mixed(n, "resizes by scales not known here");
+    const std::vector<float> factor = scales->small->to_float_vector();
+    if (factor.size() != *x.rank || factor[x.axis] != 1.f) return mixed(n, "may scale the batch axis");
+    return x;
+  }
+
+  Fact softmax(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    if (!x.is_batched()) return mixed(n, "normalizes a value the analysis does not follow");
+    const bool coerced = g_.opset < 13;  // the rows are the axes before `axis`, flattened
+    const auto axis = normalized(n.attr_int("axis", coerced ? 1 : -1), x.rank);
+    if (!axis) return mixed(n, "normalizes along an axis out of range");
+    if (coerced ? x.axis >= *axis : x.axis == *axis) return mixed(n, "normalizes across the batch");
+    return x;
+  }
+
+  std::vector<Fact> layer_norm(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    const auto axis = normalized(n.attr_int("axis", -1), x.rank);
+    if (!x.is_batched() || !axis || x.axis >= *axis) return {mixed(n, "normalizes across the batch")};
+    for (size_t i = 1; i < n.inputs.size(); ++i)
+      if (input(n, i) && !input(n, i)->invariant_static()) return {mixed(n, "takes a per-sample parameter")};
+    return std::vector<Fact>(n.outputs.size(), x);
+  }
+
+  Fact pad(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    if (!x.is_batched() || !x.rank) return mixed(n, "pads a value the analysis does not follow");
+    if (input(n, 3)) return mixed(n, "pads chosen axes");  // opset 18's axes: not followed
+    const auto pads = n.has_attr("pads") ? std::optional(n.attr_ints("pads"))
+                                         : (input(n, 1) ? input(n, 1)->values() : std::nullopt);
+    if (!pads || pads->size() != 2 * *x.rank) return mixed(n, "pads by amounts not known here");
+    if (pads->at(x.axis) != 0 || pads->at(x.axis + *x.rank) != 0) return mixed(n, "pads the batch axis");
+    if (input(n, 2) && !input(n, 2)->invariant_static()) return mixed(n, "pads with a per-sample value");
+    return x;
+  }
+
+  Fact tile(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    const auto repeats = input(n, 1)->values();
+    if (!x.is_batched() || !repeats || x.axis >= repeats->size() || repeats->at(x.axis) != 1)
+      return mixed(n, "may repeat the batch axis");
+    return x;
+  }
+
+  std::vector<Fact> along_one_axis(const ir::Node& n) {
+    const Fact& x = *input(n, 0);
+    std::optional<int64_t> axis = n.attr_int("axis", -1);
+    if (n.op_type == "CumSum") {
+      const auto v = input(n, 1)->values();
+      axis = v && v->size() == 1 ? std::optional(v->at(0)) : std::nullopt;
+    } else if (input(n, 1) && !input(n, 1)->invariant_static()) {
+      return {mixed(n, "takes a k that depends on the batch")};
+    }
+    const auto k = axis ? normalized(*axis, x.rank) : std::nullopt;
+    if (!x.is_batched() || !k || *k == x.axis) return {mixed(n, "runs along the batch axis")};
+    return std::vector<Fact>(n.outputs.size(), x);
+  }
+
+  // LSTM / GRU / RNN: X [seq, batch, input] (layout 0) or [batch, seq, input]; Y [seq, dirs, batch,
+  // hidden] or [batch, seq, dirs, hidden]; Y_h, Y_c [dirs, batch, hidden] or [batch, dirs, hidden].
+  std::vector<Fact> recurrent(const ir::Node& n) {
+    const bool batch_first = n.attr_int("layout", 0) != 0;
+    const size_t x_axis = batch_first ? 0 : 1, state_axis = batch_first ? 0 : 1;
+    const Fact& x = *input(n, 0);
+    if (!x.is_batched() || x.axis != x_axis) return {mixed(n, "does not have the batch where the layout puts it")};
+    for (size_t i = 1; i < n.inputs.size(); ++i) {
+      const Fact* f = input(n, i);
+      if (!f) continue;
+      const bool per_sample = i == 4 || i >= 5;  // sequence_lens, initial_h, initial_c, (P: static)
+      if (i == 7 || !per_sample) {
+        if (!f->invariant_static()) return {mixed(n, "takes per-sample weights")};
+      } else if (!f->is_batched() || f->axis != (i == 4 ? 0 : state_axis)) {
+        return {mixed(n, "takes an initial state or lengths without the batch axis")};
+      }
+    }
+    std::vector<Fact> out{Fact::batched(batch_first ? 0 : 2, 4)};
+    for (size_t k = 1; k < n.outputs.size(); ++k) out.push_back(Fact::batched(state_axis, 3));
+    return out;
+  }
+
+  const ir::Graph& g_;
+  std::map<std::string, Fact> facts_;
+};
+
+}  // namespace
+
+SampleIndependence analyze_sample_independence(const ir::Graph& graph, const BatchAxes& input_axes) {
+  return Analysis(graph, input_axes).run();
+}
+
+}  // namespace slimquant::runtime

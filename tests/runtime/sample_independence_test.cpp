@@ -1,0 +1,261 @@
+// The proof that a model computes each sample on its own (runtime/sample_independence.h), on the
+// forms exporters write (Flatten, Shape -> Reshape chains, ViT's expanded class token, PP-OCR's
+// transposed attention heads, recurrent layers with the batch second), and the ops that mix
+// samples, each named; and Session::run taking a batch in parts with the whole batch's outputs.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "graph_builder.h"
+#include "slimquant/runtime/session.h"
+
+using namespace slimquant;
+using runtime::analyze_sample_independence;
+
+namespace {
+
+struct BatchModel {
+  test::GraphBuilder b;
+  explicit BatchModel(Shape x_shape, int64_t opset = 13) {
+    b.g.opset = opset;
+    ir::ValueInfo x = test::float_value("x", x_shape);
+    (*x.dims)[0] = ir::Dim{-1, "batch"};
+    b.g.inputs.push_back(x);
+  }
+  std::string ints(std::vector<int64_t> v) {
+    return b.constant(Tensor::from_vector<int64_t>({static_cast<int64_t>(v.size())}, v));
+  }
+  std::string scalar(int64_t v) { return b.constant(Tensor::scalar<int64_t>(v)); }
+  std::string floats(Shape shape, float value = 0.5f) {
+    Tensor t(DType::kFloat32, shape);
+    for (float& v : t.values<float>()) v = value;
+    return b.constant(t);
+  }
+  // The batch size as a [1] vector, as exporters compute it: Shape -> Gather(0) -> Unsqueeze.
+  std::string batch_size_of(const std::string& v) {
+    return b.node("Unsqueeze", {b.node("Gather", {b.node("Shape", {v}), scalar(0)}, {{"axis", int64_t{0}}}), ints({0})});
+  }
+  runtime::SampleIndependence analyze(const std::string& y) {
+    b.g.outputs = {test::float_value(y, {})};
+    b.g.outputs[0].dims.reset();
+    return analyze_sample_independence(b.g, runtime::input_batch_axes(b.g.inputs));
+  }
+};
+
+void expect_samples_mixed(const runtime::SampleIndependence& r, const std::string& why) {
+  EXPECT_FALSE(r.independent);
+  EXPECT_NE(r.reason.find(why), std::string::npos) << r.reason;
+}
+
+TEST(SampleIndependence, ConvolutionsPoolFlattenAndGemmKeepSamplesApart) {
+  BatchModel m({2, 3, 8, 8});
+  std::string v = m.b.node("Conv", {"x", m.floats({4, 3, 3, 3})}, {{"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  v = m.b.node("BatchNormalization", {v, m.floats({4}), m.floats({4}), m.floats({4}), m.floats({4}, 1.f)});
+  v = m.b.node("Mul", {v, m.b.node("Sigmoid", {v})});
+  v = m.b.node("Mul", {v, m.b.node("GlobalAveragePool", {v})});  // squeeze-excitation's gate: [N, 4, 1, 1]
+  v = m.b.node("Add", {v, m.floats({4, 1, 1})});
+  v = m.b.node("Flatten", {m.b.node("MaxPool", {v}, {{"kernel_shape", std::vector<int64_t>{2, 2}}})});
+  const auto r = m.analyze(m.b.node("Gemm", {v, m.floats({10, 64}), m.floats({10})}, {{"transB", int64_t{1}}}));
+  EXPECT_TRUE(r.independent) << r.reason;
+  EXPECT_TRUE(r.output_axes.empty());
+}
+
+TEST(SampleIndependence, ReshapesToTheBatchSizeOrACopiedFirstAxisKeepIt) {
+  BatchModel m({2, 4, 6});
+  const std::string n = m.batch_size_of("x");
+  std::string v = m.b.node("Reshape", {"x", m.b.node("Concat", {n, m.ints({-1})}, {{"axis", int64_t{0}}})});
+  v = m.b.node("Reshape", {v, m.ints({0, 6, -1})});  // paddle2onnx copies the batch with 0
+  const auto r = m.analyze(m.b.node("Softmax", {v}, {{"axis", int64_t{-1}}}));
+  EXPECT_TRUE(r.independent) << r.reason;
+
+  BatchModel flat({2, 4, 6});
+  expect_samples_mixed(flat.analyze(flat.b.node("Reshape", {"x", flat.ints({-1})})), "reshapes the batch axis");
+  BatchModel fixed({2, 4, 6});  // [1, 24]: a batch of one baked in
+  expect_samples_mixed(fixed.analyze(fixed.b.node("Reshape", {"x", fixed.ints({1, 24})})), "Reshape");
+  BatchModel merged({2, 4, 6});  // N * 4 rows: the batch size times another
+  const std::string rows = merged.b.node("Mul", {merged.batch_size_of("x"), merged.ints({4})});
+  expect_samples_mixed(merged.analyze(merged.b.node(
+                   "Reshape", {"x", merged.b.node("Concat", {rows, merged.ints({6})}, {{"axis", int64_t{0}}})})),
+               "reshapes the batch axis");
+}
+
+// torchvision's ViT: the class token [1, 1, D] expanded to [N, 1, D] through Where(Equal(shape,
+// -1), 1, shape), joined to the patches along axis 1, the token read back with Gather.
+TEST(SampleIndependence, ExpandedClassTokenIsOneCopyPerSample) {
+  BatchModel m({2, 3, 4});
+  const std::string shape = m.b.node("Concat", {m.batch_size_of("x"), m.ints({-1}), m.ints({-1})}, {{"axis", int64_t{0}}});
+  const std::string ones =
+      m.b.node("ConstantOfShape", {m.b.node("Shape", {shape})}, {{"value", Tensor::from_vector<int64_t>({1}, {1})}});
+  const std::string is_free = m.b.node("Equal", {shape, m.b.node("Mul", {ones, m.scalar(-1)})});
+  const std::string target = m.b.node("Where", {is_free, ones, shape});
+  const std::string token = m.b.node("Expand", {m.floats({1, 1, 4}), target});
+  const std::string joined = m.b.node("Concat", {token, "x"}, {{"axis", int64_t{1}}});
+  const std::string first = m.b.node("Gather", {joined, m.scalar(0)}, {{"axis", int64_t{1}}});
+  const auto r = m.analyze(m.b.node("LayerNormalization", {first, m.floats({4}), m.floats({4})}));
+  EXPECT_TRUE(r.independent) << r.reason;
+
+  BatchModel fixed({2, 3, 4});  // expanded to a fixed 2: its own size along the batch axis
+  const std::string token2 = fixed.b.node("Expand", {fixed.floats({1, 1, 4}), fixed.ints({2, 1, 4})});
+  expect_samples_mixed(fixed.analyze(fixed.b.node("Concat", {token2, "x"}, {{"axis", int64_t{1}}})), "joins a batch");
+}
+
+// PP-OCR's attention: heads split by a Reshape copying the batch, Transpose [2, 0, 3, 1, 4] moving
+// it to axis 1, q / k / v sliced and squeezed along axis 0, batched MatMuls, Softmax (opset 11:
+// the rows are the axes before `axis`).
+TEST(SampleIndependence, TransposedAttentionHeadsKeepTheBatchWhereverItMoves) {
+  BatchModel m({2, 5, 12}, 11);
+  const std::string heads = m.b.node("Reshape", {"x", m.ints({0, -1, 3, 2, 2})});
+  const std::string qkv = m.b.node("Transpose", {heads}, {{"perm", std::vector<int64_t>{2, 0, 3, 1, 4}}});
+  auto part = [&](int64_t i) {
+    const std::string s = m.b.node("Slice", {qkv, m.ints({i}), m.ints({i + 1}), m.ints({0})});
+    return m.b.node("Squeeze", {s}, {{"axes", std::vector<int64_t>{0}}});
+  };
+  const std::string q = part(0), k = part(1), v = part(2);
+  const std::string kt = m.b.node("Transpose", {k}, {{"perm", std::vector<int64_t>{0, 1, 3, 2}}});
+  const std::string att = m.b.node("Softmax", {m.b.node("MatMul", {q, kt})}, {{"axis", int64_t{3}}});
+  const std::string out = m.b.node("Transpose", {m.b.node("MatMul", {att, v})}, {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+  const std::string merged = m.b.node("Reshape", {out, m.ints({0, -1, 4})});
+  const auto r = m.analyze(m.b.node("MatMul", {merged, m.floats({4, 7})}));
+  EXPECT_TRUE(r.independent) << r.reason;
+
+  BatchModel coerced({2, 5, 12}, 11);  // opset 11, axis 0: one softmax over everything
+  expect_samples_mixed(coerced.analyze(coerced.b.node("Softmax", {"x"}, {{"axis", int64_t{0}}})), "across the batch");
+}
+
+TEST(SampleIndependence, RecurrentLayersCarryTheBatchOnTheirSecondAxis) {
+  BatchModel m({2, 5, 3});  // [N, T, C] -> [T, N, C] for an LSTM of layout 0
+  const std::string seq = m.b.node("Transpose", {"x"}, {{"perm", std::vector<int64_t>{1, 0, 2}}});
+  ir::Node lstm;
+  lstm.op_type = "LSTM";
+  lstm.name = "lstm";
+  lstm.inputs = {seq, m.floats({1, 16, 3}), m.floats({1, 16, 4}), m.floats({1, 32})};
+  lstm.outputs = {"y", "y_h"};
+  lstm.attrs["hidden_size"] = int64_t{4};
+  m.b.g.nodes.push_back(lstm);
+  m.b.g.outputs = {test::float_value("y", {}), test::float_value("y_h", {})};
+  const auto r = analyze_sample_independence(m.b.g, runtime::input_batch_axes(m.b.g.inputs));
+  ASSERT_TRUE(r.independent) << r.reason;
+  EXPECT_EQ(r.output_axes.at("y"), 2u);
+  EXPECT_EQ(r.output_axes.at("y_h"), 1u);
+}
+
+TEST(SampleIndependence, OpsOverTheBatchAxisAreNamed) {
+  {
+    BatchModel m({3, 4});
+    expect_samples_mixed(m.analyze(m.b.node("ReduceMean", {"x"}, {{"axes", std::vector<int64_t>{0}}})), "ReduceMean");
+  }
+  {
+    BatchModel m({3, 4});
+    expect_samples_mixed(m.analyze(m.b.node("ReduceSum", {"x"})), "every axis");
+  }
+  {
+    BatchModel m({3, 4});
+    expect_samples_mixed(m.analyze(m.b.node("Softmax", {"x"}, {{"axis", int64_t{0}}})), "across the batch");
+  }
+  {
+    BatchModel m({3, 4});
+    expect_samples_mixed(m.analyze(m.b.node("Concat", {"x", m.floats({1, 4})}, {{"axis", int64_t{0}}})), "joins");
+  }
+  {
+    BatchModel m({3, 4});
+    expect_samples_mixed(m.analyze(m.b.node("Concat", {"x", "x"}, {{"axis", int64_t{0}}})), "along the batch axis");
+  }
+  {
+    BatchModel m({3, 4});
+    expect_samples_mixed(m.analyze(m.b.node("Gather", {"x", m.ints({0, 2})}, {{"axis", int64_t{0}}})), "along the batch axis");
+  }
+  {
+    BatchModel m({3, 4});
+    expect_samples_mixed(m.analyze(m.b.node("Slice", {"x", m.ints({0}), m.ints({1}), m.ints({0})})), "slices the batch axis");
+  }
+  {
+    BatchModel m({3, 4});  // the whole batch axis: kept
+    const int64_t end = std::numeric_limits<int64_t>::max();
+    const auto r = m.analyze(m.b.node("Slice", {"x", m.ints({0, 1}), m.ints({end, 3}), m.ints({0, 1})}));
+    EXPECT_TRUE(r.independent) << r.reason;
+  }
+  {
+    BatchModel m({3, 4});  // a weight with its own first axis of 3: the batch of 3 baked in
+    expect_samples_mixed(m.analyze(m.b.node("Add", {"x", m.floats({3, 4})})), "own size along the batch axis");
+  }
+  {
+    BatchModel m({3, 2, 4, 4});
+    std::string bn = m.b.node("BatchNormalization", {"x", m.floats({2}), m.floats({2}), m.floats({2}), m.floats({2})},
+                              {{"training_mode", int64_t{1}}});
+    expect_samples_mixed(m.analyze(bn), "training mode");
+  }
+  {
+    BatchModel m({3, 4});  // [4, N]: the batch on the second axis
+    const auto kept = m.analyze(m.b.node("Transpose", {"x"}));
+    ASSERT_TRUE(kept.independent) << kept.reason;
+    EXPECT_EQ(kept.output_axes.begin()->second, 1u);
+    BatchModel t({3, 4});  // [4, N]: the batch last, then a MatMul contracting it
+    const auto r = t.analyze(t.b.node("MatMul", {t.b.node("Transpose", {"x"}), t.floats({3, 2})}));
+    expect_samples_mixed(r, "contracts the batch axis");
+  }
+  {
+    BatchModel m({3, 4});
+    expect_samples_mixed(m.analyze(m.b.node("NonZero", {"x"})), "NonZero");
+  }
+  {
+    BatchModel m({3, 4});  // no batch axis in the output: a constant of the right size
+    m.b.node("Relu", {"x"});
+    expect_samples_mixed(m.analyze(m.floats({1, 4})), "no batch axis");
+  }
+}
+
+// A session runs a batch of an independent model in parts (here a fixed 2, the last part 1) with
+// the whole batch's outputs, the LSTM's joined along their batch axes; a model that mixes samples
+// runs whole.
+TEST(SampleIndependence, SessionRunsABatchInPartsWithTheWholeBatchsOutputs) {
+  BatchModel m({5, 6, 3});
+  (*m.b.g.inputs[0].dims)[1] = ir::Dim{-1, "steps"};
+  std::mt19937 rng(3);
+  const std::string seq = m.b.node("Transpose", {"x"}, {{"perm", std::vector<int64_t>{1, 0, 2}}});
+  ir::Node lstm;
+  lstm.op_type = "LSTM";
+  lstm.name = "lstm";
+  lstm.inputs = {seq, m.b.constant(test::random_tensor({1, 16, 3}, rng)), m.b.constant(test::random_tensor({1, 16, 4}, rng))};
+  lstm.outputs = {"y", "y_h"};
+  lstm.attrs["hidden_size"] = int64_t{4};
+  m.b.g.nodes.push_back(lstm);
+  const std::string pooled = m.b.node("ReduceMean", {"y"}, {{"axes", std::vector<int64_t>{0}}, {"keepdims", int64_t{0}}});
+  m.b.g.outputs = {test::float_value("y", {}), test::float_value("y_h", {}), test::float_value(pooled, {})};
+  for (auto& o : m.b.g.outputs) o.dims.reset();
+
+  runtime::SessionOptions whole_options;
+  whole_options.split_batches = false;
+  runtime::Session whole(m.b.g, whole_options);
+  EXPECT_FALSE(whole.samples_independent());
+  runtime::SessionOptions in_pairs;
+  in_pairs.samples_per_part = 2;
+  runtime::Session parts(m.b.g, in_pairs);
+  ASSERT_TRUE(parts.samples_independent()) << parts.samples_dependence();
+  // 16 steps: parts read rows of x in place (384 bytes a pair); 6 steps: copied (144 bytes).
+  for (const int64_t steps : {16, 6}) {
+    const Tensor x = test::random_tensor({5, steps, 3}, rng);
+    const auto want = whole.run({{"x", x}});
+    const auto got = parts.run({{"x", x}});
+    for (const auto& [name, t] : want) {
+      ASSERT_EQ(got.at(name).shape(), t.shape()) << name;
+      const auto a = t.to_float_vector(), b = got.at(name).to_float_vector();
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6f) << name << " " << i;
+    }
+  }
+
+  BatchModel mixing({5, 4});
+  mixing.b.g.outputs = {test::float_value(mixing.b.node("Softmax", {"x"}, {{"axis", int64_t{0}}}), {})};
+  runtime::Session s(mixing.b.g, in_pairs);
+  EXPECT_FALSE(s.samples_independent());
+  EXPECT_NE(s.samples_dependence().find("Softmax"), std::string::npos) << s.samples_dependence();
+  const Tensor y = s.run({{"x", test::random_tensor({5, 4}, rng)}}).begin()->second;
+  float column_sum = 0;
+  for (int64_t r = 0; r < 5; ++r) column_sum += y.data<float>()[r * 4];
+  EXPECT_NEAR(column_sum, 1.f, 1e-5f);  // one softmax over all five samples, not over parts
+}
+
+}  // namespace
