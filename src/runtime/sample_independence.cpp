@@ -199,14 +199,14 @@ class Analysis {
       return {mixed(n, "draws random numbers")};
     if (n.op_type == "Constant") return {constant(n)};
     if (auto m = first_mixed(n)) return {*m};
-    bool any_batched = false, all_static = true;
-    for (size_t i = 0; i < n.inputs.size(); ++i) {
-      if (n.inputs[i].empty()) continue;
-      any_batched = any_batched || fact(n.inputs[i]).is_batched();
-      all_static = all_static && fact(n.inputs[i]).is_static();
-    }
+    bool all_static = true;
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (!n.inputs[i].empty()) all_static = all_static && fact(n.inputs[i]).is_static();
     if (n.op_type == "Shape") return {shape_of(n)};
-    if (n.op_type == "Size") return {Fact::of_elems({any_batched ? Elem{} : Elem{Elem::kInvariant, 0}}, true)};
+    if (n.op_type == "Size") {
+      const bool invariant = input(n, 0) && input(n, 0)->invariant_static();
+      return {Fact::of_elems({invariant ? Elem{Elem::kInvariant, 0} : Elem{}}, true)};
+    }
     // Expand to a shape holding N (ViT's class token, expanded to [N, 1, 768]): one copy per sample.
     const bool expands_to_batch = n.op_type == "Expand" && input(n, 1) && !input(n, 1)->batch_invariant;
     if (all_static && !expands_to_batch) return {static_result(n)};

@@ -582,19 +582,21 @@ std::map<std::string, Tensor> join_rows(const std::vector<std::map<std::string, 
 
 namespace {
 
-// The live values of the samples a part runs should fit in a core's own cache (L2: 1-2 MB on the
-// server cores of 2023-2025): past it, every memory-bound pass (activations, quantization,
-// residual adds) streams from L3 or memory, and a sample costs more in a batch of 32 than alone.
-// Measured (docs/performance.md, "Large batches in parts"): INT8 and FP32 CNNs, PP-OCR rec.
+// The live values (outputs aside) of the samples one part runs, per thread: past a few times a
+// core's L2, every memory-bound pass (activations, quantization, residual adds) streams from L3 or
+// memory, and a sample costs more in a batch of 32 than in a few; much smaller parts pay each
+// run's fixed costs more often. 16 MB: measured on parts of 2 to 8 (docs/performance.md, "Large
+// batches in parts").
 constexpr size_t kPartLiveBytes = size_t{16} << 20;
 
-// Samples per part: as many as keep the live values within kPartLiveBytes (a power of two, at
-// least one), and no fewer than it takes for a sample's share of the weights streamed per part to
-// stay below its own live values (weight-heavy models such as ResNet-18 gain from larger parts).
-int64_t samples_per_part(size_t live_bytes_per_sample, size_t weight_bytes, int64_t batch) {
+// Samples per part: as many as keep the live values within the budget (a power of two, at least
+// one), and no fewer than it takes for a sample's share of the weights streamed per part to stay
+// below its own live values (weight-heavy models such as ResNet-18 gain from larger parts).
+int64_t samples_per_part(size_t live_bytes_per_sample, size_t weight_bytes, int64_t batch, int threads) {
   const size_t per_sample = std::max<size_t>(live_bytes_per_sample, 1);
+  const size_t budget = kPartLiveBytes * static_cast<size_t>(std::max(threads, 1));  // each core its own L2
   int64_t part = 1;
-  while (part * 2 <= batch && static_cast<size_t>(part * 2) * per_sample <= kPartLiveBytes) part *= 2;
+  while (part * 2 <= batch && static_cast<size_t>(part * 2) * per_sample <= budget) part *= 2;
   while (part * 2 <= batch && weight_bytes / static_cast<size_t>(part) > per_sample) part *= 2;
   return part;
 }
@@ -643,8 +645,9 @@ int64_t Session::speed_part(const std::map<std::string, Tensor>& feeds, const Ru
       for (const auto& [name, t] : run_whole(feed_rows(feeds, 0, 1, input_axes_), plain, &probe))
         output_bytes += t.nbytes();
       const size_t working = probe.peak_bytes() - std::min(probe.peak_bytes(), output_bytes);
-      part = samples_per_part(working, graph_.parameter_bytes(), part);
-      if (std::getenv("SLIMQUANT_PARTS_DEBUG"))
+      part = samples_per_part(working, graph_.parameter_bytes(), part,
+                              options_.num_threads > 0 ? options_.num_threads : omp_get_max_threads());
+      if (profiling_enabled())
         std::fprintf(stderr, "parts: live %zu bytes per sample (outputs %zu), weights %zu: %lld per part\n",
                      probe.peak_bytes(), output_bytes, graph_.parameter_bytes(), static_cast<long long>(part));
     } catch (const Error& e) {
