@@ -198,6 +198,7 @@ class Analysis {
                               "Multinomial"}))
       return {mixed(n, "draws random numbers")};
     if (n.op_type == "Constant") return {constant(n)};
+    if (n.op_type == "DynamicQuantizeLinear") return {mixed(n, "takes one scale over the whole batch")};
     if (auto m = first_mixed(n)) return {*m};
     bool all_static = true;
     for (size_t i = 0; i < n.inputs.size(); ++i)
@@ -338,7 +339,16 @@ class Analysis {
     if (!x.elems) return std::nullopt;
     const std::vector<Elem>& e = *x.elems;
     const bool scalar = x.rank == size_t{0};
-    if (is_one_of(n.op_type, {"Cast", "Identity"})) return Fact::of_elems(e, scalar);
+    if (n.op_type == "Identity") return Fact::of_elems(e, scalar);
+    if (n.op_type == "Cast") {
+      // Values are followed as integers: cast to another type they are only known not to depend on N.
+      const auto to = static_cast<DType>(n.attr_int("to", 0));
+      if (to == DType::kInt64 || to == DType::kInt32) return Fact::of_elems(e, scalar);
+      std::vector<Elem> kept = e;
+      for (Elem& x : kept)
+        if (x.kind == Elem::kValue) x = Elem{Elem::kInvariant, 0};
+      return Fact::of_elems(kept, scalar);
+    }
     if (n.op_type == "Unsqueeze" && scalar) return Fact::of_elems(e, false);
     if (n.op_type == "Squeeze" && !scalar && e.size() == 1) return Fact::of_elems(e, true);
     if (n.op_type == "Reshape" && n.inputs.size() > 1) {
