@@ -55,16 +55,10 @@ Tensor concat_along(const std::vector<Tensor>& parts, size_t axis) {
     shape[axis] += p.dim(axis);
   }
   Tensor out(first.dtype(), std::move(shape));
-  const AxisLayout whole = layout_around(out, axis);
-  auto* dst = static_cast<std::byte*>(out.raw());
-  size_t offset = 0;  // bytes into each outer block already filled by earlier parts
+  int64_t at = 0;
   for (const Tensor& p : parts) {
-    const AxisLayout l = layout_around(p, axis);
-    const size_t block = l.extent * l.inner_bytes;
-    const auto* src = static_cast<const std::byte*>(p.raw());
-    for (size_t o = 0; o < l.outer && block > 0; ++o)
-      std::memcpy(dst + o * whole.extent * whole.inner_bytes + offset, src + o * block, block);
-    offset += block;
+    copy_along(p, out, axis, at);
+    at += p.dim(axis);
   }
   return out;
 }

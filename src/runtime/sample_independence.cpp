@@ -208,9 +208,7 @@ class Analysis {
       const bool invariant = input(n, 0) && input(n, 0)->invariant_static();
       return {Fact::of_elems({invariant ? Elem{Elem::kInvariant, 0} : Elem{}}, true)};
     }
-    // Expand to a shape holding N (ViT's class token, expanded to [N, 1, 768]): one copy per sample.
-    const bool expands_to_batch = n.op_type == "Expand" && input(n, 1) && !input(n, 1)->batch_invariant;
-    if (all_static && !expands_to_batch) return {static_result(n)};
+    if (all_static) return {static_result(n)};
     if (!input(n, 0)) return {mixed(n, "reads batched values without a first input")};
     if (n.op_type == "CastLike") return same_for_each_output(n, *input(n, 0));
     if (elementwise_unary(n.op_type) || n.op_type == "Dropout") return same_for_each_output(n, *input(n, 0));
@@ -286,6 +284,8 @@ class Analysis {
     f.kind = Fact::kStatic;
     f.batch_invariant = invariant;
     if (!input(n, 0)) return f;  // no first input (SequenceEmpty, Optional)
+    // Expand to a shape holding N (ViT's class token, expanded to [N, 1, 768]): one copy per sample.
+    if (n.op_type == "Expand" && input(n, 1) && !input(n, 1)->batch_invariant) return expand(n);
     if (auto shape_fact = shape_arithmetic(n)) return *shape_fact;
     // Same shape as the first input: keep it (a DequantizeLinear of int8 weights, a Cast).
     if ((elementwise_unary(n.op_type) || is_one_of(n.op_type, {"DequantizeLinear", "QuantizeLinear"})) &&
@@ -435,34 +435,48 @@ class Analysis {
     return std::nullopt;
   }
 
-  std::optional<Fact> slice_elems(const ir::Node& n, const std::vector<Elem>& e) {
-    std::vector<int64_t> starts, ends, axes, steps;
+  // Slice's bounds: from attributes (opset < 10) or static inputs; axes as values (empty: the
+  // first starts.size() axes), steps empty for all 1. nullopt where they are not known here.
+  struct SliceBounds {
+    std::vector<Elem> starts, ends, steps;
+    std::vector<int64_t> axes;
+  };
+  std::optional<SliceBounds> slice_bounds(const ir::Node& n) {
+    SliceBounds b;
     if (g_.opset < 10) {
-      starts = n.attr_ints("starts"), ends = n.attr_ints("ends"), axes = n.attr_ints("axes", {0});
+      for (int64_t v : n.attr_ints("starts")) b.starts.push_back(Elem::of(v));
+      for (int64_t v : n.attr_ints("ends")) b.ends.push_back(Elem::of(v));
+      b.axes = n.attr_ints("axes");
     } else {
-      const auto s = input(n, 1) ? input(n, 1)->values() : std::nullopt;
-      const auto t = input(n, 2) ? input(n, 2)->values() : std::nullopt;
-      if (!s || !t) return std::nullopt;
-      starts = *s, ends = *t;
+      auto elems_of = [&](size_t i) -> const std::vector<Elem>* {
+        const Fact* f = input(n, i);
+        return f && f->is_static() && f->elems ? &*f->elems : nullptr;
+      };
+      if (!elems_of(1) || !elems_of(2) || (input(n, 4) && !elems_of(4))) return std::nullopt;
+      b.starts = *elems_of(1), b.ends = *elems_of(2);
+      if (input(n, 4)) b.steps = *elems_of(4);
       if (input(n, 3)) {
-        const auto a = input(n, 3)->values();
-        if (!a) return std::nullopt;
-        axes = *a;
-      }
-      if (input(n, 4)) {
-        const auto p = input(n, 4)->values();
-        if (!p) return std::nullopt;
-        steps = *p;
+        const auto axes = input(n, 3)->values();
+        if (!axes) return std::nullopt;
+        b.axes = *axes;
       }
     }
-    if (starts.size() != 1 || ends.size() != 1 || (!axes.empty() && axes != std::vector<int64_t>{0} &&
-                                                   axes != std::vector<int64_t>{-1}) ||
-        (!steps.empty() && steps != std::vector<int64_t>{1}))
+    if (b.starts.size() != b.ends.size() || (!b.axes.empty() && b.axes.size() != b.starts.size()) ||
+        (!b.steps.empty() && b.steps.size() != b.starts.size()))
+      return std::nullopt;
+    return b;
+  }
+
+  std::optional<Fact> slice_elems(const ir::Node& n, const std::vector<Elem>& e) {
+    const auto b = slice_bounds(n);
+    if (!b || b->starts.size() != 1 || b->starts[0].kind != Elem::kValue || b->ends[0].kind != Elem::kValue ||
+        (!b->axes.empty() && b->axes[0] != 0 && b->axes[0] != -1) ||
+        (!b->steps.empty() && !(b->steps[0].kind == Elem::kValue && b->steps[0].value == 1)))
       return std::nullopt;
     const auto len = static_cast<int64_t>(e.size());
     auto clamp_index = [&](int64_t v) { return std::clamp(v < 0 ? v + len : v, int64_t{0}, len); };
-    const int64_t b = clamp_index(starts[0]), f = clamp_index(ends[0]);
-    return Fact::of_elems(std::vector<Elem>(e.begin() + b, e.begin() + std::max(b, f)), false);
+    const int64_t first = clamp_index(b->starts[0].value), end = clamp_index(b->ends[0].value);
+    return Fact::of_elems(std::vector<Elem>(e.begin() + first, e.begin() + std::max(first, end)), false);
   }
 
   std::vector<Fact> same_for_each_output(const ir::Node& n, const Fact& x) {
@@ -715,34 +729,16 @@ class Analysis {
   Fact slice(const ir::Node& n) {
     const Fact& x = *input(n, 0);
     if (!x.is_batched()) return mixed(n, "slices a value the analysis does not follow");
-    std::vector<Elem> starts, ends, steps;
-    std::optional<std::vector<int64_t>> axes;
-    auto as_elems = [](const std::vector<int64_t>& v) {
-      std::vector<Elem> e;
-      for (int64_t x : v) e.push_back(Elem::of(x));
-      return e;
-    };
-    if (g_.opset < 10) {
-      starts = as_elems(n.attr_ints("starts")), ends = as_elems(n.attr_ints("ends")), axes = n.attr_ints("axes");
-    } else {
-      for (size_t i = 1; i < n.inputs.size(); ++i)
-        if (input(n, i) && (!input(n, i)->is_static() || !input(n, i)->elems))
-          return mixed(n, "slices by bounds not known here");
-      starts = *input(n, 1)->elems, ends = *input(n, 2)->elems;
-      axes = input(n, 3) ? input(n, 3)->values() : std::vector<int64_t>{};
-      if (input(n, 4)) steps = *input(n, 4)->elems;
-    }
-    if (!axes || starts.size() != ends.size() || (!axes->empty() && axes->size() != starts.size()) ||
-        (!steps.empty() && steps.size() != starts.size()))
-      return mixed(n, "slices axes not known here");
-    for (size_t i = 0; i < starts.size(); ++i) {
-      const auto k = axes->empty() ? std::optional<size_t>(i) : normalized(axes->at(i), x.rank);
+    const auto b = slice_bounds(n);
+    if (!b) return mixed(n, "slices by bounds not known here");
+    for (size_t i = 0; i < b->starts.size(); ++i) {
+      const auto k = b->axes.empty() ? std::optional<size_t>(i) : normalized(b->axes[i], x.rank);
       if (!k) return mixed(n, "slices an axis out of range");
       if (*k != x.axis) continue;
-      const bool from_0 = starts[i].kind == Elem::kValue && starts[i].value == 0;
-      const bool to_end = ends[i].kind == Elem::kBatch ||
-                          (ends[i].kind == Elem::kValue && ends[i].value >= (int64_t{1} << 31) - 1);
-      const bool step_1 = steps.empty() || (steps[i].kind == Elem::kValue && steps[i].value == 1);
+      const Elem &start = b->starts[i], &end = b->ends[i];
+      const bool from_0 = start.kind == Elem::kValue && start.value == 0;
+      const bool to_end = end.kind == Elem::kBatch || (end.kind == Elem::kValue && end.value >= (int64_t{1} << 31) - 1);
+      const bool step_1 = b->steps.empty() || (b->steps[i].kind == Elem::kValue && b->steps[i].value == 1);
       if (!(from_0 && to_end && step_1)) return mixed(n, "slices the batch axis");
     }
     return x;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -592,12 +593,12 @@ constexpr size_t kPartLiveBytes = size_t{16} << 20;
 // Samples per part: as many as keep the live values within the budget (a power of two, at least
 // one), and no fewer than it takes for a sample's share of the weights streamed per part to stay
 // below its own live values (weight-heavy models such as ResNet-18 gain from larger parts).
-int64_t samples_per_part(size_t live_bytes_per_sample, size_t weight_bytes, int64_t batch, int threads) {
+int64_t samples_per_part(size_t live_bytes_per_sample, size_t weight_bytes, int threads) {
   const size_t per_sample = std::max<size_t>(live_bytes_per_sample, 1);
   const size_t budget = kPartLiveBytes * static_cast<size_t>(std::max(threads, 1));  // each core its own L2
   int64_t part = 1;
-  while (part * 2 <= batch && static_cast<size_t>(part * 2) * per_sample <= budget) part *= 2;
-  while (part * 2 <= batch && weight_bytes / static_cast<size_t>(part) > per_sample) part *= 2;
+  while (static_cast<size_t>(part * 2) * per_sample <= budget) part *= 2;
+  while (weight_bytes / static_cast<size_t>(part) > per_sample) part *= 2;
   return part;
 }
 
@@ -638,14 +639,14 @@ int64_t Session::speed_part(const std::map<std::string, Tensor>& feeds, const Ru
     probe.track_peak();
     RunOptions plain;
     plain.outputs = options.outputs;
-    int64_t part = int64_t{1} << 20;
+    int64_t part = std::numeric_limits<int64_t>::max();  // whole batches, unless the probe says otherwise
     const size_t plans_before = plans_.size();
     try {
       size_t output_bytes = 0;  // copied into the joined outputs either way: not a part's to keep
       for (const auto& [name, t] : run_whole(feed_rows(feeds, 0, 1, input_axes_), plain, &probe))
         output_bytes += t.nbytes();
       const size_t working = probe.peak_bytes() - std::min(probe.peak_bytes(), output_bytes);
-      part = samples_per_part(working, graph_.parameter_bytes(), part,
+      part = samples_per_part(working, graph_.parameter_bytes(),
                               options_.num_threads > 0 ? options_.num_threads : omp_get_max_threads());
       if (profiling_enabled())
         std::fprintf(stderr, "parts: live %zu bytes per sample (outputs %zu), weights %zu: %lld per part\n",
