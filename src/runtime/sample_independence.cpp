@@ -11,25 +11,34 @@
 namespace slimquant::runtime {
 namespace {
 
-// One element of a small integer vector (a shape, a Reshape target, an index): a known value, the
-// batch size N (what Shape reads at the batch axis), a value that does not change with N but is not
-// known here (another axis's size), or one that depends on N some other way.
+// One element of a small integer vector (a shape, a Reshape target, an index): a known value, a
+// known multiple of the batch size N (what Shape reads at the batch axis; attention exports
+// compute N * heads and tokens * N), a value that does not change with N but is not known here
+// (another axis's size), or one that depends on N some other way.
 struct Elem {
   enum Kind : uint8_t { kValue, kBatch, kInvariant, kDependent } kind = kDependent;
-  int64_t value = 0;
+  int64_t value = 0;  // kValue: the value; kBatch: the multiple of N (>= 1)
   static Elem of(int64_t v) { return {kValue, v}; }
+  static Elem batch(int64_t multiple) { return {kBatch, multiple}; }
+  static Elem unknown() { return {kInvariant, 0}; }
   bool invariant() const { return kind == kValue || kind == kInvariant; }
+  bool is(int64_t v) const { return kind == kValue && value == v; }
+  bool is_n() const { return kind == kBatch && value == 1; }
 };
 
 // What the analysis knows of a value.
 struct Fact {
   enum Kind : uint8_t {
     kStatic,   // does not depend on the samples' data (it may depend on the batch size: see elems)
-    kBatched,  // slice i along `axis` depends on sample i alone, and the axis has N entries
+    kBatched,  // along `axis` (outer * N * inner entries), entry j depends on sample (j / inner) % N alone
     kMixed,    // anything else
   } kind = kMixed;
   size_t axis = 0;                          // kBatched
+  // kBatched: how the batch shares its axis. 1 and 1 for a plain batch axis; inner = heads after an
+  // attention export's [L, N, D] -> [L, N * heads, D / heads]; outer = L after [L, N, D] -> [L * N, D].
+  int64_t outer = 1, inner = 1;
   std::optional<size_t> rank;               // kBatched, kStatic: when known
+  std::optional<std::vector<Elem>> dims;    // kBatched: its sizes where followed (kBatch at `axis`)
   std::optional<Shape> shape;               // kStatic: when known
   std::optional<std::vector<Elem>> elems;   // kStatic, rank <= 1: its elements, when known
   std::optional<Tensor> small;              // kStatic: a small constant's value (Resize's scales)
@@ -47,6 +56,33 @@ struct Fact {
     f.axis = axis;
     f.rank = rank;
     return f;
+  }
+  // This batch moved to another axis (or rank): the same sharing of its axis, sizes not followed.
+  Fact moved(size_t to_axis, std::optional<size_t> to_rank) const {
+    Fact f = batched(to_axis, to_rank);
+    f.outer = outer;
+    f.inner = inner;
+    return f;
+  }
+  // The same batch with these sizes (dropped unless they match the rank and hold the batch at axis).
+  Fact sized(std::optional<std::vector<Elem>> d) const {
+    Fact f = *this;
+    f.dims.reset();
+    if (!d || !rank || d->size() != *rank || axis >= d->size() || (*d)[axis].kind != Elem::kBatch ||
+        (*d)[axis].value != outer * inner)
+      return f;
+    for (size_t i = 0; i < d->size(); ++i)
+      if (i != axis && !(*d)[i].invariant()) return f;
+    f.dims = std::move(d);
+    return f;
+  }
+  bool shares_batch_with(const Fact& o) const { return outer == o.outer && inner == o.inner; }
+  // Its size along axis i as an element: the batch's multiple at the batch axis, else what is known.
+  Elem dim(size_t i) const {
+    if (dims && i < dims->size()) return (*dims)[i];
+    if (kind == kBatched && i == axis) return Elem::batch(outer * inner);
+    if (kind == kStatic && shape && i < shape->size()) return Elem::of((*shape)[i]);
+    return Elem::unknown();
   }
   static Fact of_tensor(const Tensor& t) {
     Fact f;
@@ -145,7 +181,16 @@ class Analysis {
         facts_[in.name] = Fact::mixed("input '" + in.name + "' is a sequence or optional");
         continue;
       }
-      facts_[in.name] = Fact::batched(batch_axis_of(input_axes, in.name), rank);
+      const size_t axis = batch_axis_of(input_axes, in.name);
+      std::optional<std::vector<Elem>> dims;
+      if (in.dims) {
+        dims.emplace();
+        for (size_t i = 0; i < in.dims->size(); ++i) {
+          const ir::Dim& d = (*in.dims)[i];
+          dims->push_back(i == axis ? Elem::batch(1) : d.known() ? Elem::of(d.value) : Elem::unknown());
+        }
+      }
+      facts_[in.name] = Fact::batched(axis, rank).sized(dims);
     }
   }
 
@@ -162,6 +207,10 @@ class Analysis {
     }
     for (const auto& o : g_.outputs) {
       const Fact& f = fact(o.name);
+      if (f.is_batched() && (f.outer != 1 || f.inner != 1)) {
+        result.reason = "output '" + o.name + "' holds its samples merged with another axis";
+        return result;
+      }
       if (f.is_batched()) {
         if (f.axis != 0) result.output_axes[o.name] = f.axis;
         continue;
@@ -257,8 +306,7 @@ class Analysis {
     if (x.is_static() && x.shape) {
       for (int64_t d : *x.shape) e.push_back(Elem::of(d));
     } else if (x.rank) {
-      for (size_t i = 0; i < *x.rank; ++i)
-        e.push_back(x.is_batched() && i == x.axis ? Elem{Elem::kBatch, 0} : Elem{Elem::kInvariant, 0});
+      for (size_t i = 0; i < *x.rank; ++i) e.push_back(x.dim(i));
       if (x.is_static() && !x.batch_invariant) std::fill(e.begin(), e.end(), Elem{});
     } else {
       Fact f;
@@ -319,11 +367,18 @@ class Analysis {
       return Elem{};
     }
     if (op == "Equal") {
-      if (a.kind == Elem::kBatch && b.kind == Elem::kBatch) return Elem::of(1);
+      if (a.kind == Elem::kBatch && b.kind == Elem::kBatch) return Elem::of(a.value == b.value);
       // N >= 1: never equal to a value below 1 (ViT's Where(Equal(shape, -1), 1, shape) for Expand).
       if (a.kind == Elem::kBatch && b.kind == Elem::kValue && b.value < 1) return Elem::of(0);
       if (b.kind == Elem::kBatch && a.kind == Elem::kValue && a.value < 1) return Elem::of(0);
     }
+    // Multiples of N: N * heads (torchvision's attention), tokens * N, and back by exact division.
+    if (op == "Mul" && a.kind == Elem::kBatch && b.kind == Elem::kValue && b.value >= 1)
+      return Elem::batch(a.value * b.value);
+    if (op == "Mul" && b.kind == Elem::kBatch && a.kind == Elem::kValue && a.value >= 1)
+      return Elem::batch(a.value * b.value);
+    if (op == "Div" && a.kind == Elem::kBatch && b.kind == Elem::kValue && b.value >= 1 && a.value % b.value == 0)
+      return Elem::batch(a.value / b.value);
     const bool keeps_a = (op == "Mul" || op == "Div") ? b.kind == Elem::kValue && b.value == 1
                          : (op == "Add" || op == "Sub") && b.kind == Elem::kValue && b.value == 0;
     if (a.kind == Elem::kBatch && keeps_a) return a;
@@ -386,10 +441,10 @@ class Analysis {
       // batched along the one axis of size N (every sample's slice the same constant).
       std::optional<size_t> batch_at;
       for (size_t i = 0; i < e.size(); ++i) {
-        if (e[i].kind == Elem::kBatch && !batch_at) batch_at = i;
+        if (e[i].is_n() && !batch_at) batch_at = i;
         else if (!e[i].invariant()) return Fact::mixed(n.describe() + " takes a shape that depends on the batch size");
       }
-      if (batch_at) return Fact::batched(*batch_at, e.size());
+      if (batch_at) return Fact::batched(*batch_at, e.size()).sized(e);
       Fact f;
       f.kind = Fact::kStatic;
       f.rank = e.size();
@@ -496,12 +551,15 @@ class Analysis {
       out_rank = std::max(out_rank, *f->rank);
     }
     std::optional<size_t> axis;
+    const Fact* first = nullptr;
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       const Fact* f = input(n, i);
       if (!f || !f->is_batched()) continue;
       const size_t at = f->axis + (out_rank - *f->rank);
       if (axis && *axis != at) return mixed(n, "combines batches along different axes");
+      if (first && !first->shares_batch_with(*f)) return mixed(n, "combines batches merged with other axes differently");
       axis = at;
+      first = f;
     }
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       const Fact* f = input(n, i);
@@ -518,7 +576,21 @@ class Analysis {
       const auto a = normalized(n.attr_int("axis", 1), out_rank);
       if (!a || *a == *axis) return mixed(n, "has per-axis parameters along the batch axis");
     }
-    return Fact::batched(*axis, out_rank);
+    // The broadcast sizes: the batch's at its axis; elsewhere a known size other than 1 wins.
+    std::vector<Elem> dims(out_rank, Elem::of(1));
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const Fact* f = input(n, i);
+      if (!f) continue;
+      const size_t lead = out_rank - *f->rank;
+      for (size_t k = 0; k < *f->rank; ++k) {
+        const Elem d = f->dim(k);
+        Elem& out = dims[lead + k];
+        if (lead + k == *axis) out = Elem::batch(first->outer * first->inner);
+        else if (d.kind == Elem::kValue && d.value != 1) out = d;
+        else if (d.kind != Elem::kValue && out.is(1)) out = Elem::unknown();
+      }
+    }
+    return first->moved(*axis, out_rank).sized(dims);
   }
 
   std::vector<Fact> per_image_op(const ir::Node& n) {
@@ -531,7 +603,47 @@ class Analysis {
       return {mixed(n, "normalizes over the batch (training mode)")};
     if (n.op_type == "MaxPool" && n.outputs.size() > 1 && !n.outputs[1].empty())
       return {mixed(n, "returns indices over the whole batch")};
-    return {Fact::batched(0, x.rank)};
+    return {x.moved(0, x.rank).sized(per_image_dims(n, x))};
+  }
+
+  // Sizes of a per-image op's output where they follow from its input's and its attributes.
+  std::optional<std::vector<Elem>> per_image_dims(const ir::Node& n, const Fact& x) {
+    if (!x.dims || x.dims->size() < 2) return std::nullopt;
+    std::vector<Elem> d = *x.dims;
+    if (is_one_of(n.op_type, {"BatchNormalization", "InstanceNormalization", "LRN", "GroupNormalization"})) return d;
+    if (is_one_of(n.op_type, {"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"})) {
+      std::fill(d.begin() + 2, d.end(), Elem::of(1));
+      return d;
+    }
+    const bool conv = n.op_type == "Conv";
+    if (!conv && !is_one_of(n.op_type, {"MaxPool", "AveragePool", "LpPool"})) return std::nullopt;
+    std::vector<int64_t> kernel = n.attr_ints("kernel_shape");
+    if (conv) {
+      const Fact* w = input(n, 1);
+      if (!w || !w->shape || w->shape->size() != d.size()) return std::nullopt;
+      d[1] = Elem::of((*w->shape)[0]);
+      kernel.assign(w->shape->begin() + 2, w->shape->end());
+    }
+    const size_t spatial = d.size() - 2;
+    const std::string auto_pad = n.attr_string("auto_pad", "NOTSET");
+    if (kernel.size() != spatial || (auto_pad != "NOTSET" && auto_pad != "VALID")) return std::nullopt;
+    const auto strides = n.attr_ints("strides", std::vector<int64_t>(spatial, 1));
+    const auto dilations = n.attr_ints("dilations", std::vector<int64_t>(spatial, 1));
+    const auto pads = n.attr_ints("pads", std::vector<int64_t>(2 * spatial, 0));
+    const bool ceil_mode = n.attr_int("ceil_mode", 0) != 0;
+    if (strides.size() != spatial || dilations.size() != spatial || pads.size() != 2 * spatial) return std::nullopt;
+    for (size_t i = 0; i < spatial; ++i) {
+      Elem& e = d[2 + i];
+      if (e.kind != Elem::kValue || strides[i] < 1 || ceil_mode) {  // ceil mode: rules differ by opset
+        e = Elem::unknown();
+        continue;
+      }
+      const int64_t padded = e.value + (auto_pad == "VALID" ? 0 : pads[i] + pads[i + spatial]);
+      const int64_t span = padded - dilations[i] * (kernel[i] - 1) - 1;
+      if (span < 0) return std::nullopt;
+      e = Elem::of(span / strides[i] + 1);
+    }
+    return d;
   }
 
   std::optional<std::vector<int64_t>> axes_of(const ir::Node& n, size_t input_index) {
@@ -555,16 +667,24 @@ class Analysis {
         return mixed(n, "reduces over every axis, the batch's too");
       }
     }
-    size_t below = 0;
+    std::set<size_t> reduced;
     for (int64_t a : axes) {
       const auto k = normalized(a, x.rank);
       if (!k || *k == x.axis) return mixed(n, "reduces over the batch axis");
-      below += *k < x.axis;
+      reduced.insert(*k);
     }
+    const auto below = static_cast<size_t>(std::count_if(reduced.begin(), reduced.end(), [&](size_t k) { return k < x.axis; }));
     const bool keep = n.attr_int("keepdims", 1) != 0;
     std::optional<size_t> rank = x.rank;
-    if (!keep && rank) *rank -= axes.size();
-    return Fact::batched(keep ? x.axis : x.axis - below, rank);
+    if (!keep && rank) *rank -= reduced.size();
+    std::optional<std::vector<Elem>> dims;
+    if (x.dims) {
+      dims.emplace();
+      for (size_t i = 0; i < x.dims->size(); ++i)
+        if (!reduced.count(i)) dims->push_back((*x.dims)[i]);
+        else if (keep) dims->push_back(Elem::of(1));
+    }
+    return x.moved(keep ? x.axis : x.axis - below, rank).sized(dims);
   }
 
   Fact matmul(const ir::Node& n, size_t a_index, size_t b_index) {
@@ -581,14 +701,15 @@ class Analysis {
     if (!a.rank || !b.rank || *a.rank < 2 || *b.rank < 2) {
       if (a.is_batched() && a.rank && *a.rank >= 2 && a.axis + 1 < *a.rank && b.invariant_static() &&
           b.rank == size_t{1})
-        return Fact::batched(a.axis, *a.rank - 1);  // [.., M, K] x [K]: rows stay rows
+        return a.moved(a.axis, *a.rank - 1).sized(product_dims(a, b, *a.rank));  // [.., M, K] x [K]: rows stay rows
       return mixed(n, "multiplies values whose ranks the analysis does not follow");
     }
     const size_t r = std::max(*a.rank, *b.rank);
     auto aligned = [&](const Fact& f) { return f.axis + (r - *f.rank); };
     if (a.is_batched() && b.is_batched()) {
       if (aligned(a) != aligned(b) || aligned(a) + 2 >= r) return mixed(n, "multiplies batches along other axes");
-      return Fact::batched(aligned(a), r);
+      if (!a.shares_batch_with(b)) return mixed(n, "multiplies batches merged with other axes differently");
+      return a.moved(aligned(a), r).sized(product_dims(a, b, r));
     }
     if (a.is_batched()) {
       if (!b.batch_invariant) return mixed(n, "multiplies by a value that depends on the batch size");
@@ -599,14 +720,35 @@ class Analysis {
         if (at >= lead && (!b.shape || (*b.shape)[at - lead] != 1))
           return mixed(n, "multiplies by a value with its own size along the batch axis");
       }
-      return Fact::batched(at, r);
+      return a.moved(at, r).sized(product_dims(a, b, r));
     }
     // b batched, a static: the batch along b's stacking axes stays; along its rows or columns not.
     if (!a.batch_invariant || b.axis + 2 >= *b.rank) return mixed(n, "multiplies a batch from the right");
     const size_t at = aligned(b), lead = r - *a.rank;
     if (at >= lead && (!a.shape || (*a.shape)[at - lead] != 1))
       return mixed(n, "multiplies by a value with its own size along the batch axis");
-    return Fact::batched(at, r);
+    return b.moved(at, r).sized(product_dims(a, b, r));
+  }
+
+  // MatMul's output sizes: the stacking axes broadcast, then A's rows and B's columns (B of rank
+  // 1: A's sizes without its last).
+  static std::vector<Elem> product_dims(const Fact& a, const Fact& b, size_t r) {
+    std::vector<Elem> d;
+    if (b.rank == size_t{1}) {
+      for (size_t i = 0; i + 1 < r; ++i) d.push_back(a.dim(i));
+      return d;
+    }
+    const size_t ra = *a.rank, rb = *b.rank;
+    for (size_t i = 0; i + 2 < r; ++i) {
+      const Elem da = i >= r - ra ? a.dim(i - (r - ra)) : Elem::of(1);
+      const Elem db = i >= r - rb ? b.dim(i - (r - rb)) : Elem::of(1);
+      if (da.kind == Elem::kBatch || (da.kind == Elem::kValue && da.value != 1)) d.push_back(da);
+      else if (db.kind == Elem::kBatch || (db.kind == Elem::kValue && db.value != 1)) d.push_back(db);
+      else d.push_back(da.is(1) && db.is(1) ? Elem::of(1) : Elem::unknown());
+    }
+    d.push_back(a.dim(ra - 2));
+    d.push_back(b.dim(rb - 1));
+    return d;
   }
 
   Fact gemm(const ir::Node& n) {
@@ -618,19 +760,70 @@ class Analysis {
       if (!c->invariant_static() || !c->shape) return mixed(n, "adds a C the analysis does not know");
       if (c->shape->size() == 2 && (*c->shape)[0] != 1) return mixed(n, "adds a C with its own rows");
     }
-    return Fact::batched(0, 2);
+    const Fact& w = *input(n, 1);
+    Elem columns = Elem::unknown();
+    if (w.shape && w.shape->size() == 2) columns = Elem::of((*w.shape)[n.attr_int("transB", 0) ? 0 : 1]);
+    return a.moved(0, 2).sized(std::vector<Elem>{a.dim(a.axis), columns});
   }
 
+  // [N, ...] at axis 1 keeps the batch on the rows; elsewhere the axes merged around it are counted
+  // (their sizes must be known).
   Fact flatten(const ir::Node& n) {
     const Fact& x = *input(n, 0);
-    const auto axis = normalized(n.attr_int("axis", 1), x.rank ? std::optional<size_t>(*x.rank + 1) : std::nullopt);
-    if (!x.is_batched() || x.axis != 0 || !axis || *axis == 0) return mixed(n, "merges the batch axis");
-    return Fact::batched(0, 2);
+    if (!x.is_batched() || !x.rank) return mixed(n, "flattens a value the analysis does not follow");
+    const auto axis = normalized(n.attr_int("axis", 1), *x.rank + 1);
+    if (!axis) return mixed(n, "flattens at an axis out of range");
+    std::optional<std::vector<Elem>> merged;
+    if (x.dims) merged = std::vector<Elem>{product(*x.dims, 0, *axis), product(*x.dims, *axis, *x.rank)};
+    if (x.axis == 0 && *axis == 1) return x.moved(0, 2).sized(merged);
+    if (!merged) return mixed(n, "merges the batch axis with axes of sizes not known here");
+    return regroup(n, x, *merged);
   }
 
-  // Keeps the batch where the target leaves it alone: the batch first in both, its target size N
-  // (from Shape) or 0 (copy), every other size not depending on N; or -1 first and the rest known
-  // to hold exactly one sample.
+  // The product of d[from, to) as an element: a value, a multiple of N, or unknown.
+  static Elem product(const std::vector<Elem>& d, size_t from, size_t to) {
+    int64_t p = 1;
+    bool batch = false;
+    for (size_t i = from; i < to; ++i) {
+      if (d[i].kind == Elem::kBatch && !batch) batch = true;
+      else if (d[i].kind != Elem::kValue) return d[i].invariant() ? Elem::unknown() : Elem{};
+      p *= d[i].value;
+    }
+    return batch ? Elem::batch(p) : Elem::of(p);
+  }
+
+  // x's elements read in row-major order as `target` (a size per axis: values and one multiple of
+  // N). Sample s owns the runs of `stride` elements (stride = inner times the sizes after the batch
+  // axis) at s, s + N, s + 2N, ...; the target keeps the samples apart when one of its axes, the
+  // multiple k N at b, holds those runs whole: the sizes after b divide the stride, their quotient
+  // (the new inner) divides k, and the sizes before b times k / inner repeat the runs as often as
+  // the input did (outer times the sizes before its batch axis).
+  Fact regroup(const ir::Node& n, const Fact& x, const std::vector<Elem>& target) {
+    if (!x.dims) return mixed(n, "reshapes a batch whose other sizes are not known here");
+    const std::vector<Elem>& d = *x.dims;
+    const Elem before = product(d, 0, x.axis), after = product(d, x.axis + 1, d.size());
+    if (before.kind != Elem::kValue || after.kind != Elem::kValue)
+      return mixed(n, "reshapes a batch whose other sizes are not known here");
+    const int64_t stride = x.inner * after.value, repeats = x.outer * before.value;
+    std::optional<size_t> at;
+    for (size_t i = 0; i < target.size(); ++i) {
+      if (target[i].kind == Elem::kBatch && !at) at = i;
+      else if (target[i].kind != Elem::kValue) return mixed(n, "reshapes to a size that depends on the batch size");
+    }
+    if (!at) return mixed(n, "reshapes the batch axis away (a size fixed for one batch)");
+    const int64_t k = target[*at].value;
+    const int64_t lead = product(target, 0, *at).value, trail = product(target, *at + 1, target.size()).value;
+    if (trail < 1 || stride % trail != 0 || k % (stride / trail) != 0 || lead * (k / (stride / trail)) != repeats)
+      return mixed(n, "reshapes the batch axis across samples");
+    Fact f = Fact::batched(*at, target.size());
+    f.inner = stride / trail;
+    f.outer = k / f.inner;
+    return f.sized(target);
+  }
+
+  // The batch stays where the target copies it (0) or names its size (k N) with the axes before it
+  // copied and the rest not depending on N; otherwise, with the input's sizes known, the target is
+  // resolved (0 copied, -1 inferred) and regrouped.
   Fact reshape(const ir::Node& n) {
     const Fact& x = *input(n, 0);
     const Fact& t = *input(n, 1);
@@ -638,22 +831,40 @@ class Analysis {
     const std::vector<Elem>& e = *t.elems;
     const bool allowzero = n.attr_int("allowzero", 0) != 0;
     if (e.empty()) return mixed(n, "reshapes a batch to a scalar");
-    for (size_t i = 1; i < e.size(); ++i)
-      if (!e[i].invariant()) return mixed(n, "reshapes to a size that depends on the batch size");
-    if (x.axis != 0) {
-      // Axes before the batch copied (0), the batch copied or N.
-      for (size_t i = 0; i < x.axis; ++i)
-        if (i >= e.size() || e[i].kind != Elem::kValue || e[i].value != 0 || allowzero)
-          return mixed(n, "moves the batch axis");
-      if (x.axis >= e.size() || !(e[x.axis].kind == Elem::kBatch || (e[x.axis].kind == Elem::kValue &&
-                                                                     e[x.axis].value == 0 && !allowzero)))
-        return mixed(n, "moves the batch axis");
-      return Fact::batched(x.axis, e.size());
+    auto copied = [&](size_t i) { return e[i].is(0) && !allowzero; };
+    // Resolved sizes: 0 copied, -1 inferred from the total (nullopt where that is not known).
+    std::optional<std::vector<Elem>> sizes = std::vector<Elem>{};
+    std::optional<size_t> inferred;
+    for (size_t i = 0; i < e.size() && sizes; ++i) {
+      if (copied(i)) sizes->push_back(x.dim(i));
+      else if (e[i].is(-1) && !inferred) {
+        inferred = i;
+        sizes->push_back(Elem::unknown());
+      } else {
+        sizes->push_back(e[i]);
+      }
     }
-    const Elem& first = e[0];
-    if (first.kind == Elem::kBatch || (first.kind == Elem::kValue && first.value == 0 && !allowzero))
-      return Fact::batched(0, e.size());
-    return mixed(n, "reshapes the batch axis (a first size other than N or 0)");
+    if (inferred && x.dims) {
+      const Elem total = product(*x.dims, 0, x.dims->size());
+      std::vector<Elem> others = *sizes;
+      others.erase(others.begin() + static_cast<std::ptrdiff_t>(*inferred));
+      const Elem known = product(others, 0, others.size());
+      Elem& slot = (*sizes)[*inferred];
+      if (total.kind == Elem::kBatch && known.kind == Elem::kValue && known.value > 0 && total.value % known.value == 0)
+        slot = Elem::batch(total.value / known.value);
+      else if (total.kind == Elem::kBatch && known.kind == Elem::kBatch && total.value % known.value == 0)
+        slot = Elem::of(total.value / known.value);
+    }
+    // The plain case: the axes up to the batch's copied, the batch's the same size, the rest invariant.
+    bool plain = x.axis < e.size();
+    for (size_t i = 0; plain && i < e.size(); ++i) {
+      if (i < x.axis) plain = copied(i);
+      else if (i == x.axis) plain = copied(i) || (e[i].kind == Elem::kBatch && e[i].value == x.outer * x.inner);
+      else plain = e[i].invariant();
+    }
+    if (plain) return x.moved(x.axis, e.size()).sized(sizes);
+    if (!x.dims || !sizes) return mixed(n, "reshapes the batch axis (a target the analysis cannot resolve without the input's sizes)");
+    return regroup(n, x, *sizes);
   }
 
   Fact transpose(const ir::Node& n) {
@@ -664,8 +875,16 @@ class Analysis {
       if (!x.rank) return mixed(n, "reverses axes of unknown rank");
       for (size_t i = *x.rank; i-- > 0;) perm.push_back(static_cast<int64_t>(i));
     }
+    std::optional<std::vector<Elem>> dims;
+    if (x.dims && perm.size() == x.dims->size()) {
+      dims.emplace();
+      for (int64_t p : perm) {
+        if (p < 0 || p >= static_cast<int64_t>(x.dims->size())) return mixed(n, "has a permutation out of range");
+        dims->push_back((*x.dims)[static_cast<size_t>(p)]);
+      }
+    }
     for (size_t i = 0; i < perm.size(); ++i)
-      if (perm[i] == static_cast<int64_t>(x.axis)) return Fact::batched(i, perm.size());
+      if (perm[i] == static_cast<int64_t>(x.axis)) return x.moved(i, perm.size()).sized(dims);
     return mixed(n, "has a permutation without the batch axis");
   }
 
@@ -674,13 +893,20 @@ class Analysis {
     const auto axes = axes_of(n, 1);
     if (!x.is_batched() || !axes || axes->empty() || !x.rank)
       return mixed(n, "squeezes axes not known here (a batch of one would lose its axis)");
-    size_t below = 0;
+    std::set<size_t> squeezed;
     for (int64_t a : *axes) {
       const auto k = normalized(a, x.rank);
       if (!k || *k == x.axis) return mixed(n, "squeezes the batch axis");
-      below += *k < x.axis;
+      squeezed.insert(*k);
     }
-    return Fact::batched(x.axis - below, *x.rank - axes->size());
+    std::optional<std::vector<Elem>> dims;
+    if (x.dims) {
+      dims.emplace();
+      for (size_t i = 0; i < x.dims->size(); ++i)
+        if (!squeezed.count(i)) dims->push_back((*x.dims)[i]);
+    }
+    const auto below = static_cast<size_t>(std::count_if(squeezed.begin(), squeezed.end(), [&](size_t k) { return k < x.axis; }));
+    return x.moved(x.axis - below, *x.rank - squeezed.size()).sized(dims);
   }
 
   Fact unsqueeze(const ir::Node& n) {
@@ -694,12 +920,21 @@ class Analysis {
       if (!k) return mixed(n, "has an axis out of range");
       inserted.insert(*k);
     }
+    if (inserted.size() != axes->size()) return mixed(n, "inserts an axis twice");
+    std::optional<std::vector<Elem>> dims;
+    if (x.dims) dims.emplace();
+    std::optional<size_t> at;
     size_t kept = 0;
     for (size_t i = 0; i < out_rank; ++i) {
-      if (inserted.count(i)) continue;
-      if (kept++ == x.axis) return Fact::batched(i, out_rank);
+      if (inserted.count(i)) {
+        if (dims) dims->push_back(Elem::of(1));
+        continue;
+      }
+      if (dims) dims->push_back((*x.dims)[kept]);
+      if (kept++ == x.axis) at = i;
     }
-    return mixed(n, "has an axis out of range");
+    if (!at) return mixed(n, "has an axis out of range");
+    return x.moved(*at, out_rank).sized(dims);
   }
 
   Fact concat(const ir::Node& n) {
@@ -709,11 +944,23 @@ class Analysis {
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       const Fact* f = input(n, i);
       if (f && !f->is_batched()) return mixed(n, "joins a batch with a value of its own size along the batch axis");
-      if (f && f->axis != x->axis) return mixed(n, "joins batches along different axes");
+      if (f && (f->axis != x->axis || !f->shares_batch_with(*x))) return mixed(n, "joins batches along different axes");
     }
     const auto axis = normalized(n.attr_int("axis", 0), x->rank);
     if (!axis || *axis == x->axis) return mixed(n, "joins batches along the batch axis");
-    return *x;
+    std::optional<std::vector<Elem>> dims = x->dims;
+    if (dims) {
+      (*dims)[*axis] = Elem::of(0);
+      for (size_t i = 0; i < n.inputs.size() && dims; ++i) {
+        const Fact* f = input(n, i);
+        if (!f) continue;
+        const Elem d = f->dim(*axis);
+        Elem& sum = (*dims)[*axis];
+        if (d.kind == Elem::kValue && sum.kind == Elem::kValue) sum.value += d.value;
+        else sum = Elem::unknown();
+      }
+    }
+    return x->sized(dims);
   }
 
   std::vector<Fact> split(const ir::Node& n) {
@@ -721,27 +968,62 @@ class Analysis {
     const auto axis = normalized(n.attr_int("axis", 0), x.rank);
     if (!x.is_batched() || !axis || *axis == x.axis) return {mixed(n, "splits along the batch axis")};
     if (input(n, 1) && !input(n, 1)->invariant_static()) return {mixed(n, "splits by sizes that depend on the batch")};
-    return std::vector<Fact>(n.outputs.size(), x);
+    std::optional<std::vector<int64_t>> sizes;
+    if (n.has_attr("split")) sizes = n.attr_ints("split");
+    else if (input(n, 1)) sizes = input(n, 1)->values();
+    const Elem whole = x.dim(*axis);
+    if (!sizes && !input(n, 1) && whole.kind == Elem::kValue && !n.outputs.empty() &&
+        whole.value % static_cast<int64_t>(n.outputs.size()) == 0)
+      sizes = std::vector<int64_t>(n.outputs.size(), whole.value / static_cast<int64_t>(n.outputs.size()));
+    std::vector<Fact> out;
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      std::optional<std::vector<Elem>> dims = x.dims;
+      if (dims) (*dims)[*axis] = sizes && sizes->size() == n.outputs.size() ? Elem::of(sizes->at(k)) : Elem::unknown();
+      out.push_back(x.sized(dims));
+    }
+    return out;
   }
 
-  // Slices along other axes keep the batch; along the batch axis only the whole of it (from 0 to
+  // Slices along other axes (by bounds not depending on N) keep the batch; along the batch axis only the whole of it (from 0 to
   // N or past the end, step 1).
   Fact slice(const ir::Node& n) {
     const Fact& x = *input(n, 0);
     if (!x.is_batched()) return mixed(n, "slices a value the analysis does not follow");
     const auto b = slice_bounds(n);
     if (!b) return mixed(n, "slices by bounds not known here");
+    std::optional<std::vector<Elem>> dims = x.dims;
     for (size_t i = 0; i < b->starts.size(); ++i) {
       const auto k = b->axes.empty() ? std::optional<size_t>(i) : normalized(b->axes[i], x.rank);
       if (!k) return mixed(n, "slices an axis out of range");
-      if (*k != x.axis) continue;
       const Elem &start = b->starts[i], &end = b->ends[i];
-      const bool from_0 = start.kind == Elem::kValue && start.value == 0;
-      const bool to_end = end.kind == Elem::kBatch || (end.kind == Elem::kValue && end.value >= (int64_t{1} << 31) - 1);
-      const bool step_1 = b->steps.empty() || (b->steps[i].kind == Elem::kValue && b->steps[i].value == 1);
-      if (!(from_0 && to_end && step_1)) return mixed(n, "slices the batch axis");
+      const Elem step = b->steps.empty() ? Elem::of(1) : b->steps[i];
+      if (*k != x.axis) {
+        if (!start.invariant() || !end.invariant() || !step.invariant())
+          return mixed(n, "slices another axis by bounds that depend on the batch size");
+        if (dims) (*dims)[*k] = slice_length((*dims)[*k], start, end, step);
+        continue;
+      }
+      const bool from_0 = start.is(0);
+      const bool to_end = (end.kind == Elem::kBatch && end.value >= x.outer * x.inner) ||
+                          (end.kind == Elem::kValue && end.value >= (int64_t{1} << 31) - 1);
+      if (!(from_0 && to_end && step.is(1))) return mixed(n, "slices the batch axis");
     }
-    return x;
+    return x.sized(dims);
+  }
+
+  // ONNX Slice's length along one axis, where the size and the bounds are known.
+  static Elem slice_length(const Elem& size, const Elem& start, const Elem& end, const Elem& step) {
+    if (size.kind != Elem::kValue || start.kind != Elem::kValue || end.kind != Elem::kValue ||
+        step.kind != Elem::kValue || step.value == 0)
+      return Elem::unknown();
+    const int64_t dim = size.value;
+    auto clamped = [&](int64_t v, int64_t lo, int64_t hi) { return std::clamp(v < 0 ? v + dim : v, lo, hi); };
+    if (step.value > 0) {
+      const int64_t first = clamped(start.value, 0, dim), last = clamped(end.value, 0, dim);
+      return Elem::of(last > first ? (last - first + step.value - 1) / step.value : 0);
+    }
+    const int64_t first = clamped(start.value, -1, dim - 1), last = clamped(end.value, -1, dim - 1);
+    return Elem::of(first > last ? (first - last - step.value - 1) / -step.value : 0);
   }
 
   Fact gather(const ir::Node& n) {
@@ -749,13 +1031,23 @@ class Analysis {
     const Fact& idx = *input(n, 1);
     const auto axis = normalized(n.attr_int("axis", 0), data.rank);
     if (!axis || !idx.rank) return mixed(n, "gathers along an axis the analysis does not follow");
+    if (!data.rank) return mixed(n, "gathers from a value of unknown rank");
+    const size_t out_rank = *data.rank - 1 + *idx.rank;
+    // data's sizes with the gathered axis replaced by the indices'.
+    auto gathered_dims = [&]() {
+      std::vector<Elem> d;
+      for (size_t i = 0; i < *axis; ++i) d.push_back(data.dim(i));
+      for (size_t i = 0; i < *idx.rank; ++i) d.push_back(idx.dim(i));
+      for (size_t i = *axis + 1; i < *data.rank; ++i) d.push_back(data.dim(i));
+      return d;
+    };
     if (data.is_batched() && idx.invariant_static()) {
       if (*axis == data.axis) return mixed(n, "gathers along the batch axis");
-      if (data.axis < *axis) return Fact::batched(data.axis, data.rank ? std::optional(*data.rank - 1 + *idx.rank) : std::nullopt);
-      return Fact::batched(data.axis - 1 + *idx.rank, data.rank ? std::optional(*data.rank - 1 + *idx.rank) : std::nullopt);
+      const size_t at = data.axis < *axis ? data.axis : data.axis - 1 + *idx.rank;
+      return data.moved(at, out_rank).sized(gathered_dims());
     }
-    if (data.invariant_static() && idx.is_batched() && data.rank)  // an embedding lookup
-      return Fact::batched(*axis + idx.axis, *data.rank - 1 + *idx.rank);
+    if (data.invariant_static() && idx.is_batched())  // an embedding lookup
+      return idx.moved(*axis + idx.axis, out_rank).sized(gathered_dims());
     return mixed(n, "gathers batched values by batched indices");
   }
 
@@ -772,6 +1064,8 @@ class Analysis {
       const size_t at = i + lead_s;
       if (e[i].kind == Elem::kBatch) {
         if (axis && *axis != at) return mixed(n, "expands along a second batch axis");
+        if (x.is_batched() ? e[i].value != x.outer * x.inner : !e[i].is_n())
+          return mixed(n, "expands the batch axis to another multiple of the batch size");
         if (!x.is_batched() && (at >= lead_x && (!x.shape || (*x.shape)[at - lead_x] != 1)))
           return mixed(n, "expands a value with its own size along the batch axis");
         axis = at;
@@ -782,7 +1076,16 @@ class Analysis {
       }
     }
     if (!axis) return mixed(n, "expands without a batch axis");
-    return Fact::batched(*axis, r);
+    std::vector<Elem> dims;
+    for (size_t at = 0; at < r; ++at) {
+      const Elem from_x = at >= lead_x ? x.dim(at - lead_x) : Elem::of(1);
+      const Elem to = at >= lead_s ? e[at - lead_s] : Elem::of(1);
+      if (at == *axis) dims.push_back(x.is_batched() ? from_x : to);
+      else if (to.kind == Elem::kValue && to.value != 1) dims.push_back(to);
+      else if (from_x.kind == Elem::kValue && from_x.value != 1) dims.push_back(from_x);
+      else dims.push_back(from_x.is(1) && to.is(1) ? Elem::of(1) : Elem::unknown());
+    }
+    return (x.is_batched() ? x.moved(*axis, r) : Fact::batched(*axis, r)).sized(dims);
   }
 
   Fact resize(const ir::Node& n) {
@@ -792,7 +1095,7 @@ class Analysis {
     if (n.has_attr("scales")) {
       const auto sc = n.attr_floats("scales");
       if (x.axis >= sc.size() || sc[x.axis] != 1.f) return mixed(n, "scales the batch axis");
-      return x;
+      return x.moved(x.axis, x.rank);
     }
     const size_t scales_at = n.op_type == "Upsample" ? 1 : 2;
     if (const Fact* sizes = n.op_type == "Resize" ? input(n, 3) : nullptr) {
@@ -800,14 +1103,14 @@ class Analysis {
       const Elem& b = (*sizes->elems)[x.axis];
       for (size_t i = 0; i < sizes->elems->size(); ++i)
         if (i != x.axis && !(*sizes->elems)[i].invariant()) return mixed(n, "resizes to sizes that depend on the batch");
-      if (b.kind != Elem::kBatch) return mixed(n, "resizes the batch axis to a fixed size");
-      return x;
+      if (b.kind != Elem::kBatch || b.value != x.outer * x.inner) return mixed(n, "resizes the batch axis to a fixed size");
+      return x.moved(x.axis, x.rank);
     }
     const Fact* scales = input(n, scales_at);
     if (!scales || !scales->small) return mixed(n, "resizes by scales not known here");
     const std::vector<float> factor = scales->small->to_float_vector();
     if (factor.size() != *x.rank || factor[x.axis] != 1.f) return mixed(n, "may scale the batch axis");
-    return x;
+    return x.moved(x.axis, x.rank);
   }
 
   Fact softmax(const ir::Node& n) {
@@ -826,7 +1129,9 @@ class Analysis {
     if (!x.is_batched() || !axis || x.axis >= *axis) return {mixed(n, "normalizes across the batch")};
     for (size_t i = 1; i < n.inputs.size(); ++i)
       if (input(n, i) && !input(n, i)->invariant_static()) return {mixed(n, "takes a per-sample parameter")};
-    return std::vector<Fact>(n.outputs.size(), x);
+    std::vector<Fact> out(n.outputs.size(), x.moved(x.axis, x.rank));  // mean, inverse deviation: other sizes
+    if (!out.empty()) out[0] = x;
+    return out;
   }
 
   Fact pad(const ir::Node& n) {
@@ -838,7 +1143,7 @@ class Analysis {
     if (!pads || pads->size() != 2 * *x.rank) return mixed(n, "pads by amounts not known here");
     if (pads->at(x.axis) != 0 || pads->at(x.axis + *x.rank) != 0) return mixed(n, "pads the batch axis");
     if (input(n, 2) && !input(n, 2)->invariant_static()) return mixed(n, "pads with a per-sample value");
-    return x;
+    return x.moved(x.axis, x.rank);
   }
 
   Fact tile(const ir::Node& n) {
@@ -846,7 +1151,7 @@ class Analysis {
     const auto repeats = input(n, 1)->values();
     if (!x.is_batched() || !repeats || x.axis >= repeats->size() || repeats->at(x.axis) != 1)
       return mixed(n, "may repeat the batch axis");
-    return x;
+    return x.moved(x.axis, x.rank);
   }
 
   std::vector<Fact> along_one_axis(const ir::Node& n) {
@@ -860,7 +1165,7 @@ class Analysis {
     }
     const auto k = axis ? normalized(*axis, x.rank) : std::nullopt;
     if (!x.is_batched() || !k || *k == x.axis) return {mixed(n, "runs along the batch axis")};
-    return std::vector<Fact>(n.outputs.size(), x);
+    return std::vector<Fact>(n.outputs.size(), n.op_type == "CumSum" ? x : x.moved(x.axis, x.rank));
   }
 
   // LSTM / GRU / RNN: X [seq, batch, input] (layout 0) or [batch, seq, input]; Y [seq, dirs, batch,
@@ -876,12 +1181,12 @@ class Analysis {
       const bool per_sample = i == 4 || i >= 5;  // sequence_lens, initial_h, initial_c, (P: static)
       if (i == 7 || !per_sample) {
         if (!f->invariant_static()) return {mixed(n, "takes per-sample weights")};
-      } else if (!f->is_batched() || f->axis != (i == 4 ? 0 : state_axis)) {
+      } else if (!f->is_batched() || f->axis != (i == 4 ? 0 : state_axis) || !f->shares_batch_with(x)) {
         return {mixed(n, "takes an initial state or lengths without the batch axis")};
       }
     }
-    std::vector<Fact> out{Fact::batched(batch_first ? 0 : 2, 4)};
-    for (size_t k = 1; k < n.outputs.size(); ++k) out.push_back(Fact::batched(state_axis, 3));
+    std::vector<Fact> out{x.moved(batch_first ? 0 : 2, 4)};
+    for (size_t k = 1; k < n.outputs.size(); ++k) out.push_back(x.moved(state_axis, 3));
     return out;
   }
 

@@ -4,6 +4,7 @@
 // samples, each named; and Session::run taking a batch in parts with the whole batch's outputs.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -72,15 +73,98 @@ TEST(SampleIndependence, ReshapesToTheBatchSizeOrACopiedFirstAxisKeepIt) {
   const auto r = m.analyze(m.b.node("Softmax", {v}, {{"axis", int64_t{-1}}}));
   EXPECT_TRUE(r.independent) << r.reason;
 
+  // Flattened whole, or N * 4 rows of 6: each sample still on its own, but an output a part of
+  // the batch cannot be cut from.
   BatchModel flat({2, 4, 6});
-  expect_samples_mixed(flat.analyze(flat.b.node("Reshape", {"x", flat.ints({-1})})), "reshapes the batch axis");
-  BatchModel fixed({2, 4, 6});  // [1, 24]: a batch of one baked in
-  expect_samples_mixed(fixed.analyze(fixed.b.node("Reshape", {"x", fixed.ints({1, 24})})), "Reshape");
-  BatchModel merged({2, 4, 6});  // N * 4 rows: the batch size times another
+  expect_samples_mixed(flat.analyze(flat.b.node("Reshape", {"x", flat.ints({-1})})), "merged with another axis");
+  BatchModel merged({2, 4, 6});
   const std::string rows = merged.b.node("Mul", {merged.batch_size_of("x"), merged.ints({4})});
   expect_samples_mixed(merged.analyze(merged.b.node(
                    "Reshape", {"x", merged.b.node("Concat", {rows, merged.ints({6})}, {{"axis", int64_t{0}}})})),
-               "reshapes the batch axis");
+               "merged with another axis");
+  BatchModel fixed({2, 4, 6});  // [1, 24]: a batch of one baked in
+  expect_samples_mixed(fixed.analyze(fixed.b.node("Reshape", {"x", fixed.ints({1, 24})})), "Reshape");
+  // [N, 4, 6] -> [4, N, 6] -> [N, 24] by Reshape, not Transpose: each row takes parts of 4 samples.
+  BatchModel viewed({2, 4, 6});
+  const std::string moved = viewed.b.node("Transpose", {"x"}, {{"perm", std::vector<int64_t>{1, 0, 2}}});
+  const std::string count = viewed.batch_size_of("x");
+  expect_samples_mixed(viewed.analyze(viewed.b.node(
+                   "Reshape", {moved, viewed.b.node("Concat", {count, viewed.ints({24})}, {{"axis", int64_t{0}}})})),
+               "across samples");
+  // Slicing another axis to the batch size makes that axis depend on N.
+  BatchModel sliced({2, 8});
+  expect_samples_mixed(sliced.analyze(sliced.b.node("Slice", {"x", sliced.ints({0}), sliced.batch_size_of("x"),
+                                                              sliced.ints({1})})),
+                       "depend on the batch size");
+}
+
+// torchvision's nn.MultiheadAttention as exported: [N, L, E] -> [L, N, E], the heads split off with
+// the batch, Reshape to [L, N * heads, E / heads] (sizes read with Shape -> Gather, N times heads by
+// Mul), attention over the N * heads stack, back to [L, N, heads, ...] through [L * N, E] rows for
+// the output projection (a Gemm), and [N, L, E] again.
+std::string torchvision_attention(BatchModel& m, int64_t heads, int64_t embed, std::mt19937& rng) {
+  auto& b = m.b;
+  auto dim_of = [&](const std::string& v, int64_t i) {
+    return b.node("Gather", {b.node("Shape", {v}), m.scalar(i)}, {{"axis", int64_t{0}}});
+  };
+  auto unsq = [&](const std::string& v) { return b.node("Unsqueeze", {v, m.ints({0})}); };
+  auto cat = [&](std::vector<std::string> parts) { return b.node("Concat", parts, {{"axis", int64_t{0}}}); };
+  const std::string seq = b.node("Transpose", {"x"}, {{"perm", std::vector<int64_t>{1, 0, 2}}});
+  const std::string tokens = dim_of(seq, 0), batch = dim_of(seq, 1), width = dim_of(seq, 2);
+  const std::string stacked = b.node("Mul", {batch, m.scalar(heads)});
+  const std::string head_width = b.node("Cast", {b.node("Div", {width, m.scalar(heads)})}, {{"to", int64_t{7}}});
+  auto split_heads = [&](const std::string& v) {
+    const std::string r = b.node("Reshape", {v, cat({unsq(tokens), unsq(stacked), unsq(head_width)})});
+    return b.node("Transpose", {r}, {{"perm", std::vector<int64_t>{1, 0, 2}}});  // [N * heads, L, E / heads]
+  };
+  const std::string q = split_heads(b.node("MatMul", {seq, b.constant(test::random_tensor({embed, embed}, rng))}));
+  const std::string k = split_heads(b.node("MatMul", {seq, b.constant(test::random_tensor({embed, embed}, rng))}));
+  const std::string v = split_heads(seq);
+  const std::string kt = b.node("Transpose", {k}, {{"perm", std::vector<int64_t>{0, 2, 1}}});
+  const std::string att = b.node("Softmax", {b.node("MatMul", {q, kt})}, {{"axis", int64_t{-1}}});
+  const std::string mixed = b.node("Transpose", {b.node("MatMul", {att, v})}, {{"perm", std::vector<int64_t>{1, 0, 2}}});
+  const std::string rows =
+      b.node("Reshape", {mixed, cat({unsq(b.node("Mul", {tokens, batch})), unsq(width)})});  // [L * N, E]
+  const std::string projected = b.node("Gemm", {rows, b.constant(test::random_tensor({embed, embed}, rng)),
+                                                b.constant(test::random_tensor({embed}, rng))},
+                                       {{"transB", int64_t{1}}});
+  const std::string back = b.node("Reshape", {projected, cat({unsq(tokens), unsq(batch), unsq(dim_of(projected, 1))})});
+  return b.node("Transpose", {back}, {{"perm", std::vector<int64_t>{1, 0, 2}}});
+}
+
+TEST(SampleIndependence, AttentionHeadsStackedWithTheBatchKeepSamplesApart) {
+  std::mt19937 rng(5);
+  BatchModel m({2, 5, 8});
+  (*m.b.g.inputs[0].dims)[1] = ir::Dim{5, ""};
+  const std::string y = torchvision_attention(m, 2, 8, rng);
+  const auto r = m.analyze(y);
+  ASSERT_TRUE(r.independent) << r.reason;
+  EXPECT_TRUE(r.output_axes.empty());
+
+  // Taken in parts of one sample, a batch of 3 gives the whole batch's outputs.
+  m.b.g.outputs = {test::float_value(y, {})};
+  m.b.g.outputs[0].dims.reset();
+  runtime::SessionOptions whole_options, single;
+  whole_options.split_batches = false;
+  single.samples_per_part = 1;
+  runtime::Session whole(m.b.g, whole_options), parts(m.b.g, single);
+  ASSERT_TRUE(parts.samples_independent()) << parts.samples_dependence();
+  const Tensor x = test::random_tensor({3, 5, 8}, rng);
+  const auto want = whole.run({{"x", x}}).at(y).to_float_vector();
+  const auto got = parts.run({{"x", x}}).at(y).to_float_vector();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5f * (1.f + std::abs(want[i]))) << i;
+
+  // The heads stacked with the batch the other way round ([L, heads * N]: sample-major would need
+  // N outermost) mix samples when projected: refused.
+  BatchModel swapped({2, 5, 8});
+  (*swapped.b.g.inputs[0].dims)[1] = ir::Dim{5, ""};
+  const std::string seq = swapped.b.node("Transpose", {"x"}, {{"perm", std::vector<int64_t>{1, 0, 2}}});
+  const std::string n = swapped.b.node("Gather", {swapped.b.node("Shape", {seq}), swapped.scalar(1)}, {{"axis", int64_t{0}}});
+  const std::string target = swapped.b.node(
+      "Concat", {swapped.ints({5, 2}), swapped.b.node("Unsqueeze", {n, swapped.ints({0})}), swapped.ints({4})},
+      {{"axis", int64_t{0}}});
+  expect_samples_mixed(swapped.analyze(swapped.b.node("Reshape", {seq, target})), "across samples");
 }
 
 // torchvision's ViT: the class token [1, 1, D] expanded to [N, 1, D] through Where(Equal(shape,
