@@ -590,37 +590,47 @@ namespace {
 // batches in parts").
 constexpr size_t kPartLiveBytes = size_t{16} << 20;
 
-// Samples per part: as many as keep the live values within the budget (a power of two, at least
-// one), and no fewer than it takes for a sample's share of the weights streamed per part to stay
-// below its own live values (weight-heavy models such as ResNet-18 gain from larger parts).
-int64_t samples_per_part(size_t live_bytes_per_sample, size_t weight_bytes, int threads) {
+// Samples per part for the live values: as many as keep them within the budget (a power of two,
+// at least one).
+int64_t samples_in_budget(size_t live_bytes_per_sample, int threads) {
   const size_t per_sample = std::max<size_t>(live_bytes_per_sample, 1);
   const size_t budget = kPartLiveBytes * static_cast<size_t>(std::max(threads, 1));  // each core its own L2
   int64_t part = 1;
   while (static_cast<size_t>(part * 2) * per_sample <= budget) part *= 2;
+  return part;
+}
+
+// `part` doubled until a sample's share of the weights streamed per part is below its own live
+// values: weight-heavy models such as ResNet-18 FP32 gain from larger parts. Compute-heavy ones
+// with large weights (ViT-B/16: 87 MB of INT8 weights, 17.5 G multiply-adds a sample) do not,
+// which live bytes cannot tell: the session times both sizes (Session::speed_part).
+int64_t samples_amortizing_weights(int64_t part, size_t live_bytes_per_sample, size_t weight_bytes) {
+  const size_t per_sample = std::max<size_t>(live_bytes_per_sample, 1);
   while (weight_bytes / static_cast<size_t>(part) > per_sample) part *= 2;
   return part;
 }
 
 }  // namespace
 
-int64_t Session::speed_part(const std::map<std::string, Tensor>& feeds, const RunOptions& options, int64_t batch) {
+std::pair<int64_t, PartChoice*> Session::speed_part(const std::map<std::string, Tensor>& feeds,
+                                                   const RunOptions& options, int64_t batch) {
+  const std::pair<int64_t, PartChoice*> whole{batch, nullptr};
   // Hooks and observed values see a batch whole; feeds of intermediate values, or fewer inputs,
   // are not the model the proof was made on.
   if (!samples_independent_ || batch < 2 || options.on_value || !options.observe.empty() ||
       feeds.size() != graph_.inputs.size())
-    return batch;
+    return whole;
   for (const auto& o : options.outputs)
-    if (!graph_.is_graph_output(o)) return batch;
+    if (!graph_.is_graph_output(o)) return whole;
   std::string key;
   for (const auto& in : graph_.inputs) {
     const auto fed = feeds.find(in.name);
     if (fed == feeds.end() || !fed->second.defined() || fed->second.is_sequence() ||
         fed_with_one_axis_more(graph_, in.name, fed->second))
-      return batch;
+      return whole;
     Shape one = fed->second.shape();
     const size_t axis = batch_axis_of(input_axes_, in.name);
-    if (in.dims && axis < in.dims->size() && (*in.dims)[axis].known()) return batch;  // a fixed batch
+    if (in.dims && axis < in.dims->size() && (*in.dims)[axis].known()) return whole;  // a fixed batch
     if (axis < one.size()) one[axis] = 1;
     key += in.name + shape_str(one) + dtype_name(fed->second.dtype()) + ";";
   }
@@ -629,9 +639,9 @@ int64_t Session::speed_part(const std::map<std::string, Tensor>& feeds, const Ru
     const char* v = std::getenv("SLIMQUANT_SAMPLES_PER_PART");
     return v ? std::atoll(v) : int64_t{-1};
   }();
-  if (forced == 0) return batch;
-  if (forced > 0) return std::min(forced, batch);
-  if (options_.samples_per_part > 0) return std::min(options_.samples_per_part, batch);
+  if (forced == 0) return whole;
+  if (forced > 0) return {std::min(forced, batch), nullptr};
+  if (options_.samples_per_part > 0) return {std::min(options_.samples_per_part, batch), nullptr};
   auto it = speed_parts_.find(key);
   if (it == speed_parts_.end()) {
     // One sample run once on a pool of its own measures the peak of its live values.
@@ -639,26 +649,54 @@ int64_t Session::speed_part(const std::map<std::string, Tensor>& feeds, const Ru
     probe.track_peak();
     RunOptions plain;
     plain.outputs = options.outputs;
-    int64_t part = std::numeric_limits<int64_t>::max();  // whole batches, unless the probe says otherwise
+    PartChoice choice{std::numeric_limits<int64_t>::max()};  // whole batches, unless the probe says otherwise
     const size_t plans_before = plans_.size();
     try {
       size_t output_bytes = 0;  // copied into the joined outputs either way: not a part's to keep
       for (const auto& [name, t] : run_whole(feed_rows(feeds, 0, 1, input_axes_), plain, &probe))
         output_bytes += t.nbytes();
       const size_t working = probe.peak_bytes() - std::min(probe.peak_bytes(), output_bytes);
-      part = samples_per_part(working, graph_.parameter_bytes(),
-                              options_.num_threads > 0 ? options_.num_threads : omp_get_max_threads());
+      const int64_t in_budget =
+          samples_in_budget(working, options_.num_threads > 0 ? options_.num_threads : omp_get_max_threads());
+      choice.part = samples_amortizing_weights(in_budget, working, graph_.parameter_bytes());
+      if (choice.part != in_budget) choice.candidate = in_budget;
       if (profiling_enabled())
-        std::fprintf(stderr, "parts: live %zu bytes per sample (outputs %zu), weights %zu: %lld per part\n",
-                     probe.peak_bytes(), output_bytes, graph_.parameter_bytes(), static_cast<long long>(part));
+        std::fprintf(stderr, "parts: live %zu bytes per sample (outputs %zu), weights %zu: %lld per part%s\n",
+                     probe.peak_bytes(), output_bytes, graph_.parameter_bytes(), static_cast<long long>(choice.part),
+                     choice.candidate ? (", then " + std::to_string(choice.candidate) + " timed against it").c_str()
+                                      : "");
     } catch (const Error& e) {
       if (!is_shape_error(e)) throw;  // the whole batch's run names the shapes the caller fed
     }
     // The probe's plan (most recently used: last), unless parts of one sample will use it.
-    if (part != 1 && plans_.size() > plans_before) plans_.pop_back();
-    it = speed_parts_.emplace(key, part).first;
+    if (choice.part != 1 && choice.candidate != 1 && plans_.size() > plans_before) plans_.pop_back();
+    it = speed_parts_.emplace(key, choice).first;
   }
-  return std::min(it->second, batch);
+  PartChoice& choice = it->second;
+  return {choice.next(batch), choice.choosing(batch) ? &choice : nullptr};
+}
+
+bool PartChoice::choosing(int64_t batch) const {
+  return candidate != 0 && std::min(part, batch) != std::min(candidate, batch);
+}
+
+int64_t PartChoice::next(int64_t batch) const {
+  return std::min(choosing(batch) && runs % 2 == 1 ? candidate : part, batch);
+}
+
+void PartChoice::note(int64_t batch, double seconds) {
+  if (!choosing(batch)) return;
+  const int step = runs++;
+  if (step < 2) return;
+  const double per_sample = seconds / static_cast<double>(batch);
+  double& fastest = step % 2 ? candidate_seconds : part_seconds;
+  fastest = step < 4 ? per_sample : std::min(fastest, per_sample);
+  if (runs < kChoosingRuns) return;
+  if (profiling_enabled())
+    std::fprintf(stderr, "parts: %lld per part %.3f ms a sample, %lld per part %.3f ms\n", static_cast<long long>(part),
+                 part_seconds * 1e3, static_cast<long long>(candidate), candidate_seconds * 1e3);
+  if (candidate_seconds < kClearlyFaster * part_seconds) part = candidate;
+  candidate = 0;
 }
 
 int64_t Session::splittable_batch(const std::map<std::string, Tensor>& feeds) const {
@@ -670,6 +708,32 @@ bool Session::runs_whole(const std::map<std::string, Tensor>& feeds) const {
   if (batch <= 1) return true;
   if (batch_limit_ > 0) return batch <= batch_limit_;
   return batches_taken_.count(batch) > 0;
+}
+
+std::map<std::string, Tensor> Session::run_speed_parts(const std::map<std::string, Tensor>& feeds,
+                                                       const RunOptions& options, int64_t batch, int64_t part) {
+  // Each part's outputs go into the whole batch's as soon as it ends, so that the next part
+  // reuses its buffers (holding them all and joining at the end faulted in fresh memory for
+  // every part: PP-OCR rec's outputs are 1 MB a sample).
+  std::map<std::string, Tensor> joined;
+  for (int64_t first = 0; first < batch; first += part) {
+    const int64_t count = std::min(part, batch - first);
+    const std::map<std::string, Tensor> out = run_whole(part_rows(feeds, first, count, input_axes_), options);
+    if (!options.outputs_needed) continue;
+    for (const auto& [name, t] : out) {
+      const size_t axis = batch_axis_of(sample_output_axes_, name);
+      SQ_CHECK(axis < t.rank() && t.dim(axis) == count, ErrorKind::kInternal,
+               "output '" + name + "' of a part of " + std::to_string(count) + " samples is " + shape_str(t.shape()) +
+                   ", not one entry per sample along axis " + std::to_string(axis));
+      if (first == 0) {
+        Shape shape = t.shape();
+        shape[axis] = batch;
+        joined.emplace(name, Tensor(t.dtype(), std::move(shape)));
+      }
+      copy_along(t, joined.at(name), axis, first);
+    }
+  }
+  return joined;
 }
 
 std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& feeds, const RunOptions& options) {
@@ -689,29 +753,12 @@ std::map<std::string, Tensor> Session::run(const std::map<std::string, Tensor>& 
     if (batch % batch_limit_ != 0) return run_whole(feeds, options);  // its shape error names the batch
     return run_in_parts(feeds, options, batch, batch_limit_);
   }
-  if (const int64_t part = speed_part(feeds, options, batch); part < batch) {
-    // Each part's outputs go into the whole batch's as soon as it ends, so that the next part
-    // reuses its buffers (holding them all and joining at the end faulted in fresh memory for
-    // every part: PP-OCR rec's outputs are 1 MB a sample).
-    std::map<std::string, Tensor> joined;
-    for (int64_t first = 0; first < batch; first += part) {
-      const int64_t count = std::min(part, batch - first);
-      const std::map<std::string, Tensor> out = run_whole(part_rows(feeds, first, count, input_axes_), options);
-      if (!options.outputs_needed) continue;
-      for (const auto& [name, t] : out) {
-        const size_t axis = batch_axis_of(sample_output_axes_, name);
-        SQ_CHECK(axis < t.rank() && t.dim(axis) == count, ErrorKind::kInternal,
-                 "output '" + name + "' of a part of " + std::to_string(count) + " samples is " + shape_str(t.shape()) +
-                     ", not one entry per sample along axis " + std::to_string(axis));
-        if (first == 0) {
-          Shape shape = t.shape();
-          shape[axis] = batch;
-          joined.emplace(name, Tensor(t.dtype(), std::move(shape)));
-        }
-        copy_along(t, joined.at(name), axis, first);
-      }
-    }
-    return joined;
+  if (const auto [part, choosing] = speed_part(feeds, options, batch); part < batch || choosing) {
+    const auto start = std::chrono::steady_clock::now();
+    std::map<std::string, Tensor> out =
+        part < batch ? run_speed_parts(feeds, options, batch, part) : run_whole(feeds, options);
+    if (choosing) choosing->note(batch, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return out;
   }
   // With hooks, a size not seen yet is tried first without them (see takes_batch).
   if (batch_limit_ == 0 && options.on_value && !takes_batch(feeds, options, batch))

@@ -343,3 +343,42 @@ TEST(SampleIndependence, SessionRunsABatchInPartsWithTheWholeBatchsOutputs) {
 }
 
 }  // namespace
+
+namespace {
+
+// Runs `batch` through the choice `runs` times, each run's time per sample given by the size the
+// choice asked for; returns the sizes asked for.
+std::vector<int64_t> run_choice(runtime::PartChoice& c, int64_t batch, const std::map<int64_t, std::vector<double>>& per_sample) {
+  std::vector<int64_t> asked;
+  std::map<int64_t, size_t> used;
+  while (c.choosing(batch)) {
+    const int64_t part = c.next(batch);
+    asked.push_back(part);
+    c.note(batch, per_sample.at(part).at(used[part]++) * static_cast<double>(batch));
+  }
+  return asked;
+}
+
+TEST(PartChoice, TheSmallerSizeWinsOnlyWhenItsFastestTimedRunIsClearlyFaster) {
+  // Untimed first runs (100 s: plans being made) do not count; each size's fastest timed run does.
+  runtime::PartChoice faster{8, 2};
+  EXPECT_EQ(run_choice(faster, 32, {{8, {100, 1.0, 0.9}}, {2, {100, 0.85, 1.2}}}), (std::vector<int64_t>{8, 2, 8, 2, 8, 2}));
+  EXPECT_EQ(faster.next(32), 2);  // 0.85 < 0.97 * 0.9
+  EXPECT_FALSE(faster.choosing(32));
+
+  runtime::PartChoice level{8, 2};
+  run_choice(level, 32, {{8, {100, 1.0, 0.9}}, {2, {100, 0.88, 0.95}}});
+  EXPECT_EQ(level.next(32), 8);  // 0.88 is within 3% of 0.9: the rule's size stays
+  EXPECT_EQ(level.candidate, 0);
+
+  // At a batch both sizes take whole, nothing is timed and the choice waits for a larger batch.
+  runtime::PartChoice waiting{8, 2};
+  EXPECT_FALSE(waiting.choosing(2));
+  EXPECT_EQ(waiting.next(2), 2);
+  waiting.note(2, 1.0);
+  EXPECT_EQ(waiting.runs, 0);
+  EXPECT_TRUE(waiting.choosing(4));  // whole (4) against parts of 2
+  EXPECT_EQ(waiting.next(4), 4);
+}
+
+}  // namespace

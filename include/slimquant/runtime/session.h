@@ -155,6 +155,28 @@ void print_batch_limit(int64_t limit, const std::string& why, const std::string&
 
 class Plan;
 
+// How a session cuts a batch of a model that computes each sample on its own, for one sample's feed
+// shapes: the rule's part size (live values within a core's cache, weights amortized), and while a
+// smaller one competes (the live values' size alone, where the weights rule raised it), which of
+// the two each run takes. They alternate over six runs, each first untimed (its plans are made
+// then), then timed twice; the smaller replaces the rule's only when its fastest run per sample is
+// clearly faster, since single runs on a shared machine vary by a few percent.
+struct PartChoice {
+  int64_t part = 0;       // in use (past the batch: whole)
+  int64_t candidate = 0;  // a smaller size timed against it (0: chosen)
+  int runs = 0;           // runs while choosing
+  double part_seconds = 0, candidate_seconds = 0;  // fastest timed run of each, per sample
+
+  static constexpr int kChoosingRuns = 6;
+  static constexpr double kClearlyFaster = 0.97;
+  // Whether a run of `batch` samples is timed: two sizes compete and differ at this batch.
+  bool choosing(int64_t batch) const;
+  // The samples a part of the next run of `batch` takes (`batch`: whole).
+  int64_t next(int64_t batch) const;
+  // The run `next` was asked for took `seconds`.
+  void note(int64_t batch, double seconds);
+};
+
 class Session {
  public:
   explicit Session(ir::Graph graph, SessionOptions options = {});
@@ -211,13 +233,18 @@ class Session {
   // Whether the model takes a batch of `batch` (tried once per size, without hooks).
   bool takes_batch(const std::map<std::string, Tensor>& feeds, const RunOptions& options, int64_t batch);
   void limit_batch(int64_t limit, const std::string& why);
-  // Samples per run for speed (see samples_independent), `batch` when the batch runs whole.
-  int64_t speed_part(const std::map<std::string, Tensor>& feeds, const RunOptions& options, int64_t batch);
+  // The samples a run takes for speed (see samples_independent) and, while two sizes compete, the
+  // choice to note the run's time in (else null).
+  std::pair<int64_t, PartChoice*> speed_part(const std::map<std::string, Tensor>& feeds, const RunOptions& options,
+                                             int64_t batch);
+  // A batch in parts of `part` samples, each part's outputs copied into the whole batch's.
+  std::map<std::string, Tensor> run_speed_parts(const std::map<std::string, Tensor>& feeds, const RunOptions& options,
+                                                int64_t batch, int64_t part);
   int64_t batch_limit_ = 0;
   bool samples_independent_ = false;
   std::string samples_dependence_;
   BatchAxes sample_output_axes_;               // each output's batch axis, when samples_independent_
-  std::map<std::string, int64_t> speed_parts_;  // by the shapes of one sample's feeds
+  std::map<std::string, PartChoice> speed_parts_;  // by the shapes of one sample's feeds
   std::set<int64_t> batches_taken_;
   ir::Graph graph_;
   BatchAxes input_axes_;  // of graph_'s inputs (input_batch_axes)
