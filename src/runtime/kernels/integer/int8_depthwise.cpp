@@ -297,9 +297,12 @@ SQ_AVX512_VNNI inline void finish(const DepthwisePass& k, int64_t chunk, const _
     } else if constexpr (A == Act::kSigmoid) {
       f = ew::logistic_avx512(f);
     } else if constexpr (A == Act::kSwish) {
-      f = ew::swish_avx512(f, _mm512_set1_ps(s.alpha));
+      // The logistic for codes (7e-5 relative) for float outputs too: a sum of 8-bit codes is
+      // already off by far more (half an input step), and the float y (a squeeze-excitation's
+      // input) is quantized after its gate. EfficientNet-B0 INT8: 6.25 -> 6.01 ms, 39.06 -> 38.99 dB.
+      f = ew::swish_avx512<false, true>(f, _mm512_set1_ps(s.alpha));
     } else if constexpr (A == Act::kSiLU) {
-      f = ew::swish_avx512<true>(f, f);
+      f = ew::swish_avx512<true, true>(f, f);
     }
     v[j] = _mm512_fmadd_ps(f, _mm512_loadu_ps(k.post_factor + at), _mm512_loadu_ps(k.post_offset + at));
   }
