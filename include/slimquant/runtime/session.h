@@ -71,7 +71,8 @@ struct SessionOptions {
   bool split_batches = true;
   // A batch of a model that computes each sample on its own (Session::samples_independent) runs in
   // parts of this many samples; 0: as many as keep one part's live values within a core's cache,
-  // from one sample's measured peak (Session::run). Off with split_batches.
+  // from one sample's measured peak, or more to amortize large weights, the smaller size timed
+  // against the larger over a feed shape's first runs (PartChoice). Off with split_batches.
   int64_t samples_per_part = 0;
   // The proof, when the caller made it on the graph this one was rewritten from with ops the proof
   // does not know (lower_to_int8's QConv and QMatMul compute per sample as the QDQ ops they replace).
