@@ -107,6 +107,14 @@ struct Fact {
     f.elems = std::move(e);
     return f;
   }
+  // A static matrix of these elements in row-major order (PyTorch's F.pad writes its pads as one:
+  // Reshape to [-1, 2], Slice backwards, Transpose, Reshape to [-1]).
+  static Fact of_elems_shaped(std::vector<Elem> e, Shape shape) {
+    Fact f = of_elems(std::move(e), false);
+    f.rank = shape.size();
+    f.shape = std::move(shape);
+    return f;
+  }
   bool is_static() const { return kind == kStatic; }
   bool is_batched() const { return kind == kBatched; }
   // A static value usable as data next to batched values: the same in every part.
@@ -341,6 +349,28 @@ class Analysis {
       f.shape = input(n, 0)->shape;
       f.rank = f.shape->size();
     }
+    if (broadcasting(n.op_type) && !is_one_of(n.op_type, {"QuantizeLinear", "DequantizeLinear"})) {
+      // Pow(head_dim, -0.5) and the like: the broadcast of known shapes.
+      Shape out;
+      bool known = true;
+      for (size_t i = 0; i < n.inputs.size() && known; ++i) {
+        const Fact* in = input(n, i);
+        if (!in) continue;
+        known = in->shape.has_value();
+        if (!known) break;
+        const Shape& s = *in->shape;
+        if (s.size() > out.size()) out.insert(out.begin(), s.size() - out.size(), 1);
+        for (size_t k = 0; k < s.size(); ++k) {
+          int64_t& o = out[out.size() - s.size() + k];
+          if (o == 1) o = s[k];
+          else if (s[k] != 1 && s[k] != o) known = false;
+        }
+      }
+      if (known) {
+        f.shape = out;
+        f.rank = out.size();
+      }
+    }
     if (n.op_type == "Transpose" && input(n, 0)->shape) {
       const Shape& s = *input(n, 0)->shape;
       std::vector<int64_t> perm = n.attr_ints("perm");
@@ -363,6 +393,11 @@ class Analysis {
       if (op == "Sub") return Elem::of(a.value - b.value);
       if (op == "Mul") return Elem::of(a.value * b.value);
       if (op == "Div") return b.value == 0 ? Elem{} : Elem::of(a.value / b.value);
+      if (op == "Mod") {  // integer Mod (fmod 0): the remainder takes the divisor's sign
+        if (b.value == 0) return Elem{};
+        const int64_t r = a.value % b.value;
+        return Elem::of(r != 0 && (r < 0) != (b.value < 0) ? r + b.value : r);
+      }
       if (op == "Equal") return Elem::of(a.value == b.value);
       return Elem{};
     }
@@ -394,25 +429,36 @@ class Analysis {
     if (!x.elems) return std::nullopt;
     const std::vector<Elem>& e = *x.elems;
     const bool scalar = x.rank == size_t{0};
-    if (n.op_type == "Identity") return Fact::of_elems(e, scalar);
+    const bool matrix = x.rank == size_t{2} && x.shape && x.shape->size() == 2;
+    if (x.rank > size_t{2} || (x.rank == size_t{2} && !matrix)) return std::nullopt;
+    auto shaped_like_x = [&](std::vector<Elem> v) {
+      return matrix ? Fact::of_elems_shaped(std::move(v), *x.shape) : Fact::of_elems(std::move(v), scalar);
+    };
+    if (n.op_type == "Identity") return shaped_like_x(e);
     if (n.op_type == "Cast") {
       // Values are followed as integers: cast to another type they are only known not to depend on N.
       const auto to = static_cast<DType>(n.attr_int("to", 0));
-      if (to == DType::kInt64 || to == DType::kInt32) return Fact::of_elems(e, scalar);
+      if (to == DType::kInt64 || to == DType::kInt32) return shaped_like_x(e);
       std::vector<Elem> kept = e;
       for (Elem& x : kept)
         if (x.kind == Elem::kValue) x = Elem{Elem::kInvariant, 0};
-      return Fact::of_elems(kept, scalar);
+      return shaped_like_x(kept);
     }
+    if (n.op_type == "Reshape" && n.inputs.size() > 1) return reshape_elems(n, x);
+    if (n.op_type == "Slice" && !scalar) return slice_elems(n, x);
+    if (n.op_type == "Transpose" && matrix) {
+      const std::vector<int64_t> perm = n.attr_ints("perm", {1, 0});
+      if (perm == std::vector<int64_t>{0, 1}) return shaped_like_x(e);
+      if (perm != std::vector<int64_t>{1, 0}) return std::nullopt;
+      const int64_t rows = (*x.shape)[0], cols = (*x.shape)[1];
+      std::vector<Elem> t;
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t r = 0; r < rows; ++r) t.push_back(e[static_cast<size_t>(r * cols + c)]);
+      return Fact::of_elems_shaped(std::move(t), {cols, rows});
+    }
+    if (matrix) return std::nullopt;  // the rest follow vectors only
     if (n.op_type == "Unsqueeze" && scalar) return Fact::of_elems(e, false);
     if (n.op_type == "Squeeze" && !scalar && e.size() == 1) return Fact::of_elems(e, true);
-    if (n.op_type == "Reshape" && n.inputs.size() > 1) {
-      const auto target = input(n, 1)->values();
-      if (target && target->size() == 1 && (target->at(0) == -1 || target->at(0) == int64_t(e.size())))
-        return Fact::of_elems(e, false);
-      if (target && target->empty() && e.size() == 1) return Fact::of_elems(e, true);
-      return std::nullopt;
-    }
     if (n.op_type == "Gather" && n.inputs.size() > 1 && n.attr_int("axis", 0) == 0 && !scalar) {
       const Fact& idx = *input(n, 1);
       const auto at = idx.values();
@@ -425,7 +471,6 @@ class Analysis {
       }
       return Fact::of_elems(picked, idx.rank == size_t{0});
     }
-    if (n.op_type == "Slice" && !scalar) return slice_elems(n, e);
     if (n.op_type == "Concat") {
       std::vector<Elem> joined;
       for (size_t i = 0; i < n.inputs.size(); ++i) {
@@ -458,12 +503,12 @@ class Analysis {
       }
       return f;
     }
-    if (is_one_of(n.op_type, {"Add", "Sub", "Mul", "Div", "Equal", "Where"})) {
+    if (is_one_of(n.op_type, {"Add", "Sub", "Mul", "Div", "Mod", "Equal", "Where"})) {
       std::vector<const std::vector<Elem>*> args;
       std::vector<bool> scalars;
       for (size_t i = 0; i < n.inputs.size(); ++i) {
         const Fact* f = input(n, i);
-        if (!f || !f->elems) return std::nullopt;
+        if (!f || !f->elems || f->rank > size_t{1}) return std::nullopt;
         args.push_back(&*f->elems);
         scalars.push_back(f->rank == size_t{0});
       }
@@ -522,21 +567,80 @@ class Analysis {
     return b;
   }
 
-  std::optional<Fact> slice_elems(const ir::Node& n, const std::vector<Elem>& e) {
+  // Slice of a small vector or matrix with known bounds (any steps), element by element.
+  std::optional<Fact> slice_elems(const ir::Node& n, const Fact& x) {
     const auto b = slice_bounds(n);
-    if (!b || b->starts.size() != 1 || b->starts[0].kind != Elem::kValue || b->ends[0].kind != Elem::kValue ||
-        (!b->axes.empty() && b->axes[0] != 0 && b->axes[0] != -1) ||
-        (!b->steps.empty() && !(b->steps[0].kind == Elem::kValue && b->steps[0].value == 1)))
-      return std::nullopt;
-    const auto len = static_cast<int64_t>(e.size());
-    auto clamp_index = [&](int64_t v) { return std::clamp(v < 0 ? v + len : v, int64_t{0}, len); };
-    const int64_t first = clamp_index(b->starts[0].value), end = clamp_index(b->ends[0].value);
-    return Fact::of_elems(std::vector<Elem>(e.begin() + first, e.begin() + std::max(first, end)), false);
+    if (!b || !x.shape || x.shape->empty()) return std::nullopt;
+    const Shape& shape = *x.shape;
+    std::vector<std::vector<int64_t>> kept(shape.size());  // the indices kept along each axis
+    for (size_t a = 0; a < shape.size(); ++a)
+      for (int64_t i = 0; i < shape[a]; ++i) kept[a].push_back(i);
+    for (size_t i = 0; i < b->starts.size(); ++i) {
+      const auto axis = b->axes.empty() ? std::optional<size_t>(i) : normalized(b->axes[i], shape.size());
+      const Elem step = b->steps.empty() ? Elem::of(1) : b->steps[i];
+      if (!axis || b->starts[i].kind != Elem::kValue || b->ends[i].kind != Elem::kValue ||
+          step.kind != Elem::kValue || step.value == 0)
+        return std::nullopt;
+      const int64_t dim = shape[*axis];
+      auto clamped = [&](int64_t v, int64_t lo, int64_t hi) { return std::clamp(v < 0 ? v + dim : v, lo, hi); };
+      const bool forward = step.value > 0;
+      int64_t at = forward ? clamped(b->starts[i].value, 0, dim) : clamped(b->starts[i].value, -1, dim - 1);
+      const int64_t end = forward ? clamped(b->ends[i].value, 0, dim) : clamped(b->ends[i].value, -1, dim - 1);
+      const int64_t stride = std::clamp(step.value, -(dim + 1), dim + 1);  // past the end in one step either way
+      kept[*axis].clear();
+      for (; forward ? at < end : at > end; at += stride) kept[*axis].push_back(at);
+    }
+    std::vector<Elem> picked;
+    Shape out;
+    for (const auto& k : kept) out.push_back(static_cast<int64_t>(k.size()));
+    if (shape.size() == 1) {
+      for (int64_t i : kept[0]) picked.push_back((*x.elems)[static_cast<size_t>(i)]);
+      return Fact::of_elems(std::move(picked), false);
+    }
+    for (int64_t r : kept[0])
+      for (int64_t c : kept[1]) picked.push_back((*x.elems)[static_cast<size_t>(r * shape[1] + c)]);
+    return Fact::of_elems_shaped(std::move(picked), out);
+  }
+
+  // Reshape of a small vector or matrix to known sizes (0 copies, one -1 inferred), up to rank 2.
+  std::optional<Fact> reshape_elems(const ir::Node& n, const Fact& x) {
+    const auto target = input(n, 1)->values();
+    if (!target || !x.shape) return std::nullopt;
+    const auto count = static_cast<int64_t>(x.elems->size());
+    Shape out;
+    int64_t known = 1;
+    std::optional<size_t> inferred;
+    for (size_t i = 0; i < target->size(); ++i) {
+      int64_t v = (*target)[i];
+      if (v == 0 && n.attr_int("allowzero", 0) == 0) {
+        if (i >= x.shape->size()) return std::nullopt;
+        v = (*x.shape)[i];
+      }
+      if (v == -1 && !inferred) {
+        inferred = i;
+        out.push_back(1);
+        continue;
+      }
+      if (v < 0) return std::nullopt;
+      out.push_back(v);
+      known *= v;
+    }
+    if (inferred) {
+      if (known == 0 || count % known != 0) return std::nullopt;
+      out[*inferred] = count / known;
+    }
+    if (shape_numel(out) != count || out.size() > 2) return std::nullopt;
+    if (out.size() == 2) return Fact::of_elems_shaped(*x.elems, out);
+    return Fact::of_elems(*x.elems, out.empty());
   }
 
   std::vector<Fact> same_for_each_output(const ir::Node& n, const Fact& x) {
     if (!x.is_batched()) return {mixed(n, "reads a batched value in a way the analysis does not follow")};
-    if (n.op_type == "Dropout" && input(n, 2) && input(n, 2)->values() != std::vector<int64_t>{0})
+    // In training mode each run draws its own mask, unless the ratio is 0 (torchvision's Swin
+    // exports its attention dropout so: training_mode true, ratio 0, an identity).
+    const Fact* ratio = input(n, 1);
+    const bool keeps_all = ratio && ratio->small && ratio->small->numel() == 1 && ratio->small->to_float_vector()[0] == 0.f;
+    if (n.op_type == "Dropout" && input(n, 2) && input(n, 2)->values() != std::vector<int64_t>{0} && !keeps_all)
       return {mixed(n, "may run in training mode")};
     return std::vector<Fact>(std::max<size_t>(1, n.outputs.size()), x);
   }
@@ -1143,7 +1247,13 @@ class Analysis {
     if (!pads || pads->size() != 2 * *x.rank) return mixed(n, "pads by amounts not known here");
     if (pads->at(x.axis) != 0 || pads->at(x.axis + *x.rank) != 0) return mixed(n, "pads the batch axis");
     if (input(n, 2) && !input(n, 2)->invariant_static()) return mixed(n, "pads with a per-sample value");
-    return x.moved(x.axis, x.rank);
+    std::optional<std::vector<Elem>> dims = x.dims;
+    if (dims)
+      for (size_t i = 0; i < dims->size(); ++i) {
+        Elem& d = (*dims)[i];
+        if (i != x.axis) d = d.kind == Elem::kValue ? Elem::of(d.value + pads->at(i) + pads->at(i + *x.rank)) : Elem::unknown();
+      }
+    return x.moved(x.axis, x.rank).sized(dims);
   }
 
   Fact tile(const ir::Node& n) {

@@ -210,6 +210,35 @@ TEST(SampleIndependence, TransposedAttentionHeadsKeepTheBatchWhereverItMoves) {
   expect_samples_mixed(coerced.analyze(coerced.b.node("Softmax", {"x"}, {{"axis", int64_t{0}}})), "across the batch");
 }
 
+// PyTorch's F.pad with amounts computed from the input's sizes ((7 - W % 7) % 7, as Swin pads to
+// whole windows): the amounts as one vector, zeros appended, Reshape to [-1, 2], Slice backwards,
+// Transpose, Reshape to [-1]; then the attention dropout as exported, training mode with ratio 0.
+TEST(SampleIndependence, PadAmountsComputedFromSizesAreFollowed) {
+  BatchModel m({2, 5, 10});
+  (*m.b.g.inputs[0].dims)[1] = ir::Dim{5, ""};
+  (*m.b.g.inputs[0].dims)[2] = ir::Dim{10, ""};
+  const std::string width = m.b.node("Gather", {m.b.node("Shape", {"x"}), m.scalar(2)}, {{"axis", int64_t{0}}});
+  const std::string extra = m.b.node("Mod", {m.b.node("Sub", {m.scalar(7), m.b.node("Mod", {width, m.scalar(7)})}), m.scalar(7)});
+  const std::string amounts = m.b.node("Concat", {m.ints({0}), m.b.node("Unsqueeze", {extra, m.ints({0})}), m.ints({0, 0, 0, 0})},
+                                       {{"axis", int64_t{0}}});  // (left, right) for the last axis first
+  const std::string pairs = m.b.node("Reshape", {amounts, m.ints({-1, 2})});
+  const int64_t lowest = std::numeric_limits<int64_t>::min() + 1;
+  const std::string reversed = m.b.node("Slice", {pairs, m.ints({-1}), m.ints({lowest}), m.ints({0}), m.ints({-1})});
+  const std::string pads = m.b.node("Reshape", {m.b.node("Transpose", {reversed}, {{"perm", std::vector<int64_t>{1, 0}}}), m.ints({-1})});
+  const std::string padded = m.b.node("Pad", {"x", pads});  // [N, 5, 14]
+  Tensor no(DType::kBool, {});
+  no.data<bool>()[0] = true;
+  const std::string dropped = m.b.node("Dropout", {padded, m.b.constant(Tensor::scalar<float>(0.f)), m.b.constant(no)});
+  // Its size is followed: [N, 5, 14] -> [N * 5, 2, 7] (windows of 7 stacked with the batch) and back.
+  const std::string windows = m.b.node("Reshape", {dropped, m.ints({-1, 2, 7})});
+  const auto r = m.analyze(m.b.node("Reshape", {m.b.node("Softmax", {windows}, {{"axis", int64_t{-1}}}), m.ints({-1, 5, 14})}));
+  EXPECT_TRUE(r.independent) << r.reason;
+
+  BatchModel training({2, 5, 10});
+  const std::string dropped2 = training.b.node("Dropout", {"x", training.b.constant(Tensor::scalar<float>(0.1f)), training.b.constant(no)});
+  expect_samples_mixed(training.analyze(dropped2), "training mode");
+}
+
 TEST(SampleIndependence, RecurrentLayersCarryTheBatchOnTheirSecondAxis) {
   BatchModel m({2, 5, 3});  // [N, T, C] -> [T, N, C] for an LSTM of layout 0
   const std::string seq = m.b.node("Transpose", {"x"}, {{"perm", std::vector<int64_t>{1, 0, 2}}});
