@@ -138,6 +138,13 @@ std::optional<size_t> normalized(int64_t axis, std::optional<size_t> rank) {
   return static_cast<size_t>(axis < 0 ? axis + r : axis);
 }
 
+// a * b, or nullopt where it overflows (sizes from a malformed model).
+std::optional<int64_t> times(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+
 bool is_one_of(const std::string& op, std::initializer_list<const char*> ops) {
   return std::any_of(ops.begin(), ops.end(), [&](const char* o) { return op == o; });
 }
@@ -391,7 +398,7 @@ class Analysis {
     if (a.kind == Elem::kValue && b.kind == Elem::kValue) {
       if (op == "Add") return Elem::of(a.value + b.value);
       if (op == "Sub") return Elem::of(a.value - b.value);
-      if (op == "Mul") return Elem::of(a.value * b.value);
+      if (op == "Mul") return times(a.value, b.value) ? Elem::of(*times(a.value, b.value)) : Elem{};
       if (op == "Div") return b.value == 0 ? Elem{} : Elem::of(a.value / b.value);
       if (op == "Mod") {  // integer Mod (fmod 0): the remainder takes the divisor's sign
         if (b.value == 0) return Elem{};
@@ -408,10 +415,9 @@ class Analysis {
       if (b.kind == Elem::kBatch && a.kind == Elem::kValue && a.value < 1) return Elem::of(0);
     }
     // Multiples of N: N * heads (torchvision's attention), tokens * N, and back by exact division.
-    if (op == "Mul" && a.kind == Elem::kBatch && b.kind == Elem::kValue && b.value >= 1)
-      return Elem::batch(a.value * b.value);
-    if (op == "Mul" && b.kind == Elem::kBatch && a.kind == Elem::kValue && a.value >= 1)
-      return Elem::batch(a.value * b.value);
+    const bool batch_times_value = (a.kind == Elem::kBatch && b.kind == Elem::kValue && b.value >= 1) ||
+                                   (b.kind == Elem::kBatch && a.kind == Elem::kValue && a.value >= 1);
+    if (op == "Mul" && batch_times_value) return times(a.value, b.value) ? Elem::batch(*times(a.value, b.value)) : Elem{};
     if (op == "Div" && a.kind == Elem::kBatch && b.kind == Elem::kValue && b.value >= 1 && a.value % b.value == 0)
       return Elem::batch(a.value / b.value);
     const bool keeps_a = (op == "Mul" || op == "Div") ? b.kind == Elem::kValue && b.value == 1
@@ -623,7 +629,9 @@ class Analysis {
       }
       if (v < 0) return std::nullopt;
       out.push_back(v);
-      known *= v;
+      const auto product = times(known, v);
+      if (!product) return std::nullopt;
+      known = *product;
     }
     if (inferred) {
       if (known == 0 || count % known != 0) return std::nullopt;
@@ -891,7 +899,9 @@ class Analysis {
     for (size_t i = from; i < to; ++i) {
       if (d[i].kind == Elem::kBatch && !batch) batch = true;
       else if (d[i].kind != Elem::kValue) return d[i].invariant() ? Elem::unknown() : Elem{};
-      p *= d[i].value;
+      const auto next = times(p, d[i].value);
+      if (!next) return Elem::unknown();
+      p = *next;
     }
     return batch ? Elem::batch(p) : Elem::of(p);
   }
@@ -908,7 +918,9 @@ class Analysis {
     const Elem before = product(d, 0, x.axis), after = product(d, x.axis + 1, d.size());
     if (before.kind != Elem::kValue || after.kind != Elem::kValue)
       return mixed(n, "reshapes a batch whose other sizes are not known here");
-    const int64_t stride = x.inner * after.value, repeats = x.outer * before.value;
+    const auto stride_known = times(x.inner, after.value), repeats_known = times(x.outer, before.value);
+    if (!stride_known || !repeats_known) return mixed(n, "reshapes a batch whose other sizes are not known here");
+    const int64_t stride = *stride_known, repeats = *repeats_known;
     std::optional<size_t> at;
     for (size_t i = 0; i < target.size(); ++i) {
       if (target[i].kind == Elem::kBatch && !at) at = i;
@@ -917,7 +929,8 @@ class Analysis {
     if (!at) return mixed(n, "reshapes the batch axis away (a size fixed for one batch)");
     const int64_t k = target[*at].value;
     const int64_t lead = product(target, 0, *at).value, trail = product(target, *at + 1, target.size()).value;
-    if (trail < 1 || stride % trail != 0 || k % (stride / trail) != 0 || lead * (k / (stride / trail)) != repeats)
+    if (k < 1 || stride < 1 || trail < 1 || stride % trail != 0 || k % (stride / trail) != 0 ||
+        times(lead, k / (stride / trail)) != repeats)
       return mixed(n, "reshapes the batch axis across samples");
     Fact f = Fact::batched(*at, target.size());
     f.inner = stride / trail;
@@ -956,7 +969,8 @@ class Analysis {
       Elem& slot = (*sizes)[*inferred];
       if (total.kind == Elem::kBatch && known.kind == Elem::kValue && known.value > 0 && total.value % known.value == 0)
         slot = Elem::batch(total.value / known.value);
-      else if (total.kind == Elem::kBatch && known.kind == Elem::kBatch && total.value % known.value == 0)
+      else if (total.kind == Elem::kBatch && known.kind == Elem::kBatch && known.value > 0 &&
+               total.value % known.value == 0)
         slot = Elem::of(total.value / known.value);
     }
     // The plain case: the axes up to the batch's copied, the batch's the same size, the rest invariant.
