@@ -9,6 +9,7 @@
 #include <random>
 #include <tuple>
 
+#include "runtime/fusions/execution_fusions.h"
 #include "runtime/kernels/integer/int8_common.h"
 #include "runtime/kernels/integer/int8_reference.h"
 #include "slimquant/data/batch.h"
@@ -1273,3 +1274,58 @@ TEST(Lowering, KernelSizedConvTransposeBecomesAQConvAndADepthToSpace) {
   QdqBuilder data(6);
   expect_lowered_matches_simulation(g, lowered, sum, {{"x", data.random_input({1, 4, 6, 6}, 0.f, 2.f)}}, 1e-5f);
 }
+
+namespace {
+
+// A squeeze-excitation's pool over an INT8 depthwise convolution's float32 Swish output: the plan
+// folds GlobalAveragePool into the QConv (fuse_channel_means), whose kernel sums each channel as it
+// writes y. 96 channels over 40 columns (the direct kernel where AVX-512 VNNI runs it), over 12 and
+// 16 channels (oneDNN's kernels, the means taken from y after it, in the layout it stays in): the
+// pooled values are y's channel means, and match the unfused plan's pool.
+TEST(Lowering, SqueezeExcitationPoolIsTakenWithTheDepthwiseOutput) {
+  for (const auto& [channels, width] : {std::pair<int64_t, int64_t>{96, 40}, {96, 12}, {16, 12}})
+    for (const bool y_is_output : {true, false}) {
+      QdqBuilder b(11);
+      const Shape xs{2, channels, 10, width};
+      const std::string x = b.qdq(b.input("x", xs), 0.02f, 128, DType::kUInt8);
+      const std::string conv = b.node(
+          "Conv", {x, b.weight({channels, 1, 3, 3}, 0), b.bias(channels)},
+          {{"group", channels}, {"pads", std::vector<int64_t>{1, 1, 1, 1}}, {"kernel_shape", std::vector<int64_t>{3, 3}}});
+      const std::string y = b.node("Mul", {conv, b.node("Sigmoid", {conv})});
+      const std::string pooled = b.node("GlobalAveragePool", {y});
+      // Without y among the outputs it may stay in the layout its convolution wrote: the gate reads
+      // it there, and a projection reads the gate's codes (as in EfficientNet).
+      const std::string gated = b.qdq(b.node("Mul", {y, pooled}), 0.02f, 128, DType::kUInt8);
+      const std::string projected = b.node("Conv", {gated, b.weight({8, channels, 1, 1}, 0), b.bias(8)});
+      ir::Graph qdq = b.finish(pooled);
+      qdq.outputs.push_back({y_is_output ? y : projected, DType::kFloat32, std::nullopt});
+
+      ir::Graph lowered = quant::lower_to_int8(qdq);
+      runtime::optimize_graph(lowered);
+      EXPECT_EQ(ir::count_of(runtime::apply_execution_fusions(lowered, {}), "fuse_channel_means"), 1) << channels;
+
+      const Tensor input = b.random_input(xs, -1.f, 4.f);
+      runtime::Session fused = quant::make_int8_session(qdq);
+      runtime::SessionOptions plain;
+      plain.fuse_activations = false;
+      runtime::Session unfused = quant::make_int8_session(qdq, plain);
+      const auto got = fused.run({{"x", input}}), want = unfused.run({{"x", input}});
+      const Tensor& means = got.at(pooled);
+      ASSERT_EQ(means.shape(), (Shape{2, channels, 1, 1}));
+      const int64_t pixels = 10 * width;
+      for (int64_t i = 0; i < 2 * channels; ++i) {
+        // The unfused plan applies Swish apart (its own logistic): equal within float rounding.
+        const float reference = want.at(pooled).data<float>()[i];
+        EXPECT_NEAR(means.data<float>()[i], reference, 2e-4 * (std::fabs(reference) + 0.05)) << channels << " " << i;
+        if (!y_is_output) continue;
+        double sum = 0, magnitude = 0;
+        for (int64_t p = 0; p < pixels; ++p) {
+          sum += got.at(y).data<float>()[i * pixels + p];
+          magnitude += std::fabs(got.at(y).data<float>()[i * pixels + p]);
+        }
+        EXPECT_NEAR(means.data<float>()[i], sum / pixels, 1e-5 * magnitude / pixels + 1e-7) << channels << " " << i;
+      }
+    }
+}
+
+}  // namespace

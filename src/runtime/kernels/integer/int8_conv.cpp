@@ -26,11 +26,14 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <vector>
 
 #include "runtime/fused_ops/residual_conv.h"
+#include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/dnnl/dnnl_common.h"
 #include "runtime/kernels/dnnl/dnnl_kernels.h"
 #include "runtime/kernels/dnnl/implementation_choice.h"
+#include "runtime/kernels/elementwise/channel_blocked.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
 #include "runtime/kernels/elementwise/swish_avx512.h"
 #include "runtime/kernels/integer/int8_common.h"
@@ -52,6 +55,52 @@ using dnnl_kernels::WindowAttrs;
 // describe that Q), the int8 primitive adds it with a binary post-op and quantizes in its epilogue:
 //   y_q = saturate(round_half_even(act_add(M[m] * (acc + B'[m]) + r) / s_y) + z_y),  M[m] = s_x*s_w[m]
 // (the kF32 fallback: a sum post-op into float32, then the same scaling and the dst reorder).
+// Each channel's mean of a float32 y [N, C, H, W], plain or channel-blocked (a plain copy first
+// for other layouts): the fused GlobalAveragePool (fuse_channel_means) where the direct depthwise
+// kernel did not sum as it wrote. Lanes (channels of a block, or eight partial sums of a plane)
+// are added independently, so the loops vectorize.
+// One plane's lanes: eight pixels' partial sums per lane (eight independent chains of adds).
+SQ_AVX512_AVX2_CLONES void lane_sums(const float* __restrict plane, int64_t pixels, int64_t lanes,
+                                     float* __restrict partial, float* __restrict out) {
+  std::fill(partial, partial + 8 * lanes, 0.f);
+  int64_t p = 0;
+  for (; p + 8 <= pixels; p += 8)
+    for (int64_t j = 0; j < 8; ++j)
+      for (int64_t l = 0; l < lanes; ++l) partial[j * lanes + l] += plane[(p + j) * lanes + l];
+  for (int64_t l = 0; l < lanes; ++l) {
+    const auto at = [&](int64_t j) { return partial[j * lanes + l]; };
+    out[l] = ((at(0) + at(1)) + (at(2) + at(3))) + ((at(4) + at(5)) + (at(6) + at(7)));
+  }
+  for (; p < pixels; ++p)
+    for (int64_t l = 0; l < lanes; ++l) out[l] += plane[p * lanes + l];
+}
+
+void channel_means_of(const Tensor& y, const Layout* layout, float* means) {
+  const int64_t n = y.dim(0), c = y.dim(1), pixels = y.dim(2) * y.dim(3);
+  const std::optional<channel_blocked::Blocking> blocking = layout ? channel_blocked::blocking_of(*layout) : std::nullopt;
+  const Tensor plain = layout && !blocking ? dnnl_kernels::to_plain(y, *layout) : y;
+  const float* v = plain.data<float>();
+  if (blocking) {
+    const channel_blocked::View view(y.shape(), *blocking);
+    std::vector<float> partial(static_cast<size_t>(8 * view.block));
+    for (int64_t b = 0; b < n; ++b)
+      for (int64_t cb = 0; cb < view.blocks(); ++cb)
+        lane_sums(v + view.plane(b, cb), pixels, view.block, partial.data(), means + b * c + cb * view.block);
+  } else {
+    for (int64_t i = 0; i < n * c; ++i) {
+      float partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      const float* plane = v + i * pixels;
+      int64_t p = 0;
+      for (; p + 8 <= pixels; p += 8)
+        for (int k = 0; k < 8; ++k) partial[k] += plane[p + k];
+      float sum = ((partial[0] + partial[1]) + (partial[2] + partial[3])) + ((partial[4] + partial[5]) + (partial[6] + partial[7]));
+      for (; p < pixels; ++p) sum += plane[p];
+      means[i] = sum;
+    }
+  }
+  for (int64_t i = 0; i < n * c; ++i) means[i] /= static_cast<float>(pixels);
+}
+
 struct ConvPlan {
   PrimitivePlan prim;
   ConvProblem problem;
@@ -148,10 +197,23 @@ class QConvKernel final : public Kernel {
         x.shape(), x.dtype(), [&] { return make_plan(x.shape(), x.dtype(), x_layout, out_blocked, sum, sum_layout); },
         tag);
     Tensor& y = ctx.allocate_output(0, output_.dtype, p.prim.out_shape);
+    float* means = nullptr;
+    if (node_.outputs.size() > 1 && !node_.outputs[1].empty()) {
+      if (output_.dtype != DType::kFloat32 || y.rank() != 4 || y.dim(2) * y.dim(3) == 0)
+        fail(ErrorKind::kInternal, node_.describe() + ": channel means need a float32 output with pixels, got " +
+                                       shape_str(y.shape()));
+      means = ctx.allocate_output(1, DType::kFloat32, {y.dim(0), y.dim(1), 1, 1}).data<float>();
+    }
     if (y.numel() == 0) return;
     if (p.direct || p.bands) {
-      run_channels_last(p, x, y);
+      run_channels_last(p, x, y, p.direct ? means : nullptr);
       if (p.out_layout) ctx.set_output_layout(0, p.out_layout);
+      if (means && p.direct) {
+        const auto pixels = static_cast<float>(y.dim(2) * y.dim(3));
+        for (int64_t i = 0; i < y.dim(0) * y.dim(1); ++i) means[i] /= pixels;
+      } else if (means) {
+        channel_means_of(y, p.out_layout.get(), means);
+      }
       return;
     }
     if (p.reference) {
@@ -161,10 +223,12 @@ class QConvKernel final : public Kernel {
       reference_qconv(q_, requant_, p.problem, xp, w_, v);
       if (sum) add_sum_reference(v, sum_layout ? dnnl_kernels::to_plain(*sum, *sum_layout) : *sum);
       if (requantizes_sum()) quantize_reference(real, y);
+      if (means) channel_means_of(y, nullptr, means);
       return;
     }
     p.prim.run(x.raw(), y.raw(), nullptr, sum ? sum->raw() : nullptr);
     if (p.out_layout) ctx.set_output_layout(0, p.out_layout);
+    if (means) channel_means_of(y, p.out_layout.get(), means);
   }
 
  private:
@@ -223,7 +287,7 @@ class QConvKernel final : public Kernel {
   }
 
   // x and y through the shared per-thread scratch where they are not channels-last.
-  void run_channels_last(ConvPlan& p, const Tensor& x, Tensor& y) const {
+  void run_channels_last(ConvPlan& p, const Tensor& x, Tensor& y, float* channel_sums = nullptr) const {
     const void* src = x.raw();
     if (p.nhwc_src_reorder) {
       memory from(p.nhwc_src_user, dnnl_engine(), const_cast<void*>(x.raw()));
@@ -240,7 +304,7 @@ class QConvKernel final : public Kernel {
     }
     void* dst = p.nhwc_dst_reorder ? dnnl_scratch(DnnlScratch::kDst, p.nhwc_dst.get_size()) : y.raw();
     if (p.bands) p.bands->run(static_cast<const uint8_t*>(src), dst);
-    else p.direct->run(p.problem, src, dst);
+    else p.direct->run(p.problem, src, dst, channel_sums);
     if (!p.nhwc_dst_reorder) return;
     memory from(p.nhwc_dst, dnnl_engine(), dst), to(p.nhwc_dst_plain, dnnl_engine(), y.raw());
     p.nhwc_dst_reorder->execute(dnnl_stream(), from, to);

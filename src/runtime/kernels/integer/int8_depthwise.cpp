@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "runtime/kernels/dnnl/dnnl_common.h"
 #include "runtime/kernels/elementwise/avx512_exp.h"
@@ -275,8 +276,21 @@ SQ_AVX512_VNNI inline void accumulate(const uint8_t* const* quads, int64_t count
 // The output stage of one chunk at one pixel: acc (register order) -> y (channel order).
 // A: the activation, fixed per instantiation so the hot loop holds no dispatch (a run-time switch
 // with the logistic's code in it made 5x5 layers 1.4x slower).
+// Registers in the kernel's order -> channels in order: 4x4 transpose of 128-bit blocks (register j
+// block l holds channels 16 l + 4 j .. + 3).
+SQ_AVX512_VNNI inline void to_channel_order(const __m512 (&v)[4], __m512 (&out)[4]) {
+  const __m512 t0 = _mm512_shuffle_f32x4(v[0], v[1], 0x44), t1 = _mm512_shuffle_f32x4(v[0], v[1], 0xEE);
+  const __m512 t2 = _mm512_shuffle_f32x4(v[2], v[3], 0x44), t3 = _mm512_shuffle_f32x4(v[2], v[3], 0xEE);
+  out[0] = _mm512_shuffle_f32x4(t0, t2, 0x88);
+  out[1] = _mm512_shuffle_f32x4(t0, t2, 0xDD);
+  out[2] = _mm512_shuffle_f32x4(t1, t3, 0x88);
+  out[3] = _mm512_shuffle_f32x4(t1, t3, 0xDD);
+}
+
+// sums (a float32 y, or null): the values written added in, per register lane.
 template <Act A>
-SQ_AVX512_VNNI inline void finish(const DepthwisePass& k, int64_t chunk, const __m512i (&acc)[4], void* y, int64_t valid) {
+SQ_AVX512_VNNI inline void finish(const DepthwisePass& k, int64_t chunk, const __m512i (&acc)[4], void* y, int64_t valid,
+                                  __m512* sums) {
   const Stage& s = *k.stage;
   __m512 v[4];
 #pragma GCC unroll 4
@@ -307,11 +321,10 @@ SQ_AVX512_VNNI inline void finish(const DepthwisePass& k, int64_t chunk, const _
     v[j] = _mm512_fmadd_ps(f, _mm512_loadu_ps(k.post_factor + at), _mm512_loadu_ps(k.post_offset + at));
   }
   if (s.y_type == DType::kFloat32) {
-    // 4x4 transpose of 128-bit blocks: register j block l holds channels 16 l + 4 j .. + 3.
-    const __m512 t0 = _mm512_shuffle_f32x4(v[0], v[1], 0x44), t1 = _mm512_shuffle_f32x4(v[0], v[1], 0xEE);
-    const __m512 t2 = _mm512_shuffle_f32x4(v[2], v[3], 0x44), t3 = _mm512_shuffle_f32x4(v[2], v[3], 0xEE);
-    const __m512 out[4] = {_mm512_shuffle_f32x4(t0, t2, 0x88), _mm512_shuffle_f32x4(t0, t2, 0xDD),
-                           _mm512_shuffle_f32x4(t1, t3, 0x88), _mm512_shuffle_f32x4(t1, t3, 0xDD)};
+    if (sums)
+      for (int j = 0; j < 4; ++j) sums[j] = _mm512_add_ps(sums[j], v[j]);
+    __m512 out[4];
+    to_channel_order(v, out);
     float* dst = static_cast<float*>(y);
     for (int l = 0; l < 4 && 16 * l < valid; ++l) {
       const int64_t n = std::min<int64_t>(16, valid - 16 * l);
@@ -336,9 +349,10 @@ SQ_AVX512_VNNI inline void finish(const DepthwisePass& k, int64_t chunk, const _
 
 // Units (n, tile of output columns, chunk), each over all output rows, keeping the quads that
 // windows still to come read in a ring (slots tagged with the quad they hold).
+// partial_sums (or null): 64 floats per unit, its chunk's channel sums over its tile of columns.
 template <Act A>
 SQ_AVX512_VNNI void run_units(const DepthwisePass& k, const Geometry& s, const uint8_t* x, uint8_t* y, int64_t y_bytes,
-                              int64_t unit_begin, int64_t unit_end) {
+                              int64_t unit_begin, int64_t unit_end, float* partial_sums) {
   const int64_t max_cols = (kTileColumns - 1) * s.stride_w + s.kernel_w;
   const int64_t quad_step = 4 / k.alignment;              // quad indices between a window's quads
   const int64_t slots = (k.quads - 1) * quad_step + 1;  // a window's span of quad indices
@@ -357,6 +371,8 @@ SQ_AVX512_VNNI void run_units(const DepthwisePass& k, const Geometry& s, const u
     const int64_t cols = (tile_end - tile_begin - 1) * s.stride_w + s.kernel_w;
     const uint8_t* image = x + n * s.in_h * s.in_w * c + chunk * kChunk;
     held.fill(-1);
+    __m512 sums[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512* sum_into = partial_sums ? sums : nullptr;
     for (int64_t oh = 0; oh < s.out_h; ++oh) {
       const int64_t first_row = oh * s.stride_h, offset = first_row % k.alignment;
       const int64_t first_quad = first_row / k.alignment;
@@ -383,13 +399,18 @@ SQ_AVX512_VNNI void run_units(const DepthwisePass& k, const Geometry& s, const u
         __m512i acc[4][4];
         accumulate<4>(quads, count, w, s.kernel_w, (ow - tile_begin) * s.stride_w, s.stride_w, acc);
 #pragma GCC unroll 4
-        for (int p = 0; p < 4; ++p) finish<A>(k, chunk, acc[p], out_row + (ow + p) * c * y_bytes, valid);
+        for (int p = 0; p < 4; ++p) finish<A>(k, chunk, acc[p], out_row + (ow + p) * c * y_bytes, valid, sum_into);
       }
       for (; ow < tile_end; ++ow) {
         __m512i acc[1][4];
         accumulate<1>(quads, count, w, s.kernel_w, (ow - tile_begin) * s.stride_w, s.stride_w, acc);
-        finish<A>(k, chunk, acc[0], out_row + ow * c * y_bytes, valid);
+        finish<A>(k, chunk, acc[0], out_row + ow * c * y_bytes, valid, sum_into);
       }
+    }
+    if (partial_sums) {
+      __m512 ordered[4];
+      to_channel_order(sums, ordered);
+      for (int l = 0; l < 4; ++l) _mm512_storeu_ps(partial_sums + unit * kChunk + 16 * l, ordered[l]);
     }
   }
 }
@@ -397,7 +418,7 @@ SQ_AVX512_VNNI void run_units(const DepthwisePass& k, const Geometry& s, const u
 }  // namespace
 #endif
 
-void DirectDepthwise::run(const ConvProblem& p, const void* x, void* y) const {
+void DirectDepthwise::run(const ConvProblem& p, const void* x, void* y, float* channel_sums) const {
   const Geometry s = geometry_of(p);
   if (s.channels != channels_ || s.kernel_h != kernel_h_ || s.kernel_w != kernel_w_)
     fail(ErrorKind::kInternal, "direct depthwise convolution: shape does not match the packed weights");
@@ -409,22 +430,37 @@ void DirectDepthwise::run(const ConvProblem& p, const void* x, void* y) const {
   const int64_t unit_outputs = s.out_h * std::min(s.out_w, kTileColumns) * kChunk;
   const auto* in = static_cast<const uint8_t*>(x);
   auto* out = static_cast<uint8_t*>(y);
+  if (channel_sums && stage_.y_type != DType::kFloat32)
+    fail(ErrorKind::kInternal, "direct depthwise convolution: channel sums of a quantized output");
+  const int64_t unit_count = s.batch * tiles * chunks_;
+  std::vector<float> partial(channel_sums ? static_cast<size_t>(unit_count * kChunk) : 0);
+  float* partial_sums = channel_sums ? partial.data() : nullptr;
   auto units = [&](int64_t begin, int64_t end) {
     switch (stage_.act) {
-      case Act::kNone: return run_units<Act::kNone>(k, s, in, out, y_bytes, begin, end);
-      case Act::kClamp: return run_units<Act::kClamp>(k, s, in, out, y_bytes, begin, end);
-      case Act::kLeakyRelu: return run_units<Act::kLeakyRelu>(k, s, in, out, y_bytes, begin, end);
-      case Act::kHardSigmoid: return run_units<Act::kHardSigmoid>(k, s, in, out, y_bytes, begin, end);
-      case Act::kHardSwish: return run_units<Act::kHardSwish>(k, s, in, out, y_bytes, begin, end);
-      case Act::kSigmoid: return run_units<Act::kSigmoid>(k, s, in, out, y_bytes, begin, end);
-      case Act::kSwish: return run_units<Act::kSwish>(k, s, in, out, y_bytes, begin, end);
-      case Act::kSiLU: return run_units<Act::kSiLU>(k, s, in, out, y_bytes, begin, end);
+      case Act::kNone: return run_units<Act::kNone>(k, s, in, out, y_bytes, begin, end, partial_sums);
+      case Act::kClamp: return run_units<Act::kClamp>(k, s, in, out, y_bytes, begin, end, partial_sums);
+      case Act::kLeakyRelu: return run_units<Act::kLeakyRelu>(k, s, in, out, y_bytes, begin, end, partial_sums);
+      case Act::kHardSigmoid: return run_units<Act::kHardSigmoid>(k, s, in, out, y_bytes, begin, end, partial_sums);
+      case Act::kHardSwish: return run_units<Act::kHardSwish>(k, s, in, out, y_bytes, begin, end, partial_sums);
+      case Act::kSigmoid: return run_units<Act::kSigmoid>(k, s, in, out, y_bytes, begin, end, partial_sums);
+      case Act::kSwish: return run_units<Act::kSwish>(k, s, in, out, y_bytes, begin, end, partial_sums);
+      case Act::kSiLU: return run_units<Act::kSiLU>(k, s, in, out, y_bytes, begin, end, partial_sums);
     }
   };
-  dnnl_kernels::parallel_rows(s.batch * tiles * chunks_, unit_outputs * s.kernel_h * s.kernel_w / 8, units);
+  dnnl_kernels::parallel_rows(unit_count, unit_outputs * s.kernel_h * s.kernel_w / 8, units);
+  if (!channel_sums) return;
+  // Units are (n, tile, chunk), chunk fastest: each channel's sum is its tiles' partial sums.
+  const int64_t c = s.channels;
+  std::fill(channel_sums, channel_sums + s.batch * c, 0.f);
+  for (int64_t unit = 0; unit < unit_count; ++unit) {
+    const int64_t chunk = unit % chunks_, n = unit / chunks_ / tiles;
+    const int64_t valid = std::min(kChunk, c - chunk * kChunk);
+    for (int64_t l = 0; l < valid; ++l) channel_sums[n * c + chunk * kChunk + l] += partial[static_cast<size_t>(unit * kChunk + l)];
+  }
 #else
   (void)x;
   (void)y;
+  (void)channel_sums;
   fail(ErrorKind::kInternal, "direct depthwise convolution: not built for this CPU architecture");
 #endif
 }

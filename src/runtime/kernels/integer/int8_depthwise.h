@@ -50,8 +50,9 @@ class DirectDepthwise {
   // w: s8 [C, 1, kh, kw] (ONNX layout); x_type: the input codes' type (u8 or s8).
   DirectDepthwise(const QLinearAttrs& q, const Requant& r, const Tensor& w, DType x_type);
   // p: a 2-D problem with group == channels; x: [N, H, W, C] codes of x_type; y: [N, OH, OW, C] of
-  // q.y.dtype (channels-last, dense).
-  void run(const ConvProblem& p, const void* x, void* y) const;
+  // q.y.dtype (channels-last, dense). channel_sums (a float32 y only): [N, C], each channel's sum
+  // over the output pixels, taken as the values are written (a squeeze-excitation's pool).
+  void run(const ConvProblem& p, const void* x, void* y, float* channel_sums = nullptr) const;
 
   int64_t channels() const { return channels_; }
   int64_t kernel_h() const { return kernel_h_; }
