@@ -49,16 +49,6 @@ using dnnl::memory;
 using Dims = memory::dims;
 using dnnl_kernels::WindowAttrs;
 
-// fused_ops::kConvAddend: the residual addend (float32) of an Add the execution fusions put into this
-// QConv (runtime/fused_ops/residual_conv.h), added after the activation. With a float32 output it is a sum
-// post-op; when the plan also folded the QuantizeLinear after the Add (y_scale / y_zero_point then
-// describe that Q), the int8 primitive adds it with a binary post-op and quantizes in its epilogue:
-//   y_q = saturate(round_half_even(act_add(M[m] * (acc + B'[m]) + r) / s_y) + z_y),  M[m] = s_x*s_w[m]
-// (the kF32 fallback: a sum post-op into float32, then the same scaling and the dst reorder).
-// Each channel's mean of a float32 y [N, C, H, W], plain or channel-blocked (a plain copy first
-// for other layouts): the fused GlobalAveragePool (fuse_channel_means) where the direct depthwise
-// kernel did not sum as it wrote. Lanes (channels of a block, or eight partial sums of a plane)
-// are added independently, so the loops vectorize.
 // One plane's lanes: eight pixels' partial sums per lane (eight independent chains of adds).
 SQ_AVX512_AVX2_CLONES void lane_sums(const float* __restrict plane, int64_t pixels, int64_t lanes,
                                      float* __restrict partial, float* __restrict out) {
@@ -75,6 +65,10 @@ SQ_AVX512_AVX2_CLONES void lane_sums(const float* __restrict plane, int64_t pixe
     for (int64_t l = 0; l < lanes; ++l) out[l] += plane[p * lanes + l];
 }
 
+// Each channel's mean of a float32 y [N, C, H, W], plain or channel-blocked (a plain copy first
+// for other layouts): the fused GlobalAveragePool (fuse_channel_means) where the direct depthwise
+// kernel did not sum as it wrote. Lanes (channels of a block, or eight partial sums of a plane)
+// are added independently, so the loops vectorize.
 void channel_means_of(const Tensor& y, const Layout* layout, float* means) {
   const int64_t n = y.dim(0), c = y.dim(1), pixels = y.dim(2) * y.dim(3);
   const std::optional<channel_blocked::Blocking> blocking = layout ? channel_blocked::blocking_of(*layout) : std::nullopt;
@@ -101,6 +95,12 @@ void channel_means_of(const Tensor& y, const Layout* layout, float* means) {
   for (int64_t i = 0; i < n * c; ++i) means[i] /= static_cast<float>(pixels);
 }
 
+// fused_ops::kConvAddend: the residual addend (float32) of an Add the execution fusions put into this
+// QConv (runtime/fused_ops/residual_conv.h), added after the activation. With a float32 output it is a sum
+// post-op; when the plan also folded the QuantizeLinear after the Add (y_scale / y_zero_point then
+// describe that Q), the int8 primitive adds it with a binary post-op and quantizes in its epilogue:
+//   y_q = saturate(round_half_even(act_add(M[m] * (acc + B'[m]) + r) / s_y) + z_y),  M[m] = s_x*s_w[m]
+// (the kF32 fallback: a sum post-op into float32, then the same scaling and the dst reorder).
 struct ConvPlan {
   PrimitivePlan prim;
   ConvProblem problem;
