@@ -587,14 +587,7 @@ class Analysis {
       if (!axis || b->starts[i].kind != Elem::kValue || b->ends[i].kind != Elem::kValue ||
           step.kind != Elem::kValue || step.value == 0)
         return std::nullopt;
-      const int64_t dim = shape[*axis];
-      auto clamped = [&](int64_t v, int64_t lo, int64_t hi) { return std::clamp(v < 0 ? v + dim : v, lo, hi); };
-      const bool forward = step.value > 0;
-      int64_t at = forward ? clamped(b->starts[i].value, 0, dim) : clamped(b->starts[i].value, -1, dim - 1);
-      const int64_t end = forward ? clamped(b->ends[i].value, 0, dim) : clamped(b->ends[i].value, -1, dim - 1);
-      const int64_t stride = std::clamp(step.value, -(dim + 1), dim + 1);  // past the end in one step either way
-      kept[*axis].clear();
-      for (; forward ? at < end : at > end; at += stride) kept[*axis].push_back(at);
+      kept[*axis] = slice_indices(shape[*axis], b->starts[i].value, b->ends[i].value, step.value);
     }
     std::vector<Elem> picked;
     Shape out;
@@ -1129,19 +1122,25 @@ class Analysis {
     return x.sized(dims);
   }
 
+  // The indices ONNX Slice keeps along an axis of `dim` entries (step not 0): negative bounds count
+  // from the end, then clamp to what the step's direction can reach.
+  static std::vector<int64_t> slice_indices(int64_t dim, int64_t start, int64_t end, int64_t step) {
+    auto clamped = [&](int64_t v, int64_t lo, int64_t hi) { return std::clamp(v < 0 ? v + dim : v, lo, hi); };
+    const bool forward = step > 0;
+    int64_t at = forward ? clamped(start, 0, dim) : clamped(start, -1, dim - 1);
+    const int64_t last = forward ? clamped(end, 0, dim) : clamped(end, -1, dim - 1);
+    const int64_t stride = std::clamp(step, -(dim + 1), dim + 1);  // past the end in one step either way
+    std::vector<int64_t> kept;
+    for (; forward ? at < last : at > last; at += stride) kept.push_back(at);
+    return kept;
+  }
+
   // ONNX Slice's length along one axis, where the size and the bounds are known.
   static Elem slice_length(const Elem& size, const Elem& start, const Elem& end, const Elem& step) {
     if (size.kind != Elem::kValue || start.kind != Elem::kValue || end.kind != Elem::kValue ||
         step.kind != Elem::kValue || step.value == 0)
       return Elem::unknown();
-    const int64_t dim = size.value;
-    auto clamped = [&](int64_t v, int64_t lo, int64_t hi) { return std::clamp(v < 0 ? v + dim : v, lo, hi); };
-    if (step.value > 0) {
-      const int64_t first = clamped(start.value, 0, dim), last = clamped(end.value, 0, dim);
-      return Elem::of(last > first ? (last - first + step.value - 1) / step.value : 0);
-    }
-    const int64_t first = clamped(start.value, -1, dim - 1), last = clamped(end.value, -1, dim - 1);
-    return Elem::of(first > last ? (first - last - step.value - 1) / -step.value : 0);
+    return Elem::of(static_cast<int64_t>(slice_indices(size.value, start.value, end.value, step.value).size()));
   }
 
   Fact gather(const ir::Node& n) {

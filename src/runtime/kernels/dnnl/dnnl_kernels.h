@@ -16,6 +16,9 @@ std::unique_ptr<Kernel> make_max_pool(const KernelInit& init);
 std::unique_ptr<Kernel> make_average_pool(const KernelInit& init);
 std::unique_ptr<Kernel> make_global_average_pool(const KernelInit& init);
 std::unique_ptr<Kernel> make_global_max_pool(const KernelInit& init);
+// GlobalAveragePool's arithmetic on a float32 [N, C, H, W] value (H * W > 0), plain or in `layout`
+// (channel-blocked ones read in place, others through a plain copy): means[n * C + c].
+void global_average_floats(const Tensor& x, const Layout* layout, float* means);
 std::unique_ptr<Kernel> make_batch_normalization(const KernelInit& init);
 std::unique_ptr<Kernel> make_softmax(const KernelInit& init);
 std::unique_ptr<Kernel> make_log_softmax(const KernelInit& init);

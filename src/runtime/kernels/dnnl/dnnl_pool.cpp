@@ -327,6 +327,33 @@ SQ_AVX512_AVX2_CLONES void lane_sums(const T* x, int64_t pixels, int64_t lanes, 
   }
 }
 
+// The global pool of every plane of a channel-blocked value, into dst[n * C + c].
+template <typename T, typename Load>
+void pool_blocked_planes(const T* src, const channel_blocked::View& v, PoolKind kind, Load load, float* dst) {
+  const float inv = 1.f / static_cast<float>(v.pixels());
+  parallel_rows(v.n * v.blocks(), v.plane_elements(), [&](int64_t begin, int64_t end) {
+    std::vector<float> partial(static_cast<size_t>(8 * v.block));
+    for (int64_t p = begin; p < end; ++p) {
+      float* out = dst + p * v.block;  // plane p's channels, in order
+      lane_sums(src + p * v.plane_elements(), v.pixels(), v.block, kind, load, partial.data(), out);
+      if (kind == PoolKind::kAverage)
+        for (int64_t l = 0; l < v.block; ++l) out[l] *= inv;
+    }
+  });
+}
+
+// The global pool of `planes` plain planes of `len` elements each.
+template <typename T, typename Load>
+void pool_plain_planes(const T* src, int64_t planes, int64_t len, PoolKind kind, Load load, float* dst) {
+  const float inv = 1.f / static_cast<float>(len);
+  parallel_rows(planes, len, [&](int64_t begin, int64_t end) {
+    if (kind == PoolKind::kAverage)
+      for (int64_t p = begin; p < end; ++p) dst[p] = row_sum(src + p * len, len, load) * inv;
+    else
+      for (int64_t p = begin; p < end; ++p) dst[p] = row_max(src + p * len, len, load);
+  });
+}
+
 std::unique_ptr<Kernel> make_global_pool(const KernelInit& init, PoolKind kind) {
   reject_fused_activation(init.node);
   // A folded DequantizeLinear (the quantized squeeze-excitation input): X holds its codes.
@@ -356,19 +383,7 @@ std::unique_ptr<Kernel> make_global_pool(const KernelInit& init, PoolKind kind) 
       if (blocking && readable && x.rank() == 4 && x.dim(2) * x.dim(3) > 0) {
         const channel_blocked::View v(x.shape(), *blocking);
         Tensor& y = ctx.allocate_output(0, DType::kFloat32, {v.n, v.channels, 1, 1});
-        const float inv = 1.f / static_cast<float>(v.pixels());
-        float* dst = y.data<float>();
-        with_elements(x, [&](const auto* src, auto load) {
-          parallel_rows(v.n * v.blocks(), v.plane_elements(), [&](int64_t begin, int64_t end) {
-            std::vector<float> partial(static_cast<size_t>(8 * v.block));
-            for (int64_t p = begin; p < end; ++p) {
-              float* out = dst + p * v.block;  // plane p's channels, in order
-              lane_sums(src + p * v.plane_elements(), v.pixels(), v.block, kind, load, partial.data(), out);
-              if (kind == PoolKind::kAverage)
-                for (int64_t l = 0; l < v.block; ++l) out[l] *= inv;
-            }
-          });
-        });
+        with_elements(x, [&](const auto* src, auto load) { pool_blocked_planes(src, v, kind, load, y.data<float>()); });
         return;
       }
     }
@@ -386,16 +401,7 @@ std::unique_ptr<Kernel> make_global_pool(const KernelInit& init, PoolKind kind) 
     if (len == 0)
       fail(ErrorKind::kInvalidArgument, node.describe() + ": input X of shape " + shape_str(x.shape()) +
                                             " has an empty spatial extent");
-    float* dst = y.data<float>();
-    const float inv = 1.f / static_cast<float>(len);
-    with_elements(x, [&](const auto* src, auto load) {
-      parallel_rows(planes, len, [&](int64_t begin, int64_t end) {
-        if (kind == PoolKind::kAverage)
-          for (int64_t p = begin; p < end; ++p) dst[p] = row_sum(src + p * len, len, load) * inv;
-        else
-          for (int64_t p = begin; p < end; ++p) dst[p] = row_max(src + p * len, len, load);
-      });
-    });
+    with_elements(x, [&](const auto* src, auto load) { pool_plain_planes(src, planes, len, kind, load, y.data<float>()); });
   });
 }
 
@@ -412,6 +418,15 @@ std::unique_ptr<Kernel> make_global_average_pool(const KernelInit& init) {
 }
 std::unique_ptr<Kernel> make_global_max_pool(const KernelInit& init) {
   return make_global_pool(init, PoolKind::kMax);
+}
+
+void global_average_floats(const Tensor& x, const Layout* layout, float* means) {
+  const std::optional<channel_blocked::Blocking> blocking = layout ? channel_blocked::blocking_of(*layout) : std::nullopt;
+  if (blocking) return pool_blocked_planes(x.data<float>(), channel_blocked::View(x.shape(), *blocking), PoolKind::kAverage,
+                                           FloatLoad{}, means);
+  const Tensor plain = layout ? to_plain(x, *layout) : x;
+  const int64_t planes = x.dim(0) * x.dim(1);
+  pool_plain_planes(plain.data<float>(), planes, x.numel() / planes, PoolKind::kAverage, FloatLoad{}, means);
 }
 
 }  // namespace slimquant::runtime::dnnl_kernels

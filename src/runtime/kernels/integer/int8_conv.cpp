@@ -26,14 +26,11 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
-#include <vector>
 
 #include "runtime/fused_ops/residual_conv.h"
-#include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/dnnl/dnnl_common.h"
 #include "runtime/kernels/dnnl/dnnl_kernels.h"
 #include "runtime/kernels/dnnl/implementation_choice.h"
-#include "runtime/kernels/elementwise/channel_blocked.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
 #include "runtime/kernels/elementwise/swish_avx512.h"
 #include "runtime/kernels/integer/int8_common.h"
@@ -48,52 +45,6 @@ namespace {
 using dnnl::memory;
 using Dims = memory::dims;
 using dnnl_kernels::WindowAttrs;
-
-// One plane's lanes: eight pixels' partial sums per lane (eight independent chains of adds).
-SQ_AVX512_AVX2_CLONES void lane_sums(const float* __restrict plane, int64_t pixels, int64_t lanes,
-                                     float* __restrict partial, float* __restrict out) {
-  std::fill(partial, partial + 8 * lanes, 0.f);
-  int64_t p = 0;
-  for (; p + 8 <= pixels; p += 8)
-    for (int64_t j = 0; j < 8; ++j)
-      for (int64_t l = 0; l < lanes; ++l) partial[j * lanes + l] += plane[(p + j) * lanes + l];
-  for (int64_t l = 0; l < lanes; ++l) {
-    const auto at = [&](int64_t j) { return partial[j * lanes + l]; };
-    out[l] = ((at(0) + at(1)) + (at(2) + at(3))) + ((at(4) + at(5)) + (at(6) + at(7)));
-  }
-  for (; p < pixels; ++p)
-    for (int64_t l = 0; l < lanes; ++l) out[l] += plane[p * lanes + l];
-}
-
-// Each channel's mean of a float32 y [N, C, H, W], plain or channel-blocked (a plain copy first
-// for other layouts): the fused GlobalAveragePool (fuse_channel_means) where the direct depthwise
-// kernel did not sum as it wrote. Lanes (channels of a block, or eight partial sums of a plane)
-// are added independently, so the loops vectorize.
-void channel_means_of(const Tensor& y, const Layout* layout, float* means) {
-  const int64_t n = y.dim(0), c = y.dim(1), pixels = y.dim(2) * y.dim(3);
-  const std::optional<channel_blocked::Blocking> blocking = layout ? channel_blocked::blocking_of(*layout) : std::nullopt;
-  const Tensor plain = layout && !blocking ? dnnl_kernels::to_plain(y, *layout) : y;
-  const float* v = plain.data<float>();
-  if (blocking) {
-    const channel_blocked::View view(y.shape(), *blocking);
-    std::vector<float> partial(static_cast<size_t>(8 * view.block));
-    for (int64_t b = 0; b < n; ++b)
-      for (int64_t cb = 0; cb < view.blocks(); ++cb)
-        lane_sums(v + view.plane(b, cb), pixels, view.block, partial.data(), means + b * c + cb * view.block);
-  } else {
-    for (int64_t i = 0; i < n * c; ++i) {
-      float partial[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      const float* plane = v + i * pixels;
-      int64_t p = 0;
-      for (; p + 8 <= pixels; p += 8)
-        for (int k = 0; k < 8; ++k) partial[k] += plane[p + k];
-      float sum = ((partial[0] + partial[1]) + (partial[2] + partial[3])) + ((partial[4] + partial[5]) + (partial[6] + partial[7]));
-      for (; p < pixels; ++p) sum += plane[p];
-      means[i] = sum;
-    }
-  }
-  for (int64_t i = 0; i < n * c; ++i) means[i] /= static_cast<float>(pixels);
-}
 
 // fused_ops::kConvAddend: the residual addend (float32) of an Add the execution fusions put into this
 // QConv (runtime/fused_ops/residual_conv.h), added after the activation. With a float32 output it is a sum
@@ -212,7 +163,7 @@ class QConvKernel final : public Kernel {
         const auto pixels = static_cast<float>(y.dim(2) * y.dim(3));
         for (int64_t i = 0; i < y.dim(0) * y.dim(1); ++i) means[i] /= pixels;
       } else if (means) {
-        channel_means_of(y, p.out_layout.get(), means);
+        dnnl_kernels::global_average_floats(y, p.out_layout.get(), means);
       }
       return;
     }
@@ -223,12 +174,12 @@ class QConvKernel final : public Kernel {
       reference_qconv(q_, requant_, p.problem, xp, w_, v);
       if (sum) add_sum_reference(v, sum_layout ? dnnl_kernels::to_plain(*sum, *sum_layout) : *sum);
       if (requantizes_sum()) quantize_reference(real, y);
-      if (means) channel_means_of(y, nullptr, means);
+      if (means) dnnl_kernels::global_average_floats(y, nullptr, means);
       return;
     }
     p.prim.run(x.raw(), y.raw(), nullptr, sum ? sum->raw() : nullptr);
     if (p.out_layout) ctx.set_output_layout(0, p.out_layout);
-    if (means) channel_means_of(y, p.out_layout.get(), means);
+    if (means) dnnl_kernels::global_average_floats(y, p.out_layout.get(), means);
   }
 
  private:
