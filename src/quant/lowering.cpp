@@ -511,6 +511,68 @@ ir::Rule commute_quantize_upward_rule() {
   return ir::make_rule<QuantizeAfterOp>("commute_quantize_upward", select, apply);
 }
 
+// Div(x, c) or Mul(x, c) by a positive scalar constant, read by a per-tensor QuantizeLinear alone,
+// becomes that QuantizeLinear of x with its scale times c (Div) or over c (Mul): round(x / c / s)
+// is round(x / (s c)) up to the float rounding of the product. Only where x comes from an op the Q
+// then climbs (Reshape, Transpose, ...) to end a layer's group: attention's q / sqrt(d), written by
+// PyTorch after the heads' Reshape and Transpose, costs no pass of its own. (Right after a layer the
+// group takes the Mul itself, and a GELU's or hard-swish's last Mul / Div is part of its pattern.)
+// The DequantizeLinear after the Q keeps scale s: the codes still stand for x / c.
+struct ScalarBeforeQuantize {
+  int scaling = -1, quantize = -1;
+  std::string x;
+  float factor = 1.f;  // the Q's scale is multiplied by this
+};
+ir::Rule fold_scalar_into_quantize_rule() {
+  auto select = [](const ir::Rewriter& ix, int id) -> std::optional<ScalarBeforeQuantize> {
+    const ir::Node& op = ix.node(id);
+    const bool div = is_op(op, "Div");
+    if ((!div && !is_op(op, "Mul")) || op.inputs.size() != 2 || op.outputs.size() != 1) return std::nullopt;
+    const ir::Graph& g = ix.graph();
+    // Div's divisor is its second input; Mul's constant either.
+    std::string x, k;
+    for (size_t side : {size_t{1}, size_t{0}}) {
+      if (div && side == 0) break;
+      const Tensor* t = g.initializer(op.inputs[side]);
+      if (t && t->numel() == 1 && t->rank() <= 1 && !g.is_initializer(op.inputs[1 - side])) {
+        k = op.inputs[side];
+        x = op.inputs[1 - side];
+        break;
+      }
+    }
+    if (k.empty()) return std::nullopt;
+    const int p = ix.producer(x);
+    if (p < 0 || !quantize_commutes_with(ix.node(p))) return std::nullopt;
+    const std::optional<float> c = ir::scalar_constant(g, k);
+    if (!c || !(*c > 0.f) || !std::isfinite(*c)) return std::nullopt;
+    const ir::ValueInfo* xi = g.find_value_info(x);
+    if (g.initializer(k)->rank() == 1 && xi && xi->dims && xi->dims->empty()) return std::nullopt;  // a scalar x
+    const int q = ix.sole_reader(op.outputs[0]);
+    if (q < 0 || !is_op(ix.node(q), "QuantizeLinear") || ix.node(q).inputs[0] != op.outputs[0] ||
+        !per_tensor_constant_params(g, ix.node(q)))
+      return std::nullopt;
+    const Tensor* s = g.initializer(ix.node(q).input(1));
+    if (s->dtype() != DType::kFloat32) return std::nullopt;
+    const double scaled = static_cast<double>(s->data<float>()[0]) * (div ? *c : 1.0 / *c);
+    if (!std::isnormal(static_cast<float>(scaled))) return std::nullopt;
+    return ScalarBeforeQuantize{id, q, x, div ? *c : 1.f / *c};
+  };
+  auto apply = [](ir::Rewriter& rw, const ScalarBeforeQuantize& m) {
+    ir::Node q = rw.node(m.quantize);
+    const Tensor& s = *rw.graph().initializer(q.inputs[1]);
+    Tensor scaled(DType::kFloat32, s.shape());
+    scaled.data<float>()[0] = static_cast<float>(static_cast<double>(s.data<float>()[0]) * m.factor);
+    const std::string name = rw.graph().unique_value_name(q.inputs[1] + "_times_scalar");
+    rw.graph().initializers[name] = std::move(scaled);
+    rw.graph().value_info.erase(rw.node(m.scaling).outputs[0]);
+    q.inputs[0] = m.x;
+    q.inputs[1] = name;
+    rw.remove(m.scaling);
+    rw.replace(m.quantize, std::move(q));
+  };
+  return ir::make_rule<ScalarBeforeQuantize>("fold_scalar_into_quantize", select, apply);
+}
+
 // Concat -> QuantizeLinear (per tensor) becomes QuantizeLinear on each input -> Concat: the same
 // elementwise map applied before or after concatenating. Each Q can then end the group of the
 // layer that produced the input (SqueezeNet's fire modules, Inception's branches), and the concat
@@ -566,7 +628,9 @@ ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, Lo
     ir::apply_rules(g, {conv_transpose_as_pointwise_conv_rule(), commute_activation_above_depth_to_space_rule()}, {},
                     /*until_stable=*/true);
   // Pools and data movement first: Concat -> MaxPool -> Q becomes Concat -> Q -> MaxPool, then
-  // Q -> Concat -> MaxPool.
+  // Q -> Concat -> MaxPool. A scalar Div / Mul before a Q goes into its scale first, so that the Q
+  // climbs past where it stood.
+  ir::apply_rules(g, {fold_scalar_into_quantize_rule()});
   ir::apply_rules(g, {commute_quantize_upward_rule()}, {}, /*until_stable=*/true);
   ir::apply_rules(g, {commute_quantize_through_concat_rule()});
   LoweringReport local;

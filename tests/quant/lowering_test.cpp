@@ -935,6 +935,47 @@ TEST(Lowering, QuantizeCommutesThroughReshapeAndTransposeIntoTheMatMul) {
   EXPECT_EQ(beyond_one_step_of_simulation(g, lowered, feeds, q, DType::kInt8), 0);
 }
 
+// PyTorch's attention query: projection -> Reshape -> Transpose -> Div(sqrt d) -> Q. The Div goes
+// into the Q's scale (s * 8), the Q then climbs to the QMatMul, and the codes stand for q / 8 as
+// the simulation's do. A Mul by 1/8 the same; a negative divisor stays a float Div.
+TEST(Lowering, ScalarDivBeforeAQuantizeGoesIntoItsScaleAndTheQuantizeClimbs) {
+  for (const char* op : {"Div", "Mul"}) {
+    QdqBuilder b;
+    const std::string x = b.input("x", {2, 6, 16});
+    const std::string mm = b.node("MatMul", {b.qdq(x, 1.f / 64.f, 0, kS8), b.weight({16, 16}, 1)});
+    const std::string biased = b.node("Add", {mm, b.bias(16)});
+    const std::string shape = b.constant("shape", Tensor::from_vector<int64_t>({4}, {2, 6, 4, 4}));
+    const std::string moved =
+        b.node("Transpose", {b.node("Reshape", {biased, shape})}, {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+    const float k = op == std::string("Div") ? 8.f : 0.125f;
+    const std::string scaled = b.node(op, {moved, b.constant("k", Tensor::scalar<float>(k))});
+    const auto [q, y] = b.qdq_values(scaled, 0.0025f, 3, kS8);
+    ir::Graph g = b.finish(y);
+    quant::LoweringReport report;
+    ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
+    ASSERT_EQ(report.matmul, 1) << op;
+    EXPECT_EQ(count_op(lowered, op), 0) << op;
+    EXPECT_EQ(report.quantize_kept, 1) << op;  // the model input's only
+    const auto chain = producer_chain(lowered, q, 3);
+    ASSERT_EQ(op_types(chain), (std::vector<std::string>{"Transpose", "Reshape", "QMatMul"})) << op;
+    const i8::QLinearAttrs attrs = i8::QLinearAttrs::parse(*chain[2]);
+    EXPECT_EQ(attrs.y.dtype, DType::kInt8);
+    ASSERT_EQ(attrs.y.scale.size(), 1u);
+    EXPECT_FLOAT_EQ(attrs.y.scale[0], 0.0025f * 8.f) << op;
+    EXPECT_EQ(attrs.y.zero_point.at(0), 3);
+    const std::map<std::string, Tensor> feeds = {{"x", b.random_input({2, 6, 16}, -1.f, 1.f)}};
+    EXPECT_EQ(beyond_one_step_of_simulation(g, lowered, feeds, q, DType::kInt8), 0) << op;
+  }
+
+  QdqBuilder n;
+  const std::string x = n.input("x", {2, 6, 16});
+  const std::string mm = n.node("MatMul", {n.qdq(x, 1.f / 64.f, 0, kS8), n.weight({16, 16}, 1)});
+  const std::string moved = n.node("Transpose", {mm}, {{"perm", std::vector<int64_t>{1, 0, 2}}});
+  const std::string scaled = n.node("Div", {moved, n.constant("k", Tensor::scalar<float>(-8.f))});
+  ir::Graph ng = n.finish(n.qdq(scaled, 0.0025f, 0, kS8));
+  EXPECT_EQ(count_op(quant::lower_to_int8(ng), "Div"), 1);
+}
+
 TEST(Lowering, QuantizeCommutesThroughMaxPoolAndThePoolRunsOnIntegers) {
   QdqBuilder b;
   const std::string x = b.input("x", {2, 3, 10, 10});
