@@ -611,6 +611,10 @@ ir::Rule commute_quantize_through_concat_rule() {
 ir::Graph lower_to_int8(const ir::Graph& qdq, const LoweringOptions& options, LoweringReport* report) {
   ir::Graph g = qdq;
   runtime::optimize_graph(g);
+  runtime::fold_batch_invariant_sizes(g);
+  // A packed q / k / v projection cut by Slices becomes one layer per part, each with its own
+  // output quantization.
+  ir::apply_rules(g, {ir::split_matmul_by_column_slices_rule()});
   if (options.fuse_activation) {
     // paddle2onnx's decomposed hard-swish after a Conv / Gemm / MatMul in the standard spelling
     // x * HardSigmoid(x), which the selector takes as an activation (as x * Sigmoid(x)); what no

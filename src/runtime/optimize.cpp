@@ -4,6 +4,7 @@
 
 #include "runtime/fusions/qb4w_matmul_fusion.h"
 #include "runtime/session_internal.h"
+#include "slimquant/runtime/session.h"
 #include "slimquant/ir/passes.h"
 #include "slimquant/ir/rewrite.h"
 #include "slimquant/runtime/kernel.h"
@@ -110,6 +111,44 @@ int fold_constants(ir::Graph& g, const FoldOptions& options) {
     if (const Tensor* t = g.initializer(name)) kept_values.emplace(name, *t);
   g.remove_unused_initializers();
   for (auto& [name, t] : kept_values) g.initializers.emplace(name, std::move(t));
+  return folded;
+}
+
+int fold_batch_invariant_sizes(ir::Graph& g, const FoldOptions& options) {
+  const std::map<std::string, Tensor> known = batch_invariant_sizes(g, input_batch_axes(g.inputs));
+  if (known.empty()) return 0;
+  int folded = 0;
+  std::vector<ir::Node> kept;
+  kept.reserve(g.nodes.size());
+  for (auto& node : g.nodes) {
+    const bool all_known = !node.outputs.empty() && std::all_of(node.outputs.begin(), node.outputs.end(), [&](const auto& v) {
+      return !v.empty() && known.count(v) && !g.is_graph_output(v) && !options.keep.count(v);
+    });
+    if (!all_known) {
+      kept.push_back(std::move(node));
+      continue;
+    }
+    for (const std::string& v : node.outputs) g.initializers[v] = known.at(v);
+    ++folded;
+  }
+  g.nodes = std::move(kept);
+  if (folded == 0) return 0;
+  fold_constants(g, options);
+  // The Shape nodes whose results folded no longer read their tensors (a Slice's input must have
+  // no other reader to be specialised): drop what nothing needs, keeping options.keep.
+  std::set<std::string> needed(options.keep.begin(), options.keep.end());
+  for (const auto& o : g.outputs) needed.insert(o.name);
+  std::vector<bool> live(g.nodes.size(), false);
+  for (size_t i = g.nodes.size(); i-- > 0;) {
+    const ir::Node& n = g.nodes[i];
+    live[i] = std::any_of(n.outputs.begin(), n.outputs.end(), [&](const std::string& o) { return needed.count(o) != 0; });
+    if (live[i]) needed.insert(n.inputs.begin(), n.inputs.end());
+  }
+  std::vector<ir::Node> alive;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (live[i]) alive.push_back(std::move(g.nodes[i]));
+  g.nodes = std::move(alive);
+  g.remove_unused_initializers();
   return folded;
 }
 

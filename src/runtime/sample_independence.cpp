@@ -238,6 +238,56 @@ class Analysis {
     return result;
   }
 
+  // The element type of v where the graph declares it or the op producing it fixes it (shape
+  // arithmetic: Shape's int64, then ops keeping their data input's type); kUndefined otherwise.
+  DType integer_type(const std::string& v) const {
+    if (const Tensor* t = g_.initializer(v)) return t->dtype();
+    if (const ir::ValueInfo* info = g_.find_value_info(v); info && info->dtype != DType::kUndefined) return info->dtype;
+    const int p = g_.producer(v);
+    if (p < 0) return DType::kUndefined;
+    const ir::Node& n = g_.nodes[static_cast<size_t>(p)];
+    if (!n.domain.empty() && n.domain != "ai.onnx") return DType::kUndefined;
+    if (is_one_of(n.op_type, {"Shape", "Size"})) return DType::kInt64;
+    if (n.op_type == "Cast") return dtype_from_onnx(static_cast<int>(n.attr_int("to", 0)));
+    if (n.op_type == "Where") return n.input(1).empty() ? DType::kUndefined : integer_type(n.input(1));
+    if (is_one_of(n.op_type, {"Gather", "Add", "Sub", "Mul", "Div", "Mod", "Neg", "Abs", "Min", "Max", "Unsqueeze",
+                              "Squeeze", "Concat", "Slice", "Reshape", "Expand", "Identity", "Transpose", "Range",
+                              "ReduceProd", "ReduceSum", "ReduceMin", "ReduceMax", "Tile", "Flatten"}) &&
+        !n.input(0).empty())
+      return integer_type(n.input(0));
+    return DType::kUndefined;
+  }
+
+  // After run(): the values nodes compute that the proof knows element by element and that are
+  // the same for any batch size (shape arithmetic on fixed sizes), as int64 / int32 tensors of
+  // their declared type.
+  std::map<std::string, Tensor> known_static_values() const {
+    std::map<std::string, Tensor> known;
+    for (const auto& node : g_.nodes)
+      for (const std::string& v : node.outputs) {
+        const auto it = facts_.find(v);
+        if (v.empty() || it == facts_.end() || !it->second.invariant_static() || !it->second.shape) continue;
+        const std::optional<std::vector<int64_t>> values = it->second.values();
+        const Shape& shape = *it->second.shape;
+        if (!values || shape.size() > 2 || shape_numel(shape) != static_cast<int64_t>(values->size())) continue;
+        const DType type = integer_type(v);
+        if (type != DType::kInt64 && type != DType::kInt32) continue;
+        const bool fits = type == DType::kInt64 || std::all_of(values->begin(), values->end(), [](int64_t x) {
+          return x == static_cast<int32_t>(x);
+        });
+        if (!fits) continue;
+        Tensor t(type, shape);
+        for (size_t i = 0; i < values->size(); ++i) {
+          if (type == DType::kInt64)
+            t.data<int64_t>()[i] = (*values)[i];
+          else
+            t.data<int32_t>()[i] = static_cast<int32_t>((*values)[i]);
+        }
+        known.emplace(v, std::move(t));
+      }
+    return known;
+  }
+
  private:
   const Fact& fact(const std::string& name) {
     static const Fact absent = Fact::mixed("a value the analysis did not see");
@@ -681,11 +731,14 @@ class Analysis {
       const auto a = normalized(n.attr_int("axis", 1), out_rank);
       if (!a || *a == *axis) return mixed(n, "has per-axis parameters along the batch axis");
     }
-    // The broadcast sizes: the batch's at its axis; elsewhere a known size other than 1 wins.
+    // The broadcast sizes: the batch's at its axis; elsewhere a known size other than 1 wins. A
+    // QuantizeLinear / DequantizeLinear has its input's: per-axis parameters align with `axis`,
+    // not with the last axes.
+    const bool quantizer = is_one_of(n.op_type, {"QuantizeLinear", "DequantizeLinear"});
     std::vector<Elem> dims(out_rank, Elem::of(1));
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       const Fact* f = input(n, i);
-      if (!f) continue;
+      if (!f || (quantizer && i > 0)) continue;
       const size_t lead = out_rank - *f->rank;
       for (size_t k = 0; k < *f->rank; ++k) {
         const Elem d = f->dim(k);
@@ -1321,6 +1374,12 @@ class Analysis {
 
 SampleIndependence analyze_sample_independence(const ir::Graph& graph, const BatchAxes& input_axes) {
   return Analysis(graph, input_axes).run();
+}
+
+std::map<std::string, Tensor> batch_invariant_sizes(const ir::Graph& graph, const BatchAxes& input_axes) {
+  Analysis analysis(graph, input_axes);
+  analysis.run();
+  return analysis.known_static_values();
 }
 
 }  // namespace slimquant::runtime

@@ -107,6 +107,9 @@ class Plan {
     FoldOptions fold;
     fold.keep = keep;
     fold_constants(graph_, fold);
+    // Sizes ONNX's shape inference lost (past a Reshape to a computed target) but that follow
+    // from the bound shapes: attention's Slice bounds and head counts become constants.
+    fold_batch_invariant_sizes(graph_, fold);
   }
 
   // Slots of the constants, the feeds and the observed values that folded to constants.

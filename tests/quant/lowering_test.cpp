@@ -150,8 +150,9 @@ class QdqBuilder {
     for (auto& v : t.values<float>()) v = d(rng_);
     return t;
   }
-  ir::Graph finish(const std::string& output) {
-    g_.outputs.push_back({output, DType::kFloat32, std::nullopt});
+  ir::Graph finish(const std::string& output) { return finish(std::vector<std::string>{output}); }
+  ir::Graph finish(const std::vector<std::string>& outputs) {
+    for (const std::string& o : outputs) g_.outputs.push_back({o, DType::kFloat32, std::nullopt});
     g_.value_info.clear();
     g_.validate();
     return g_;
@@ -937,7 +938,7 @@ TEST(Lowering, QuantizeCommutesThroughReshapeAndTransposeIntoTheMatMul) {
 
 // PyTorch's attention query: projection -> Reshape -> Transpose -> Div(sqrt d) -> Q. The Div goes
 // into the Q's scale (s * 8), the Q then climbs to the QMatMul, and the codes stand for q / 8 as
-// the simulation's do. A Mul by 1/8 the same; a negative divisor stays a float Div.
+// the simulation's do. A Mul by 1/8 the same.
 TEST(Lowering, ScalarDivBeforeAQuantizeGoesIntoItsScaleAndTheQuantizeClimbs) {
   for (const char* op : {"Div", "Mul"}) {
     QdqBuilder b;
@@ -967,6 +968,45 @@ TEST(Lowering, ScalarDivBeforeAQuantizeGoesIntoItsScaleAndTheQuantizeClimbs) {
     EXPECT_EQ(beyond_one_step_of_simulation(g, lowered, feeds, q, DType::kInt8), 0) << op;
   }
 
+}
+
+// The whole of PyTorch's attention input: one projection with per-column weights [16, 48] and a
+// bias, cut into q / k / v by Slices of the last axis, each split into heads (q also divided by
+// sqrt(d)) and quantized. Each part becomes its own QMatMul on its 16 columns that writes int8:
+// no Slice, no Div and no QuantizeLinear pass is left, and every code is within one step of the
+// simulation's.
+TEST(Lowering, PackedProjectionCutIntoQKVBecomesThreeQMatMulsWithIntegerOutputs) {
+  QdqBuilder b;
+  const std::string x = b.input("x", {2, 6, 16});
+  const std::string mm = b.node("MatMul", {b.qdq(x, 1.f / 64.f, 0, kS8), b.weight({16, 48}, 1)});
+  const std::string biased = b.node("Add", {b.bias(48), mm});
+  auto ints = [&](const char* name, int64_t v) { return b.constant(name, Tensor::from_vector<int64_t>({1}, {v})); };
+  const std::string shape = b.constant("shape", Tensor::from_vector<int64_t>({4}, {2, 6, 4, 4}));
+  std::vector<std::string> codes, outputs;
+  for (int64_t part = 0; part < 3; ++part) {
+    const std::string cut = b.node("Slice", {biased, ints("start", part * 16), ints("end", part * 16 + 16), ints("axis", -1)});
+    std::string heads = b.node("Transpose", {b.node("Reshape", {cut, shape})}, {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+    if (part == 0) heads = b.node("Div", {heads, b.constant("sqrt_d", Tensor::scalar<float>(2.f))});
+    const auto [q, dq] = b.qdq_values(heads, 0.02f, static_cast<int32_t>(part), kS8);
+    codes.push_back(q);
+    outputs.push_back(dq);
+  }
+  ir::Graph g = b.finish(outputs);
+  quant::LoweringReport report;
+  ir::Graph lowered = quant::lower_to_int8(g, {}, &report);
+  EXPECT_EQ(report.matmul, 3);
+  EXPECT_EQ(report.quantize_kept, 1);  // the model input's only
+  for (const char* op : {"Slice", "Div", "MatMul", "Add"}) EXPECT_EQ(count_op(lowered, op), 0) << op;
+  const std::map<std::string, Tensor> feeds = {{"x", b.random_input({2, 6, 16}, -1.f, 1.f)}};
+  for (const std::string& q : codes) {
+    const auto chain = producer_chain(lowered, q, 3);
+    ASSERT_EQ(op_types(chain), (std::vector<std::string>{"Transpose", "Reshape", "QMatMul"})) << q;
+    EXPECT_EQ(beyond_one_step_of_simulation(g, lowered, feeds, q, DType::kInt8), 0) << q;
+  }
+}
+
+// A negative divisor would flip the sign of the Q's scale: it stays a float Div.
+TEST(Lowering, NegativeDivisorBeforeAQuantizeStaysAFloatDiv) {
   QdqBuilder n;
   const std::string x = n.input("x", {2, 6, 16});
   const std::string mm = n.node("MatMul", {n.qdq(x, 1.f / 64.f, 0, kS8), n.weight({16, 16}, 1)});

@@ -2,6 +2,8 @@
 // carry to the kernels (runtime/fused_ops).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <random>
 
 #include "graph_builder.h"
@@ -133,6 +135,64 @@ TEST(ExecutionFusions, TransposesFoldIntoMatMulInputsAndOutput) {
     ASSERT_EQ(got.shape(), want.shape()) << c.name;
     for (int64_t i = 0; i < got.numel(); ++i)
       EXPECT_NEAR(got.data<float>()[i], want.data<float>()[i], 1e-5f) << c.name << " " << i;
+  }
+}
+
+// PyTorch's packed attention projection: MatMul(x, W [8, 12]) + bias, cut into q / k / v by Slices
+// of the last axis. Each Slice becomes a MatMul on its columns (each then takes its part of the
+// bias); the outputs are the unsplit graph's. Slices of another axis, a reader that is not a
+// Slice, or parts overlapping to more columns than W has leave the product whole.
+TEST(ExecutionFusions, PackedProjectionCutBySlicesBecomesOneMatMulPerPart) {
+  struct Case {
+    const char* name;
+    std::vector<std::array<int64_t, 3>> slices;  // start, end, axis
+    bool shape_reader = false;
+    int parts = 0;  // MatMuls after the fusions; 0: not split
+  };
+  const Case cases[] = {
+      {"qkv", {{0, 4, -1}, {4, 8, -1}, {8, 12, -1}}, false, 3},
+      {"named_last_axis_negative_bounds", {{-4, 100, 2}, {0, 4, -1}}, false, 2},
+      {"other_axis", {{0, 2, 1}, {2, 5, 1}}, false, 0},
+      {"shape_also_read", {{0, 6, -1}, {6, 12, -1}}, true, 0},
+      {"overlapping", {{0, 8, -1}, {4, 12, -1}}, false, 0},
+  };
+  for (const Case& c : cases) {
+    std::mt19937 rng(23);
+    test::GraphBuilder b;
+    const Shape x_shape{2, 5, 8};
+    b.g.inputs.push_back({"x", DType::kFloat32, dims_of(x_shape)});
+    const std::string w = b.constant(test::random_tensor({8, 12}, rng));
+    const std::string product = b.node("MatMul", {"x", w});
+    b.g.value_info[product] = {product, DType::kFloat32, dims_of({2, 5, 12})};
+    const std::string biased = b.node("Add", {b.constant(test::random_tensor({12}, rng)), product});
+    auto ints = [&](int64_t v) { return b.constant(Tensor::from_vector<int64_t>({1}, {v})); };
+    for (const auto& [start, end, axis] : c.slices) {
+      const std::string part = b.node("Slice", {biased, ints(start), ints(end), ints(axis)});
+      b.g.outputs.push_back({b.node("Relu", {part}), DType::kFloat32, {}});
+    }
+    if (c.shape_reader) b.g.outputs.push_back({b.node("Shape", {biased}), DType::kInt64, {}});
+    const ir::Graph original = b.g;
+    ir::Graph fused_graph = original;
+    const ir::RuleCounts counts = runtime::apply_execution_fusions(fused_graph, {});
+    EXPECT_EQ(ir::count_of(counts, "split_matmul_by_column_slices"), c.parts ? 1 : 0) << c.name;
+    auto count = [&](const char* op) {
+      return std::count_if(fused_graph.nodes.begin(), fused_graph.nodes.end(),
+                           [&](const ir::Node& n) { return n.op_type == op; });
+    };
+    EXPECT_EQ(count("MatMul"), c.parts ? c.parts : 1) << c.name;
+    EXPECT_EQ(count("Slice"), c.parts ? 0 : static_cast<int64_t>(c.slices.size())) << c.name;
+    const std::map<std::string, Tensor> feeds{{"x", test::random_tensor(x_shape, rng)}};
+    runtime::SessionOptions plain;
+    plain.fuse_activations = false;
+    runtime::Session fused(original), reference(original, plain);
+    const auto got = fused.run(feeds), want = reference.run(feeds);
+    for (const auto& o : original.outputs) {
+      const Tensor &g = got.at(o.name), &r = want.at(o.name);
+      ASSERT_EQ(g.shape(), r.shape()) << c.name << " " << o.name;
+      if (g.dtype() != DType::kFloat32) continue;
+      for (int64_t i = 0; i < g.numel(); ++i)
+        EXPECT_NEAR(g.data<float>()[i], r.data<float>()[i], 1e-5f) << c.name << " " << o.name << " " << i;
+    }
   }
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "graph_builder.h"
+#include "slimquant/ir/passes.h"
 #include "slimquant/runtime/session.h"
 
 using namespace slimquant;
@@ -165,6 +166,91 @@ TEST(SampleIndependence, AttentionHeadsStackedWithTheBatchKeepSamplesApart) {
       "Concat", {swapped.ints({5, 2}), swapped.b.node("Unsqueeze", {n, swapped.ints({0})}), swapped.ints({4})},
       {{"axis", int64_t{0}}});
   expect_samples_mixed(swapped.analyze(swapped.b.node("Reshape", {seq, target})), "across samples");
+}
+
+// torchvision's packed q / k / v projection: its Slice bounds come from the projection's Shape
+// ((E + 2) / 3 times 1, 2, 3), which ONNX's shape inference loses behind a Reshape to a computed
+// target. The proof knows them: they become constants, the Shape nodes go, and the projection
+// splits into one MatMul per part. The batch size itself is never made a constant. The sum
+// q + k + v checks the outputs: x (Wq + Wk + Wv) + (bq + bk + bv).
+TEST(SampleIndependence, SizesThatDoNotDependOnTheBatchFoldToConstants) {
+  std::mt19937 rng(9);
+  BatchModel m({2, 5, 8});
+  auto& b = m.b;
+  auto dim_of = [&](const std::string& v, int64_t i) {
+    return b.node("Gather", {b.node("Shape", {v}), m.scalar(i)}, {{"axis", int64_t{0}}});
+  };
+  // [N, 5 * 8] and back to [N, 5, 8] through targets computed from sizes: the shapes are lost.
+  const std::string n = m.batch_size_of("x");
+  const std::string flat = b.node("Reshape", {"x", b.node("Concat", {n, m.ints({-1})}, {{"axis", int64_t{0}}})});
+  const std::string tokens = b.node("Unsqueeze", {b.node("Div", {dim_of(flat, 1), m.scalar(8)}), m.ints({0})});
+  const std::string unflat =
+      b.node("Reshape", {flat, b.node("Concat", {n, tokens, m.ints({8})}, {{"axis", int64_t{0}}})});
+  const std::string seq = b.node("Transpose", {unflat}, {{"perm", std::vector<int64_t>{1, 0, 2}}});
+  const Tensor w = test::random_tensor({8, 24}, rng), bias = test::random_tensor({24}, rng);
+  const std::string proj = b.node("Add", {b.constant(bias), b.node("MatMul", {seq, b.constant(w)})});
+  const std::string third = b.node("Div", {b.node("Add", {dim_of(proj, 2), m.scalar(2)}), m.scalar(3)});
+  auto bound = [&](int64_t k) { return b.node("Unsqueeze", {b.node("Mul", {third, m.scalar(k)}), m.ints({0})}); };
+  std::vector<std::string> bounds = {m.ints({0}), bound(1), bound(2), bound(3)};
+  std::vector<std::string> parts;
+  for (size_t k = 0; k < 3; ++k) parts.push_back(b.node("Slice", {proj, bounds[k], bounds[k + 1], m.ints({-1})}));
+  const std::string sum = b.node("Add", {b.node("Add", {parts[0], parts[1]}), parts[2]});
+  const std::string y = b.node("Transpose", {sum}, {{"perm", std::vector<int64_t>{1, 0, 2}}});
+  b.g.outputs = {test::float_value(y, {})};
+  b.g.outputs[0].dims.reset();
+  const ir::Graph original = b.g;
+
+  const std::map<std::string, Tensor> known = runtime::batch_invariant_sizes(original, runtime::input_batch_axes(original.inputs));
+  ASSERT_TRUE(known.count(third));
+  EXPECT_EQ(known.at(third).to_int64_vector(), std::vector<int64_t>{8});
+  EXPECT_EQ(known.at(bounds[3]).to_int64_vector(), std::vector<int64_t>{24});
+  EXPECT_EQ(known.at(tokens).to_int64_vector(), std::vector<int64_t>{5});
+  EXPECT_FALSE(known.count(n)) << "the batch size depends on the batch";
+
+  ir::Graph folded = original;
+  EXPECT_GT(runtime::fold_batch_invariant_sizes(folded), 0);
+  for (const auto& node : folded.nodes) {
+    if (node.op_type == "Shape") {
+      EXPECT_EQ(node.inputs[0], "x") << "only the batch size's Shape is left";
+    }
+    if (node.op_type == "Slice") {
+      for (size_t i = 1; i < 4; ++i) EXPECT_TRUE(folded.is_initializer(node.inputs[i])) << node.inputs[i];
+    }
+  }
+  EXPECT_EQ(ir::total(ir::apply_rules(folded, {ir::split_matmul_by_column_slices_rule()})), 1);
+
+  // The session folds and splits when it plans a shape; a batch of 3 gives x (Wq + Wk + Wv) + ...
+  runtime::Session session(original);
+  const Tensor x = test::random_tensor({3, 5, 8}, rng);
+  const Tensor got = session.run({{"x", x}}).at(y);
+  ASSERT_EQ(got.shape(), (Shape{3, 5, 8}));
+  for (int64_t s = 0; s < 15; ++s)
+    for (int64_t c = 0; c < 8; ++c) {
+      double want = 0;
+      for (int64_t part = 0; part < 3; ++part) {
+        want += bias.data<float>()[part * 8 + c];
+        for (int64_t i = 0; i < 8; ++i) want += double{x.data<float>()[s * 8 + i]} * w.data<float>()[i * 24 + part * 8 + c];
+      }
+      EXPECT_NEAR(got.data<float>()[s * 8 + c], want, 1e-4) << s << " " << c;
+    }
+}
+
+// A per-axis QuantizeLinear / DequantizeLinear keeps its input's sizes: its scales [C] align with
+// `axis`, not with the last axis as a broadcast would (the proof had taken [N, 4, 6] to [N, 4, 4]).
+TEST(SampleIndependence, PerAxisQuantizersKeepTheirInputsSizes) {
+  BatchModel m({2, 4, 6});
+  const std::string scale = m.floats({4}, 0.1f);
+  const std::string zero = m.b.constant(Tensor::from_vector<int8_t>({4}, {0, 0, 0, 0}));
+  const std::string q = m.b.node("QuantizeLinear", {"x", scale, zero}, {{"axis", int64_t{1}}});
+  const std::string dq = m.b.node("DequantizeLinear", {q, scale, zero}, {{"axis", int64_t{1}}});
+  const std::string width = m.b.node("Gather", {m.b.node("Shape", {dq}), m.scalar(2)}, {{"axis", int64_t{0}}});
+  const std::string rows = m.b.node("Reshape", {dq, m.b.node("Concat", {m.batch_size_of("x"), m.ints({-1}),
+                                                                        m.b.node("Unsqueeze", {width, m.ints({0})})},
+                                                                 {{"axis", int64_t{0}}})});
+  EXPECT_TRUE(m.analyze(rows).independent);
+  const auto known = runtime::batch_invariant_sizes(m.b.g, runtime::input_batch_axes(m.b.g.inputs));
+  ASSERT_TRUE(known.count(width));
+  EXPECT_EQ(known.at(width).to_int64_vector(), std::vector<int64_t>{6});
 }
 
 // torchvision's ViT: the class token [1, 1, D] expanded to [N, 1, D] through Where(Equal(shape,

@@ -107,6 +107,14 @@ std::vector<Rule> conv_folding_rules();
 // run's keep set stands in for the accept predicates (no kept intermediate is merged away).
 std::vector<Rule> execution_merge_rules();
 
+// MatMul(a, W) [-> Add(bias)] whose result only Slices of its last axis read (constant bounds,
+// step 1, no more columns in all than W has) becomes one MatMul [+ Add] per Slice on W's (and the
+// bias's) columns: PyTorch's packed q / k / v projection, cut in three after it. The copies go and
+// each part's result is what its readers see, so each can end in its own quantization or layout.
+// W is a float constant [K, N] or DequantizeLinear of constant 8-bit codes, per tensor or per
+// column. The same arithmetic per column; for execution (the names of the split nodes change).
+Rule split_matmul_by_column_slices_rule();
+
 // Sets the shapes of the given graph inputs (others keep their declared shapes), forgets inferred
 // intermediate shapes and re-infers all shapes with ONNX shape inference. Throws kInvalidArgument
 // for unknown input names or a rank/dimension that contradicts the model's declaration.

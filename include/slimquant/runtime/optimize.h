@@ -20,6 +20,13 @@ struct FoldOptions {
 // with the runtime's own kernels, replacing them by initializers. Returns nodes folded.
 int fold_constants(ir::Graph& g, const FoldOptions& options = {});
 
+// Shape arithmetic that does not depend on the batch size but that ONNX's shape inference could not
+// follow (sizes lost at a Reshape to a computed target with a dynamic batch) becomes constants:
+// the nodes whose outputs batch_invariant_sizes knows are replaced by initializers, then the rest
+// folds. Values in options.keep stay computed. Returns nodes replaced. (A session runs it when it
+// binds a plan's input shapes; INT8 lowering before it matches layers.)
+int fold_batch_invariant_sizes(ir::Graph& g, const FoldOptions& options = {});
+
 // The construction-time pipeline: Constant nodes -> initializers, Identity/Dropout removal,
 // constant folding, BatchNorm folding, dead node removal.
 void optimize_graph(ir::Graph& g, const FoldOptions& options = {});

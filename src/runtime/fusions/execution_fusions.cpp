@@ -221,7 +221,9 @@ std::vector<ir::Rule> execution_fusion_rules() {
   // activation fold then puts into the producing Conv.
   std::vector<ir::Rule> rules = ir::execution_merge_rules();
   std::vector<ir::Rule> fusions = {
-      // First: the scaled-input fold would take the chain's per-channel scale Mul.
+      // Before the MatMul folds: each part takes its own bias, activation and layout.
+      ir::split_matmul_by_column_slices_rule(),
+      // The scaled-input fold would take the chain's per-channel scale Mul.
       dynamic_matmul_fusion_rule(),
       qb4w_matmul_fusion_rule(),  // early: it takes only a plain MatMul / Gemm
       activation_fold_rule(),
