@@ -58,7 +58,9 @@ int main(int argc, char** argv) {
     float* p = x.data<float>();
     for (int64_t i = 0; i < x.numel(); ++i) p[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.f;
     const std::map<std::string, Tensor> feeds = {{session.inputs().at(0).name, x}};
-    for (int i = 0; i < warmup; ++i) session.run(feeds);
+    // Then on while the session times its part sizes for this batch (PartChoice).
+    for (int i = 0; i < warmup || (session.choosing_part_size() && i < warmup + 4 * runtime::PartChoice::kChoosingRuns); ++i)
+      session.run(feeds);
     std::vector<double> wall, cpu;
     for (int i = 0; i < runs; ++i) {
       const double c0 = cpu_ms();

@@ -86,8 +86,6 @@ def measure(model, batch):
                 continue
             runs = ARGS.runs if expected_ms is None else max(3, min(ARGS.runs, int(ARGS.budget_s * 1e3 / expected_ms)))
             warmup = 5 if expected_ms is None or expected_ms < 200 else 2
-            if batch > 1:
-                warmup = 6  # our session picks its part size for a feed shape over its first six runs
             try:
                 t = time_config(config, files, shape, runs, warmup, work, dtype)
             except RuntimeError as e:

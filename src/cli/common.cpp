@@ -236,7 +236,10 @@ Timing time_runs(runtime::Session& session, const std::map<std::string, Tensor>&
   // Every output is computed; a batch run in parts is not joined (a detector's boxes cannot be).
   runtime::RunOptions timed;
   timed.outputs_needed = false;
-  for (int i = 0; i < warmup; ++i) session.run(feeds, timed);
+  // Past the warm-up, untimed runs go on while the session still times its part sizes for this
+  // batch (at most two rounds of PartChoice).
+  for (int i = 0; i < warmup || (session.choosing_part_size() && i < warmup + 4 * runtime::PartChoice::kChoosingRuns); ++i)
+    session.run(feeds, timed);
   std::vector<double> ms;
   for (int i = 0; i < runs; ++i) {
     const auto t0 = std::chrono::steady_clock::now();

@@ -702,6 +702,10 @@ void PartChoice::note(int64_t batch, double seconds) {
   candidate = 0;
 }
 
+bool Session::choosing_part_size() const {
+  return std::any_of(speed_parts_.begin(), speed_parts_.end(), [](const auto& kv) { return kv.second.settling(); });
+}
+
 int64_t Session::splittable_batch(const std::map<std::string, Tensor>& feeds) const {
   return options_.split_batches ? shared_batch(graph_, feeds, input_axes_) : -1;
 }

@@ -257,8 +257,8 @@ TEST(Elementwise, SwishPassMatchesTheClosedFormInDouble) {
 
 // The gated output pass writing 8-bit codes computes the logistic to 7e-5 relative
 // (logistic_for_codes_avx512): each code is the double closed form's rounding to within a fiftieth
-// of a step (the codes' scale puts the top of the range at 127 / 255 steps), saturated at both ends,
-// and a NaN gives the lowest code. Per tensor and per channel (a masked last vector), u8 and s8.
+// of a step (the codes' scale puts the top of the range at 127 / 255 steps), saturated at both ends
+// (also for values past the range the logistic rounds in), and a NaN gives the lowest code. Per tensor and per channel (a masked last vector), u8 and s8.
 TEST(Elementwise, GatedOutputCodesAreTheClosedFormRounded) {
   if (!ew::swish_pass_available()) GTEST_SKIP() << "no AVX-512 on this CPU (the convolutions keep oneDNN's post-op)";
   std::mt19937 rng(11);
@@ -272,6 +272,8 @@ TEST(Elementwise, GatedOutputCodesAreTheClosedFormRounded) {
             offset(static_cast<size_t>(channels));
         for (float& x : v) x = d(rng);
         v[3] = -1000.f, v[4] = 1000.f, v[5] = std::numeric_limits<float>::quiet_NaN();
+        // Past the logistic's rounded range (|x| log2 e > 2^22) and near float's end.
+        v[6] = -1e7f, v[7] = 1e7f, v[8] = -3e38f, v[9] = 3e38f, v[10] = -88.5f;
         for (int64_t c = 0; c < channels; ++c) {  // steps of 0.04-0.07; the offset holds the zero point
           factor[static_cast<size_t>(c)] = 1.f / (0.04f + 0.0015f * static_cast<float>(c));
           offset[static_cast<size_t>(c)] = static_cast<float>(y_type == DType::kUInt8 ? 40 + c : c - 10);

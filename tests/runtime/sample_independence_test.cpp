@@ -496,4 +496,15 @@ TEST(PartChoice, TheSmallerSizeWinsOnlyWhenItsFastestTimedRunIsClearlyFaster) {
   EXPECT_EQ(waiting.next(4), 4);
 }
 
+// The choice says while it is timing: after its first run and until it decides.
+TEST(PartChoice, SettlingFromTheFirstRunUntilTheDecision) {
+  runtime::PartChoice c{8, 2};
+  EXPECT_FALSE(c.settling());
+  c.note(32, 1.0);
+  EXPECT_TRUE(c.settling());
+  run_choice(c, 32, {{8, {1.0, 0.9}}, {2, {100, 0.95, 0.93}}});
+  EXPECT_FALSE(c.settling());
+  EXPECT_EQ(c.next(32), 8);
+}
+
 }  // namespace

@@ -181,6 +181,8 @@ struct PartChoice {
   int64_t next(int64_t batch) const;
   // The run `next` was asked for took `seconds`.
   void note(int64_t batch, double seconds);
+  // Whether the choice has started timing and has not decided yet.
+  bool settling() const { return candidate != 0 && runs > 0; }
 };
 
 class Session {
@@ -222,6 +224,9 @@ class Session {
   // every value once: a batch of one sample, or a size run whole before and within any limit
   // learned since. false also while it is not known (a size not run yet).
   bool runs_whole(const std::map<std::string, Tensor>& feeds) const;
+  // Whether the session is still timing part sizes for a batch it was given (PartChoice): runs
+  // until then may take sizes it will not keep. A benchmark warms up until this is false.
+  bool choosing_part_size() const;
 
  private:
   // pool: the buffer pool to run with instead of the plan's (a probe measuring its peak).

@@ -697,6 +697,12 @@ class BinaryKernel final : public Kernel {
                                                  po + offset + first);
               continue;
             }
+            // The same for a per-tensor Q (a squeeze-excitation's gate Mul into the projection's codes).
+            if constexpr (kCombine.has_value())
+              if (quantize_ && !act_ && contiguous &&
+                  quantize_combined_floats(*kCombine, a, b, n, quantize_->scale[0], quantize_->zero_point[0], out_type,
+                                           po + offset + first))
+                continue;
             float* result = out_type == DType::kFloat32 ? reinterpret_cast<float*>(po) + offset + first : values.data();
             if constexpr (kCombine.has_value()) {
               if (contiguous) combine_floats<*kCombine>(a, b, result, n);

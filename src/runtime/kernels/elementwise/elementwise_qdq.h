@@ -71,6 +71,12 @@ class LaneQuantizer {
   bool multiplying_ = false;  // every channel's quotient comes from its reciprocal (as quantize_linear's)
 };
 
+// y[i] = quantize(a[i] op b[i]) per tensor for n floats into uint8 or int8 `type`, in one pass:
+// the same floats and codes as combining and then quantize_floats. false (nothing written) where
+// that arithmetic divides by the scale instead of multiplying by its reciprocal.
+bool quantize_combined_floats(LaneQuantizer::Combine op, const float* a, const float* b, int64_t n, float scale,
+                              int32_t zero_point, DType type, void* y);
+
 // A per-tensor QuantizeLinear folded into the elementwise op whose float32 result only it reads
 // (execution-only plan fusion, see session.cpp): the op writes the quantized tensor itself.
 // Attributes on the op's node:

@@ -168,6 +168,19 @@ SQ_AVX512_AVX2_CLONES void quantize_span_to_bytes(const float* __restrict x, Q* 
   for (int64_t i = 0; i < n; ++i) y[i] = multiplying_code<Q>(x[i], low, high, s, r, z);
 }
 
+// a[i] op b[i] into 8-bit codes in one pass (quantize_combined_floats).
+template <LaneQuantizer::Combine kOp, typename Q>
+SQ_AVX512_AVX2_CLONES void combine_span_to_bytes(const float* __restrict a, const float* __restrict b, Q* __restrict y,
+                                                 int64_t n, float low, float high, float s, float r, uint8_t z) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v;
+    if constexpr (kOp == LaneQuantizer::Combine::kAdd) v = a[i] + b[i];
+    else if constexpr (kOp == LaneQuantizer::Combine::kSub) v = a[i] - b[i];
+    else v = a[i] * b[i];
+    y[i] = multiplying_code<Q>(v, low, high, s, r, z);
+  }
+}
+
 template <typename X, typename Q>
 void quantize_span(const X* x, Q* y, int64_t n, float s, float lo, float hi, int32_t z) {
   if (const auto rc = reciprocal_for(s, lo, hi)) {
@@ -468,6 +481,36 @@ void quantize_floats(const float* x, int64_t n, float scale, int32_t zero_point,
   } else {
     fail(ErrorKind::kInternal, std::string("quantize_floats: unsupported type ") + dtype_name(type));
   }
+}
+
+namespace {
+template <typename Q>
+bool combine_to_codes(LaneQuantizer::Combine op, const float* a, const float* b, int64_t n, float scale,
+                      int32_t zero_point, Q* y) {
+  const auto lo = static_cast<float>(lowest_code<Q>() - zero_point), hi = static_cast<float>(highest_code<Q>() - zero_point);
+  const auto rc = reciprocal_for(scale, lo, hi);
+  if (!rc) return false;
+  const auto z = static_cast<uint8_t>(zero_point);
+  switch (op) {
+    case LaneQuantizer::Combine::kAdd:
+      combine_span_to_bytes<LaneQuantizer::Combine::kAdd>(a, b, y, n, lo * scale, hi * scale, scale, rc->r, z);
+      break;
+    case LaneQuantizer::Combine::kSub:
+      combine_span_to_bytes<LaneQuantizer::Combine::kSub>(a, b, y, n, lo * scale, hi * scale, scale, rc->r, z);
+      break;
+    case LaneQuantizer::Combine::kMul:
+      combine_span_to_bytes<LaneQuantizer::Combine::kMul>(a, b, y, n, lo * scale, hi * scale, scale, rc->r, z);
+      break;
+  }
+  return true;
+}
+}  // namespace
+
+bool quantize_combined_floats(LaneQuantizer::Combine op, const float* a, const float* b, int64_t n, float scale,
+                              int32_t zero_point, DType type, void* y) {
+  if (type == DType::kUInt8) return combine_to_codes(op, a, b, n, scale, zero_point, static_cast<uint8_t*>(y));
+  if (type == DType::kInt8) return combine_to_codes(op, a, b, n, scale, zero_point, static_cast<int8_t*>(y));
+  return false;
 }
 
 std::optional<FoldedQuantize> folded_quantize(const ir::Node& node) {
