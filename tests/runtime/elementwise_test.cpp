@@ -258,14 +258,16 @@ TEST(Elementwise, SwishPassMatchesTheClosedFormInDouble) {
 // The gated output pass writing 8-bit codes computes the logistic to 7e-5 relative
 // (logistic_for_codes_avx512): each code is the double closed form's rounding to within a fiftieth
 // of a step (the codes' scale puts the top of the range at 127 / 255 steps), saturated at both ends
-// (also for values past the range the logistic rounds in), and a NaN gives the lowest code. Per tensor and per channel (a masked last vector), u8 and s8.
+// (also for values past the range the logistic rounds in), and a NaN gives the lowest code. Per
+// tensor and per channel (21: a masked last vector; 48: whole vectors, packed 64 codes at a time
+// across pixels), u8 and s8.
 TEST(Elementwise, GatedOutputCodesAreTheClosedFormRounded) {
   if (!ew::swish_pass_available()) GTEST_SKIP() << "no AVX-512 on this CPU (the convolutions keep oneDNN's post-op)";
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> d(-9.f, 9.f);
   for (const DType y_type : {DType::kUInt8, DType::kInt8}) {
     const double lo = y_type == DType::kUInt8 ? 0 : -128, hi = y_type == DType::kUInt8 ? 255 : 127;
-    for (const int64_t channels : {int64_t{1}, int64_t{21}}) {
+    for (const int64_t channels : {int64_t{1}, int64_t{21}, int64_t{48}}) {
       for (const float alpha : {1.f, 1.702f}) {
         const int64_t n = channels * 67;
         std::vector<float> v(static_cast<size_t>(n)), factor(static_cast<size_t>(channels)),

@@ -12,7 +12,7 @@
 
 namespace slimquant::runtime::ew {
 
-// Whether the CPU has AVX-512 and SLIMQUANT_SWISH is not "dnnl" (which keeps oneDNN's post-op, to
+// Whether the CPU has AVX-512 (F and BW) and SLIMQUANT_SWISH is not "dnnl" (which keeps oneDNN's post-op, to
 // compare).
 bool swish_pass_available();
 // x[i] = x[i] / (1 + exp(-alpha x[i])) for n floats (exp within 2 ulp; NaN stays NaN). Call only
