@@ -12,8 +12,8 @@
 namespace slimquant::ir {
 namespace {
 
-// Columns [begin, end) of a constant [K, N] matrix (any element type), or of a per-column vector
-// [N] when rows == 0.
+// Columns [begin, end) of a constant [K, N] matrix (any element type), or entries [begin, end) of
+// a per-column vector [N].
 Tensor column_range(const Tensor& t, int64_t begin, int64_t end) {
   const bool matrix = t.rank() == 2;
   const int64_t rows = matrix ? t.shape()[0] : 1, cols = matrix ? t.shape()[1] : t.shape()[0];

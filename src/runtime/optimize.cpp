@@ -115,7 +115,10 @@ int fold_constants(ir::Graph& g, const FoldOptions& options) {
 }
 
 int fold_batch_invariant_sizes(ir::Graph& g, const FoldOptions& options) {
-  const std::map<std::string, Tensor> known = batch_invariant_sizes(g, input_batch_axes(g.inputs));
+  return fold_known_values(g, batch_invariant_sizes(g, input_batch_axes(g.inputs)), options);
+}
+
+int fold_known_values(ir::Graph& g, const std::map<std::string, Tensor>& known, const FoldOptions& options) {
   if (known.empty()) return 0;
   int folded = 0;
   std::vector<ir::Node> kept;

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <unordered_map>
 #include <vector>
 
 namespace slimquant::runtime {
@@ -240,21 +241,22 @@ class Analysis {
 
   // The element type of v where the graph declares it or the op producing it fixes it (shape
   // arithmetic: Shape's int64, then ops keeping their data input's type); kUndefined otherwise.
-  DType integer_type(const std::string& v) const {
+  // producers: each value's node (Graph::producer scans the graph on every call).
+  DType integer_type(const std::string& v, const std::unordered_map<std::string, size_t>& producers) const {
     if (const Tensor* t = g_.initializer(v)) return t->dtype();
     if (const ir::ValueInfo* info = g_.find_value_info(v); info && info->dtype != DType::kUndefined) return info->dtype;
-    const int p = g_.producer(v);
-    if (p < 0) return DType::kUndefined;
-    const ir::Node& n = g_.nodes[static_cast<size_t>(p)];
+    const auto p = producers.find(v);
+    if (p == producers.end()) return DType::kUndefined;
+    const ir::Node& n = g_.nodes[p->second];
     if (!n.domain.empty() && n.domain != "ai.onnx") return DType::kUndefined;
     if (is_one_of(n.op_type, {"Shape", "Size"})) return DType::kInt64;
     if (n.op_type == "Cast") return dtype_from_onnx(static_cast<int>(n.attr_int("to", 0)));
-    if (n.op_type == "Where") return n.input(1).empty() ? DType::kUndefined : integer_type(n.input(1));
+    if (n.op_type == "Where") return n.input(1).empty() ? DType::kUndefined : integer_type(n.input(1), producers);
     if (is_one_of(n.op_type, {"Gather", "Add", "Sub", "Mul", "Div", "Mod", "Neg", "Abs", "Min", "Max", "Unsqueeze",
                               "Squeeze", "Concat", "Slice", "Reshape", "Expand", "Identity", "Transpose", "Range",
                               "ReduceProd", "ReduceSum", "ReduceMin", "ReduceMax", "Tile", "Flatten"}) &&
         !n.input(0).empty())
-      return integer_type(n.input(0));
+      return integer_type(n.input(0), producers);
     return DType::kUndefined;
   }
 
@@ -263,6 +265,9 @@ class Analysis {
   // their declared type.
   std::map<std::string, Tensor> known_static_values() const {
     std::map<std::string, Tensor> known;
+    std::unordered_map<std::string, size_t> producers;
+    for (size_t i = 0; i < g_.nodes.size(); ++i)
+      for (const std::string& v : g_.nodes[i].outputs) producers.emplace(v, i);
     for (const auto& node : g_.nodes)
       for (const std::string& v : node.outputs) {
         const auto it = facts_.find(v);
@@ -270,7 +275,7 @@ class Analysis {
         const std::optional<std::vector<int64_t>> values = it->second.values();
         const Shape& shape = *it->second.shape;
         if (!values || shape.size() > 2 || shape_numel(shape) != static_cast<int64_t>(values->size())) continue;
-        const DType type = integer_type(v);
+        const DType type = integer_type(v, producers);
         if (type != DType::kInt64 && type != DType::kInt32) continue;
         const bool fits = type == DType::kInt64 || std::all_of(values->begin(), values->end(), [](int64_t x) {
           return x == static_cast<int32_t>(x);

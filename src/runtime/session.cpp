@@ -62,7 +62,16 @@ class Plan {
     std::set<std::string> keep(fed.begin(), fed.end());
     keep.insert(wanted.begin(), wanted.end());
     keep.insert(observed.begin(), observed.end());
-    bind_shapes_and_fold(feeds, keep);
+    // Sizes ONNX's shape inference lost (past a Reshape to a computed target) that do not depend
+    // on the batch: attention's Slice bounds and head counts become constants. Proved on the model
+    // with its batch size a symbol (bound, it would be a number the proof cannot tell from any
+    // other), and not with fed intermediates: the proof follows the graph from its inputs.
+    const bool inputs_only = std::all_of(feeds.begin(), feeds.end(), [&](const auto& f) {
+      return std::any_of(base.inputs.begin(), base.inputs.end(), [&](const ir::ValueInfo& in) { return in.name == f.first; });
+    });
+    const std::map<std::string, Tensor> sizes =
+        inputs_only ? batch_invariant_sizes(base, input_batch_axes(base.inputs)) : std::map<std::string, Tensor>{};
+    bind_shapes_and_fold(feeds, keep, sizes);
     if (options.fuse_activations) apply_execution_fusions(graph_, keep);
     assign_input_slots(base, fed, observed);
     steps_ = plan::create_steps(graph_, plan::nodes_to_run(graph_, fed, wanted, observed), slots_);
@@ -99,7 +108,9 @@ class Plan {
  private:
   // Binds the feeds' shapes and folds what became constant. Fed intermediates replace their
   // producers (the folding drops those nodes); values in `keep` stay available when they fold.
-  void bind_shapes_and_fold(const std::map<std::string, Tensor>& feeds, const std::set<std::string>& keep) {
+  // sizes: values known before binding (fold_batch_invariant_sizes), folded after it too.
+  void bind_shapes_and_fold(const std::map<std::string, Tensor>& feeds, const std::set<std::string>& keep,
+                            const std::map<std::string, Tensor>& sizes) {
     std::map<std::string, Shape> shapes;
     for (const auto& [name, t] : feeds)
       if (t.defined() && !t.is_sequence()) shapes[name] = t.shape();  // a sequence's elements have their own
@@ -107,9 +118,7 @@ class Plan {
     FoldOptions fold;
     fold.keep = keep;
     fold_constants(graph_, fold);
-    // Sizes ONNX's shape inference lost (past a Reshape to a computed target) but that follow
-    // from the bound shapes: attention's Slice bounds and head counts become constants.
-    fold_batch_invariant_sizes(graph_, fold);
+    fold_known_values(graph_, sizes, fold);
   }
 
   // Slots of the constants, the feeds and the observed values that folded to constants.

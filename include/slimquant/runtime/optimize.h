@@ -1,4 +1,5 @@
 #pragma once
+#include <map>
 #include <set>
 #include <string>
 
@@ -23,9 +24,12 @@ int fold_constants(ir::Graph& g, const FoldOptions& options = {});
 // Shape arithmetic that does not depend on the batch size but that ONNX's shape inference could not
 // follow (sizes lost at a Reshape to a computed target with a dynamic batch) becomes constants:
 // the nodes whose outputs batch_invariant_sizes knows are replaced by initializers, then the rest
-// folds. Values in options.keep stay computed. Returns nodes replaced. (A session runs it when it
-// binds a plan's input shapes; INT8 lowering before it matches layers.)
+// folds. Values in options.keep stay computed. Returns nodes replaced. (INT8 lowering runs it before
+// it matches layers; a session's plan takes the sizes from its model before binding its shapes,
+// since a batch size bound into the shapes is no longer a symbol the proof can follow.)
 int fold_batch_invariant_sizes(ir::Graph& g, const FoldOptions& options = {});
+// The same with the values given: nodes whose outputs are all in `known` are replaced by them.
+int fold_known_values(ir::Graph& g, const std::map<std::string, Tensor>& known, const FoldOptions& options = {});
 
 // The construction-time pipeline: Constant nodes -> initializers, Identity/Dropout removal,
 // constant folding, BatchNorm folding, dead node removal.

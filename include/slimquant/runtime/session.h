@@ -51,8 +51,9 @@ struct SampleIndependence {
 SampleIndependence analyze_sample_independence(const ir::Graph& graph, const BatchAxes& input_axes);
 // The same proof's by-product: values computed by nodes (shape arithmetic: sizes, Reshape targets,
 // Slice bounds) that it knows element by element and that do not depend on the batch size, as
-// int64 / int32 tensors. optimize_graph makes them constants where ONNX's shape inference lost the
-// sizes (a dynamic batch through a Reshape), so that what reads them can be specialised.
+// int64 / int32 tensors. fold_batch_invariant_sizes (optimize.h) makes them constants where ONNX's
+// shape inference lost the sizes (a dynamic batch through a Reshape), so that what reads them can
+// be specialised.
 std::map<std::string, Tensor> batch_invariant_sizes(const ir::Graph& graph, const BatchAxes& input_axes);
 
 struct SessionOptions {
