@@ -318,7 +318,7 @@ Action register_bench(CLI::App& app) {
   cmd->add_option("MODEL", a->model, "ONNX model file")->required();
   cmd->add_option("--shape", a->shapes, "input shape, e.g. 1x1x28x28, or NAME=1x1x28x28 per input");
   cmd->add_option("--runs", a->runs, "timed runs")->capture_default_str()->check(positive_integer());
-  cmd->add_option("--warmup", a->warmup, "untimed runs first")->capture_default_str()->check(non_negative_integer());
+  cmd->add_option("--warmup", a->warmup, "untimed runs first (more while the session times its part size for a batch)")->capture_default_str()->check(non_negative_integer());
   cmd->add_option("--threads", a->threads, "threads (0 = all cores)")->capture_default_str()->check(non_negative_integer());
   cmd->add_flag("--json", a->json, "print a JSON object as the last line");
   cmd->add_flag("--simulate", a->simulate, kSimulateHelp);
