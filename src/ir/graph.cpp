@@ -182,20 +182,20 @@ void Graph::remove_unused_initializers() {
     it = used.count(it->first) ? std::next(it) : initializers.erase(it);
 }
 
-void Graph::remove_dead_nodes() {
-  std::unordered_set<std::string> needed;
+void Graph::remove_dead_nodes(const std::set<std::string>& keep) {
+  std::unordered_set<std::string> needed(keep.begin(), keep.end());
   for (const auto& o : outputs) needed.insert(o.name);
-  std::vector<bool> keep(nodes.size(), false);
+  std::vector<bool> alive(nodes.size(), false);
   for (int i = static_cast<int>(nodes.size()) - 1; i >= 0; --i) {
     bool live = std::any_of(nodes[i].outputs.begin(), nodes[i].outputs.end(),
                             [&](const std::string& o) { return needed.count(o) != 0; });
     if (!live) continue;
-    keep[i] = true;
+    alive[i] = true;
     for (const auto& in : nodes[i].inputs) needed.insert(in);
   }
   std::vector<Node> kept;
   for (size_t i = 0; i < nodes.size(); ++i)
-    if (keep[i]) kept.push_back(std::move(nodes[i]));
+    if (alive[i]) kept.push_back(std::move(nodes[i]));
   nodes = std::move(kept);
   remove_unused_initializers();
 }

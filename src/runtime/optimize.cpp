@@ -138,20 +138,12 @@ int fold_known_values(ir::Graph& g, const std::map<std::string, Tensor>& known, 
   if (folded == 0) return 0;
   fold_constants(g, options);
   // The Shape nodes whose results folded no longer read their tensors (a Slice's input must have
-  // no other reader to be specialised): drop what nothing needs, keeping options.keep.
-  std::set<std::string> needed(options.keep.begin(), options.keep.end());
-  for (const auto& o : g.outputs) needed.insert(o.name);
-  std::vector<bool> live(g.nodes.size(), false);
-  for (size_t i = g.nodes.size(); i-- > 0;) {
-    const ir::Node& n = g.nodes[i];
-    live[i] = std::any_of(n.outputs.begin(), n.outputs.end(), [&](const std::string& o) { return needed.count(o) != 0; });
-    if (live[i]) needed.insert(n.inputs.begin(), n.inputs.end());
-  }
-  std::vector<ir::Node> alive;
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    if (live[i]) alive.push_back(std::move(g.nodes[i]));
-  g.nodes = std::move(alive);
-  g.remove_unused_initializers();
+  // no other reader to be specialised). Kept values folded to constants stay, as in fold_constants.
+  std::map<std::string, Tensor> kept_values;
+  for (const auto& name : options.keep)
+    if (const Tensor* t = g.initializer(name)) kept_values.emplace(name, *t);
+  g.remove_dead_nodes(options.keep);
+  for (auto& [name, t] : kept_values) g.initializers.emplace(name, std::move(t));
   return folded;
 }
 

@@ -109,7 +109,8 @@ struct Graph {
   // Removes initializers no node or output reads.
   void remove_unused_initializers();
   // Removes nodes whose outputs are not needed for the graph outputs.
-  void remove_dead_nodes();
+  // keep: values that stay needed besides the graph outputs (a session's requested values).
+  void remove_dead_nodes(const std::set<std::string>& keep = {});
   // A value name not used yet in the graph (nodes, initializers, inputs, value_info), derived from base.
   std::string unique_value_name(const std::string& base) const;
   // Parameter count and bytes of float/int initializers.
