@@ -19,6 +19,7 @@ size_t dtype_size(DType t) {
   case DType::name: return sizeof(ctype);
     SQ_DTYPES(SQ_SIZE)
 #undef SQ_SIZE
+    case DType::kFloat16: return 2;
     default: return 0;
   }
 }
@@ -29,6 +30,7 @@ const char* dtype_name(DType t) {
   case DType::name: return str;
     SQ_DTYPES(SQ_NAME)
 #undef SQ_NAME
+    case DType::kFloat16: return "float16";
     default: return "undefined";
   }
 }

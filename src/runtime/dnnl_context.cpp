@@ -31,6 +31,7 @@ dnnl::memory::data_type to_dnnl_type(DType t) {
     case DType::kInt8: return dt::s8;
     case DType::kUInt8: return dt::u8;
     case DType::kInt32: return dt::s32;
+    case DType::kFloat16: return dt::f16;
     default: fail(ErrorKind::kUnsupported, std::string("oneDNN has no data type for ") + dtype_name(t));
   }
 }

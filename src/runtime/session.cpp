@@ -44,8 +44,9 @@ void print_profile(const std::vector<plan::Step>& steps, size_t timed_runs) {
                "per-node minima); per node: mean, min, share of mean\n", timed_runs, 1e3 * total / timed_runs,
                1e3 * total_min);
   for (const auto& s : steps)
-    std::fprintf(stderr, "  %8.4f ms %8.4f ms %5.1f%%  %s%s%s\n", 1e3 * s.seconds / timed_runs, 1e3 * s.min_seconds,
+    std::fprintf(stderr, "  %8.4f ms %8.4f ms %5.1f%%  %s%s%s%s\n", 1e3 * s.seconds / timed_runs, 1e3 * s.min_seconds,
                  100 * s.seconds / total, s.node->describe().c_str(), s.blocked_outputs ? " [may block]" : "",
+                 s.float16_outputs ? " [float16]" : "",
                  s.node->inputs.size() > fused_ops::kConvAddend && s.node->op_type == "Conv" ? " [+sum]" : "");
 }
 
@@ -55,7 +56,7 @@ void print_profile(const std::vector<plan::Step>& steps, size_t timed_runs) {
 class Plan {
  public:
   Plan(const ir::Graph& base, const std::map<std::string, Tensor>& feeds, const std::vector<std::string>& wanted,
-       const std::vector<std::string>& observed, bool observed_plain, const SessionOptions& options)
+       const std::vector<std::string>& observed, bool observed_plain, bool hooked, const SessionOptions& options)
       : graph_(base), wanted_(wanted) {
     std::set<std::string> fed;
     for (const auto& [name, t] : feeds) fed.insert(name);
@@ -80,7 +81,9 @@ class Plan {
     std::unordered_set<int> plain = pinned;  // constants and outputs
     if (observed_plain)
       for (const auto& o : observed) plain.insert(slots_.slot_of(o));
-    plan::plan_layouts(steps_, slots_.size(), plain, options.blocked_layouts);
+    // A hook sees every value as float32 computes it: no float16 storage in a hooked plan.
+    plan::plan_layouts(steps_, slots_.size(), plain, options.blocked_layouts,
+                       options.float16_storage && !hooked && observed.empty());
     for (const auto& w : wanted_) wanted_slots_.push_back(slots_.slot_of(w));
     slot_names_ = slots_.names();
   }
@@ -162,6 +165,7 @@ class Plan {
     if (io.channel_blocked) ctx.bind_layouts(&io.in_layouts, &io.out_layouts, step.blocked_outputs);
     if (step.role == plan::LayoutRole::kAware) {
       ctx.bind_layouts(&io.in_layouts, &io.out_layouts, step.blocked_outputs);
+      ctx.allow_float16_outputs(step.float16_outputs);
       // Only the pool and this value hold the addend's buffer: nobody can observe the overwrite.
       constexpr size_t kAddend = fused_ops::kConvAddend;
       if (step.donate_addend && io.inputs[kAddend] == &slots.values[step.inputs[kAddend]] &&
@@ -206,6 +210,8 @@ class Plan {
   void show_to_hook(const ValueHook& hook, bool hook_any_layout, int slot, const plan::SlotValues& slots) const {
     const Tensor& value = slots.values[slot];
     const LayoutPtr& layout = slots.layouts[slot];
+    if (value.dtype() == DType::kFloat16)
+      fail(ErrorKind::kInternal, "'" + slot_names_[slot] + "' is stored as float16 in a plan with a value hook");
     hook(slot_names_[slot], !layout || (hook_any_layout && plan::samples_stay_contiguous(*layout))
                                 ? value
                                 : dnnl_kernels::to_plain(value, *layout));
@@ -304,9 +310,10 @@ void check_feeds(const ir::Graph& graph, const std::map<std::string, Tensor>& fe
   }
 }
 
-// What a compiled plan depends on: feed names, dtypes and shapes, wanted and observed values.
+// What a compiled plan depends on: feed names, dtypes and shapes, wanted and observed values, and
+// whether a hook sees the values (float16 storage).
 std::string plan_key(const std::map<std::string, Tensor>& feeds, const std::vector<std::string>& wanted,
-                     const std::vector<std::string>& observed, bool observed_plain) {
+                     const std::vector<std::string>& observed, bool observed_plain, bool hooked) {
   std::ostringstream key;
   for (const auto& [name, t] : feeds)
     key << name << ':' << static_cast<int>(t.dtype()) << (t.is_sequence() ? "seq" : shape_str(t.shape())) << ';';
@@ -315,6 +322,7 @@ std::string plan_key(const std::map<std::string, Tensor>& feeds, const std::vect
   key << '|';
   for (const auto& o : observed) key << o << ';';
   if (observed_plain) key << "|plain";
+  if (hooked) key << "|hooked";
   return key.str();
 }
 
@@ -806,13 +814,14 @@ std::map<std::string, Tensor> Session::run_whole(const std::map<std::string, Ten
   if (wanted.empty())
     for (const auto& o : graph_.outputs) wanted.push_back(o.name);
   check_feeds(graph_, feeds);
-  const std::string key = plan_key(feeds, wanted, options.observe, options.observed_plain);
+  const bool hooked = static_cast<bool>(options.on_value);
+  const std::string key = plan_key(feeds, wanted, options.observe, options.observed_plain, hooked);
 
   auto it = std::find_if(plans_.begin(), plans_.end(), [&](const auto& e) { return e->key == key; });
   if (it == plans_.end()) {
     auto entry = std::make_unique<PlanEntry>();
     entry->key = key;
-    entry->plan = std::make_unique<Plan>(graph_, feeds, wanted, options.observe, options.observed_plain, options_);
+    entry->plan = std::make_unique<Plan>(graph_, feeds, wanted, options.observe, options.observed_plain, hooked, options_);
     entry->pool = options_.buffer_pool ? options_.buffer_pool
                   : plans_.empty() ? std::make_shared<BufferPool>() : plans_.back()->pool;
     if (plans_.size() >= options_.max_cached_plans) plans_.erase(plans_.begin());

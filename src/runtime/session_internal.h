@@ -59,6 +59,7 @@ struct Step {
   LayoutRole role = LayoutRole::kPlain;
   uint32_t blocked_outputs = 0;  // bit k: output k may be left in a blocked layout
   bool donate_addend = false;    // the residual addend may become the output buffer (plan_layouts)
+  uint32_t float16_outputs = 0;  // bit k: output k may be stored as float16 (plan_layouts)
   double seconds = 0;            // accumulated under SLIMQUANT_PROFILE
   double min_seconds = 1e30;     // fastest run (a shared machine's preemptions only add time)
 };
@@ -96,9 +97,10 @@ void schedule_releases(std::vector<Step>& steps, size_t slot_count, const std::u
 const KernelLayouts& declared_layouts(const ir::Node& node);
 // Whether an aware kernel reads input position `input` in any layout.
 bool aware_input(const ir::Node& node, size_t input);
-// Sets each step's role, blocked_outputs and donate_addend. The `plain` slots stay plain.
+// Sets each step's role, blocked_outputs, donate_addend and (with float16_storage: nothing is
+// observed) float16_outputs. The `plain` slots stay plain and float32.
 void plan_layouts(std::vector<Step>& steps, size_t slot_count, const std::unordered_set<int>& plain,
-                  bool blocked_layouts);
+                  bool blocked_layouts, bool float16_storage);
 // True when a blocked layout only permutes each sample's elements (see Plan::run's hooks).
 bool samples_stay_contiguous(const Layout& layout);
 

@@ -7,6 +7,7 @@
 #include "runtime/kernels/dnnl/dnnl_kernels.h"
 #include "runtime/kernels/elementwise/elementwise_common.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
+#include "runtime/kernels/elementwise/float16_storage.h"
 #include "runtime/session_internal.h"
 #include "slimquant/ir/rewrite.h"
 
@@ -117,15 +118,47 @@ LayoutPtr common_layout(const Step& step, const SlotValues& slots) {
   return common;
 }
 
+// Outputs stored as float16 (KernelLayouts::float16_outputs): offered by their producer, left
+// blocked, not plain, and read at least once, only at inputs declaring float16 of nodes whose result
+// is quantized.
+void mark_float16_outputs(std::vector<Step>& steps, size_t slot_count, const std::unordered_set<int>& plain) {
+  std::vector<int> readers(slot_count, 0);
+  std::vector<bool> refused(slot_count, false);
+  for (const auto& step : steps) {
+    const ir::Node& n = *step.node;
+    const bool quantized = n.attrs.count(kFoldedQuantizeScale) || n.attrs.count(kFoldedQuantizeChannelScale);
+    const uint32_t accepted = quantized ? declared_layouts(n).float16_inputs : 0u;
+    for (size_t k = 0; k < step.inputs.size(); ++k) {
+      const int in = step.inputs[k];
+      if (in < 0) continue;
+      ++readers[in];
+      if (k >= 32 || !(accepted >> k & 1u)) refused[in] = true;
+    }
+  }
+  for (auto& step : steps) {
+    const uint32_t offered = declared_layouts(*step.node).float16_outputs & step.blocked_outputs;
+    for (size_t k = 0; k < step.outputs.size() && k < 32; ++k) {
+      const int out = step.outputs[k];
+      if ((offered >> k & 1u) && out >= 0 && !plain.count(out) && readers[out] > 0 && !refused[out])
+        step.float16_outputs |= 1u << k;
+    }
+  }
+}
+
 }  // namespace
 
 void plan_layouts(std::vector<Step>& steps, size_t slot_count, const std::unordered_set<int>& plain,
-                  bool blocked_layouts) {
+                  bool blocked_layouts, bool float16_storage) {
   mark_blocked_outputs(steps, slot_count, plain, blocked_layouts);
   mark_addend_donations(steps, slot_count);
+  if (blocked_layouts && float16_storage) mark_float16_outputs(steps, slot_count, plain);
 }
 
 const Tensor* PlainCopies::make(const Tensor& t, const LayoutPtr& layout, BufferPool& pool) {
+  if (t.dtype() == DType::kFloat16) {  // plain float32 (only kernels declaring float16 inputs read it)
+    copies_.push_back(dnnl_kernels::to_plain(as_float32(t), *dnnl_kernels::retyped_layout(*layout, DType::kFloat32)));
+    return &copies_.back();
+  }
   copies_.push_back(pool.allocate(t.dtype(), t.shape()));
   dnnl_kernels::reorder_to_plain(t, *layout, copies_.back());
   return &copies_.back();

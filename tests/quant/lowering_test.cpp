@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <tuple>
 
 #include "runtime/fusions/execution_fusions.h"
 #include "runtime/kernels/integer/int8_common.h"
+#include "runtime/kernels/integer/int8_depthwise.h"
 #include "runtime/kernels/integer/int8_reference.h"
 #include "slimquant/data/batch.h"
 #include "slimquant/ir/onnx_io.h"
@@ -1407,6 +1409,65 @@ TEST(Lowering, SqueezeExcitationPoolIsTakenWithTheDepthwiseOutput) {
         EXPECT_NEAR(means.data<float>()[i], sum / pixels, 1e-5 * magnitude / pixels + 1e-7) << channels << " " << i;
       }
     }
+}
+
+// The same block, the gate's codes read by a 1x1 projection of identity weights (so its float
+// output is the gated values): the depthwise y, read only by the gate Mul whose result is
+// quantized, is held in half precision (SessionOptions::float16_storage). Each gated value is then
+// within one step (0.02) of the float32 plan's, and some do move (the storage was taken). Where y is
+// also returned, where a hook sees the run, and with the option off, the plan keeps y in float32:
+// the same values as the float32 plan's.
+TEST(Lowering, SqueezeExcitationInputIsHeldInHalfPrecisionForTheQuantizedGate) {
+  if (!runtime::int8::direct_depthwise_available()) GTEST_SKIP() << "the direct depthwise kernel needs AVX-512 VNNI";
+  constexpr int64_t kChannels = 96, kWidth = 40;
+  for (const bool y_is_output : {false, true}) {
+    QdqBuilder b(12);
+    const Shape xs{2, kChannels, 10, kWidth};
+    const std::string x = b.qdq(b.input("x", xs), 0.02f, 128, DType::kUInt8);
+    const std::string conv = b.node("Conv", {x, b.weight({kChannels, 1, 3, 3}, 0), b.bias(kChannels)},
+                                    {{"group", kChannels},
+                                     {"pads", std::vector<int64_t>{1, 1, 1, 1}},
+                                     {"kernel_shape", std::vector<int64_t>{3, 3}}});
+    const std::string y = b.node("Mul", {conv, b.node("Sigmoid", {conv})});
+    const std::string gate = b.node("Sigmoid", {b.node("GlobalAveragePool", {y})});
+    const std::string gated = b.qdq(b.node("Mul", {y, gate}), 0.02f, 128, DType::kUInt8);
+    Tensor identity(DType::kInt8, {kChannels, kChannels, 1, 1});
+    for (int64_t c = 0; c < kChannels; ++c) identity.data<int8_t>()[c * kChannels + c] = 127;
+    const std::string w = b.node("DequantizeLinear",
+                                 {b.constant("w", identity),
+                                  b.constant("ws", Tensor::from_vector<float>({kChannels}, std::vector<float>(kChannels, 1.f / 127))),
+                                  b.constant("wz", Tensor::from_vector<int8_t>({kChannels}, std::vector<int8_t>(kChannels, 0)))},
+                                 {{"axis", int64_t{0}}});
+    const std::string projected = b.node("Conv", {gated, w});
+    ir::Graph qdq = b.finish(projected);
+    if (y_is_output) qdq.outputs.push_back({y, DType::kFloat32, std::nullopt});
+
+    const Tensor input = b.random_input(xs, -1.f, 4.f);
+    runtime::SessionOptions full_precision;
+    full_precision.float16_storage = false;
+    runtime::Session halves = quant::make_int8_session(qdq), floats = quant::make_int8_session(qdq, full_precision);
+    const Tensor got = halves.run({{"x", input}}).at(projected), want = floats.run({{"x", input}}).at(projected);
+    ASSERT_EQ(got.shape(), want.shape());
+    int64_t moved = 0;
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      const float d = std::fabs(got.data<float>()[i] - want.data<float>()[i]);
+      EXPECT_LE(d, 0.0201f) << i;
+      moved += d > 0;
+    }
+    if (y_is_output) {
+      EXPECT_EQ(moved, 0);
+    } else {
+      EXPECT_GT(moved, 0);
+      EXPECT_LT(moved, got.numel() / 100);
+    }
+    // A hooked run of the same session: a plan of its own, in float32.
+    runtime::RunOptions hooked;
+    int64_t seen = 0;
+    hooked.on_value = [&](const std::string&, const Tensor& v) { seen += v.dtype() == DType::kFloat32; };
+    const Tensor observed = halves.run({{"x", input}}, hooked).at(projected);
+    EXPECT_GT(seen, 0);
+    EXPECT_EQ(std::memcmp(observed.raw(), want.raw(), want.nbytes()), 0);
+  }
 }
 
 }  // namespace

@@ -136,6 +136,19 @@ TEST_P(DirectDepthwiseTest, MatchesTheReferenceCodeForCode) {
         }
         EXPECT_NEAR(sums[static_cast<size_t>(n * c.channels + ch)], want, 1e-5 * magnitude + 1e-6) << n << " " << ch;
       }
+    // Float16 storage: each value is the float32 one rounded to half precision, and the sums are
+    // still the float32 values' (bit for bit: the same additions).
+    ASSERT_TRUE(kernel.float16_holds_outputs());
+    std::vector<uint16_t> halves(static_cast<size_t>(y_nhwc.numel()));
+    std::vector<float> half_sums(sums.size(), -1.f);
+    kernel.run(p, x_nhwc.raw(), halves.data(), half_sums.data(), true);
+    int64_t rounded = 0;
+    for (int64_t i = 0; i < y_nhwc.numel(); ++i) {
+      ASSERT_EQ(halves[static_cast<size_t>(i)], float_to_16bit(yv[i], kOnnxFloat16)) << i << " of " << yv[i];
+      rounded += float_from_16bit(halves[static_cast<size_t>(i)], kOnnxFloat16) != yv[i];
+    }
+    EXPECT_GT(rounded, 0);  // not trivially equal
+    EXPECT_EQ(half_sums, sums);
   }
   if (exact) {
     EXPECT_EQ(mismatches, 0) << "worst difference " << worst;
@@ -145,6 +158,40 @@ TEST_P(DirectDepthwiseTest, MatchesTheReferenceCodeForCode) {
     EXPECT_LE(worst, 1.0);
     EXPECT_LE(mismatches, std::max<int64_t>(1, static_cast<int64_t>(a.size()) / 200)) << "worst difference " << worst;
   }
+}
+
+// Float16 storage is offered only where no input codes can give a float32 y past half precision's
+// largest finite value: 3x3 weights of 127, u8 codes with zero point 0, so |acc| <= 9 * 127 * 255,
+// scaled to a largest output of 60000 (offered) or 70000 (refused, for Swish, Relu and no
+// activation alike; a Sigmoid's output is at most 1 whatever the scale). Storage the kernel refused
+// is an internal error.
+TEST(DirectDepthwiseFloat16, OfferedOnlyWhereEveryOutputIsFiniteInHalfPrecision) {
+  if (!direct_depthwise_available()) GTEST_SKIP() << "the direct depthwise kernel needs AVX-512 VNNI";
+  constexpr int64_t kChannels = 64;
+  const double largest_acc = 9.0 * 127 * 255;
+  Tensor w(DType::kInt8, {kChannels, 1, 3, 3});
+  for (int8_t& v : w.values<int8_t>()) v = 127;
+  for (const Activation act : {Activation::kNone, Activation::kRelu, Activation::kSwish, Activation::kSigmoid})
+    for (const double largest : {60000.0, 70000.0}) {
+      QLinearAttrs q;
+      q.x.scale = {1.f};
+      q.x.zero_point = {0};
+      q.w.scale.assign(kChannels, static_cast<float>(largest / largest_acc));
+      q.w.zero_point.assign(kChannels, 0);
+      q.w.axis = 0;
+      q.activation = act;
+      q.activation_alpha = 1.f;
+      q.y.dtype = DType::kFloat32;
+      const Requant r = make_requant(ir::Node(), q, kChannels, nullptr);
+      const DirectDepthwise kernel(q, r, w, DType::kUInt8);
+      const bool holds = largest < 65504 || act == Activation::kSigmoid;
+      EXPECT_EQ(kernel.float16_holds_outputs(), holds) << activation_name(act) << " " << largest;
+      if (holds) continue;
+      const ConvProblem p{1, kChannels, kChannels, kChannels, {3, 3}, {3, 3}, {3, 3}, {1, 1}, {1, 1}, {1, 1}};
+      std::vector<uint8_t> x(9 * kChannels, 255);
+      std::vector<uint16_t> y(9 * kChannels);
+      EXPECT_THROW(kernel.run(p, x.data(), y.data(), nullptr, true), Error);
+    }
 }
 
 constexpr DType kU8 = DType::kUInt8, kS8 = DType::kInt8, kF32 = DType::kFloat32;

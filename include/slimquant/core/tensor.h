@@ -35,6 +35,10 @@ enum class DType : int {
 #define SQ_DTYPE_ENUM(name, ctype, onnx_id, str) name = onnx_id,
   SQ_DTYPES(SQ_DTYPE_ENUM)
 #undef SQ_DTYPE_ENUM
+  // Storage only, inside a compiled plan: a float32 value held as IEEE half-precision bits where the
+  // plan allows it (runtime::KernelLayouts::float16_outputs). Models never carry it (see below), and
+  // kernels read it only at inputs that declare it; widen_float16 gives float32 back.
+  kFloat16 = 10,
 };
 
 size_t dtype_size(DType t);

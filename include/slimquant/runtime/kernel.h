@@ -56,6 +56,10 @@ class KernelContext {
   }
   // Whether output i may be written in a non-plain layout (every reader is layout-aware).
   bool output_layout_allowed(size_t i) const { return i < 32 && (blocked_outputs_ >> i & 1u); }
+  // Whether float32 output i may be written as DType::kFloat16 (KernelLayouts::float16_outputs), in
+  // a layout the kernel declares with set_output_layout.
+  bool output_float16_allowed(size_t i) const { return i < 32 && (float16_outputs_ >> i & 1u); }
+  void allow_float16_outputs(uint32_t mask) { float16_outputs_ = mask; }
   // Declares output i's data to be in `layout` (only when output_layout_allowed(i)).
   void set_output_layout(size_t i, LayoutPtr layout) {
     if (output_layouts_ && i < output_layouts_->size()) (*output_layouts_)[i] = std::move(layout);
@@ -78,6 +82,7 @@ class KernelContext {
   const std::vector<LayoutPtr>* input_layouts_ = nullptr;
   std::vector<LayoutPtr>* output_layouts_ = nullptr;
   uint32_t blocked_outputs_ = 0;
+  uint32_t float16_outputs_ = 0;
   uint32_t donated_inputs_ = 0;
 };
 
@@ -109,6 +114,14 @@ struct KernelLayouts {
   // kChannelBlocked: first tries passthrough (raw element order), as plain elementwise arithmetic can
   // (unless the node needs each element's position: kernels/elementwise/channel_blocked.h).
   bool tries_passthrough = false;
+  // Bit k: output k (float32) may be stored as DType::kFloat16 where the plan allows it
+  // (KernelContext::output_float16_allowed): it stays blocked, is neither returned nor observed, and
+  // every reader takes float16 there.
+  uint32_t float16_outputs = 0;
+  // Bit k: input k may arrive as DType::kFloat16 when the node's result is quantized (a folded
+  // QuantizeLinear), whose steps are far coarser than half precision's 2^-11. The kernel reads it on
+  // every path it may take (widen_float16).
+  uint32_t float16_inputs = 0;
 };
 
 // The producers a kernel can read through (input prologues) and the consumers it can apply before

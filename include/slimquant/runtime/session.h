@@ -69,6 +69,12 @@ struct SessionOptions {
   // (reordering only where a plain reader needs them). Results equal the plain path's up to float
   // rounding; hooks and returned outputs are always plain. Off: every value plain (reference).
   bool blocked_layouts = true;
+  // In blocked plans without hooks or observed values, a float32 map whose every reader quantizes
+  // what it computes from it may be held in half precision: the direct depthwise QConv's output into
+  // a squeeze-excitation's gate Mul (half the bytes through the cache; 2^-11 relative, where the
+  // gate's quantization step is at least 2^-8 of its range, so a code moves by one at most, at a
+  // rounding boundary). Off: every float value float32.
+  bool float16_storage = true;
   int num_threads = 0;  // 0 = leave OpenMP's default
   size_t max_cached_plans = 8;
   // Feeds sharing a leading dimension are a batch of samples: run in parts when the model declares

@@ -13,10 +13,15 @@ namespace layouts {
 using Role = KernelLayouts::Role;
 // Conv and QConv: x, and the fused residual addend, in oneDNN's blocked layouts.
 inline constexpr KernelLayouts kConvolution{Role::kAware, 1u << fused_ops::kConvX | 1u << fused_ops::kConvAddend};
+// QConv: its float32 y may be stored as float16 (the direct depthwise kernel: a squeeze-excitation's
+// input, read again by the gate Mul after the pool).
+inline constexpr KernelLayouts kQuantizedConvolution{kConvolution.role, kConvolution.blocked_inputs, false, false, 1u};
 inline constexpr KernelLayouts kPooling{Role::kAware, 1u << 0};  // MaxPool, AveragePool: x
 inline constexpr KernelLayouts kPassthrough{Role::kPassthrough};
 // Elementwise arithmetic and QuantizeLinear after the convolutions (squeeze-excitation, FPN sums).
 inline constexpr KernelLayouts kChannelBlockedElementwise{Role::kChannelBlocked, 0, false, true};
+// Add, Sub, Mul, Div: the same, and either operand may be float16 where the result is quantized.
+inline constexpr KernelLayouts kChannelBlockedArithmetic{Role::kChannelBlocked, 0, false, true, 0u, 0b11u};
 inline constexpr KernelLayouts kChannelBlocked{Role::kChannelBlocked};  // Resize, Concat
 // Ops whose plain output is written as cheaply from blocked input (a per-channel summary [N, C, 1, 1];
 // DepthToSpace, whose channels-last input with one output channel gives plain y directly).

@@ -1,4 +1,5 @@
 #include "runtime/kernels/elementwise/channel_blocked.h"
+#include "runtime/kernels/elementwise/float16_storage.h"
 
 #include <numeric>
 #include <vector>
@@ -74,6 +75,10 @@ std::optional<Blocking> common_blocking(const KernelContext& ctx) {
 
 Tensor plain_input(const KernelContext& ctx, size_t i) {
   const Layout* layout = ctx.input_layout(i);
+  if (ctx.input(i).dtype() == DType::kFloat16) {  // float16 storage: plain float32
+    const Tensor wide = as_float32(ctx.input(i));
+    return layout ? dnnl_kernels::to_plain(wide, *dnnl_kernels::retyped_layout(*layout, DType::kFloat32)) : wide;
+  }
   return layout ? dnnl_kernels::to_plain(ctx.input(i), *layout) : ctx.input(i);
 }
 

@@ -47,7 +47,7 @@ struct View {
 std::optional<Blocking> common_blocking(const KernelContext& ctx, std::initializer_list<size_t> positions);
 std::optional<Blocking> common_blocking(const KernelContext& ctx);  // every input
 // Input i as a plain tensor: itself, or a plain copy when it carries a layout (the fallback of a
-// kernel whose blocked path does not cover a case).
+// kernel whose blocked path does not cover a case); float16 storage comes back as float32.
 Tensor plain_input(const KernelContext& ctx, size_t i);
 
 }  // namespace slimquant::runtime::channel_blocked

@@ -12,6 +12,7 @@
 #include "runtime/kernels/elementwise/elementwise_common.h"
 #include "runtime/kernels/elementwise/elementwise_math.h"
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
+#include "runtime/kernels/elementwise/float16_storage.h"
 #include "runtime/kernels/elementwise/elementwise_register.h"
 
 namespace slimquant::runtime::ew {
@@ -305,15 +306,17 @@ class BinaryKernel final : public Kernel {
     // Channel-blocked inputs (a channel-blocked step): read as they are, or converted to plain.
     const bool blocked = ctx.input_layout(0) || ctx.input_layout(1);
     if (blocked && run_channel_blocked(ctx)) return;
+    // Plain (and float32 where the plan stored float16) from here on.
+    auto operand = [&](size_t k) {
+      return blocked ? channel_blocked::plain_input(ctx, k) : as_float32(ctx.input(k));
+    };
     if (dequantize_.empty() && scaled_input_ < 0) {
-      if (blocked) run_plain(ctx, channel_blocked::plain_input(ctx, 0), channel_blocked::plain_input(ctx, 1));
-      else run_plain(ctx, ctx.input(0), ctx.input(1));
+      run_plain(ctx, operand(0), operand(1));
       return;
     }
     // Folded DequantizeLinears and scaling outside the blocked path: the floats they stand for, then
     // the op.
-    std::array<Tensor, 2> in = {blocked ? channel_blocked::plain_input(ctx, 0) : ctx.input(0),
-                                blocked ? channel_blocked::plain_input(ctx, 1) : ctx.input(1)};
+    std::array<Tensor, 2> in = {operand(0), operand(1)};
     for (const FoldedDequantize& d : dequantize_) in[d.input] = dequantized(in[d.input], d, node_.describe());
     if (scaled_input_ >= 0) {
       const std::string who = node_.describe();
@@ -468,6 +471,8 @@ class BinaryKernel final : public Kernel {
     const std::byte* codes = nullptr;
     DType code_type = DType::kUndefined;
     const FoldedDequantize* dequantize = nullptr;
+    // Float16 storage (full operands only, KernelLayouts::float16_inputs): widened chunk by chunk.
+    const uint16_t* halves = nullptr;
   };
 
   const FoldedDequantize* dequantize_of(size_t k) const {
@@ -478,6 +483,12 @@ class BinaryKernel final : public Kernel {
 
   static std::optional<BlockedOperand> blocked_operand(const Tensor& t, const Layout* layout, const Shape& out) {
     BlockedOperand o;
+    if (t.dtype() == DType::kFloat16) {
+      if (!layout || t.shape() != out) return std::nullopt;
+      o.halves = static_cast<const uint16_t*>(t.raw());
+      o.full = true;
+      return o;
+    }
     o.data = t.data<float>();
     if (layout && t.shape() == out) {
       o.full = true;
@@ -502,7 +513,7 @@ class BinaryKernel final : public Kernel {
     int64_t kh = 1, kw = 1, small_height = 0, small_width = 0;
   };
 
-  // Operand k in the output's element order: float32, or a folded DequantizeLinear's codes.
+  // Operand k in the output's element order: float32 (or float16), or a folded DequantizeLinear's codes.
   std::optional<BlockedOperand> full_operand(const KernelContext& ctx, size_t k) const {
     const Tensor& t = ctx.input(k);
     BlockedOperand o;
@@ -512,6 +523,10 @@ class BinaryKernel final : public Kernel {
       o.codes = static_cast<const std::byte*>(t.raw());
       o.code_type = t.dtype();
       o.dequantize = d;
+      return o;
+    }
+    if (t.dtype() == DType::kFloat16) {
+      o.halves = static_cast<const uint16_t*>(t.raw());
       return o;
     }
     if (t.dtype() != DType::kFloat32) return std::nullopt;
@@ -553,7 +568,7 @@ class BinaryKernel final : public Kernel {
           plan.out_like = ctx.input_layout(k);
           continue;
         }
-        if (t.dtype() != DType::kFloat32) return std::nullopt;
+        if (t.dtype() != DType::kFloat32 && t.dtype() != DType::kFloat16) return std::nullopt;
         const std::optional<BlockedOperand> o = blocked_operand(t, ctx.input_layout(k), plan.out_shape);
         if (!o) return std::nullopt;
         plan.in[k] = *o;
@@ -587,7 +602,7 @@ class BinaryKernel final : public Kernel {
     const int64_t lanes = v.block, row_len = v.width * lanes;
     stride = 1;
     advance = 1;
-    if (o.codes) return nullptr;  // dequantized per chunk (run_channel_blocked)
+    if (o.codes || o.halves) return nullptr;  // dequantized or widened per chunk (run_channel_blocked)
     if (upsampled_input_ == static_cast<int>(k)) {
       // The small map's row y / kh, each pixel's lanes repeated kw times.
       if (refill) {
@@ -670,7 +685,10 @@ class BinaryKernel final : public Kernel {
             std::array<const float*, 2> chunk{};
             for (size_t k = 0; k < 2; ++k) {
               const BlockedOperand& o = plan->in[k];
-              if (o.codes) {
+              if (o.halves) {
+                widen_float16(o.halves + offset + first, dequantized_chunk[k], n);
+                chunk[k] = dequantized_chunk[k];
+              } else if (o.codes) {
                 dequantize_codes(o.codes + offset + first, o.code_type, n, o.dequantize->scale,
                                  o.dequantize->zero_point, dequantized_chunk[k]);
                 chunk[k] = dequantized_chunk[k];
@@ -1002,10 +1020,10 @@ constexpr KernelFolds kMulDivFolds{.dequantized_inputs = 0b11, .upsampled_inputs
 }  // namespace
 
 void register_binary_kernels(KernelRegistry& r) {
-  r.add("Add", binary(SameTypeOp<NumericP, AddFn>{}, true), "", layouts::kChannelBlockedElementwise, kAddSubFolds);
-  r.add("Sub", binary(SameTypeOp<NumericP, SubFn>{}, true), "", layouts::kChannelBlockedElementwise, kAddSubFolds);
-  r.add("Mul", binary(SameTypeOp<NumericP, MulFn>{}, true), "", layouts::kChannelBlockedElementwise, kMulDivFolds);
-  r.add("Div", binary(SameTypeOp<NumericP, DivFn>{}, true), "", layouts::kChannelBlockedElementwise, kMulDivFolds);
+  r.add("Add", binary(SameTypeOp<NumericP, AddFn>{}, true), "", layouts::kChannelBlockedArithmetic, kAddSubFolds);
+  r.add("Sub", binary(SameTypeOp<NumericP, SubFn>{}, true), "", layouts::kChannelBlockedArithmetic, kAddSubFolds);
+  r.add("Mul", binary(SameTypeOp<NumericP, MulFn>{}, true), "", layouts::kChannelBlockedArithmetic, kMulDivFolds);
+  r.add("Div", binary(SameTypeOp<NumericP, DivFn>{}, true), "", layouts::kChannelBlockedArithmetic, kMulDivFolds);
   r.add("PRelu", binary(SameTypeOp<SignedNumericP, PReluFn>{}, false, Broadcast::kToFirst));
   r.add("Mod", [](const KernelInit& init) -> std::unique_ptr<Kernel> {
     const int64_t fmod = init.node.attr_int("fmod", 0);

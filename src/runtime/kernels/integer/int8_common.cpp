@@ -272,6 +272,7 @@ dt dnnl_type(DType t) {
     case DType::kUInt8: return dt::u8;
     case DType::kInt8: return dt::s8;
     case DType::kInt32: return dt::s32;
+    case DType::kFloat16: return dt::f16;
     default: fail(ErrorKind::kUnsupported, std::string("no oneDNN data type for ") + dtype_name(t));
   }
 }

@@ -147,7 +147,11 @@ class QConvKernel final : public Kernel {
     ConvPlan& p = plans_.get(
         x.shape(), x.dtype(), [&] { return make_plan(x.shape(), x.dtype(), x_layout, out_blocked, sum, sum_layout); },
         tag);
-    Tensor& y = ctx.allocate_output(0, output_.dtype, p.prim.out_shape);
+    // A float32 y the direct kernel writes in the plan's layout as float16 where the plan allows it
+    // and every value it can write is finite in half precision.
+    const bool float16_y = p.direct && p.out_layout && output_.dtype == DType::kFloat32 &&
+                           ctx.output_float16_allowed(0) && p.direct->float16_holds_outputs();
+    Tensor& y = ctx.allocate_output(0, float16_y ? DType::kFloat16 : output_.dtype, p.prim.out_shape);
     float* means = nullptr;
     if (node_.outputs.size() > 1 && !node_.outputs[1].empty()) {
       if (output_.dtype != DType::kFloat32 || y.rank() != 4 || y.dim(2) * y.dim(3) == 0)
@@ -157,8 +161,9 @@ class QConvKernel final : public Kernel {
     }
     if (y.numel() == 0) return;
     if (p.direct || p.bands) {
-      run_channels_last(p, x, y, p.direct ? means : nullptr);
-      if (p.out_layout) ctx.set_output_layout(0, p.out_layout);
+      run_channels_last(p, x, y, p.direct ? means : nullptr, float16_y);
+      if (p.out_layout)
+        ctx.set_output_layout(0, float16_y ? dnnl_kernels::retyped_layout(*p.out_layout, DType::kFloat16) : p.out_layout);
       if (means && p.direct) {
         const auto pixels = static_cast<float>(y.dim(2) * y.dim(3));
         for (int64_t i = 0; i < y.dim(0) * y.dim(1); ++i) means[i] /= pixels;
@@ -238,7 +243,9 @@ class QConvKernel final : public Kernel {
   }
 
   // x and y through the shared per-thread scratch where they are not channels-last.
-  void run_channels_last(ConvPlan& p, const Tensor& x, Tensor& y, float* channel_sums = nullptr) const {
+  // float16_y: a direct kernel's float32 y written as float16 (y then holds that storage).
+  void run_channels_last(ConvPlan& p, const Tensor& x, Tensor& y, float* channel_sums = nullptr,
+                         bool float16_y = false) const {
     const void* src = x.raw();
     if (p.nhwc_src_reorder) {
       memory from(p.nhwc_src_user, dnnl_engine(), const_cast<void*>(x.raw()));
@@ -255,7 +262,7 @@ class QConvKernel final : public Kernel {
     }
     void* dst = p.nhwc_dst_reorder ? dnnl_scratch(DnnlScratch::kDst, p.nhwc_dst.get_size()) : y.raw();
     if (p.bands) p.bands->run(static_cast<const uint8_t*>(src), dst);
-    else p.direct->run(p.problem, src, dst, channel_sums);
+    else p.direct->run(p.problem, src, dst, channel_sums, float16_y);
     if (!p.nhwc_dst_reorder) return;
     memory from(p.nhwc_dst, dnnl_engine(), dst), to(p.nhwc_dst_plain, dnnl_engine(), y.raw());
     p.nhwc_dst_reorder->execute(dnnl_stream(), from, to);

@@ -182,14 +182,18 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
   post_factor_.assign(padded, 1.f);
   post_offset_.assign(padded, 0.f);
   const int8_t* wq = w.data<int8_t>();
+  // The largest |x_q - z_x| of any input code, for the bound on float32 outputs.
+  const double widest_input = std::max(zero_code, 255 - zero_code);
+  double largest_output = 0;
   for (int64_t c = 0; c < channels_; ++c) {
     const int64_t chunk = c / kChunk, within = c % kChunk;
     const int64_t lane = within / 16, j = (within % 16) / 4, i = within % 4;
-    int32_t weight_sum = 0;
+    int32_t weight_sum = 0, weight_magnitude = 0;
     for (int64_t kh = 0; kh < kernel_h_; ++kh)
       for (int64_t kw = 0; kw < kernel_w_; ++kw) {
         const int8_t v = wq[(c * kernel_h_ + kh) * kernel_w_ + kw];
         weight_sum += v;
+        weight_magnitude += std::abs(v);
         for (int64_t offset = 0; offset < alignment_; ++offset) {  // the window's first row within its first quad
           const int64_t quad = (kh + offset) / 4, row = (kh + offset) % 4;
           const int64_t at = (((offset * chunks_ + chunk) * quads_ + quad) * kernel_w_ + kw) * 4 + j;
@@ -207,7 +211,32 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
     } else {
       post_factor_[at] = channel_factor;
     }
+    if (!quantized) {
+      const double v = (weight_magnitude * widest_input + std::fabs(bias_[at])) * std::fabs(multiplier_[at]);
+      largest_output = std::max(largest_output, activation_bound(v) * std::fabs(post_factor_[at]) +
+                                                    std::fabs(post_offset_[at]));
+    }
   }
+  // Below float16's largest finite value with room for the float32 arithmetic's rounding.
+  float16_holds_outputs_ = !quantized && largest_output < 65000.0;
+}
+
+double DirectDepthwise::activation_bound(double v) const {
+  const Stage& s = stage_;
+  switch (s.act) {
+    case Act::kClamp:  // clamp(f, lo, hi) lies in [lo, hi], and within |f| of zero when 0 is in it
+      return s.lo <= 0.f && s.hi >= 0.f ? std::min<double>(v, std::max(std::fabs(s.lo), std::fabs(s.hi)))
+                                        : std::max(std::fabs(s.lo), std::fabs(s.hi));
+    case Act::kLeakyRelu: return v * std::max(1.0, std::fabs(static_cast<double>(s.alpha)));
+    case Act::kHardSigmoid: return std::fabs(s.top);
+    case Act::kSigmoid: return 1.0;
+    // |f * gate| <= |f| for gates in [0, 1] (Swish's logistic, hard-swish's clipped line).
+    case Act::kNone:
+    case Act::kHardSwish:
+    case Act::kSwish:
+    case Act::kSiLU: return v;
+  }
+  return v;
 }
 
 #if SQ_HAS_DIRECT_DEPTHWISE
@@ -221,6 +250,7 @@ struct DepthwisePass {
   int64_t chunks, quads, alignment;
   bool signed_x;
   uint8_t pad_code;
+  bool float16_y;  // a float32 y stored as float16
 };
 
 // One quad of rows (row t: rows[t], or the zero code when null) interleaved for one chunk over
@@ -325,6 +355,15 @@ SQ_AVX512_VNNI inline void finish(const DepthwisePass& k, int64_t chunk, const _
       for (int j = 0; j < 4; ++j) sums[j] = _mm512_add_ps(sums[j], v[j]);
     __m512 out[4];
     to_channel_order(v, out);
+    if (k.float16_y) {
+      auto* dst = static_cast<uint16_t*>(y);
+      for (int l = 0; l < 4 && 16 * l < valid; ++l) {
+        const int64_t n = std::min<int64_t>(16, valid - 16 * l);
+        _mm256_mask_storeu_epi16(dst + 16 * l, static_cast<__mmask16>((1u << n) - 1u),
+                                 _mm512_cvtps_ph(out[l], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      }
+      return;
+    }
     float* dst = static_cast<float*>(y);
     for (int l = 0; l < 4 && 16 * l < valid; ++l) {
       const int64_t n = std::min<int64_t>(16, valid - 16 * l);
@@ -418,14 +457,16 @@ SQ_AVX512_VNNI void run_units(const DepthwisePass& k, const Geometry& s, const u
 }  // namespace
 #endif
 
-void DirectDepthwise::run(const ConvProblem& p, const void* x, void* y, float* channel_sums) const {
+void DirectDepthwise::run(const ConvProblem& p, const void* x, void* y, float* channel_sums, bool float16_y) const {
   const Geometry s = geometry_of(p);
   if (s.channels != channels_ || s.kernel_h != kernel_h_ || s.kernel_w != kernel_w_)
     fail(ErrorKind::kInternal, "direct depthwise convolution: shape does not match the packed weights");
 #if SQ_HAS_DIRECT_DEPTHWISE
   const DepthwisePass k{&stage_, weights_.data(), compensation_.data(), bias_.data(), multiplier_.data(), post_factor_.data(),
-                 post_offset_.data(), chunks_, quads_, alignment_, signed_x_, pad_code_};
-  const int64_t y_bytes = stage_.y_type == DType::kFloat32 ? 4 : 1;
+                 post_offset_.data(), chunks_, quads_, alignment_, signed_x_, pad_code_, float16_y};
+  if (float16_y && !(stage_.y_type == DType::kFloat32 && float16_holds_outputs_))
+    fail(ErrorKind::kInternal, "direct depthwise convolution: float16 storage of outputs it may not hold");
+  const int64_t y_bytes = stage_.y_type == DType::kFloat32 ? (float16_y ? 2 : 4) : 1;
   const int64_t tiles = (s.out_w + kTileColumns - 1) / kTileColumns;
   const int64_t unit_outputs = s.out_h * std::min(s.out_w, kTileColumns) * kChunk;
   const auto* in = static_cast<const uint8_t*>(x);
@@ -461,6 +502,7 @@ void DirectDepthwise::run(const ConvProblem& p, const void* x, void* y, float* c
   (void)x;
   (void)y;
   (void)channel_sums;
+  (void)float16_y;
   fail(ErrorKind::kInternal, "direct depthwise convolution: not built for this CPU architecture");
 #endif
 }

@@ -52,7 +52,12 @@ class DirectDepthwise {
   // p: a 2-D problem with group == channels; x: [N, H, W, C] codes of x_type; y: [N, OH, OW, C] of
   // q.y.dtype (channels-last, dense). channel_sums (a float32 y only): [N, C], each channel's sum
   // over the output pixels, taken as the values are written (a squeeze-excitation's pool).
-  void run(const ConvProblem& p, const void* x, void* y, float* channel_sums = nullptr) const;
+  // float16_y (a float32 y, when float16_holds_outputs()): y holds each value rounded to half
+  // precision (to nearest even), 2 bytes an element; the channel sums are of the float32 values.
+  void run(const ConvProblem& p, const void* x, void* y, float* channel_sums = nullptr, bool float16_y = false) const;
+  // Whether every float32 y the weights, bias and output stage can give, for any input codes, is
+  // finite in half precision (|y| < 65504), so that float16 storage cannot overflow.
+  bool float16_holds_outputs() const { return float16_holds_outputs_; }
 
   int64_t channels() const { return channels_; }
   int64_t kernel_h() const { return kernel_h_; }
@@ -71,9 +76,13 @@ class DirectDepthwise {
   };
 
  private:
+  // The largest |act(f)| of the output stage's activation for |f| <= v.
+  double activation_bound(double v) const;
+
   int64_t channels_ = 0, kernel_h_ = 0, kernel_w_ = 0, chunks_ = 0;
   int64_t quads_ = 0, alignment_ = 4;  // row quads per window, and the rows between quads (see the .cpp)
   bool signed_x_ = false;
+  bool float16_holds_outputs_ = false;
   uint8_t pad_code_ = 0;  // the unsigned code of a real zero input
   Stage stage_;
   // Per 64-channel chunk, in register order (see the .cpp): weights [row offset][chunk][quad][kw]

@@ -204,7 +204,7 @@ constexpr KernelFolds kQConvFolds{.tensor_quantize = true, .refuses = qconv_refu
 
 void register_int8_kernels(KernelRegistry& r) {
   int8::register_int8_onnx_schemas();
-  r.add(int8::kQConv, int8::make_qconv, int8::kDomain, layouts::kConvolution, kQConvFolds);
+  r.add(int8::kQConv, int8::make_qconv, int8::kDomain, layouts::kQuantizedConvolution, kQConvFolds);
   r.add(int8::kQGemm, int8::make_qgemm, int8::kDomain);
   r.add(int8::kQMatMul, int8::make_qmatmul, int8::kDomain);
   r.add(fused_ops::kMatMulQb4w, fused_ops::make_matmul_f32_qb4w, fused_ops::kMatMulQb4wDomain);  // weight-only 4-bit
