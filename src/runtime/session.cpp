@@ -46,7 +46,7 @@ void print_profile(const std::vector<plan::Step>& steps, size_t timed_runs) {
   for (const auto& s : steps)
     std::fprintf(stderr, "  %8.4f ms %8.4f ms %5.1f%%  %s%s%s%s\n", 1e3 * s.seconds / timed_runs, 1e3 * s.min_seconds,
                  100 * s.seconds / total, s.node->describe().c_str(), s.blocked_outputs ? " [may block]" : "",
-                 s.float16_outputs ? " [float16]" : "",
+                 s.float16_outputs ? " [may float16]" : "",
                  s.node->inputs.size() > fused_ops::kConvAddend && s.node->op_type == "Conv" ? " [+sum]" : "");
 }
 

@@ -1419,10 +1419,11 @@ TEST(Lowering, SqueezeExcitationPoolIsTakenWithTheDepthwiseOutput) {
 // the same values as the float32 plan's.
 TEST(Lowering, SqueezeExcitationInputIsHeldInHalfPrecisionForTheQuantizedGate) {
   if (!runtime::int8::direct_depthwise_available()) GTEST_SKIP() << "the direct depthwise kernel needs AVX-512 VNNI";
-  constexpr int64_t kChannels = 96, kWidth = 40;
+  // y of 4.7 MB: past half the L2 of any x86 core (below it the kernel keeps float32).
+  constexpr int64_t kChannels = 96, kHeight = 48, kWidth = 128;
   for (const bool y_is_output : {false, true}) {
     QdqBuilder b(12);
-    const Shape xs{2, kChannels, 10, kWidth};
+    const Shape xs{2, kChannels, kHeight, kWidth};
     const std::string x = b.qdq(b.input("x", xs), 0.02f, 128, DType::kUInt8);
     const std::string conv = b.node("Conv", {x, b.weight({kChannels, 1, 3, 3}, 0), b.bias(kChannels)},
                                     {{"group", kChannels},

@@ -187,5 +187,48 @@ TEST(LaneQuantizer, CombinedOpsMatchTheOpThenTheDivision) {
         }
 }
 
+// quantize_combined_with_halves (a gate Mul reading its float16-stored operand) against widening
+// the operand, the float op and the division, per tensor: the probes rounded to half precision
+// (with infinities and NaN) on either side of the op, both code types, ragged lengths, and a scale
+// the reciprocal cannot serve (refused, nothing written). CPUs without AVX-512 refuse every call.
+TEST(LaneQuantizer, CombinedWithFloat16OperandMatchesWideningThenTheDivision) {
+  using Combine = LaneQuantizer::Combine;
+  std::mt19937 rng(53);
+  std::normal_distribution<float> noise(0.f, 2.f);
+  for (const DType type : {DType::kUInt8, DType::kInt8})
+    for (const float scale : {0.02f, 3.5e-4f, 1e-31f})
+      for (const int32_t zero_point : {type == DType::kUInt8 ? 128 : 0, type == DType::kUInt8 ? 3 : -120})
+        for (const Combine op : {Combine::kAdd, Combine::kSub, Combine::kMul})
+          for (const bool halves_first : {true, false}) {
+            SCOPED_TRACE(std::string(dtype_name(type)) + " scale " + std::to_string(scale) + " zero point " +
+                         std::to_string(zero_point) + " op " + std::to_string(static_cast<int>(op)) +
+                         (halves_first ? " halves first" : " halves second"));
+            std::vector<float> values = probes(scale, zero_point, type, rng);
+            const size_t n = 2 * values.size() + 7;  // identity pairs, noise pairs, a tail
+            std::vector<uint16_t> halves(n);
+            std::vector<float> floats(n);
+            const float identity = op == Combine::kMul ? 1.f : 0.f;
+            for (size_t i = 0; i < n; ++i) {
+              halves[i] = float_to_16bit(values[i % values.size()], kOnnxFloat16);
+              floats[i] = i % 2 == 0 ? identity : noise(rng);
+            }
+            std::vector<uint8_t> y(n, 0xA5);
+            if (!quantize_combined_with_halves(op, halves.data(), floats.data(), halves_first, static_cast<int64_t>(n),
+                                               scale, zero_point, type, y.data())) {
+              EXPECT_TRUE(scale < 1e-30f || !__builtin_cpu_supports("avx512bw")) << "refused a plain scale";
+              EXPECT_TRUE(std::all_of(y.begin(), y.end(), [](uint8_t b) { return b == 0xA5; }));
+              continue;
+            }
+            EXPECT_GE(scale, 1e-30f);
+            for (size_t i = 0; i < n; ++i) {
+              const float h = float_from_16bit(halves[i], kOnnxFloat16), f = floats[i];
+              const float first = halves_first ? h : f, second = halves_first ? f : h;
+              const float v = op == Combine::kAdd ? first + second : op == Combine::kSub ? first - second : first * second;
+              ASSERT_EQ(code_of(y[i], type), division_code(v, scale, zero_point, type))
+                  << "element " << i << " half " << h << " float " << f;
+            }
+          }
+}
+
 }  // namespace
 }  // namespace slimquant::runtime

@@ -70,10 +70,10 @@ struct SessionOptions {
   // rounding; hooks and returned outputs are always plain. Off: every value plain (reference).
   bool blocked_layouts = true;
   // In blocked plans without hooks or observed values, a float32 map whose every reader quantizes
-  // what it computes from it may be held in half precision: the direct depthwise QConv's output into
-  // a squeeze-excitation's gate Mul (half the bytes through the cache; 2^-11 relative, where the
-  // gate's quantization step is at least 2^-8 of its range, so a code moves by one at most, at a
-  // rounding boundary). Off: every float value float32.
+  // what it computes from it may be held in half precision where it is larger than half the core's
+  // L2: the direct depthwise QConv's output into a squeeze-excitation's gate Mul (half the bytes
+  // through L3; 2^-11 relative, where the gate's quantization step is 2^-8 of its range, so a code
+  // moves by one at most, at a rounding boundary). Off: every float value float32.
   bool float16_storage = true;
   int num_threads = 0;  // 0 = leave OpenMP's default
   size_t max_cached_plans = 8;

@@ -682,6 +682,17 @@ class BinaryKernel final : public Kernel {
           const int64_t offset = plane * v.plane_elements() + y * row_len;
           for (int64_t x0 = 0; x0 < v.width; x0 += chunk_pixels) {
             const int64_t pixels = std::min(chunk_pixels, v.width - x0), first = x0 * lanes, n = pixels * lanes;
+            // A float16 operand straight into the per-tensor Q's codes (the gate Mul), not widened first.
+            if constexpr (kCombine.has_value()) {
+              const int h = plan->in[0].halves ? 0 : plan->in[1].halves ? 1 : -1;
+              const auto f = static_cast<size_t>(1 - h);
+              if (h >= 0 && quantize_ && !act_ && scaled_input_ < 0 && !plan->in[f].codes && !plan->in[f].halves &&
+                  stride[f] == 1 &&
+                  quantize_combined_with_halves(*kCombine, plan->in[static_cast<size_t>(h)].halves + offset + first,
+                                                row[f] + first * advance[f], h == 0, n, quantize_->scale[0],
+                                                quantize_->zero_point[0], out_type, po + offset + first))
+                continue;
+            }
             std::array<const float*, 2> chunk{};
             for (size_t k = 0; k < 2; ++k) {
               const BlockedOperand& o = plan->in[k];

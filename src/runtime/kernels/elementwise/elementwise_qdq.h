@@ -76,6 +76,11 @@ class LaneQuantizer {
 // that arithmetic divides by the scale instead of multiplying by its reciprocal.
 bool quantize_combined_floats(LaneQuantizer::Combine op, const float* a, const float* b, int64_t n, float scale,
                               int32_t zero_point, DType type, void* y);
+// The same with one operand held as float16 storage (DType::kFloat16): `halves` op `floats` when
+// halves_first, else `floats` op `halves`; the same codes as widening it first. false (nothing
+// written) where quantize_combined_floats would be, or where the CPU lacks AVX-512 (F, BW, VL).
+bool quantize_combined_with_halves(LaneQuantizer::Combine op, const uint16_t* halves, const float* floats,
+                                   bool halves_first, int64_t n, float scale, int32_t zero_point, DType type, void* y);
 
 // A per-tensor QuantizeLinear folded into the elementwise op whose float32 result only it reads
 // (execution-only plan fusion, see session.cpp): the op writes the quantized tensor itself.

@@ -16,6 +16,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 #include "runtime/kernels/elementwise/channel_blocked.h"
 #include "runtime/kernels/cpu_clones.h"
 #include "runtime/kernels/elementwise/elementwise_common.h"
@@ -511,6 +515,91 @@ bool quantize_combined_floats(LaneQuantizer::Combine op, const float* a, const f
   if (type == DType::kUInt8) return combine_to_codes(op, a, b, n, scale, zero_point, static_cast<uint8_t*>(y));
   if (type == DType::kInt8) return combine_to_codes(op, a, b, n, scale, zero_point, static_cast<int8_t*>(y));
   return false;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// GCC 12's AVX-512 intrinsic headers start some results from _mm512_undefined_*(), which
+// -Wmaybe-uninitialized reports once they are inlined (as in int8_depthwise.cpp).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+namespace {
+// multiplying_code of (h op f) or (f op h), h widened from half precision, 16 lanes at a time: the
+// same float operations, so the same codes (the code's low byte plus z, wrapped, is the u8 or s8
+// byte).
+template <LaneQuantizer::Combine kOp, bool kHalvesFirst>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline void combine_halves_lanes(
+    const uint16_t* halves, const float* floats, uint8_t* y, __mmask16 m, __m512 lo, __m512 hi, __m512 s, __m512 r,
+    __m512i z) {
+  const __m512 h = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, halves));
+  const __m512 f = _mm512_maskz_loadu_ps(m, floats);
+  const __m512 first = kHalvesFirst ? h : f, second = kHalvesFirst ? f : h;
+  __m512 v;
+  if constexpr (kOp == LaneQuantizer::Combine::kAdd) v = _mm512_add_ps(first, second);
+  else if constexpr (kOp == LaneQuantizer::Combine::kSub) v = _mm512_sub_ps(first, second);
+  else v = _mm512_mul_ps(first, second);
+  v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);  // max gives lo for NaN, as v > low ? v : low does
+  const __m512 q = _mm512_mul_ps(v, r);
+  const __m512 quotient = _mm512_fmadd_ps(_mm512_fnmadd_ps(q, s, v), r, q);
+  const __m512i bits = _mm512_add_epi32(
+      _mm512_castps_si512(_mm512_add_ps(quotient, _mm512_set1_ps(quant_math::kRoundHalfEvenMagic))), z);
+  _mm_mask_storeu_epi8(y, m, _mm512_cvtepi32_epi8(bits));
+}
+
+template <LaneQuantizer::Combine kOp, bool kHalvesFirst>
+__attribute__((target("avx512f,avx512bw,avx512vl"))) void combine_halves_to_bytes(
+    const uint16_t* halves, const float* floats, uint8_t* y, int64_t n, float low, float high, float s, float r,
+    uint8_t z) {
+  const __m512 lo = _mm512_set1_ps(low), hi = _mm512_set1_ps(high), vs = _mm512_set1_ps(s), vr = _mm512_set1_ps(r);
+  const __m512i vz = _mm512_set1_epi32(z);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    combine_halves_lanes<kOp, kHalvesFirst>(halves + i, floats + i, y + i, 0xFFFF, lo, hi, vs, vr, vz);
+  if (i < n)
+    combine_halves_lanes<kOp, kHalvesFirst>(halves + i, floats + i, y + i, static_cast<__mmask16>((1u << (n - i)) - 1u),
+                                            lo, hi, vs, vr, vz);
+}
+
+template <LaneQuantizer::Combine kOp>
+void combine_halves_either_side(const uint16_t* halves, const float* floats, bool halves_first, uint8_t* y, int64_t n,
+                                float low, float high, float s, float r, uint8_t z) {
+  if (halves_first) combine_halves_to_bytes<kOp, true>(halves, floats, y, n, low, high, s, r, z);
+  else combine_halves_to_bytes<kOp, false>(halves, floats, y, n, low, high, s, r, z);
+}
+}  // namespace
+#pragma GCC diagnostic pop
+#endif
+
+bool quantize_combined_with_halves(LaneQuantizer::Combine op, const uint16_t* halves, const float* floats,
+                                   bool halves_first, int64_t n, float scale, int32_t zero_point, DType type, void* y) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                             __builtin_cpu_supports("avx512vl");
+  if (!avx512 || (type != DType::kUInt8 && type != DType::kInt8)) return false;
+  const bool u8 = type == DType::kUInt8;
+  const auto lo = static_cast<float>((u8 ? 0 : -128) - zero_point), hi = static_cast<float>((u8 ? 255 : 127) - zero_point);
+  const auto rc = reciprocal_for(scale, lo, hi);
+  if (!rc) return false;
+  auto* out = static_cast<uint8_t*>(y);
+  const auto z = static_cast<uint8_t>(zero_point);
+  switch (op) {
+    case LaneQuantizer::Combine::kAdd:
+      combine_halves_either_side<LaneQuantizer::Combine::kAdd>(halves, floats, halves_first, out, n, lo * scale,
+                                                               hi * scale, scale, rc->r, z);
+      break;
+    case LaneQuantizer::Combine::kSub:
+      combine_halves_either_side<LaneQuantizer::Combine::kSub>(halves, floats, halves_first, out, n, lo * scale,
+                                                               hi * scale, scale, rc->r, z);
+      break;
+    case LaneQuantizer::Combine::kMul:
+      combine_halves_either_side<LaneQuantizer::Combine::kMul>(halves, floats, halves_first, out, n, lo * scale,
+                                                               hi * scale, scale, rc->r, z);
+      break;
+  }
+  return true;
+#else
+  (void)op, (void)halves, (void)floats, (void)halves_first, (void)n, (void)scale, (void)zero_point, (void)type, (void)y;
+  return false;
+#endif
 }
 
 std::optional<FoldedQuantize> folded_quantize(const ir::Node& node) {
