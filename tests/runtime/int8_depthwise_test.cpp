@@ -96,7 +96,8 @@ TEST_P(DirectDepthwiseTest, MatchesTheReferenceCodeForCode) {
                       {c.kernel_h, c.kernel_w}, {c.stride_h, c.stride_w}, {1, 1}, {c.pad_top, c.pad_left}};
   reference_qconv(q, r, p, x, w, expected);
 
-  const DirectDepthwise kernel(q, r, w, c.x_type);
+  // 16 and 32 channels at a horizontal stride of 1: chunks of 4 / 2 pixels, as int8_conv.cpp runs them.
+  const DirectDepthwise kernel(q, r, w, c.x_type, pixel_group_for(p));
   const Tensor x_nhwc = test::to_channels_last(x);
   Tensor y_nhwc(c.y_type, {c.batch, out_h, out_w, c.channels});
   kernel.run(p, x_nhwc.raw(), y_nhwc.raw());
@@ -230,6 +231,18 @@ INSTANTIATE_TEST_SUITE_P(
         DepthwiseCase{"c144_3x3_swish_f32_batch2", 144, 9, 30, 3, 3, 1, 1, 1, 1, 1, 1, kU8, 5, A::kSwish, kF32, 0,
                       false, false, 2},
         DepthwiseCase{"c80_3x3_sigmoid_u8", 80, 7, 9, 3, 3, 1, 1, 1, 1, 1, 1, kS8, -9, A::kSigmoid, kU8, 0},
+        // Pixel groups (16 / 32 channels, horizontal stride 1): rows whose last group is partial
+        // (13 and 10 columns), padding cutting a group at both edges, a vertical stride, the
+        // channel sums of a float32 y over two images, and 32 channels at stride 2 (no groups).
+        DepthwiseCase{"c32_3x3_odd_width_swish_f32_batch2", 32, 9, 13, 3, 3, 1, 1, 1, 1, 1, 1, kU8, 3, A::kSwish, kF32, 0,
+                      false, false, 2},
+        DepthwiseCase{"c16_5x5_width10_relu_u8zp", 16, 8, 10, 5, 5, 1, 1, 2, 2, 2, 2, kS8, 0, A::kRelu, kU8, 7},
+        DepthwiseCase{"c16_3x3_stride2x1_asymmetric_pads_hardswish_s8", 16, 11, 21, 3, 3, 2, 1, 0, 1, 1, 0, kU8, 12,
+                      A::kHardSwish, kS8, -3},
+        DepthwiseCase{"c32_3x3_unpadded_channel_y", 32, 6, 38, 3, 3, 1, 1, 0, 0, 0, 0, kS8, -2, A::kNone, kS8, 0, true},
+        DepthwiseCase{"c32_3x3_stride2_sigmoid_f32", 32, 9, 12, 3, 3, 2, 2, 1, 1, 1, 1, kU8, 0, A::kSigmoid, kF32, 0},
+        DepthwiseCase{"c16_3x3_wide_swish_f32_threads", 16, 40, 96, 3, 3, 1, 1, 1, 1, 1, 1, kU8, 5, A::kSwish, kF32, 0,
+                      false, false, 2},
         // Enough work for the units to be split across OpenMP threads (each with its own ring).
         DepthwiseCase{"c256_5x5_40x40_threads_relu_u8", 256, 40, 40, 5, 5, 1, 1, 2, 2, 2, 2, kU8, 5, A::kRelu, kU8, 0,
                       false, false, 2}),

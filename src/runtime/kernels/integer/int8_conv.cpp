@@ -142,7 +142,7 @@ class QConvKernel final : public Kernel {
     bias_ = b ? *b : Tensor();
     const bool one_filter_per_channel = w_.rank() == 4 && w_.dim(1) == 1 && group_ == m;
     direct_depthwise_ = compute_ == Compute::kInt8 && !has_sum && one_filter_per_channel &&
-                        w_.dim(2) <= kMaxKernelHeight && m >= kMinDirectDepthwiseChannels &&
+                        w_.dim(2) <= kMaxKernelHeight && (m >= kMinDirectDepthwiseChannels || m == 16 || m == 32) &&
                         direct_depthwise_available() && direct_depthwise_supports(q_);
   }
 
@@ -225,7 +225,7 @@ class QConvKernel final : public Kernel {
   // The direct depthwise kernel's plan.
   void plan_direct(ConvPlan& p, const Shape& xs, DType x_type, const Layout* x_layout, bool out_blocked) {
     std::shared_ptr<const DirectDepthwise>& packed = direct_packed_[x_type == DType::kInt8 ? 1 : 0];
-    if (!packed) packed = std::make_shared<const DirectDepthwise>(q_, requant_, w_, x_type);
+    if (!packed) packed = std::make_shared<const DirectDepthwise>(q_, requant_, w_, x_type, pixel_group_for(p.problem));
     p.direct = packed;
     plan_channels_last(p, xs, x_type, x_layout, out_blocked);
   }

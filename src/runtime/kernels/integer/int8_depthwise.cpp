@@ -88,11 +88,18 @@ bool direct_depthwise_available() {
 #endif
 }
 
+int64_t pixel_group_for(const ConvProblem& p) {
+  const int64_t c = p.out_channels;
+  return (c == 16 || c == 32) && p.strides.size() == 2 && p.strides[1] == 1 ? kChunk / c : 1;
+}
+
 bool direct_depthwise_pays(const ConvProblem& p) {
   if (p.kernel.size() != 2) return false;
+  const int64_t group = pixel_group_for(p);
+  if (group == 1 && p.out_channels < kMinDirectDepthwiseChannels) return false;
   // A partly filled 64-channel chunk pays only at stride 1 (every quad serves each output row).
-  if (p.out_channels < kChunk && (p.strides[0] != 1 || p.strides[1] != 1)) return false;
-  return p.kernel[0] * p.kernel[1] >= 25 || p.out_spatial[1] >= 2 * kTileColumns;
+  if (group == 1 && p.out_channels < kChunk && (p.strides[0] != 1 || p.strides[1] != 1)) return false;
+  return p.kernel[0] * p.kernel[1] >= 25 || p.out_spatial[1] >= 2 * kTileColumns * group;
 }
 
 bool direct_depthwise_supports(const QLinearAttrs& q) {
@@ -109,7 +116,8 @@ bool direct_depthwise_supports(const QLinearAttrs& q) {
   }
 }
 
-DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const Tensor& w, DType x_type) {
+DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const Tensor& w, DType x_type,
+                                 int64_t pixels_per_chunk) {
   if (w.rank() != 4 || w.dim(1) != 1 || w.dtype() != DType::kInt8)
     fail(ErrorKind::kInternal,
          "direct depthwise convolution: weights must be s8 [C, 1, kh, kw], got " + shape_str(w.shape()));
@@ -122,7 +130,13 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
   channels_ = w.dim(0);
   kernel_h_ = w.dim(2);
   kernel_w_ = w.dim(3);
-  chunks_ = (channels_ + kChunk - 1) / kChunk;
+  group_ = pixels_per_chunk;
+  if (group_ != 1 && channels_ * group_ != kChunk)
+    fail(ErrorKind::kInternal, "direct depthwise convolution: " + std::to_string(group_) + " pixels of " +
+                                   std::to_string(channels_) + " channels do not fill a chunk");
+  // Lane v computes channel v % channels_ (of pixel v / channels_ in its group).
+  const int64_t lanes = channels_ * group_;
+  chunks_ = (lanes + kChunk - 1) / kChunk;
   quads_ = (kernel_h_ + 3) / 4;
   // The alignment of the quads (see the file comment): the largest power of two dividing 4 with
   // (alignment - 1) + kh <= 4 * quads_.
@@ -185,8 +199,9 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
   // The largest |x_q - z_x| of any input code, for the bound on float32 outputs.
   const double widest_input = std::max(zero_code, 255 - zero_code);
   double largest_output = 0;
-  for (int64_t c = 0; c < channels_; ++c) {
-    const int64_t chunk = c / kChunk, within = c % kChunk;
+  for (int64_t v = 0; v < lanes; ++v) {
+    const int64_t c = v % channels_;
+    const int64_t chunk = v / kChunk, within = v % kChunk;
     const int64_t lane = within / 16, j = (within % 16) / 4, i = within % 4;
     int32_t weight_sum = 0, weight_magnitude = 0;
     for (int64_t kh = 0; kh < kernel_h_; ++kh)
@@ -200,7 +215,7 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
           weights_[static_cast<size_t>(at * 64 + lane * 16 + i * 4 + row)] = v;
         }
       }
-    const int64_t at = register_index(c);
+    const int64_t at = register_index(v);
     compensation_[at] = zero_code * weight_sum;
     bias_[at] = r.bias.empty() ? 0.f : r.bias[c];
     multiplier_[at] = r.multiplier[c];
@@ -251,21 +266,36 @@ struct DepthwisePass {
   bool signed_x;
   uint8_t pad_code;
   bool float16_y;  // a float32 y stored as float16
+  int64_t group;   // output pixels per chunk (DirectDepthwise::pixels_per_chunk)
 };
 
 // One quad of rows (row t: rows[t], or the zero code when null) interleaved for one chunk over
 // `cols` columns starting at input column first_iw (negative in the padding): q[col][j] is
-// register j of that column.
+// register j of that column. With group g > 1 (channels * g == 64) a column's chunk is the g
+// pixels from iw on, and lanes of pixels outside the row read the zero code.
+template <bool kPixelGroups>
 SQ_AVX512_VNNI void interleave_rows(const uint8_t* const rows[4], int64_t channels, int64_t in_w, int64_t first_iw,
-                                    int64_t cols, __mmask64 mask, __m512i zero_code, __m512i flip, uint8_t* q) {
+                                    int64_t cols, __mmask64 mask, __m512i zero_code, __m512i flip, uint8_t* q,
+                                    int64_t group) {
+  const __mmask64 pixel_lanes = kPixelGroups ? (__mmask64{1} << channels) - 1 : 0;
   for (int64_t col = 0; col < cols; ++col) {
     const int64_t iw = first_iw + col;
-    const bool inside = iw >= 0 && iw < in_w;
+    __mmask64 lanes = iw >= 0 && iw + group <= in_w ? mask : 0;
+    bool edge = false;  // some lanes' pixels lie outside the row
+    if (kPixelGroups && !lanes)
+      for (int64_t j = 0; j < group; ++j)
+        if (iw + j >= 0 && iw + j < in_w) lanes |= pixel_lanes << (j * channels), edge = true;
     __m512i r[4];
 #pragma GCC unroll 4
-    for (int t = 0; t < 4; ++t)
-      r[t] = inside && rows[t] ? _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, rows[t] + iw * channels), flip)
-                               : zero_code;
+    for (int t = 0; t < 4; ++t) {
+      if (!lanes || !rows[t]) {
+        r[t] = zero_code;
+        continue;
+      }
+      // (a group at the row's left edge forms an address left of the row; those lanes are not read)
+      const __m512i codes = _mm512_xor_si512(_mm512_maskz_loadu_epi8(lanes, rows[t] + iw * channels), flip);
+      r[t] = kPixelGroups && edge ? _mm512_mask_blend_epi8(lanes, zero_code, codes) : codes;
+    }
     const __m512i ab_lo = _mm512_unpacklo_epi8(r[0], r[1]), ab_hi = _mm512_unpackhi_epi8(r[0], r[1]);
     const __m512i cd_lo = _mm512_unpacklo_epi8(r[2], r[3]), cd_hi = _mm512_unpackhi_epi8(r[2], r[3]);
     uint8_t* out = q + col * kQuadBytes;
@@ -351,10 +381,16 @@ SQ_AVX512_VNNI inline void finish(const DepthwisePass& k, int64_t chunk, const _
     v[j] = _mm512_fmadd_ps(f, _mm512_loadu_ps(k.post_factor + at), _mm512_loadu_ps(k.post_offset + at));
   }
   if (s.y_type == DType::kFloat32) {
-    if (sums)
-      for (int j = 0; j < 4; ++j) sums[j] = _mm512_add_ps(sums[j], v[j]);
     __m512 out[4];
     to_channel_order(v, out);
+    if (sums && valid >= kChunk) {
+      for (int l = 0; l < 4; ++l) sums[l] = _mm512_add_ps(sums[l], out[l]);
+    } else if (sums) {  // in channel order, the valid lanes only (a pixel group's last may be past the row)
+      for (int l = 0; l < 4; ++l) {
+        const int64_t n = std::clamp<int64_t>(valid - 16 * l, 0, 16);
+        sums[l] = _mm512_mask_add_ps(sums[l], static_cast<__mmask16>((1u << n) - 1u), sums[l], out[l]);
+      }
+    }
     if (k.float16_y) {
       auto* dst = static_cast<uint16_t*>(y);
       for (int l = 0; l < 4 && 16 * l < valid; ++l) {
@@ -387,12 +423,16 @@ SQ_AVX512_VNNI inline void finish(const DepthwisePass& k, int64_t chunk, const _
 }
 
 // Units (n, tile of output columns, chunk), each over all output rows, keeping the quads that
-// windows still to come read in a ring (slots tagged with the quad they hold).
-// partial_sums (or null): 64 floats per unit, its chunk's channel sums over its tile of columns.
+// windows still to come read in a ring (slots tagged with the quad they hold). An output column
+// here is k.group output pixels (the chunk's lanes), whose windows start k.group input columns
+// apart (stride 1).
+// partial_sums (or null): 64 floats per unit, in lane order, its chunk's sums over its tile of
+// columns (with pixel groups, lane l is channel l % channels).
 template <Act A>
 SQ_AVX512_VNNI void run_units(const DepthwisePass& k, const Geometry& s, const uint8_t* x, uint8_t* y, int64_t y_bytes,
                               int64_t unit_begin, int64_t unit_end, float* partial_sums) {
-  const int64_t max_cols = (kTileColumns - 1) * s.stride_w + s.kernel_w;
+  const int64_t group = k.group, sw = s.stride_w * group, out_cols = (s.out_w + group - 1) / group;
+  const int64_t max_cols = (kTileColumns - 1) * sw + s.kernel_w;
   const int64_t quad_step = 4 / k.alignment;              // quad indices between a window's quads
   const int64_t slots = (k.quads - 1) * quad_step + 1;  // a window's span of quad indices
   // The ring in this thread's shared scratch (the caller's reorders use kSrc / kDst).
@@ -401,13 +441,15 @@ SQ_AVX512_VNNI void run_units(const DepthwisePass& k, const Geometry& s, const u
   std::array<int64_t, 16> held{};  // slots <= 13 (four quads four indices apart)
   const __m512i zero_code = _mm512_set1_epi8(static_cast<char>(k.pad_code));
   const __m512i flip = _mm512_set1_epi8(k.signed_x ? static_cast<char>(0x80) : 0);
-  const int64_t c = s.channels, tiles = (s.out_w + kTileColumns - 1) / kTileColumns;
+  const int64_t c = s.channels, tiles = (out_cols + kTileColumns - 1) / kTileColumns;
   for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
     const int64_t chunk = unit % k.chunks, tile = unit / k.chunks % tiles, n = unit / k.chunks / tiles;
-    const int64_t valid = std::min(kChunk, c - chunk * kChunk);
+    const int64_t valid = std::min(kChunk, c * group - chunk * kChunk);
+    // The lanes an output column writes: a pixel group's last may reach past the row.
+    auto valid_at = [&](int64_t ow) { return group == 1 ? valid : std::min(group, s.out_w - ow * group) * c; };
     const __mmask64 mask = valid >= 64 ? ~__mmask64{0} : (__mmask64{1} << valid) - 1;
-    const int64_t tile_begin = tile * kTileColumns, tile_end = std::min(s.out_w, tile_begin + kTileColumns);
-    const int64_t cols = (tile_end - tile_begin - 1) * s.stride_w + s.kernel_w;
+    const int64_t tile_begin = tile * kTileColumns, tile_end = std::min(out_cols, tile_begin + kTileColumns);
+    const int64_t cols = (tile_end - tile_begin - 1) * sw + s.kernel_w;
     const uint8_t* image = x + n * s.in_h * s.in_w * c + chunk * kChunk;
     held.fill(-1);
     __m512 sums[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -423,8 +465,12 @@ SQ_AVX512_VNNI void run_units(const DepthwisePass& k, const Geometry& s, const u
           const int64_t ih = k.alignment * m + t - s.pad_top;
           rows[t] = ih >= 0 && ih < s.in_h ? image + ih * s.in_w * c : nullptr;
         }
-        interleave_rows(rows, c, s.in_w, tile_begin * s.stride_w - s.pad_left, cols, mask, zero_code, flip,
-                        ring + slot * cols * kQuadBytes);
+        if (group > 1)
+          interleave_rows<true>(rows, c, s.in_w, tile_begin * sw - s.pad_left, cols, mask, zero_code, flip,
+                                ring + slot * cols * kQuadBytes, group);
+        else
+          interleave_rows<false>(rows, c, s.in_w, tile_begin * sw - s.pad_left, cols, mask, zero_code, flip,
+                                 ring + slot * cols * kQuadBytes, group);
         held[slot] = m;
       }
       const uint8_t* quads[4];  // k.quads <= 4 (filters of up to 16 rows)
@@ -436,21 +482,19 @@ SQ_AVX512_VNNI void run_units(const DepthwisePass& k, const Geometry& s, const u
       int64_t ow = tile_begin;
       for (; ow + 4 <= tile_end; ow += 4) {
         __m512i acc[4][4];
-        accumulate<4>(quads, count, w, s.kernel_w, (ow - tile_begin) * s.stride_w, s.stride_w, acc);
+        accumulate<4>(quads, count, w, s.kernel_w, (ow - tile_begin) * sw, sw, acc);
 #pragma GCC unroll 4
-        for (int p = 0; p < 4; ++p) finish<A>(k, chunk, acc[p], out_row + (ow + p) * c * y_bytes, valid, sum_into);
+        for (int p = 0; p < 4; ++p)
+          finish<A>(k, chunk, acc[p], out_row + (ow + p) * group * c * y_bytes, valid_at(ow + p), sum_into);
       }
       for (; ow < tile_end; ++ow) {
         __m512i acc[1][4];
-        accumulate<1>(quads, count, w, s.kernel_w, (ow - tile_begin) * s.stride_w, s.stride_w, acc);
-        finish<A>(k, chunk, acc[0], out_row + ow * c * y_bytes, valid, sum_into);
+        accumulate<1>(quads, count, w, s.kernel_w, (ow - tile_begin) * sw, sw, acc);
+        finish<A>(k, chunk, acc[0], out_row + ow * group * c * y_bytes, valid_at(ow), sum_into);
       }
     }
-    if (partial_sums) {
-      __m512 ordered[4];
-      to_channel_order(sums, ordered);
-      for (int l = 0; l < 4; ++l) _mm512_storeu_ps(partial_sums + unit * kChunk + 16 * l, ordered[l]);
-    }
+    if (partial_sums)
+      for (int l = 0; l < 4; ++l) _mm512_storeu_ps(partial_sums + unit * kChunk + 16 * l, sums[l]);
   }
 }
 
@@ -461,14 +505,17 @@ void DirectDepthwise::run(const ConvProblem& p, const void* x, void* y, float* c
   const Geometry s = geometry_of(p);
   if (s.channels != channels_ || s.kernel_h != kernel_h_ || s.kernel_w != kernel_w_)
     fail(ErrorKind::kInternal, "direct depthwise convolution: shape does not match the packed weights");
+  if (group_ > 1 && s.stride_w != 1)
+    fail(ErrorKind::kInternal, "direct depthwise convolution: pixel groups need a horizontal stride of 1");
 #if SQ_HAS_DIRECT_DEPTHWISE
   const DepthwisePass k{&stage_, weights_.data(), compensation_.data(), bias_.data(), multiplier_.data(), post_factor_.data(),
-                 post_offset_.data(), chunks_, quads_, alignment_, signed_x_, pad_code_, float16_y};
+                 post_offset_.data(), chunks_, quads_, alignment_, signed_x_, pad_code_, float16_y, group_};
   if (float16_y && !(stage_.y_type == DType::kFloat32 && float16_holds_outputs_))
     fail(ErrorKind::kInternal, "direct depthwise convolution: float16 storage of outputs it may not hold");
   const int64_t y_bytes = stage_.y_type == DType::kFloat32 ? (float16_y ? 2 : 4) : 1;
-  const int64_t tiles = (s.out_w + kTileColumns - 1) / kTileColumns;
-  const int64_t unit_outputs = s.out_h * std::min(s.out_w, kTileColumns) * kChunk;
+  const int64_t out_cols = (s.out_w + group_ - 1) / group_;
+  const int64_t tiles = (out_cols + kTileColumns - 1) / kTileColumns;
+  const int64_t unit_outputs = s.out_h * std::min(out_cols, kTileColumns) * kChunk;
   const auto* in = static_cast<const uint8_t*>(x);
   auto* out = static_cast<uint8_t*>(y);
   if (channel_sums && stage_.y_type != DType::kFloat32)
@@ -490,13 +537,15 @@ void DirectDepthwise::run(const ConvProblem& p, const void* x, void* y, float* c
   };
   dnnl_kernels::parallel_rows(unit_count, unit_outputs * s.kernel_h * s.kernel_w / 8, units);
   if (!channel_sums) return;
-  // Units are (n, tile, chunk), chunk fastest: each channel's sum is its tiles' partial sums.
+  // Units are (n, tile, chunk), chunk fastest: each channel's sum is its tiles' partial sums (and,
+  // with pixel groups, its lanes').
   const int64_t c = s.channels;
   std::fill(channel_sums, channel_sums + s.batch * c, 0.f);
   for (int64_t unit = 0; unit < unit_count; ++unit) {
     const int64_t chunk = unit % chunks_, n = unit / chunks_ / tiles;
-    const int64_t valid = std::min(kChunk, c - chunk * kChunk);
-    for (int64_t l = 0; l < valid; ++l) channel_sums[n * c + chunk * kChunk + l] += partial[static_cast<size_t>(unit * kChunk + l)];
+    const int64_t valid = std::min(kChunk, c * group_ - chunk * kChunk);
+    for (int64_t l = 0; l < valid; ++l)
+      channel_sums[n * c + (chunk * kChunk + l) % c] += partial[static_cast<size_t>(unit * kChunk + l)];
   }
 #else
   (void)x;

@@ -30,8 +30,13 @@ bool direct_depthwise_available();
 inline constexpr int64_t kMaxKernelHeight = 16;
 
 // Below this many channels the 64-channel chunks run mostly empty lanes and oneDNN's kernel is
-// faster (PP-OCRv4 rec: 16 channels 0.093 ms against 0.039, 32 channels 0.086 against 0.073).
+// faster (PP-OCRv4 rec: 16 channels 0.093 ms against 0.039, 32 channels 0.086 against 0.073),
+// except for 16 and 32 channels at a horizontal stride of 1, where a chunk computes 4 or 2 pixels
+// (pixel_group_for).
 inline constexpr int64_t kMinDirectDepthwiseChannels = 48;
+
+// Output pixels per 64-lane chunk for p: 64 / C for 16 or 32 channels at horizontal stride 1, else 1.
+int64_t pixel_group_for(const ConvProblem& p);
 
 // Whether the kernel is faster than oneDNN's for this geometry (measured on an AVX-512 VNNI Xeon):
 // filters of 5x5 and larger at every size measured, down to 7x7 maps; 3x3 filters on rows of at
@@ -48,7 +53,10 @@ bool direct_depthwise_supports(const QLinearAttrs& q);
 class DirectDepthwise {
  public:
   // w: s8 [C, 1, kh, kw] (ONNX layout); x_type: the input codes' type (u8 or s8).
-  DirectDepthwise(const QLinearAttrs& q, const Requant& r, const Tensor& w, DType x_type);
+  // pixels_per_chunk: 1, or 64 / C for C of 16 or 32 (pixel_group_for): each 64-lane chunk then
+  // computes that many adjacent output pixels of every channel, for problems of horizontal stride 1
+  // (channels-last, a run of pixels is contiguous): no lanes idle.
+  DirectDepthwise(const QLinearAttrs& q, const Requant& r, const Tensor& w, DType x_type, int64_t pixels_per_chunk = 1);
   // p: a 2-D problem with group == channels; x: [N, H, W, C] codes of x_type; y: [N, OH, OW, C] of
   // q.y.dtype (channels-last, dense). channel_sums (a float32 y only): [N, C], each channel's sum
   // over the output pixels, taken as the values are written (a squeeze-excitation's pool).
@@ -80,6 +88,7 @@ class DirectDepthwise {
   double activation_bound(double v) const;
 
   int64_t channels_ = 0, kernel_h_ = 0, kernel_w_ = 0, chunks_ = 0;
+  int64_t group_ = 1;  // output pixels per chunk
   int64_t quads_ = 0, alignment_ = 4;  // row quads per window, and the rows between quads (see the .cpp)
   bool signed_x_ = false;
   bool float16_holds_outputs_ = false;
