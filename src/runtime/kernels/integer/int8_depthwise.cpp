@@ -134,7 +134,8 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
   if (group_ != 1 && channels_ * group_ != kChunk)
     fail(ErrorKind::kInternal, "direct depthwise convolution: " + std::to_string(group_) + " pixels of " +
                                    std::to_string(channels_) + " channels do not fill a chunk");
-  // Lane v computes channel v % channels_ (of pixel v / channels_ in its group).
+  // Lane position p (over the chunks) computes channel p % channels_ (of pixel p / channels_ in its
+  // group).
   const int64_t lanes = channels_ * group_;
   chunks_ = (lanes + kChunk - 1) / kChunk;
   quads_ = (kernel_h_ + 3) / 4;
@@ -199,9 +200,9 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
   // The largest |x_q - z_x| of any input code, for the bound on float32 outputs.
   const double widest_input = std::max(zero_code, 255 - zero_code);
   double largest_output = 0;
-  for (int64_t v = 0; v < lanes; ++v) {
-    const int64_t c = v % channels_;
-    const int64_t chunk = v / kChunk, within = v % kChunk;
+  for (int64_t position = 0; position < lanes; ++position) {
+    const int64_t c = position % channels_;
+    const int64_t chunk = position / kChunk, within = position % kChunk;
     const int64_t lane = within / 16, j = (within % 16) / 4, i = within % 4;
     int32_t weight_sum = 0, weight_magnitude = 0;
     for (int64_t kh = 0; kh < kernel_h_; ++kh)
@@ -215,7 +216,7 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
           weights_[static_cast<size_t>(at * 64 + lane * 16 + i * 4 + row)] = v;
         }
       }
-    const int64_t at = register_index(v);
+    const int64_t at = register_index(position);
     compensation_[at] = zero_code * weight_sum;
     bias_[at] = r.bias.empty() ? 0.f : r.bias[c];
     multiplier_[at] = r.multiplier[c];
@@ -227,8 +228,8 @@ DirectDepthwise::DirectDepthwise(const QLinearAttrs& q, const Requant& r, const 
       post_factor_[at] = channel_factor;
     }
     if (!quantized) {
-      const double v = (weight_magnitude * widest_input + std::fabs(bias_[at])) * std::fabs(multiplier_[at]);
-      largest_output = std::max(largest_output, activation_bound(v) * std::fabs(post_factor_[at]) +
+      const double largest_f = (weight_magnitude * widest_input + std::fabs(bias_[at])) * std::fabs(multiplier_[at]);
+      largest_output = std::max(largest_output, activation_bound(largest_f) * std::fabs(post_factor_[at]) +
                                                     std::fabs(post_offset_[at]));
     }
   }
