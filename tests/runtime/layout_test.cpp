@@ -1,6 +1,7 @@
 // Blocked layouts between oneDNN convolutions and the residual Add fused into a Conv (sum
 // post-op): every case is compared with the same graph run plain and unfused
 // (SessionOptions{blocked_layouts = false, fuse_activations = false}), the reference path.
+#include <dnnl.hpp>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -180,6 +181,81 @@ TEST(SessionLayouts, ResidualAddAndReluFuseIntoTheConv) {
   auto out = fast.run({{"x", x}}, ask);
   expect_close(out.at("a"), want.at("a"), "a requested");
   expect_close(out.at("y"), want.at("y"), "y with a requested");
+}
+
+// A 3x3 convolution with pads 1, stride 1, in double precision ([C, H, W], one sample).
+std::vector<double> conv3x3_double(const std::vector<double>& x, int64_t cin, int64_t h, int64_t w, const Tensor& weights,
+                                   const Tensor& bias) {
+  const int64_t cout = weights.dim(0);
+  auto wv = weights.values<float>();
+  auto bv = bias.values<float>();
+  std::vector<double> y(static_cast<size_t>(cout * h * w));
+  for (int64_t o = 0; o < cout; ++o)
+    for (int64_t i = 0; i < h; ++i)
+      for (int64_t j = 0; j < w; ++j) {
+        double sum = bv[o];
+        for (int64_t c = 0; c < cin; ++c)
+          for (int64_t ki = 0; ki < 3; ++ki)
+            for (int64_t kj = 0; kj < 3; ++kj) {
+              const int64_t yi = i + ki - 1, xj = j + kj - 1;
+              if (yi < 0 || yi >= h || xj < 0 || xj >= w) continue;
+              sum += wv[((o * cin + c) * 3 + ki) * 3 + kj] * x[(c * h + yi) * w + xj];
+            }
+        y[(o * h + i) * w + j] = sum;
+      }
+  return y;
+}
+
+// Wide 3x3 stride-1 convolutions take oneDNN's Winograd algorithm where it has one (AVX-512):
+// as close to the exact result as the direct kernel, but not bit-equal to it, which is how the
+// test sees the choice. A narrow one (16 outputs, where Winograd loses) and every convolution with
+// the option off or below AVX-512 stay direct, bit for bit.
+TEST(SessionLayouts, WideThreeByThreeConvolutionsTakeWinogradWithinFloatRounding) {
+  constexpr int64_t kC = 64, kSide = 16;
+  Builder b({1, kC, kSide, kSide});
+  b.conv("x", kC, kC, 3, "a");
+  b.op("Add", {"a", "x"}, "s");
+  b.op("Relu", {"s"}, "r");
+  b.conv("r", kC, kC, 3, "y");
+  b.conv("x", kC, 16, 3, "narrow");
+  b.output("y");
+  b.output("narrow");
+  runtime::SessionOptions direct_only;
+  direct_only.winograd = false;
+  runtime::Session winograd(b.g), direct(b.g, direct_only);
+  const Tensor x = random_tensor({1, kC, kSide, kSide}, 5);
+  auto got = winograd.run({{"x", x}}), plain = direct.run({{"x", x}});
+
+  auto xv = x.values<float>();
+  const std::vector<double> xd(xv.begin(), xv.end());
+  std::vector<double> r = conv3x3_double(xd, kC, kSide, kSide, b.g.initializers.at("a_w"), b.g.initializers.at("a_b"));
+  for (size_t i = 0; i < r.size(); ++i) r[i] = std::max(0.0, r[i] + xd[i]);
+  const std::map<std::string, std::vector<double>> exact = {
+      {"y", conv3x3_double(r, kC, kSide, kSide, b.g.initializers.at("y_w"), b.g.initializers.at("y_b"))},
+      {"narrow", conv3x3_double(xd, kC, kSide, kSide, b.g.initializers.at("narrow_w"), b.g.initializers.at("narrow_b"))}};
+  // Error relative to the output's largest magnitude (sums of 576 products: an element near zero
+  // carries the rounding of its large terms).
+  const auto relative_error = [](const Tensor& t, const std::vector<double>& reference) {
+    auto a = t.values<float>();
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < reference.size(); ++i) {
+      diff = std::max(diff, std::fabs(a[i] - reference[i]));
+      scale = std::max(scale, std::fabs(reference[i]));
+    }
+    return diff / scale;
+  };
+  for (const auto& [name, reference] : exact) {
+    EXPECT_LT(relative_error(got.at(name), reference), 2e-6) << "winograd " << name;
+    EXPECT_LT(relative_error(plain.at(name), reference), 2e-6) << "direct " << name;
+  }
+  const auto bit_equal = [](const Tensor& p, const Tensor& q) {
+    return p.nbytes() == q.nbytes() && std::memcmp(p.raw(), q.raw(), p.nbytes()) == 0;
+  };
+  EXPECT_TRUE(bit_equal(got.at("narrow"), plain.at("narrow")));
+  const bool winograd_offered = dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core;
+  EXPECT_EQ(bit_equal(got.at("y"), plain.at("y")), !winograd_offered)
+      << (winograd_offered ? "AVX-512: the wide convolutions should run on Winograd"
+                           : "below AVX-512 oneDNN has no Winograd: direct");
 }
 
 TEST(SessionLayouts, ResidualAddendFromAPlainGraphInputAndAClip) {

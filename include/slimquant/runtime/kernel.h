@@ -60,6 +60,9 @@ class KernelContext {
   // a layout the kernel declares with set_output_layout.
   bool output_float16_allowed(size_t i) const { return i < 32 && (float16_outputs_ >> i & 1u); }
   void allow_float16_outputs(uint32_t mask) { float16_outputs_ = mask; }
+  // Whether float convolutions may take Winograd's algorithm (SessionOptions::winograd).
+  bool winograd_allowed() const { return winograd_; }
+  void allow_winograd(bool allowed) { winograd_ = allowed; }
   // Declares output i's data to be in `layout` (only when output_layout_allowed(i)).
   void set_output_layout(size_t i, LayoutPtr layout) {
     if (output_layouts_ && i < output_layouts_->size()) (*output_layouts_)[i] = std::move(layout);
@@ -84,6 +87,7 @@ class KernelContext {
   uint32_t blocked_outputs_ = 0;
   uint32_t float16_outputs_ = 0;
   uint32_t donated_inputs_ = 0;
+  bool winograd_ = false;
 };
 
 class Kernel {
