@@ -10,7 +10,7 @@ DynamicQuantizeLinear + ConvInteger/MatMulInteger as quantize_dynamic writes it)
 is the faster of the two at that batch.
 
 Each configuration is its own process (ours: build/slimquant_latency; ORT: bench/model_forms_ort.js
-time, onnxruntime-node-latest, graph optimizations all), timing the median process-CPU ms of RUNS
+time, onnxruntime-node-latest or with --ort pinned the pinned 1.20.1, graph optimizations all), timing the median process-CPU ms of RUNS
 runs after a warm-up; the five configurations of a model and batch run interleaved, --rounds times,
 and each keeps the smallest of its round medians (a shared machine only ever slows a run down;
 ORT's INT8 style that took over 3x its other one in the first round is timed once).
@@ -18,7 +18,7 @@ A model named NAME@RES is the torchvision architecture at RES x RES (e.g. rsu_un
 those run at batch 1 only.
 
   /usr/bin/python3 bench/speed_corpus.py OUT_DIR [--models a,b,...] [--batches 1,32] [--runs 20]
-                                         [--rounds 3] [--budget-s 8] [--build DIR]
+                                         [--rounds 3] [--budget-s 8] [--ort latest|pinned] [--build DIR]
 
 --budget-s bounds one timed process: runs = min(--runs, budget / the batch's expected time), at
 least 3. Set DNNL_MAX_CPU_ISA (e.g. AVX512_CORE_VNNI on an AMX machine) in the environment to time
@@ -53,7 +53,7 @@ def time_config(config, files, shape, runs, warmup, work, dtype):
         np.save(feed, x)
     name = next(iter(mf.model_input_types(files[config])))
     ok, so, se = mf.sh(["node", mf.ORT_HELPER, "time", files[config], str(runs), f"{name}={feed}", "--warmup",
-                        str(warmup)])
+                        str(warmup), "--ort", ARGS.ort])
     if not ok:
         raise RuntimeError("ORT: " + mf.first_error_line(so + se))
     return json.loads(so.strip().splitlines()[-1])["cpu_median_ms"]
@@ -129,6 +129,12 @@ def markdown(rows):
     return "\n".join(lines)
 
 
+def ort_package_line(choice):
+    package = {"latest": "onnxruntime-node-latest", "pinned": "onnxruntime-node"}[choice]
+    with open(os.path.join(mf.ROOT, "bench", "node_modules", package, "package.json")) as f:
+        return f"{package} {json.load(f)['version']}"
+
+
 def geomean(values):
     values = [v for v in values if v]
     return float(np.exp(np.mean(np.log(values)))) if values else None
@@ -144,6 +150,8 @@ def main():
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget-s", type=float, default=8.0)
+    parser.add_argument("--ort", choices=["latest", "pinned"], default="latest",
+                        help="onnxruntime-node-latest or the pinned onnxruntime-node (bench/package.json)")
     ARGS = parser.parse_args()
     ARGS.build = os.path.abspath(ARGS.build)
     t0 = time.time()
@@ -163,7 +171,7 @@ def main():
     cap = os.environ.get("DNNL_MAX_CPU_ISA")
     header = (f"CPU: {cpu}; oneDNN ISA: {isa}" + (f" (DNNL_MAX_CPU_ISA={cap})" if cap else "") +
               f"; one thread; median CPU ms of up to {ARGS.runs} runs, best of {ARGS.rounds} interleaved rounds; "
-              f"ORT: onnxruntime-node-latest; {time.time() - t0:.0f} s in all")
+              f"ORT: {ort_package_line(ARGS.ort)}; {time.time() - t0:.0f} s in all")
     summary = []
     for batch in sorted({r["batch"] for r in rows}):
         at = [r for r in rows if r["batch"] == batch]
