@@ -659,6 +659,14 @@ class BinaryKernel final : public Kernel {
       // Add, Sub, Mul into a per-channel Q without an activation: op and quantization in one pass.
       constexpr std::optional<LaneQuantizer::Combine> kCombine = lane_combine<Op>();
       const bool combined_quantize = kCombine && channel_quantize_ && !act_;
+      // The float16 operand a per-tensor Q takes straight into its codes with the other, float32
+      // operand (the gate Mul), not widened first; -1 when none.
+      const int halves_into_codes = [&] {
+        const int h = plan->in[0].halves ? 0 : plan->in[1].halves ? 1 : -1;
+        if (!kCombine || h < 0 || !quantize_ || act_ || scaled_input_ >= 0) return -1;
+        const BlockedOperand& other = plan->in[static_cast<size_t>(1 - h)];
+        return other.codes || other.halves ? -1 : h;
+      }();
       auto run_units = [&](int64_t u0, int64_t u1) {
         thread_local std::vector<float> widened_a, widened_b, widened_factor;  // rows
         thread_local std::vector<float> values, dequantized_a, dequantized_b, scaled;  // chunks
@@ -682,13 +690,10 @@ class BinaryKernel final : public Kernel {
           const int64_t offset = plane * v.plane_elements() + y * row_len;
           for (int64_t x0 = 0; x0 < v.width; x0 += chunk_pixels) {
             const int64_t pixels = std::min(chunk_pixels, v.width - x0), first = x0 * lanes, n = pixels * lanes;
-            // A float16 operand straight into the per-tensor Q's codes (the gate Mul), not widened first.
             if constexpr (kCombine.has_value()) {
-              const int h = plan->in[0].halves ? 0 : plan->in[1].halves ? 1 : -1;
-              const auto f = static_cast<size_t>(1 - h);
-              if (h >= 0 && quantize_ && !act_ && scaled_input_ < 0 && !plan->in[f].codes && !plan->in[f].halves &&
-                  stride[f] == 1 &&
-                  quantize_combined_with_halves(*kCombine, plan->in[static_cast<size_t>(h)].halves + offset + first,
+              const auto h = static_cast<size_t>(halves_into_codes), f = 1 - h;
+              if (halves_into_codes >= 0 && stride[f] == 1 &&
+                  quantize_combined_with_halves(*kCombine, plan->in[h].halves + offset + first,
                                                 row[f] + first * advance[f], h == 0, n, quantize_->scale[0],
                                                 quantize_->zero_point[0], out_type, po + offset + first))
                 continue;

@@ -98,6 +98,15 @@ constexpr int32_t lowest_code() { return static_cast<int32_t>(std::numeric_limit
 template <typename Q>
 constexpr int32_t highest_code() { return static_cast<int32_t>(std::numeric_limits<Q>::max()); }
 
+// [qmin - z, qmax - z]: the range x / s saturates to before the zero point is added.
+struct OffsetRange {
+  float lo, hi;
+};
+template <typename Q>
+OffsetRange offset_range(int32_t zero_point) {
+  return {static_cast<float>(lowest_code<Q>() - zero_point), static_cast<float>(highest_code<Q>() - zero_point)};
+}
+
 // The hot loops over one block of one (scale, zero point): compiled for AVX2 and AVX-512 too,
 // where they run several times faster than the baseline's SSE2 (the narrowing float -> int -> 8-bit
 // conversion does not vectorise well there).
@@ -477,11 +486,11 @@ void LaneQuantizer::quantize_combined(Combine op, const float* a, const float* b
 
 void quantize_floats(const float* x, int64_t n, float scale, int32_t zero_point, DType type, void* y) {
   if (type == DType::kUInt8) {
-    quantize_span(x, static_cast<uint8_t*>(y), n, scale, static_cast<float>(lowest_code<uint8_t>() - zero_point),
-                  static_cast<float>(highest_code<uint8_t>() - zero_point), zero_point);
+    const auto [lo, hi] = offset_range<uint8_t>(zero_point);
+    quantize_span(x, static_cast<uint8_t*>(y), n, scale, lo, hi, zero_point);
   } else if (type == DType::kInt8) {
-    quantize_span(x, static_cast<int8_t*>(y), n, scale, static_cast<float>(lowest_code<int8_t>() - zero_point),
-                  static_cast<float>(highest_code<int8_t>() - zero_point), zero_point);
+    const auto [lo, hi] = offset_range<int8_t>(zero_point);
+    quantize_span(x, static_cast<int8_t*>(y), n, scale, lo, hi, zero_point);
   } else {
     fail(ErrorKind::kInternal, std::string("quantize_floats: unsupported type ") + dtype_name(type));
   }
@@ -491,7 +500,7 @@ namespace {
 template <typename Q>
 bool combine_to_codes(LaneQuantizer::Combine op, const float* a, const float* b, int64_t n, float scale,
                       int32_t zero_point, Q* y) {
-  const auto lo = static_cast<float>(lowest_code<Q>() - zero_point), hi = static_cast<float>(highest_code<Q>() - zero_point);
+  const auto [lo, hi] = offset_range<Q>(zero_point);
   const auto rc = reciprocal_for(scale, lo, hi);
   if (!rc) return false;
   const auto z = static_cast<uint8_t>(zero_point);
@@ -575,8 +584,7 @@ bool quantize_combined_with_halves(LaneQuantizer::Combine op, const uint16_t* ha
   static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                              __builtin_cpu_supports("avx512vl");
   if (!avx512 || (type != DType::kUInt8 && type != DType::kInt8)) return false;
-  const bool u8 = type == DType::kUInt8;
-  const auto lo = static_cast<float>((u8 ? 0 : -128) - zero_point), hi = static_cast<float>((u8 ? 255 : 127) - zero_point);
+  const auto [lo, hi] = type == DType::kUInt8 ? offset_range<uint8_t>(zero_point) : offset_range<int8_t>(zero_point);
   const auto rc = reciprocal_for(scale, lo, hi);
   if (!rc) return false;
   auto* out = static_cast<uint8_t*>(y);
