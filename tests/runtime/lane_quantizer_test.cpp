@@ -67,10 +67,12 @@ struct Case {
 
 // Every channel's probe values laid out as `pixels` pixels of `lanes` channels from `first`, in
 // rows x_stride floats apart, quantized into rows y_stride bytes apart (the bytes between rows
-// must stay untouched).
-void check_lanes(const Case& c, int64_t first, int64_t lanes, int64_t x_stride, int64_t y_stride, std::mt19937& rng) {
+// must stay untouched). `shared`: a quantizer of c to use (and keep) instead of a fresh one.
+void check_lanes(const Case& c, int64_t first, int64_t lanes, int64_t x_stride, int64_t y_stride, std::mt19937& rng,
+                 const LaneQuantizer* shared = nullptr) {
   const int64_t channels = static_cast<int64_t>(c.scale.size());
-  const LaneQuantizer quantizer(c.param(), channels);
+  const LaneQuantizer fresh(c.param(), channels);
+  const LaneQuantizer& quantizer = shared ? *shared : fresh;
   std::vector<std::vector<float>> values(static_cast<size_t>(lanes));
   size_t pixels = 0;
   for (int64_t l = 0; l < lanes; ++l) {
@@ -140,6 +142,22 @@ TEST(LaneQuantizer, BlocksPastTheFirstChannelAndStridedRowsMatchTheDivision) {
     check_lanes(c, 40, 8, 8, 8, rng);     // the last block of 8
     check_lanes(c, 5, 24, 24, 48, rng);   // an input's channels inside a wider output pixel (Concat)
     check_lanes(c, 7, 13, 29, 13, rng);   // a gap between input pixels
+  }
+}
+
+// A quantizer keeps the parameters it tiles for each block of channels: calls alternating between
+// blocks and between quantizers (the nodes of one run) must each get their own channels' codes.
+TEST(LaneQuantizer, AlternatingBlocksAndQuantizersKeepTheirOwnParameters) {
+  std::mt19937 rng(47);
+  const Case a = make_case(DType::kUInt8, 48, rng, false), b = make_case(DType::kInt8, 200, rng, false);
+  const LaneQuantizer qa(a.param(), 48), qb(b.param(), 200);
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    check_lanes(a, 16, 16, 16, 16, rng, &qa);
+    check_lanes(b, 0, 200, 200, 200, rng, &qb);  // channels-last, 8-pixel tiles
+    check_lanes(a, 0, 16, 16, 16, rng, &qa);
+    check_lanes(b, 192, 8, 8, 8, rng, &qb);
+    check_lanes(a, 32, 16, 16, 16, rng, &qa);
   }
 }
 

@@ -6,6 +6,8 @@
 // (per axis); zero point dtype = quantized dtype (uint8, int8, uint16, int16; int32 for
 // dequantize, where it must be 0).
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -57,13 +59,19 @@ class LaneQuantizer {
 
  private:
   // Calls fn(parameters) with the lane parameters from channel `first`, repeated `repeats` times
-  // over `lanes` lanes: this quantizer's own arrays for 1, else a per-thread copy kept for the next
-  // call with the same channels (the rows of one plane).
+  // over `lanes` lanes: this quantizer's own arrays for 1, else tiled copies made at the first
+  // call for those channels and kept with the quantizer (a per-thread slot shared by every
+  // quantizer was rebuilt by each node of a run: 1600 values for 200 channels, more than the
+  // quantization of a small map itself).
   template <typename Fn>
   void with_lane_params(size_t first, int64_t lanes, int64_t repeats, Fn&& fn) const;
+  struct TiledParams;
+  const TiledParams& tiled_params(size_t first, int64_t lanes, int64_t repeats) const;
 
   DType dtype_;
-  uint64_t id_ = 0;  // unique per quantizer: keys the per-thread tiled parameters
+  // The tiled copies (immutable once made; copies of the quantizer share them).
+  struct TiledCache;
+  std::shared_ptr<TiledCache> tiled_;
   std::vector<float> scale_, reciprocal_, lo_, hi_;
   std::vector<float> low_, high_;  // lo * s, hi * s: the range of x that quantizes inside [lo, hi]
   std::vector<int32_t> zero_point_;

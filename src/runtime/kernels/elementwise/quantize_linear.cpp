@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <atomic>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -332,9 +331,8 @@ template <typename Q> inline constexpr bool kIsQuantType =
 
 }  // namespace
 
-LaneQuantizer::LaneQuantizer(const QuantParam& q, int64_t channels) : dtype_(q.dtype) {
-  static std::atomic<uint64_t> next_id{1};
-  id_ = next_id++;
+LaneQuantizer::LaneQuantizer(const QuantParam& q, int64_t channels)
+    : dtype_(q.dtype), tiled_(std::make_shared<TiledCache>()) {
   SQ_CHECK((dtype_ == DType::kUInt8 || dtype_ == DType::kInt8) &&
                (static_cast<int64_t>(q.scale.size()) == channels || q.scale.size() == 1) &&
                q.zero_point.size() == q.scale.size(),
@@ -379,6 +377,45 @@ void quantize_lane_rows(bool multiplying, const LaneParams& p, const float* x, i
 
 }  // namespace
 
+struct LaneQuantizer::TiledParams {
+  size_t first = 0;
+  int64_t lanes = 0, repeats = 0;
+  std::vector<float> s, r, low, high, lo, hi;
+  std::vector<int32_t> z;
+  std::vector<uint8_t> z_byte;
+};
+
+struct LaneQuantizer::TiledCache {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<const TiledParams>> entries;  // a plan uses one or two channel ranges
+};
+
+const LaneQuantizer::TiledParams& LaneQuantizer::tiled_params(size_t first, int64_t lanes, int64_t repeats) const {
+  std::lock_guard lock(tiled_->mutex);
+  for (const auto& e : tiled_->entries)
+    if (e->first == first && e->lanes == lanes && e->repeats == repeats) return *e;
+  auto t = std::make_unique<TiledParams>();
+  t->first = first;
+  t->lanes = lanes;
+  t->repeats = repeats;
+  auto tile = [&](const auto& per_channel, auto& out) {
+    out.reserve(static_cast<size_t>(repeats * lanes));
+    for (int64_t k = 0; k < repeats; ++k)
+      out.insert(out.end(), per_channel.begin() + static_cast<std::ptrdiff_t>(first),
+                 per_channel.begin() + static_cast<std::ptrdiff_t>(first) + lanes);
+  };
+  tile(scale_, t->s);
+  tile(reciprocal_, t->r);
+  tile(low_, t->low);
+  tile(high_, t->high);
+  tile(lo_, t->lo);
+  tile(hi_, t->hi);
+  tile(zero_point_, t->z);
+  tile(zero_byte_, t->z_byte);
+  tiled_->entries.push_back(std::move(t));
+  return *tiled_->entries.back();
+}
+
 template <typename Fn>
 void LaneQuantizer::with_lane_params(size_t first, int64_t lanes, int64_t repeats, Fn&& fn) const {
   if (repeats == 1) {
@@ -386,36 +423,7 @@ void LaneQuantizer::with_lane_params(size_t first, int64_t lanes, int64_t repeat
                   &zero_point_[first], &zero_byte_[first]});
     return;
   }
-  struct Tiled {
-    uint64_t owner = 0;  // id_ (not the address: a quantizer on the stack may reuse another's)
-    size_t first = 0;
-    int64_t lanes = 0, repeats = 0;
-    std::vector<float> s, r, low, high, lo, hi;
-    std::vector<int32_t> z;
-    std::vector<uint8_t> z_byte;
-  };
-  thread_local Tiled t;
-  const size_t n = static_cast<size_t>(repeats * lanes);
-  if (t.owner != id_ || t.first != first || t.lanes != lanes || t.repeats != repeats) {
-    t.owner = id_;
-    t.first = first;
-    t.lanes = lanes;
-    t.repeats = repeats;
-    for (auto* v : {&t.s, &t.r, &t.low, &t.high, &t.lo, &t.hi}) v->resize(n);
-    t.z.resize(n);
-    t.z_byte.resize(n);
-    for (size_t k = 0; k < n; ++k) {
-      const size_t l = first + k % static_cast<size_t>(lanes);
-      t.s[k] = scale_[l];
-      t.r[k] = reciprocal_[l];
-      t.low[k] = low_[l];
-      t.high[k] = high_[l];
-      t.lo[k] = lo_[l];
-      t.hi[k] = hi_[l];
-      t.z[k] = zero_point_[l];
-      t.z_byte[k] = zero_byte_[l];
-    }
-  }
+  const TiledParams& t = tiled_params(first, lanes, repeats);
   fn(LaneParams{t.s.data(), t.r.data(), t.low.data(), t.high.data(), t.lo.data(), t.hi.data(), t.z.data(),
                 t.z_byte.data()});
 }
