@@ -69,6 +69,7 @@ class LaneQuantizer {
   const TiledParams& tiled_params(size_t first, int64_t lanes, int64_t repeats) const;
 
   DType dtype_;
+  uint64_t id_ = 0;  // unique per quantizer (copies share it): keys a thread's last tiled lookup
   // The tiled copies (immutable once made; copies of the quantizer share them).
   struct TiledCache;
   std::shared_ptr<TiledCache> tiled_;

@@ -6,6 +6,7 @@
 #include "runtime/kernels/elementwise/elementwise_qdq.h"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -333,6 +334,8 @@ template <typename Q> inline constexpr bool kIsQuantType =
 
 LaneQuantizer::LaneQuantizer(const QuantParam& q, int64_t channels)
     : dtype_(q.dtype), tiled_(std::make_shared<TiledCache>()) {
+  static std::atomic<uint64_t> next_id{1};
+  id_ = next_id++;
   SQ_CHECK((dtype_ == DType::kUInt8 || dtype_ == DType::kInt8) &&
                (static_cast<int64_t>(q.scale.size()) == channels || q.scale.size() == 1) &&
                q.zero_point.size() == q.scale.size(),
@@ -391,9 +394,22 @@ struct LaneQuantizer::TiledCache {
 };
 
 const LaneQuantizer::TiledParams& LaneQuantizer::tiled_params(size_t first, int64_t lanes, int64_t repeats) const {
+  // The rows of one plane ask for the same block again and again: a thread remembers its last
+  // answer and takes no lock for it (ids are never reused, so a match is this live quantizer).
+  struct Last {
+    uint64_t id = 0;
+    const TiledParams* params = nullptr;
+  };
+  thread_local Last last;
+  if (last.id == id_ && last.params->first == first && last.params->lanes == lanes && last.params->repeats == repeats)
+    return *last.params;
   std::lock_guard lock(tiled_->mutex);
+  auto remember = [&](const TiledParams& t) -> const TiledParams& {
+    last = {id_, &t};
+    return t;
+  };
   for (const auto& e : tiled_->entries)
-    if (e->first == first && e->lanes == lanes && e->repeats == repeats) return *e;
+    if (e->first == first && e->lanes == lanes && e->repeats == repeats) return remember(*e);
   auto t = std::make_unique<TiledParams>();
   t->first = first;
   t->lanes = lanes;
@@ -413,7 +429,7 @@ const LaneQuantizer::TiledParams& LaneQuantizer::tiled_params(size_t first, int6
   tile(zero_point_, t->z);
   tile(zero_byte_, t->z_byte);
   tiled_->entries.push_back(std::move(t));
-  return *tiled_->entries.back();
+  return remember(*tiled_->entries.back());
 }
 
 template <typename Fn>
