@@ -76,8 +76,9 @@ struct SessionOptions {
   // moves by one at most, at a rounding boundary). Off: every float value float32.
   bool float16_storage = true;
   // Float 3x3 stride-1 convolutions wide enough to gain (ConvKernel: at least 64 output and 32
-  // input channels, outputs of 8x8 or more) run on oneDNN's Winograd F(4x4, 3x3) where it has one
-  // (AVX-512), with 2.25x fewer multiplies: ResNet-18's 56x56 and 28x28 layers 1.4-1.6x faster.
+  // input channels, outputs of 8x8 or more) run on oneDNN's Winograd convolution where it has one
+  // (AVX-512: F(2x2, 3x3) or F(4x4, 3x3), 2.25x or 4x fewer multiplies): ResNet-18's 56x56 and
+  // 28x28 layers 1.4-1.6x faster.
   // Results differ from the direct kernel's by float rounding (relative 1e-6 on ResNet-18's
   // logits). Off: every convolution direct (oneDNN's default algorithm).
   bool winograd = true;

@@ -53,9 +53,9 @@ bool prefer_blocked(const Shape& w, const Shape& y, int64_t group, const std::ve
   return !(pointwise && group == 1 && (strided || out_pixels >= kPlainPointwiseMinPixels));
 }
 
-// Whether oneDNN's Winograd F(4x4, 3x3) (AVX-512 only; blocked layouts) is worth asking for: an
-// ungrouped 2-D 3x3 convolution at stride 1 without dilation, with enough channels to amortize the
-// tile transforms. Measured per layer against the direct kernel (1 thread, AVX-512 VNNI Xeon):
+// Whether oneDNN's Winograd convolution (F(2x2, 3x3) or F(4x4, 3x3), its choice; AVX-512 only, in
+// nChw16c) is worth asking for: an ungrouped 2-D 3x3 convolution at stride 1 without dilation,
+// with enough channels to amortize the tile transforms. Measured per layer against the direct kernel (1 thread, AVX-512 VNNI Xeon):
 // 64-512 output channels from 32-256 input channels gain 1.2-2.2x on maps from 14x14 to
 // 1024x1024 (ResNet-18's 56x56 layers 1.21 -> 0.84 ms, a U-Net's 128 -> 64 channels at 512x512
 // 207 -> 125 ms); 7x7 maps tie; 16-24 output channels or 16 input channels lose up to 2.5x
