@@ -57,7 +57,7 @@ class Plan {
  public:
   Plan(const ir::Graph& base, const std::map<std::string, Tensor>& feeds, const std::vector<std::string>& wanted,
        const std::vector<std::string>& observed, bool observed_plain, bool hooked, const SessionOptions& options)
-      : graph_(base), wanted_(wanted), winograd_(options.winograd) {
+      : graph_(base), wanted_(wanted) {
     std::set<std::string> fed;
     for (const auto& [name, t] : feeds) fed.insert(name);
     std::set<std::string> keep(fed.begin(), fed.end());
@@ -75,7 +75,7 @@ class Plan {
     bind_shapes_and_fold(feeds, keep, sizes);
     if (options.fuse_activations) apply_execution_fusions(graph_, keep);
     assign_input_slots(base, fed, observed);
-    steps_ = plan::create_steps(graph_, plan::nodes_to_run(graph_, fed, wanted, observed), slots_);
+    steps_ = plan::create_steps(graph_, plan::nodes_to_run(graph_, fed, wanted, observed), slots_, options.winograd);
     const std::unordered_set<int> pinned = pinned_slots();
     plan::schedule_releases(steps_, slots_.size(), pinned);
     std::unordered_set<int> plain = pinned;  // constants and outputs
@@ -163,7 +163,6 @@ class Plan {
     KernelContext ctx(*step.node, io.inputs, io.outputs,
                       [&pool](DType t, const Shape& s) { return pool.allocate(t, s); });
     if (io.channel_blocked) ctx.bind_layouts(&io.in_layouts, &io.out_layouts, step.blocked_outputs);
-    ctx.allow_winograd(winograd_);
     if (step.role == plan::LayoutRole::kAware) {
       ctx.bind_layouts(&io.in_layouts, &io.out_layouts, step.blocked_outputs);
       ctx.allow_float16_outputs(step.float16_outputs);
@@ -223,7 +222,6 @@ class Plan {
   plan::PlainCopies plain_copies_;  // for the current step
   ir::Graph graph_;
   std::vector<std::string> wanted_;
-  const bool winograd_;  // SessionOptions::winograd, for the kernels' plans
   plan::SlotTable slots_;
   std::vector<std::string> slot_names_;
   std::vector<std::pair<int, Tensor>> constants_;

@@ -81,7 +81,9 @@ class SlotTable {
 // --- kernel creation (session_kernels.cpp)
 // A step with a created kernel (weights prepacked) for each node marked in run_node, in graph
 // order; throws naming the node when it has no kernel or its kernel rejects the node.
-std::vector<Step> create_steps(const ir::Graph& graph, const std::vector<bool>& run_node, SlotTable& slots);
+// winograd: KernelInit::winograd for every kernel (SessionOptions::winograd).
+std::vector<Step> create_steps(const ir::Graph& graph, const std::vector<bool>& run_node, SlotTable& slots,
+                               bool winograd);
 
 // --- liveness (session_liveness.cpp)
 // The nodes the wanted and observed values need, walking back from them and stopping at fed

@@ -21,7 +21,7 @@ std::vector<std::string> SlotTable::names() const {
 
 namespace {
 
-Step create_step(const ir::Graph& graph, const ir::Node& node, SlotTable& slots) {
+Step create_step(const ir::Graph& graph, const ir::Node& node, SlotTable& slots, bool winograd) {
   const KernelFactory* factory = KernelRegistry::instance().find(node.op_type, node.domain);
   if (!factory) check_supported(graph);  // throws with the node named
   Step step{&node, nullptr, {}, {}, {}};
@@ -29,7 +29,8 @@ Step create_step(const ir::Graph& graph, const ir::Node& node, SlotTable& slots)
   for (const auto& o : node.outputs) step.outputs.push_back(o.empty() ? -1 : slots.slot_of(o));
   KernelInit init{node, graph.opset, [&](size_t k) -> const Tensor* {
                     return k < node.inputs.size() ? graph.initializer(node.inputs[k]) : nullptr;
-                  }};
+                  },
+                  winograd};
   try {
     step.kernel = (*factory)(init);
   } catch (const Error& e) {
@@ -40,10 +41,11 @@ Step create_step(const ir::Graph& graph, const ir::Node& node, SlotTable& slots)
 
 }  // namespace
 
-std::vector<Step> create_steps(const ir::Graph& graph, const std::vector<bool>& run_node, SlotTable& slots) {
+std::vector<Step> create_steps(const ir::Graph& graph, const std::vector<bool>& run_node, SlotTable& slots,
+                               bool winograd) {
   std::vector<Step> steps;
   for (size_t i = 0; i < graph.nodes.size(); ++i)
-    if (run_node[i]) steps.push_back(create_step(graph, graph.nodes[i], slots));
+    if (run_node[i]) steps.push_back(create_step(graph, graph.nodes[i], slots, winograd));
   return steps;
 }
 

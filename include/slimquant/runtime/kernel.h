@@ -20,6 +20,8 @@ struct KernelInit {
   int64_t opset;  // default-domain opset of the model (ops changed semantics across opsets)
   // Constant value of input i (initializer or folded constant), or nullptr if computed at run time.
   std::function<const Tensor*(size_t)> constant_input;
+  // Whether float convolutions may take Winograd's algorithm (SessionOptions::winograd).
+  bool winograd = true;
 };
 
 // Physical layout of a value exchanged between layout-aware kernels inside one compiled plan (a
@@ -60,9 +62,6 @@ class KernelContext {
   // a layout the kernel declares with set_output_layout.
   bool output_float16_allowed(size_t i) const { return i < 32 && (float16_outputs_ >> i & 1u); }
   void allow_float16_outputs(uint32_t mask) { float16_outputs_ = mask; }
-  // Whether float convolutions may take Winograd's algorithm (SessionOptions::winograd).
-  bool winograd_allowed() const { return winograd_; }
-  void allow_winograd(bool allowed) { winograd_ = allowed; }
   // Declares output i's data to be in `layout` (only when output_layout_allowed(i)).
   void set_output_layout(size_t i, LayoutPtr layout) {
     if (output_layouts_ && i < output_layouts_->size()) (*output_layouts_)[i] = std::move(layout);
@@ -87,7 +86,6 @@ class KernelContext {
   uint32_t blocked_outputs_ = 0;
   uint32_t float16_outputs_ = 0;
   uint32_t donated_inputs_ = 0;
-  bool winograd_ = false;
 };
 
 class Kernel {

@@ -75,7 +75,7 @@ class ConvKernel final : public Kernel {
   static constexpr size_t kX = fused_ops::kConvX, kW = fused_ops::kConvW, kB = fused_ops::kConvBias;
 
  public:
-  explicit ConvKernel(const KernelInit& init) : node_(init.node) {
+  explicit ConvKernel(const KernelInit& init) : node_(init.node), winograd_(init.winograd) {
     attrs_.window = WindowAttrs::parse(node_);
     attrs_.group = node_.attr_int("group", 1);
     if (attrs_.group < 1)
@@ -113,14 +113,12 @@ class ConvKernel final : public Kernel {
     const Layout* sum_layout = sum ? ctx.input_layout(fused_ops::kConvAddend) : nullptr;
     const bool out_blocked = ctx.output_layout_allowed(0);
     // Within a plan the layouts a kernel sees are fixed, so flags are enough to key the cache.
-    const bool winograd = ctx.winograd_allowed();
-    const int64_t tag =
-        (x_layout ? 1 : 0) | (out_blocked ? 2 : 0) | (sum ? 4 : 0) | (sum_layout ? 8 : 0) | (winograd ? 16 : 0);
+    const int64_t tag = (x_layout ? 1 : 0) | (out_blocked ? 2 : 0) | (sum ? 4 : 0) | (sum_layout ? 8 : 0);
     ConvLikePlan& p = plans_.get(
         {&x.shape(), &ws, b ? &b->shape() : nullptr, sum ? &sum->shape() : nullptr},
         [&] {
           return make_plan(x.shape(), x.dtype(), ws, b ? &b->shape() : nullptr, x_layout, out_blocked, sum,
-                           sum_layout, winograd);
+                           sum_layout);
         },
         tag);
     // The addend's buffer becomes the output when the plan donated it and it already is in the
@@ -141,7 +139,7 @@ class ConvKernel final : public Kernel {
   }
 
   ConvLikePlan make_plan(const Shape& xs, DType x_type, const Shape& ws, const Shape* bs, const Layout* x_layout,
-                         bool out_blocked, const Tensor* sum, const Layout* sum_layout, bool winograd) {
+                         bool out_blocked, const Tensor* sum, const Layout* sum_layout) {
     const std::string what = node_.describe();
     const int64_t group = attrs_.group;
     if (xs.size() < 3 || xs.size() > 5)
@@ -224,7 +222,7 @@ class ConvKernel final : public Kernel {
     // Winograd where it pays and oneDNN has it for these post-ops and this ISA, else direct. Its
     // only implementation is not timed against others (they would compute other roundings).
     std::optional<cf::primitive_desc> winograd_pd;
-    if (winograd && blocked && winograd_pays(ws, group, g)) {
+    if (winograd_ && blocked && winograd_pays(ws, group, g)) {
       try {
         winograd_pd = cf::primitive_desc(conv_desc(dnnl::algorithm::convolution_winograd), attr, dnnl_engine());
       } catch (const dnnl::error&) {
@@ -257,6 +255,7 @@ class ConvKernel final : public Kernel {
   }
 
   const ir::Node node_;
+  const bool winograd_;  // KernelInit::winograd
   std::optional<FoldedDequantize> x_dequantize_;  // X holds the codes of a folded DequantizeLinear
   ConvAttrs attrs_;
   Shape const_weights_shape_;

@@ -106,6 +106,10 @@ template <typename Q>
 OffsetRange offset_range(int32_t zero_point) {
   return {static_cast<float>(lowest_code<Q>() - zero_point), static_cast<float>(highest_code<Q>() - zero_point)};
 }
+// The same for a u8 or s8 `type` known at run time.
+OffsetRange offset_range(DType type, int32_t zero_point) {
+  return type == DType::kUInt8 ? offset_range<uint8_t>(zero_point) : offset_range<int8_t>(zero_point);
+}
 
 // The hot loops over one block of one (scale, zero point): compiled for AVX2 and AVX-512 too,
 // where they run several times faster than the baseline's SSE2 (the narrowing float -> int -> 8-bit
@@ -340,12 +344,11 @@ LaneQuantizer::LaneQuantizer(const QuantParam& q, int64_t channels)
                (static_cast<int64_t>(q.scale.size()) == channels || q.scale.size() == 1) &&
                q.zero_point.size() == q.scale.size(),
            ErrorKind::kInternal, "LaneQuantizer: bad parameters");
-  const int32_t kMin = dtype_ == DType::kUInt8 ? lowest_code<uint8_t>() : lowest_code<int8_t>();
-  const int32_t kMax = dtype_ == DType::kUInt8 ? highest_code<uint8_t>() : highest_code<int8_t>();
   multiplying_ = true;
   for (int64_t c = 0; c < channels; ++c) {
     const size_t k = q.scale.size() == 1 ? 0 : static_cast<size_t>(c);
-    const float s = q.scale[k], lo = static_cast<float>(kMin - q.zero_point[k]), hi = static_cast<float>(kMax - q.zero_point[k]);
+    const float s = q.scale[k];
+    const auto [lo, hi] = offset_range(dtype_, q.zero_point[k]);
     scale_.push_back(s);
     lo_.push_back(lo);
     hi_.push_back(hi);
@@ -383,6 +386,7 @@ void quantize_lane_rows(bool multiplying, const LaneParams& p, const float* x, i
 struct LaneQuantizer::TiledParams {
   size_t first = 0;
   int64_t lanes = 0, repeats = 0;
+  bool tiles(size_t f, int64_t l, int64_t r) const { return first == f && lanes == l && repeats == r; }
   std::vector<float> s, r, low, high, lo, hi;
   std::vector<int32_t> z;
   std::vector<uint8_t> z_byte;
@@ -401,15 +405,14 @@ const LaneQuantizer::TiledParams& LaneQuantizer::tiled_params(size_t first, int6
     const TiledParams* params = nullptr;
   };
   thread_local Last last;
-  if (last.id == id_ && last.params->first == first && last.params->lanes == lanes && last.params->repeats == repeats)
-    return *last.params;
+  if (last.id == id_ && last.params->tiles(first, lanes, repeats)) return *last.params;
   std::lock_guard lock(tiled_->mutex);
   auto remember = [&](const TiledParams& t) -> const TiledParams& {
     last = {id_, &t};
     return t;
   };
   for (const auto& e : tiled_->entries)
-    if (e->first == first && e->lanes == lanes && e->repeats == repeats) return remember(*e);
+    if (e->tiles(first, lanes, repeats)) return remember(*e);
   auto t = std::make_unique<TiledParams>();
   t->first = first;
   t->lanes = lanes;
@@ -608,7 +611,7 @@ bool quantize_combined_with_halves(LaneQuantizer::Combine op, const uint16_t* ha
   static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                              __builtin_cpu_supports("avx512vl");
   if (!avx512 || (type != DType::kUInt8 && type != DType::kInt8)) return false;
-  const auto [lo, hi] = type == DType::kUInt8 ? offset_range<uint8_t>(zero_point) : offset_range<int8_t>(zero_point);
+  const auto [lo, hi] = offset_range(type, zero_point);
   const auto rc = reciprocal_for(scale, lo, hi);
   if (!rc) return false;
   auto* out = static_cast<uint8_t*>(y);
